@@ -1,0 +1,1 @@
+# common/ base tests are registered by the areas that own them (config, rpc codec ...).
