@@ -67,6 +67,80 @@ const char *pcs_grpc_code_name(int code);
 /* Map a gRPC status code to pcs_status_t. */
 pcs_status_t pcs_status_from_grpc(int code);
 
+/* ---- server ----
+ * One completion queue and one thread (the caller of pcs_rpc_server_run) own every call; handlers
+ * and tick run on that thread, so the state behind them needs no locks (DESIGN.md §2). A handler
+ * answers at once or keeps the call and answers later (a pending KvGet, a WatchAssignment
+ * stream). Requests that do not decode get INVALID_ARGUMENT, larger than max_message_bytes get
+ * RESOURCE_EXHAUSTED, unknown methods UNIMPLEMENTED, all before any handler runs. */
+#include <stdint.h>
+
+typedef struct pcs_rpc_server pcs_rpc_server_t;
+typedef struct pcs_rpc_call pcs_rpc_call_t; /* valid until it is ended or cancelled */
+
+/* `req` is borrowed for the duration of the handler call (the server frees it afterwards). */
+typedef void (*pcs_rpc_handler_fn)(pcs_rpc_call_t *call, const ProtobufCMessage *req, void *user);
+
+typedef struct pcs_rpc_method {
+    const char *path; /* PCS_M_* */
+    const ProtobufCMessageDescriptor *req_desc;
+    const ProtobufCMessageDescriptor *resp_desc;
+    int server_streaming;
+    pcs_rpc_handler_fn handler;
+} pcs_rpc_method_t;
+
+typedef struct pcs_rpc_server_config {
+    const char *listen;               /* "127.0.0.1:0", "0.0.0.0:7070", "unix:/path" */
+    const pcs_rpc_method_t *methods;  /* retained: must outlive the server */
+    size_t n_methods;
+    void *user;                       /* passed to handlers and tick */
+    size_t max_message_bytes;         /* 0 = 4 MiB */
+    int tick_ms;                      /* tick() runs at least this often (0 = 100 ms) */
+    void (*tick)(void *user, uint64_t now_ms);
+} pcs_rpc_server_config_t;
+
+/* Bind and start listening (the port is bound when this returns). */
+pcs_status_t pcs_rpc_server_create(const pcs_rpc_server_config_t *cfg, pcs_rpc_server_t **out);
+/* The bound TCP port (useful with port 0). */
+int pcs_rpc_server_port(const pcs_rpc_server_t *s);
+/* Serve on the calling thread until pcs_rpc_server_stop(); then shut down gracefully: in-flight
+ * calls are cancelled (their on_cancel runs), no new calls are accepted. */
+pcs_status_t pcs_rpc_server_run(pcs_rpc_server_t *s);
+/* Ask run() to return. Async-signal-safe (sets a flag read by the loop). */
+void pcs_rpc_server_stop(pcs_rpc_server_t *s);
+void pcs_rpc_server_destroy(pcs_rpc_server_t *s);
+
+/* Unary: end the call with OK and `resp` (packed before return; borrowed). */
+pcs_status_t pcs_rpc_reply(pcs_rpc_call_t *call, const ProtobufCMessage *resp);
+/* Unary or streaming: end the call with the gRPC code of `st` and a message (the details). */
+void pcs_rpc_fail(pcs_rpc_call_t *call, pcs_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Streaming: queue one message (packed now, sent in order; one SEND in flight at a time). */
+pcs_status_t pcs_rpc_send(pcs_rpc_call_t *call, const ProtobufCMessage *msg);
+/* Streaming: end with OK after the queued messages are sent. */
+void pcs_rpc_finish(pcs_rpc_call_t *call);
+/* Called once if the client goes away, the deadline passes or the server shuts down before the
+ * call was ended by the handler. The call is invalid after on_cancel returns. */
+void pcs_rpc_call_set_cancel(pcs_rpc_call_t *call, void (*on_cancel)(pcs_rpc_call_t *call,
+                                                                     void *arg),
+                             void *arg);
+/* Peer address ("ipv4:127.0.0.1:5555"), for logs. */
+const char *pcs_rpc_call_peer(const pcs_rpc_call_t *call);
+/* Milliseconds until the client's deadline (INT64_MAX if none). */
+int64_t pcs_rpc_call_remaining_ms(const pcs_rpc_call_t *call);
+
+/* Per-method counters for /metrics: calls by gRPC code and latency histogram buckets.
+ * Loop thread only. Returns the number of methods; fills at most n rows. */
+#define PCS_RPC_LAT_BUCKETS 12 /* upper bounds: 50us..100ms.. +Inf, see rpc_server.c */
+typedef struct pcs_rpc_method_stats {
+    const char *path;
+    uint64_t calls_by_code[17];
+    uint64_t latency_bucket[PCS_RPC_LAT_BUCKETS];
+    double latency_sum_s;
+} pcs_rpc_method_stats_t;
+size_t pcs_rpc_server_stats(const pcs_rpc_server_t *s, pcs_rpc_method_stats_t *rows, size_t n);
+const double *pcs_rpc_latency_bounds_s(void); /* PCS_RPC_LAT_BUCKETS - 1 finite bounds */
+
 #ifdef __cplusplus
 }
 #endif
