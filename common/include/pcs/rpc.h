@@ -62,6 +62,43 @@ pcs_status_t pcs_rpc_stream_next(pcs_rpc_stream_t *s, const ProtobufCMessageDesc
                                  int timeout_ms, ProtobufCMessage **msg);
 void pcs_rpc_stream_close(pcs_rpc_stream_t *s);
 
+/* Final gRPC code of a stream once next() returned the end or an error (-1 while still open). */
+int pcs_rpc_stream_code(const pcs_rpc_stream_t *s);
+
+/* Asynchronous unary calls: many calls in flight on one completion queue, completed one at a
+ * time by next(). For load generators (pcs-rpc-bench) and fan-out tools. One pcs_rpc_async_t is
+ * used by one thread at a time; several may share a client. */
+typedef struct pcs_rpc_async pcs_rpc_async_t;
+pcs_status_t pcs_rpc_async_create(pcs_rpc_client_t *c, pcs_rpc_async_t **out);
+/* Cancels the calls still in flight and waits for them. */
+void pcs_rpc_async_destroy(pcs_rpc_async_t *a);
+/* Start one call; `req` is packed before return (borrowed); `user` comes back from next(). On an
+ * error return nothing was started and next() will not report this call. */
+pcs_status_t pcs_rpc_async_start(pcs_rpc_async_t *a, const char *method,
+                                 const ProtobufCMessage *req,
+                                 const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
+                                 void *user);
+/* Wait up to timeout_ms (<0: forever) for one call to finish. PCS_OK: *user is that call's
+ * pointer, *call_status its outcome (mapped as in pcs_rpc_call, pcs_last_error() has the text),
+ * *resp its reply when *call_status == PCS_OK (caller frees), *grpc_code (may be NULL) the raw
+ * code. PCS_ERR_TIMEOUT: none finished in time. PCS_ERR_STATE: no call is in flight. */
+pcs_status_t pcs_rpc_async_next(pcs_rpc_async_t *a, int timeout_ms, void **user,
+                                pcs_status_t *call_status, ProtobufCMessage **resp,
+                                int *grpc_code);
+size_t pcs_rpc_async_in_flight(const pcs_rpc_async_t *a);
+
+/* The known pcs.v1 (and grpc.health.v1) methods with their message descriptors, for generic
+ * tools (raw calls in pcsctl, the codec fuzz target, benchmarks). Static table, n rows. */
+typedef struct pcs_rpc_method_info {
+    const char *path;
+    const ProtobufCMessageDescriptor *req_desc;
+    const ProtobufCMessageDescriptor *resp_desc;
+    int server_streaming;
+} pcs_rpc_method_info_t;
+const pcs_rpc_method_info_t *pcs_rpc_known_methods(size_t *n);
+/* Row of `path`, or NULL if it is not a known method. */
+const pcs_rpc_method_info_t *pcs_rpc_method_lookup(const char *path);
+
 /* Name of a gRPC status code ("INVALID_ARGUMENT"). */
 const char *pcs_grpc_code_name(int code);
 /* Map a gRPC status code to pcs_status_t. */

@@ -1,0 +1,564 @@
+/* gRPC client glue: one channel per pcs_rpc_client_t; unary calls with a deadline on a per-call
+ * pluck completion queue (so any number of threads can call at once); server streams on a
+ * per-stream queue whose next() can time out without breaking the stream; asynchronous unary
+ * calls on a per-owner queue for load generators. Codes map to pcs_status_t, the server's details
+ * go into pcs_last_error() as "<CODE_NAME>: <details>". */
+#include "rpc_internal.h"
+
+#include <grpc/grpc_security.h>
+#include <grpc/support/alloc.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pcs/log.h"
+#include "pcs/mem.h"
+
+#define MAX_CACHED_METHODS 64
+
+struct pcs_rpc_client {
+    grpc_channel *ch;
+    char *target;
+    pthread_mutex_t mu; /* guards the method-handle cache */
+    struct {
+        char *path; /* must outlive the channel (grpc_channel_register_call) */
+        void *handle;
+    } methods[MAX_CACHED_METHODS];
+    size_t n_methods;
+};
+
+// ---- client ----
+
+pcs_status_t pcs_rpc_client_create(const char *target, pcs_rpc_client_t **out)
+{
+    *out = NULL;
+    if (!target || !*target)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "rpc client: empty target address");
+    pcs_rpc_client_t *c;
+    PCS_CHECK(pcs_calloc(1, sizeof *c, (void **)&c));
+    pcs_status_t st = pcs_strdup(target, &c->target);
+    if (st != PCS_OK) {
+        free(c);
+        return st;
+    }
+    pthread_mutex_init(&c->mu, NULL);
+    grpc_init();
+    grpc_arg args[1];
+    args[0].type = GRPC_ARG_INTEGER;
+    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    args[0].value.integer = (int)PCS_RPC_CLIENT_MAX_RECEIVE;
+    grpc_channel_args ca = {1, args};
+    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+    c->ch = grpc_channel_create(target, cr, &ca);
+    grpc_channel_credentials_release(cr);
+    if (!c->ch) { /* grpc_channel_create returns a lame channel rather than NULL; be safe */
+        pcs_rpc_client_destroy(c);
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "rpc client: cannot create channel to %s",
+                             target);
+    }
+    *out = c;
+    return PCS_OK;
+}
+
+void pcs_rpc_client_destroy(pcs_rpc_client_t *c)
+{
+    if (!c)
+        return;
+    if (c->ch)
+        grpc_channel_destroy(c->ch);
+    for (size_t i = 0; i < c->n_methods; i++)
+        free(c->methods[i].path);
+    pthread_mutex_destroy(&c->mu);
+    free(c->target);
+    free(c);
+    grpc_shutdown();
+}
+
+/* Registered-call handle for `method` (cached: saves interning the path on every call). NULL if
+ * the cache is full; the caller then creates an unregistered call. */
+static void *method_handle(pcs_rpc_client_t *c, const char *method)
+{
+    void *h = NULL;
+    pthread_mutex_lock(&c->mu);
+    for (size_t i = 0; i < c->n_methods; i++) {
+        if (strcmp(c->methods[i].path, method) == 0) {
+            h = c->methods[i].handle;
+            goto out;
+        }
+    }
+    if (c->n_methods < MAX_CACHED_METHODS) {
+        char *p = strdup(method);
+        if (p) {
+            h = grpc_channel_register_call(c->ch, p, NULL, NULL);
+            c->methods[c->n_methods].path = p;
+            c->methods[c->n_methods].handle = h;
+            c->n_methods++;
+        }
+    }
+out:
+    pthread_mutex_unlock(&c->mu);
+    return h;
+}
+
+static grpc_call *new_call(pcs_rpc_client_t *c, const char *method, grpc_completion_queue *cq,
+                           gpr_timespec deadline)
+{
+    void *h = method_handle(c, method);
+    if (h)
+        return grpc_channel_create_registered_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, h,
+                                                   deadline, NULL);
+    grpc_slice m = grpc_slice_from_copied_string(method);
+    grpc_call *call =
+        grpc_channel_create_call(c->ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m, NULL, deadline, NULL);
+    grpc_slice_unref(m);
+    return call;
+}
+
+static pcs_status_t check_call_args(pcs_rpc_client_t *c, const char *method,
+                                    const ProtobufCMessage *req)
+{
+    if (!c || !method || method[0] != '/')
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "rpc: bad client or method path '%s'",
+                             method ? method : "(null)");
+    if (!req)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "rpc %s: NULL request", method);
+    return PCS_OK;
+}
+
+/* Turn a finished call's status (and reply buffer on OK) into the pcs result. */
+static pcs_status_t finish_status(const char *method, grpc_status_code code, grpc_slice details,
+                                  const char *errstr, grpc_byte_buffer *bb,
+                                  const ProtobufCMessageDescriptor *resp_desc,
+                                  ProtobufCMessage **resp)
+{
+    if (code != GRPC_STATUS_OK) {
+        size_t dn = GRPC_SLICE_LENGTH(details);
+        const char *d = (const char *)GRPC_SLICE_START_PTR(details);
+        if (dn == 0 && errstr) {
+            d = errstr;
+            dn = strlen(errstr);
+        }
+        return pcs_set_error(pcs_status_from_grpc((int)code), "%s: %.*s (%s)",
+                             pcs_grpc_code_name((int)code), (int)(dn > 900 ? 900 : dn), d, method);
+    }
+    if (!resp_desc) /* the caller does not want the reply */
+        return PCS_OK;
+    if (!bb)
+        return pcs_set_error(PCS_ERR_INTERNAL, "%s: server returned OK without a reply", method);
+    return pcs_rpc_decode(resp_desc, bb, PCS_RPC_CLIENT_MAX_RECEIVE, resp);
+}
+
+/* The six ops of a unary call; pointers in `u` must stay valid until the batch completes. */
+typedef struct unary_state {
+    grpc_byte_buffer *send_bb;
+    grpc_byte_buffer *recv_bb;
+    grpc_metadata_array md_init;
+    grpc_metadata_array md_trail;
+    grpc_status_code code;
+    grpc_slice details;
+    const char *errstr;
+} unary_state_t;
+
+static size_t unary_ops(unary_state_t *u, grpc_op ops[6])
+{
+    memset(ops, 0, 6 * sizeof ops[0]);
+    grpc_metadata_array_init(&u->md_init);
+    grpc_metadata_array_init(&u->md_trail);
+    u->details = grpc_empty_slice();
+    u->code = GRPC_STATUS_UNKNOWN;
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = u->send_bb;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &u->md_init;
+    ops[4].op = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message = &u->recv_bb;
+    ops[5].op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    ops[5].data.recv_status_on_client.trailing_metadata = &u->md_trail;
+    ops[5].data.recv_status_on_client.status = &u->code;
+    ops[5].data.recv_status_on_client.status_details = &u->details;
+    ops[5].data.recv_status_on_client.error_string = &u->errstr;
+    return 6;
+}
+
+static void unary_release(unary_state_t *u)
+{
+    if (u->send_bb)
+        grpc_byte_buffer_destroy(u->send_bb);
+    if (u->recv_bb)
+        grpc_byte_buffer_destroy(u->recv_bb);
+    grpc_metadata_array_destroy(&u->md_init);
+    grpc_metadata_array_destroy(&u->md_trail);
+    grpc_slice_unref(u->details);
+    if (u->errstr)
+        gpr_free((void *)u->errstr);
+}
+
+pcs_status_t pcs_rpc_call(pcs_rpc_client_t *c, const char *method, const ProtobufCMessage *req,
+                          const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
+                          ProtobufCMessage **resp, int *grpc_code)
+{
+    if (resp)
+        *resp = NULL;
+    if (grpc_code)
+        *grpc_code = GRPC_STATUS_UNKNOWN;
+    PCS_CHECK(check_call_args(c, method, req));
+    unary_state_t u = {0};
+    PCS_CHECK(pcs_rpc_encode(req, 0, &u.send_bb));
+    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
+    grpc_call *call = new_call(c, method, cq, pcs_rpc_deadline_ms(timeout_ms > 0 ? timeout_ms : -1));
+    grpc_op ops[6];
+    size_t n = unary_ops(&u, ops);
+    pcs_status_t st;
+    char tag;
+    grpc_call_error e = grpc_call_start_batch(call, ops, n, &tag, NULL);
+    if (e != GRPC_CALL_OK) {
+        st = pcs_set_error(PCS_ERR_INTERNAL, "%s: grpc_call_start_batch failed (%d)", method,
+                           (int)e);
+    } else {
+        grpc_event ev =
+            grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type != GRPC_OP_COMPLETE || !ev.success) /* not expected for a client batch */
+            st = pcs_set_error(PCS_ERR_INTERNAL, "%s: call batch failed", method);
+        else
+            st = finish_status(method, u.code, u.details, u.errstr, u.recv_bb,
+                               resp ? resp_desc : NULL, resp);
+        if (grpc_code)
+            *grpc_code = (int)u.code;
+    }
+    unary_release(&u);
+    grpc_call_unref(call);
+    grpc_completion_queue_shutdown(cq);
+    grpc_completion_queue_destroy(cq);
+    if (st != PCS_OK)
+        PCS_DEBUG(PCS_SUB_RPC, "%s", pcs_last_error());
+    return st;
+}
+
+// ---- server streaming ----
+
+struct pcs_rpc_stream {
+    pcs_rpc_client_t *c;
+    char *method;
+    grpc_completion_queue *cq;
+    grpc_call *call;
+    int outstanding; /* batches started and not yet seen on cq */
+    char tag_start, tag_msg, tag_status; /* addresses used as tags */
+    int msg_pending;
+    int status_done;
+    grpc_byte_buffer *send_bb;
+    grpc_byte_buffer *recv_bb;
+    grpc_metadata_array md_init, md_trail;
+    grpc_status_code code;
+    grpc_slice details;
+    const char *errstr;
+    pcs_status_t final_st;
+    char final_err[512];
+};
+
+pcs_status_t pcs_rpc_stream_open(pcs_rpc_client_t *c, const char *method,
+                                 const ProtobufCMessage *req, pcs_rpc_stream_t **out)
+{
+    *out = NULL;
+    PCS_CHECK(check_call_args(c, method, req));
+    pcs_rpc_stream_t *s;
+    PCS_CHECK(pcs_calloc(1, sizeof *s, (void **)&s));
+    pcs_status_t st = pcs_rpc_encode(req, 0, &s->send_bb);
+    if (st == PCS_OK)
+        st = pcs_strdup(method, &s->method);
+    if (st != PCS_OK) {
+        if (s->send_bb)
+            grpc_byte_buffer_destroy(s->send_bb);
+        free(s);
+        return st;
+    }
+    s->c = c;
+    s->details = grpc_empty_slice();
+    s->code = GRPC_STATUS_UNKNOWN;
+    grpc_metadata_array_init(&s->md_init);
+    grpc_metadata_array_init(&s->md_trail);
+    s->cq = grpc_completion_queue_create_for_next(NULL);
+    s->call = new_call(c, method, s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC));
+    grpc_op ops[4];
+    memset(ops, 0, sizeof ops);
+    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[1].op = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message = s->send_bb;
+    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[3].data.recv_initial_metadata.recv_initial_metadata = &s->md_init;
+    grpc_call_error e = grpc_call_start_batch(s->call, ops, 4, &s->tag_start, NULL);
+    if (e != GRPC_CALL_OK) {
+        pcs_rpc_stream_close(s);
+        return pcs_set_error(PCS_ERR_INTERNAL, "%s: grpc_call_start_batch failed (%d)", method,
+                             (int)e);
+    }
+    s->outstanding++;
+    *out = s;
+    return PCS_OK;
+}
+
+int pcs_rpc_stream_code(const pcs_rpc_stream_t *s)
+{
+    return s && s->status_done ? (int)s->code : -1;
+}
+
+static pcs_status_t stream_ended(pcs_rpc_stream_t *s)
+{
+    if (s->final_st == PCS_OK)
+        return PCS_OK;
+    return pcs_set_error(s->final_st, "%s", s->final_err);
+}
+
+pcs_status_t pcs_rpc_stream_next(pcs_rpc_stream_t *s, const ProtobufCMessageDescriptor *desc,
+                                 int timeout_ms, ProtobufCMessage **msg)
+{
+    *msg = NULL;
+    if (!s || !desc)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "stream next: NULL stream or descriptor");
+    if (s->status_done)
+        return stream_ended(s);
+    if (!s->msg_pending) {
+        grpc_op op;
+        memset(&op, 0, sizeof op);
+        op.op = GRPC_OP_RECV_MESSAGE;
+        op.data.recv_message.recv_message = &s->recv_bb;
+        grpc_call_error e = grpc_call_start_batch(s->call, &op, 1, &s->tag_msg, NULL);
+        if (e != GRPC_CALL_OK)
+            return pcs_set_error(PCS_ERR_INTERNAL, "%s: cannot start RECV_MESSAGE (%d)",
+                                 s->method, (int)e);
+        s->msg_pending = 1;
+        s->outstanding++;
+    }
+    gpr_timespec deadline = pcs_rpc_deadline_ms(timeout_ms);
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(s->cq, deadline, NULL);
+        if (ev.type == GRPC_QUEUE_TIMEOUT)
+            return pcs_set_error(PCS_ERR_TIMEOUT, "%s: no stream message within %d ms",
+                                 s->method, timeout_ms);
+        if (ev.type != GRPC_OP_COMPLETE)
+            return pcs_set_error(PCS_ERR_INTERNAL, "%s: stream queue shut down", s->method);
+        s->outstanding--;
+        if (ev.tag == &s->tag_start)
+            continue; /* a failure here shows up as the end of the message stream */
+        if (ev.tag == &s->tag_msg) {
+            s->msg_pending = 0;
+            if (s->recv_bb) {
+                pcs_status_t st = pcs_rpc_decode(desc, s->recv_bb, PCS_RPC_CLIENT_MAX_RECEIVE, msg);
+                grpc_byte_buffer_destroy(s->recv_bb);
+                s->recv_bb = NULL;
+                return st;
+            }
+            /* End of messages: fetch the final status (arrives promptly now). */
+            grpc_op op;
+            memset(&op, 0, sizeof op);
+            op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+            op.data.recv_status_on_client.trailing_metadata = &s->md_trail;
+            op.data.recv_status_on_client.status = &s->code;
+            op.data.recv_status_on_client.status_details = &s->details;
+            op.data.recv_status_on_client.error_string = &s->errstr;
+            grpc_call_error e = grpc_call_start_batch(s->call, &op, 1, &s->tag_status, NULL);
+            if (e != GRPC_CALL_OK)
+                return pcs_set_error(PCS_ERR_INTERNAL, "%s: cannot start RECV_STATUS (%d)",
+                                     s->method, (int)e);
+            s->outstanding++;
+            deadline = gpr_inf_future(GPR_CLOCK_MONOTONIC);
+            continue;
+        }
+        if (ev.tag == &s->tag_status) {
+            s->status_done = 1;
+            s->final_st = finish_status(s->method, s->code, s->details, s->errstr, NULL, NULL,
+                                        NULL);
+            snprintf(s->final_err, sizeof s->final_err, "%s", pcs_last_error());
+            return stream_ended(s);
+        }
+    }
+}
+
+void pcs_rpc_stream_close(pcs_rpc_stream_t *s)
+{
+    if (!s)
+        return;
+    if (s->call && !s->status_done)
+        grpc_call_cancel(s->call, NULL);
+    while (s->outstanding > 0) {
+        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type != GRPC_OP_COMPLETE)
+            break;
+        s->outstanding--;
+    }
+    if (s->recv_bb)
+        grpc_byte_buffer_destroy(s->recv_bb);
+    if (s->send_bb)
+        grpc_byte_buffer_destroy(s->send_bb);
+    grpc_metadata_array_destroy(&s->md_init);
+    grpc_metadata_array_destroy(&s->md_trail);
+    grpc_slice_unref(s->details);
+    if (s->errstr)
+        gpr_free((void *)s->errstr);
+    if (s->call)
+        grpc_call_unref(s->call);
+    grpc_completion_queue_shutdown(s->cq);
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+    }
+    grpc_completion_queue_destroy(s->cq);
+    free(s->method);
+    free(s);
+}
+
+// ---- asynchronous unary calls ----
+
+typedef struct async_call {
+    struct async_call *prev, *next; /* in-flight list, for cancel on destroy */
+    void *user;
+    char *method; /* copied: the caller's string may be gone by next() */
+    const ProtobufCMessageDescriptor *resp_desc;
+    grpc_call *call;
+    unary_state_t u;
+} async_call_t;
+
+struct pcs_rpc_async {
+    pcs_rpc_client_t *c;
+    grpc_completion_queue *cq;
+    async_call_t *head;
+    size_t in_flight;
+};
+
+pcs_status_t pcs_rpc_async_create(pcs_rpc_client_t *c, pcs_rpc_async_t **out)
+{
+    *out = NULL;
+    if (!c)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "rpc async: NULL client");
+    pcs_rpc_async_t *a;
+    PCS_CHECK(pcs_calloc(1, sizeof *a, (void **)&a));
+    a->c = c;
+    a->cq = grpc_completion_queue_create_for_next(NULL);
+    *out = a;
+    return PCS_OK;
+}
+
+static void async_unlink(pcs_rpc_async_t *a, async_call_t *ac)
+{
+    if (ac->prev)
+        ac->prev->next = ac->next;
+    else
+        a->head = ac->next;
+    if (ac->next)
+        ac->next->prev = ac->prev;
+    a->in_flight--;
+}
+
+static void async_free(async_call_t *ac)
+{
+    unary_release(&ac->u);
+    free(ac->method);
+    if (ac->call)
+        grpc_call_unref(ac->call);
+    free(ac);
+}
+
+void pcs_rpc_async_destroy(pcs_rpc_async_t *a)
+{
+    if (!a)
+        return;
+    for (async_call_t *ac = a->head; ac; ac = ac->next)
+        grpc_call_cancel(ac->call, NULL);
+    while (a->in_flight > 0) {
+        grpc_event ev = grpc_completion_queue_next(a->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type != GRPC_OP_COMPLETE)
+            break;
+        async_call_t *ac = ev.tag;
+        async_unlink(a, ac);
+        async_free(ac);
+    }
+    grpc_completion_queue_shutdown(a->cq);
+    for (;;) {
+        grpc_event ev = grpc_completion_queue_next(a->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN)
+            break;
+    }
+    grpc_completion_queue_destroy(a->cq);
+    free(a);
+}
+
+pcs_status_t pcs_rpc_async_start(pcs_rpc_async_t *a, const char *method,
+                                 const ProtobufCMessage *req,
+                                 const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
+                                 void *user)
+{
+    if (!a)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "rpc async: NULL handle");
+    PCS_CHECK(check_call_args(a->c, method, req));
+    async_call_t *ac;
+    PCS_CHECK(pcs_calloc(1, sizeof *ac, (void **)&ac));
+    pcs_status_t st = pcs_rpc_encode(req, 0, &ac->u.send_bb);
+    if (st != PCS_OK) {
+        free(ac);
+        return st;
+    }
+    ac->user = user;
+    if (pcs_strdup(method, &ac->method) != PCS_OK) {
+        grpc_byte_buffer_destroy(ac->u.send_bb);
+        free(ac);
+        return PCS_ERR_NOMEM;
+    }
+    ac->resp_desc = resp_desc;
+    ac->call = new_call(a->c, method, a->cq, pcs_rpc_deadline_ms(timeout_ms > 0 ? timeout_ms : -1));
+    grpc_op ops[6];
+    size_t n = unary_ops(&ac->u, ops);
+    grpc_call_error e = grpc_call_start_batch(ac->call, ops, n, ac, NULL);
+    if (e != GRPC_CALL_OK) {
+        async_free(ac);
+        return pcs_set_error(PCS_ERR_INTERNAL, "%s: grpc_call_start_batch failed (%d)", method,
+                             (int)e);
+    }
+    ac->next = a->head;
+    if (a->head)
+        a->head->prev = ac;
+    a->head = ac;
+    a->in_flight++;
+    return PCS_OK;
+}
+
+pcs_status_t pcs_rpc_async_next(pcs_rpc_async_t *a, int timeout_ms, void **user,
+                                pcs_status_t *call_status, ProtobufCMessage **resp,
+                                int *grpc_code)
+{
+    *user = NULL;
+    *resp = NULL;
+    *call_status = PCS_ERR_INTERNAL;
+    if (grpc_code)
+        *grpc_code = GRPC_STATUS_UNKNOWN;
+    if (!a)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "rpc async: NULL handle");
+    if (a->in_flight == 0)
+        return pcs_set_error(PCS_ERR_STATE, "rpc async: no call in flight");
+    grpc_event ev = grpc_completion_queue_next(a->cq, pcs_rpc_deadline_ms(timeout_ms), NULL);
+    if (ev.type == GRPC_QUEUE_TIMEOUT)
+        return pcs_set_error(PCS_ERR_TIMEOUT, "rpc async: no call finished within %d ms",
+                             timeout_ms);
+    if (ev.type != GRPC_OP_COMPLETE)
+        return pcs_set_error(PCS_ERR_INTERNAL, "rpc async: queue shut down");
+    async_call_t *ac = ev.tag;
+    async_unlink(a, ac);
+    *user = ac->user;
+    if (!ev.success)
+        *call_status = pcs_set_error(PCS_ERR_INTERNAL, "%s: call batch failed", ac->method);
+    else
+        *call_status = finish_status(ac->method, ac->u.code, ac->u.details, ac->u.errstr,
+                                     ac->u.recv_bb, ac->resp_desc, resp);
+    if (grpc_code)
+        *grpc_code = (int)ac->u.code;
+    async_free(ac);
+    return PCS_OK;
+}
+
+size_t pcs_rpc_async_in_flight(const pcs_rpc_async_t *a)
+{
+    return a ? a->in_flight : 0;
+}
