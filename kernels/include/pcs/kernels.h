@@ -1,0 +1,162 @@
+/* Numerical kernels behind a plain-C backend vtable (STYLE.md B8): device memory, streams and
+ * events, and the element-wise ops of a sharded training step (cast, scale, accumulate, AMP
+ * non-finite check + unscale, sum of squares, SGD/AdamW updates, fill). "cpu" is always built and
+ * is the reference twin; "cuda" exists when built and a device is present. No CUDA header here.
+ * Element math lives in pcs/half.h and pcs/kernel_math.h, shared by the CPU loops and CUDA code. */
+#ifndef PCS_KERNELS_H
+#define PCS_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pcs/dtype.h"
+#include "pcs/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Opaque stream / event handles. NULL stream = the backend's default stream (cpu: every op is
+ * synchronous and streams are only ordering tokens). */
+typedef struct pcs_stream *pcs_stream_t;
+typedef struct pcs_event *pcs_event_t;
+
+typedef enum pcs_copy_kind {
+    PCS_COPY_DEFAULT = 0, /* inferred from the pointers (cuda: unified addressing) */
+    PCS_COPY_H2H,
+    PCS_COPY_H2D,
+    PCS_COPY_D2H,
+    PCS_COPY_D2D
+} pcs_copy_kind_t;
+
+/* A borrowed view of `n` elements of `dtype` at `data` (device memory of the backend). */
+typedef struct pcs_tensor {
+    void *data;
+    pcs_dtype_t dtype;
+    size_t n;
+} pcs_tensor_t;
+
+/* torch.optim.AdamW hyper-parameters (foreach=False, amsgrad=False, capturable=False). */
+typedef struct pcs_adamw_config {
+    double lr;           /* 1e-3 */
+    double beta1;        /* 0.9 */
+    double beta2;        /* 0.999 */
+    double eps;          /* 1e-8 */
+    double weight_decay; /* 1e-2 */
+    int maximize;        /* 0 */
+} pcs_adamw_config_t;
+
+/* torch.optim.SGD hyper-parameters. momentum == 0 needs no buffer (momentum_buf may be NULL). */
+typedef struct pcs_sgd_config {
+    double lr;           /* 1e-3 */
+    double momentum;     /* 0 */
+    double dampening;    /* 0 */
+    double weight_decay; /* 0 */
+    int nesterov;        /* 0; requires momentum > 0 and dampening == 0 (as torch) */
+    int maximize;        /* 0 */
+} pcs_sgd_config_t;
+
+/* PyTorch's defaults. */
+void pcs_adamw_config_default(pcs_adamw_config_t *cfg);
+void pcs_sgd_config_default(pcs_sgd_config_t *cfg);
+
+/* Backend vtable. Every op validates its arguments and returns PCS_ERR_INVALID_ARG (NULL with
+ * n > 0, a pointer not aligned to its element size, mismatched lengths), PCS_ERR_UNSUPPORTED (a
+ * dtype the op does not take) or PCS_ERR_CUDA; n == 0 is a no-op returning PCS_OK. Ops on a
+ * stream are asynchronous on cuda (results are ready after sync(s)); on cpu they complete before
+ * returning. Pointers passed to an op must stay valid until the stream has synchronized.
+ * Thread-safety: the table is immutable; concurrent ops on different streams are fine. */
+typedef struct pcs_backend_ops {
+    const char *name; /* "cpu" | "cuda" */
+
+    /* ---- memory ---- */
+    /* Device memory, 256-byte aligned (cpu: aligned host memory). bytes == 0 gives *out = NULL. */
+    pcs_status_t (*alloc)(size_t bytes, void **out);
+    void (*free)(void *p); /* accepts NULL */
+    /* Page-locked host memory for fast H2D/D2H (cpu: plain aligned memory). */
+    pcs_status_t (*host_alloc)(size_t bytes, void **out);
+    void (*host_free)(void *p);
+    pcs_status_t (*copy)(void *dst, const void *src, size_t bytes, pcs_copy_kind_t kind,
+                         pcs_stream_t s);
+    /* dst[i] = value rounded once to dtype (fp32/bf16/fp16/fp64/int64). */
+    pcs_status_t (*fill)(void *dst, pcs_dtype_t dtype, size_t n, double value, pcs_stream_t s);
+
+    /* ---- streams and events ---- */
+    pcs_status_t (*stream_create)(pcs_stream_t *out);
+    void (*stream_destroy)(pcs_stream_t s); /* accepts NULL */
+    pcs_status_t (*sync)(pcs_stream_t s);   /* wait for all work queued on s */
+    pcs_status_t (*event_create)(pcs_event_t *out);
+    void (*event_destroy)(pcs_event_t e);
+    pcs_status_t (*event_record)(pcs_event_t e, pcs_stream_t s);
+    pcs_status_t (*stream_wait_event)(pcs_stream_t s, pcs_event_t e); /* s waits for e, no host sync */
+    pcs_status_t (*event_sync)(pcs_event_t e);
+
+    /* ---- element-wise ops (lists: one launch for many small tensors) ---- */
+    /* dst[k] = cast(src[k]) for k < count; dst[k].n must equal src[k].n. Every pair of fp32, bf16,
+     * fp16, fp64 is supported; fp32->bf16/fp16 rounds to nearest even (see pcs/half.h). */
+    pcs_status_t (*cast)(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
+                         pcs_stream_t s);
+    /* t[k] *= factor, computed in fp32 (fp64 for fp64 tensors) and rounded once to the tensor's
+     * dtype (PyTorch's opmath for mul_/div_ on bf16/fp16). */
+    pcs_status_t (*scale)(const pcs_tensor_t *t, size_t count, float factor, pcs_stream_t s);
+    /* dst[k] += cast(src[k]): dst fp32/bf16/fp16, src fp32/bf16/fp16; the sum is computed in fp32
+     * and rounded once to dst's dtype. */
+    pcs_status_t (*accumulate)(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
+                               pcs_stream_t s);
+    /* torch._amp_foreach_non_finite_check_and_unscale_: for every element x of every tensor
+     * (fp32/bf16/fp16): if x is Inf/NaN set *found_inf = 1.0f (never cleared); x = x * *inv_scale
+     * (skipped when *inv_scale == 1). found_inf and inv_scale are 1-element fp32 device buffers. */
+    pcs_status_t (*nonfinite_check_and_unscale)(const pcs_tensor_t *t, size_t count,
+                                                float *found_inf, const float *inv_scale,
+                                                pcs_stream_t s);
+    /* *out (1-element fp32 device buffer) = sum over all tensors of x*x, each x widened to fp32,
+     * accumulated in fp64 in a fixed order (per-tensor blocks summed in order), rounded once. */
+    pcs_status_t (*sum_squares)(const pcs_tensor_t *t, size_t count, float *out, pcs_stream_t s);
+    /* AdamW on fp32 shards: param/grad/exp_avg/exp_avg_sq [k] all fp32 with equal n. `step` is the
+     * 1-based step count after this update's increment (bias correction uses it). */
+    pcs_status_t (*adamw_update)(const pcs_tensor_t *param, const pcs_tensor_t *grad,
+                                 const pcs_tensor_t *exp_avg, const pcs_tensor_t *exp_avg_sq,
+                                 size_t count, const pcs_adamw_config_t *cfg, int64_t step,
+                                 pcs_stream_t s);
+    /* SGD on fp32 shards. momentum_buf may be NULL iff cfg->momentum == 0. first_step != 0 means
+     * the buffer is initialised from the gradient (torch: momentum_buffer is None). grad is not
+     * modified. */
+    pcs_status_t (*sgd_update)(const pcs_tensor_t *param, const pcs_tensor_t *grad,
+                               const pcs_tensor_t *momentum_buf, size_t count,
+                               const pcs_sgd_config_t *cfg, int first_step, pcs_stream_t s);
+} pcs_backend_ops_t;
+
+/* The backend called `name` ("cpu", "cuda"). PCS_ERR_UNSUPPORTED if it was not built or (cuda)
+ * no device is present; PCS_ERR_INVALID_ARG for NULL arguments; PCS_ERR_NOT_FOUND for an unknown
+ * name. The returned table is static. */
+pcs_status_t pcs_backend_get(const char *name, const pcs_backend_ops_t **out);
+
+/* 1 if `name` is a backend compiled into this build (the device may still be missing). */
+int pcs_backend_built(const char *name);
+
+/* ---- single-tensor conveniences: each builds a pcs_tensor_t and calls the list op ---- */
+pcs_status_t pcs_kernel_cast(const pcs_backend_ops_t *be, void *dst, pcs_dtype_t dst_dtype,
+                             const void *src, pcs_dtype_t src_dtype, size_t n, pcs_stream_t s);
+pcs_status_t pcs_kernel_scale(const pcs_backend_ops_t *be, void *t, pcs_dtype_t dtype, size_t n,
+                              float factor, pcs_stream_t s);
+pcs_status_t pcs_kernel_accumulate(const pcs_backend_ops_t *be, void *dst, pcs_dtype_t dst_dtype,
+                                   const void *src, pcs_dtype_t src_dtype, size_t n,
+                                   pcs_stream_t s);
+pcs_status_t pcs_kernel_sum_squares(const pcs_backend_ops_t *be, const void *t, pcs_dtype_t dtype,
+                                    size_t n, float *out, pcs_stream_t s);
+
+/* ---- CPU implementation details that tests and benches use directly ---- */
+/* Which CPU vector path the cast loops use: "avx2+f16c" or "scalar". */
+const char *pcs_cpu_simd_name(void);
+/* Force the scalar path (1) or restore run-time detection (0); for tests and the bench. Not
+ * thread-safe against concurrent ops. */
+void pcs_cpu_simd_force_scalar(int on);
+/* Host-memory array cast with the CPU backend's fast path, no validation beyond dtype support:
+ * the exhaustive test and the bench call it to measure/prove exactly what the cast op runs. */
+pcs_status_t pcs_cpu_cast_array(void *dst, pcs_dtype_t dt, const void *src, pcs_dtype_t st,
+                                size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

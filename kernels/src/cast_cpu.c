@@ -1,0 +1,236 @@
+/* CPU cast loops: the reference scalar path (pcs/half.h, every dtype pair) and an AVX2+F16C path
+ * for the four fp32 <-> bf16/fp16 directions, selected at run time with __builtin_cpu_supports.
+ * Both paths produce identical bits (tests/unit/test_kernels_cast_exhaustive.c proves it over all
+ * 2^32 fp32 and 2^16 half inputs). Large outputs use non-temporal stores: a cast is purely
+ * memory-bound and write-allocate would add a read of the destination. */
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels_internal.h"
+#include "pcs/half.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define PCS_X86 1
+#include <immintrin.h>
+#else
+#define PCS_X86 0
+#endif
+
+/* Outputs at least this big are written with streaming stores (beyond a typical L2 share). */
+#define NT_STORE_MIN_BYTES ((size_t)4 << 20)
+
+static int force_scalar;
+
+// ---- scalar reference loops ----
+
+static float load_f32(const void *src, pcs_dtype_t st, size_t i)
+{
+    switch (st) {
+    case PCS_DTYPE_FP32:
+        return ((const float *)src)[i];
+    case PCS_DTYPE_BF16:
+        return pcs_bf16_to_f32(((const uint16_t *)src)[i]);
+    case PCS_DTYPE_FP16:
+        return pcs_fp16_to_f32(((const uint16_t *)src)[i]);
+    default:
+        return (float)((const double *)src)[i];
+    }
+}
+
+/* fp64 -> bf16/fp16 goes through fp32 (double rounding), exactly as c10::BFloat16(double) and
+ * c10::Half(double) do: their constructors take a float. */
+static void cast_scalar(void *dst, pcs_dtype_t dt, const void *src, pcs_dtype_t st, size_t n)
+{
+    if (dt == st) {
+        memmove(dst, src, n * pcs_dtype_size(dt));
+        return;
+    }
+    if (dt == PCS_DTYPE_FP64) {
+        double *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = (double)load_f32(src, st, i); /* bf16/fp16/fp32 -> fp64 is exact */
+        return;
+    }
+    if (dt == PCS_DTYPE_FP32) {
+        float *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = load_f32(src, st, i);
+        return;
+    }
+    uint16_t *d = dst;
+    if (dt == PCS_DTYPE_BF16) {
+        for (size_t i = 0; i < n; i++)
+            d[i] = pcs_f32_to_bf16(load_f32(src, st, i));
+    } else {
+        for (size_t i = 0; i < n; i++)
+            d[i] = pcs_f32_to_fp16(load_f32(src, st, i));
+    }
+}
+
+// ---- AVX2 + F16C ----
+#if PCS_X86
+#define AVX2_FN __attribute__((target("avx2,f16c")))
+
+/* 8 fp32 -> 8 bf16 (RNE, NaN -> sign|0x7FC0), same integer steps as pcs_f32_to_bf16. */
+AVX2_FN static inline __m128i f32x8_to_bf16(__m256 x)
+{
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    r = _mm256_srli_epi32(r, 16);
+    const __m256i nanv = _mm256_or_si256(
+        _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x8000)),
+        _mm256_set1_epi32(0x7fc0));
+    const __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, nanv, isnan);
+    /* every lane is <= 0xffff, so unsigned saturation is exact */
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+/* 8 fp32 -> 8 fp16: the hardware rounds to nearest even (overflow, subnormals included); NaN is
+ * forced to sign|0x7E00 like pcs_f32_to_fp16 (the hardware would keep the top payload bits). */
+AVX2_FN static inline __m128i f32x8_to_fp16(__m256 x)
+{
+    __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i isnan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    const __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(isnan),
+                                          _mm256_extracti128_si256(isnan, 1));
+    return _mm_andnot_si128(_mm_and_si128(nan16, _mm_set1_epi16(0x01ff)), h);
+}
+
+AVX2_FN static inline __m256 bf16x8_to_f32(__m128i h)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* fp32 -> 16-bit, 16 elements per step; streaming stores once dst is 16-byte aligned. */
+#define NARROW_LOOP(NAME, CONV, SCALAR)                                                            \
+    AVX2_FN static void NAME(uint16_t *d, const float *s, size_t n)                               \
+    {                                                                                              \
+        size_t i = 0;                                                                              \
+        int nt = n * 2 >= NT_STORE_MIN_BYTES;                                                      \
+        if (nt)                                                                                    \
+            for (; i < n && ((uintptr_t)(d + i) & 15u); i++)                                      \
+                d[i] = SCALAR(s[i]);                                                               \
+        if (nt) {                                                                                  \
+            for (; i + 16 <= n; i += 16) {                                                         \
+                __m128i a = CONV(_mm256_loadu_ps(s + i));                                          \
+                __m128i b = CONV(_mm256_loadu_ps(s + i + 8));                                      \
+                _mm_stream_si128((__m128i *)(d + i), a);                                           \
+                _mm_stream_si128((__m128i *)(d + i + 8), b);                                       \
+            }                                                                                      \
+            _mm_sfence();                                                                          \
+        } else {                                                                                   \
+            for (; i + 16 <= n; i += 16) {                                                         \
+                __m128i a = CONV(_mm256_loadu_ps(s + i));                                          \
+                __m128i b = CONV(_mm256_loadu_ps(s + i + 8));                                      \
+                _mm_storeu_si128((__m128i *)(d + i), a);                                           \
+                _mm_storeu_si128((__m128i *)(d + i + 8), b);                                       \
+            }                                                                                      \
+        }                                                                                          \
+        for (; i < n; i++)                                                                         \
+            d[i] = SCALAR(s[i]);                                                                   \
+    }
+
+NARROW_LOOP(avx2_f32_to_bf16, f32x8_to_bf16, pcs_f32_to_bf16)
+NARROW_LOOP(avx2_f32_to_fp16, f32x8_to_fp16, pcs_f32_to_fp16)
+
+/* 16-bit -> fp32, 16 elements per step. */
+#define WIDEN_LOOP(NAME, CONV, SCALAR)                                                             \
+    AVX2_FN static void NAME(float *d, const uint16_t *s, size_t n)                               \
+    {                                                                                              \
+        size_t i = 0;                                                                              \
+        int nt = n * 4 >= NT_STORE_MIN_BYTES;                                                      \
+        if (nt)                                                                                    \
+            for (; i < n && ((uintptr_t)(d + i) & 31u); i++)                                      \
+                d[i] = SCALAR(s[i]);                                                               \
+        if (nt) {                                                                                  \
+            for (; i + 16 <= n; i += 16) {                                                         \
+                __m256 a = CONV(_mm_loadu_si128((const __m128i *)(s + i)));                        \
+                __m256 b = CONV(_mm_loadu_si128((const __m128i *)(s + i + 8)));                    \
+                _mm256_stream_ps(d + i, a);                                                        \
+                _mm256_stream_ps(d + i + 8, b);                                                    \
+            }                                                                                      \
+            _mm_sfence();                                                                          \
+        } else {                                                                                   \
+            for (; i + 16 <= n; i += 16) {                                                         \
+                __m256 a = CONV(_mm_loadu_si128((const __m128i *)(s + i)));                        \
+                __m256 b = CONV(_mm_loadu_si128((const __m128i *)(s + i + 8)));                    \
+                _mm256_storeu_ps(d + i, a);                                                        \
+                _mm256_storeu_ps(d + i + 8, b);                                                    \
+            }                                                                                      \
+        }                                                                                          \
+        for (; i < n; i++)                                                                         \
+            d[i] = SCALAR(s[i]);                                                                   \
+    }
+
+WIDEN_LOOP(avx2_bf16_to_f32, bf16x8_to_f32, pcs_bf16_to_f32)
+WIDEN_LOOP(avx2_fp16_to_f32, _mm256_cvtph_ps, pcs_fp16_to_f32)
+
+static int have_avx2(void)
+{
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    }
+    return cached;
+}
+
+/* 1 if handled by a vector loop. */
+static int cast_simd(void *dst, pcs_dtype_t dt, const void *src, pcs_dtype_t st, size_t n)
+{
+    if (force_scalar || !have_avx2())
+        return 0;
+    if (st == PCS_DTYPE_FP32 && dt == PCS_DTYPE_BF16)
+        avx2_f32_to_bf16(dst, src, n);
+    else if (st == PCS_DTYPE_FP32 && dt == PCS_DTYPE_FP16)
+        avx2_f32_to_fp16(dst, src, n);
+    else if (st == PCS_DTYPE_BF16 && dt == PCS_DTYPE_FP32)
+        avx2_bf16_to_f32(dst, src, n);
+    else if (st == PCS_DTYPE_FP16 && dt == PCS_DTYPE_FP32)
+        avx2_fp16_to_f32(dst, src, n);
+    else
+        return 0;
+    return 1;
+}
+
+const char *pcs_cpu_simd_name(void)
+{
+    return (!force_scalar && have_avx2()) ? "avx2+f16c" : "scalar";
+}
+#else
+static int cast_simd(void *dst, pcs_dtype_t dt, const void *src, pcs_dtype_t st, size_t n)
+{
+    return 0;
+}
+
+const char *pcs_cpu_simd_name(void)
+{
+    return "scalar";
+}
+#endif
+
+void pcs_cpu_simd_force_scalar(int on)
+{
+    force_scalar = on != 0;
+}
+
+static int is_cast_dtype(pcs_dtype_t t)
+{
+    return t == PCS_DTYPE_FP32 || t == PCS_DTYPE_BF16 || t == PCS_DTYPE_FP16 ||
+           t == PCS_DTYPE_FP64;
+}
+
+pcs_status_t pcs_cpu_cast_array(void *dst, pcs_dtype_t dt, const void *src, pcs_dtype_t st,
+                                size_t n)
+{
+    if (!is_cast_dtype(dt) || !is_cast_dtype(st))
+        return pcs_set_error(PCS_ERR_UNSUPPORTED, "cast: %s -> %s is not supported",
+                             pcs_dtype_name(st), pcs_dtype_name(dt));
+    if (n == 0)
+        return PCS_OK;
+    if (!cast_simd(dst, dt, src, st, n))
+        cast_scalar(dst, dt, src, st, n);
+    return PCS_OK;
+}

@@ -1,0 +1,349 @@
+/* The "cpu" backend: host memory, ordering-token streams/events, and every element-wise op as a
+ * plain loop over pcs/half.h and pcs/kernel_math.h. This is the reference twin the CUDA backend
+ * is tested against; ops complete before they return, so sync() is a no-op. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels_internal.h"
+#include "pcs/log.h"
+#include "pcs/mem.h"
+
+struct pcs_stream {
+    int unused;
+};
+struct pcs_event {
+    int unused;
+};
+
+// ---- memory ----
+
+static pcs_status_t cpu_alloc(size_t bytes, void **out)
+{
+    if (out == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "alloc: NULL out");
+    *out = NULL;
+    if (bytes == 0)
+        return PCS_OK;
+    size_t rounded = (bytes + 255u) & ~(size_t)255u;
+    if (rounded < bytes)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "alloc: %zu bytes overflows", bytes);
+    void *p = aligned_alloc(256, rounded);
+    if (p == NULL) {
+        PCS_WARN(PCS_SUB_MEM, "cpu alloc of %zu bytes failed", bytes);
+        return PCS_ERR_NOMEM;
+    }
+    *out = p;
+    return PCS_OK;
+}
+
+static void cpu_free(void *p)
+{
+    free(p);
+}
+
+static pcs_status_t cpu_copy(void *dst, const void *src, size_t bytes, pcs_copy_kind_t kind,
+                             pcs_stream_t s)
+{
+    if (bytes == 0)
+        return PCS_OK;
+    if (dst == NULL || src == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "copy: NULL %s with %zu bytes",
+                             dst == NULL ? "dst" : "src", bytes);
+    if ((unsigned)kind > (unsigned)PCS_COPY_D2D)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "copy: invalid kind %d", (int)kind);
+    memmove(dst, src, bytes);
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_fill(void *dst, pcs_dtype_t dt, size_t n, double value, pcs_stream_t s)
+{
+    if (dt != PCS_DTYPE_INT64 && !pcs_dtype_is_float(dt))
+        return pcs_set_error(PCS_ERR_UNSUPPORTED, "fill: dtype %d is not supported", (int)dt);
+    PCS_CHECK(pcs_kv_buffer("fill", "dst", dst, dt, n));
+    switch (dt) {
+    case PCS_DTYPE_FP64: {
+        double *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = value;
+        break;
+    }
+    case PCS_DTYPE_FP32: {
+        float *d = dst, v = (float)value;
+        for (size_t i = 0; i < n; i++)
+            d[i] = v;
+        break;
+    }
+    case PCS_DTYPE_INT64: {
+        if (!(value >= -9223372036854775808.0 && value < 9223372036854775808.0))
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "fill: %g does not fit int64", value);
+        int64_t *d = dst, v = (int64_t)value;
+        for (size_t i = 0; i < n; i++)
+            d[i] = v;
+        break;
+    }
+    default: {
+        /* via fp32 like c10::BFloat16(double)/c10::Half(double) */
+        uint16_t *d = dst;
+        uint16_t v = dt == PCS_DTYPE_BF16 ? pcs_f32_to_bf16((float)value)
+                                          : pcs_f32_to_fp16((float)value);
+        for (size_t i = 0; i < n; i++)
+            d[i] = v;
+        break;
+    }
+    }
+    return PCS_OK;
+}
+
+// ---- streams and events: ordering tokens only ----
+
+static pcs_status_t cpu_stream_create(pcs_stream_t *out)
+{
+    if (out == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "stream_create: NULL out");
+    return pcs_calloc(1, sizeof(struct pcs_stream), (void **)out);
+}
+
+static void cpu_stream_destroy(pcs_stream_t s)
+{
+    free(s);
+}
+
+static pcs_status_t cpu_sync(pcs_stream_t s)
+{
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_event_create(pcs_event_t *out)
+{
+    if (out == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "event_create: NULL out");
+    return pcs_calloc(1, sizeof(struct pcs_event), (void **)out);
+}
+
+static void cpu_event_destroy(pcs_event_t e)
+{
+    free(e);
+}
+
+static pcs_status_t cpu_event_record(pcs_event_t e, pcs_stream_t s)
+{
+    if (e == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "event_record: NULL event");
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_stream_wait_event(pcs_stream_t s, pcs_event_t e)
+{
+    if (e == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "stream_wait_event: NULL event");
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_event_sync(pcs_event_t e)
+{
+    if (e == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "event_sync: NULL event");
+    return PCS_OK;
+}
+
+// ---- element access for the 16/32-bit float dtypes ----
+
+static inline float ld(const void *p, pcs_dtype_t t, size_t i)
+{
+    if (t == PCS_DTYPE_FP32)
+        return ((const float *)p)[i];
+    if (t == PCS_DTYPE_BF16)
+        return pcs_bf16_to_f32(((const uint16_t *)p)[i]);
+    return pcs_fp16_to_f32(((const uint16_t *)p)[i]);
+}
+
+static inline void st(void *p, pcs_dtype_t t, size_t i, float v)
+{
+    if (t == PCS_DTYPE_FP32)
+        ((float *)p)[i] = v;
+    else if (t == PCS_DTYPE_BF16)
+        ((uint16_t *)p)[i] = pcs_f32_to_bf16(v);
+    else
+        ((uint16_t *)p)[i] = pcs_f32_to_fp16(v);
+}
+
+// ---- ops ----
+
+static pcs_status_t cpu_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
+                             pcs_stream_t s)
+{
+    PCS_CHECK(pcs_kv_list("cast", "dst", dst, count, PCS_DT_FLOATS));
+    PCS_CHECK(pcs_kv_list("cast", "src", src, count, PCS_DT_FLOATS));
+    PCS_CHECK(pcs_kv_pair("cast", "dst", dst, "src", src, count));
+    for (size_t k = 0; k < count; k++)
+        PCS_CHECK(pcs_cpu_cast_array(dst[k].data, dst[k].dtype, src[k].data, src[k].dtype,
+                                     src[k].n));
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_scale(const pcs_tensor_t *t, size_t count, float factor, pcs_stream_t s)
+{
+    PCS_CHECK(pcs_kv_list("scale", "t", t, count, PCS_DT_FLOATS));
+    for (size_t k = 0; k < count; k++) {
+        if (t[k].dtype == PCS_DTYPE_FP64) {
+            double *d = t[k].data, f = (double)factor;
+            for (size_t i = 0; i < t[k].n; i++)
+                d[i] = d[i] * f;
+        } else if (t[k].dtype == PCS_DTYPE_FP32) {
+            float *d = t[k].data;
+            for (size_t i = 0; i < t[k].n; i++)
+                d[i] = d[i] * factor;
+        } else {
+            for (size_t i = 0; i < t[k].n; i++)
+                st(t[k].data, t[k].dtype, i, ld(t[k].data, t[k].dtype, i) * factor);
+        }
+    }
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_accumulate(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
+                                   pcs_stream_t s)
+{
+    PCS_CHECK(pcs_kv_list("accumulate", "dst", dst, count, PCS_DT_HALFS));
+    PCS_CHECK(pcs_kv_list("accumulate", "src", src, count, PCS_DT_HALFS));
+    PCS_CHECK(pcs_kv_pair("accumulate", "dst", dst, "src", src, count));
+    for (size_t k = 0; k < count; k++) {
+        pcs_dtype_t dt = dst[k].dtype, sdt = src[k].dtype;
+        if (dt == PCS_DTYPE_FP32 && sdt == PCS_DTYPE_FP32) {
+            float *d = dst[k].data;
+            const float *x = src[k].data;
+            for (size_t i = 0; i < dst[k].n; i++)
+                d[i] = d[i] + x[i];
+        } else {
+            for (size_t i = 0; i < dst[k].n; i++)
+                st(dst[k].data, dt, i, ld(dst[k].data, dt, i) + ld(src[k].data, sdt, i));
+        }
+    }
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_nonfinite(const pcs_tensor_t *t, size_t count, float *found_inf,
+                                  const float *inv_scale, pcs_stream_t s)
+{
+    PCS_CHECK(pcs_kv_buffer("nonfinite_check_and_unscale", "found_inf", found_inf,
+                            PCS_DTYPE_FP32, 1));
+    PCS_CHECK(pcs_kv_buffer("nonfinite_check_and_unscale", "inv_scale", inv_scale,
+                            PCS_DTYPE_FP32, 1));
+    PCS_CHECK(pcs_kv_list("nonfinite_check_and_unscale", "t", t, count, PCS_DT_HALFS));
+    const float inv = *inv_scale;
+    int found = 0;
+    for (size_t k = 0; k < count; k++) {
+        for (size_t i = 0; i < t[k].n; i++) {
+            float x = ld(t[k].data, t[k].dtype, i);
+            found |= !pcs_is_finite_f32(x);
+            if (inv != 1.0f)
+                st(t[k].data, t[k].dtype, i, x * inv);
+        }
+    }
+    if (found)
+        *found_inf = 1.0f;
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_sum_squares(const pcs_tensor_t *t, size_t count, float *out,
+                                    pcs_stream_t s)
+{
+    PCS_CHECK(pcs_kv_buffer("sum_squares", "out", out, PCS_DTYPE_FP32, 1));
+    PCS_CHECK(pcs_kv_list("sum_squares", "t", t, count, PCS_DT_HALFS));
+    double total = 0.0;
+    for (size_t k = 0; k < count; k++) {
+        double acc = 0.0;
+        for (size_t i = 0; i < t[k].n; i++) {
+            double x = (double)ld(t[k].data, t[k].dtype, i);
+            acc += x * x; /* exact product: 24-bit mantissas fit in 53 bits */
+        }
+        total += acc;
+    }
+    *out = (float)total;
+    return PCS_OK;
+}
+
+static pcs_status_t check_f32_same(const char *op, const char *an, const pcs_tensor_t *a,
+                                   const char *bn, const pcs_tensor_t *b, size_t count)
+{
+    PCS_CHECK(pcs_kv_list(op, bn, b, count, PCS_DT_BIT(PCS_DTYPE_FP32)));
+    return pcs_kv_pair(op, an, a, bn, b, count);
+}
+
+static pcs_status_t cpu_adamw(const pcs_tensor_t *param, const pcs_tensor_t *grad,
+                              const pcs_tensor_t *exp_avg, const pcs_tensor_t *exp_avg_sq,
+                              size_t count, const pcs_adamw_config_t *cfg, int64_t step,
+                              pcs_stream_t s)
+{
+    const char *op = "adamw_update";
+    PCS_CHECK(pcs_kv_adamw(cfg, step));
+    PCS_CHECK(pcs_kv_list(op, "param", param, count, PCS_DT_BIT(PCS_DTYPE_FP32)));
+    PCS_CHECK(check_f32_same(op, "param", param, "grad", grad, count));
+    PCS_CHECK(check_f32_same(op, "param", param, "exp_avg", exp_avg, count));
+    PCS_CHECK(check_f32_same(op, "param", param, "exp_avg_sq", exp_avg_sq, count));
+    pcs_adamw_coef_t c;
+    pcs_adamw_coef(cfg, step, &c);
+    for (size_t k = 0; k < count; k++) {
+        float *p = param[k].data, *m = exp_avg[k].data, *v = exp_avg_sq[k].data;
+        const float *g = grad[k].data;
+        for (size_t i = 0; i < param[k].n; i++)
+            pcs_adamw_elem(&p[i], g[i], &m[i], &v[i], &c);
+    }
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad,
+                            const pcs_tensor_t *buf, size_t count, const pcs_sgd_config_t *cfg,
+                            int first_step, pcs_stream_t s)
+{
+    const char *op = "sgd_update";
+    PCS_CHECK(pcs_kv_sgd(cfg));
+    PCS_CHECK(pcs_kv_list(op, "param", param, count, PCS_DT_BIT(PCS_DTYPE_FP32)));
+    PCS_CHECK(check_f32_same(op, "param", param, "grad", grad, count));
+    if (cfg->momentum != 0.0) {
+        if (buf == NULL && count > 0)
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: momentum %g needs momentum buffers",
+                                 op, cfg->momentum);
+        PCS_CHECK(check_f32_same(op, "param", param, "momentum_buf", buf, count));
+    }
+    pcs_sgd_coef_t c;
+    pcs_sgd_coef(cfg, first_step, &c);
+    for (size_t k = 0; k < count; k++) {
+        float *p = param[k].data, *b = c.use_momentum ? buf[k].data : NULL;
+        const float *g = grad[k].data;
+        for (size_t i = 0; i < param[k].n; i++)
+            pcs_sgd_elem(&p[i], g[i], b ? &b[i] : NULL, &c);
+    }
+    return PCS_OK;
+}
+
+static const pcs_backend_ops_t cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .host_alloc = cpu_alloc,
+    .host_free = cpu_free,
+    .copy = cpu_copy,
+    .fill = cpu_fill,
+    .stream_create = cpu_stream_create,
+    .stream_destroy = cpu_stream_destroy,
+    .sync = cpu_sync,
+    .event_create = cpu_event_create,
+    .event_destroy = cpu_event_destroy,
+    .event_record = cpu_event_record,
+    .stream_wait_event = cpu_stream_wait_event,
+    .event_sync = cpu_event_sync,
+    .cast = cpu_cast,
+    .scale = cpu_scale,
+    .accumulate = cpu_accumulate,
+    .nonfinite_check_and_unscale = cpu_nonfinite,
+    .sum_squares = cpu_sum_squares,
+    .adamw_update = cpu_adamw,
+    .sgd_update = cpu_sgd,
+};
+
+const pcs_backend_ops_t *pcs_backend_cpu(void)
+{
+    return &cpu_ops;
+}
