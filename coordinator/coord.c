@@ -1,0 +1,1089 @@
+/* The coordinator's pure state machine (see coord.h): membership, leases, gang start, job
+ * lifecycle, per-worker event queues and the rendezvous KV. Single-threaded by design (DESIGN.md
+ * §2): the RPC loop is the only caller, so nothing here locks. Time comes from cfg.clock only.
+ * Worker and job ids carry their number ("w-7", "job-3"), so id lookups are O(1) array reads. */
+#include "coord.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pcs/log.h"
+#include "pcs/mem.h"
+
+#define MAX_WORLD_SIZE (1u << 20)
+
+// ---------------------------------------------------------------------------------------------
+// string -> uint32 map (open addressing, no deletion: keys live as long as their owner)
+
+typedef struct strmap {
+    const char **keys;
+    uint32_t *vals;
+    size_t cap, len;
+} strmap_t;
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static bool strmap_get(const strmap_t *m, const char *key, uint32_t *val)
+{
+    if (!m->cap)
+        return false;
+    size_t mask = m->cap - 1;
+    for (size_t i = (size_t)fnv1a(key) & mask;; i = (i + 1) & mask) {
+        if (!m->keys[i])
+            return false;
+        if (strcmp(m->keys[i], key) == 0) {
+            *val = m->vals[i];
+            return true;
+        }
+    }
+}
+
+static void strmap_free(strmap_t *m)
+{
+    free(m->keys);
+    free(m->vals);
+    memset(m, 0, sizeof *m);
+}
+
+/* Insert or overwrite; `key` is retained (owned by the caller's record). */
+static pcs_status_t strmap_put(strmap_t *m, const char *key, uint32_t val)
+{
+    if ((m->len + 1) * 2 > m->cap) {
+        size_t ncap = m->cap ? m->cap * 2 : 16;
+        strmap_t n = {0};
+        PCS_CHECK(pcs_calloc(ncap, sizeof *n.keys, (void **)&n.keys));
+        pcs_status_t st = pcs_calloc(ncap, sizeof *n.vals, (void **)&n.vals);
+        if (st != PCS_OK) {
+            free(n.keys);
+            return st;
+        }
+        n.cap = ncap;
+        for (size_t i = 0; i < m->cap; i++) {
+            if (m->keys[i]) {
+                size_t j = (size_t)fnv1a(m->keys[i]) & (ncap - 1);
+                while (n.keys[j])
+                    j = (j + 1) & (ncap - 1);
+                n.keys[j] = m->keys[i];
+                n.vals[j] = m->vals[i];
+                n.len++;
+            }
+        }
+        strmap_free(m);
+        *m = n;
+    }
+    size_t mask = m->cap - 1;
+    for (size_t i = (size_t)fnv1a(key) & mask;; i = (i + 1) & mask) {
+        if (!m->keys[i]) {
+            m->keys[i] = key;
+            m->vals[i] = val;
+            m->len++;
+            return PCS_OK;
+        }
+        if (strcmp(m->keys[i], key) == 0) {
+            m->keys[i] = key;
+            m->vals[i] = val;
+            return PCS_OK;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+
+typedef struct pcs_coord_kv_waiter {
+    void *token;
+    char *key;
+    uint64_t deadline_ms;
+} kv_waiter_t;
+
+struct pcs_coord {
+    pcs_coord_config_t cfg;
+    pcs_coord_worker_t **workers; /* index = number - 1 (NULL: unused number) */
+    size_t n_workers, cap_workers;
+    pcs_coord_job_t **jobs; /* index = number - 1 */
+    size_t n_jobs, cap_jobs;
+    strmap_t by_identity; /* identity -> worker number */
+    strmap_t by_request;  /* request id -> job number */
+    uint32_t idle_live;   /* IDLE workers (gang start checks this before scanning) */
+    uint32_t n_pending;
+};
+
+static const char *const worker_names[] = {"UNSPECIFIED", "IDLE", "ASSIGNED", "LOST", "GONE"};
+static const char *const job_names[] = {"UNSPECIFIED", "PENDING",  "RUNNING",
+                                        "SUCCEEDED",   "FAILED",   "CANCELLED"};
+
+const char *pcs_worker_state_name(pcs_worker_state_t s)
+{
+    return (s >= PCS_WORKER_IDLE && s <= PCS_WORKER_GONE) ? worker_names[s] : "UNSPECIFIED";
+}
+
+const char *pcs_job_state_name(pcs_job_state_t s)
+{
+    return (s >= PCS_JOB_PENDING && s <= PCS_JOB_CANCELLED) ? job_names[s] : "UNSPECIFIED";
+}
+
+bool pcs_job_state_terminal(pcs_job_state_t s)
+{
+    return s == PCS_JOB_SUCCEEDED || s == PCS_JOB_FAILED || s == PCS_JOB_CANCELLED;
+}
+
+static uint64_t now_ms(const pcs_coord_t *c)
+{
+    return pcs_clock_now(c->cfg.clock);
+}
+
+static uint64_t wall_ms(const pcs_coord_t *c)
+{
+    return pcs_clock_wall(c->cfg.clock);
+}
+
+pcs_status_t pcs_coord_create(const pcs_coord_config_t *cfg, pcs_coord_t **out)
+{
+    *out = NULL;
+    pcs_coord_t *c;
+    PCS_CHECK(pcs_calloc(1, sizeof *c, (void **)&c));
+    c->cfg = *cfg;
+    if (!c->cfg.clock)
+        c->cfg.clock = pcs_clock_real();
+    if (!c->cfg.heartbeat_interval_ms)
+        c->cfg.heartbeat_interval_ms = 1000;
+    if (!c->cfg.lease_ms)
+        c->cfg.lease_ms = 10000;
+    if (!c->cfg.kv_max_key_bytes)
+        c->cfg.kv_max_key_bytes = 256;
+    if (!c->cfg.kv_max_value_bytes)
+        c->cfg.kv_max_value_bytes = 64 * 1024;
+    if (!c->cfg.kv_max_job_bytes)
+        c->cfg.kv_max_job_bytes = 16ull << 20;
+    *out = c;
+    return PCS_OK;
+}
+
+const pcs_coord_config_t *pcs_coord_config(const pcs_coord_t *c)
+{
+    return &c->cfg;
+}
+
+static void kv_clear(pcs_coord_job_t *j)
+{
+    for (size_t i = 0; i < j->kv_len; i++) {
+        free(j->kv[i].key);
+        free(j->kv[i].value);
+    }
+    free(j->kv);
+    j->kv = NULL;
+    j->kv_len = j->kv_cap = 0;
+    j->kv_bytes = 0;
+    if (j->kv_index) {
+        strmap_free(j->kv_index);
+        free(j->kv_index);
+        j->kv_index = NULL;
+    }
+}
+
+static void job_free(pcs_coord_t *c, pcs_coord_job_t *j)
+{
+    if (!j)
+        return;
+    kv_clear(j);
+    for (size_t i = 0; i < j->n_waiters; i++)
+        free(j->waiters[i].key);
+    free(j->waiters);
+    if (c->cfg.free_payload && (j->spec || j->plan))
+        c->cfg.free_payload(c->cfg.user, j->spec, j->plan);
+    free(j->name);
+    free(j->request_id);
+    free(j->reason);
+    free(j->rank_worker);
+    free(j->rank_done);
+    free(j);
+}
+
+static void worker_free(pcs_coord_worker_t *w)
+{
+    if (!w)
+        return;
+    free(w->identity);
+    free(w->host);
+    free(w->address);
+    free(w->version);
+    for (size_t i = 0; i < w->n_devices; i++) {
+        free(w->devices[i].kind);
+        free(w->devices[i].name);
+    }
+    free(w->devices);
+    for (size_t i = 0; i < w->n_backends; i++)
+        free(w->backends[i]);
+    free(w->backends);
+    free(w);
+}
+
+void pcs_coord_destroy(pcs_coord_t *c)
+{
+    if (!c)
+        return;
+    for (size_t i = 0; i < c->n_jobs; i++)
+        job_free(c, c->jobs[i]);
+    free(c->jobs);
+    for (size_t i = 0; i < c->n_workers; i++)
+        worker_free(c->workers[i]);
+    free(c->workers);
+    strmap_free(&c->by_identity);
+    strmap_free(&c->by_request);
+    free(c);
+}
+
+// ---------------------------------------------------------------------------------------------
+// events
+
+static void push_event(pcs_coord_t *c, pcs_coord_worker_t *w, pcs_coord_event_kind_t kind,
+                       const pcs_coord_job_t *j, const char *reason)
+{
+    if (w->ev_len == PCS_COORD_EVENT_QUEUE) {
+        /* A worker that never watches must not grow memory without bound: drop the oldest. */
+        w->ev_head = (w->ev_head + 1) % PCS_COORD_EVENT_QUEUE;
+        w->ev_len--;
+    }
+    pcs_coord_event_t *e = &w->events[(w->ev_head + w->ev_len) % PCS_COORD_EVENT_QUEUE];
+    memset(e, 0, sizeof *e);
+    e->seq = ++w->ev_seq;
+    e->kind = kind;
+    e->job = j->number;
+    e->generation = j->generation;
+    e->rank = w->rank;
+    snprintf(e->reason, sizeof e->reason, "%s", reason ? reason : "");
+    w->ev_len++;
+    if (c->cfg.on_events)
+        c->cfg.on_events(c->cfg.user, w);
+}
+
+bool pcs_coord_pop_event(pcs_coord_t *c, pcs_coord_worker_t *w, pcs_coord_event_t *out)
+{
+    (void)c;
+    if (!w->ev_len)
+        return false;
+    *out = w->events[w->ev_head];
+    w->ev_head = (w->ev_head + 1) % PCS_COORD_EVENT_QUEUE;
+    w->ev_len--;
+    return true;
+}
+
+void pcs_coord_watch_started(pcs_coord_t *c, pcs_coord_worker_t *w)
+{
+    if (w->state != PCS_WORKER_ASSIGNED || !w->job)
+        return;
+    for (size_t i = 0; i < w->ev_len; i++) {
+        const pcs_coord_event_t *e = &w->events[(w->ev_head + i) % PCS_COORD_EVENT_QUEUE];
+        if (e->kind == PCS_EV_ASSIGNMENT && e->job == w->job->number &&
+            e->generation == w->job->generation)
+            return;
+    }
+    push_event(c, w, PCS_EV_ASSIGNMENT, w->job, "re-sent on a new watch");
+}
+
+// ---------------------------------------------------------------------------------------------
+// workers
+
+static void job_notify(pcs_coord_t *c, const pcs_coord_job_t *j)
+{
+    if (c->cfg.on_job_change)
+        c->cfg.on_job_change(c->cfg.user, j);
+}
+
+static void set_worker_state(pcs_coord_t *c, pcs_coord_worker_t *w, pcs_worker_state_t s)
+{
+    if (w->state == PCS_WORKER_IDLE)
+        c->idle_live--;
+    if (s == PCS_WORKER_IDLE)
+        c->idle_live++;
+    w->state = s;
+}
+
+static pcs_status_t parse_number(const char *id, const char *prefix, uint32_t *out)
+{
+    size_t pl = strlen(prefix);
+    if (strncmp(id, prefix, pl) != 0 || !id[pl])
+        return PCS_ERR_NOT_FOUND;
+    uint64_t v = 0;
+    for (const char *p = id + pl; *p; p++) {
+        if (*p < '0' || *p > '9' || v > UINT32_MAX / 10)
+            return PCS_ERR_NOT_FOUND;
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    if (v == 0 || v > UINT32_MAX)
+        return PCS_ERR_NOT_FOUND;
+    *out = (uint32_t)v;
+    return PCS_OK;
+}
+
+pcs_coord_worker_t *pcs_coord_worker_by_number(pcs_coord_t *c, uint32_t number)
+{
+    if (number == 0 || number > c->n_workers)
+        return NULL;
+    return c->workers[number - 1];
+}
+
+uint32_t pcs_coord_max_worker(const pcs_coord_t *c)
+{
+    return (uint32_t)c->n_workers;
+}
+
+uint32_t pcs_coord_max_job(const pcs_coord_t *c)
+{
+    return (uint32_t)c->n_jobs;
+}
+
+pcs_coord_job_t *pcs_coord_job_by_number(pcs_coord_t *c, uint32_t number)
+{
+    if (number == 0 || number > c->n_jobs)
+        return NULL;
+    return c->jobs[number - 1];
+}
+
+pcs_status_t pcs_coord_lookup_worker(pcs_coord_t *c, const char *worker_id,
+                                     pcs_coord_worker_t **out)
+{
+    *out = NULL;
+    if (!worker_id || !*worker_id)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "worker_id: required");
+    uint32_t n;
+    pcs_coord_worker_t *w = NULL;
+    if (parse_number(worker_id, "w-", &n) == PCS_OK)
+        w = pcs_coord_worker_by_number(c, n);
+    if (!w)
+        return pcs_set_error(PCS_ERR_NOT_FOUND, "worker %.64s: unknown worker id (register first)",
+                             worker_id);
+    *out = w;
+    return PCS_OK;
+}
+
+/* Grow an array of pointers indexed by number - 1 so that `number` fits. */
+static pcs_status_t ensure_slot(void ***arr, size_t *n, size_t *cap, uint32_t number)
+{
+    if (number > *n) {
+        PCS_CHECK(pcs_grow((void **)arr, cap, number, sizeof(void *)));
+        for (size_t i = *n; i < number; i++)
+            (*arr)[i] = NULL;
+        *n = number;
+    }
+    return PCS_OK;
+}
+
+static pcs_status_t dup_or_empty(const char *s, char **out)
+{
+    return pcs_strdup(s ? s : "", out);
+}
+
+/* Replace the descriptive fields of `w` with those of `r` (copies). */
+static pcs_status_t worker_fill(pcs_coord_worker_t *w, const pcs_coord_register_t *r)
+{
+    pcs_coord_worker_t tmp = {0};
+    pcs_status_t st;
+    PCS_CHECK_GOTO(dup_or_empty(r->host, &tmp.host), st, fail);
+    PCS_CHECK_GOTO(dup_or_empty(r->address, &tmp.address), st, fail);
+    PCS_CHECK_GOTO(dup_or_empty(r->version, &tmp.version), st, fail);
+    if (r->n_devices) {
+        PCS_CHECK_GOTO(pcs_calloc(r->n_devices, sizeof *tmp.devices, (void **)&tmp.devices), st,
+                       fail);
+        for (size_t i = 0; i < r->n_devices; i++, tmp.n_devices++) {
+            tmp.devices[i].index = r->devices[i].index;
+            tmp.devices[i].memory_bytes = r->devices[i].memory_bytes;
+            PCS_CHECK_GOTO(dup_or_empty(r->devices[i].kind, &tmp.devices[i].kind), st, fail);
+            PCS_CHECK_GOTO(dup_or_empty(r->devices[i].name, &tmp.devices[i].name), st, fail);
+            if (strcmp(tmp.devices[i].kind, "cuda") == 0)
+                tmp.has_cuda = true;
+        }
+    }
+    if (r->n_backends) {
+        PCS_CHECK_GOTO(pcs_calloc(r->n_backends, sizeof *tmp.backends, (void **)&tmp.backends),
+                       st, fail);
+        for (size_t i = 0; i < r->n_backends; i++, tmp.n_backends++)
+            PCS_CHECK_GOTO(dup_or_empty(r->backends[i], &tmp.backends[i]), st, fail);
+    }
+    /* swap the new descriptive fields in, free the old ones through a scratch worker */
+    pcs_coord_worker_t old = {0};
+    old.host = w->host, old.address = w->address, old.version = w->version;
+    old.devices = w->devices, old.n_devices = w->n_devices;
+    old.backends = w->backends, old.n_backends = w->n_backends;
+    w->host = tmp.host, w->address = tmp.address, w->version = tmp.version;
+    w->devices = tmp.devices, w->n_devices = tmp.n_devices;
+    w->backends = tmp.backends, w->n_backends = tmp.n_backends;
+    w->has_cuda = tmp.has_cuda;
+    w->pid = r->pid;
+    tmp = old;
+    st = PCS_OK;
+fail:
+    /* frees either the half-built copy (error) or the previous fields (success) */
+    free(tmp.host);
+    free(tmp.address);
+    free(tmp.version);
+    for (size_t i = 0; i < tmp.n_devices; i++) {
+        free(tmp.devices[i].kind);
+        free(tmp.devices[i].name);
+    }
+    if (st != PCS_OK && tmp.devices && r->n_devices > tmp.n_devices) {
+        free(tmp.devices[tmp.n_devices].kind); /* partially filled entry */
+        free(tmp.devices[tmp.n_devices].name);
+    }
+    free(tmp.devices);
+    for (size_t i = 0; i < tmp.n_backends; i++)
+        free(tmp.backends[i]);
+    free(tmp.backends);
+    return st;
+}
+
+static void try_start_jobs(pcs_coord_t *c);
+
+static pcs_status_t new_worker(pcs_coord_t *c, uint32_t number, const char *identity,
+                               pcs_coord_worker_t **out)
+{
+    pcs_coord_worker_t *w;
+    PCS_CHECK(ensure_slot((void ***)&c->workers, &c->n_workers, &c->cap_workers, number));
+    PCS_CHECK(pcs_calloc(1, sizeof *w, (void **)&w));
+    pcs_status_t st = pcs_strdup(identity, &w->identity);
+    if (st == PCS_OK)
+        st = strmap_put(&c->by_identity, w->identity, number);
+    if (st != PCS_OK) {
+        worker_free(w);
+        return st;
+    }
+    w->number = number;
+    snprintf(w->id, sizeof w->id, "w-%" PRIu32, number);
+    c->workers[number - 1] = w;
+    *out = w;
+    return PCS_OK;
+}
+
+pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
+                                pcs_coord_worker_t **out, bool *reregistered)
+{
+    *out = NULL;
+    *reregistered = false;
+    if (!r->identity || !*r->identity)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "identity: required");
+    if (strlen(r->identity) > 256)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "identity: longer than 256 bytes");
+    uint32_t num;
+    pcs_coord_worker_t *w = NULL;
+    bool is_new = false;
+    if (strmap_get(&c->by_identity, r->identity, &num)) {
+        w = pcs_coord_worker_by_number(c, num);
+        *reregistered = true;
+    } else {
+        PCS_CHECK(new_worker(c, (uint32_t)c->n_workers + 1, r->identity, &w));
+        w->registered_wall_ms = wall_ms(c);
+        is_new = true;
+    }
+    pcs_status_t st = worker_fill(w, r);
+    if (st != PCS_OK)
+        return st; /* a new worker stays GONE-like (state 0) and invisible to gang start */
+    w->last_heartbeat_ms = now_ms(c);
+    w->last_heartbeat_wall_ms = wall_ms(c);
+    if (is_new) {
+        set_worker_state(c, w, PCS_WORKER_IDLE);
+        PCS_INFO(PCS_SUB_COORD, "worker %s registered: identity %s host %s pid %" PRIu32, w->id,
+                 w->identity, w->host, w->pid);
+        if (c->cfg.on_worker_new)
+            c->cfg.on_worker_new(c->cfg.user, w);
+    } else if (w->state == PCS_WORKER_LOST || w->state == PCS_WORKER_GONE || w->state == 0) {
+        /* Its job (if any) already moved on when it was lost: come back idle. */
+        PCS_INFO(PCS_SUB_COORD, "worker %s (%s) re-registered after %s", w->id, w->identity,
+                 pcs_worker_state_name(w->state));
+        w->job = NULL;
+        set_worker_state(c, w, PCS_WORKER_IDLE);
+        if (!w->registered_wall_ms)
+            w->registered_wall_ms = wall_ms(c);
+    }
+    *out = w;
+    try_start_jobs(c);
+    return PCS_OK;
+}
+
+pcs_status_t pcs_coord_heartbeat(pcs_coord_t *c, const char *worker_id, pcs_coord_worker_t **out)
+{
+    pcs_coord_worker_t *w;
+    PCS_CHECK(pcs_coord_lookup_worker(c, worker_id, &w));
+    *out = w;
+    if (w->state == PCS_WORKER_LOST || w->state == PCS_WORKER_GONE)
+        return pcs_set_error(PCS_ERR_STATE, "worker %s is %s: re-register", w->id,
+                             pcs_worker_state_name(w->state));
+    w->last_heartbeat_ms = now_ms(c);
+    w->last_heartbeat_wall_ms = wall_ms(c);
+    return PCS_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// jobs
+
+static void job_set_reason(pcs_coord_job_t *j, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void job_set_reason(pcs_coord_job_t *j, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    char *s = NULL;
+    if (pcs_strdup(buf, &s) == PCS_OK) {
+        free(j->reason);
+        j->reason = s;
+    }
+}
+
+static void kv_fail_waiters(pcs_coord_t *c, pcs_coord_job_t *j, pcs_status_t st, const char *why)
+{
+    /* Take the list first: a wake callback may call back into the coordinator. */
+    kv_waiter_t *ws = j->waiters;
+    size_t n = j->n_waiters;
+    j->waiters = NULL;
+    j->n_waiters = j->cap_waiters = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (c->cfg.on_kv_wake) {
+            pcs_set_error(st, "%s", why);
+            c->cfg.on_kv_wake(c->cfg.user, ws[i].token, st, NULL, 0);
+        }
+        free(ws[i].key);
+    }
+    free(ws);
+}
+
+/* Move a RUNNING/PENDING job to a terminal state: workers go IDLE with a STOP directive (the
+ * `except` worker, already LOST/GONE, gets its STOP queued too for when it comes back). */
+static void job_finish(pcs_coord_t *c, pcs_coord_job_t *j, pcs_job_state_t state)
+{
+    pcs_job_state_t prev = j->state;
+    if (prev == PCS_JOB_PENDING)
+        c->n_pending--;
+    j->state = state;
+    j->finished_wall_ms = wall_ms(c);
+    if (prev == PCS_JOB_RUNNING) {
+        for (uint32_t r = 0; r < j->world_size; r++) {
+            pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, j->rank_worker[r]);
+            if (!w || w->job != j)
+                continue;
+            w->job = NULL;
+            if (w->state == PCS_WORKER_ASSIGNED)
+                set_worker_state(c, w, PCS_WORKER_IDLE);
+            push_event(c, w, PCS_EV_STOP, j, j->reason);
+        }
+    }
+    kv_fail_waiters(c, j, PCS_ERR_STATE, "job ended while waiting for the key");
+    kv_clear(j);
+    PCS_INFO(PCS_SUB_COORD, "job %s %s -> %s%s%s", j->id, pcs_job_state_name(prev),
+             pcs_job_state_name(state), j->reason ? ": " : "", j->reason ? j->reason : "");
+    job_notify(c, j);
+    try_start_jobs(c);
+}
+
+static void worker_left(pcs_coord_t *c, pcs_coord_worker_t *w, pcs_worker_state_t s,
+                        const char *why)
+{
+    pcs_coord_job_t *j = w->job;
+    set_worker_state(c, w, s);
+    if (j && j->state == PCS_JOB_RUNNING) {
+        job_set_reason(j, "worker %s (rank %" PRIu32 ") %s", w->id, w->rank, why);
+        job_finish(c, j, PCS_JOB_FAILED);
+    }
+    w->job = NULL;
+}
+
+pcs_status_t pcs_coord_deregister(pcs_coord_t *c, const char *worker_id, const char *reason)
+{
+    pcs_coord_worker_t *w;
+    PCS_CHECK(pcs_coord_lookup_worker(c, worker_id, &w));
+    if (w->state == PCS_WORKER_GONE)
+        return PCS_OK; /* idempotent */
+    char why[256];
+    snprintf(why, sizeof why, "deregistered%s%.200s", reason && *reason ? ": " : "",
+             reason ? reason : "");
+    PCS_INFO(PCS_SUB_COORD, "worker %s %s", w->id, why);
+    worker_left(c, w, PCS_WORKER_GONE, why);
+    return PCS_OK;
+}
+
+static pcs_status_t check_mesh(const pcs_coord_job_desc_t *d, uint32_t *world)
+{
+    if (d->n_dims == 0)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "mesh: required (at least one dimension)");
+    if (d->n_dims > PCS_COORD_MAX_MESH_DIMS)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "mesh: more than %d dimensions",
+                             PCS_COORD_MAX_MESH_DIMS);
+    uint64_t w = 1;
+    for (uint32_t i = 0; i < d->n_dims; i++) {
+        if (d->dim_size[i] == 0)
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "mesh[%" PRIu32 "].size: must be >= 1", i);
+        w *= d->dim_size[i];
+        if (w > MAX_WORLD_SIZE)
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "mesh: world size (product of sizes) exceeds %u", MAX_WORLD_SIZE);
+    }
+    *world = (uint32_t)w;
+    return PCS_OK;
+}
+
+static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job_desc_t *d,
+                            pcs_coord_job_t **out)
+{
+    pcs_coord_job_t *j = NULL;
+    pcs_status_t st;
+    uint32_t world = 0;
+    PCS_CHECK_GOTO(check_mesh(d, &world), st, fail);
+    PCS_CHECK_GOTO(ensure_slot((void ***)&c->jobs, &c->n_jobs, &c->cap_jobs, number), st, fail);
+    PCS_CHECK_GOTO(pcs_calloc(1, sizeof *j, (void **)&j), st, fail);
+    j->spec = d->spec;
+    j->plan = d->plan;
+    PCS_CHECK_GOTO(dup_or_empty(d->name, &j->name), st, fail);
+    PCS_CHECK_GOTO(dup_or_empty(d->request_id, &j->request_id), st, fail);
+    PCS_CHECK_GOTO(pcs_calloc(world, sizeof *j->rank_worker, (void **)&j->rank_worker), st, fail);
+    PCS_CHECK_GOTO(pcs_calloc(world, 1, (void **)&j->rank_done), st, fail);
+    if (*j->request_id)
+        PCS_CHECK_GOTO(strmap_put(&c->by_request, j->request_id, number), st, fail);
+    j->number = number;
+    snprintf(j->id, sizeof j->id, "job-%" PRIu32, number);
+    j->world_size = world;
+    j->n_dims = d->n_dims;
+    memcpy(j->dim_name, d->dim_name, d->n_dims * sizeof *d->dim_name);
+    memcpy(j->dim_size, d->dim_size, d->n_dims * sizeof *d->dim_size);
+    j->need_cuda = d->need_cuda;
+    j->plan_hash = d->plan_hash;
+    j->progress.audit_ok = true;
+    c->jobs[number - 1] = j;
+    *out = j;
+    return PCS_OK;
+fail:
+    if (j) {
+        job_free(c, j); /* frees the payload */
+    } else if (c->cfg.free_payload && (d->spec || d->plan)) {
+        c->cfg.free_payload(c->cfg.user, d->spec, d->plan);
+    }
+    return st;
+}
+
+pcs_coord_job_t *pcs_coord_job_by_request(pcs_coord_t *c, const char *request_id)
+{
+    uint32_t n;
+    if (!request_id || !*request_id || !strmap_get(&c->by_request, request_id, &n))
+        return NULL;
+    return pcs_coord_job_by_number(c, n);
+}
+
+pcs_status_t pcs_coord_submit(pcs_coord_t *c, const pcs_coord_job_desc_t *d,
+                              pcs_coord_job_t **out)
+{
+    *out = NULL;
+    pcs_coord_job_t *j;
+    PCS_CHECK(new_job(c, (uint32_t)c->n_jobs + 1, d, &j));
+    j->state = PCS_JOB_PENDING;
+    j->created_wall_ms = wall_ms(c);
+    c->n_pending++;
+    PCS_INFO(PCS_SUB_COORD, "job %s submitted: name '%s' world size %" PRIu32, j->id, j->name,
+             j->world_size);
+    job_notify(c, j);
+    *out = j;
+    try_start_jobs(c);
+    return PCS_OK;
+}
+
+pcs_status_t pcs_coord_lookup_job(pcs_coord_t *c, const char *job_id, pcs_coord_job_t **out)
+{
+    *out = NULL;
+    if (!job_id || !*job_id)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "job_id: required");
+    uint32_t n;
+    pcs_coord_job_t *j = NULL;
+    if (parse_number(job_id, "job-", &n) == PCS_OK)
+        j = pcs_coord_job_by_number(c, n);
+    if (!j)
+        return pcs_set_error(PCS_ERR_NOT_FOUND, "job %.64s: no such job", job_id);
+    *out = j;
+    return PCS_OK;
+}
+
+void pcs_coord_rank_coords(const pcs_coord_job_t *j, uint32_t rank, uint32_t coords[4])
+{
+    memset(coords, 0, 4 * sizeof *coords);
+    /* row-major: the last (innermost) dimension varies fastest, as init_device_mesh numbers ranks */
+    for (uint32_t i = j->n_dims; i-- > 0;) {
+        uint32_t v = rank % j->dim_size[i];
+        rank /= j->dim_size[i];
+        if (j->dim_name[i] >= 1 && j->dim_name[i] <= 3)
+            coords[j->dim_name[i]] = v;
+    }
+}
+
+static bool eligible(const pcs_coord_worker_t *w, const pcs_coord_job_t *j)
+{
+    return w && w->state == PCS_WORKER_IDLE && (!j->need_cuda || w->has_cuda);
+}
+
+static void start_job(pcs_coord_t *c, pcs_coord_job_t *j)
+{
+    uint32_t r = 0;
+    /* FIFO by registration: worker numbers are handed out in registration order. */
+    for (size_t i = 0; i < c->n_workers && r < j->world_size; i++) {
+        pcs_coord_worker_t *w = c->workers[i];
+        if (eligible(w, j))
+            j->rank_worker[r++] = w->number;
+    }
+    if (r < j->world_size)
+        return; /* not enough eligible (e.g. cuda) workers yet */
+    c->n_pending--;
+    j->state = PCS_JOB_RUNNING;
+    j->generation++;
+    j->started_wall_ms = wall_ms(c);
+    memset(j->rank_done, 0, j->world_size);
+    j->n_done = 0;
+    free(j->reason);
+    j->reason = NULL;
+    for (r = 0; r < j->world_size; r++) {
+        pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, j->rank_worker[r]);
+        set_worker_state(c, w, PCS_WORKER_ASSIGNED);
+        w->job = j;
+        w->rank = r;
+    }
+    PCS_INFO(PCS_SUB_COORD, "job %s RUNNING: generation %" PRIu64 ", %" PRIu32 " workers (%s .. %s)",
+             j->id, j->generation, j->world_size,
+             pcs_coord_worker_by_number(c, j->rank_worker[0])->id,
+             pcs_coord_worker_by_number(c, j->rank_worker[j->world_size - 1])->id);
+    job_notify(c, j);
+    for (r = 0; r < j->world_size; r++) {
+        pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, j->rank_worker[r]);
+        push_event(c, w, PCS_EV_ASSIGNMENT, j, "gang start");
+    }
+}
+
+/* Gang start: each PENDING job, oldest first, starts when enough eligible IDLE workers exist.
+ * A job too large for the cluster does not block smaller ones behind it (backfill). */
+static void try_start_jobs(pcs_coord_t *c)
+{
+    for (size_t i = 0; i < c->n_jobs && c->n_pending && c->idle_live; i++) {
+        pcs_coord_job_t *j = c->jobs[i];
+        if (j && j->state == PCS_JOB_PENDING && j->world_size <= c->idle_live)
+            start_job(c, j);
+    }
+}
+
+pcs_status_t pcs_coord_cancel(pcs_coord_t *c, const char *job_id, const char *reason,
+                              pcs_coord_job_t **out)
+{
+    pcs_coord_job_t *j;
+    PCS_CHECK(pcs_coord_lookup_job(c, job_id, &j));
+    *out = j;
+    if (pcs_job_state_terminal(j->state))
+        return pcs_set_error(PCS_ERR_STATE, "job %s is already %s", j->id,
+                             pcs_job_state_name(j->state));
+    job_set_reason(j, "cancelled%s%.400s", reason && *reason ? ": " : "", reason ? reason : "");
+    job_finish(c, j, PCS_JOB_CANCELLED);
+    return PCS_OK;
+}
+
+pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, int *directive,
+                                   char *reason, size_t reason_len)
+{
+    *directive = 0;
+    if (reason_len)
+        reason[0] = 0;
+    pcs_coord_worker_t *w;
+    pcs_coord_job_t *j;
+    PCS_CHECK(pcs_coord_lookup_worker(c, r->worker_id, &w));
+    PCS_CHECK(pcs_coord_lookup_job(c, r->job_id, &j));
+    if (w->state == PCS_WORKER_LOST || w->state == PCS_WORKER_GONE)
+        return pcs_set_error(PCS_ERR_STATE, "worker %s is %s: re-register", w->id,
+                             pcs_worker_state_name(w->state));
+    if (j->state != PCS_JOB_RUNNING || w->job != j || r->generation != j->generation) {
+        /* Not an error: the worker is behind. Tell it to stop. */
+        *directive = PCS_EV_STOP;
+        snprintf(reason, reason_len, "job %s is %s%s%s", j->id, pcs_job_state_name(j->state),
+                 j->reason ? ": " : "", j->reason ? j->reason : "");
+        if (j->state == PCS_JOB_RUNNING)
+            snprintf(reason, reason_len, "worker %s is not in job %s generation %" PRIu64, w->id,
+                     j->id, r->generation);
+        return PCS_OK;
+    }
+    if (r->rank != w->rank)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "rank: %" PRIu32 " but worker %s has rank %" PRIu32,
+                             r->rank, w->id, w->rank);
+    w->last_heartbeat_ms = now_ms(c); /* a report is proof of life too */
+    w->last_heartbeat_wall_ms = wall_ms(c);
+    pcs_coord_progress_t *p = &j->progress;
+    p->reports++;
+    if (r->step >= p->step) {
+        p->step = r->step;
+        if (r->rank == 0 || p->reports == 1) {
+            p->loss = r->loss;
+            p->step_ms = r->step_ms;
+            p->eval_loss = r->eval_loss;
+            p->loss_scale = r->loss_scale;
+            p->skipped_steps = r->skipped_steps;
+        }
+    }
+    if (!r->audit_ok)
+        p->audit_ok = false;
+    if (r->error && *r->error) {
+        job_set_reason(j, "rank %" PRIu32 " (worker %s) failed at step %" PRIu64 ": %.300s",
+                       r->rank, w->id, r->step, r->error);
+        job_finish(c, j, PCS_JOB_FAILED);
+        *directive = PCS_EV_STOP;
+        snprintf(reason, reason_len, "%s", j->reason);
+        return PCS_OK;
+    }
+    if (r->done && !j->rank_done[r->rank]) {
+        j->rank_done[r->rank] = 1;
+        if (++j->n_done == j->world_size) {
+            job_set_reason(j, "all %" PRIu32 " ranks finished at step %" PRIu64, j->world_size,
+                           p->step);
+            job_finish(c, j, PCS_JOB_SUCCEEDED);
+        }
+    }
+    return PCS_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// rendezvous KV
+
+static pcs_status_t kv_scope(pcs_coord_t *c, const char *job_id, uint64_t generation,
+                             const char *key, pcs_coord_job_t **out)
+{
+    pcs_coord_job_t *j;
+    PCS_CHECK(pcs_coord_lookup_job(c, job_id, &j));
+    if (!key || !*key)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "key: required");
+    size_t kl = strlen(key);
+    if (kl > c->cfg.kv_max_key_bytes)
+        return pcs_set_error(PCS_ERR_LIMIT, "key: %zu bytes exceeds the limit of %" PRIu32 " bytes",
+                             kl, c->cfg.kv_max_key_bytes);
+    if (j->state != PCS_JOB_RUNNING)
+        return pcs_set_error(PCS_ERR_STATE, "job %s is %s: the KV exists only while it runs", j->id,
+                             pcs_job_state_name(j->state));
+    if (generation != j->generation)
+        return pcs_set_error(PCS_ERR_STATE,
+                             "generation %" PRIu64 " of job %s is not current (%" PRIu64 ")",
+                             generation, j->id, j->generation);
+    *out = j;
+    return PCS_OK;
+}
+
+pcs_status_t pcs_coord_kv_set(pcs_coord_t *c, const char *job_id, uint64_t generation,
+                              const char *key, const void *value, size_t len)
+{
+    pcs_coord_job_t *j;
+    PCS_CHECK(kv_scope(c, job_id, generation, key, &j));
+    if (len > c->cfg.kv_max_value_bytes)
+        return pcs_set_error(PCS_ERR_LIMIT,
+                             "value: %zu bytes exceeds the limit of %" PRIu32 " bytes", len,
+                             c->cfg.kv_max_value_bytes);
+    if (!j->kv_index) {
+        PCS_CHECK(pcs_calloc(1, sizeof(strmap_t), &j->kv_index));
+    }
+    uint32_t idx;
+    bool exists = strmap_get(j->kv_index, key, &idx);
+    uint64_t old = exists ? j->kv[idx].len + strlen(key) : 0;
+    uint64_t total = j->kv_bytes - old + len + strlen(key);
+    if (total > c->cfg.kv_max_job_bytes)
+        return pcs_set_error(PCS_ERR_LIMIT,
+                             "job %s: KV would hold %" PRIu64 " bytes, over the limit of %" PRIu64,
+                             j->id, total, c->cfg.kv_max_job_bytes);
+    uint8_t *copy = NULL;
+    PCS_CHECK(pcs_calloc(len ? len : 1, 1, (void **)&copy));
+    if (len)
+        memcpy(copy, value, len);
+    if (exists) {
+        free(j->kv[idx].value);
+    } else {
+        pcs_status_t st = pcs_grow((void **)&j->kv, &j->kv_cap, j->kv_len + 1, sizeof *j->kv);
+        char *k = NULL;
+        if (st == PCS_OK)
+            st = pcs_strdup(key, &k);
+        if (st == PCS_OK)
+            st = strmap_put(j->kv_index, k, (uint32_t)j->kv_len);
+        if (st != PCS_OK) {
+            free(k);
+            free(copy);
+            return st;
+        }
+        idx = (uint32_t)j->kv_len++;
+        j->kv[idx].key = k;
+    }
+    j->kv[idx].value = copy;
+    j->kv[idx].len = len;
+    j->kv_bytes = total;
+    /* Wake the parked gets of this key. Compact the list first: callbacks may re-enter. */
+    size_t n = 0, woke = 0;
+    kv_waiter_t *hits = NULL;
+    for (size_t i = 0; i < j->n_waiters; i++)
+        if (strcmp(j->waiters[i].key, key) == 0)
+            woke++;
+    if (woke && pcs_calloc(woke, sizeof *hits, (void **)&hits) == PCS_OK) {
+        woke = 0;
+        for (size_t i = 0; i < j->n_waiters; i++) {
+            if (strcmp(j->waiters[i].key, key) == 0)
+                hits[woke++] = j->waiters[i];
+            else
+                j->waiters[n++] = j->waiters[i];
+        }
+        j->n_waiters = n;
+        for (size_t i = 0; i < woke; i++) {
+            /* value stays valid: no KV mutation happens before the callbacks return */
+            if (c->cfg.on_kv_wake)
+                c->cfg.on_kv_wake(c->cfg.user, hits[i].token, PCS_OK, copy, len);
+            free(hits[i].key);
+        }
+        free(hits);
+    }
+    return PCS_OK;
+}
+
+pcs_status_t pcs_coord_kv_get(pcs_coord_t *c, const char *job_id, uint64_t generation,
+                              const char *key, uint32_t wait_ms, void *waiter, int *found,
+                              const void **value, size_t *len)
+{
+    *found = 0;
+    *value = NULL;
+    *len = 0;
+    pcs_coord_job_t *j;
+    PCS_CHECK(kv_scope(c, job_id, generation, key, &j));
+    uint32_t idx;
+    if (j->kv_index && strmap_get(j->kv_index, key, &idx)) {
+        *found = 1;
+        *value = j->kv[idx].value;
+        *len = j->kv[idx].len;
+        return PCS_OK;
+    }
+    if (wait_ms == 0 || !waiter)
+        return PCS_OK;
+    PCS_CHECK(pcs_grow((void **)&j->waiters, &j->cap_waiters, j->n_waiters + 1,
+                       sizeof *j->waiters));
+    kv_waiter_t *wt = &j->waiters[j->n_waiters];
+    memset(wt, 0, sizeof *wt);
+    PCS_CHECK(pcs_strdup(key, &wt->key));
+    wt->token = waiter;
+    wt->deadline_ms = now_ms(c) + wait_ms;
+    j->n_waiters++;
+    *found = -1;
+    return PCS_OK;
+}
+
+void pcs_coord_kv_cancel(pcs_coord_t *c, void *waiter)
+{
+    for (size_t i = 0; i < c->n_jobs; i++) {
+        pcs_coord_job_t *j = c->jobs[i];
+        if (!j)
+            continue;
+        for (size_t k = 0; k < j->n_waiters; k++) {
+            if (j->waiters[k].token == waiter) {
+                free(j->waiters[k].key);
+                j->waiters[k] = j->waiters[--j->n_waiters];
+                return;
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// time
+
+void pcs_coord_tick(pcs_coord_t *c)
+{
+    uint64_t now = now_ms(c);
+    for (size_t i = 0; i < c->n_workers; i++) {
+        pcs_coord_worker_t *w = c->workers[i];
+        if (!w || (w->state != PCS_WORKER_IDLE && w->state != PCS_WORKER_ASSIGNED))
+            continue;
+        if (now > w->last_heartbeat_ms + c->cfg.lease_ms) {
+            char why[128];
+            snprintf(why, sizeof why, "lost: no heartbeat for %" PRIu64 " ms (lease %" PRIu32 " ms)",
+                     now - w->last_heartbeat_ms, c->cfg.lease_ms);
+            PCS_WARN(PCS_SUB_COORD, "worker %s (%s) %s", w->id, w->identity, why);
+            worker_left(c, w, PCS_WORKER_LOST, why);
+        }
+    }
+    for (size_t i = 0; i < c->n_jobs; i++) {
+        pcs_coord_job_t *j = c->jobs[i];
+        if (!j || !j->n_waiters)
+            continue;
+        for (size_t k = 0; k < j->n_waiters;) {
+            if (now >= j->waiters[k].deadline_ms) {
+                kv_waiter_t wt = j->waiters[k];
+                j->waiters[k] = j->waiters[--j->n_waiters];
+                if (c->cfg.on_kv_wake)
+                    c->cfg.on_kv_wake(c->cfg.user, wt.token, PCS_OK, NULL, 0);
+                free(wt.key);
+            } else {
+                k++;
+            }
+        }
+    }
+}
+
+void pcs_coord_counts(const pcs_coord_t *c, pcs_coord_counts_t *out)
+{
+    memset(out, 0, sizeof *out);
+    for (size_t i = 0; i < c->n_workers; i++)
+        if (c->workers[i] && c->workers[i]->state >= 1 && c->workers[i]->state <= 4)
+            out->workers[c->workers[i]->state]++;
+    for (size_t i = 0; i < c->n_jobs; i++)
+        if (c->jobs[i])
+            out->jobs[c->jobs[i]->state]++;
+}
+
+// ---------------------------------------------------------------------------------------------
+// restore
+
+pcs_status_t pcs_coord_restore_worker(pcs_coord_t *c, uint32_t number, const char *identity,
+                                      const char *host)
+{
+    if (number == 0 || !identity || !*identity)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "restore: worker number and identity required");
+    uint32_t n;
+    if (pcs_coord_worker_by_number(c, number) || strmap_get(&c->by_identity, identity, &n))
+        return pcs_set_error(PCS_ERR_EXISTS, "restore: worker %" PRIu32 " / %s already known",
+                             number, identity);
+    pcs_coord_worker_t *w;
+    PCS_CHECK(new_worker(c, number, identity, &w));
+    w->state = PCS_WORKER_GONE;
+    PCS_CHECK(dup_or_empty(host, &w->host));
+    return PCS_OK;
+}
+
+pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job_desc_t *d,
+                                   pcs_job_state_t state, const char *reason,
+                                   uint64_t created_wall_ms, uint64_t started_wall_ms,
+                                   uint64_t finished_wall_ms, uint64_t generation)
+{
+    if (number == 0 || pcs_coord_job_by_number(c, number)) {
+        if (c->cfg.free_payload && (d->spec || d->plan))
+            c->cfg.free_payload(c->cfg.user, d->spec, d->plan);
+        return pcs_set_error(PCS_ERR_EXISTS, "restore: job %" PRIu32 " already known", number);
+    }
+    pcs_coord_job_t *j;
+    PCS_CHECK(new_job(c, number, d, &j));
+    j->created_wall_ms = created_wall_ms;
+    j->started_wall_ms = started_wall_ms;
+    j->finished_wall_ms = finished_wall_ms;
+    j->generation = generation;
+    if (reason && *reason)
+        job_set_reason(j, "%s", reason);
+    if (state == PCS_JOB_RUNNING) {
+        /* Its workers' communicators died with the previous coordinator's view of them. */
+        state = PCS_JOB_FAILED;
+        job_set_reason(j, "coordinator restarted while the job was running");
+        j->finished_wall_ms = wall_ms(c);
+    }
+    j->state = state;
+    if (state == PCS_JOB_PENDING) {
+        j->generation = 0;
+        c->n_pending++;
+    }
+    return PCS_OK;
+}

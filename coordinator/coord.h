@@ -1,0 +1,283 @@
+/* The coordinator's pure state machine: worker membership with leases, jobs with gang start,
+ * per-worker assignment/directive queues and the job-scoped rendezvous KV. No gRPC, no I/O, no
+ * locks: one thread (the RPC loop) calls everything, and time comes only from the injected
+ * pcs_clock_t, so unit tests drive leases with a fake clock. The job spec and plan are carried as
+ * opaque owned pointers (freed through cfg.free_payload); server.c converts protobuf <-> these. */
+#ifndef PCS_COORD_H
+#define PCS_COORD_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pcs/clock.h"
+#include "pcs/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Values equal the pcs.v1.WorkerState / JobState enum numbers, so server.c can cast. */
+typedef enum {
+    PCS_WORKER_IDLE = 1,
+    PCS_WORKER_ASSIGNED = 2,
+    PCS_WORKER_LOST = 3,
+    PCS_WORKER_GONE = 4
+} pcs_worker_state_t;
+
+typedef enum {
+    PCS_JOB_PENDING = 1,
+    PCS_JOB_RUNNING = 2,
+    PCS_JOB_SUCCEEDED = 3,
+    PCS_JOB_FAILED = 4,
+    PCS_JOB_CANCELLED = 5
+} pcs_job_state_t;
+
+/* Mesh dimension names: equal pcs.v1.MeshDimName numbers. */
+enum { PCS_MESH_PP = 1, PCS_MESH_DP_REPLICATE = 2, PCS_MESH_DP_SHARD = 3 };
+#define PCS_COORD_MAX_MESH_DIMS 8
+#define PCS_COORD_EVENT_QUEUE 64 /* per worker; the oldest event is dropped beyond this */
+
+typedef enum {
+    PCS_EV_ASSIGNMENT = 1, /* the worker's rank in job_id / generation */
+    PCS_EV_STOP = 2,       /* equal pcs.v1.DirectiveKind numbers for the two directives */
+    PCS_EV_RESTART = 3
+} pcs_coord_event_kind_t;
+
+typedef struct pcs_coord_event {
+    uint64_t seq; /* per worker, increasing from 1 */
+    pcs_coord_event_kind_t kind;
+    uint32_t job; /* job number (pcs_coord_job_by_number) */
+    uint64_t generation;
+    uint32_t rank;
+    char reason[200];
+} pcs_coord_event_t;
+
+typedef struct pcs_coord_device {
+    uint32_t index;
+    char *kind; /* cpu | cuda */
+    char *name;
+    uint64_t memory_bytes;
+} pcs_coord_device_t;
+
+struct pcs_coord_job;
+
+/* Read-only outside coord.c, except `watch`, which belongs to the server (its open
+ * WatchAssignment call for this worker, or NULL). */
+typedef struct pcs_coord_worker {
+    char id[24]; /* "w-<number>" */
+    uint32_t number;
+    char *identity, *host, *address, *version;
+    uint32_t pid;
+    pcs_coord_device_t *devices;
+    size_t n_devices;
+    char **backends;
+    size_t n_backends;
+    bool has_cuda;
+    pcs_worker_state_t state;
+    struct pcs_coord_job *job; /* while ASSIGNED */
+    uint32_t rank;
+    uint64_t registered_wall_ms;
+    uint64_t last_heartbeat_ms; /* monotonic */
+    uint64_t last_heartbeat_wall_ms;
+    /* event ring */
+    pcs_coord_event_t events[PCS_COORD_EVENT_QUEUE];
+    size_t ev_head, ev_len;
+    uint64_t ev_seq;
+    void *watch;
+} pcs_coord_worker_t;
+
+typedef struct pcs_coord_progress {
+    uint64_t step;
+    double loss;
+    double step_ms;
+    uint64_t reports;
+    bool audit_ok;
+    double eval_loss;
+    uint64_t skipped_steps;
+    double loss_scale;
+} pcs_coord_progress_t;
+
+typedef struct pcs_coord_kv_entry {
+    char *key;
+    uint8_t *value;
+    size_t len;
+} pcs_coord_kv_entry_t;
+
+/* Read-only outside coord.c. */
+typedef struct pcs_coord_job {
+    char id[24]; /* "job-<number>" */
+    uint32_t number;
+    char *name, *request_id;
+    pcs_job_state_t state;
+    char *reason;
+    uint64_t created_wall_ms, started_wall_ms, finished_wall_ms;
+    uint32_t world_size;
+    uint32_t n_dims;
+    uint32_t dim_name[PCS_COORD_MAX_MESH_DIMS]; /* PCS_MESH_* in the user's order, outer first */
+    uint32_t dim_size[PCS_COORD_MAX_MESH_DIMS];
+    bool need_cuda;
+    uint64_t generation; /* 0 while PENDING */
+    uint64_t plan_hash;
+    uint32_t restarts;
+    uint32_t *rank_worker; /* worker number of each rank (world_size entries, RUNNING) */
+    uint8_t *rank_done;
+    uint32_t n_done;
+    pcs_coord_progress_t progress;
+    void *spec, *plan; /* owned, opaque (server.c: Pcs__V1__JobSpec / Pcs__V1__Plan) */
+    /* rendezvous KV of the current generation */
+    pcs_coord_kv_entry_t *kv;
+    size_t kv_len, kv_cap;
+    uint64_t kv_bytes;
+    void *kv_index; /* key -> entry (coord.c private) */
+    struct pcs_coord_kv_waiter *waiters;
+    size_t n_waiters, cap_waiters;
+} pcs_coord_job_t;
+
+typedef struct pcs_coord_config {
+    const pcs_clock_t *clock; /* NULL = real clock */
+    uint32_t heartbeat_interval_ms; /* told to workers; default 1000 */
+    uint32_t lease_ms;              /* default 10000 */
+    uint32_t kv_max_key_bytes;      /* default 256 */
+    uint32_t kv_max_value_bytes;    /* default 64 KiB */
+    uint64_t kv_max_job_bytes;      /* default 16 MiB */
+    void *user;
+    /* Releases a job's opaque spec/plan (either may be NULL). NULL: not freed. */
+    void (*free_payload)(void *user, void *spec, void *plan);
+    /* New events were queued for `w` (drain with pcs_coord_pop_event). May be NULL. */
+    void (*on_events)(void *user, pcs_coord_worker_t *w);
+    /* A parked KvGet completes: st PCS_OK with value (found) or value == NULL (wait expired),
+     * or an error (job ended, generation moved on) with pcs_last_error() set. */
+    void (*on_kv_wake)(void *user, void *waiter, pcs_status_t st, const void *value, size_t len);
+    /* Persistence hooks (store.c): a job's state or a worker identity changed. May be NULL. */
+    void (*on_job_change)(void *user, const pcs_coord_job_t *j);
+    void (*on_worker_new)(void *user, const pcs_coord_worker_t *w);
+} pcs_coord_config_t;
+
+typedef struct pcs_coord pcs_coord_t;
+
+pcs_status_t pcs_coord_create(const pcs_coord_config_t *cfg, pcs_coord_t **out);
+/* Frees everything, including the jobs' payloads. Parked KV waiters are dropped silently (the
+ * server cancels its calls first). NULL is fine. */
+void pcs_coord_destroy(pcs_coord_t *c);
+const pcs_coord_config_t *pcs_coord_config(const pcs_coord_t *c);
+
+// ---- workers ----
+typedef struct pcs_coord_register {
+    const char *identity; /* required: the idempotency key */
+    const char *host, *address, *version;
+    uint32_t pid;
+    const pcs_coord_device_t *devices;
+    size_t n_devices;
+    const char *const *backends;
+    size_t n_backends;
+} pcs_coord_register_t;
+
+/* Register or re-register (same identity -> same worker, *reregistered = true). A LOST or GONE
+ * worker comes back IDLE; an IDLE/ASSIGNED one keeps its state (a restarted agent that lost its
+ * stream gets its assignment again on its next WatchAssignment). Strings are copied. */
+pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
+                                pcs_coord_worker_t **out, bool *reregistered);
+/* Errors: INVALID_ARG for an empty id, NOT_FOUND for an unknown one. */
+pcs_status_t pcs_coord_lookup_worker(pcs_coord_t *c, const char *worker_id,
+                                     pcs_coord_worker_t **out);
+/* Renew the lease. LOST/GONE workers get PCS_ERR_STATE ("worker w-3 is LOST: re-register"). */
+pcs_status_t pcs_coord_heartbeat(pcs_coord_t *c, const char *worker_id, pcs_coord_worker_t **out);
+/* GONE; a RUNNING job it belonged to fails, naming the worker and rank. */
+pcs_status_t pcs_coord_deregister(pcs_coord_t *c, const char *worker_id, const char *reason);
+/* Pop the oldest queued event; false if none. */
+bool pcs_coord_pop_event(pcs_coord_t *c, pcs_coord_worker_t *w, pcs_coord_event_t *out);
+/* A watch stream (re)opened: an ASSIGNED worker whose queue holds no assignment for its current
+ * job gets it queued again, so a reconnecting agent never misses its assignment. */
+void pcs_coord_watch_started(pcs_coord_t *c, pcs_coord_worker_t *w);
+
+// ---- jobs ----
+typedef struct pcs_coord_job_desc {
+    const char *name;
+    const char *request_id; /* "" or NULL: no idempotency */
+    uint32_t n_dims;
+    const uint32_t *dim_name; /* PCS_MESH_* */
+    const uint32_t *dim_size;
+    bool need_cuda;
+    void *spec, *plan; /* ownership passes to the coordinator, also on failure */
+    uint64_t plan_hash;
+} pcs_coord_job_desc_t;
+
+/* The job submitted earlier with this request id, or NULL. */
+pcs_coord_job_t *pcs_coord_job_by_request(pcs_coord_t *c, const char *request_id);
+/* New PENDING job (it may start at once if enough IDLE workers exist). World size = product of
+ * the mesh sizes; errors: INVALID_ARG (no dims, a size of 0, a product over 1<<20). */
+pcs_status_t pcs_coord_submit(pcs_coord_t *c, const pcs_coord_job_desc_t *d,
+                              pcs_coord_job_t **out);
+pcs_status_t pcs_coord_lookup_job(pcs_coord_t *c, const char *job_id, pcs_coord_job_t **out);
+pcs_coord_job_t *pcs_coord_job_by_number(pcs_coord_t *c, uint32_t number);
+/* CANCELLED (+ STOP to its workers). A finished job gets PCS_ERR_STATE. */
+pcs_status_t pcs_coord_cancel(pcs_coord_t *c, const char *job_id, const char *reason,
+                              pcs_coord_job_t **out);
+/* Mesh coordinates of `rank`: row-major over the job's dims in the order given. coords is
+ * indexed by PCS_MESH_* (coords[PCS_MESH_DP_SHARD]); names not in the mesh are 0. */
+void pcs_coord_rank_coords(const pcs_coord_job_t *j, uint32_t rank, uint32_t coords[4]);
+
+typedef struct pcs_coord_report {
+    const char *worker_id, *job_id;
+    uint64_t generation;
+    uint32_t rank;
+    uint64_t step;
+    double loss, step_ms, eval_loss, loss_scale;
+    uint64_t skipped_steps;
+    bool audit_ok, done;
+    const char *error; /* non-empty: the worker failed the job */
+} pcs_coord_report_t;
+
+/* Record a step report. *directive is PCS_EV_STOP when the worker should stop (job no longer
+ * running, or not its job anymore), 0 otherwise; reason gets why. Errors: unknown worker/job
+ * (NOT_FOUND), rank or generation that do not match (PCS_ERR_STATE / INVALID_ARG). */
+pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, int *directive,
+                                   char *reason, size_t reason_len);
+
+// ---- rendezvous KV ----
+pcs_status_t pcs_coord_kv_set(pcs_coord_t *c, const char *job_id, uint64_t generation,
+                              const char *key, const void *value, size_t len);
+/* *found = 1 with value and len borrowed (valid until the next KV call), 0 not found, or -1 parked
+ * (wait_ms > 0 and `waiter` != NULL): on_kv_wake(waiter, ...) runs later from kv_set or tick. */
+pcs_status_t pcs_coord_kv_get(pcs_coord_t *c, const char *job_id, uint64_t generation,
+                              const char *key, uint32_t wait_ms, void *waiter, int *found,
+                              const void **value, size_t *len);
+/* Forget a parked waiter (its call went away); no callback. */
+void pcs_coord_kv_cancel(pcs_coord_t *c, void *waiter);
+
+// ---- time ----
+/* Expire leases and parked KV waits; called from the loop at least every few hundred ms. */
+void pcs_coord_tick(pcs_coord_t *c);
+
+// ---- views ----
+/* Iterate by number: returns NULL for numbers never used. Numbers run 1..max. */
+uint32_t pcs_coord_max_worker(const pcs_coord_t *c);
+pcs_coord_worker_t *pcs_coord_worker_by_number(pcs_coord_t *c, uint32_t number);
+uint32_t pcs_coord_max_job(const pcs_coord_t *c);
+
+typedef struct pcs_coord_counts {
+    uint32_t workers[5]; /* by pcs_worker_state_t */
+    uint32_t jobs[6];    /* by pcs_job_state_t */
+} pcs_coord_counts_t;
+void pcs_coord_counts(const pcs_coord_t *c, pcs_coord_counts_t *out);
+
+const char *pcs_worker_state_name(pcs_worker_state_t s); /* "IDLE" */
+const char *pcs_job_state_name(pcs_job_state_t s);       /* "RUNNING" */
+bool pcs_job_state_terminal(pcs_job_state_t s);
+
+// ---- restore (store.c, before serving) ----
+/* Recreate a known identity -> id mapping as a GONE worker (it revives on re-register). */
+pcs_status_t pcs_coord_restore_worker(pcs_coord_t *c, uint32_t number, const char *identity,
+                                      const char *host);
+/* Recreate a finished job (history). Running/pending jobs of a previous life are restored as
+ * FAILED with reason "coordinator restarted" by the caller; payload ownership passes. */
+pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job_desc_t *d,
+                                   pcs_job_state_t state, const char *reason,
+                                   uint64_t created_wall_ms, uint64_t started_wall_ms,
+                                   uint64_t finished_wall_ms, uint64_t generation);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

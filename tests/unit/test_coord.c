@@ -1,0 +1,798 @@
+/* Unit tests of the coordinator's pure state machine (coordinator/coord.c): membership and
+ * leases under a fake clock, gang start, job lifecycle, event queues and the rendezvous KV.
+ * No network: the callbacks that server.c would implement are recorded here. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coord.h"
+
+typedef struct wake {
+    void *token;
+    pcs_status_t st;
+    char value[64];
+    size_t len;
+    int has_value;
+} wake_t;
+
+typedef struct fixture {
+    pcs_fake_clock_t clock;
+    pcs_coord_t *c;
+    int payload_frees;
+    int events_notified;
+    wake_t wakes[16];
+    int n_wakes;
+    int job_changes;
+    int worker_news;
+} fixture_t;
+
+static void free_payload(void *user, void *spec, void *plan)
+{
+    fixture_t *f = user;
+    f->payload_frees++;
+    free(spec);
+    free(plan);
+}
+
+static void on_events(void *user, pcs_coord_worker_t *w)
+{
+    (void)w;
+    ((fixture_t *)user)->events_notified++;
+}
+
+static void on_kv_wake(void *user, void *waiter, pcs_status_t st, const void *value, size_t len)
+{
+    fixture_t *f = user;
+    assert_true(f->n_wakes < 16);
+    wake_t *w = &f->wakes[f->n_wakes++];
+    w->token = waiter;
+    w->st = st;
+    w->has_value = value != NULL;
+    w->len = len;
+    if (value)
+        memcpy(w->value, value, len < sizeof w->value ? len : sizeof w->value);
+}
+
+static void on_job_change(void *user, const pcs_coord_job_t *j)
+{
+    (void)j;
+    ((fixture_t *)user)->job_changes++;
+}
+
+static void on_worker_new(void *user, const pcs_coord_worker_t *w)
+{
+    (void)w;
+    ((fixture_t *)user)->worker_news++;
+}
+
+static int setup(void **state)
+{
+    fixture_t *f = calloc(1, sizeof *f);
+    pcs_fake_clock_init(&f->clock, 1000000);
+    pcs_coord_config_t cfg = {
+        .clock = &f->clock.clock,
+        .heartbeat_interval_ms = 1000,
+        .lease_ms = 10000,
+        .kv_max_key_bytes = 16,
+        .kv_max_value_bytes = 32,
+        .kv_max_job_bytes = 100,
+        .user = f,
+        .free_payload = free_payload,
+        .on_events = on_events,
+        .on_kv_wake = on_kv_wake,
+        .on_job_change = on_job_change,
+        .on_worker_new = on_worker_new,
+    };
+    assert_int_equal(pcs_coord_create(&cfg, &f->c), PCS_OK);
+    *state = f;
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_destroy(f->c);
+    free(f);
+    return 0;
+}
+
+static pcs_coord_worker_t *reg(fixture_t *f, const char *identity, bool *rereg)
+{
+    pcs_coord_register_t r = {.identity = identity, .host = "h", .pid = 42};
+    pcs_coord_worker_t *w = NULL;
+    bool rr = false;
+    assert_int_equal(pcs_coord_register(f->c, &r, &w, &rr), PCS_OK);
+    if (rereg)
+        *rereg = rr;
+    return w;
+}
+
+static void reg_n(fixture_t *f, int n)
+{
+    char id[32];
+    for (int i = 0; i < n; i++) {
+        snprintf(id, sizeof id, "host-%d", (int)pcs_coord_max_worker(f->c) + 1);
+        reg(f, id, NULL);
+    }
+}
+
+/* Submit a job on a mesh; the payload is a malloc'd marker so that frees are counted. */
+static pcs_status_t submit(fixture_t *f, const char *request_id, uint32_t n_dims,
+                           const uint32_t *names, const uint32_t *sizes, pcs_coord_job_t **out)
+{
+    pcs_coord_job_desc_t d = {.name = "t",
+                              .request_id = request_id,
+                              .n_dims = n_dims,
+                              .dim_name = names,
+                              .dim_size = sizes,
+                              .spec = malloc(8),
+                              .plan = malloc(8),
+                              .plan_hash = 0x1234};
+    return pcs_coord_submit(f->c, &d, out);
+}
+
+static pcs_coord_job_t *submit_shard(fixture_t *f, uint32_t n, const char *request_id)
+{
+    uint32_t names[1] = {PCS_MESH_DP_SHARD}, sizes[1] = {n};
+    pcs_coord_job_t *j = NULL;
+    assert_int_equal(submit(f, request_id, 1, names, sizes, &j), PCS_OK);
+    return j;
+}
+
+static pcs_coord_worker_t *worker(fixture_t *f, uint32_t number)
+{
+    pcs_coord_worker_t *w = pcs_coord_worker_by_number(f->c, number);
+    assert_non_null(w);
+    return w;
+}
+
+// ---- membership ----
+
+static void test_register_assigns_sequential_ids_and_reregister_keeps_id(void **state)
+{
+    fixture_t *f = *state;
+    bool rr = true;
+    pcs_coord_worker_t *a = reg(f, "pod-a", &rr);
+    assert_false(rr);
+    assert_string_equal(a->id, "w-1");
+    pcs_coord_worker_t *b = reg(f, "pod-b", &rr);
+    assert_string_equal(b->id, "w-2");
+    pcs_coord_worker_t *a2 = reg(f, "pod-a", &rr);
+    assert_true(rr);
+    assert_ptr_equal(a, a2);
+    assert_string_equal(a2->id, "w-1");
+    assert_int_equal(a2->state, PCS_WORKER_IDLE);
+    assert_int_equal(f->worker_news, 2);
+    pcs_coord_counts_t cn;
+    pcs_coord_counts(f->c, &cn);
+    assert_int_equal(cn.workers[PCS_WORKER_IDLE], 2);
+}
+
+static void test_register_copies_devices_and_backends(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_device_t devs[2] = {{0, "cuda", "H100", 80ull << 30}, {1, "cuda", "H100", 1}};
+    const char *backends[] = {"nccl", "gloo"};
+    char ident[16] = "pod-x";
+    pcs_coord_register_t r = {.identity = ident, .host = "node1", .pid = 7, .devices = devs,
+                              .n_devices = 2, .backends = backends, .n_backends = 2};
+    pcs_coord_worker_t *w;
+    bool rr;
+    assert_int_equal(pcs_coord_register(f->c, &r, &w, &rr), PCS_OK);
+    ident[0] = 'X'; /* the coordinator must have copied the identity */
+    assert_string_equal(w->identity, "pod-x");
+    assert_int_equal(w->n_devices, 2);
+    assert_string_equal(w->devices[0].name, "H100");
+    assert_int_equal(w->devices[0].memory_bytes, 80ull << 30);
+    assert_true(w->has_cuda);
+    assert_int_equal(w->n_backends, 2);
+    assert_string_equal(w->backends[1], "gloo");
+    /* re-register with fewer devices replaces the list */
+    strcpy(ident, "pod-x");
+    r.n_devices = 1;
+    r.devices = &devs[1];
+    assert_int_equal(pcs_coord_register(f->c, &r, &w, &rr), PCS_OK);
+    assert_true(rr);
+    assert_int_equal(w->n_devices, 1);
+    assert_int_equal(w->devices[0].index, 1);
+}
+
+static void test_register_without_identity_is_invalid_arg(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_register_t r = {.identity = ""};
+    pcs_coord_worker_t *w;
+    bool rr;
+    assert_int_equal(pcs_coord_register(f->c, &r, &w, &rr), PCS_ERR_INVALID_ARG);
+    assert_string_equal(pcs_last_error(), "identity: required");
+    assert_int_equal(pcs_coord_max_worker(f->c), 0);
+}
+
+static void test_heartbeat_unknown_or_empty_worker_id_is_rejected(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_worker_t *w;
+    reg(f, "a", NULL);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "", &w), PCS_ERR_INVALID_ARG);
+    assert_string_equal(pcs_last_error(), "worker_id: required");
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-2", &w), PCS_ERR_NOT_FOUND);
+    assert_non_null(strstr(pcs_last_error(), "w-2"));
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-0", &w), PCS_ERR_NOT_FOUND);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1x", &w), PCS_ERR_NOT_FOUND);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-99999999999999", &w), PCS_ERR_NOT_FOUND);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", &w), PCS_OK);
+}
+
+static void test_lease_expires_only_after_lease_ms_without_heartbeat(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_worker_t *a = reg(f, "a", NULL), *b = reg(f, "b", NULL), *w;
+    f->clock.now += 6000;
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-2", &w), PCS_OK); /* b renews at +6 s */
+    f->clock.now += 4000;                                            /* a: exactly at the lease */
+    pcs_coord_tick(f->c);
+    assert_int_equal(a->state, PCS_WORKER_IDLE);
+    f->clock.now += 1;
+    pcs_coord_tick(f->c);
+    assert_int_equal(a->state, PCS_WORKER_LOST);
+    assert_int_equal(b->state, PCS_WORKER_IDLE);
+    f->clock.now += 6000;
+    pcs_coord_tick(f->c);
+    assert_int_equal(b->state, PCS_WORKER_LOST);
+}
+
+static void test_heartbeat_from_lost_worker_is_failed_precondition(void **state)
+{
+    fixture_t *f = *state;
+    reg(f, "a", NULL);
+    f->clock.now += 10001;
+    pcs_coord_tick(f->c);
+    pcs_coord_worker_t *w;
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", &w), PCS_ERR_STATE);
+    assert_string_equal(pcs_last_error(), "worker w-1 is LOST: re-register");
+}
+
+static void test_reregister_revives_lost_worker_as_idle_with_same_id(void **state)
+{
+    fixture_t *f = *state;
+    reg(f, "a", NULL);
+    f->clock.now += 20000;
+    pcs_coord_tick(f->c);
+    bool rr;
+    pcs_coord_worker_t *w = reg(f, "a", &rr);
+    assert_true(rr);
+    assert_string_equal(w->id, "w-1");
+    assert_int_equal(w->state, PCS_WORKER_IDLE);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", &w), PCS_OK);
+}
+
+static void test_deregister_makes_worker_gone_and_is_idempotent(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_worker_t *w = reg(f, "a", NULL);
+    assert_int_equal(pcs_coord_deregister(f->c, "w-1", "bye"), PCS_OK);
+    assert_int_equal(w->state, PCS_WORKER_GONE);
+    assert_int_equal(pcs_coord_deregister(f->c, "w-1", "bye"), PCS_OK);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", &w), PCS_ERR_STATE);
+    assert_string_equal(pcs_last_error(), "worker w-1 is GONE: re-register");
+    assert_int_equal(pcs_coord_deregister(f->c, "w-7", NULL), PCS_ERR_NOT_FOUND);
+}
+
+// ---- jobs ----
+
+static void test_job_stays_pending_until_enough_workers_then_gang_starts_fifo(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 3);
+    pcs_coord_job_t *j = submit_shard(f, 4, NULL);
+    assert_string_equal(j->id, "job-1");
+    assert_int_equal(j->state, PCS_JOB_PENDING);
+    assert_int_equal(j->generation, 0);
+    assert_int_equal(f->events_notified, 0);
+    reg(f, "late", NULL);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    assert_int_equal(j->generation, 1);
+    assert_int_equal(j->world_size, 4);
+    for (uint32_t r = 0; r < 4; r++) {
+        pcs_coord_worker_t *w = worker(f, r + 1);
+        assert_int_equal(j->rank_worker[r], r + 1); /* registration order */
+        assert_int_equal(w->state, PCS_WORKER_ASSIGNED);
+        assert_int_equal(w->rank, r);
+        assert_ptr_equal(w->job, j);
+        pcs_coord_event_t e;
+        assert_true(pcs_coord_pop_event(f->c, w, &e));
+        assert_int_equal(e.kind, PCS_EV_ASSIGNMENT);
+        assert_int_equal(e.job, j->number);
+        assert_int_equal(e.generation, 1);
+        assert_int_equal(e.rank, r);
+        assert_int_equal(e.seq, 1);
+        assert_false(pcs_coord_pop_event(f->c, w, &e));
+    }
+    assert_int_equal(f->events_notified, 4);
+}
+
+static void test_gang_start_skips_lost_workers_and_uses_registration_order(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 3);
+    f->clock.now += 9000;
+    pcs_coord_worker_t *w;
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", &w), PCS_OK);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-3", &w), PCS_OK);
+    f->clock.now += 2000;
+    pcs_coord_tick(f->c); /* w-2 lost */
+    pcs_coord_job_t *j = submit_shard(f, 2, NULL);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    assert_int_equal(j->rank_worker[0], 1);
+    assert_int_equal(j->rank_worker[1], 3);
+}
+
+static void test_large_pending_job_does_not_block_smaller_one_behind_it(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 3);
+    pcs_coord_job_t *big = submit_shard(f, 8, NULL);
+    pcs_coord_job_t *small = submit_shard(f, 2, NULL);
+    assert_int_equal(big->state, PCS_JOB_PENDING);
+    assert_int_equal(small->state, PCS_JOB_RUNNING);
+}
+
+static void test_cuda_job_only_takes_workers_with_a_cuda_device(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 2); /* cpu only */
+    pcs_coord_device_t dev = {0, "cuda", "H100", 1};
+    pcs_coord_register_t r = {.identity = "gpu-0", .devices = &dev, .n_devices = 1};
+    pcs_coord_worker_t *g;
+    bool rr;
+    assert_int_equal(pcs_coord_register(f->c, &r, &g, &rr), PCS_OK);
+    uint32_t names[1] = {PCS_MESH_DP_SHARD}, sizes[1] = {1};
+    pcs_coord_job_desc_t d = {.n_dims = 1, .dim_name = names, .dim_size = sizes, .need_cuda = true};
+    pcs_coord_job_t *j;
+    assert_int_equal(pcs_coord_submit(f->c, &d, &j), PCS_OK);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    assert_int_equal(j->rank_worker[0], g->number);
+}
+
+static void test_mesh_coords_are_row_major_in_the_given_order(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 12);
+    /* (pp 2, dp_replicate 3, dp_shard 2): reference enumerates nested loops, innermost fastest */
+    uint32_t names[3] = {PCS_MESH_PP, PCS_MESH_DP_REPLICATE, PCS_MESH_DP_SHARD};
+    uint32_t sizes[3] = {2, 3, 2};
+    pcs_coord_job_t *j;
+    assert_int_equal(submit(f, NULL, 3, names, sizes, &j), PCS_OK);
+    assert_int_equal(j->world_size, 12);
+    uint32_t rank = 0, co[4];
+    for (uint32_t a = 0; a < 2; a++)
+        for (uint32_t b = 0; b < 3; b++)
+            for (uint32_t s = 0; s < 2; s++, rank++) {
+                pcs_coord_rank_coords(j, rank, co);
+                assert_int_equal(co[PCS_MESH_PP], a);
+                assert_int_equal(co[PCS_MESH_DP_REPLICATE], b);
+                assert_int_equal(co[PCS_MESH_DP_SHARD], s);
+            }
+    /* ("dp", "pp") order puts pipeline pairs on consecutive ranks */
+    uint32_t names2[2] = {PCS_MESH_DP_SHARD, PCS_MESH_PP}, sizes2[2] = {2, 2};
+    pcs_coord_job_t *j2;
+    assert_int_equal(submit(f, NULL, 2, names2, sizes2, &j2), PCS_OK);
+    pcs_coord_rank_coords(j2, 1, co);
+    assert_int_equal(co[PCS_MESH_PP], 1);
+    assert_int_equal(co[PCS_MESH_DP_SHARD], 0);
+    pcs_coord_rank_coords(j2, 2, co);
+    assert_int_equal(co[PCS_MESH_PP], 0);
+    assert_int_equal(co[PCS_MESH_DP_SHARD], 1);
+}
+
+static void test_submit_with_bad_mesh_is_invalid_arg_and_frees_payload(void **state)
+{
+    fixture_t *f = *state;
+    uint32_t names[2] = {PCS_MESH_DP_SHARD, PCS_MESH_PP}, sizes[2] = {4, 0};
+    pcs_coord_job_t *j = (pcs_coord_job_t *)1;
+    assert_int_equal(submit(f, NULL, 2, names, sizes, &j), PCS_ERR_INVALID_ARG);
+    assert_null(j);
+    assert_string_equal(pcs_last_error(), "mesh[1].size: must be >= 1");
+    assert_int_equal(f->payload_frees, 1);
+    assert_int_equal(submit(f, NULL, 0, names, sizes, &j), PCS_ERR_INVALID_ARG);
+    uint32_t huge[2] = {65536, 65536};
+    assert_int_equal(submit(f, NULL, 2, names, huge, &j), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "world size"));
+    assert_int_equal(f->payload_frees, 3);
+    assert_int_equal(pcs_coord_max_job(f->c), 0);
+}
+
+static void test_duplicate_request_id_finds_the_existing_job(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_job_t *j = submit_shard(f, 2, "req-1");
+    assert_ptr_equal(pcs_coord_job_by_request(f->c, "req-1"), j);
+    assert_null(pcs_coord_job_by_request(f->c, "req-2"));
+    assert_null(pcs_coord_job_by_request(f->c, ""));
+    pcs_coord_job_t *k = submit_shard(f, 2, NULL);
+    assert_null(pcs_coord_job_by_request(f->c, ""));
+    assert_ptr_not_equal(j, k);
+    pcs_coord_job_t *found;
+    assert_int_equal(pcs_coord_lookup_job(f->c, "job-2", &found), PCS_OK);
+    assert_ptr_equal(found, k);
+    assert_int_equal(pcs_coord_lookup_job(f->c, "job-3", &found), PCS_ERR_NOT_FOUND);
+    assert_int_equal(pcs_coord_lookup_job(f->c, "", &found), PCS_ERR_INVALID_ARG);
+}
+
+static void test_lost_worker_fails_running_job_naming_worker_and_rank(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 5);
+    pcs_coord_job_t *j = submit_shard(f, 4, NULL);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    pcs_coord_event_t e;
+    for (uint32_t n = 1; n <= 4; n++)
+        assert_true(pcs_coord_pop_event(f->c, worker(f, n), &e));
+    f->clock.now += 5000;
+    pcs_coord_worker_t *w;
+    for (uint32_t n = 1; n <= 5; n++)
+        if (n != 3)
+            assert_int_equal(pcs_coord_heartbeat(f->c, worker(f, n)->id, &w), PCS_OK);
+    f->clock.now += 5001;
+    pcs_coord_tick(f->c);
+    assert_int_equal(worker(f, 3)->state, PCS_WORKER_LOST);
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    assert_non_null(j->reason);
+    assert_non_null(strstr(j->reason, "worker w-3 (rank 2) lost"));
+    assert_true(j->finished_wall_ms >= j->started_wall_ms);
+    for (uint32_t n = 1; n <= 4; n++) {
+        w = worker(f, n);
+        assert_null(w->job);
+        assert_int_equal(w->state, n == 3 ? PCS_WORKER_LOST : PCS_WORKER_IDLE);
+        assert_true(pcs_coord_pop_event(f->c, w, &e));
+        assert_int_equal(e.kind, PCS_EV_STOP);
+        assert_int_equal(e.job, j->number);
+        assert_non_null(strstr(e.reason, "w-3"));
+    }
+    assert_false(pcs_coord_pop_event(f->c, worker(f, 5), &e));
+}
+
+static void test_deregistered_worker_fails_its_running_job(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 2);
+    pcs_coord_job_t *j = submit_shard(f, 2, NULL);
+    assert_int_equal(pcs_coord_deregister(f->c, "w-2", "node drained"), PCS_OK);
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    assert_non_null(strstr(j->reason, "worker w-2 (rank 1) deregistered: node drained"));
+    assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
+}
+
+static void test_cancel_sends_stop_and_second_cancel_is_state_error(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 2);
+    pcs_coord_job_t *j = submit_shard(f, 2, NULL), *out;
+    pcs_coord_event_t e;
+    assert_true(pcs_coord_pop_event(f->c, worker(f, 1), &e));
+    assert_int_equal(pcs_coord_cancel(f->c, "job-1", "user request", &out), PCS_OK);
+    assert_ptr_equal(out, j);
+    assert_int_equal(j->state, PCS_JOB_CANCELLED);
+    assert_string_equal(j->reason, "cancelled: user request");
+    assert_true(pcs_coord_pop_event(f->c, worker(f, 1), &e));
+    assert_int_equal(e.kind, PCS_EV_STOP);
+    assert_int_equal(e.seq, 2);
+    assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
+    assert_int_equal(pcs_coord_cancel(f->c, "job-1", NULL, &out), PCS_ERR_STATE);
+    assert_string_equal(pcs_last_error(), "job job-1 is already CANCELLED");
+    /* a pending job can be cancelled too */
+    pcs_coord_job_t *p = submit_shard(f, 5, NULL);
+    assert_int_equal(pcs_coord_cancel(f->c, p->id, NULL, &out), PCS_OK);
+    assert_int_equal(p->state, PCS_JOB_CANCELLED);
+    pcs_coord_counts_t cn;
+    pcs_coord_counts(f->c, &cn);
+    assert_int_equal(cn.jobs[PCS_JOB_CANCELLED], 2);
+    assert_int_equal(cn.jobs[PCS_JOB_PENDING], 0);
+}
+
+static void test_freed_workers_start_the_next_pending_job(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 2);
+    pcs_coord_job_t *a = submit_shard(f, 2, NULL), *b = submit_shard(f, 2, NULL), *out;
+    assert_int_equal(b->state, PCS_JOB_PENDING);
+    assert_int_equal(pcs_coord_cancel(f->c, a->id, NULL, &out), PCS_OK);
+    assert_int_equal(b->state, PCS_JOB_RUNNING);
+    pcs_coord_event_t e;
+    assert_true(pcs_coord_pop_event(f->c, worker(f, 1), &e)); /* assignment a */
+    assert_true(pcs_coord_pop_event(f->c, worker(f, 1), &e)); /* stop a */
+    assert_int_equal(e.kind, PCS_EV_STOP);
+    assert_true(pcs_coord_pop_event(f->c, worker(f, 1), &e)); /* assignment b */
+    assert_int_equal(e.kind, PCS_EV_ASSIGNMENT);
+    assert_int_equal(e.job, b->number);
+}
+
+static void test_watch_started_requeues_current_assignment_once(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 1);
+    pcs_coord_job_t *j = submit_shard(f, 1, NULL);
+    pcs_coord_worker_t *w = worker(f, 1);
+    pcs_coord_watch_started(f->c, w); /* still queued: nothing added */
+    assert_int_equal(w->ev_len, 1);
+    pcs_coord_event_t e;
+    assert_true(pcs_coord_pop_event(f->c, w, &e));
+    pcs_coord_watch_started(f->c, w); /* stream reconnected after delivery */
+    assert_true(pcs_coord_pop_event(f->c, w, &e));
+    assert_int_equal(e.kind, PCS_EV_ASSIGNMENT);
+    assert_int_equal(e.job, j->number);
+    assert_int_equal(e.seq, 2);
+    pcs_coord_worker_t *idle = reg(f, "idle", NULL);
+    pcs_coord_watch_started(f->c, idle);
+    assert_int_equal(idle->ev_len, 0);
+}
+
+static void test_event_queue_drops_oldest_when_full(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 1);
+    pcs_coord_job_t *out;
+    for (int i = 0; i < PCS_COORD_EVENT_QUEUE; i++) {
+        pcs_coord_job_t *j = submit_shard(f, 1, NULL);
+        assert_int_equal(pcs_coord_cancel(f->c, j->id, NULL, &out), PCS_OK);
+    }
+    pcs_coord_worker_t *w = worker(f, 1);
+    assert_int_equal(w->ev_len, PCS_COORD_EVENT_QUEUE);
+    pcs_coord_event_t e;
+    assert_true(pcs_coord_pop_event(f->c, w, &e));
+    assert_int_equal(e.seq, PCS_COORD_EVENT_QUEUE + 1); /* 2 events per job; first half gone */
+}
+
+static void test_reports_done_from_all_ranks_succeed_the_job(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 2);
+    pcs_coord_job_t *j = submit_shard(f, 2, NULL);
+    int dir = -1;
+    char why[128];
+    pcs_coord_report_t r = {.worker_id = "w-1", .job_id = "job-1", .generation = 1, .rank = 0,
+                            .step = 3, .loss = 0.5, .audit_ok = true};
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(dir, 0);
+    assert_int_equal(j->progress.step, 3);
+    assert_true(j->progress.loss == 0.5);
+    r.worker_id = "w-2", r.rank = 1, r.done = true, r.audit_ok = false, r.loss = 9;
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    assert_false(j->progress.audit_ok);
+    assert_true(j->progress.loss == 0.5); /* loss is rank 0's */
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK); /* again */
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    r.worker_id = "w-1", r.rank = 0;
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(j->state, PCS_JOB_SUCCEEDED);
+    assert_int_equal(j->progress.reports, 4);
+    assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
+    /* a late report gets a STOP directive, not an error */
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(dir, PCS_EV_STOP);
+    assert_non_null(strstr(why, "SUCCEEDED"));
+}
+
+static void test_report_with_error_fails_the_job_with_reason(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 2);
+    pcs_coord_job_t *j = submit_shard(f, 2, NULL);
+    int dir;
+    char why[256];
+    pcs_coord_report_t r = {.worker_id = "w-2", .job_id = j->id, .generation = 1, .rank = 1,
+                            .step = 7, .error = "NaN in loss"};
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(dir, PCS_EV_STOP);
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    assert_string_equal(j->reason, "rank 1 (worker w-2) failed at step 7: NaN in loss");
+}
+
+static void test_report_with_wrong_rank_or_generation_is_rejected_or_stopped(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 2);
+    submit_shard(f, 2, NULL);
+    int dir;
+    char why[256];
+    pcs_coord_report_t r = {.worker_id = "w-2", .job_id = "job-1", .generation = 1, .rank = 0};
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_ERR_INVALID_ARG);
+    r.rank = 1, r.generation = 5;
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(dir, PCS_EV_STOP);
+    r.job_id = "job-9";
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_ERR_NOT_FOUND);
+}
+
+// ---- KV ----
+
+static void test_kv_set_get_roundtrip_and_overwrite(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 1);
+    submit_shard(f, 1, NULL);
+    int found;
+    const void *v;
+    size_t len;
+    assert_int_equal(pcs_coord_kv_get(f->c, "job-1", 1, "k", 0, NULL, &found, &v, &len), PCS_OK);
+    assert_int_equal(found, 0);
+    assert_int_equal(pcs_coord_kv_set(f->c, "job-1", 1, "k", "abc", 3), PCS_OK);
+    assert_int_equal(pcs_coord_kv_get(f->c, "job-1", 1, "k", 0, NULL, &found, &v, &len), PCS_OK);
+    assert_int_equal(found, 1);
+    assert_int_equal(len, 3);
+    assert_memory_equal(v, "abc", 3);
+    assert_int_equal(pcs_coord_kv_set(f->c, "job-1", 1, "k", "xy", 2), PCS_OK);
+    assert_int_equal(pcs_coord_kv_get(f->c, "job-1", 1, "k", 0, NULL, &found, &v, &len), PCS_OK);
+    assert_int_equal(len, 2);
+    assert_memory_equal(v, "xy", 2);
+    assert_int_equal(pcs_coord_kv_set(f->c, "job-1", 1, "empty", "", 0), PCS_OK);
+    assert_int_equal(pcs_coord_kv_get(f->c, "job-1", 1, "empty", 0, NULL, &found, &v, &len),
+                     PCS_OK);
+    assert_int_equal(found, 1);
+    assert_int_equal(len, 0);
+}
+
+static void test_kv_limits_on_key_value_and_job_total(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 1);
+    submit_shard(f, 1, NULL);
+    char val[40] = {0};
+    /* key limit 16 bytes */
+    assert_int_equal(pcs_coord_kv_set(f->c, "job-1", 1, "0123456789abcdef", "v", 1), PCS_OK);
+    assert_int_equal(pcs_coord_kv_set(f->c, "job-1", 1, "0123456789abcdefg", "v", 1),
+                     PCS_ERR_LIMIT);
+    assert_non_null(strstr(pcs_last_error(), "key: 17 bytes exceeds the limit of 16"));
+    assert_int_equal(pcs_coord_kv_set(f->c, "job-1", 1, "", "v", 1), PCS_ERR_INVALID_ARG);
+    /* value limit 32 bytes */
+    assert_int_equal(pcs_coord_kv_set(f->c, "job-1", 1, "v", val, 32), PCS_OK);
+    assert_int_equal(pcs_coord_kv_set(f->c, "job-1", 1, "v", val, 33), PCS_ERR_LIMIT);
+    assert_non_null(strstr(pcs_last_error(), "value: 33 bytes"));
+    /* job total 100 bytes (keys + values): 17 + 33 used so far */
+    assert_int_equal(pcs_coord_kv_set(f->c, "job-1", 1, "a", val, 32), PCS_OK); /* 83 */
+    assert_int_equal(pcs_coord_kv_set(f->c, "job-1", 1, "b", val, 30), PCS_ERR_LIMIT);
+    assert_non_null(strstr(pcs_last_error(), "over the limit of 100"));
+    /* overwriting an existing key counts only the difference */
+    assert_int_equal(pcs_coord_kv_set(f->c, "job-1", 1, "a", val, 10), PCS_OK); /* 61 */
+    assert_int_equal(pcs_coord_kv_set(f->c, "job-1", 1, "b", val, 30), PCS_OK); /* 92 */
+}
+
+static void test_kv_stale_generation_or_finished_job_is_failed_precondition(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 1);
+    pcs_coord_job_t *j = submit_shard(f, 1, NULL), *out;
+    assert_int_equal(pcs_coord_kv_set(f->c, "job-1", 2, "k", "v", 1), PCS_ERR_STATE);
+    assert_non_null(strstr(pcs_last_error(), "generation 2 of job job-1 is not current (1)"));
+    assert_int_equal(pcs_coord_kv_set(f->c, "job-2", 1, "k", "v", 1), PCS_ERR_NOT_FOUND);
+    pcs_coord_job_t *pending = submit_shard(f, 3, NULL);
+    assert_int_equal(pcs_coord_kv_set(f->c, pending->id, 0, "k", "v", 1), PCS_ERR_STATE);
+    assert_int_equal(pcs_coord_kv_set(f->c, j->id, 1, "k", "v", 1), PCS_OK);
+    assert_int_equal(pcs_coord_cancel(f->c, j->id, NULL, &out), PCS_OK);
+    assert_int_equal(pcs_coord_kv_set(f->c, j->id, 1, "k", "v", 1), PCS_ERR_STATE);
+    assert_null(j->kv); /* freed with the job's end */
+}
+
+static void test_kv_parked_get_is_woken_by_set_or_expires_in_tick(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 1);
+    pcs_coord_job_t *j = submit_shard(f, 1, NULL);
+    int found;
+    const void *v;
+    size_t len;
+    int t1, t2, t3;
+    assert_int_equal(pcs_coord_kv_get(f->c, j->id, 1, "k", 500, &t1, &found, &v, &len), PCS_OK);
+    assert_int_equal(found, -1);
+    assert_int_equal(pcs_coord_kv_get(f->c, j->id, 1, "other", 200, &t2, &found, &v, &len),
+                     PCS_OK);
+    assert_int_equal(pcs_coord_kv_get(f->c, j->id, 1, "k", 1000, &t3, &found, &v, &len), PCS_OK);
+    pcs_coord_kv_cancel(f->c, &t3); /* its caller went away: no callback */
+    assert_int_equal(f->n_wakes, 0);
+    assert_int_equal(pcs_coord_kv_set(f->c, j->id, 1, "k", "addr", 4), PCS_OK);
+    assert_int_equal(f->n_wakes, 1);
+    assert_ptr_equal(f->wakes[0].token, &t1);
+    assert_int_equal(f->wakes[0].st, PCS_OK);
+    assert_true(f->wakes[0].has_value);
+    assert_memory_equal(f->wakes[0].value, "addr", 4);
+    f->clock.now += 199;
+    pcs_coord_tick(f->c);
+    assert_int_equal(f->n_wakes, 1);
+    f->clock.now += 1;
+    pcs_coord_tick(f->c);
+    assert_int_equal(f->n_wakes, 2);
+    assert_ptr_equal(f->wakes[1].token, &t2);
+    assert_int_equal(f->wakes[1].st, PCS_OK);
+    assert_false(f->wakes[1].has_value);
+    f->clock.now += 5000;
+    pcs_coord_tick(f->c);
+    assert_int_equal(f->n_wakes, 2); /* t3 was cancelled */
+}
+
+static void test_kv_parked_get_fails_when_job_ends(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 1);
+    pcs_coord_job_t *j = submit_shard(f, 1, NULL), *out;
+    int found, t;
+    const void *v;
+    size_t len;
+    assert_int_equal(pcs_coord_kv_get(f->c, j->id, 1, "k", 5000, &t, &found, &v, &len), PCS_OK);
+    assert_int_equal(pcs_coord_cancel(f->c, j->id, NULL, &out), PCS_OK);
+    assert_int_equal(f->n_wakes, 1);
+    assert_int_equal(f->wakes[0].st, PCS_ERR_STATE);
+}
+
+// ---- restore ----
+
+static void test_restore_keeps_ids_and_new_ids_continue_after_them(void **state)
+{
+    fixture_t *f = *state;
+    assert_int_equal(pcs_coord_restore_worker(f->c, 5, "pod-5", "h"), PCS_OK);
+    assert_int_equal(pcs_coord_restore_worker(f->c, 5, "pod-x", "h"), PCS_ERR_EXISTS);
+    bool rr;
+    pcs_coord_worker_t *w = reg(f, "pod-5", &rr);
+    assert_true(rr);
+    assert_string_equal(w->id, "w-5");
+    assert_int_equal(w->state, PCS_WORKER_IDLE);
+    pcs_coord_worker_t *n = reg(f, "pod-new", &rr);
+    assert_string_equal(n->id, "w-6");
+    uint32_t names[1] = {PCS_MESH_DP_SHARD}, sizes[1] = {2};
+    pcs_coord_job_desc_t d = {.n_dims = 1, .dim_name = names, .dim_size = sizes,
+                              .request_id = "r9", .spec = malloc(4)};
+    assert_int_equal(pcs_coord_restore_job(f->c, 3, &d, PCS_JOB_RUNNING, NULL, 1, 2, 0, 1),
+                     PCS_OK);
+    pcs_coord_job_t *j = pcs_coord_job_by_number(f->c, 3);
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    assert_non_null(strstr(j->reason, "coordinator restarted"));
+    assert_ptr_equal(pcs_coord_job_by_request(f->c, "r9"), j);
+    pcs_coord_job_t *k = submit_shard(f, 2, NULL);
+    assert_string_equal(k->id, "job-4");
+    assert_int_equal(k->state, PCS_JOB_RUNNING);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+#define T(fn) cmocka_unit_test_setup_teardown(fn, setup, teardown)
+        T(test_register_assigns_sequential_ids_and_reregister_keeps_id),
+        T(test_register_copies_devices_and_backends),
+        T(test_register_without_identity_is_invalid_arg),
+        T(test_heartbeat_unknown_or_empty_worker_id_is_rejected),
+        T(test_lease_expires_only_after_lease_ms_without_heartbeat),
+        T(test_heartbeat_from_lost_worker_is_failed_precondition),
+        T(test_reregister_revives_lost_worker_as_idle_with_same_id),
+        T(test_deregister_makes_worker_gone_and_is_idempotent),
+        T(test_job_stays_pending_until_enough_workers_then_gang_starts_fifo),
+        T(test_gang_start_skips_lost_workers_and_uses_registration_order),
+        T(test_large_pending_job_does_not_block_smaller_one_behind_it),
+        T(test_cuda_job_only_takes_workers_with_a_cuda_device),
+        T(test_mesh_coords_are_row_major_in_the_given_order),
+        T(test_submit_with_bad_mesh_is_invalid_arg_and_frees_payload),
+        T(test_duplicate_request_id_finds_the_existing_job),
+        T(test_lost_worker_fails_running_job_naming_worker_and_rank),
+        T(test_deregistered_worker_fails_its_running_job),
+        T(test_cancel_sends_stop_and_second_cancel_is_state_error),
+        T(test_freed_workers_start_the_next_pending_job),
+        T(test_watch_started_requeues_current_assignment_once),
+        T(test_event_queue_drops_oldest_when_full),
+        T(test_reports_done_from_all_ranks_succeed_the_job),
+        T(test_report_with_error_fails_the_job_with_reason),
+        T(test_report_with_wrong_rank_or_generation_is_rejected_or_stopped),
+        T(test_kv_set_get_roundtrip_and_overwrite),
+        T(test_kv_limits_on_key_value_and_job_total),
+        T(test_kv_stale_generation_or_finished_job_is_failed_precondition),
+        T(test_kv_parked_get_is_woken_by_set_or_expires_in_tick),
+        T(test_kv_parked_get_fails_when_job_ends),
+        T(test_restore_keeps_ids_and_new_ids_continue_after_them),
+#undef T
+    };
+    return cmocka_run_group_tests_name("coord", tests, NULL, NULL);
+}
