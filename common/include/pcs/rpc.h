@@ -157,7 +157,10 @@ pcs_status_t pcs_rpc_send(pcs_rpc_call_t *call, const ProtobufCMessage *msg);
 /* Streaming: end with OK after the queued messages are sent. */
 void pcs_rpc_finish(pcs_rpc_call_t *call);
 /* Called once if the client goes away, the deadline passes or the server shuts down before the
- * call was ended by the handler. The call is invalid after on_cancel returns. */
+ * call was ended by the handler. The call is invalid after on_cancel returns. A handler that
+ * keeps a call should set this; without it a call whose client left stays allocated until the
+ * handler ends it (reply/fail/finish then free it; reply returns PCS_ERR_CANCELLED) or the
+ * server is destroyed. Set on a call already gone, on_cancel runs at once. */
 void pcs_rpc_call_set_cancel(pcs_rpc_call_t *call, void (*on_cancel)(pcs_rpc_call_t *call,
                                                                      void *arg),
                              void *arg);
@@ -166,8 +169,11 @@ const char *pcs_rpc_call_peer(const pcs_rpc_call_t *call);
 /* Milliseconds until the client's deadline (INT64_MAX if none). */
 int64_t pcs_rpc_call_remaining_ms(const pcs_rpc_call_t *call);
 
-/* Per-method counters for /metrics: calls by gRPC code and latency histogram buckets.
- * Loop thread only. Returns the number of methods; fills at most n rows. */
+/* Per-method counters for /metrics: calls by gRPC code (counted when the call closes; calls the
+ * client or the server cancelled count as CANCELLED) and a latency histogram (receipt to close):
+ * latency_bucket[i] counts calls in (bound[i-1], bound[i]], the last bucket is +Inf; not
+ * cumulative. Loop thread only. Returns the number of rows, n_methods + 1 (the last row, path
+ * "*", counts calls to unknown methods); fills at most n rows. */
 #define PCS_RPC_LAT_BUCKETS 12 /* upper bounds: 50us..100ms.. +Inf, see rpc_server.c */
 typedef struct pcs_rpc_method_stats {
     const char *path;
