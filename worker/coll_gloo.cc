@@ -1,0 +1,779 @@
+// CPU collectives over Debian's libgloo (TCP transport) behind the extern "C" pcs_coll_ops_t
+// vtable; the only C++ file outside kernels/*.cu. Rendezvous goes through the C pcs_kv_t store
+// (coordinator KV or files). Every collective is written here as a ring over Gloo's unbound
+// point-to-point buffers, so the reduction order is the documented one (coll.h), each wait knows
+// which peer it waits for (errors name it), and abort() can wake every wait. Gloo's legacy
+// ReduceScatterHalvingDoubling is NOT used: wrong offsets, and later ops on its context stall.
+// No C++ exception crosses the extern "C" boundary.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/attr.h>
+#include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include "coll.h"
+#include "pcs/log.h"
+
+namespace {
+
+using ms = std::chrono::milliseconds;
+using UBuf = gloo::transport::UnboundBuffer;
+
+// Slot spaces (Gloo's own algorithms use prefixes 0x01..0x08 in the top byte).
+constexpr uint64_t kCollSlot = 0xA0ull << 56;
+constexpr uint64_t kP2PSlot = 0xA1ull << 56;
+
+// ---- errors ----
+
+// A failure while talking to one peer; `timeout` when no progress came in time.
+struct PeerError : std::runtime_error {
+    int peer;
+    bool timeout;
+    PeerError(int p, bool t, const std::string &m) : std::runtime_error(m), peer(p), timeout(t) {}
+};
+struct Cancelled : std::runtime_error {
+    Cancelled() : std::runtime_error("aborted") {}
+};
+
+bool looks_like_timeout(const char *what)
+{
+    return strstr(what, "Timed out") || strstr(what, "timed out") || strstr(what, "timeout");
+}
+
+// ---- the C KV store seen as a gloo::rendezvous::Store ----
+
+class KvStore : public gloo::rendezvous::Store {
+  public:
+    KvStore(pcs_kv_t *kv, std::string prefix, ms timeout)
+        : kv_(kv), prefix_(std::move(prefix)), timeout_(timeout) {}
+
+    void set(const std::string &key, const std::vector<char> &data) override
+    {
+        std::string k = prefix_ + key;
+        if (pcs_kv_set(kv_, k.c_str(), data.data(), data.size()) != PCS_OK)
+            throw std::runtime_error("rendezvous: KV set '" + k + "': " + pcs_last_error());
+    }
+
+    std::vector<char> get(const std::string &key) override
+    {
+        return fetch(key, timeout_);
+    }
+
+    void wait(const std::vector<std::string> &keys) override { wait(keys, timeout_); }
+
+    void wait(const std::vector<std::string> &keys, const ms &timeout) override
+    {
+        auto deadline = std::chrono::steady_clock::now() + timeout;
+        for (const auto &key : keys) {
+            auto left = std::chrono::duration_cast<ms>(deadline - std::chrono::steady_clock::now());
+            fetch(key, std::max(left, ms(0)));
+        }
+    }
+
+  private:
+    std::vector<char> fetch(const std::string &key, ms wait)
+    {
+        std::string k = prefix_ + key;
+        void *val = nullptr;
+        size_t len = 0;
+        pcs_status_t rc = pcs_kv_get(kv_, k.c_str(), (int)wait.count(), &val, &len);
+        if (rc != PCS_OK) {
+            std::string msg = "rendezvous: KV key '" + k + "': " + pcs_last_error();
+            throw PeerError(-1, rc == PCS_ERR_NOT_FOUND || rc == PCS_ERR_TIMEOUT, msg);
+        }
+        std::vector<char> out((char *)val, (char *)val + len);
+        free(val);
+        return out;
+    }
+
+    pcs_kv_t *kv_;
+    std::string prefix_;
+    ms timeout_;
+};
+
+// ---- the communicator ----
+
+struct GlooComm;
+
+// An unbound buffer registered with its communicator so that abort() can wake its waits.
+class Buf {
+  public:
+    Buf(GlooComm *g, void *ptr, size_t bytes);
+    ~Buf();
+    Buf(const Buf &) = delete;
+    Buf &operator=(const Buf &) = delete;
+    void send(int peer, uint64_t slot, size_t off, size_t n);
+    void recv(int peer, uint64_t slot, size_t off, size_t n);
+    void wait_send(int peer);
+    void wait_recv(int peer);
+
+  private:
+    GlooComm *g_;
+    std::unique_ptr<UBuf> b_;
+};
+
+struct QueuedOp {
+    enum Kind { AG, RS, AR, BC, SEND, RECV } kind;
+    const void *in;
+    void *out;
+    size_t count;
+    pcs_dtype_t dt;
+    pcs_coll_red_t red;
+    int peer;
+};
+
+struct GlooComm {
+    pcs_kv_t *kv = nullptr;
+    std::string prefix;
+    int rank = 0, size = 1;
+    ms timeout{30000};
+    std::shared_ptr<gloo::transport::Device> dev;
+    std::shared_ptr<gloo::rendezvous::Context> ctx;
+    uint64_t seq = 0; // collective sequence number: slot of the next collective
+    uint32_t raw_tag = 1;
+
+    std::mutex mu; // guards live, aborted, abort_reason
+    std::set<UBuf *> live;
+    bool aborted = false;
+    std::string abort_reason;
+
+    bool in_group = false;
+    std::vector<QueuedOp> queue;
+    std::vector<char> tmp, acc; // scratch for the reductions
+
+    bool is_aborted()
+    {
+        std::lock_guard<std::mutex> lk(mu);
+        return aborted;
+    }
+    uint64_t next_slot() { return kCollSlot | (seq++ & 0x00ffffffffffffffull); }
+};
+
+Buf::Buf(GlooComm *g, void *ptr, size_t bytes) : g_(g)
+{
+    b_ = g->ctx->createUnboundBuffer(ptr, bytes);
+    std::lock_guard<std::mutex> lk(g->mu);
+    if (g->aborted)
+        throw Cancelled();
+    g->live.insert(b_.get());
+}
+
+Buf::~Buf()
+{
+    std::lock_guard<std::mutex> lk(g_->mu);
+    g_->live.erase(b_.get());
+}
+
+void Buf::send(int peer, uint64_t slot, size_t off, size_t n)
+{
+    try {
+        b_->send(peer, slot, off, n);
+    } catch (const std::exception &e) {
+        throw PeerError(peer, looks_like_timeout(e.what()), e.what());
+    }
+}
+
+void Buf::recv(int peer, uint64_t slot, size_t off, size_t n)
+{
+    try {
+        b_->recv(peer, slot, off, n);
+    } catch (const std::exception &e) {
+        throw PeerError(peer, looks_like_timeout(e.what()), e.what());
+    }
+}
+
+void Buf::wait_send(int peer)
+{
+    bool ok;
+    try {
+        ok = b_->waitSend(nullptr, g_->timeout);
+    } catch (const std::exception &e) {
+        throw PeerError(peer, looks_like_timeout(e.what()), e.what());
+    }
+    if (!ok)
+        throw Cancelled();
+}
+
+void Buf::wait_recv(int peer)
+{
+    bool ok;
+    try {
+        ok = b_->waitRecv(nullptr, g_->timeout);
+    } catch (const std::exception &e) {
+        throw PeerError(peer, looks_like_timeout(e.what()), e.what());
+    }
+    if (!ok)
+        throw Cancelled();
+}
+
+// ---- failure reporting ----
+
+// Key under which a rank leaves the cause of its failure, so that peers that only see its
+// connection drop can name the rank that really failed.
+std::string note_key(const GlooComm *g, int rank)
+{
+    return g->prefix + "fail/" + std::to_string(rank);
+}
+
+void write_note(GlooComm *g, int culprit, const std::string &msg)
+{
+    if (!g->kv)
+        return;
+    std::string v = std::to_string(culprit) + "\n" + msg;
+    (void)pcs_kv_set(g->kv, note_key(g, g->rank).c_str(), v.data(), v.size());
+}
+
+// Peer p dropped its connection: did it die, or did it give up because of someone else?
+bool read_note(GlooComm *g, int p, int *culprit, std::string *msg)
+{
+    if (!g->kv || p < 0)
+        return false;
+    void *val = nullptr;
+    size_t len = 0;
+    // Short wait: a rank that timed out has its connections closed by Gloo before it can write
+    // its note. A dead peer costs this wait once, on the error path only.
+    if (pcs_kv_get(g->kv, note_key(g, p).c_str(), 150, &val, &len) != PCS_OK)
+        return false;
+    std::string v((char *)val, len);
+    free(val);
+    size_t nl = v.find('\n');
+    *culprit = atoi(v.c_str());
+    *msg = nl == std::string::npos ? v : v.substr(nl + 1);
+    return true;
+}
+
+// Turn a caught failure into a status + message naming the peer, leave a note for the others
+// and close every connection so that ranks blocked on us fail now instead of at their timeout.
+pcs_status_t fail_peer(GlooComm *g, const char *op, const PeerError &e)
+{
+    if (g->is_aborted()) {
+        std::lock_guard<std::mutex> lk(g->mu);
+        return pcs_set_error(PCS_ERR_CANCELLED, "%s: aborted: %s", op, g->abort_reason.c_str());
+    }
+    pcs_status_t st;
+    std::string msg;
+    int culprit = e.peer;
+    int ncul;
+    std::string nmsg;
+    if (e.peer < 0) {
+        st = e.timeout ? PCS_ERR_TIMEOUT : PCS_ERR_REMOTE;
+        msg = e.what();
+    } else if (read_note(g, e.peer, &ncul, &nmsg)) {
+        // The peer failed first and said why; its culprit is the root cause.
+        st = PCS_ERR_REMOTE;
+        culprit = ncul;
+        msg = "rank " + std::to_string(e.peer) + " gave up: " + nmsg;
+    } else if (e.timeout) {
+        st = PCS_ERR_TIMEOUT;
+        msg = "peer rank " + std::to_string(e.peer) + " made no progress within " +
+              std::to_string(g->timeout.count()) + " ms (" + e.what() + ")";
+    } else {
+        st = PCS_ERR_REMOTE;
+        msg = "peer rank " + std::to_string(e.peer) +
+              " closed the connection (process died?): " + e.what();
+    }
+    write_note(g, culprit, msg);
+    try {
+        g->ctx->closeConnections();
+    } catch (...) {
+    }
+    PCS_WARN(PCS_SUB_COLL, "%s on %s rank %d/%d failed: %s", op, g->prefix.c_str(), g->rank,
+             g->size, msg.c_str());
+    return pcs_set_error(st, "%s: %s", op, msg.c_str());
+}
+
+pcs_status_t fail_cancelled(GlooComm *g, const char *op)
+{
+    std::lock_guard<std::mutex> lk(g->mu);
+    return pcs_set_error(PCS_ERR_CANCELLED, "%s: aborted: %s", op, g->abort_reason.c_str());
+}
+
+// Run `body`, mapping every exception to a status.
+template <typename F> pcs_status_t guarded(GlooComm *g, const char *op, F body)
+{
+    try {
+        body();
+        return PCS_OK;
+    } catch (const PeerError &e) {
+        return fail_peer(g, op, e);
+    } catch (const Cancelled &) {
+        return fail_cancelled(g, op);
+    } catch (const std::bad_alloc &) {
+        return pcs_set_error(PCS_ERR_NOMEM, "%s: out of memory", op);
+    } catch (const std::exception &e) {
+        if (g->is_aborted())
+            return fail_cancelled(g, op);
+        return fail_peer(g, op, PeerError(-1, looks_like_timeout(e.what()), e.what()));
+    } catch (...) {
+        return pcs_set_error(PCS_ERR_INTERNAL, "%s: unknown C++ exception", op);
+    }
+}
+
+// ---- the algorithms (throwing; called inside guarded) ----
+
+inline int mod(int a, int n)
+{
+    return ((a % n) + n) % n;
+}
+
+char *grow(std::vector<char> &v, size_t n)
+{
+    if (v.size() < n)
+        v.resize(n);
+    return v.data();
+}
+
+// dst = src with the per-contribution factors applied (pre-divide, then the ncclAvg multiplier).
+void prepare(void *dst, const void *src, size_t n, pcs_dtype_t dt, float f_pre, float f_avg)
+{
+    if (f_pre != 1.0f) {
+        pcs_coll_scale(dst, src, n, dt, f_pre);
+        src = dst;
+    }
+    if (f_avg != 1.0f)
+        pcs_coll_scale(dst, src, n, dt, f_avg);
+    else if (dst != src)
+        memcpy(dst, src, n * pcs_dtype_size(dt));
+}
+
+void ring_all_gather(GlooComm *g, const void *in, void *out, size_t count, pcs_dtype_t dt)
+{
+    const size_t bytes = count * pcs_dtype_size(dt);
+    const int P = g->size, r = g->rank;
+    char *o = (char *)out;
+    if (bytes == 0)
+        return;
+    if (in != o + (size_t)r * bytes)
+        memmove(o + (size_t)r * bytes, in, bytes);
+    if (P == 1)
+        return;
+    const int right = mod(r + 1, P), left = mod(r - 1, P);
+    const uint64_t slot = g->next_slot();
+    Buf sb(g, o, bytes * (size_t)P), rb(g, o, bytes * (size_t)P);
+    for (int s = 0; s < P - 1; s++) {
+        size_t send_idx = (size_t)mod(r - s, P), recv_idx = (size_t)mod(r - s - 1, P);
+        sb.send(right, slot, send_idx * bytes, bytes);
+        rb.recv(left, slot, recv_idx * bytes, bytes);
+        rb.wait_recv(left);
+        sb.wait_send(right);
+    }
+}
+
+// Ring reduce-scatter with chunk k of `data` (k = 0..P-1, element range pcs_coll_chunk or
+// fixed) reduced along r+1, r+2, ..., r and left in `data` chunk r. `data` already holds this
+// rank's prepared contribution. Used by all_reduce (in place) and reduce_scatter.
+template <typename ChunkFn>
+void ring_reduce(GlooComm *g, char *data, size_t max_chunk, pcs_dtype_t dt, pcs_red_op_t op,
+                 ChunkFn chunk)
+{
+    const int P = g->size, r = g->rank;
+    const size_t es = pcs_dtype_size(dt);
+    const int right = mod(r + 1, P), left = mod(r - 1, P);
+    const uint64_t slot = g->next_slot();
+    char *tmp = grow(g->tmp, max_chunk * es);
+    Buf rb(g, tmp, max_chunk * es);
+    std::unique_ptr<Buf> send_buf;
+    size_t off, n;
+    chunk(mod(r - 1, P), &off, &n);
+    bool send_pending = false;
+    if (n > 0) {
+        send_buf.reset(new Buf(g, data + off * es, n * es));
+        send_buf->send(right, slot, 0, n * es);
+        send_pending = true;
+    }
+    for (int s = 1; s < P; s++) {
+        int k = mod(r - s - 1, P);
+        chunk(k, &off, &n);
+        if (n > 0) {
+            rb.recv(left, slot, 0, n * es);
+            rb.wait_recv(left);
+        }
+        if (send_pending) {
+            send_buf->wait_send(right);
+            send_pending = false;
+        }
+        if (n == 0)
+            continue;
+        pcs_coll_reduce_into(data + off * es, tmp, n, dt, op);
+        if (s < P - 1) {
+            send_buf.reset(new Buf(g, data + off * es, n * es));
+            send_buf->send(right, slot, 0, n * es);
+            send_pending = true;
+        }
+    }
+}
+
+void do_reduce_scatter(GlooComm *g, const void *in, void *out, size_t rc, pcs_dtype_t dt,
+                       const pcs_coll_red_t *red)
+{
+    if (rc == 0)
+        return;
+    const int P = g->size;
+    const size_t es = pcs_dtype_size(dt), bytes = rc * es;
+    const float f_pre = pcs_coll_div_factor(red->pre_div);
+    const float f_avg = red->op == PCS_RED_AVG ? pcs_coll_avg_factor(P, dt) : 1.0f;
+    const float f_post = pcs_coll_div_factor(red->post_div);
+    const pcs_red_op_t op = red->op == PCS_RED_MAX ? PCS_RED_MAX : PCS_RED_SUM;
+    // Work on a prepared copy of the whole input (the input is const and may be read by the
+    // caller concurrently); the result lands in chunk `rank` of the copy.
+    char *work = grow(g->acc, bytes * (size_t)P);
+    prepare(work, in, rc * (size_t)P, dt, f_pre, f_avg);
+    if (P > 1)
+        ring_reduce(g, work, rc, dt, op, [rc](int k, size_t *off, size_t *n) {
+            *off = (size_t)k * rc;
+            *n = rc;
+        });
+    const char *mine = work + (size_t)g->rank * bytes;
+    if (f_post != 1.0f)
+        pcs_coll_scale(out, mine, rc, dt, f_post);
+    else
+        memcpy(out, mine, bytes);
+}
+
+void do_all_reduce(GlooComm *g, const void *in, void *out, size_t count, pcs_dtype_t dt,
+                   const pcs_coll_red_t *red)
+{
+    if (count == 0)
+        return;
+    const int P = g->size, r = g->rank;
+    const size_t es = pcs_dtype_size(dt);
+    const float f_pre = pcs_coll_div_factor(red->pre_div);
+    const float f_avg = red->op == PCS_RED_AVG ? pcs_coll_avg_factor(P, dt) : 1.0f;
+    const float f_post = pcs_coll_div_factor(red->post_div);
+    const pcs_red_op_t op = red->op == PCS_RED_MAX ? PCS_RED_MAX : PCS_RED_SUM;
+    char *o = (char *)out;
+    prepare(o, in, count, dt, f_pre, f_avg);
+    if (P == 1) {
+        if (f_post != 1.0f)
+            pcs_coll_scale(o, o, count, dt, f_post);
+        return;
+    }
+    size_t max_chunk, dummy;
+    pcs_coll_chunk(count, P, 0, &dummy, &max_chunk);
+    auto chunk = [count, P](int k, size_t *off, size_t *n) { pcs_coll_chunk(count, P, k, off, n); };
+    ring_reduce(g, o, max_chunk, dt, op, chunk);
+    size_t off, n;
+    chunk(r, &off, &n);
+    if (f_post != 1.0f)
+        pcs_coll_scale(o + off * es, o + off * es, n, dt, f_post);
+    // All-gather the owned chunks (uneven sizes) along the same ring.
+    const int right = mod(r + 1, P), left = mod(r - 1, P);
+    const uint64_t slot = g->next_slot();
+    Buf sb(g, o, count * es), rb(g, o, count * es);
+    for (int s = 0; s < P - 1; s++) {
+        size_t soff, sn, roff, rn;
+        chunk(mod(r - s, P), &soff, &sn);
+        chunk(mod(r - s - 1, P), &roff, &rn);
+        if (sn)
+            sb.send(right, slot, soff * es, sn * es);
+        if (rn) {
+            rb.recv(left, slot, roff * es, rn * es);
+            rb.wait_recv(left);
+        }
+        if (sn)
+            sb.wait_send(right);
+    }
+}
+
+void do_broadcast(GlooComm *g, void *buf, size_t count, pcs_dtype_t dt, int root)
+{
+    const size_t bytes = count * pcs_dtype_size(dt);
+    if (bytes == 0 || g->size == 1)
+        return;
+    const uint64_t slot = g->next_slot();
+    if (g->rank != root) {
+        Buf rb(g, buf, bytes);
+        rb.recv(root, slot, 0, bytes);
+        rb.wait_recv(root);
+        return;
+    }
+    std::vector<std::unique_ptr<Buf>> bufs;
+    for (int p = 0; p < g->size; p++) {
+        if (p == root)
+            continue;
+        bufs.emplace_back(new Buf(g, buf, bytes));
+        bufs.back()->send(p, slot, 0, bytes);
+    }
+    size_t i = 0;
+    for (int p = 0; p < g->size; p++)
+        if (p != root)
+            bufs[i++]->wait_send(p);
+}
+
+void do_barrier(GlooComm *g)
+{
+    std::vector<float> tokens((size_t)g->size, 0.0f);
+    float mine = 1.0f;
+    ring_all_gather(g, &mine, tokens.data(), 1, PCS_DTYPE_FP32);
+}
+
+// ---- vtable ----
+
+GlooComm *G(void *impl)
+{
+    return static_cast<GlooComm *>(impl);
+}
+
+pcs_status_t queue_op(GlooComm *g, QueuedOp op)
+{
+    try {
+        g->queue.push_back(op);
+    } catch (...) {
+        return pcs_set_error(PCS_ERR_NOMEM, "group: out of memory");
+    }
+    return PCS_OK;
+}
+
+extern "C" pcs_status_t g_all_gather(void *impl, const void *in, void *out, size_t count,
+                                     pcs_dtype_t dt, pcs_coll_stream_t)
+{
+    GlooComm *g = G(impl);
+    if (g->in_group)
+        return queue_op(g, {QueuedOp::AG, in, out, count, dt, {}, 0});
+    return guarded(g, "all_gather", [&] { ring_all_gather(g, in, out, count, dt); });
+}
+
+extern "C" pcs_status_t g_reduce_scatter(void *impl, const void *in, void *out, size_t rc,
+                                         pcs_dtype_t dt, const pcs_coll_red_t *red,
+                                         pcs_coll_stream_t)
+{
+    GlooComm *g = G(impl);
+    if (g->in_group)
+        return queue_op(g, {QueuedOp::RS, in, out, rc, dt, *red, 0});
+    return guarded(g, "reduce_scatter", [&] { do_reduce_scatter(g, in, out, rc, dt, red); });
+}
+
+extern "C" pcs_status_t g_all_reduce(void *impl, const void *in, void *out, size_t count,
+                                     pcs_dtype_t dt, const pcs_coll_red_t *red, pcs_coll_stream_t)
+{
+    GlooComm *g = G(impl);
+    if (g->in_group)
+        return queue_op(g, {QueuedOp::AR, in, out, count, dt, *red, 0});
+    return guarded(g, "all_reduce", [&] { do_all_reduce(g, in, out, count, dt, red); });
+}
+
+extern "C" pcs_status_t g_broadcast(void *impl, void *buf, size_t count, pcs_dtype_t dt, int root,
+                                    pcs_coll_stream_t)
+{
+    GlooComm *g = G(impl);
+    if (g->in_group)
+        return queue_op(g, {QueuedOp::BC, nullptr, buf, count, dt, {}, root});
+    return guarded(g, "broadcast", [&] { do_broadcast(g, buf, count, dt, root); });
+}
+
+extern "C" pcs_status_t g_send(void *impl, const void *buf, size_t count, pcs_dtype_t dt,
+                               int peer, pcs_coll_stream_t)
+{
+    GlooComm *g = G(impl);
+    if (g->in_group)
+        return queue_op(g, {QueuedOp::SEND, buf, nullptr, count, dt, {}, peer});
+    size_t bytes = count * pcs_dtype_size(dt);
+    if (bytes == 0)
+        return PCS_OK;
+    return guarded(g, "send", [&] {
+        Buf b(g, const_cast<void *>(buf), bytes);
+        b.send(peer, kP2PSlot, 0, bytes);
+        b.wait_send(peer);
+    });
+}
+
+extern "C" pcs_status_t g_recv(void *impl, void *buf, size_t count, pcs_dtype_t dt, int peer,
+                               pcs_coll_stream_t)
+{
+    GlooComm *g = G(impl);
+    if (g->in_group)
+        return queue_op(g, {QueuedOp::RECV, nullptr, buf, count, dt, {}, peer});
+    size_t bytes = count * pcs_dtype_size(dt);
+    if (bytes == 0)
+        return PCS_OK;
+    return guarded(g, "recv", [&] {
+        Buf b(g, buf, bytes);
+        b.recv(peer, kP2PSlot, 0, bytes);
+        b.wait_recv(peer);
+    });
+}
+
+extern "C" pcs_status_t g_barrier(void *impl)
+{
+    GlooComm *g = G(impl);
+    return guarded(g, "barrier", [&] { do_barrier(g); });
+}
+
+extern "C" pcs_status_t g_group_start(void *impl)
+{
+    G(impl)->in_group = true;
+    G(impl)->queue.clear();
+    return PCS_OK;
+}
+
+// Post every send/recv of the group first, then run the collectives in order, then wait for the
+// point-to-point operations: a pair can exchange both ways in one group without deadlock.
+extern "C" pcs_status_t g_group_end(void *impl)
+{
+    GlooComm *g = G(impl);
+    std::vector<QueuedOp> ops;
+    ops.swap(g->queue);
+    g->in_group = false;
+    return guarded(g, "group", [&] {
+        std::vector<std::unique_ptr<Buf>> p2p;
+        std::vector<const QueuedOp *> p2p_ops;
+        for (const auto &op : ops) {
+            size_t bytes = op.count * pcs_dtype_size(op.dt);
+            if ((op.kind != QueuedOp::SEND && op.kind != QueuedOp::RECV) || bytes == 0)
+                continue;
+            void *ptr = op.kind == QueuedOp::SEND ? const_cast<void *>(op.in) : op.out;
+            p2p.emplace_back(new Buf(g, ptr, bytes));
+            p2p_ops.push_back(&op);
+            if (op.kind == QueuedOp::SEND)
+                p2p.back()->send(op.peer, kP2PSlot, 0, bytes);
+            else
+                p2p.back()->recv(op.peer, kP2PSlot, 0, bytes);
+        }
+        for (const auto &op : ops) {
+            switch (op.kind) {
+            case QueuedOp::AG:
+                ring_all_gather(g, op.in, op.out, op.count, op.dt);
+                break;
+            case QueuedOp::RS:
+                do_reduce_scatter(g, op.in, op.out, op.count, op.dt, &op.red);
+                break;
+            case QueuedOp::AR:
+                do_all_reduce(g, op.in, op.out, op.count, op.dt, &op.red);
+                break;
+            case QueuedOp::BC:
+                do_broadcast(g, op.out, op.count, op.dt, op.peer);
+                break;
+            default:
+                break;
+            }
+        }
+        for (size_t i = 0; i < p2p.size(); i++) {
+            if (p2p_ops[i]->kind == QueuedOp::SEND)
+                p2p[i]->wait_send(p2p_ops[i]->peer);
+            else
+                p2p[i]->wait_recv(p2p_ops[i]->peer);
+        }
+    });
+}
+
+extern "C" void g_abort(void *impl, const char *reason)
+{
+    GlooComm *g = G(impl);
+    {
+        std::lock_guard<std::mutex> lk(g->mu);
+        if (g->aborted)
+            return;
+        g->aborted = true;
+        g->abort_reason = reason;
+        for (UBuf *b : g->live) {
+            b->abortWaitRecv();
+            b->abortWaitSend();
+        }
+    }
+    write_note(g, g->rank, std::string("rank ") + std::to_string(g->rank) + " aborted: " + reason);
+    try {
+        if (g->ctx)
+            g->ctx->closeConnections();
+    } catch (...) {
+    }
+}
+
+extern "C" void g_destroy(void *impl)
+{
+    delete G(impl);
+}
+
+const pcs_coll_ops_t gloo_ops = {
+    "gloo",      g_all_gather, g_reduce_scatter, g_all_reduce, g_broadcast, g_send,
+    g_recv,      g_barrier,    g_group_start,    g_group_end,  g_abort,     g_destroy,
+};
+
+} // namespace
+
+extern "C" pcs_status_t pcs_coll_gloo_create(const pcs_coll_config_t *cfg, const char *key_prefix,
+                                             const pcs_coll_ops_t **ops, void **impl)
+{
+    GlooComm *g = nullptr;
+    try {
+        g = new GlooComm();
+        g->kv = cfg->kv;
+        g->prefix = key_prefix;
+        g->rank = cfg->rank;
+        g->size = cfg->size;
+        g->timeout = ms(cfg->timeout_ms);
+        gloo::transport::tcp::attr attr;
+        if (cfg->iface && cfg->iface[0])
+            attr.iface = cfg->iface;
+        else
+            attr.hostname = cfg->hostname && cfg->hostname[0] ? cfg->hostname : "127.0.0.1";
+        g->dev = gloo::transport::tcp::CreateDevice(attr);
+        g->ctx = std::make_shared<gloo::rendezvous::Context>(cfg->rank, cfg->size);
+        g->ctx->setTimeout(g->timeout);
+        // A single rank never creates a buffer (every algorithm returns before), so it needs
+        // no rendezvous and no store.
+        if (cfg->size > 1) {
+            KvStore store(cfg->kv, g->prefix + "gloo/", g->timeout);
+            g->ctx->connectFullMesh(store, g->dev);
+        }
+    } catch (const PeerError &e) {
+        delete g;
+        return pcs_set_error(e.timeout ? PCS_ERR_TIMEOUT : PCS_ERR_REMOTE,
+                             "gloo rendezvous of %s rank %d/%d: %s", key_prefix, cfg->rank,
+                             cfg->size, e.what());
+    } catch (const std::exception &e) {
+        delete g;
+        return pcs_set_error(looks_like_timeout(e.what()) ? PCS_ERR_TIMEOUT : PCS_ERR_REMOTE,
+                             "gloo setup of %s rank %d/%d: %s", key_prefix, cfg->rank, cfg->size,
+                             e.what());
+    } catch (...) {
+        delete g;
+        return pcs_set_error(PCS_ERR_INTERNAL, "gloo setup: unknown C++ exception");
+    }
+    *ops = &gloo_ops;
+    *impl = g;
+    return PCS_OK;
+}
+
+// ---- raw Gloo calls for the benchmark's baseline (same context, no shim work) ----
+
+extern "C" pcs_status_t pcs_coll_gloo_raw_all_gather(pcs_coll_t *c, const void *in, void *out,
+                                                     size_t bytes)
+{
+    GlooComm *g = G(pcs_coll_backend_impl(c));
+    return guarded(g, "raw allgather", [&] {
+        gloo::AllgatherOptions o(g->ctx);
+        o.setInput(const_cast<uint8_t *>((const uint8_t *)in), bytes);
+        o.setOutput((uint8_t *)out, bytes * (size_t)g->size);
+        o.setTag(g->raw_tag++);
+        o.setTimeout(g->timeout);
+        gloo::allgather(o);
+    });
+}
+
+extern "C" pcs_status_t pcs_coll_gloo_raw_all_reduce_f32(pcs_coll_t *c, float *buf, size_t count)
+{
+    GlooComm *g = G(pcs_coll_backend_impl(c));
+    return guarded(g, "raw allreduce", [&] {
+        gloo::AllreduceOptions o(g->ctx);
+        o.setOutput(buf, count);
+        o.setReduceFunction(static_cast<void (*)(void *, const void *, const void *, size_t)>(
+            &gloo::sum<float>));
+        o.setTag(g->raw_tag++);
+        o.setTimeout(g->timeout);
+        gloo::allreduce(o);
+    });
+}
