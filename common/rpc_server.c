@@ -197,7 +197,9 @@ static pcs_rpc_method_stats_t *stats_row(pcs_rpc_call_t *c)
 static void record_stats(pcs_rpc_call_t *c)
 {
     pcs_rpc_method_stats_t *row = stats_row(c);
-    int code = (c->status_sent && !c->close_cancelled) ? (int)c->code : GRPC_STATUS_CANCELLED;
+    /* RECV_CLOSE_ON_SERVER reports "not cancelled" only once our status went out; its tag can
+     * be dequeued before the send batch's, so do not wait for status_sent here. */
+    int code = (!c->close_cancelled && c->status_queued) ? (int)c->code : GRPC_STATUS_CANCELLED;
     if (code < 0 || code > 16)
         code = GRPC_STATUS_UNKNOWN;
     row->calls_by_code[code]++;
