@@ -990,6 +990,13 @@ void pcs_coord_kv_cancel(pcs_coord_t *c, void *waiter)
     }
 }
 
+void pcs_coord_kv_fail_all(pcs_coord_t *c, pcs_status_t st, const char *why)
+{
+    for (size_t i = 0; i < c->n_jobs; i++)
+        if (c->jobs[i] && c->jobs[i]->n_waiters)
+            kv_fail_waiters(c, c->jobs[i], st, why);
+}
+
 // ---------------------------------------------------------------------------------------------
 // time
 

@@ -245,6 +245,8 @@ pcs_status_t pcs_coord_kv_get(pcs_coord_t *c, const char *job_id, uint64_t gener
                               const void **value, size_t *len);
 /* Forget a parked waiter (its call went away); no callback. */
 void pcs_coord_kv_cancel(pcs_coord_t *c, void *waiter);
+/* Wake every parked waiter with `st` and `why` (shutdown). */
+void pcs_coord_kv_fail_all(pcs_coord_t *c, pcs_status_t st, const char *why);
 
 // ---- time ----
 /* Expire leases and parked KV waits; called from the loop at least every few hundred ms. */

@@ -1,0 +1,161 @@
+/* pcs-coordinator: option table -> pcs_server_create -> serve until SIGTERM/SIGINT -> graceful
+ * exit 0. Everything else lives in server.c (handlers) and coord.c (state machine). */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "pcs/config.h"
+#include "pcs/log.h"
+#include "pcs/version.h"
+#include "server.h"
+
+static const pcs_opt_t options[] = {
+    {"listen", PCS_OPT_STRING, "127.0.0.1:7070", 0, 0,
+     "gRPC address: host:port (port 0 = any free port) or unix:/path"},
+    {"insecure", PCS_OPT_BOOL, "false", 0, 0,
+     "allow plaintext gRPC on a non-loopback address (TLS is not built yet)"},
+    {"port-file", PCS_OPT_STRING, "", 0, 0, "write the bound gRPC port to this file"},
+    {"heartbeat-interval-ms", PCS_OPT_U32, "1000", 10, 60000, "worker heartbeat period"},
+    {"lease-ms", PCS_OPT_U32, "10000", 50, 600000,
+     "a worker without a heartbeat for this long is LOST"},
+    {"kv-max-key-bytes", PCS_OPT_U32, "256", 1, 65536, "rendezvous KV: longest key"},
+    {"kv-max-value-bytes", PCS_OPT_U32, "65536", 1, 67108864, "rendezvous KV: largest value"},
+    {"kv-max-job-bytes", PCS_OPT_U64, "16777216", 1, 17179869184.0,
+     "rendezvous KV: keys + values per job"},
+    {"max-message-bytes", PCS_OPT_U32, "4194304", 1024, 1073741824,
+     "largest request accepted (RESOURCE_EXHAUSTED above)"},
+    {"db", PCS_OPT_STRING, "", 0, 0,
+     "SQLite file for job history and worker ids (empty: --state-dir, else in memory)"},
+    {"state-dir", PCS_OPT_STRING, "", 0, 0, "directory for coordinator.db when --db is empty"},
+    {"metrics-listen", PCS_OPT_STRING, "", 0, 0,
+     "HTTP /metrics /healthz /readyz on host:port (empty: off; port 0 = any)"},
+    {"metrics-port-file", PCS_OPT_STRING, "", 0, 0, "write the bound metrics port to this file"},
+    {"log-level", PCS_OPT_STRING, "", 0, 0,
+     "error|warn|info|debug|trace (empty: PCS_LOG_LEVEL or info)"},
+};
+#define N_OPTIONS (sizeof options / sizeof *options)
+
+static pcs_server_t *g_server;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    pcs_server_request_stop(g_server); /* sets a sig_atomic_t flag only */
+}
+
+static int loopback(const char *listen)
+{
+    if (strncmp(listen, "unix:", 5) == 0)
+        return 1;
+    return strncmp(listen, "127.", 4) == 0 || strncmp(listen, "localhost:", 10) == 0 ||
+           strncmp(listen, "[::1]:", 6) == 0;
+}
+
+static pcs_status_t write_port_file(const char *path, int port)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "port-file: path too long");
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return pcs_set_error(PCS_ERR_SYSTEM, "port-file: cannot write %s", tmp);
+    fprintf(f, "%d\n", port);
+    /* rename makes the file appear complete: tests poll for it */
+    if (fclose(f) != 0 || rename(tmp, path) != 0)
+        return pcs_set_error(PCS_ERR_SYSTEM, "port-file: cannot write %s", path);
+    return PCS_OK;
+}
+
+int main(int argc, char **argv)
+{
+    pcs_log_init(PCS_LOG_INFO);
+    pcs_log_set_role("coord");
+    pcs_config_t *cfg = NULL;
+    if (pcs_config_load(options, N_OPTIONS, argc, argv, &cfg) != PCS_OK) {
+        fprintf(stderr, "pcs-coordinator: %s\n", pcs_last_error());
+        return 2;
+    }
+    if (pcs_config_help_requested(cfg)) {
+        pcs_config_print_help(options, N_OPTIONS, "pcs-coordinator [--key value ...]");
+        pcs_config_free(cfg);
+        return 0;
+    }
+    const char *lvl = pcs_config_str(cfg, "log-level");
+    if (lvl && *lvl) {
+        int l = pcs_log_level_parse(lvl);
+        if (l < 0) {
+            fprintf(stderr, "pcs-coordinator: log-level '%s': expected error|warn|info|debug|trace\n",
+                    lvl);
+            pcs_config_free(cfg);
+            return 2;
+        }
+        pcs_log_set_level((pcs_log_level_t)l);
+    }
+    const char *listen = pcs_config_str(cfg, "listen");
+    if (!loopback(listen) && !pcs_config_bool(cfg, "insecure")) {
+        fprintf(stderr,
+                "pcs-coordinator: listen %s: plaintext gRPC on a non-loopback address needs "
+                "--insecure\n",
+                listen);
+        pcs_config_free(cfg);
+        return 2;
+    }
+    char db[4096] = "";
+    const char *state_dir = pcs_config_str(cfg, "state-dir");
+    if (*pcs_config_str(cfg, "db"))
+        snprintf(db, sizeof db, "%s", pcs_config_str(cfg, "db"));
+    else if (state_dir && *state_dir)
+        snprintf(db, sizeof db, "%s/coordinator.db", state_dir);
+
+    PCS_INFO(PCS_SUB_INIT, "pcs-coordinator %s (git %s) starting: listen %s, state %s",
+             PCS_VERSION_STRING, PCS_GIT_SHA, listen, *db ? db : "in memory");
+    pcs_config_log_nondefault(cfg);
+
+    pcs_server_config_t sc = {.listen = listen,
+                              .max_message_bytes = pcs_config_u32(cfg, "max-message-bytes"),
+                              .heartbeat_interval_ms = pcs_config_u32(cfg, "heartbeat-interval-ms"),
+                              .lease_ms = pcs_config_u32(cfg, "lease-ms"),
+                              .kv_max_key_bytes = pcs_config_u32(cfg, "kv-max-key-bytes"),
+                              .kv_max_value_bytes = pcs_config_u32(cfg, "kv-max-value-bytes"),
+                              .kv_max_job_bytes = pcs_config_u64(cfg, "kv-max-job-bytes"),
+                              .db_path = db,
+                              .metrics_listen = pcs_config_str(cfg, "metrics-listen"),
+                              .metrics_port_file = pcs_config_str(cfg, "metrics-port-file"),
+                              .config = cfg};
+    pcs_server_t *srv = NULL;
+    if (pcs_server_create(&sc, &srv) != PCS_OK) {
+        fprintf(stderr, "pcs-coordinator: %s\n", pcs_last_error());
+        pcs_config_free(cfg);
+        return 1;
+    }
+    g_server = srv;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    int port = pcs_server_port(srv);
+    const char *port_file = pcs_config_str(cfg, "port-file");
+    if (port_file && *port_file && write_port_file(port_file, port) != PCS_OK) {
+        fprintf(stderr, "pcs-coordinator: %s\n", pcs_last_error());
+        pcs_server_destroy(srv);
+        pcs_config_free(cfg);
+        return 1;
+    }
+    if (pcs_server_metrics_port(srv))
+        PCS_INFO(PCS_SUB_INIT, "serving gRPC on port %d, metrics on port %d", port,
+                 pcs_server_metrics_port(srv));
+    else
+        PCS_INFO(PCS_SUB_INIT, "serving gRPC on port %d (metrics off)", port);
+    pcs_status_t st = pcs_server_run(srv);
+    g_server = NULL;
+    pcs_server_destroy(srv);
+    PCS_INFO(PCS_SUB_INIT, "pcs-coordinator stopped");
+    pcs_config_free(cfg);
+    return st == PCS_OK ? 0 : 1;
+}

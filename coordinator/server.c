@@ -1,0 +1,1191 @@
+/* RPC handlers of pcs-coordinator: the method table for common/rpc_server.c, protobuf <-> domain
+ * conversion around coord.c, watch streams, parked KvGets, grpc.health.v1, two-phase graceful
+ * shutdown, and the once-a-tick side jobs (lease expiry, store flush, metrics snapshot).
+ * Everything here runs on the RPC loop thread; handlers never block. */
+#include "server.h"
+
+#include <inttypes.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grpc/health/v1/health.pb-c.h"
+#include "http.h"
+#include "pcs/clock.h"
+#include "pcs/log.h"
+#include "pcs/mem.h"
+#include "pcs/rpc.h"
+#include "pcs/v1/coordinator.pb-c.h"
+#include "pcs/v1/job.pb-c.h"
+#include "pcs/v1/plan.pb-c.h"
+#include "pcs/v1/worker.pb-c.h"
+#include "pcs/version.h"
+#include "store.h"
+
+/* The spec validator (ctl engineer) and the planner are linked in from pcs_plan. They are
+ * written in parallel; until their headers land, a pass-through stands in (no validation beyond
+ * the mesh, no plan). */
+#if __has_include("plan.c")
+#include "plan.h"
+#else
+static pcs_status_t pcs_plan_build(const Pcs__V1__JobSpec *spec, uint32_t world_size,
+                                   Pcs__V1__Plan **out)
+{
+    (void)spec, (void)world_size;
+    *out = NULL;
+    return PCS_OK;
+}
+static void pcs_plan_free(Pcs__V1__Plan *p)
+{
+    (void)p;
+}
+static uint64_t pcs_plan_hash(const Pcs__V1__Plan *p)
+{
+    (void)p;
+    return 0;
+}
+static pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
+                                           Pcs__V1__RankEstimate *out)
+{
+    (void)p, (void)rank, (void)out;
+    return PCS_ERR_UNSUPPORTED;
+}
+#endif
+#if __has_include("validate.c")
+#include "validate.h"
+#else
+static pcs_status_t pcs_job_validate(const Pcs__V1__JobSpec *spec, char *err, size_t errlen)
+{
+    (void)spec, (void)err, (void)errlen;
+    return PCS_OK;
+}
+#endif
+
+#define SHUTDOWN_GRACE_MS 150
+#define METRICS_EVERY_MS 500
+#define MAX_KV_WAIT_MS 600000u
+
+typedef struct health_watch {
+    pcs_rpc_call_t *call;
+    int known; /* service name known: status follows the server's state */
+} health_watch_t;
+
+struct pcs_server {
+    pcs_server_config_t cfg;
+    pcs_coord_t *coord;
+    pcs_rpc_server_t *rpc;
+    pcs_http_t *http;
+    pcs_store_t *store;
+    uint64_t start_ms;
+    volatile sig_atomic_t stop_requested;
+    int stopping;
+    uint64_t stop_at_ms;
+    uint64_t next_metrics_ms;
+    health_watch_t *hw;
+    size_t n_hw, cap_hw;
+    bool restoring; /* store callbacks off while replaying the store */
+};
+
+static const char *const health_services[] = {"", "pcs.v1.WorkerService", "pcs.v1.JobService",
+                                              "pcs.v1.ClusterService"};
+
+// ---------------------------------------------------------------------------------------------
+// helpers
+
+static void fail_last(pcs_rpc_call_t *call, pcs_status_t st)
+{
+    const char *msg = pcs_last_error();
+    pcs_rpc_fail(call, st, "%s", *msg ? msg : pcs_status_str(st));
+}
+
+/* New calls during the shutdown grace period get UNAVAILABLE at once. */
+#define REFUSE_IF_STOPPING(s, call)                                                                \
+    do {                                                                                           \
+        if ((s)->stopping) {                                                                       \
+            pcs_rpc_fail((call), PCS_ERR_REMOTE, "coordinator shutting down");                     \
+            return;                                                                                \
+        }                                                                                          \
+    } while (0)
+
+static void free_payload(void *user, void *spec, void *plan)
+{
+    (void)user;
+    if (spec)
+        protobuf_c_message_free_unpacked(spec, NULL);
+    if (plan)
+        pcs_plan_free(plan);
+}
+
+/* Deep copy of a borrowed spec (the request is freed after the handler returns). */
+static pcs_status_t copy_spec(const Pcs__V1__JobSpec *in, Pcs__V1__JobSpec **out)
+{
+    *out = NULL;
+    size_t n = pcs__v1__job_spec__get_packed_size(in);
+    uint8_t *buf;
+    PCS_CHECK(pcs_calloc(n ? n : 1, 1, (void **)&buf));
+    pcs__v1__job_spec__pack(in, buf);
+    *out = pcs__v1__job_spec__unpack(NULL, n, buf);
+    free(buf);
+    if (!*out)
+        return pcs_set_error(PCS_ERR_INTERNAL, "spec: cannot copy");
+    return PCS_OK;
+}
+
+static uint32_t spec_dims(const Pcs__V1__JobSpec *spec, uint32_t *names, uint32_t *sizes)
+{
+    uint32_t n = 0;
+    for (size_t i = 0; i < spec->n_mesh && n < PCS_COORD_MAX_MESH_DIMS; i++, n++) {
+        names[n] = spec->mesh[i] ? (uint32_t)spec->mesh[i]->dim : 0;
+        sizes[n] = spec->mesh[i] ? spec->mesh[i]->size : 0;
+    }
+    return n;
+}
+
+/* Product of the mesh sizes; errors name the field. */
+static pcs_status_t spec_world(const Pcs__V1__JobSpec *spec, uint32_t *world)
+{
+    if (spec->n_mesh == 0)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "mesh: required (at least one dimension)");
+    if (spec->n_mesh > PCS_COORD_MAX_MESH_DIMS)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "mesh: more than %d dimensions",
+                             PCS_COORD_MAX_MESH_DIMS);
+    uint64_t w = 1;
+    for (size_t i = 0; i < spec->n_mesh; i++) {
+        uint32_t sz = spec->mesh[i] ? spec->mesh[i]->size : 0;
+        if (sz == 0)
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "mesh[%zu].size: must be >= 1", i);
+        w *= sz;
+        if (w > (1u << 20))
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "mesh: world size (product of sizes) exceeds %u", 1u << 20);
+    }
+    *world = (uint32_t)w;
+    return PCS_OK;
+}
+
+/* Validate a spec and build its plan. On error the status carries the field path. */
+static pcs_status_t check_and_plan(const Pcs__V1__JobSpec *spec, uint32_t world_override,
+                                   uint32_t *world, Pcs__V1__Plan **plan)
+{
+    *plan = NULL;
+    if (!spec)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "spec: required");
+    char err[512] = "";
+    pcs_status_t st = pcs_job_validate(spec, err, sizeof err);
+    if (st != PCS_OK)
+        return pcs_set_error(st, "%s", *err ? err : pcs_last_error());
+    PCS_CHECK(spec_world(spec, world));
+    if (world_override)
+        *world = world_override;
+    st = pcs_plan_build(spec, *world, plan);
+    if (st != PCS_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", pcs_last_error());
+        return pcs_set_error(st, "%s", msg);
+    }
+    return PCS_OK;
+}
+
+// ---------------------------------------------------------------------------------------------
+// domain -> proto
+
+typedef struct job_pb {
+    Pcs__V1__Job job;
+    Pcs__V1__JobProgress progress;
+    char **workers;
+} job_pb_t;
+
+static void job_to_pb(pcs_server_t *s, pcs_coord_job_t *j, bool with_spec, job_pb_t *out)
+{
+    Pcs__V1__Job init = PCS__V1__JOB__INIT;
+    Pcs__V1__JobProgress pinit = PCS__V1__JOB_PROGRESS__INIT;
+    out->job = init;
+    out->progress = pinit;
+    out->workers = NULL;
+    Pcs__V1__Job *p = &out->job;
+    p->job_id = j->id;
+    p->name = j->name;
+    p->state = (Pcs__V1__JobState)j->state;
+    p->reason = j->reason ? j->reason : "";
+    p->created_ms = j->created_wall_ms;
+    p->started_ms = j->started_wall_ms;
+    p->finished_ms = j->finished_wall_ms;
+    p->world_size = j->world_size;
+    p->generation = j->generation;
+    p->plan_hash = j->plan_hash;
+    p->request_id = j->request_id;
+    p->restarts = j->restarts;
+    if (with_spec)
+        p->spec = j->spec;
+    out->progress.step = j->progress.step;
+    out->progress.loss = j->progress.loss;
+    out->progress.step_ms = j->progress.step_ms;
+    out->progress.reports = j->progress.reports;
+    out->progress.audit_ok = j->progress.audit_ok;
+    out->progress.eval_loss = j->progress.eval_loss;
+    out->progress.skipped_steps = j->progress.skipped_steps;
+    out->progress.loss_scale = j->progress.loss_scale;
+    p->progress = &out->progress;
+    if (j->state == PCS_JOB_RUNNING &&
+        pcs_calloc(j->world_size, sizeof *out->workers, (void **)&out->workers) == PCS_OK) {
+        for (uint32_t r = 0; r < j->world_size; r++) {
+            pcs_coord_worker_t *w = pcs_coord_worker_by_number(s->coord, j->rank_worker[r]);
+            out->workers[r] = w ? w->id : "";
+        }
+        p->n_workers = j->world_size;
+        p->workers = out->workers;
+    }
+}
+
+static void job_pb_free(job_pb_t *jp)
+{
+    free(jp->workers);
+}
+
+// ---------------------------------------------------------------------------------------------
+// watch streams
+
+static void send_event(pcs_server_t *s, pcs_coord_worker_t *w, const pcs_coord_event_t *e)
+{
+    pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, e->job);
+    Pcs__V1__AssignmentEvent ev = PCS__V1__ASSIGNMENT_EVENT__INIT;
+    Pcs__V1__Assignment a = PCS__V1__ASSIGNMENT__INIT;
+    Pcs__V1__MeshCoords mc = PCS__V1__MESH_COORDS__INIT;
+    Pcs__V1__RankEstimate est = PCS__V1__RANK_ESTIMATE__INIT;
+    Pcs__V1__Directive d = PCS__V1__DIRECTIVE__INIT;
+    ev.seq = e->seq;
+    if (e->kind == PCS_EV_ASSIGNMENT && j) {
+        uint32_t co[4];
+        pcs_coord_rank_coords(j, e->rank, co);
+        mc.pp = co[PCS_MESH_PP];
+        mc.dp_replicate = co[PCS_MESH_DP_REPLICATE];
+        mc.dp_shard = co[PCS_MESH_DP_SHARD];
+        a.job_id = j->id;
+        a.generation = e->generation;
+        a.rank = e->rank;
+        a.world_size = j->world_size;
+        a.coords = &mc;
+        a.spec = j->spec;
+        a.plan = j->plan;
+        a.plan_hash = j->plan_hash;
+        if (j->plan && pcs_plan_rank_estimate(j->plan, e->rank, &est) == PCS_OK)
+            a.estimate = &est;
+        ev.event_case = PCS__V1__ASSIGNMENT_EVENT__EVENT_ASSIGNMENT;
+        ev.assignment = &a;
+    } else {
+        d.kind = e->kind == PCS_EV_RESTART ? PCS__V1__DIRECTIVE_KIND__DIRECTIVE_KIND_RESTART
+                                           : PCS__V1__DIRECTIVE_KIND__DIRECTIVE_KIND_STOP;
+        d.job_id = j ? j->id : "";
+        d.generation = e->generation;
+        d.reason = (char *)e->reason;
+        ev.event_case = PCS__V1__ASSIGNMENT_EVENT__EVENT_DIRECTIVE;
+        ev.directive = &d;
+    }
+    if (pcs_rpc_send(w->watch, &ev.base) != PCS_OK)
+        PCS_DEBUG(PCS_SUB_RPC, "watch of %s: event %" PRIu64 " not sent: %s", w->id, e->seq,
+                  pcs_last_error());
+}
+
+static void drain(pcs_server_t *s, pcs_coord_worker_t *w)
+{
+    pcs_coord_event_t e;
+    while (w->watch && pcs_coord_pop_event(s->coord, w, &e))
+        send_event(s, w, &e);
+}
+
+static void on_events(void *user, pcs_coord_worker_t *w)
+{
+    pcs_server_t *s = user;
+    if (w->watch)
+        drain(s, w);
+}
+
+static void watch_cancelled(pcs_rpc_call_t *call, void *arg)
+{
+    pcs_coord_worker_t *w = arg;
+    if (w->watch == call)
+        w->watch = NULL;
+    PCS_DEBUG(PCS_SUB_RPC, "watch of %s closed by the client", w->id);
+}
+
+static void h_watch(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    pcs_server_t *s = user;
+    REFUSE_IF_STOPPING(s, call);
+    const Pcs__V1__WatchAssignmentRequest *req = (const void *)m;
+    pcs_coord_worker_t *w;
+    pcs_status_t st = pcs_coord_lookup_worker(s->coord, req->worker_id, &w);
+    if (st != PCS_OK)
+        return fail_last(call, st);
+    if (w->state == PCS_WORKER_LOST || w->state == PCS_WORKER_GONE)
+        return pcs_rpc_fail(call, PCS_ERR_STATE, "worker %s is %s: re-register", w->id,
+                            pcs_worker_state_name(w->state));
+    if (w->watch) {
+        pcs_rpc_call_t *old = w->watch;
+        w->watch = NULL;
+        pcs_rpc_fail(old, PCS_ERR_CANCELLED, "superseded by a newer WatchAssignment of %s", w->id);
+    }
+    w->watch = call;
+    pcs_rpc_call_set_cancel(call, watch_cancelled, w);
+    if (!w->watch)
+        return; /* the client was already gone */
+    pcs_coord_watch_started(s->coord, w);
+    drain(s, w);
+}
+
+// ---------------------------------------------------------------------------------------------
+// WorkerService
+
+static void h_register(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    pcs_server_t *s = user;
+    REFUSE_IF_STOPPING(s, call);
+    const Pcs__V1__RegisterRequest *req = (const void *)m;
+    pcs_coord_device_t *devs = NULL;
+    if (req->n_devices > 4096)
+        return pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "devices: more than 4096 entries");
+    if (req->n_backends > 64)
+        return pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "backends: more than 64 entries");
+    if (req->n_devices &&
+        pcs_calloc(req->n_devices, sizeof *devs, (void **)&devs) != PCS_OK)
+        return fail_last(call, PCS_ERR_NOMEM);
+    for (size_t i = 0; i < req->n_devices; i++) {
+        const Pcs__V1__Device *d = req->devices[i];
+        devs[i].index = d->index;
+        devs[i].kind = d->kind;
+        devs[i].name = d->name;
+        devs[i].memory_bytes = d->memory_bytes;
+    }
+    pcs_coord_register_t r = {.identity = req->identity,
+                              .host = req->host,
+                              .address = req->address,
+                              .version = req->version,
+                              .pid = req->pid,
+                              .devices = devs,
+                              .n_devices = req->n_devices,
+                              .backends = (const char *const *)req->backends,
+                              .n_backends = req->n_backends};
+    pcs_coord_worker_t *w;
+    bool rereg;
+    pcs_status_t st = pcs_coord_register(s->coord, &r, &w, &rereg);
+    free(devs);
+    if (st != PCS_OK)
+        return fail_last(call, st);
+    const pcs_coord_config_t *cc = pcs_coord_config(s->coord);
+    Pcs__V1__RegisterResponse resp = PCS__V1__REGISTER_RESPONSE__INIT;
+    resp.worker_id = w->id;
+    resp.heartbeat_interval_ms = cc->heartbeat_interval_ms;
+    resp.lease_ms = cc->lease_ms;
+    resp.reregistered = rereg;
+    pcs_rpc_reply(call, &resp.base);
+}
+
+static void h_heartbeat(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    pcs_server_t *s = user;
+    REFUSE_IF_STOPPING(s, call);
+    const Pcs__V1__HeartbeatRequest *req = (const void *)m;
+    pcs_coord_worker_t *w;
+    pcs_status_t st = pcs_coord_heartbeat(s->coord, req->worker_id, &w);
+    if (st != PCS_OK)
+        return fail_last(call, st);
+    Pcs__V1__HeartbeatResponse resp = PCS__V1__HEARTBEAT_RESPONSE__INIT;
+    resp.state = (Pcs__V1__WorkerState)w->state;
+    resp.lease_ms = pcs_coord_config(s->coord)->lease_ms;
+    if (w->job) {
+        resp.job_id = w->job->id;
+        resp.generation = w->job->generation;
+    }
+    pcs_rpc_reply(call, &resp.base);
+}
+
+static void h_deregister(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    pcs_server_t *s = user;
+    REFUSE_IF_STOPPING(s, call);
+    const Pcs__V1__DeregisterRequest *req = (const void *)m;
+    pcs_status_t st = pcs_coord_deregister(s->coord, req->worker_id, req->reason);
+    if (st != PCS_OK)
+        return fail_last(call, st);
+    pcs_coord_worker_t *w;
+    if (pcs_coord_lookup_worker(s->coord, req->worker_id, &w) == PCS_OK && w->watch) {
+        pcs_rpc_call_t *wc = w->watch;
+        w->watch = NULL;
+        pcs_rpc_finish(wc); /* after any STOP just queued on it */
+    }
+    Pcs__V1__DeregisterResponse resp = PCS__V1__DEREGISTER_RESPONSE__INIT;
+    pcs_rpc_reply(call, &resp.base);
+}
+
+static void h_report_step(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    pcs_server_t *s = user;
+    REFUSE_IF_STOPPING(s, call);
+    const Pcs__V1__ReportStepRequest *req = (const void *)m;
+    if (!req->report)
+        return pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "report: required");
+    const Pcs__V1__StepReport *sr = req->report;
+    pcs_coord_report_t r = {.worker_id = req->worker_id,
+                            .job_id = req->job_id,
+                            .generation = req->generation,
+                            .rank = req->rank,
+                            .step = sr->step,
+                            .loss = sr->loss,
+                            .step_ms = sr->step_ms,
+                            .eval_loss = sr->eval_loss,
+                            .loss_scale = sr->loss_scale,
+                            .skipped_steps = sr->skipped_steps,
+                            .audit_ok = sr->audit_ok,
+                            .done = sr->done,
+                            .error = sr->error};
+    int dir = 0;
+    char reason[512];
+    pcs_status_t st = pcs_coord_report_step(s->coord, &r, &dir, reason, sizeof reason);
+    if (st != PCS_OK)
+        return fail_last(call, st);
+    Pcs__V1__ReportStepResponse resp = PCS__V1__REPORT_STEP_RESPONSE__INIT;
+    Pcs__V1__Directive d = PCS__V1__DIRECTIVE__INIT;
+    if (dir) {
+        d.kind = dir == PCS_EV_RESTART ? PCS__V1__DIRECTIVE_KIND__DIRECTIVE_KIND_RESTART
+                                       : PCS__V1__DIRECTIVE_KIND__DIRECTIVE_KIND_STOP;
+        d.job_id = req->job_id;
+        d.generation = req->generation;
+        d.reason = reason;
+        resp.directive = &d;
+    }
+    pcs_rpc_reply(call, &resp.base);
+}
+
+static void h_kv_set(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    pcs_server_t *s = user;
+    REFUSE_IF_STOPPING(s, call);
+    const Pcs__V1__KvSetRequest *req = (const void *)m;
+    pcs_status_t st = pcs_coord_kv_set(s->coord, req->job_id, req->generation, req->key,
+                                       req->value.data, req->value.len);
+    if (st != PCS_OK)
+        return fail_last(call, st);
+    Pcs__V1__KvSetResponse resp = PCS__V1__KV_SET_RESPONSE__INIT;
+    pcs_rpc_reply(call, &resp.base);
+}
+
+static void kv_reply(pcs_rpc_call_t *call, const void *value, size_t len)
+{
+    Pcs__V1__KvGetResponse resp = PCS__V1__KV_GET_RESPONSE__INIT;
+    resp.found = value != NULL;
+    resp.value.data = (uint8_t *)value;
+    resp.value.len = len;
+    pcs_rpc_reply(call, &resp.base);
+}
+
+static void kv_get_cancelled(pcs_rpc_call_t *call, void *arg)
+{
+    pcs_server_t *s = arg;
+    pcs_coord_kv_cancel(s->coord, call);
+}
+
+static void on_kv_wake(void *user, void *waiter, pcs_status_t st, const void *value, size_t len)
+{
+    (void)user;
+    pcs_rpc_call_t *call = waiter;
+    if (st != PCS_OK)
+        return fail_last(call, st);
+    kv_reply(call, value, len);
+}
+
+static void h_kv_get(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    pcs_server_t *s = user;
+    REFUSE_IF_STOPPING(s, call);
+    const Pcs__V1__KvGetRequest *req = (const void *)m;
+    uint32_t wait = req->wait_ms > MAX_KV_WAIT_MS ? MAX_KV_WAIT_MS : req->wait_ms;
+    int64_t left = pcs_rpc_call_remaining_ms(call);
+    if (left < (int64_t)wait)
+        wait = left > 0 ? (uint32_t)left : 0; /* answer not-found before the client gives up */
+    int found;
+    const void *v;
+    size_t len;
+    pcs_status_t st = pcs_coord_kv_get(s->coord, req->job_id, req->generation, req->key, wait,
+                                       call, &found, &v, &len);
+    if (st != PCS_OK)
+        return fail_last(call, st);
+    if (found == -1) {
+        pcs_rpc_call_set_cancel(call, kv_get_cancelled, s);
+        return;
+    }
+    kv_reply(call, found ? (v ? v : "") : NULL, len);
+}
+
+// ---------------------------------------------------------------------------------------------
+// JobService
+
+static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    pcs_server_t *s = user;
+    REFUSE_IF_STOPPING(s, call);
+    const Pcs__V1__SubmitJobRequest *req = (const void *)m;
+    Pcs__V1__SubmitJobResponse resp = PCS__V1__SUBMIT_JOB_RESPONSE__INIT;
+    job_pb_t jp;
+    pcs_coord_job_t *j = pcs_coord_job_by_request(s->coord, req->request_id);
+    if (j) {
+        job_to_pb(s, j, true, &jp);
+        resp.job = &jp.job;
+        resp.duplicate = true;
+        pcs_rpc_reply(call, &resp.base);
+        job_pb_free(&jp);
+        return;
+    }
+    if (strlen(req->request_id) > 256)
+        return pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "request_id: longer than 256 bytes");
+    uint32_t world;
+    Pcs__V1__Plan *plan = NULL;
+    pcs_status_t st = check_and_plan(req->spec, 0, &world, &plan);
+    if (st != PCS_OK) {
+        PCS_DEBUG(PCS_SUB_COORD, "SubmitJob rejected: %s", pcs_last_error());
+        return fail_last(call, st);
+    }
+    Pcs__V1__JobSpec *spec;
+    st = copy_spec(req->spec, &spec);
+    if (st != PCS_OK) {
+        pcs_plan_free(plan);
+        return fail_last(call, st);
+    }
+    uint32_t names[PCS_COORD_MAX_MESH_DIMS], sizes[PCS_COORD_MAX_MESH_DIMS];
+    uint32_t nd = spec_dims(spec, names, sizes);
+    pcs_coord_job_desc_t d = {.name = spec->name,
+                              .request_id = req->request_id,
+                              .n_dims = nd,
+                              .dim_name = names,
+                              .dim_size = sizes,
+                              .need_cuda = strcmp(spec->backend, "cuda") == 0,
+                              .spec = spec,
+                              .plan = plan,
+                              .plan_hash = pcs_plan_hash(plan)};
+    st = pcs_coord_submit(s->coord, &d, &j); /* takes the payload */
+    if (st != PCS_OK)
+        return fail_last(call, st);
+    job_to_pb(s, j, true, &jp);
+    resp.job = &jp.job;
+    pcs_rpc_reply(call, &resp.base);
+    job_pb_free(&jp);
+}
+
+static void h_get_job(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    pcs_server_t *s = user;
+    const Pcs__V1__GetJobRequest *req = (const void *)m;
+    pcs_coord_job_t *j;
+    pcs_status_t st = pcs_coord_lookup_job(s->coord, req->job_id, &j);
+    if (st != PCS_OK)
+        return fail_last(call, st);
+    job_pb_t jp;
+    job_to_pb(s, j, true, &jp);
+    Pcs__V1__GetJobResponse resp = PCS__V1__GET_JOB_RESPONSE__INIT;
+    resp.job = &jp.job;
+    pcs_rpc_reply(call, &resp.base);
+    job_pb_free(&jp);
+}
+
+static void h_list_jobs(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    pcs_server_t *s = user;
+    const Pcs__V1__ListJobsRequest *req = (const void *)m;
+    uint32_t max = pcs_coord_max_job(s->coord);
+    job_pb_t *jps = NULL;
+    Pcs__V1__Job **ptrs = NULL;
+    if (max && (pcs_calloc(max, sizeof *jps, (void **)&jps) != PCS_OK ||
+                pcs_calloc(max, sizeof *ptrs, (void **)&ptrs) != PCS_OK)) {
+        free(jps);
+        return fail_last(call, PCS_ERR_NOMEM);
+    }
+    size_t n = 0;
+    for (uint32_t i = 1; i <= max; i++) {
+        pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, i);
+        if (!j || (req->state && (int)req->state != (int)j->state))
+            continue;
+        job_to_pb(s, j, false, &jps[n]); /* specs stay out of listings: GetJob has them */
+        ptrs[n] = &jps[n].job;
+        n++;
+    }
+    Pcs__V1__ListJobsResponse resp = PCS__V1__LIST_JOBS_RESPONSE__INIT;
+    resp.n_jobs = n;
+    resp.jobs = ptrs;
+    pcs_rpc_reply(call, &resp.base);
+    for (size_t i = 0; i < n; i++)
+        job_pb_free(&jps[i]);
+    free(jps);
+    free(ptrs);
+}
+
+static void h_cancel(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    pcs_server_t *s = user;
+    REFUSE_IF_STOPPING(s, call);
+    const Pcs__V1__CancelJobRequest *req = (const void *)m;
+    pcs_coord_job_t *j;
+    pcs_status_t st = pcs_coord_cancel(s->coord, req->job_id, req->reason, &j);
+    if (st != PCS_OK)
+        return fail_last(call, st);
+    job_pb_t jp;
+    job_to_pb(s, j, false, &jp);
+    Pcs__V1__CancelJobResponse resp = PCS__V1__CANCEL_JOB_RESPONSE__INIT;
+    resp.job = &jp.job;
+    pcs_rpc_reply(call, &resp.base);
+    job_pb_free(&jp);
+}
+
+static void h_get_plan(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    pcs_server_t *s = user;
+    const Pcs__V1__GetPlanRequest *req = (const void *)m;
+    pcs_coord_job_t *j;
+    pcs_status_t st = pcs_coord_lookup_job(s->coord, req->job_id, &j);
+    if (st != PCS_OK)
+        return fail_last(call, st);
+    if (!j->plan)
+        return pcs_rpc_fail(call, PCS_ERR_NOT_FOUND, "job %s: no plan kept", j->id);
+    Pcs__V1__GetPlanResponse resp = PCS__V1__GET_PLAN_RESPONSE__INIT;
+    resp.plan = j->plan;
+    pcs_rpc_reply(call, &resp.base);
+}
+
+static void h_dry_run(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    (void)user;
+    const Pcs__V1__DryRunPlanRequest *req = (const void *)m;
+    if (req->world_size > (1u << 20))
+        return pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "world_size: must be <= %u", 1u << 20);
+    uint32_t world;
+    Pcs__V1__Plan *plan = NULL;
+    pcs_status_t st = check_and_plan(req->spec, req->world_size, &world, &plan);
+    if (st != PCS_OK)
+        return fail_last(call, st);
+    Pcs__V1__DryRunPlanResponse resp = PCS__V1__DRY_RUN_PLAN_RESPONSE__INIT;
+    resp.plan = plan;
+    pcs_rpc_reply(call, &resp.base);
+    pcs_plan_free(plan);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ClusterService
+
+static void h_list_workers(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    pcs_server_t *s = user;
+    const Pcs__V1__ListWorkersRequest *req = (const void *)m;
+    uint32_t max = pcs_coord_max_worker(s->coord);
+    size_t n_dev = 0;
+    for (uint32_t i = 1; i <= max; i++) {
+        pcs_coord_worker_t *w = pcs_coord_worker_by_number(s->coord, i);
+        if (w)
+            n_dev += w->n_devices;
+    }
+    Pcs__V1__Worker *ws = NULL, **wp = NULL;
+    Pcs__V1__Device *ds = NULL, **dp = NULL;
+    if ((max && (pcs_calloc(max, sizeof *ws, (void **)&ws) != PCS_OK ||
+                 pcs_calloc(max, sizeof *wp, (void **)&wp) != PCS_OK)) ||
+        (n_dev && (pcs_calloc(n_dev, sizeof *ds, (void **)&ds) != PCS_OK ||
+                   pcs_calloc(n_dev, sizeof *dp, (void **)&dp) != PCS_OK))) {
+        free(ws), free(wp), free(ds);
+        return fail_last(call, PCS_ERR_NOMEM);
+    }
+    size_t n = 0, k = 0;
+    for (uint32_t i = 1; i <= max; i++) {
+        pcs_coord_worker_t *w = pcs_coord_worker_by_number(s->coord, i);
+        if (!w || !w->state || (req->state && (int)req->state != (int)w->state))
+            continue;
+        Pcs__V1__Worker init = PCS__V1__WORKER__INIT;
+        Pcs__V1__Worker *o = &ws[n];
+        *o = init;
+        o->worker_id = w->id;
+        o->identity = w->identity;
+        o->host = w->host ? w->host : "";
+        o->address = w->address ? w->address : "";
+        o->pid = w->pid;
+        o->state = (Pcs__V1__WorkerState)w->state;
+        o->backends = w->backends;
+        o->n_backends = w->n_backends;
+        o->job_id = w->job ? w->job->id : "";
+        o->rank = w->job ? w->rank : 0;
+        o->registered_ms = w->registered_wall_ms;
+        o->last_heartbeat_ms = w->last_heartbeat_wall_ms;
+        o->devices = &dp[k];
+        o->n_devices = w->n_devices;
+        for (size_t d = 0; d < w->n_devices; d++, k++) {
+            Pcs__V1__Device dinit = PCS__V1__DEVICE__INIT;
+            ds[k] = dinit;
+            ds[k].index = w->devices[d].index;
+            ds[k].kind = w->devices[d].kind;
+            ds[k].name = w->devices[d].name;
+            ds[k].memory_bytes = w->devices[d].memory_bytes;
+            dp[k] = &ds[k];
+        }
+        wp[n++] = o;
+    }
+    Pcs__V1__ListWorkersResponse resp = PCS__V1__LIST_WORKERS_RESPONSE__INIT;
+    resp.n_workers = n;
+    resp.workers = wp;
+    pcs_rpc_reply(call, &resp.base);
+    free(ws), free(wp), free(ds), free(dp);
+}
+
+static void h_get_status(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    (void)m;
+    pcs_server_t *s = user;
+    pcs_coord_counts_t cn;
+    pcs_coord_counts(s->coord, &cn);
+    pcs_status_info_t info = {.uptime_ms = pcs_now_ms() - s->start_ms,
+                              .listen = s->cfg.listen,
+                              .port = pcs_server_port(s),
+                              .metrics_port = pcs_server_metrics_port(s),
+                              .db_path = s->cfg.db_path,
+                              .config = s->cfg.config};
+    char *text = NULL;
+    pcs_status_t st = pcs_status_text(s->coord, &info, &text);
+    if (st != PCS_OK)
+        return fail_last(call, st);
+    Pcs__V1__GetStatusResponse resp = PCS__V1__GET_STATUS_RESPONSE__INIT;
+    resp.version = PCS_VERSION_STRING;
+    resp.uptime_ms = info.uptime_ms;
+    resp.workers_idle = cn.workers[PCS_WORKER_IDLE];
+    resp.workers_assigned = cn.workers[PCS_WORKER_ASSIGNED];
+    resp.workers_lost = cn.workers[PCS_WORKER_LOST];
+    resp.jobs_pending = cn.jobs[PCS_JOB_PENDING];
+    resp.jobs_running = cn.jobs[PCS_JOB_RUNNING];
+    resp.jobs_finished =
+        cn.jobs[PCS_JOB_SUCCEEDED] + cn.jobs[PCS_JOB_FAILED] + cn.jobs[PCS_JOB_CANCELLED];
+    resp.text = text;
+    pcs_rpc_reply(call, &resp.base);
+    free(text);
+}
+
+// ---------------------------------------------------------------------------------------------
+// grpc.health.v1
+
+static int health_known(const char *service)
+{
+    for (size_t i = 0; i < sizeof health_services / sizeof *health_services; i++)
+        if (strcmp(service, health_services[i]) == 0)
+            return 1;
+    return 0;
+}
+
+static Grpc__Health__V1__HealthCheckResponse__ServingStatus health_status(const pcs_server_t *s,
+                                                                          int known)
+{
+    if (!known)
+        return GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
+    return s->stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
+                       : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+}
+
+static void h_health_check(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    pcs_server_t *s = user;
+    const Grpc__Health__V1__HealthCheckRequest *req = (const void *)m;
+    if (!health_known(req->service))
+        return pcs_rpc_fail(call, PCS_ERR_NOT_FOUND, "unknown service %.200s", req->service);
+    Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    resp.status = health_status(s, 1);
+    pcs_rpc_reply(call, &resp.base);
+}
+
+static void health_send(pcs_server_t *s, pcs_rpc_call_t *call, int known)
+{
+    Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    resp.status = health_status(s, known);
+    (void)pcs_rpc_send(call, &resp.base);
+}
+
+static void health_watch_cancelled(pcs_rpc_call_t *call, void *arg)
+{
+    pcs_server_t *s = arg;
+    for (size_t i = 0; i < s->n_hw; i++) {
+        if (s->hw[i].call == call) {
+            s->hw[i] = s->hw[--s->n_hw];
+            return;
+        }
+    }
+}
+
+static void h_health_watch(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
+{
+    pcs_server_t *s = user;
+    const Grpc__Health__V1__HealthCheckRequest *req = (const void *)m;
+    int known = health_known(req->service);
+    /* The health protocol: Watch of an unknown service streams SERVICE_UNKNOWN (not an error). */
+    health_send(s, call, known);
+    if (s->stopping) {
+        pcs_rpc_finish(call);
+        return;
+    }
+    if (pcs_grow((void **)&s->hw, &s->cap_hw, s->n_hw + 1, sizeof *s->hw) != PCS_OK) {
+        pcs_rpc_finish(call);
+        return;
+    }
+    s->hw[s->n_hw].call = call;
+    s->hw[s->n_hw].known = known;
+    s->n_hw++;
+    pcs_rpc_call_set_cancel(call, health_watch_cancelled, s);
+}
+
+// ---------------------------------------------------------------------------------------------
+// method table
+
+#define M(path, req, resp, stream, fn) {path, &req##__descriptor, &resp##__descriptor, stream, fn}
+static const pcs_rpc_method_t methods[] = {
+    M(PCS_M_REGISTER, pcs__v1__register_request, pcs__v1__register_response, 0, h_register),
+    M(PCS_M_HEARTBEAT, pcs__v1__heartbeat_request, pcs__v1__heartbeat_response, 0, h_heartbeat),
+    M(PCS_M_WATCH_ASSIGNMENT, pcs__v1__watch_assignment_request, pcs__v1__assignment_event, 1,
+      h_watch),
+    M(PCS_M_KV_SET, pcs__v1__kv_set_request, pcs__v1__kv_set_response, 0, h_kv_set),
+    M(PCS_M_KV_GET, pcs__v1__kv_get_request, pcs__v1__kv_get_response, 0, h_kv_get),
+    M(PCS_M_REPORT_STEP, pcs__v1__report_step_request, pcs__v1__report_step_response, 0,
+      h_report_step),
+    M(PCS_M_DEREGISTER, pcs__v1__deregister_request, pcs__v1__deregister_response, 0,
+      h_deregister),
+    M(PCS_M_SUBMIT_JOB, pcs__v1__submit_job_request, pcs__v1__submit_job_response, 0, h_submit),
+    M(PCS_M_GET_JOB, pcs__v1__get_job_request, pcs__v1__get_job_response, 0, h_get_job),
+    M(PCS_M_LIST_JOBS, pcs__v1__list_jobs_request, pcs__v1__list_jobs_response, 0, h_list_jobs),
+    M(PCS_M_CANCEL_JOB, pcs__v1__cancel_job_request, pcs__v1__cancel_job_response, 0, h_cancel),
+    M(PCS_M_GET_PLAN, pcs__v1__get_plan_request, pcs__v1__get_plan_response, 0, h_get_plan),
+    M(PCS_M_DRY_RUN_PLAN, pcs__v1__dry_run_plan_request, pcs__v1__dry_run_plan_response, 0,
+      h_dry_run),
+    M(PCS_M_LIST_WORKERS, pcs__v1__list_workers_request, pcs__v1__list_workers_response, 0,
+      h_list_workers),
+    M(PCS_M_GET_STATUS, pcs__v1__get_status_request, pcs__v1__get_status_response, 0,
+      h_get_status),
+    M(PCS_M_HEALTH_CHECK, grpc__health__v1__health_check_request,
+      grpc__health__v1__health_check_response, 0, h_health_check),
+    M(PCS_M_HEALTH_WATCH, grpc__health__v1__health_check_request,
+      grpc__health__v1__health_check_response, 1, h_health_watch),
+};
+#undef M
+
+// ---------------------------------------------------------------------------------------------
+// persistence hooks
+
+static void on_worker_new(void *user, const pcs_coord_worker_t *w)
+{
+    pcs_server_t *s = user;
+    if (s->store && !s->restoring &&
+        pcs_store_put_worker(s->store, w->number, w->identity, w->host) != PCS_OK)
+        PCS_WARN(PCS_SUB_STORE, "cannot persist worker %s: %s", w->id, pcs_last_error());
+}
+
+static void on_job_change(void *user, const pcs_coord_job_t *j)
+{
+    pcs_server_t *s = user;
+    if (!s->store || s->restoring)
+        return;
+    uint8_t *buf = NULL;
+    size_t n = j->spec ? pcs__v1__job_spec__get_packed_size(j->spec) : 0;
+    if (n && pcs_calloc(n, 1, (void **)&buf) != PCS_OK)
+        return;
+    if (n)
+        pcs__v1__job_spec__pack(j->spec, buf);
+    pcs_store_job_t r = {.number = j->number,
+                         .name = j->name,
+                         .request_id = j->request_id,
+                         .reason = j->reason ? j->reason : "",
+                         .state = (int)j->state,
+                         .created_ms = j->created_wall_ms,
+                         .started_ms = j->started_wall_ms,
+                         .finished_ms = j->finished_wall_ms,
+                         .generation = j->generation,
+                         .plan_hash = j->plan_hash,
+                         .world_size = j->world_size,
+                         .spec = buf,
+                         .spec_len = n};
+    if (pcs_store_put_job(s->store, &r) != PCS_OK)
+        PCS_WARN(PCS_SUB_STORE, "cannot persist job %s: %s", j->id, pcs_last_error());
+    free(buf);
+}
+
+static void restore_worker(void *user, uint32_t number, const char *identity, const char *host)
+{
+    pcs_server_t *s = user;
+    if (pcs_coord_restore_worker(s->coord, number, identity, host) != PCS_OK)
+        PCS_WARN(PCS_SUB_STORE, "store: worker %" PRIu32 " not restored: %s", number,
+                 pcs_last_error());
+}
+
+static void restore_job(void *user, const pcs_store_job_t *r)
+{
+    pcs_server_t *s = user;
+    Pcs__V1__JobSpec *spec = NULL;
+    Pcs__V1__Plan *plan = NULL;
+    if (r->spec_len)
+        spec = pcs__v1__job_spec__unpack(NULL, r->spec_len, r->spec);
+    uint32_t names[PCS_COORD_MAX_MESH_DIMS], sizes[PCS_COORD_MAX_MESH_DIMS], nd = 0, world;
+    if (spec) {
+        nd = spec_dims(spec, names, sizes);
+        /* The plan is a pure function of the spec: rebuild it rather than store it. */
+        if (spec_world(spec, &world) == PCS_OK && pcs_plan_build(spec, world, &plan) != PCS_OK)
+            plan = NULL;
+    }
+    if (!nd) { /* unreadable spec: keep the history row with a 1-rank mesh */
+        names[0] = PCS_MESH_DP_SHARD;
+        sizes[0] = r->world_size ? r->world_size : 1;
+        nd = 1;
+    }
+    pcs_coord_job_desc_t d = {.name = r->name,
+                              .request_id = r->request_id,
+                              .n_dims = nd,
+                              .dim_name = names,
+                              .dim_size = sizes,
+                              .need_cuda = spec && strcmp(spec->backend, "cuda") == 0,
+                              .spec = spec,
+                              .plan = plan,
+                              .plan_hash = r->plan_hash};
+    if (pcs_coord_restore_job(s->coord, r->number, &d, (pcs_job_state_t)r->state, r->reason,
+                              r->created_ms, r->started_ms, r->finished_ms,
+                              r->generation) != PCS_OK)
+        PCS_WARN(PCS_SUB_STORE, "store: job %" PRIu32 " not restored: %s", r->number,
+                 pcs_last_error());
+}
+
+// ---------------------------------------------------------------------------------------------
+// metrics snapshot (built on the loop thread, served by the HTTP thread)
+
+static void metrics_line(FILE *f, const char *name, const char *labels, double v)
+{
+    fprintf(f, "%s%s%s%s %.10g\n", name, labels && *labels ? "{" : "", labels ? labels : "",
+            labels && *labels ? "}" : "", v);
+}
+
+static void publish_metrics(pcs_server_t *s)
+{
+    if (!s->http)
+        return;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return;
+    pcs_coord_counts_t cn;
+    pcs_coord_counts(s->coord, &cn);
+    char lab[256];
+    fprintf(f, "# HELP pcs_up 1 while the coordinator serves.\n# TYPE pcs_up gauge\n");
+    metrics_line(f, "pcs_up", NULL, s->stopping ? 0 : 1);
+    fprintf(f, "# HELP pcs_uptime_seconds Seconds since start.\n# TYPE pcs_uptime_seconds gauge\n");
+    metrics_line(f, "pcs_uptime_seconds", NULL, (double)(pcs_now_ms() - s->start_ms) / 1000.0);
+    fprintf(f, "# HELP pcs_workers Workers by state.\n# TYPE pcs_workers gauge\n");
+    for (int st = PCS_WORKER_IDLE; st <= PCS_WORKER_GONE; st++) {
+        snprintf(lab, sizeof lab, "state=\"%s\"", pcs_worker_state_name((pcs_worker_state_t)st));
+        metrics_line(f, "pcs_workers", lab, cn.workers[st]);
+    }
+    fprintf(f, "# HELP pcs_jobs Jobs by state.\n# TYPE pcs_jobs gauge\n");
+    for (int st = PCS_JOB_PENDING; st <= PCS_JOB_CANCELLED; st++) {
+        snprintf(lab, sizeof lab, "state=\"%s\"", pcs_job_state_name((pcs_job_state_t)st));
+        metrics_line(f, "pcs_jobs", lab, cn.jobs[st]);
+    }
+    fprintf(f, "# HELP pcs_job_step Last reported step of running jobs.\n# TYPE pcs_job_step "
+               "gauge\n# HELP pcs_job_loss Last reported loss (rank 0) of running jobs.\n# TYPE "
+               "pcs_job_loss gauge\n# HELP pcs_job_step_ms Last reported step time.\n# TYPE "
+               "pcs_job_step_ms gauge\n");
+    for (uint32_t i = 1; i <= pcs_coord_max_job(s->coord); i++) {
+        pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, i);
+        if (!j || j->state != PCS_JOB_RUNNING)
+            continue;
+        snprintf(lab, sizeof lab, "job=\"%s\"", j->id);
+        metrics_line(f, "pcs_job_step", lab, (double)j->progress.step);
+        metrics_line(f, "pcs_job_loss", lab, j->progress.loss);
+        metrics_line(f, "pcs_job_step_ms", lab, j->progress.step_ms);
+    }
+    size_t nm = pcs_rpc_server_stats(s->rpc, NULL, 0);
+    pcs_rpc_method_stats_t *rows = NULL;
+    if (nm && pcs_calloc(nm, sizeof *rows, (void **)&rows) == PCS_OK) {
+        nm = pcs_rpc_server_stats(s->rpc, rows, nm);
+        const double *bounds = pcs_rpc_latency_bounds_s();
+        fprintf(f, "# HELP pcs_rpc_calls_total RPCs by method and gRPC code.\n# TYPE "
+                   "pcs_rpc_calls_total counter\n");
+        for (size_t i = 0; i < nm; i++)
+            for (int code = 0; code < 17; code++)
+                if (rows[i].calls_by_code[code]) {
+                    snprintf(lab, sizeof lab, "method=\"%s\",code=\"%s\"",
+                             rows[i].path ? rows[i].path : "unknown", pcs_grpc_code_name(code));
+                    metrics_line(f, "pcs_rpc_calls_total", lab,
+                                 (double)rows[i].calls_by_code[code]);
+                }
+        fprintf(f, "# HELP pcs_rpc_latency_seconds RPC latency.\n# TYPE pcs_rpc_latency_seconds "
+                   "histogram\n");
+        for (size_t i = 0; i < nm; i++) {
+            const char *path = rows[i].path ? rows[i].path : "unknown";
+            uint64_t cum = 0;
+            for (int b = 0; b < PCS_RPC_LAT_BUCKETS; b++) {
+                cum += rows[i].latency_bucket[b];
+                char le[32];
+                if (b < PCS_RPC_LAT_BUCKETS - 1)
+                    snprintf(le, sizeof le, "%g", bounds[b]);
+                else
+                    snprintf(le, sizeof le, "+Inf");
+                snprintf(lab, sizeof lab, "method=\"%s\",le=\"%s\"", path, le);
+                metrics_line(f, "pcs_rpc_latency_seconds_bucket", lab, (double)cum);
+            }
+            snprintf(lab, sizeof lab, "method=\"%s\"", path);
+            metrics_line(f, "pcs_rpc_latency_seconds_sum", lab, rows[i].latency_sum_s);
+            metrics_line(f, "pcs_rpc_latency_seconds_count", lab, (double)cum);
+        }
+        free(rows);
+    }
+    fclose(f);
+    pcs_http_publish(s->http, buf, len, !s->stopping);
+    free(buf);
+}
+
+// ---------------------------------------------------------------------------------------------
+// loop
+
+static void begin_shutdown(pcs_server_t *s, uint64_t now)
+{
+    s->stopping = 1;
+    s->stop_at_ms = now + SHUTDOWN_GRACE_MS;
+    PCS_INFO(PCS_SUB_INIT, "shutting down: ending streams and parked calls");
+    for (uint32_t i = 1; i <= pcs_coord_max_worker(s->coord); i++) {
+        pcs_coord_worker_t *w = pcs_coord_worker_by_number(s->coord, i);
+        if (w && w->watch) {
+            pcs_rpc_call_t *c = w->watch;
+            w->watch = NULL;
+            pcs_rpc_fail(c, PCS_ERR_REMOTE, "coordinator shutting down");
+        }
+    }
+    pcs_coord_kv_fail_all(s->coord, PCS_ERR_REMOTE, "coordinator shutting down");
+    for (size_t i = 0; i < s->n_hw; i++) {
+        health_send(s, s->hw[i].call, s->hw[i].known);
+        pcs_rpc_finish(s->hw[i].call);
+    }
+    s->n_hw = 0;
+    if (s->store)
+        (void)pcs_store_flush(s->store);
+    publish_metrics(s);
+}
+
+static void tick(void *user, uint64_t now)
+{
+    pcs_server_t *s = user;
+    if (s->stop_requested && !s->stopping)
+        begin_shutdown(s, now);
+    if (s->stopping) {
+        if (now >= s->stop_at_ms)
+            pcs_rpc_server_stop(s->rpc);
+        return;
+    }
+    pcs_coord_tick(s->coord);
+    if (s->store && pcs_store_flush(s->store) != PCS_OK)
+        PCS_WARN(PCS_SUB_STORE, "store flush failed: %s", pcs_last_error());
+    if (now >= s->next_metrics_ms) {
+        publish_metrics(s);
+        s->next_metrics_ms = now + METRICS_EVERY_MS;
+    }
+}
+
+static pcs_status_t write_port_file(const char *path, int port)
+{
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "port file path too long");
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return pcs_set_error(PCS_ERR_SYSTEM, "cannot write %s", tmp);
+    fprintf(f, "%d\n", port);
+    if (fclose(f) != 0 || rename(tmp, path) != 0)
+        return pcs_set_error(PCS_ERR_SYSTEM, "cannot write %s", path);
+    return PCS_OK;
+}
+
+pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **out)
+{
+    *out = NULL;
+    pcs_server_t *s;
+    pcs_status_t st;
+    PCS_CHECK(pcs_calloc(1, sizeof *s, (void **)&s));
+    s->cfg = *cfg;
+    s->start_ms = pcs_now_ms();
+    pcs_coord_config_t cc = {.clock = pcs_clock_real(),
+                             .heartbeat_interval_ms = cfg->heartbeat_interval_ms,
+                             .lease_ms = cfg->lease_ms,
+                             .kv_max_key_bytes = cfg->kv_max_key_bytes,
+                             .kv_max_value_bytes = cfg->kv_max_value_bytes,
+                             .kv_max_job_bytes = cfg->kv_max_job_bytes,
+                             .user = s,
+                             .free_payload = free_payload,
+                             .on_events = on_events,
+                             .on_kv_wake = on_kv_wake,
+                             .on_job_change = on_job_change,
+                             .on_worker_new = on_worker_new};
+    PCS_CHECK_GOTO(pcs_coord_create(&cc, &s->coord), st, fail);
+    if (cfg->db_path && *cfg->db_path && strcmp(cfg->db_path, ":memory:") != 0) {
+        PCS_CHECK_GOTO(pcs_store_open(cfg->db_path, &s->store), st, fail);
+        s->restoring = true;
+        st = pcs_store_load(s->store, restore_worker, restore_job, s);
+        s->restoring = false;
+        if (st != PCS_OK)
+            goto fail;
+        /* jobs that were running are now FAILED: persist that */
+        for (uint32_t i = 1; i <= pcs_coord_max_job(s->coord); i++) {
+            pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, i);
+            if (j)
+                on_job_change(s, j);
+        }
+        PCS_CHECK_GOTO(pcs_store_flush(s->store), st, fail);
+        PCS_INFO(PCS_SUB_STORE, "restored %" PRIu32 " worker ids and %" PRIu32 " jobs from %s",
+                 pcs_coord_max_worker(s->coord), pcs_coord_max_job(s->coord), cfg->db_path);
+    }
+    pcs_rpc_server_config_t rc = {.listen = cfg->listen,
+                                  .methods = methods,
+                                  .n_methods = sizeof methods / sizeof *methods,
+                                  .user = s,
+                                  .max_message_bytes = cfg->max_message_bytes,
+                                  .tick_ms = 50,
+                                  .tick = tick};
+    PCS_CHECK_GOTO(pcs_rpc_server_create(&rc, &s->rpc), st, fail);
+    if (cfg->metrics_listen && *cfg->metrics_listen) {
+        PCS_CHECK_GOTO(pcs_http_start(cfg->metrics_listen, &s->http), st, fail);
+        if (cfg->metrics_port_file && *cfg->metrics_port_file)
+            PCS_CHECK_GOTO(write_port_file(cfg->metrics_port_file, pcs_http_port(s->http)), st,
+                           fail);
+        publish_metrics(s);
+    }
+    *out = s;
+    return PCS_OK;
+fail:
+    pcs_server_destroy(s);
+    return st;
+}
+
+int pcs_server_port(const pcs_server_t *s)
+{
+    return s && s->rpc ? pcs_rpc_server_port(s->rpc) : 0;
+}
+
+int pcs_server_metrics_port(const pcs_server_t *s)
+{
+    return s && s->http ? pcs_http_port(s->http) : 0;
+}
+
+pcs_status_t pcs_server_run(pcs_server_t *s)
+{
+    return pcs_rpc_server_run(s->rpc);
+}
+
+void pcs_server_request_stop(pcs_server_t *s)
+{
+    if (s)
+        s->stop_requested = 1;
+}
+
+void pcs_server_destroy(pcs_server_t *s)
+{
+    if (!s)
+        return;
+    /* The RPC server first: its teardown cancels calls whose hooks still reach coord state. */
+    pcs_rpc_server_destroy(s->rpc);
+    pcs_http_stop(s->http);
+    pcs_coord_destroy(s->coord);
+    pcs_store_close(s->store);
+    free(s->hw);
+    free(s);
+}

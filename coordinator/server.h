@@ -1,0 +1,62 @@
+/* The coordinator process minus main(): the RPC method table and handlers (server.c) around the
+ * pure state machine (coord.c), plus the GetStatus text (status_text.c). main.c only parses the
+ * config, installs signal handlers and calls create/run/destroy. */
+#ifndef PCS_COORD_SERVER_H
+#define PCS_COORD_SERVER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "coord.h"
+#include "pcs/config.h"
+#include "pcs/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pcs_server_config {
+    const char *listen;             /* "127.0.0.1:0" */
+    size_t max_message_bytes;       /* 0 = 4 MiB */
+    uint32_t heartbeat_interval_ms; /* 0 = 1000 */
+    uint32_t lease_ms;              /* 0 = 10000 */
+    uint32_t kv_max_key_bytes;
+    uint32_t kv_max_value_bytes;
+    uint64_t kv_max_job_bytes;
+    const char *db_path;            /* SQLite file; NULL, "" or ":memory:" = no persistence */
+    const char *metrics_listen;     /* "127.0.0.1:9090"; NULL or "" = no HTTP endpoint */
+    const char *metrics_port_file;  /* written with the bound metrics port (may be NULL) */
+    const pcs_config_t *config;     /* borrowed, for GetStatus "# Config" (may be NULL) */
+} pcs_server_config_t;
+
+typedef struct pcs_server pcs_server_t;
+
+/* Bind the gRPC port (and the metrics port), open the store and restore its state. */
+pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **out);
+int pcs_server_port(const pcs_server_t *s);
+int pcs_server_metrics_port(const pcs_server_t *s);
+/* Serve until pcs_server_request_stop(); then finish gracefully: open streams and parked calls
+ * end with UNAVAILABLE "coordinator shutting down", health watchers see NOT_SERVING. */
+pcs_status_t pcs_server_run(pcs_server_t *s);
+/* Async-signal-safe: sets a flag the loop reads at its next tick. */
+void pcs_server_request_stop(pcs_server_t *s);
+void pcs_server_destroy(pcs_server_t *s);
+
+/* ---- GetStatus text (status_text.c) ---- */
+typedef struct pcs_status_info {
+    uint64_t uptime_ms;
+    const char *listen;
+    int port;
+    int metrics_port;
+    const char *db_path;
+    const pcs_config_t *config; /* may be NULL */
+} pcs_status_info_t;
+
+/* redis-INFO style text: "# Coordinator", "# Workers", "# Jobs", "# Config" sections of
+ * "key:value" lines. *out is malloc'd; caller frees. */
+pcs_status_t pcs_status_text(pcs_coord_t *c, const pcs_status_info_t *info, char **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,200 @@
+/* SQLite (WAL) persistence of job history and worker identities (see store.h). Writes join one
+ * open transaction that the loop commits each tick, so a burst of registrations costs one fsync
+ * instead of one each; synchronous=NORMAL is durable across process crashes in WAL mode. */
+#include "store.h"
+
+#include <sqlite3.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pcs/log.h"
+#include "pcs/mem.h"
+
+struct pcs_store {
+    sqlite3 *db;
+    sqlite3_stmt *put_worker, *put_job;
+    bool in_tx;
+    char *path;
+};
+
+static const char *const schema =
+    "PRAGMA journal_mode=WAL;"
+    "PRAGMA synchronous=NORMAL;"
+    "CREATE TABLE IF NOT EXISTS workers(number INTEGER PRIMARY KEY, identity TEXT NOT NULL UNIQUE,"
+    " host TEXT NOT NULL DEFAULT '');"
+    "CREATE TABLE IF NOT EXISTS jobs(number INTEGER PRIMARY KEY, name TEXT NOT NULL DEFAULT '',"
+    " request_id TEXT NOT NULL DEFAULT '', state INTEGER NOT NULL, reason TEXT NOT NULL DEFAULT '',"
+    " created_ms INTEGER, started_ms INTEGER, finished_ms INTEGER, generation INTEGER,"
+    " plan_hash INTEGER, world_size INTEGER, spec BLOB);";
+
+static pcs_status_t db_error(pcs_store_t *s, const char *what)
+{
+    return pcs_set_error(PCS_ERR_SYSTEM, "store %s: %s: %s", s->path ? s->path : "?", what,
+                         sqlite3_errmsg(s->db));
+}
+
+pcs_status_t pcs_store_open(const char *path, pcs_store_t **out)
+{
+    *out = NULL;
+    pcs_store_t *s;
+    pcs_status_t st;
+    PCS_CHECK(pcs_calloc(1, sizeof *s, (void **)&s));
+    PCS_CHECK_GOTO(pcs_strdup(path, &s->path), st, fail);
+    if (sqlite3_open_v2(path, &s->db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, NULL) !=
+        SQLITE_OK) {
+        st = db_error(s, "open");
+        goto fail;
+    }
+    sqlite3_busy_timeout(s->db, 2000);
+    char *err = NULL;
+    if (sqlite3_exec(s->db, schema, NULL, NULL, &err) != SQLITE_OK) {
+        st = pcs_set_error(PCS_ERR_SYSTEM, "store %s: schema: %s", path, err ? err : "?");
+        sqlite3_free(err);
+        goto fail;
+    }
+    if (sqlite3_prepare_v2(s->db,
+                           "INSERT OR REPLACE INTO workers(number, identity, host) VALUES(?,?,?)",
+                           -1, &s->put_worker, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(s->db,
+                           "INSERT OR REPLACE INTO jobs(number, name, request_id, state, reason,"
+                           " created_ms, started_ms, finished_ms, generation, plan_hash,"
+                           " world_size, spec) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
+                           -1, &s->put_job, NULL) != SQLITE_OK) {
+        st = db_error(s, "prepare");
+        goto fail;
+    }
+    *out = s;
+    return PCS_OK;
+fail:
+    PCS_WARN(PCS_SUB_STORE, "%s", pcs_last_error());
+    pcs_store_close(s);
+    return st;
+}
+
+pcs_status_t pcs_store_flush(pcs_store_t *s)
+{
+    if (!s || !s->in_tx)
+        return PCS_OK;
+    s->in_tx = false;
+    if (sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
+        return db_error(s, "commit");
+    return PCS_OK;
+}
+
+void pcs_store_close(pcs_store_t *s)
+{
+    if (!s)
+        return;
+    if (s->db)
+        (void)pcs_store_flush(s);
+    sqlite3_finalize(s->put_worker);
+    sqlite3_finalize(s->put_job);
+    sqlite3_close(s->db);
+    free(s->path);
+    free(s);
+}
+
+static pcs_status_t begin(pcs_store_t *s)
+{
+    if (s->in_tx)
+        return PCS_OK;
+    if (sqlite3_exec(s->db, "BEGIN", NULL, NULL, NULL) != SQLITE_OK)
+        return db_error(s, "begin");
+    s->in_tx = true;
+    return PCS_OK;
+}
+
+static pcs_status_t step(pcs_store_t *s, sqlite3_stmt *q, const char *what)
+{
+    int rc = sqlite3_step(q);
+    pcs_status_t st = rc == SQLITE_DONE ? PCS_OK : db_error(s, what);
+    sqlite3_reset(q);
+    sqlite3_clear_bindings(q);
+    return st;
+}
+
+pcs_status_t pcs_store_put_worker(pcs_store_t *s, uint32_t number, const char *identity,
+                                  const char *host)
+{
+    PCS_CHECK(begin(s));
+    sqlite3_bind_int64(s->put_worker, 1, number);
+    sqlite3_bind_text(s->put_worker, 2, identity, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(s->put_worker, 3, host ? host : "", -1, SQLITE_TRANSIENT);
+    return step(s, s->put_worker, "put worker");
+}
+
+pcs_status_t pcs_store_put_job(pcs_store_t *s, const pcs_store_job_t *j)
+{
+    PCS_CHECK(begin(s));
+    sqlite3_stmt *q = s->put_job;
+    sqlite3_bind_int64(q, 1, j->number);
+    sqlite3_bind_text(q, 2, j->name ? j->name : "", -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(q, 3, j->request_id ? j->request_id : "", -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int(q, 4, j->state);
+    sqlite3_bind_text(q, 5, j->reason ? j->reason : "", -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(q, 6, (sqlite3_int64)j->created_ms);
+    sqlite3_bind_int64(q, 7, (sqlite3_int64)j->started_ms);
+    sqlite3_bind_int64(q, 8, (sqlite3_int64)j->finished_ms);
+    sqlite3_bind_int64(q, 9, (sqlite3_int64)j->generation);
+    sqlite3_bind_int64(q, 10, (sqlite3_int64)j->plan_hash);
+    sqlite3_bind_int64(q, 11, j->world_size);
+    sqlite3_bind_blob(q, 12, j->spec, (int)j->spec_len, SQLITE_TRANSIENT);
+    return step(s, q, "put job");
+}
+
+static const char *col_text(sqlite3_stmt *q, int i)
+{
+    const unsigned char *t = sqlite3_column_text(q, i);
+    return t ? (const char *)t : "";
+}
+
+pcs_status_t pcs_store_load(pcs_store_t *s,
+                            void (*on_worker)(void *user, uint32_t number, const char *identity,
+                                              const char *host),
+                            void (*on_job)(void *user, const pcs_store_job_t *j), void *user)
+{
+    sqlite3_stmt *q = NULL;
+    if (sqlite3_prepare_v2(s->db, "SELECT number, identity, host FROM workers ORDER BY number",
+                           -1, &q, NULL) != SQLITE_OK)
+        return db_error(s, "load workers");
+    int rc;
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        sqlite3_int64 n = sqlite3_column_int64(q, 0);
+        if (n > 0 && n <= UINT32_MAX)
+            on_worker(user, (uint32_t)n, col_text(q, 1), col_text(q, 2));
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_DONE)
+        return db_error(s, "load workers");
+    if (sqlite3_prepare_v2(s->db,
+                           "SELECT number, name, request_id, state, reason, created_ms, started_ms,"
+                           " finished_ms, generation, plan_hash, world_size, spec FROM jobs"
+                           " ORDER BY number",
+                           -1, &q, NULL) != SQLITE_OK)
+        return db_error(s, "load jobs");
+    while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
+        sqlite3_int64 n = sqlite3_column_int64(q, 0);
+        int state = sqlite3_column_int(q, 3);
+        if (n <= 0 || n > UINT32_MAX || state < 1 || state > 5)
+            continue; /* a row we did not write: skip rather than trust it */
+        pcs_store_job_t j = {.number = (uint32_t)n,
+                             .name = col_text(q, 1),
+                             .request_id = col_text(q, 2),
+                             .state = state,
+                             .reason = col_text(q, 4),
+                             .created_ms = (uint64_t)sqlite3_column_int64(q, 5),
+                             .started_ms = (uint64_t)sqlite3_column_int64(q, 6),
+                             .finished_ms = (uint64_t)sqlite3_column_int64(q, 7),
+                             .generation = (uint64_t)sqlite3_column_int64(q, 8),
+                             .plan_hash = (uint64_t)sqlite3_column_int64(q, 9),
+                             .world_size = (uint32_t)sqlite3_column_int64(q, 10)};
+        j.spec = sqlite3_column_blob(q, 11);
+        j.spec_len = (size_t)sqlite3_column_bytes(q, 11);
+        on_job(user, &j);
+    }
+    sqlite3_finalize(q);
+    if (rc != SQLITE_DONE)
+        return db_error(s, "load jobs");
+    return PCS_OK;
+}

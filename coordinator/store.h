@@ -1,0 +1,49 @@
+/* SQLite (WAL) persistence of the coordinator: job history (spec bytes, state, timestamps,
+ * reason, request id) and worker identity -> id numbers, so a restarted coordinator keeps ids and
+ * history. Writes are batched: put_* statements join one open transaction that
+ * pcs_store_flush() commits from the loop's tick, so no RPC waits on an fsync. Heartbeats are
+ * never persisted. Single-threaded (the RPC loop). */
+#ifndef PCS_COORD_STORE_H
+#define PCS_COORD_STORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pcs/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pcs_store pcs_store_t;
+
+typedef struct pcs_store_job {
+    uint32_t number;
+    const char *name, *request_id, *reason;
+    int state; /* pcs_job_state_t */
+    uint64_t created_ms, started_ms, finished_ms, generation, plan_hash;
+    uint32_t world_size;
+    const void *spec; /* packed pcs.v1.JobSpec */
+    size_t spec_len;
+} pcs_store_job_t;
+
+/* Open (creating tables) the database at `path`. Errors: PCS_ERR_SYSTEM naming the file. */
+pcs_status_t pcs_store_open(const char *path, pcs_store_t **out);
+/* Commits pending writes. NULL is fine. */
+void pcs_store_close(pcs_store_t *s);
+pcs_status_t pcs_store_put_worker(pcs_store_t *s, uint32_t number, const char *identity,
+                                  const char *host);
+pcs_status_t pcs_store_put_job(pcs_store_t *s, const pcs_store_job_t *j);
+/* Commit the open transaction (if any). */
+pcs_status_t pcs_store_flush(pcs_store_t *s);
+/* Call on_worker / on_job for every stored row (workers first, by number). Pointers passed to
+ * the callbacks are valid during the call only. */
+pcs_status_t pcs_store_load(pcs_store_t *s,
+                            void (*on_worker)(void *user, uint32_t number, const char *identity,
+                                              const char *host),
+                            void (*on_job)(void *user, const pcs_store_job_t *j), void *user);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
