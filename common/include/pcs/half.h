@@ -1,7 +1,16 @@
 /* Scalar fp32 <-> bf16 / fp16 conversions, the one definition used by the CPU loops, the CUDA
  * kernels (host/device inline) and the collectives' reductions, so that CPU tests cover the GPU
  * code path bit for bit. Round to nearest, ties to even; NaN handling documented per function.
- * Owner: kernels (tests/unit/test_kernels_cast_exhaustive.c proves every fp32 bit pattern). */
+ * Owner: kernels. tests/unit/test_kernels_cast_exhaustive.c checks all 2^32 fp32 inputs against an
+ * independent reference and all 2^16 half inputs round-trip; docs/perf/kernels.md has the table.
+ *
+ * NaN policy (one rule for both formats): a NaN input gives the format's canonical quiet NaN with
+ * the input's sign kept and the payload dropped: bf16 sign|0x7FC0, fp16 sign|0x7E00. This is
+ * c10's payload for both (c10::BFloat16 round_to_nearest_even returns 0x7FC0, c10 fp16_ieee_from_
+ * fp32_value returns sign|0x7E00). c10's bf16 path drops the sign (-NaN -> 0x7FC0); we keep it so
+ * that bf16 and fp16 agree, the sign bit survives a cast as it does for every other value, and a
+ * bf16 NaN widened back to fp32 keeps its sign as hardware cvt does. Only the sign of a NaN differs
+ * from c10, and no arithmetic result depends on it. */
 #ifndef PCS_HALF_H
 #define PCS_HALF_H
 
@@ -34,9 +43,9 @@ PCS_HD float pcs_bf16_to_f32(uint16_t h)
     return pcs_bits_f32((uint32_t)h << 16);
 }
 
-/* fp32 -> bf16, round to nearest even. NaN -> 0x7FC0 with the input's sign bit (a quiet NaN;
- * c10::BFloat16 returns 0x7FC0 for every NaN, i.e. the same payload). Values that round past
- * the largest bf16 become +-Inf. */
+/* fp32 -> bf16, round to nearest even: add 0x7FFF plus the kept LSB, truncate. NaN -> sign|0x7FC0
+ * (see the NaN policy above). Subnormals round like normals (bf16 shares fp32's exponent range);
+ * values at or past the largest bf16 plus half an ulp (0x7F7F8000) become +-Inf; Inf stays Inf. */
 PCS_HD uint16_t pcs_f32_to_bf16(float f)
 {
     uint32_t u = pcs_f32_bits(f);
@@ -46,7 +55,8 @@ PCS_HD uint16_t pcs_f32_to_bf16(float f)
     return (uint16_t)((u + bias) >> 16);
 }
 
-/* fp16 -> fp32: exact, including subnormals; NaN payload kept (shifted), Inf kept. */
+/* fp16 -> fp32: exact, including subnormals and Inf. NaN keeps sign and payload (shifted) and is
+ * quietened (bit 22 set), as c10's fp16_ieee_to_fp32_value and x86 F16C vcvtph2ps do. */
 PCS_HD float pcs_fp16_to_f32(uint16_t h)
 {
     uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
@@ -54,7 +64,7 @@ PCS_HD float pcs_fp16_to_f32(uint16_t h)
     uint32_t m = h & 0x3ffu;
     uint32_t u;
     if (e == 0x1f) {
-        u = sign | 0x7f800000u | (m << 13);
+        u = sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u);
     } else if (e == 0) {
         if (m == 0) {
             u = sign;

@@ -1,0 +1,176 @@
+/* Exhaustive cast proof: every one of the 2^32 fp32 bit patterns is converted to bf16 and to fp16
+ * by (a) the CPU backend's array path (AVX2/F16C when present) and (b) the scalar pcs/half.h
+ * functions, and both must equal a slow reference that rounds with exact double arithmetic
+ * (test_kernels_ref.h). Also all 2^16 bf16/fp16 patterns to fp32 and back. Label: exhaustive. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pcs/half.h"
+#include "pcs/kernels.h"
+#include "test_kernels_ref.h"
+
+#define BLOCK (1u << 16)
+#define NTHREADS 2
+
+typedef struct job {
+    uint64_t begin, end; /* fp32 bit patterns [begin, end) */
+    const ref_fmt_t *bf, *fp;
+    uint64_t bad_fast_bf, bad_fast_fp, bad_scalar_bf, bad_scalar_fp;
+    uint32_t first_bad; /* first failing input, for the message */
+    int have_bad;
+} job_t;
+
+static void note_bad(job_t *j, uint32_t u)
+{
+    if (!j->have_bad) {
+        j->have_bad = 1;
+        j->first_bad = u;
+    }
+}
+
+static void *run_range(void *arg)
+{
+    job_t *j = arg;
+    uint32_t *in = malloc(BLOCK * sizeof *in);
+    uint16_t *obf = malloc(BLOCK * sizeof *obf), *ofp = malloc(BLOCK * sizeof *ofp);
+    if (!in || !obf || !ofp) {
+        j->bad_fast_bf = UINT64_MAX;
+        goto out;
+    }
+    for (uint64_t b = j->begin; b < j->end; b += BLOCK) {
+        for (uint32_t i = 0; i < BLOCK; i++)
+            in[i] = (uint32_t)(b + i);
+        if (pcs_cpu_cast_array(obf, PCS_DTYPE_BF16, in, PCS_DTYPE_FP32, BLOCK) != PCS_OK ||
+            pcs_cpu_cast_array(ofp, PCS_DTYPE_FP16, in, PCS_DTYPE_FP32, BLOCK) != PCS_OK) {
+            j->bad_fast_bf = UINT64_MAX;
+            goto out;
+        }
+        for (uint32_t i = 0; i < BLOCK; i++) {
+            float x = pcs_bits_f32(in[i]);
+            uint16_t rb = ref_round(j->bf, x), rf = ref_round(j->fp, x);
+            if (obf[i] != rb) {
+                j->bad_fast_bf++;
+                note_bad(j, in[i]);
+            }
+            if (ofp[i] != rf) {
+                j->bad_fast_fp++;
+                note_bad(j, in[i]);
+            }
+            if (pcs_f32_to_bf16(x) != rb) {
+                j->bad_scalar_bf++;
+                note_bad(j, in[i]);
+            }
+            if (pcs_f32_to_fp16(x) != rf) {
+                j->bad_scalar_fp++;
+                note_bad(j, in[i]);
+            }
+        }
+    }
+out:
+    free(in);
+    free(obf);
+    free(ofp);
+    return NULL;
+}
+
+static void test_every_fp32_pattern_rounds_to_bf16_and_fp16_like_the_reference(void **state)
+{
+    static ref_fmt_t bf, fp;
+    ref_bf16(&bf);
+    ref_fp16(&fp);
+    job_t jobs[NTHREADS];
+    pthread_t th[NTHREADS];
+    const uint64_t total = (uint64_t)1 << 32, per = total / NTHREADS;
+    for (int t = 0; t < NTHREADS; t++) {
+        memset(&jobs[t], 0, sizeof jobs[t]);
+        jobs[t].begin = per * (uint64_t)t;
+        jobs[t].end = t == NTHREADS - 1 ? total : per * (uint64_t)(t + 1);
+        jobs[t].bf = &bf;
+        jobs[t].fp = &fp;
+        assert_int_equal(pthread_create(&th[t], NULL, run_range, &jobs[t]), 0);
+    }
+    uint64_t bad = 0;
+    for (int t = 0; t < NTHREADS; t++) {
+        pthread_join(th[t], NULL);
+        job_t *j = &jobs[t];
+        if (j->have_bad || j->bad_fast_bf)
+            print_message("range %d: fast bf16 %llu, fast fp16 %llu, scalar bf16 %llu, scalar fp16 "
+                          "%llu mismatches; first input 0x%08x (path %s)\n",
+                          t, (unsigned long long)j->bad_fast_bf, (unsigned long long)j->bad_fast_fp,
+                          (unsigned long long)j->bad_scalar_bf,
+                          (unsigned long long)j->bad_scalar_fp, j->first_bad, pcs_cpu_simd_name());
+        bad += j->bad_fast_bf + j->bad_fast_fp + j->bad_scalar_bf + j->bad_scalar_fp;
+    }
+    assert_true(bad == 0);
+}
+
+/* Every 16-bit pattern widens exactly (value by definition; NaN stays NaN with its sign) through
+ * both the fast and the scalar path, and narrows back to itself (NaN: to the canonical NaN). */
+static void check_all_halfs(pcs_dtype_t dt, const ref_fmt_t *f, uint16_t (*narrow)(float),
+                            float (*widen)(uint16_t))
+{
+    uint16_t *h = malloc(65536 * sizeof *h), *back = malloc(65536 * sizeof *back);
+    float *w = malloc(65536 * sizeof *w);
+    assert_non_null(h);
+    assert_non_null(back);
+    assert_non_null(w);
+    for (uint32_t i = 0; i < 65536; i++)
+        h[i] = (uint16_t)i;
+    assert_int_equal(pcs_cpu_cast_array(w, PCS_DTYPE_FP32, h, dt, 65536), PCS_OK);
+    assert_int_equal(pcs_cpu_cast_array(back, dt, w, PCS_DTYPE_FP32, 65536), PCS_OK);
+    unsigned bad = 0;
+    for (uint32_t i = 0; i < 65536; i++) {
+        double ref = ref_decode(f, h[i]);
+        float s = widen(h[i]);
+        uint32_t wb = pcs_f32_bits(w[i]), sb = pcs_f32_bits(s);
+        if (ref != ref) { /* NaN: NaN out, sign kept, identical on both paths */
+            int ok = w[i] != w[i] && (wb >> 31) == (uint32_t)(h[i] >> 15) && wb == sb &&
+                     back[i] == (uint16_t)((h[i] & 0x8000u) | f->qnan) &&
+                     narrow(s) == back[i];
+            bad += !ok;
+        } else {
+            int ok = (double)w[i] == ref && wb == sb && back[i] == h[i] && narrow(s) == h[i] &&
+                     ((wb >> 31) == (uint32_t)(h[i] >> 15)); /* -0 stays -0 */
+            bad += !ok;
+            if (!ok && bad < 5)
+                print_message("%s 0x%04x: fast %a scalar %a ref %a back 0x%04x\n",
+                              pcs_dtype_name(dt), h[i], (double)w[i], (double)s, ref, back[i]);
+        }
+    }
+    free(h);
+    free(back);
+    free(w);
+    assert_int_equal(bad, 0);
+}
+
+static void test_every_bf16_pattern_widens_exactly_and_round_trips(void **state)
+{
+    static ref_fmt_t f;
+    ref_bf16(&f);
+    check_all_halfs(PCS_DTYPE_BF16, &f, pcs_f32_to_bf16, pcs_bf16_to_f32);
+}
+
+static void test_every_fp16_pattern_widens_exactly_and_round_trips(void **state)
+{
+    static ref_fmt_t f;
+    ref_fp16(&f);
+    check_all_halfs(PCS_DTYPE_FP16, &f, pcs_f32_to_fp16, pcs_fp16_to_f32);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_bf16_pattern_widens_exactly_and_round_trips),
+        cmocka_unit_test(test_every_fp16_pattern_widens_exactly_and_round_trips),
+        cmocka_unit_test(test_every_fp32_pattern_rounds_to_bf16_and_fp16_like_the_reference),
+    };
+    return cmocka_run_group_tests_name("kernels_cast_exhaustive", tests, NULL, NULL);
+}
