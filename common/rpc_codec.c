@@ -36,6 +36,40 @@ pcs_status_t pcs_rpc_encode(const ProtobufCMessage *m, size_t max_bytes, grpc_by
     return PCS_OK;
 }
 
+/* protobuf-c keeps unknown fields and packs them again; it accepts field number 0 (invalid in
+ * protobuf, e.g. a non-canonical tag 0x82 0x00) on the way in but then writes a tag it rejects,
+ * so a stored message would not decode later. Found by fuzz_rpc_decode; such input is refused. */
+static int has_field_zero(const ProtobufCMessage *m, int depth)
+{
+    if (depth > 64)
+        return 1;
+    for (unsigned i = 0; i < m->n_unknown_fields; i++)
+        if (m->unknown_fields[i].tag == 0)
+            return 1;
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    const char *base = (const char *)m;
+    for (unsigned f = 0; f < d->n_fields; f++) {
+        const ProtobufCFieldDescriptor *fd = &d->fields[f];
+        if (fd->type != PROTOBUF_C_TYPE_MESSAGE)
+            continue;
+        if (fd->label == PROTOBUF_C_LABEL_REPEATED) {
+            size_t n = *(const size_t *)(base + fd->quantifier_offset);
+            ProtobufCMessage *const *arr = *(ProtobufCMessage *const *const *)(base + fd->offset);
+            for (size_t k = 0; k < n; k++)
+                if (arr[k] && has_field_zero(arr[k], depth + 1))
+                    return 1;
+            continue;
+        }
+        if ((fd->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) &&
+            *(const uint32_t *)(base + fd->quantifier_offset) != fd->id)
+            continue;
+        const ProtobufCMessage *sub = *(ProtobufCMessage *const *)(base + fd->offset);
+        if (sub && has_field_zero(sub, depth + 1))
+            return 1;
+    }
+    return 0;
+}
+
 pcs_status_t pcs_rpc_decode_bytes(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
                                   size_t len, size_t max_bytes, ProtobufCMessage **out)
 {
@@ -51,6 +85,11 @@ pcs_status_t pcs_rpc_decode_bytes(const ProtobufCMessageDescriptor *desc, const 
     if (!m)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: malformed protobuf (%zu bytes)",
                              desc->name, len);
+    if (has_field_zero(m, 0)) {
+        protobuf_c_message_free_unpacked(m, NULL);
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: malformed protobuf (field number 0)",
+                             desc->name);
+    }
     *out = m;
     return PCS_OK;
 }

@@ -1,3 +1,24 @@
 # rpc area (owner: rpc): gRPC glue, config engine, codec fuzzing.
 pcs_add_test(NAME test_rpc SOURCES ${PROJECT_SOURCE_DIR}/tests/unit/test_rpc.c
              LIBS pcs_common LABELS unit TIMEOUT 60)
+pcs_add_test(NAME test_config SOURCES ${PROJECT_SOURCE_DIR}/tests/unit/test_config.c
+             LIBS pcs_base LABELS unit TIMEOUT 60)
+
+# Codec fuzzing: a plain replay driver (seeds, mutations and random bytes for a few seconds) runs
+# under every compiler as a unit test; the libFuzzer target needs clang and -DPCS_FUZZ=ON.
+pcs_add_test(NAME test_fuzz_rpc_decode_replay
+             SOURCES ${PROJECT_SOURCE_DIR}/tests/fuzz/fuzz_rpc_decode.c
+             LIBS pcs_common LABELS unit TIMEOUT 60 ARGS --seconds 3)
+target_include_directories(test_fuzz_rpc_decode_replay PRIVATE ${PROJECT_SOURCE_DIR}/common)
+option(PCS_FUZZ "build libFuzzer targets (clang only)" OFF)
+if(PCS_FUZZ AND CMAKE_C_COMPILER_ID MATCHES "Clang")
+  add_executable(fuzz_rpc_decode ${PROJECT_SOURCE_DIR}/tests/fuzz/fuzz_rpc_decode.c)
+  target_compile_definitions(fuzz_rpc_decode PRIVATE PCS_LIBFUZZER=1)
+  target_compile_options(fuzz_rpc_decode PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_link_options(fuzz_rpc_decode PRIVATE -fsanitize=fuzzer,address,undefined)
+  target_include_directories(fuzz_rpc_decode PRIVATE ${PROJECT_SOURCE_DIR}/common)
+  target_link_libraries(fuzz_rpc_decode PRIVATE pcs_common)
+  set_target_properties(fuzz_rpc_decode PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/fuzz)
+elseif(PCS_FUZZ)
+  message(STATUS "pcs: PCS_FUZZ needs clang; libFuzzer targets skipped (replay driver still built)")
+endif()

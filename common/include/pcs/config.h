@@ -45,6 +45,17 @@ int pcs_config_help_requested(const pcs_config_t *c);
 /* Positional (non-option) arguments in order. */
 char **pcs_config_args(const pcs_config_t *c, int *argc);
 
+/* "default" | "file" | "env" | "flag". */
+const char *pcs_config_source_name(pcs_opt_source_t s);
+/* Where the value of `key` came from, for messages: "default", "file x.conf:3", "env PCS_X",
+ * "flag --x". Valid while c lives. */
+const char *pcs_config_origin(const pcs_config_t *c, const char *key);
+/* Notes: rows with min == max == 0 have no bounds beyond their type's range. Getters accept
+ * widening reads (u64/double of a u32 row); pcs_config_str returns the text of any row. A wrong
+ * key or type is a programming error: one WARN and 0/NULL. Keys containing "token", "password"
+ * or "secret" are shown as *** in the dump and the log. The config file may also be named by
+ * env PCS_CONFIG (the --config flag wins). "--" ends options; "--no-KEY" sets a bool false. */
+
 /* Print the --help table (key, default, bounds, env name, help). */
 void pcs_config_print_help(const pcs_opt_t *table, size_t n, const char *usage);
 /* Log every non-default value once at INFO with its source ("set by env PCS_X"). */
