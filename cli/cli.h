@@ -1,0 +1,88 @@
+/* pcsctl internals shared by the sub-commands (cli/cmd_*.c): the global options parsed by
+ * pcsctl.c, the coordinator call with pcsctl's error wording, aligned tables and --json output.
+ * Exit codes: 0 success, 1 failure (bad job file, server error, unreachable coordinator),
+ * 2 usage error. Single-threaded CLI code; not a library for other binaries. */
+#ifndef PCS_CLI_H
+#define PCS_CLI_H
+
+#include <protobuf-c/protobuf-c.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "pcs/rpc.h"
+#include "pcs/status.h"
+
+#define PCS_CLI_OK 0
+#define PCS_CLI_FAIL 1
+#define PCS_CLI_USAGE 2
+
+/* Global options (`pcsctl [--coordinator ADDR] [--json] [--timeout-ms N] <command> ...`); the
+ * sub-commands also accept them after the command name (pcs_cli_global_flag). */
+typedef struct pcs_cli {
+    const char *addr; /* --coordinator, else $PCS_COORDINATOR, else 127.0.0.1:7070 */
+    int json;         /* --json: print the response message as JSON (pb_json) */
+    int timeout_ms;   /* --timeout-ms: deadline of each RPC (default 5000) */
+} pcs_cli_t;
+
+/* The process's options (set up by pcsctl.c before a command runs). */
+pcs_cli_t *pcs_cli(void);
+
+/* ---- sub-commands: argv[0] is the command name ---- */
+int pcs_cli_submit(int argc, char **argv);
+int pcs_cli_status(int argc, char **argv);
+int pcs_cli_jobs(int argc, char **argv);
+int pcs_cli_workers(int argc, char **argv);
+int pcs_cli_cancel(int argc, char **argv);
+int pcs_cli_health(int argc, char **argv);
+/* `pcsctl plan FILE [--world N] [--json] [--rank R]` (cli/cmd_plan.c, planner). */
+int pcs_cli_plan(int argc, char **argv);
+/* `pcsctl export JOB out.safetensors` and `pcsctl demo` (cli/cmd_export.c, cli/cmd_demo.c). Until
+ * those files exist, weak fallbacks in pcsctl.c print "not available in this build", exit 2. */
+int pcs_cli_export(int argc, char **argv);
+int pcs_cli_demo(int argc, char **argv);
+
+/* ---- helpers (cli/cmd_util.c) ---- */
+
+/* If argv[*i] is a global option (--json, --coordinator ADDR|=ADDR, --timeout-ms N|=N), apply it,
+ * advance *i past its value and return 1; return -1 (message printed) on a bad value, else 0. */
+int pcs_cli_global_flag(int argc, char **argv, int *i);
+
+/* Print "pcsctl: <cmd>: <msg>" plus "usage: <usage>" to stderr; returns PCS_CLI_USAGE. */
+int pcs_cli_usage(const char *cmd, const char *usage, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Print "pcsctl: <msg>" to stderr; returns PCS_CLI_FAIL. */
+int pcs_cli_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* One unary call to the coordinator at pcs_cli()->addr. Returns PCS_CLI_OK with *resp set (free
+ * with protobuf_c_message_free_unpacked), or PCS_CLI_FAIL after printing
+ * "pcsctl: cannot reach coordinator at ADDR (UNAVAILABLE: ...)" or "pcsctl: <cmd>: <CODE>: ...". */
+int pcs_cli_call(const char *cmd, const char *method, const ProtobufCMessage *req,
+                 const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp);
+
+/* Print `m` as indented JSON on stdout. Returns PCS_CLI_OK or PCS_CLI_FAIL. */
+int pcs_cli_print_json(const ProtobufCMessage *m);
+
+/* Lower-case short name of an enum value ("running", "idle"). Static buffer per call site is not
+ * needed: the result lives in `buf`. */
+const char *pcs_cli_enum(const ProtobufCEnumDescriptor *d, int value, char *buf, size_t n);
+/* Parse an enum short name (case-insensitive, "all"/"" = 0); -1 if unknown. */
+int pcs_cli_enum_parse(const ProtobufCEnumDescriptor *d, const char *s);
+
+/* "3s", "12m", "5h", "2d" since a Unix-epoch-ms time ("-" for 0). */
+const char *pcs_cli_age(uint64_t epoch_ms, char *buf, size_t n);
+/* "2026-01-02T03:04:05Z" of a Unix-epoch-ms time ("-" for 0). */
+const char *pcs_cli_time(uint64_t epoch_ms, char *buf, size_t n);
+
+/* Aligned text table: columns sized to their widest cell, two spaces apart. */
+typedef struct pcs_cli_table pcs_cli_table_t;
+/* NULL on out of memory. Headers are borrowed (string literals). */
+pcs_cli_table_t *pcs_cli_table_new(int ncols, const char *const *headers);
+/* Right-align column `col` (numbers). */
+void pcs_cli_table_right(pcs_cli_table_t *t, int col);
+/* Append one cell to the current row (a new row starts after ncols cells). */
+void pcs_cli_table_cell(pcs_cli_table_t *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+void pcs_cli_table_print(const pcs_cli_table_t *t, FILE *fp);
+void pcs_cli_table_free(pcs_cli_table_t *t);
+
+#endif

@@ -1,0 +1,77 @@
+/* pcsctl jobs [--state S]: ListJobs as an aligned table, newest information per job on one line. */
+#include "cli.h"
+#include "pcs/v1/coordinator.pb-c.h"
+
+#include <inttypes.h>
+#include <string.h>
+
+static const char usage[] = "pcsctl jobs [--state pending|running|succeeded|failed|cancelled]";
+
+int pcs_cli_jobs(int argc, char **argv)
+{
+    Pcs__V1__ListJobsRequest req = PCS__V1__LIST_JOBS_REQUEST__INIT;
+    for (int i = 1; i < argc; i++) {
+        int g = pcs_cli_global_flag(argc, argv, &i);
+        if (g < 0)
+            return PCS_CLI_USAGE;
+        if (g > 0)
+            continue;
+        const char *val = NULL;
+        if (!strcmp(argv[i], "--state") && i + 1 < argc)
+            val = argv[++i];
+        else if (!strncmp(argv[i], "--state=", 8))
+            val = argv[i] + 8;
+        else
+            return pcs_cli_usage("jobs", usage, "unexpected argument '%s'", argv[i]);
+        int v = pcs_cli_enum_parse(&pcs__v1__job_state__descriptor, val);
+        if (v < 0)
+            return pcs_cli_usage("jobs", usage, "unknown job state '%s'", val);
+        req.state = (Pcs__V1__JobState)v;
+    }
+    ProtobufCMessage *r = NULL;
+    int rc = pcs_cli_call("jobs", PCS_M_LIST_JOBS, &req.base,
+                          &pcs__v1__list_jobs_response__descriptor, &r);
+    if (rc != PCS_CLI_OK)
+        return rc;
+    if (pcs_cli()->json) {
+        rc = pcs_cli_print_json(r);
+        protobuf_c_message_free_unpacked(r, NULL);
+        return rc;
+    }
+    Pcs__V1__ListJobsResponse *resp = (Pcs__V1__ListJobsResponse *)r;
+    const char *hdr[] = {"JOB", "NAME", "STATE", "WORLD", "GEN", "STEP", "LOSS", "AGE", "REASON"};
+    pcs_cli_table_t *t = pcs_cli_table_new(9, hdr);
+    if (!t) {
+        protobuf_c_message_free_unpacked(r, NULL);
+        return pcs_cli_fail("out of memory");
+    }
+    for (int c = 3; c <= 7; c++)
+        pcs_cli_table_right(t, c);
+    for (size_t i = 0; i < resp->n_jobs; i++) {
+        const Pcs__V1__Job *j = resp->jobs[i];
+        char st[32], age[32];
+        uint32_t steps = j->spec && j->spec->training ? j->spec->training->steps : 0;
+        pcs_cli_table_cell(t, "%s", j->job_id);
+        pcs_cli_table_cell(t, "%s", *j->name ? j->name : "-");
+        pcs_cli_table_cell(t, "%s", pcs_cli_enum(&pcs__v1__job_state__descriptor, j->state, st,
+                                                 sizeof st));
+        pcs_cli_table_cell(t, "%u", j->world_size);
+        pcs_cli_table_cell(t, "%" PRIu64, j->generation);
+        if (j->progress && steps)
+            pcs_cli_table_cell(t, "%" PRIu64 "/%u", j->progress->step, steps);
+        else if (j->progress)
+            pcs_cli_table_cell(t, "%" PRIu64, j->progress->step);
+        else
+            pcs_cli_table_cell(t, "-");
+        if (j->progress && j->progress->reports)
+            pcs_cli_table_cell(t, "%.4g", j->progress->loss);
+        else
+            pcs_cli_table_cell(t, "-");
+        pcs_cli_table_cell(t, "%s", pcs_cli_age(j->created_ms, age, sizeof age));
+        pcs_cli_table_cell(t, "%s", *j->reason ? j->reason : "");
+    }
+    pcs_cli_table_print(t, stdout);
+    pcs_cli_table_free(t);
+    protobuf_c_message_free_unpacked(r, NULL);
+    return PCS_CLI_OK;
+}

@@ -1,0 +1,107 @@
+/* pcsctl workers [--state S]: ListWorkers as an aligned table (state, job and rank, devices,
+ * heartbeat age). */
+#include "cli.h"
+#include "pcs/v1/coordinator.pb-c.h"
+
+#include <string.h>
+
+static const char usage[] = "pcsctl workers [--state idle|assigned|lost|gone]";
+
+/* "cuda:0,cuda:1" or "cpu"; devices are few per worker. */
+static void devices_str(const Pcs__V1__Worker *w, char *buf, size_t n)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < w->n_devices && used + 1 < n; i++) {
+        const Pcs__V1__Device *d = w->devices[i];
+        int k = snprintf(buf + used, n - used, "%s%s:%u", i ? "," : "", *d->kind ? d->kind : "?",
+                         d->index);
+        if (k < 0)
+            break;
+        used += (size_t)k;
+    }
+    if (!buf[0])
+        snprintf(buf, n, "-");
+}
+
+static void join(char **items, size_t count, char *buf, size_t n)
+{
+    size_t used = 0;
+    buf[0] = '\0';
+    for (size_t i = 0; i < count && used + 1 < n; i++) {
+        int k = snprintf(buf + used, n - used, "%s%s", i ? "," : "", items[i]);
+        if (k < 0)
+            break;
+        used += (size_t)k;
+    }
+    if (!buf[0])
+        snprintf(buf, n, "-");
+}
+
+int pcs_cli_workers(int argc, char **argv)
+{
+    Pcs__V1__ListWorkersRequest req = PCS__V1__LIST_WORKERS_REQUEST__INIT;
+    for (int i = 1; i < argc; i++) {
+        int g = pcs_cli_global_flag(argc, argv, &i);
+        if (g < 0)
+            return PCS_CLI_USAGE;
+        if (g > 0)
+            continue;
+        const char *val = NULL;
+        if (!strcmp(argv[i], "--state") && i + 1 < argc)
+            val = argv[++i];
+        else if (!strncmp(argv[i], "--state=", 8))
+            val = argv[i] + 8;
+        else
+            return pcs_cli_usage("workers", usage, "unexpected argument '%s'", argv[i]);
+        int v = pcs_cli_enum_parse(&pcs__v1__worker_state__descriptor, val);
+        if (v < 0)
+            return pcs_cli_usage("workers", usage, "unknown worker state '%s'", val);
+        req.state = (Pcs__V1__WorkerState)v;
+    }
+    ProtobufCMessage *r = NULL;
+    int rc = pcs_cli_call("workers", PCS_M_LIST_WORKERS, &req.base,
+                          &pcs__v1__list_workers_response__descriptor, &r);
+    if (rc != PCS_CLI_OK)
+        return rc;
+    if (pcs_cli()->json) {
+        rc = pcs_cli_print_json(r);
+        protobuf_c_message_free_unpacked(r, NULL);
+        return rc;
+    }
+    Pcs__V1__ListWorkersResponse *resp = (Pcs__V1__ListWorkersResponse *)r;
+    const char *hdr[] = {"WORKER", "STATE", "HOST", "PID", "JOB", "RANK", "BACKENDS", "DEVICES",
+                         "HEARTBEAT"};
+    pcs_cli_table_t *t = pcs_cli_table_new(9, hdr);
+    if (!t) {
+        protobuf_c_message_free_unpacked(r, NULL);
+        return pcs_cli_fail("out of memory");
+    }
+    pcs_cli_table_right(t, 3);
+    pcs_cli_table_right(t, 5);
+    for (size_t i = 0; i < resp->n_workers; i++) {
+        const Pcs__V1__Worker *w = resp->workers[i];
+        char st[32], dev[128], be[128], age[32];
+        int in_job = w->job_id && *w->job_id;
+        pcs_cli_table_cell(t, "%s", w->worker_id);
+        pcs_cli_table_cell(t, "%s", pcs_cli_enum(&pcs__v1__worker_state__descriptor, w->state,
+                                                 st, sizeof st));
+        pcs_cli_table_cell(t, "%s", *w->host ? w->host : "-");
+        pcs_cli_table_cell(t, "%u", w->pid);
+        pcs_cli_table_cell(t, "%s", in_job ? w->job_id : "-");
+        if (in_job)
+            pcs_cli_table_cell(t, "%u", w->rank);
+        else
+            pcs_cli_table_cell(t, "-");
+        join(w->backends, w->n_backends, be, sizeof be);
+        pcs_cli_table_cell(t, "%s", be);
+        devices_str(w, dev, sizeof dev);
+        pcs_cli_table_cell(t, "%s", dev);
+        pcs_cli_age(w->last_heartbeat_ms, age, sizeof age);
+        pcs_cli_table_cell(t, "%s%s", age, w->last_heartbeat_ms ? " ago" : "");
+    }
+    pcs_cli_table_print(t, stdout);
+    pcs_cli_table_free(t);
+    protobuf_c_message_free_unpacked(r, NULL);
+    return PCS_CLI_OK;
+}
