@@ -12,7 +12,10 @@ pcs_add_test(NAME test_fuzz_rpc_decode_replay
 target_include_directories(test_fuzz_rpc_decode_replay PRIVATE ${PROJECT_SOURCE_DIR}/common)
 option(PCS_FUZZ "build libFuzzer targets (clang only)" OFF)
 if(PCS_FUZZ AND CMAKE_C_COMPILER_ID MATCHES "Clang")
-  add_executable(fuzz_rpc_decode ${PROJECT_SOURCE_DIR}/tests/fuzz/fuzz_rpc_decode.c)
+  # the codec is compiled into the target so libFuzzer sees its coverage (pcs_common is not
+  # instrumented)
+  add_executable(fuzz_rpc_decode ${PROJECT_SOURCE_DIR}/tests/fuzz/fuzz_rpc_decode.c
+                 ${PROJECT_SOURCE_DIR}/common/rpc_codec.c)
   target_compile_definitions(fuzz_rpc_decode PRIVATE PCS_LIBFUZZER=1)
   target_compile_options(fuzz_rpc_decode PRIVATE -fsanitize=fuzzer,address,undefined)
   target_link_options(fuzz_rpc_decode PRIVATE -fsanitize=fuzzer,address,undefined)
