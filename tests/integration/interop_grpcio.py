@@ -1,0 +1,208 @@
+#!/usr/bin/python3
+"""Wire compatibility of pcs-coordinator with a stock gRPC stack (Debian python3-grpcio).
+
+Generates Python message classes from proto/ with `protoc --python_out` at test time, starts the
+real coordinator on 127.0.0.1:0, and calls it the way any third-party client would: health
+Check/Watch, Register, SubmitJob, the WatchAssignment server stream, ListWorkers, plus raw
+malformed bytes and an unknown method. Exits 77 (ctest skip) only if grpcio is not installed.
+"""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+try:
+    import grpc
+except ImportError:  # pragma: no cover - environment without python3-grpcio
+    print("SKIP: python3-grpcio is not installed")
+    sys.exit(77)
+
+SRC = os.environ.get("PCS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.environ.get("PCS_BIN_DIR", os.path.join(os.getcwd(), "bin"))
+PROTOS = ["pcs/v1/types.proto", "pcs/v1/job.proto", "pcs/v1/plan.proto", "pcs/v1/worker.proto",
+          "pcs/v1/coordinator.proto"]
+
+TMP = tempfile.mkdtemp(prefix="pcs-grpcio-")
+subprocess.run(["protoc", "--proto_path=" + os.path.join(SRC, "proto"), "--python_out=" + TMP]
+               + PROTOS, check=True)
+# health.proto as a top-level module: a generated `grpc` package would shadow grpcio itself
+subprocess.run(["protoc", "--proto_path=" + os.path.join(SRC, "proto", "grpc", "health", "v1"),
+                "--python_out=" + TMP, "health.proto"], check=True)
+sys.path.insert(0, TMP)
+from pcs.v1 import coordinator_pb2, job_pb2, types_pb2, worker_pb2  # noqa: E402
+import health_pb2  # noqa: E402
+
+PENDING, RUNNING, CANCELLED = (types_pb2.JOB_STATE_PENDING, types_pb2.JOB_STATE_RUNNING,
+                               types_pb2.JOB_STATE_CANCELLED)
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
+
+
+def start_coordinator(tmp):
+    port_file = os.path.join(tmp, "port")
+    log_path = os.path.join(tmp, "coord.log")
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([os.path.join(BIN, "pcs-coordinator"), "--listen", "127.0.0.1:0",
+                                 "--port-file", port_file, "--lease-ms", "60000"],
+                                stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        if os.path.exists(port_file) and read(port_file).strip():
+            return proc, int(read(port_file))
+        if proc.poll() is not None:
+            raise RuntimeError("coordinator exited: " + read(log_path))
+        time.sleep(0.02)
+    proc.kill()
+    raise RuntimeError("coordinator did not write its port file")
+
+
+def job_spec():
+    spec = job_pb2.JobSpec(name="grpcio-job")
+    spec.model.mlp.input_dim = 8
+    spec.model.mlp.hidden_dims.extend([16, 16])
+    spec.model.mlp.output_dim = 4
+    spec.mesh.add(dim=types_pb2.MESH_DIM_DP_SHARD, size=2)
+    spec.training.steps = 2
+    spec.training.micro_batch_size = 2
+    spec.training.optimizer.sgd.lr = 0.1
+    spec.data.synthetic.seed = 1
+    return spec
+
+
+class CoordinatorInterop(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.proc, port = start_coordinator(TMP)
+        cls.ch = grpc.insecure_channel("127.0.0.1:%d" % port)
+        grpc.channel_ready_future(cls.ch).result(timeout=10)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.ch.close()
+        if cls.proc.poll() is None:
+            cls.proc.send_signal(signal.SIGTERM)
+            cls.proc.wait(timeout=10)
+
+    def unary(self, path, req_cls, resp_cls):
+        return self.ch.unary_unary(path, request_serializer=req_cls.SerializeToString,
+                                   response_deserializer=resp_cls.FromString)
+
+    def register(self, identity):
+        reg = self.unary("/pcs.v1.WorkerService/Register", worker_pb2.RegisterRequest,
+                         worker_pb2.RegisterResponse)
+        req = worker_pb2.RegisterRequest(identity=identity, host="py", pid=os.getpid(),
+                                         backends=["gloo"])
+        req.devices.add(index=0, kind="cpu", name="cpu0", memory_bytes=1 << 30)
+        return reg(req, timeout=5)
+
+    def test_01_health_check_serving_and_unknown_service_not_found(self):
+        check = self.unary("/grpc.health.v1.Health/Check", health_pb2.HealthCheckRequest,
+                           health_pb2.HealthCheckResponse)
+        self.assertEqual(check(health_pb2.HealthCheckRequest(service=""), timeout=5).status,
+                         health_pb2.HealthCheckResponse.SERVING)
+        self.assertEqual(check(health_pb2.HealthCheckRequest(service="pcs.v1.JobService"),
+                               timeout=5).status, health_pb2.HealthCheckResponse.SERVING)
+        with self.assertRaises(grpc.RpcError) as e:
+            check(health_pb2.HealthCheckRequest(service="nope"), timeout=5)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        # raw bytes: the empty request is service "" -> SERVING (field 1 = 1)
+        raw = self.ch.unary_unary("/grpc.health.v1.Health/Check")
+        self.assertEqual(raw(b"", timeout=5), b"\x08\x01")
+
+    def test_02_health_watch_streams_current_status(self):
+        watch = self.ch.unary_stream("/grpc.health.v1.Health/Watch",
+                                     request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                                     response_deserializer=health_pb2.HealthCheckResponse.FromString)
+        it = watch(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        self.assertEqual(next(it).status, health_pb2.HealthCheckResponse.SERVING)
+        it.cancel()
+
+    def test_03_register_is_idempotent_by_identity(self):
+        a = self.register("py-0")
+        b = self.register("py-0")
+        self.assertEqual(a.worker_id, b.worker_id)
+        self.assertFalse(a.reregistered)
+        self.assertTrue(b.reregistered)
+        self.assertEqual(a.lease_ms, 60000)
+
+    def test_04_submit_gang_start_and_watch_stream_delivers_assignment(self):
+        ids = [self.register("py-%d" % i).worker_id for i in range(2)]  # py-0 exists already
+        submit = self.unary("/pcs.v1.JobService/SubmitJob", coordinator_pb2.SubmitJobRequest,
+                            coordinator_pb2.SubmitJobResponse)
+        resp = submit(coordinator_pb2.SubmitJobRequest(request_id="py-req", spec=job_spec()),
+                      timeout=5)
+        self.assertEqual(resp.job.state, RUNNING)
+        self.assertEqual(list(resp.job.workers), ids)
+        again = submit(coordinator_pb2.SubmitJobRequest(request_id="py-req", spec=job_spec()),
+                       timeout=5)
+        self.assertTrue(again.duplicate)
+        self.assertEqual(again.job.job_id, resp.job.job_id)
+        watch = self.ch.unary_stream(
+            "/pcs.v1.WorkerService/WatchAssignment",
+            request_serializer=worker_pb2.WatchAssignmentRequest.SerializeToString,
+            response_deserializer=worker_pb2.AssignmentEvent.FromString)
+        for rank, wid in enumerate(ids):
+            it = watch(worker_pb2.WatchAssignmentRequest(worker_id=wid), timeout=5)
+            ev = next(it)
+            self.assertEqual(ev.WhichOneof("event"), "assignment")
+            self.assertEqual(ev.assignment.rank, rank)
+            self.assertEqual(ev.assignment.world_size, 2)
+            self.assertEqual(ev.assignment.coords.dp_shard, rank)
+            self.assertEqual(ev.assignment.spec.name, "grpcio-job")
+            self.assertEqual(ev.assignment.plan_hash, resp.job.plan_hash)
+            it.cancel()  # client goes away mid-stream
+        cancel = self.unary("/pcs.v1.JobService/CancelJob", coordinator_pb2.CancelJobRequest,
+                            coordinator_pb2.CancelJobResponse)
+        self.assertEqual(cancel(coordinator_pb2.CancelJobRequest(job_id=resp.job.job_id),
+                                timeout=5).job.state, CANCELLED)
+
+    def test_05_invalid_spec_names_the_field(self):
+        submit = self.unary("/pcs.v1.JobService/SubmitJob", coordinator_pb2.SubmitJobRequest,
+                            coordinator_pb2.SubmitJobResponse)
+        spec = job_spec()
+        spec.training.micro_batch_size = 0
+        with self.assertRaises(grpc.RpcError) as e:
+            submit(coordinator_pb2.SubmitJobRequest(spec=spec), timeout=5)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("training.micro_batch_size", e.exception.details())
+
+    def test_06_malformed_bytes_and_unknown_method(self):
+        raw = self.ch.unary_unary("/pcs.v1.WorkerService/Register")
+        with self.assertRaises(grpc.RpcError) as e:
+            raw(b"\x0a\xff\xff\xff\xff\x0f", timeout=5)  # string field with an absurd length
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        unknown = self.ch.unary_unary("/pcs.v1.WorkerService/Nope")
+        with self.assertRaises(grpc.RpcError) as e:
+            unknown(b"", timeout=5)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+
+    def test_07_list_workers_and_status_after_bad_input(self):
+        lw = self.unary("/pcs.v1.ClusterService/ListWorkers", coordinator_pb2.ListWorkersRequest,
+                        coordinator_pb2.ListWorkersResponse)
+        workers = lw(coordinator_pb2.ListWorkersRequest(), timeout=5).workers
+        self.assertEqual(sorted(w.identity for w in workers), ["py-0", "py-1"])
+        self.assertEqual(workers[0].devices[0].memory_bytes, 1 << 30)
+        st = self.unary("/pcs.v1.ClusterService/GetStatus", coordinator_pb2.GetStatusRequest,
+                        coordinator_pb2.GetStatusResponse)(coordinator_pb2.GetStatusRequest(),
+                                                           timeout=5)
+        self.assertEqual(st.workers_idle, 2)
+        self.assertIn("# Coordinator", st.text)
+
+    def test_08_sigterm_exits_zero(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.assertEqual(self.proc.wait(timeout=5), 0)
+
+
+if __name__ == "__main__":
+    try:
+        result = unittest.main(exit=False, verbosity=2).result
+    finally:
+        shutil.rmtree(TMP, ignore_errors=True)
+    sys.exit(0 if result.wasSuccessful() else 1)

@@ -1,0 +1,756 @@
+/* Integration tests of the real pcs-coordinator process on 127.0.0.1:0, driven by the C RPC
+ * client (common/rpc.h): 100 workers register, gang start with watch streams, invalid specs, KV
+ * rendezvous with waits and limits, health, bad input, lease expiry, cancel, a client that
+ * disconnects mid-stream, and SIGTERM -> exit 0. Each group starts its own coordinator. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "grpc/health/v1/health.pb-c.h"
+#include "pcs/clock.h"
+#include "pcs/pbtext.h"
+#include "pcs/rpc.h"
+#include "pcs/v1/coordinator.pb-c.h"
+#include "pcs/v1/job.pb-c.h"
+#include "pcs/v1/worker.pb-c.h"
+#include "test_util.h"
+
+#define T_MS 5000
+
+typedef struct coord_proc {
+    char *dir;
+    pid_t pid;
+    char addr[64];
+    pcs_rpc_client_t *cli;
+} coord_proc_t;
+
+static const char *const spec_yaml = "name: it-job\n"
+                                     "model:\n"
+                                     "  mlp: {input_dim: 8, hidden_dims: [16, 16], output_dim: 4}\n"
+                                     "mesh:\n"
+                                     "  - {dim: dp_shard, size: 4}\n"
+                                     "training:\n"
+                                     "  steps: 2\n"
+                                     "  micro_batch_size: 2\n"
+                                     "  optimizer:\n"
+                                     "    sgd: {lr: 0.1}\n"
+                                     "data:\n"
+                                     "  synthetic: {seed: 1}\n";
+
+static coord_proc_t *start(const char *tag, const char *const *args)
+{
+    coord_proc_t *p = calloc(1, sizeof *p);
+    assert_non_null(p);
+    p->dir = pcs_test_tmpdir(tag);
+    p->pid = pcs_test_start_coordinator(p->dir, args, p->addr, sizeof p->addr);
+    assert_true(p->pid > 0);
+    assert_int_equal(pcs_rpc_client_create(p->addr, &p->cli), PCS_OK);
+    return p;
+}
+
+static void stop(coord_proc_t *p)
+{
+    pcs_rpc_client_destroy(p->cli);
+    int status = pcs_test_stop(p->pid, 5000);
+    /* a coordinator that crashed or leaked under ASan would not exit 0 on SIGTERM */
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    pcs_test_rmtree(p->dir);
+    free(p->dir);
+    free(p);
+}
+
+/* One unary call; returns the gRPC code, *resp set on OK (caller frees). */
+static int call(coord_proc_t *p, const char *method, const void *req,
+                const ProtobufCMessageDescriptor *d, void *resp)
+{
+    ProtobufCMessage **out = resp;
+    int code = -1;
+    pcs_status_t st = pcs_rpc_call(p->cli, method, req, d, T_MS, out, &code);
+    if (st == PCS_OK)
+        assert_int_equal(code, 0);
+    return code;
+}
+
+static char *reg(coord_proc_t *p, const char *identity, int *rereg)
+{
+    Pcs__V1__RegisterRequest req = PCS__V1__REGISTER_REQUEST__INIT;
+    Pcs__V1__Device dev = PCS__V1__DEVICE__INIT;
+    Pcs__V1__Device *devs[1] = {&dev};
+    char *backends[1] = {"gloo"};
+    dev.kind = "cpu";
+    dev.name = "cpu0";
+    dev.memory_bytes = 1u << 30;
+    req.identity = (char *)identity;
+    req.host = "127.0.0.1";
+    req.pid = (uint32_t)getpid();
+    req.n_devices = 1;
+    req.devices = devs;
+    req.n_backends = 1;
+    req.backends = backends;
+    Pcs__V1__RegisterResponse *resp = NULL;
+    assert_int_equal(call(p, PCS_M_REGISTER, &req, &pcs__v1__register_response__descriptor, &resp),
+                     0);
+    char *id = strdup(resp->worker_id);
+    if (rereg)
+        *rereg = resp->reregistered;
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return id;
+}
+
+static int heartbeat(coord_proc_t *p, const char *worker_id)
+{
+    Pcs__V1__HeartbeatRequest req = PCS__V1__HEARTBEAT_REQUEST__INIT;
+    req.worker_id = (char *)worker_id;
+    Pcs__V1__HeartbeatResponse *resp = NULL;
+    int code = call(p, PCS_M_HEARTBEAT, &req, &pcs__v1__heartbeat_response__descriptor, &resp);
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return code;
+}
+
+static Pcs__V1__JobSpec *spec_new(void)
+{
+    ProtobufCMessage *m = NULL;
+    assert_int_equal(pcs_pb_from_yaml(spec_yaml, strlen(spec_yaml), &pcs__v1__job_spec__descriptor,
+                                      &m),
+                     PCS_OK);
+    return (Pcs__V1__JobSpec *)m;
+}
+
+/* Submit; returns the gRPC code and the job (caller frees) on OK. */
+static int submit(coord_proc_t *p, Pcs__V1__JobSpec *spec, const char *request_id,
+                  Pcs__V1__SubmitJobResponse **out)
+{
+    Pcs__V1__SubmitJobRequest req = PCS__V1__SUBMIT_JOB_REQUEST__INIT;
+    req.spec = spec;
+    req.request_id = (char *)(request_id ? request_id : "");
+    *out = NULL;
+    return call(p, PCS_M_SUBMIT_JOB, &req, &pcs__v1__submit_job_response__descriptor, out);
+}
+
+static Pcs__V1__Job *get_job(coord_proc_t *p, const char *job_id, Pcs__V1__GetJobResponse **keep)
+{
+    Pcs__V1__GetJobRequest req = PCS__V1__GET_JOB_REQUEST__INIT;
+    req.job_id = (char *)job_id;
+    assert_int_equal(call(p, PCS_M_GET_JOB, &req, &pcs__v1__get_job_response__descriptor, keep), 0);
+    return (*keep)->job;
+}
+
+static pcs_rpc_stream_t *watch(coord_proc_t *p, const char *worker_id)
+{
+    Pcs__V1__WatchAssignmentRequest req = PCS__V1__WATCH_ASSIGNMENT_REQUEST__INIT;
+    req.worker_id = (char *)worker_id;
+    pcs_rpc_stream_t *s = NULL;
+    assert_int_equal(pcs_rpc_stream_open(p->cli, PCS_M_WATCH_ASSIGNMENT, &req.base, &s), PCS_OK);
+    return s;
+}
+
+static Pcs__V1__AssignmentEvent *next_event(pcs_rpc_stream_t *s)
+{
+    ProtobufCMessage *m = NULL;
+    pcs_status_t st = pcs_rpc_stream_next(s, &pcs__v1__assignment_event__descriptor, T_MS, &m);
+    if (st != PCS_OK)
+        fail_msg("stream next: %s", pcs_last_error());
+    assert_non_null(m);
+    return (Pcs__V1__AssignmentEvent *)m;
+}
+
+static int cancel_job(coord_proc_t *p, const char *job_id)
+{
+    Pcs__V1__CancelJobRequest req = PCS__V1__CANCEL_JOB_REQUEST__INIT;
+    req.job_id = (char *)job_id;
+    req.reason = "test";
+    Pcs__V1__CancelJobResponse *resp = NULL;
+    int code = call(p, PCS_M_CANCEL_JOB, &req, &pcs__v1__cancel_job_response__descriptor, &resp);
+    if (resp) {
+        assert_int_equal(resp->job->state, PCS__V1__JOB_STATE__JOB_STATE_CANCELLED);
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    }
+    return code;
+}
+
+// ---------------------------------------------------------------------------------------------
+// group A: one long-lived coordinator with 100 workers
+
+static coord_proc_t *A;
+
+static int group_a_setup(void **state)
+{
+    (void)state;
+    static const char *const args[] = {"--lease-ms", "600000", "--max-message-bytes", "65536",
+                                       "--kv-max-key-bytes", "64", NULL};
+    A = start("coord-a", args);
+    return 0;
+}
+
+static int group_a_teardown(void **state)
+{
+    (void)state;
+    stop(A);
+    return 0;
+}
+
+static void test_100_workers_register_and_reregister_keeps_the_id(void **state)
+{
+    (void)state;
+    char ident[64];
+    for (int i = 1; i <= 100; i++) {
+        snprintf(ident, sizeof ident, "node-%03d", i);
+        int rr = 1;
+        char *id = reg(A, ident, &rr);
+        char want[16];
+        snprintf(want, sizeof want, "w-%d", i);
+        assert_string_equal(id, want);
+        assert_false(rr);
+        free(id);
+    }
+    int rr = 0;
+    char *again = reg(A, "node-007", &rr);
+    assert_string_equal(again, "w-7");
+    assert_true(rr);
+    free(again);
+    Pcs__V1__ListWorkersRequest lr = PCS__V1__LIST_WORKERS_REQUEST__INIT;
+    lr.state = PCS__V1__WORKER_STATE__WORKER_STATE_IDLE;
+    Pcs__V1__ListWorkersResponse *resp = NULL;
+    assert_int_equal(
+        call(A, PCS_M_LIST_WORKERS, &lr, &pcs__v1__list_workers_response__descriptor, &resp), 0);
+    assert_int_equal(resp->n_workers, 100);
+    assert_string_equal(resp->workers[6]->identity, "node-007");
+    assert_int_equal(resp->workers[6]->n_devices, 1);
+    assert_int_equal(resp->workers[6]->devices[0]->memory_bytes, 1u << 30);
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+}
+
+static void test_bad_worker_requests_get_precise_codes(void **state)
+{
+    (void)state;
+    Pcs__V1__RegisterRequest req = PCS__V1__REGISTER_REQUEST__INIT;
+    Pcs__V1__RegisterResponse *resp = NULL;
+    assert_int_equal(call(A, PCS_M_REGISTER, &req, &pcs__v1__register_response__descriptor, &resp),
+                     3 /* INVALID_ARGUMENT */);
+    assert_non_null(strstr(pcs_last_error(), "identity: required"));
+    assert_int_equal(heartbeat(A, ""), 3);
+    assert_non_null(strstr(pcs_last_error(), "worker_id: required"));
+    assert_int_equal(heartbeat(A, "w-4242"), 5 /* NOT_FOUND */);
+    assert_non_null(strstr(pcs_last_error(), "w-4242"));
+    assert_int_equal(heartbeat(A, "w-1"), 0);
+    /* a watch for an unknown worker fails on the stream */
+    pcs_rpc_stream_t *s = watch(A, "w-999");
+    ProtobufCMessage *m = NULL;
+    assert_int_equal(pcs_rpc_stream_next(s, &pcs__v1__assignment_event__descriptor, T_MS, &m),
+                     PCS_ERR_NOT_FOUND);
+    assert_null(m);
+    pcs_rpc_stream_close(s);
+}
+
+static size_t count_jobs(coord_proc_t *p)
+{
+    Pcs__V1__ListJobsRequest lr = PCS__V1__LIST_JOBS_REQUEST__INIT;
+    Pcs__V1__ListJobsResponse *jobs = NULL;
+    assert_int_equal(call(p, PCS_M_LIST_JOBS, &lr, &pcs__v1__list_jobs_response__descriptor, &jobs),
+                     0);
+    size_t n = jobs->n_jobs;
+    protobuf_c_message_free_unpacked(&jobs->base, NULL);
+    return n;
+}
+
+static void test_invalid_specs_are_invalid_argument_naming_the_field(void **state)
+{
+    (void)state;
+    size_t before = count_jobs(A);
+    Pcs__V1__SubmitJobResponse *resp;
+    assert_int_equal(submit(A, NULL, NULL, &resp), 3);
+    assert_non_null(strstr(pcs_last_error(), "spec: required"));
+    Pcs__V1__JobSpec *spec = spec_new();
+    spec->mesh[0]->size = 0;
+    assert_int_equal(submit(A, spec, NULL, &resp), 3);
+    assert_non_null(strstr(pcs_last_error(), "mesh[0].size"));
+    spec->mesh[0]->size = 4;
+    Pcs__V1__ModelSpec *model = spec->model;
+    spec->model = NULL;
+    assert_int_equal(submit(A, spec, NULL, &resp), 3);
+    assert_non_null(strstr(pcs_last_error(), "model"));
+    spec->model = model;
+    spec->training->micro_batch_size = 0;
+    assert_int_equal(submit(A, spec, NULL, &resp), 3);
+    assert_non_null(strstr(pcs_last_error(), "training.micro_batch_size"));
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+    assert_int_equal(count_jobs(A), before); /* nothing was accepted */
+}
+
+/* Submit a valid job; fill ids[4] with the worker ids in rank order. */
+static char *submit_running(const char *request_id, char ids[4][16])
+{
+    Pcs__V1__JobSpec *spec = spec_new();
+    Pcs__V1__SubmitJobResponse *resp;
+    assert_int_equal(submit(A, spec, request_id, &resp), 0);
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+    assert_false(resp->duplicate);
+    assert_int_equal(resp->job->state, PCS__V1__JOB_STATE__JOB_STATE_RUNNING);
+    assert_int_equal(resp->job->world_size, 4);
+    assert_int_equal(resp->job->generation, 1);
+    assert_int_equal(resp->job->n_workers, 4);
+    for (int r = 0; r < 4; r++)
+        snprintf(ids[r], 16, "%s", resp->job->workers[r]);
+    char *job_id = strdup(resp->job->job_id);
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return job_id;
+}
+
+static void test_submit_gang_starts_and_watchers_get_ranks_plan_then_stop_on_cancel(void **state)
+{
+    (void)state;
+    char ids[4][16];
+    char *job_id = submit_running("req-watch", ids);
+    Pcs__V1__GetJobResponse *gj;
+    Pcs__V1__Job *job = get_job(A, job_id, &gj);
+    uint64_t plan_hash = job->plan_hash;
+    assert_non_null(job->spec);
+    assert_string_equal(job->spec->name, "it-job");
+    protobuf_c_message_free_unpacked(&gj->base, NULL);
+    pcs_rpc_stream_t *s[4];
+    for (int r = 0; r < 4; r++) {
+        s[r] = watch(A, ids[r]);
+        Pcs__V1__AssignmentEvent *e = next_event(s[r]);
+        assert_int_equal(e->event_case, PCS__V1__ASSIGNMENT_EVENT__EVENT_ASSIGNMENT);
+        Pcs__V1__Assignment *a = e->assignment;
+        assert_string_equal(a->job_id, job_id);
+        assert_int_equal(a->rank, r);
+        assert_int_equal(a->world_size, 4);
+        assert_int_equal(a->generation, 1);
+        assert_non_null(a->coords);
+        assert_int_equal(a->coords->dp_shard, r);
+        assert_non_null(a->spec);
+        assert_int_equal(a->spec->mesh[0]->size, 4);
+        assert_non_null(a->plan);
+        assert_int_equal(a->plan->world_size, 4);
+        assert_true(a->plan_hash == plan_hash);
+        protobuf_c_message_free_unpacked(&e->base, NULL);
+    }
+    /* the same request id returns the same job */
+    Pcs__V1__JobSpec *spec = spec_new();
+    Pcs__V1__SubmitJobResponse *dup;
+    assert_int_equal(submit(A, spec, "req-watch", &dup), 0);
+    assert_true(dup->duplicate);
+    assert_string_equal(dup->job->job_id, job_id);
+    protobuf_c_message_free_unpacked(&dup->base, NULL);
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+    /* cancel: every watcher gets STOP, the job says CANCELLED with a reason */
+    assert_int_equal(cancel_job(A, job_id), 0);
+    for (int r = 0; r < 4; r++) {
+        Pcs__V1__AssignmentEvent *e = next_event(s[r]);
+        assert_int_equal(e->event_case, PCS__V1__ASSIGNMENT_EVENT__EVENT_DIRECTIVE);
+        assert_int_equal(e->directive->kind, PCS__V1__DIRECTIVE_KIND__DIRECTIVE_KIND_STOP);
+        assert_string_equal(e->directive->job_id, job_id);
+        protobuf_c_message_free_unpacked(&e->base, NULL);
+        pcs_rpc_stream_close(s[r]);
+    }
+    job = get_job(A, job_id, &gj);
+    assert_int_equal(job->state, PCS__V1__JOB_STATE__JOB_STATE_CANCELLED);
+    assert_non_null(strstr(job->reason, "cancelled"));
+    assert_true(job->finished_ms >= job->started_ms && job->started_ms >= job->created_ms);
+    protobuf_c_message_free_unpacked(&gj->base, NULL);
+    assert_int_equal(cancel_job(A, job_id), 9 /* FAILED_PRECONDITION */);
+    free(job_id);
+}
+
+static int kv_set(coord_proc_t *p, const char *job, uint64_t gen, const char *key,
+                  const void *val, size_t len)
+{
+    Pcs__V1__KvSetRequest req = PCS__V1__KV_SET_REQUEST__INIT;
+    req.job_id = (char *)job;
+    req.generation = gen;
+    req.key = (char *)key;
+    req.value.data = (uint8_t *)val;
+    req.value.len = len;
+    Pcs__V1__KvSetResponse *resp = NULL;
+    int code = call(p, PCS_M_KV_SET, &req, &pcs__v1__kv_set_response__descriptor, &resp);
+    if (resp)
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    return code;
+}
+
+static int kv_get(coord_proc_t *p, const char *job, uint64_t gen, const char *key,
+                  uint32_t wait_ms, Pcs__V1__KvGetResponse **resp)
+{
+    Pcs__V1__KvGetRequest req = PCS__V1__KV_GET_REQUEST__INIT;
+    req.job_id = (char *)job;
+    req.generation = gen;
+    req.key = (char *)key;
+    req.wait_ms = wait_ms;
+    *resp = NULL;
+    return call(p, PCS_M_KV_GET, &req, &pcs__v1__kv_get_response__descriptor, resp);
+}
+
+typedef struct delayed_set {
+    const char *job;
+    int code;
+} delayed_set_t;
+
+static void *set_later(void *arg)
+{
+    delayed_set_t *d = arg;
+    pcs_test_sleep_ms(300);
+    pcs_rpc_client_t *c;
+    if (pcs_rpc_client_create(A->addr, &c) != PCS_OK)
+        return NULL;
+    Pcs__V1__KvSetRequest req = PCS__V1__KV_SET_REQUEST__INIT;
+    req.job_id = (char *)d->job;
+    req.generation = 1;
+    req.key = "gloo/0/rank1";
+    req.value.data = (uint8_t *)"10.0.0.2:555";
+    req.value.len = 12;
+    ProtobufCMessage *resp = NULL;
+    pcs_rpc_call(c, PCS_M_KV_SET, &req.base, &pcs__v1__kv_set_response__descriptor, T_MS, &resp,
+                 &d->code);
+    if (resp)
+        protobuf_c_message_free_unpacked(resp, NULL);
+    pcs_rpc_client_destroy(c);
+    return NULL;
+}
+
+static void test_kv_rendezvous_waits_limits_and_generations(void **state)
+{
+    (void)state;
+    char ids[4][16];
+    char *job = submit_running(NULL, ids);
+    Pcs__V1__KvGetResponse *g;
+    assert_int_equal(kv_set(A, job, 1, "gloo/0/rank0", "10.0.0.1:444", 12), 0);
+    assert_int_equal(kv_get(A, job, 1, "gloo/0/rank0", 0, &g), 0);
+    assert_true(g->found);
+    assert_int_equal(g->value.len, 12);
+    assert_memory_equal(g->value.data, "10.0.0.1:444", 12);
+    protobuf_c_message_free_unpacked(&g->base, NULL);
+    /* a parked get is answered by a set from another client */
+    delayed_set_t d = {job, -1};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, set_later, &d), 0);
+    uint64_t t0 = pcs_now_ms();
+    assert_int_equal(kv_get(A, job, 1, "gloo/0/rank1", 4000, &g), 0);
+    uint64_t waited = pcs_now_ms() - t0;
+    pthread_join(th, NULL);
+    assert_int_equal(d.code, 0);
+    assert_true(g->found);
+    assert_memory_equal(g->value.data, "10.0.0.2:555", 12);
+    assert_true(waited >= 250 && waited < 3500);
+    protobuf_c_message_free_unpacked(&g->base, NULL);
+    /* a parked get that nobody answers returns found=false after wait_ms */
+    t0 = pcs_now_ms();
+    assert_int_equal(kv_get(A, job, 1, "never", 300, &g), 0);
+    waited = pcs_now_ms() - t0;
+    assert_false(g->found);
+    assert_true(waited >= 250 && waited < 3000);
+    protobuf_c_message_free_unpacked(&g->base, NULL);
+    /* limits and scope */
+    char key[100];
+    memset(key, 'k', sizeof key - 1);
+    key[sizeof key - 1] = 0;
+    assert_int_equal(kv_set(A, job, 1, key, "v", 1), 8 /* RESOURCE_EXHAUSTED */);
+    assert_non_null(strstr(pcs_last_error(), "key: 99 bytes exceeds the limit of 64"));
+    assert_int_equal(kv_set(A, job, 2, "k", "v", 1), 9);
+    assert_non_null(strstr(pcs_last_error(), "generation 2"));
+    assert_int_equal(kv_set(A, "job-9999", 1, "k", "v", 1), 5);
+    assert_int_equal(kv_set(A, job, 1, "", "v", 1), 3);
+    /* the key set before is still there: nothing accepted was lost */
+    assert_int_equal(kv_get(A, job, 1, "gloo/0/rank0", 0, &g), 0);
+    assert_true(g->found);
+    protobuf_c_message_free_unpacked(&g->base, NULL);
+    assert_int_equal(cancel_job(A, job), 0);
+    assert_int_equal(kv_get(A, job, 1, "gloo/0/rank0", 0, &g), 9);
+    free(job);
+}
+
+static void test_report_step_done_from_all_ranks_succeeds_the_job(void **state)
+{
+    (void)state;
+    char ids[4][16];
+    char *job = submit_running(NULL, ids);
+    for (uint32_t r = 0; r < 4; r++) {
+        Pcs__V1__ReportStepRequest req = PCS__V1__REPORT_STEP_REQUEST__INIT;
+        Pcs__V1__StepReport rep = PCS__V1__STEP_REPORT__INIT;
+        rep.step = 2;
+        rep.loss = 0.25 + r;
+        rep.done = true;
+        rep.audit_ok = true;
+        req.worker_id = ids[r];
+        req.job_id = job;
+        req.generation = 1;
+        req.rank = r;
+        req.report = &rep;
+        Pcs__V1__ReportStepResponse *resp = NULL;
+        assert_int_equal(
+            call(A, PCS_M_REPORT_STEP, &req, &pcs__v1__report_step_response__descriptor, &resp),
+            0);
+        assert_null(resp->directive);
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    }
+    Pcs__V1__GetJobResponse *gj;
+    Pcs__V1__Job *j = get_job(A, job, &gj);
+    assert_int_equal(j->state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+    assert_int_equal(j->progress->step, 2);
+    assert_true(j->progress->loss == 0.25);
+    assert_int_equal(j->progress->reports, 4);
+    protobuf_c_message_free_unpacked(&gj->base, NULL);
+    free(job);
+}
+
+static void test_client_disconnect_mid_stream_then_rewatch_gets_the_assignment(void **state)
+{
+    (void)state;
+    char ids[4][16];
+    char *job = submit_running(NULL, ids);
+    pcs_rpc_stream_t *s = watch(A, ids[2]);
+    Pcs__V1__AssignmentEvent *e = next_event(s);
+    assert_int_equal(e->assignment->rank, 2);
+    protobuf_c_message_free_unpacked(&e->base, NULL);
+    pcs_rpc_stream_close(s); /* the client goes away mid-stream */
+    pcs_test_sleep_ms(100);
+    assert_int_equal(heartbeat(A, ids[2]), 0);
+    s = watch(A, ids[2]);
+    e = next_event(s);
+    assert_int_equal(e->event_case, PCS__V1__ASSIGNMENT_EVENT__EVENT_ASSIGNMENT);
+    assert_string_equal(e->assignment->job_id, job);
+    assert_int_equal(e->assignment->rank, 2);
+    protobuf_c_message_free_unpacked(&e->base, NULL);
+    /* a second watch of the same worker supersedes the first */
+    pcs_rpc_stream_t *s2 = watch(A, ids[2]);
+    ProtobufCMessage *m = NULL;
+    pcs_status_t st = pcs_rpc_stream_next(s, &pcs__v1__assignment_event__descriptor, T_MS, &m);
+    assert_int_equal(st, PCS_ERR_CANCELLED);
+    assert_non_null(strstr(pcs_last_error(), "superseded"));
+    pcs_rpc_stream_close(s);
+    e = next_event(s2);
+    assert_int_equal(e->assignment->rank, 2);
+    protobuf_c_message_free_unpacked(&e->base, NULL);
+    pcs_rpc_stream_close(s2);
+    assert_int_equal(cancel_job(A, job), 0);
+    free(job);
+}
+
+static int health_check(coord_proc_t *p, const char *service)
+{
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = (char *)service;
+    Grpc__Health__V1__HealthCheckResponse *resp = NULL;
+    int code = call(p, PCS_M_HEALTH_CHECK, &req, &grpc__health__v1__health_check_response__descriptor,
+                    &resp);
+    if (resp) {
+        code = code * 100 + (int)resp->status; /* OK + SERVING = 1 */
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    }
+    return code;
+}
+
+static int health_watch_first(coord_proc_t *p, const char *service, pcs_rpc_stream_t **keep)
+{
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = (char *)service;
+    pcs_rpc_stream_t *s;
+    assert_int_equal(pcs_rpc_stream_open(p->cli, PCS_M_HEALTH_WATCH, &req.base, &s), PCS_OK);
+    ProtobufCMessage *m = NULL;
+    assert_int_equal(
+        pcs_rpc_stream_next(s, &grpc__health__v1__health_check_response__descriptor, T_MS, &m),
+        PCS_OK);
+    int status = (int)((Grpc__Health__V1__HealthCheckResponse *)m)->status;
+    protobuf_c_message_free_unpacked(m, NULL);
+    if (keep)
+        *keep = s;
+    else
+        pcs_rpc_stream_close(s);
+    return status;
+}
+
+static void test_health_check_and_watch_serving_and_unknown_service(void **state)
+{
+    (void)state;
+    assert_int_equal(health_check(A, ""), 1);
+    assert_int_equal(health_check(A, "pcs.v1.WorkerService"), 1);
+    assert_int_equal(health_check(A, "pcs.v1.JobService"), 1);
+    assert_int_equal(health_check(A, "pcs.v1.ClusterService"), 1);
+    assert_int_equal(health_check(A, "no.such.Service"), 5 /* NOT_FOUND */);
+    assert_int_equal(health_watch_first(A, "", NULL), 1);
+    assert_int_equal(health_watch_first(A, "no.such.Service", NULL), 3 /* SERVICE_UNKNOWN */);
+}
+
+static void test_unknown_method_malformed_and_oversized_requests_are_rejected(void **state)
+{
+    (void)state;
+    Pcs__V1__GetStatusRequest empty = PCS__V1__GET_STATUS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    int code = -1;
+    assert_int_not_equal(pcs_rpc_call(A->cli, "/pcs.v1.WorkerService/NoSuchMethod", &empty.base,
+                                      &pcs__v1__get_status_response__descriptor, T_MS, &resp,
+                                      &code),
+                         PCS_OK);
+    assert_int_equal(code, 12 /* UNIMPLEMENTED */);
+    /* field 3 of RegisterRequest is a varint (pid); Device.name sends it length-delimited */
+    Pcs__V1__Device wrong = PCS__V1__DEVICE__INIT;
+    wrong.name = "not-a-pid";
+    assert_int_not_equal(pcs_rpc_call(A->cli, PCS_M_REGISTER, &wrong.base,
+                                      &pcs__v1__register_response__descriptor, T_MS, &resp, &code),
+                         PCS_OK);
+    assert_int_equal(code, 3 /* INVALID_ARGUMENT */);
+    /* --max-message-bytes 65536 */
+    size_t big = 100000;
+    char *val = calloc(1, big);
+    assert_int_equal(kv_set(A, "job-1", 1, "k", val, big), 8 /* RESOURCE_EXHAUSTED */);
+    free(val);
+    /* still serving, and the 100 registrations are intact */
+    assert_int_equal(health_check(A, ""), 1);
+    assert_int_equal(heartbeat(A, "w-100"), 0);
+}
+
+static void test_get_status_text_has_all_sections(void **state)
+{
+    (void)state;
+    Pcs__V1__GetStatusRequest req = PCS__V1__GET_STATUS_REQUEST__INIT;
+    Pcs__V1__GetStatusResponse *resp = NULL;
+    assert_int_equal(call(A, PCS_M_GET_STATUS, &req, &pcs__v1__get_status_response__descriptor,
+                          &resp),
+                     0);
+    assert_int_equal(resp->workers_idle + resp->workers_assigned, 100);
+    assert_non_null(strstr(resp->text, "# Coordinator\n"));
+    assert_non_null(strstr(resp->text, "# Workers\n"));
+    assert_non_null(strstr(resp->text, "# Jobs\n"));
+    assert_non_null(strstr(resp->text, "# Config\n"));
+    assert_non_null(strstr(resp->text, "lease_ms:600000"));
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+}
+
+// ---------------------------------------------------------------------------------------------
+// group B: a short lease
+
+static void test_lease_expiry_marks_worker_lost_and_fails_its_job(void **state)
+{
+    (void)state;
+    static const char *const args[] = {"--lease-ms", "300", "--heartbeat-interval-ms", "100",
+                                       NULL};
+    coord_proc_t *p = start("coord-b", args);
+    char *ids[4];
+    for (int i = 0; i < 4; i++) {
+        char ident[32];
+        snprintf(ident, sizeof ident, "lease-%d", i);
+        ids[i] = reg(p, ident, NULL);
+    }
+    Pcs__V1__JobSpec *spec = spec_new();
+    Pcs__V1__SubmitJobResponse *sr;
+    assert_int_equal(submit(p, spec, NULL, &sr), 0);
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+    assert_int_equal(sr->job->state, PCS__V1__JOB_STATE__JOB_STATE_RUNNING);
+    char *job = strdup(sr->job->job_id);
+    protobuf_c_message_free_unpacked(&sr->base, NULL);
+    pcs_rpc_stream_t *s = watch(p, ids[0]);
+    Pcs__V1__AssignmentEvent *e = next_event(s);
+    assert_int_equal(e->event_case, PCS__V1__ASSIGNMENT_EVENT__EVENT_ASSIGNMENT);
+    protobuf_c_message_free_unpacked(&e->base, NULL);
+    /* ranks 0..2 heartbeat; rank 3 (ids[3]) stays silent */
+    uint64_t t0 = pcs_now_ms();
+    while (pcs_now_ms() - t0 < 1200) {
+        for (int i = 0; i < 3; i++)
+            assert_int_equal(heartbeat(p, ids[i]), 0);
+        pcs_test_sleep_ms(80);
+    }
+    e = next_event(s);
+    assert_int_equal(e->event_case, PCS__V1__ASSIGNMENT_EVENT__EVENT_DIRECTIVE);
+    assert_int_equal(e->directive->kind, PCS__V1__DIRECTIVE_KIND__DIRECTIVE_KIND_STOP);
+    protobuf_c_message_free_unpacked(&e->base, NULL);
+    pcs_rpc_stream_close(s);
+    Pcs__V1__GetJobRequest gr = PCS__V1__GET_JOB_REQUEST__INIT;
+    gr.job_id = job;
+    Pcs__V1__GetJobResponse *gj = NULL;
+    assert_int_equal(call(p, PCS_M_GET_JOB, &gr, &pcs__v1__get_job_response__descriptor, &gj), 0);
+    assert_int_equal(gj->job->state, PCS__V1__JOB_STATE__JOB_STATE_FAILED);
+    char want[64];
+    snprintf(want, sizeof want, "worker %s (rank 3) lost", ids[3]);
+    assert_non_null(strstr(gj->job->reason, want));
+    protobuf_c_message_free_unpacked(&gj->base, NULL);
+    /* the LOST worker is told to re-register, and doing so revives it with the same id */
+    assert_int_equal(heartbeat(p, ids[3]), 9);
+    snprintf(want, sizeof want, "worker %s is LOST: re-register", ids[3]);
+    assert_non_null(strstr(pcs_last_error(), want));
+    int rr = 0;
+    char *again = reg(p, "lease-3", &rr);
+    assert_true(rr);
+    assert_string_equal(again, ids[3]);
+    free(again);
+    assert_int_equal(heartbeat(p, ids[3]), 0);
+    for (int i = 0; i < 4; i++)
+        free(ids[i]);
+    free(job);
+    stop(p);
+}
+
+// ---------------------------------------------------------------------------------------------
+// group C: shutdown
+
+static void test_sigterm_ends_open_streams_with_unavailable_and_exits_zero(void **state)
+{
+    (void)state;
+    coord_proc_t *p = start("coord-c", NULL);
+    char *id = reg(p, "solo", NULL);
+    pcs_rpc_stream_t *ws = watch(p, id);
+    pcs_rpc_stream_t *hs = NULL;
+    assert_int_equal(health_watch_first(p, "", &hs), 1);
+    pcs_test_sleep_ms(100); /* let the watch reach the handler */
+    uint64_t t0 = pcs_now_ms();
+    assert_int_equal(kill(p->pid, SIGTERM), 0);
+    ProtobufCMessage *m = NULL;
+    assert_int_equal(pcs_rpc_stream_next(ws, &pcs__v1__assignment_event__descriptor, T_MS, &m),
+                     PCS_ERR_REMOTE);
+    assert_non_null(strstr(pcs_last_error(), "shutting down"));
+    /* health watchers see NOT_SERVING before the stream ends */
+    assert_int_equal(
+        pcs_rpc_stream_next(hs, &grpc__health__v1__health_check_response__descriptor, T_MS, &m),
+        PCS_OK);
+    assert_non_null(m);
+    assert_int_equal(((Grpc__Health__V1__HealthCheckResponse *)m)->status, 2);
+    protobuf_c_message_free_unpacked(m, NULL);
+    pcs_rpc_stream_close(ws);
+    pcs_rpc_stream_close(hs);
+    int status = pcs_test_wait(p->pid, 3000);
+    assert_int_not_equal(status, -1);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    assert_true(pcs_now_ms() - t0 < 3000);
+    free(id);
+    pcs_rpc_client_destroy(p->cli);
+    pcs_test_rmtree(p->dir);
+    free(p->dir);
+    free(p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest group_a[] = {
+        cmocka_unit_test(test_100_workers_register_and_reregister_keeps_the_id),
+        cmocka_unit_test(test_bad_worker_requests_get_precise_codes),
+        cmocka_unit_test(test_invalid_specs_are_invalid_argument_naming_the_field),
+        cmocka_unit_test(test_submit_gang_starts_and_watchers_get_ranks_plan_then_stop_on_cancel),
+        cmocka_unit_test(test_kv_rendezvous_waits_limits_and_generations),
+        cmocka_unit_test(test_report_step_done_from_all_ranks_succeeds_the_job),
+        cmocka_unit_test(test_client_disconnect_mid_stream_then_rewatch_gets_the_assignment),
+        cmocka_unit_test(test_health_check_and_watch_serving_and_unknown_service),
+        cmocka_unit_test(test_unknown_method_malformed_and_oversized_requests_are_rejected),
+        cmocka_unit_test(test_get_status_text_has_all_sections),
+    };
+    const struct CMUnitTest others[] = {
+        cmocka_unit_test(test_lease_expiry_marks_worker_lost_and_fails_its_job),
+        cmocka_unit_test(test_sigterm_ends_open_streams_with_unavailable_and_exits_zero),
+    };
+    int fails = cmocka_run_group_tests_name("coordinator", group_a, group_a_setup,
+                                            group_a_teardown);
+    fails += cmocka_run_group_tests_name("coordinator_lifecycle", others, NULL, NULL);
+    return fails;
+}
