@@ -1,0 +1,112 @@
+/* The planner: a JobSpec and a world size in, the Plan (pcs.v1.Plan) out — units from the wrap
+ * policy, flat layouts and shard ranges, the dtype and reduction of every collective, mesh groups,
+ * pipeline stages and per-rank estimates. Pure C over protobuf-c structs: no RPC, no globals, so
+ * the coordinator, pcsctl (offline `plan`) and the workers all get the same answer.
+ * Rules and pcs's choices where PyTorch versions differ: docs/PLAN.md "Plan". */
+#ifndef PCS_COORD_PLAN_H
+#define PCS_COORD_PLAN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "pcs/dtype.h"
+#include "pcs/status.h"
+#include "pcs/v1/job.pb-c.h"
+#include "pcs/v1/plan.pb-c.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PCS_PLAN_VERSION 1
+
+/* The rule pcs applies when reduce_dtype is unset (also written into every plan). */
+#define PCS_PLAN_REDUCE_DTYPE_RULE                                                                 \
+    "reduce_dtype unset: reduce in param_dtype when param_dtype is set (FSDP1; FSDP2 <= 2.14), "  \
+    "else in the master dtype; FSDP2 clamp: reduce_dtype == param_dtype keeps param_dtype, "      \
+    "param_dtype == master dtype means no cast (PyTorch 2.15 FSDP2 reduces in the master dtype "  \
+    "when reduce_dtype is unset: set reduce_dtype for that)"
+
+/* Plan `spec` for `world_size` ranks (0 = the product of spec->mesh). When the mesh product
+ * differs from world_size, dp_shard absorbs the difference (elastic re-plans, `pcsctl plan
+ * --world N`); world_size must then be a multiple of pp x dp_replicate.
+ * Errors: PCS_ERR_INVALID_ARG with every problem as "field.path: reason", joined by "; ", in
+ * pcs_last_error(); PCS_ERR_NOMEM. On success the caller frees *out with pcs_plan_free().
+ * Thread-safe; O(#modules + #tensors + pp x virtual_stages), independent of the world size. */
+pcs_status_t pcs_plan_build(const Pcs__V1__JobSpec *spec, uint32_t world_size,
+                            Pcs__V1__Plan **out);
+
+/* Free a plan from pcs_plan_build (it is laid out like an unpacked message, so this is
+ * protobuf_c_message_free_unpacked and also frees unpacked plans). NULL is fine. */
+void pcs_plan_free(Pcs__V1__Plan *p);
+
+/* FNV-1a 64 over the packed plan with hash = 0; stable across processes and machines. */
+uint64_t pcs_plan_hash(const Pcs__V1__Plan *p);
+
+/* Rank -> (pp, dp_replicate, dp_shard), row-major over plan->mesh. out is initialised here.
+ * PCS_ERR_INVALID_ARG if rank >= world size or the plan has no mesh. */
+pcs_status_t pcs_plan_rank_coords(const Pcs__V1__Plan *p, uint32_t rank, Pcs__V1__MeshCoords *out);
+/* Inverse of pcs_plan_rank_coords; UINT32_MAX if a coordinate is out of range. */
+uint32_t pcs_plan_rank_of(const Pcs__V1__Plan *p, const Pcs__V1__MeshCoords *c);
+
+/* Memory and traffic estimate of `rank` (depends only on its pp coordinate). out is initialised
+ * here. Formulas: docs/PLAN.md. PCS_ERR_INVALID_ARG if rank >= world size. */
+pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
+                                    Pcs__V1__RankEstimate *out);
+
+/* The ranks of `rank`'s group of kind k in group-rank order (ascending global rank), its
+ * position in *my_index. *n: in = capacity of `ranks`, out = group size; ranks may be NULL to
+ * ask only for the size. Errors: PCS_ERR_INVALID_ARG (bad rank/kind, capacity too small; *n is
+ * still set), PCS_ERR_NOT_FOUND (kind RESHARD in a plan without int reshard_after_forward). */
+pcs_status_t pcs_plan_group_ranks(const Pcs__V1__Plan *p, Pcs__V1__GroupKind k, uint32_t rank,
+                                  uint32_t *ranks, uint32_t *n, uint32_t *my_index);
+
+/* [begin, end) of shard `shard_rank`'s unpadded part of the unit's flat buffer (torch.chunk rule:
+ * c = shard_numel, begin = min(r*c, flat_numel), end = min((r+1)*c, flat_numel); trailing shards
+ * may be empty). The rank's padded shard is always c elements starting at r*c. */
+void pcs_plan_shard_range(const Pcs__V1__Unit *u, uint32_t shard_rank, uint64_t *begin,
+                          uint64_t *end);
+
+// ---- the rules, exposed for tests, workers and the reference trainer ----
+
+/* FSDP1 / fp16 pre- and post-divide factors for a data-parallel size (spec §4.2):
+ * pre = 1; while ws % pre == 0 && ws / pre > pre: pre *= 2; post = ws / pre. */
+void pcs_plan_divide_factors(double ws, double *pre, double *post);
+
+/* FSDP2 op choice (_get_gradient_divide_factors, spec §4.2 / case 9) for a reduce-scatter over
+ * rs_size ranks followed by an all-reduce over ar_size ranks (1 = none). factor <= 0 = unset
+ * (the data-parallel size); force_sum = set_force_sum_reduction_for_comms. pre_divide applies to
+ * the reduce-scatter input, post_divide to the final output; 1 = none. */
+void pcs_plan_reduce_ops(pcs_dtype_t reduce, uint32_t rs_size, uint32_t ar_size, double factor,
+                         bool force_sum, Pcs__V1__ReduceOp *rs_op, Pcs__V1__ReduceOp *ar_op,
+                         double *premul, double *pre, double *post);
+
+typedef struct pcs_precision_in {
+    pcs_dtype_t master;         /* dtype of the sharded parameters (fp32, or fp16 = pure fp16) */
+    pcs_dtype_t param, reduce, buffer, output;  /* policy values; PCS_DTYPE_NONE = unset */
+    bool cast_forward_inputs;
+    bool keep_low_precision_grads;
+    bool mixed_precision;       /* false: ignored class / full_precision override */
+} pcs_precision_in_t;
+
+typedef struct pcs_precision {
+    pcs_dtype_t master;
+    pcs_dtype_t compute;        /* all-gather and forward/backward dtype */
+    pcs_dtype_t reduce;         /* reduce-scatter and all-reduce dtype */
+    pcs_dtype_t accum;          /* unsharded no-sync accumulator */
+    pcs_dtype_t grad;           /* sharded grad handed to the optimizer */
+    pcs_dtype_t buffer;         /* NONE = buffers keep their dtype */
+    pcs_dtype_t output;         /* NONE = no output cast */
+    bool cast_forward_inputs;
+    bool keep_low_precision_grads;
+    bool mixed_precision;
+} pcs_precision_t;
+
+/* Resolve one unit's policy: FSDP1 inference (case 11) with the FSDP2 clamp (case 12) and pcs's
+ * reduce_dtype rule (PCS_PLAN_REDUCE_DTYPE_RULE). Total: every input gives floating dtypes. */
+void pcs_plan_resolve_precision(const pcs_precision_in_t *in, pcs_precision_t *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

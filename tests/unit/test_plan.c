@@ -1,0 +1,881 @@
+/* Unit tests of the planner (coordinator/plan*.c, model.c): the acceptance cases of
+ * spec/fsdp-semantics.md §9 that concern layout, dtypes, factors, strategies and groups (cases
+ * 1, 6-9, 11, 12, 20-23, the §2.1 table, §7 mesh), the MLP FQN scheme, errors with field paths,
+ * hashing and estimates. Expected values are the spec's tables or computed by hand in comments. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+#include "pcs/pbtext.h"
+#include "plan.h"
+
+typedef Pcs__V1__JobSpec job_t;
+
+// ---- helpers ----------------------------------------------------------------------------------
+
+static job_t *spec_of(const char *yaml)
+{
+    ProtobufCMessage *m = NULL;
+    pcs_status_t rc = pcs_pb_from_yaml(yaml, strlen(yaml), &pcs__v1__job_spec__descriptor, &m);
+    if (rc != PCS_OK)
+        fail_msg("yaml: %s\n%s", pcs_last_error(), yaml);
+    return (job_t *)m;
+}
+
+static void spec_free(job_t *s)
+{
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+}
+
+static Pcs__V1__Plan *plan_of(const char *yaml, uint32_t ws)
+{
+    job_t *s = spec_of(yaml);
+    Pcs__V1__Plan *p = NULL;
+    pcs_status_t rc = pcs_plan_build(s, ws, &p);
+    if (rc != PCS_OK)
+        fail_msg("plan: %s: %s", pcs_status_str(rc), pcs_last_error());
+    spec_free(s);
+    return p;
+}
+
+static void expect_error(const char *yaml, uint32_t ws, const char *needle)
+{
+    job_t *s = spec_of(yaml);
+    Pcs__V1__Plan *p = NULL;
+    pcs_status_t rc = pcs_plan_build(s, ws, &p);
+    spec_free(s);
+    assert_int_equal(rc, PCS_ERR_INVALID_ARG);
+    assert_null(p);
+    if (!strstr(pcs_last_error(), needle))
+        fail_msg("error '%s' does not contain '%s'", pcs_last_error(), needle);
+}
+
+static const Pcs__V1__Unit *unit_at(const Pcs__V1__Plan *p, const char *path)
+{
+    for (size_t i = 0; i < p->n_units; i++)
+        if (strcmp(p->units[i]->path, path) == 0)
+            return p->units[i];
+    fail_msg("no unit '%s'", path);
+    return NULL;
+}
+
+static const Pcs__V1__CollectiveSpec *coll_of(const Pcs__V1__Unit *u, Pcs__V1__CollKind k,
+                                              Pcs__V1__Phase ph)
+{
+    for (size_t i = 0; i < u->n_collectives; i++)
+        if (u->collectives[i]->kind == k && u->collectives[i]->phase == ph)
+            return u->collectives[i];
+    return NULL;
+}
+
+/* A root-only explicit model with 1-D params of the given numels, planned on dp_shard = ws. */
+static Pcs__V1__Plan *flat_plan(const uint64_t *numel, size_t n, uint32_t ws, const char *prec)
+{
+    char y[2048];
+    int o = snprintf(y, sizeof y, "model: {explicit: [{path: '', class: Net, params: [");
+    for (size_t i = 0; i < n; i++)
+        o += snprintf(y + o, sizeof y - o, "%s{name: p%zu, shape: [%llu]}", i ? ", " : "", i,
+                      (unsigned long long)numel[i]);
+    snprintf(y + o, sizeof y - o, "]}]}\nmesh: [{dim: dp_shard, size: %u}]\n%s", ws,
+             prec ? prec : "");
+    return plan_of(y, ws);
+}
+
+#define COLL(x) PCS__V1__COLL_KIND__COLL_KIND_##x
+#define PHASE(x) PCS__V1__PHASE__PHASE_##x
+#define DT(x) PCS__V1__DTYPE__DTYPE_##x
+#define OP(x) PCS__V1__REDUCE_OP__REDUCE_OP_##x
+#define GK(x) PCS__V1__GROUP_KIND__GROUP_KIND_##x
+
+// ---- layout: spec §2.1 table (case 1), cases 6 and 7 ---------------------------------------
+
+static void test_chunk_layout_matches_spec_table(void **state)
+{
+    (void)state;
+    static const struct {
+        uint64_t n;
+        uint32_t ws;
+        uint64_t c;
+        uint64_t sizes[8];
+    } rows[] = {
+        {10, 4, 3, {3, 3, 3, 1}},
+        {9, 4, 3, {3, 3, 3, 0}},
+        {5, 4, 2, {2, 2, 1, 0}},
+        {17, 8, 3, {3, 3, 3, 3, 3, 2, 0, 0}},
+        {100, 3, 34, {34, 34, 32}},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        Pcs__V1__Plan *p = flat_plan(&rows[i].n, 1, rows[i].ws, NULL);
+        const Pcs__V1__Unit *u = p->units[0];
+        assert_int_equal(u->flat_numel, rows[i].n);
+        assert_int_equal(u->shard_numel, rows[i].c);
+        assert_int_equal(u->padded_numel, rows[i].c * rows[i].ws);
+        for (uint32_t r = 0; r < rows[i].ws; r++) {
+            uint64_t b, e;
+            pcs_plan_shard_range(u, r, &b, &e);
+            assert_int_equal(e - b, rows[i].sizes[r]);
+            /* pad per rank = c - unpadded size */
+            assert_int_equal(rows[i].c - (e - b), rows[i].c - rows[i].sizes[r]);
+            if (e > b)
+                assert_int_equal(b, r * rows[i].c);
+        }
+        pcs_plan_free(p);
+    }
+}
+
+static void test_fsdp1_flat_shard_case6(void **state)
+{
+    (void)state;
+    uint64_t numel[] = {8, 5};
+    Pcs__V1__Plan *p = flat_plan(numel, 2, 4, NULL);
+    const Pcs__V1__Unit *u = p->units[0];
+    assert_int_equal(u->numel, 13);
+    assert_int_equal(u->flat_numel, 13);
+    assert_int_equal(u->shard_numel, 4);
+    assert_int_equal(u->padded_numel, 16);
+    static const uint64_t want[4][2] = {{0, 4}, {4, 8}, {8, 12}, {12, 13}};
+    for (uint32_t r = 0; r < 4; r++) {
+        uint64_t b, e;
+        pcs_plan_shard_range(u, r, &b, &e);
+        assert_int_equal(b, want[r][0]);
+        assert_int_equal(e, want[r][1]);
+    }
+    pcs_plan_free(p);
+}
+
+static void test_aligned_flat_param_case7(void **state)
+{
+    (void)state;
+    uint64_t numel[] = {10, 3};
+    /* fp32: 10, pad 2, 3, pad 1 -> 16, c = 4 */
+    Pcs__V1__Plan *p = flat_plan(numel, 2, 4, NULL);
+    const Pcs__V1__Unit *u = p->units[0];
+    assert_int_equal(u->align_numel, 4);
+    assert_int_equal(u->params[0]->offset, 0);
+    assert_int_equal(u->params[1]->offset, 12);
+    assert_int_equal(u->flat_numel, 15);
+    assert_int_equal(u->padded_numel, 16);
+    assert_int_equal(u->shard_numel, 4);
+    pcs_plan_free(p);
+    /* param_dtype bf16 (aligned 8): 10, pad 6, 3, pad 1 -> 20, c = 5 */
+    p = flat_plan(numel, 2, 4, "precision: {param_dtype: bf16}");
+    u = p->units[0];
+    assert_int_equal(u->align_numel, 8);
+    assert_int_equal(u->params[1]->offset, 16);
+    assert_int_equal(u->flat_numel, 19);
+    assert_int_equal(u->padded_numel, 20);
+    assert_int_equal(u->shard_numel, 5);
+    assert_int_equal(u->param_dtype, DT(BF16));
+    assert_int_equal(u->master_dtype, DT(FP32));
+    pcs_plan_free(p);
+}
+
+// ---- factors and ops: cases 8 and 9 -------------------------------------------------------
+
+static void test_divide_factors_match_spec_table_case8(void **state)
+{
+    (void)state;
+    static const double t[][3] = {{1, 1, 1},   {2, 2, 1},   {3, 2, 1.5},  {4, 2, 2},
+                                  {5, 2, 2.5}, {6, 4, 1.5}, {8, 4, 2},    {12, 4, 3},
+                                  {16, 4, 4},  {24, 8, 3},  {32, 8, 4},   {64, 8, 8},
+                                  {128, 16, 8}, {256, 16, 16}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        double pre, post;
+        pcs_plan_divide_factors(t[i][0], &pre, &post);
+        assert_true(pre == t[i][1]);
+        assert_true(post == t[i][2]);
+    }
+}
+
+static void test_fsdp2_reduce_op_choice_case9(void **state)
+{
+    (void)state;
+    Pcs__V1__ReduceOp rs, ar;
+    double premul, pre, post;
+    /* dp = 4: fp32 and bf16 -> AVG/AVG, no division */
+    pcs_plan_reduce_ops(PCS_DTYPE_FP32, 4, 1, 0, false, &rs, &ar, &premul, &pre, &post);
+    assert_int_equal(rs, OP(AVG));
+    assert_int_equal(ar, OP(AVG));
+    assert_true(pre == 1 && post == 1);
+    pcs_plan_reduce_ops(PCS_DTYPE_BF16, 4, 1, 0, false, &rs, &ar, &premul, &pre, &post);
+    assert_int_equal(rs, OP(AVG));
+    /* dp = 1 -> SUM, no division */
+    pcs_plan_reduce_ops(PCS_DTYPE_FP32, 1, 1, 0, false, &rs, &ar, &premul, &pre, &post);
+    assert_int_equal(rs, OP(SUM));
+    assert_true(pre == 1 && post == 1);
+    /* fp16 dp = 8 -> pre 4, post 2, SUM */
+    pcs_plan_reduce_ops(PCS_DTYPE_FP16, 8, 1, 0, false, &rs, &ar, &premul, &pre, &post);
+    assert_int_equal(rs, OP(SUM));
+    assert_true(pre == 4 && post == 2);
+    /* factor 4 with RS size 4 (fp32) -> RS AVG */
+    pcs_plan_reduce_ops(PCS_DTYPE_FP32, 4, 1, 4, false, &rs, &ar, &premul, &pre, &post);
+    assert_int_equal(rs, OP(AVG));
+    assert_int_equal(ar, OP(SUM));
+    /* factor 8 with RS size 4 -> PREMUL_SUM(1/8) */
+    pcs_plan_reduce_ops(PCS_DTYPE_FP32, 4, 1, 8, false, &rs, &ar, &premul, &pre, &post);
+    assert_int_equal(rs, OP(PREMUL_SUM));
+    assert_true(premul == 0.125);
+    /* force_sum fp32 dp = 4 -> SUM with post 4 */
+    pcs_plan_reduce_ops(PCS_DTYPE_FP32, 4, 1, 0, true, &rs, &ar, &premul, &pre, &post);
+    assert_int_equal(rs, OP(SUM));
+    assert_true(pre == 1 && post == 4);
+    /* HSDP fp16 2 x 4: factors over dp = 8 */
+    pcs_plan_reduce_ops(PCS_DTYPE_FP16, 4, 2, 0, false, &rs, &ar, &premul, &pre, &post);
+    assert_true(pre == 4 && post == 2);
+}
+
+// ---- precision: cases 11 and 12 -----------------------------------------------------------
+
+static void resolve(pcs_dtype_t master, pcs_dtype_t param, pcs_dtype_t reduce,
+                    pcs_precision_t *out)
+{
+    pcs_precision_in_t in = {.master = master, .param = param, .reduce = reduce,
+                             .cast_forward_inputs = true, .mixed_precision = true};
+    pcs_plan_resolve_precision(&in, out);
+}
+
+static void test_fsdp1_dtype_inference_case11(void **state)
+{
+    (void)state;
+    static const struct {
+        pcs_dtype_t orig, param, reduce, want_compute, want_reduce;
+    } t[] = {
+        {PCS_DTYPE_FP32, PCS_DTYPE_NONE, PCS_DTYPE_NONE, PCS_DTYPE_FP32, PCS_DTYPE_FP32},
+        {PCS_DTYPE_FP32, PCS_DTYPE_FP16, PCS_DTYPE_NONE, PCS_DTYPE_FP16, PCS_DTYPE_FP16},
+        {PCS_DTYPE_FP32, PCS_DTYPE_NONE, PCS_DTYPE_FP16, PCS_DTYPE_FP32, PCS_DTYPE_FP16},
+        {PCS_DTYPE_FP32, PCS_DTYPE_FP16, PCS_DTYPE_FP32, PCS_DTYPE_FP16, PCS_DTYPE_FP32},
+        {PCS_DTYPE_FP16, PCS_DTYPE_FP32, PCS_DTYPE_NONE, PCS_DTYPE_FP32, PCS_DTYPE_FP32},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        pcs_precision_t pr;
+        resolve(t[i].orig, t[i].param, t[i].reduce, &pr);
+        assert_int_equal(pr.compute, t[i].want_compute);
+        assert_int_equal(pr.reduce, t[i].want_reduce);
+        assert_int_equal(pr.master, t[i].orig);
+        assert_int_equal(pr.grad, t[i].orig); /* params and grads full precision after bwd */
+    }
+}
+
+static void test_fsdp2_clamp_case12(void **state)
+{
+    (void)state;
+    pcs_precision_t pr;
+    /* (bf16, bf16): reduce clamped to None -> RS in bf16 */
+    resolve(PCS_DTYPE_FP32, PCS_DTYPE_BF16, PCS_DTYPE_BF16, &pr);
+    assert_int_equal(pr.reduce, PCS_DTYPE_BF16);
+    assert_int_equal(pr.accum, PCS_DTYPE_BF16);
+    /* (bf16, fp32) -> RS fp32, accumulate in fp32 (case 17) */
+    resolve(PCS_DTYPE_FP32, PCS_DTYPE_BF16, PCS_DTYPE_FP32, &pr);
+    assert_int_equal(pr.compute, PCS_DTYPE_BF16);
+    assert_int_equal(pr.reduce, PCS_DTYPE_FP32);
+    assert_int_equal(pr.accum, PCS_DTYPE_FP32);
+    /* (fp32, bf16) -> param None (all-gather fp32), RS bf16 */
+    resolve(PCS_DTYPE_FP32, PCS_DTYPE_FP32, PCS_DTYPE_BF16, &pr);
+    assert_int_equal(pr.compute, PCS_DTYPE_FP32);
+    assert_int_equal(pr.reduce, PCS_DTYPE_BF16);
+    /* (bf16, None) -> bf16: pcs's documented rule (FSDP2 <= 2.14) */
+    resolve(PCS_DTYPE_FP32, PCS_DTYPE_BF16, PCS_DTYPE_NONE, &pr);
+    assert_int_equal(pr.reduce, PCS_DTYPE_BF16);
+    assert_non_null(strstr(PCS_PLAN_REDUCE_DTYPE_RULE, "param_dtype when param_dtype is set"));
+    /* non-float policy values are never applied (no cast) */
+    resolve(PCS_DTYPE_FP32, PCS_DTYPE_INT64, PCS_DTYPE_INT64, &pr);
+    assert_int_equal(pr.compute, PCS_DTYPE_FP32);
+    assert_int_equal(pr.reduce, PCS_DTYPE_FP32);
+    /* mixed precision off ignores the policy; keep_low_precision_grads -> param dtype grads */
+    pcs_precision_in_t in = {.master = PCS_DTYPE_FP32, .param = PCS_DTYPE_FP16,
+                             .reduce = PCS_DTYPE_FP16, .keep_low_precision_grads = true,
+                             .mixed_precision = true};
+    pcs_plan_resolve_precision(&in, &pr);
+    assert_int_equal(pr.grad, PCS_DTYPE_FP16);
+    in.mixed_precision = false;
+    pcs_plan_resolve_precision(&in, &pr);
+    assert_int_equal(pr.compute, PCS_DTYPE_FP32);
+    assert_int_equal(pr.reduce, PCS_DTYPE_FP32);
+    assert_int_equal(pr.grad, PCS_DTYPE_FP32);
+    assert_false(pr.cast_forward_inputs);
+}
+
+// ---- units, strategies, groups -------------------------------------------------------------
+
+#define MLP_BN                                                                                     \
+    "model: {mlp: {input_dim: 8, hidden_dims: [16, 16, 16], output_dim: 4, norm: batchnorm}}\n"
+
+static void test_batchnorm_units_have_mixed_precision_off_case20(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *p = plan_of(MLP_BN "wrap: {size_based: {min_num_params: 100000}}\n"
+                                      "precision: {param_dtype: bf16, buffer_dtype: bf16}\n"
+                                      "mesh: [{dim: dp_shard, size: 2}]",
+                               0);
+    uint32_t bn_units = 0;
+    for (size_t i = 0; i < p->n_units; i++) {
+        const Pcs__V1__Unit *u = p->units[i];
+        if (strcmp(u->module_class, "BatchNorm1d") != 0) {
+            assert_true(u->mixed_precision);
+            continue;
+        }
+        bn_units++;
+        assert_false(u->mixed_precision);
+        assert_int_equal(u->param_dtype, DT(FP32));
+        assert_int_equal(u->reduce_dtype, DT(FP32));
+        assert_int_equal(u->n_buffers, 3);
+        assert_int_equal(u->buffers[0]->run_dtype, DT(FP32)); /* running stats stay fp32 */
+        assert_int_equal(u->buffers[2]->dtype, DT(INT64));
+        assert_int_equal(u->buffers[2]->run_dtype, DT(INT64));
+    }
+    assert_int_equal(bn_units, 3); /* == number of BatchNorm modules */
+    /* the root unit keeps the original config */
+    assert_int_equal(unit_at(p, "")->param_dtype, DT(BF16));
+    pcs_plan_free(p);
+
+    /* [none] disables: BatchNorm params stay in their block's unit */
+    p = plan_of(MLP_BN "wrap: {module_class: [MLPBlock], ignored_module_classes: [none]}\n"
+                       "precision: {param_dtype: bf16}\nmesh: [{dim: dp_shard, size: 2}]",
+                0);
+    assert_int_equal(p->n_units, 4);
+    assert_int_equal(unit_at(p, "layers.1")->n_params, 4);
+    assert_int_equal(unit_at(p, "layers.1")->n_buffers, 3);
+    pcs_plan_free(p);
+}
+
+static void test_root_kept_unsharded_children_resharded_case21(void **state)
+{
+    (void)state;
+    const char *base = "model: {mlp: {input_dim: 8, hidden_dims: [16, 16], output_dim: 4}}\n"
+                       "wrap: {module_class: [MLPBlock]}\nmesh: [{dim: dp_shard, size: 4}]\n";
+    char y[512];
+    static const struct {
+        const char *extra;
+        bool child_raf, child_rab;
+    } t[] = {
+        {"strategy: full_shard", true, true},
+        {"strategy: shard_grad_op", false, false},
+        {"reshard_after_forward: false", false, true},
+        {"strategy: shard_grad_op\nreshard_after_forward: true", true, false},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        snprintf(y, sizeof y, "%s%s", base, t[i].extra);
+        Pcs__V1__Plan *p = plan_of(y, 0);
+        assert_int_equal(p->n_units, 3);
+        const Pcs__V1__Unit *root = unit_at(p, "");
+        assert_true(root->is_root);
+        assert_false(root->reshard_after_forward);
+        for (int k = 0; k < 2; k++) {
+            const Pcs__V1__Unit *u = unit_at(p, k ? "layers.1" : "layers.0");
+            assert_int_equal(u->reshard_after_forward, t[i].child_raf);
+            assert_int_equal(u->reshard_after_backward, t[i].child_rab);
+            /* a backward all-gather exists iff the unit resharded after forward */
+            assert_int_equal(coll_of(u, COLL(ALL_GATHER), PHASE(BACKWARD)) != NULL,
+                             t[i].child_raf);
+        }
+        assert_null(coll_of(root, COLL(ALL_GATHER), PHASE(BACKWARD)));
+        pcs_plan_free(p);
+    }
+}
+
+static void test_reshard_after_forward_int_case22(void **state)
+{
+    (void)state;
+    const char *base = "model: {mlp: {input_dim: 8, hidden_dims: [16, 16], output_dim: 4}}\n"
+                       "wrap: {module_class: [MLPBlock]}\nmesh: [{dim: dp_shard, size: 4}]\n"
+                       "precision: {param_dtype: bf16}\n";
+    char y[512];
+    snprintf(y, sizeof y, "%sreshard_after_forward: 2", base);
+    Pcs__V1__Plan *p = plan_of(y, 0);
+    const Pcs__V1__Unit *u = unit_at(p, "layers.0");
+    assert_true(u->reshard_after_forward);
+    assert_int_equal(u->reshard_group_size, 2);
+    const Pcs__V1__CollectiveSpec *bag = coll_of(u, COLL(ALL_GATHER), PHASE(BACKWARD));
+    assert_non_null(bag);
+    assert_int_equal(bag->group, GK(RESHARD));
+    assert_int_equal(bag->group_size, 2);
+    assert_int_equal(bag->count, u->padded_numel / 2); /* each rank keeps 1/2 */
+    assert_int_equal(bag->dtype, DT(BF16));
+    uint32_t ranks[4], n = 4, me = 99;
+    assert_int_equal(pcs_plan_group_ranks(p, GK(RESHARD), 1, ranks, &n, &me), PCS_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(ranks[0], 0);
+    assert_int_equal(ranks[1], 1);
+    assert_int_equal(me, 1);
+    n = 4;
+    assert_int_equal(pcs_plan_group_ranks(p, GK(RESHARD), 2, ranks, &n, &me), PCS_OK);
+    assert_int_equal(ranks[0], 2);
+    assert_int_equal(ranks[1], 3);
+    assert_int_equal(me, 0);
+    pcs_plan_free(p);
+
+    snprintf(y, sizeof y, "%sreshard_after_forward: 3", base);
+    expect_error(y, 0, "reshard_after_forward.group_size: 3 does not divide the shard group size 4");
+
+    snprintf(y, sizeof y, "%sreshard_after_forward: 1", base); /* behaves as False */
+    p = plan_of(y, 0);
+    assert_false(unit_at(p, "layers.0")->reshard_after_forward);
+    pcs_plan_free(p);
+
+    snprintf(y, sizeof y, "%sreshard_after_forward: 4", base); /* behaves as True */
+    p = plan_of(y, 0);
+    u = unit_at(p, "layers.0");
+    assert_true(u->reshard_after_forward);
+    assert_int_equal(u->reshard_group_size, 0);
+    assert_int_equal(coll_of(u, COLL(ALL_GATHER), PHASE(BACKWARD))->group, GK(SHARD));
+    n = 4;
+    assert_int_equal(pcs_plan_group_ranks(p, GK(RESHARD), 0, ranks, &n, &me), PCS_ERR_NOT_FOUND);
+    pcs_plan_free(p);
+}
+
+static void test_hsdp_groups_and_averaging_case23(void **state)
+{
+    (void)state;
+    const char *y = "model: {mlp: {input_dim: 8, hidden_dims: [16, 16], output_dim: 4}}\n"
+                    "wrap: {module_class: [MLPBlock]}\nstrategy: hybrid_shard\n"
+                    "precision: {param_dtype: bf16, reduce_dtype: fp32}\n"
+                    "mesh: [{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 4}]";
+    Pcs__V1__Plan *p = plan_of(y, 8);
+    assert_int_equal(p->strategy, PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD);
+    assert_int_equal(p->dp_size, 8);
+    uint32_t ranks[8], n, me;
+    for (uint32_t r = 0; r < 8; r++) {
+        n = 8;
+        assert_int_equal(pcs_plan_group_ranks(p, GK(SHARD), r, ranks, &n, &me), PCS_OK);
+        assert_int_equal(n, 4);
+        for (uint32_t i = 0; i < 4; i++)
+            assert_int_equal(ranks[i], (r / 4) * 4 + i); /* {0-3}, {4-7} */
+        assert_int_equal(me, r % 4);
+        n = 8;
+        assert_int_equal(pcs_plan_group_ranks(p, GK(REPLICATE), r, ranks, &n, &me), PCS_OK);
+        assert_int_equal(n, 2);
+        assert_int_equal(ranks[0], r % 4); /* {i, i+4} */
+        assert_int_equal(ranks[1], r % 4 + 4);
+    }
+    const Pcs__V1__Unit *u = unit_at(p, "layers.1");
+    const Pcs__V1__CollectiveSpec *rs = coll_of(u, COLL(REDUCE_SCATTER), PHASE(STEP));
+    const Pcs__V1__CollectiveSpec *ar = coll_of(u, COLL(ALL_REDUCE), PHASE(STEP));
+    assert_non_null(rs);
+    assert_non_null(ar);
+    /* mean over all 8 ranks: AVG over 4 shards then AVG over 2 replicas */
+    assert_int_equal(rs->dtype, DT(FP32));
+    assert_int_equal(rs->reduction->op, OP(AVG));
+    assert_int_equal(rs->group_size, 4);
+    assert_int_equal(ar->reduction->op, OP(AVG));
+    assert_int_equal(ar->group, GK(REPLICATE));
+    assert_int_equal(ar->group_size, 2);
+    assert_int_equal(ar->count, u->shard_numel);
+    pcs_plan_free(p);
+
+    /* fp16 reduce: pre-divide 4 on the RS input, post-divide 2 on the AR output (dp = 8) */
+    p = plan_of("model: {mlp: {input_dim: 8, hidden_dims: [16], output_dim: 4}}\n"
+                "strategy: hybrid_shard\nprecision: {param_dtype: fp16}\n"
+                "mesh: [{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 4}]",
+                0);
+    u = p->units[0];
+    rs = coll_of(u, COLL(REDUCE_SCATTER), PHASE(STEP));
+    ar = coll_of(u, COLL(ALL_REDUCE), PHASE(STEP));
+    assert_int_equal(rs->dtype, DT(FP16));
+    assert_int_equal(rs->reduction->op, OP(SUM));
+    assert_true(rs->reduction->pre_divide == 4 && rs->reduction->post_divide == 1);
+    assert_true(ar->reduction->pre_divide == 1 && ar->reduction->post_divide == 2);
+    pcs_plan_free(p);
+}
+
+static void test_no_shard_all_reduces_over_dp(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *p = plan_of("model: {mlp: {input_dim: 8, hidden_dims: [16], output_dim: 4}}\n"
+                               "strategy: no_shard\nprecision: {param_dtype: fp16}\n"
+                               "mesh: [{dim: dp_shard, size: 4}]",
+                               0);
+    const Pcs__V1__Unit *u = p->units[0];
+    assert_int_equal(u->shard_group_size, 1);
+    assert_int_equal(u->padded_numel, u->flat_numel);
+    assert_null(coll_of(u, COLL(ALL_GATHER), PHASE(FORWARD)));
+    assert_null(coll_of(u, COLL(REDUCE_SCATTER), PHASE(STEP)));
+    const Pcs__V1__CollectiveSpec *ar = coll_of(u, COLL(ALL_REDUCE), PHASE(STEP));
+    assert_non_null(ar);
+    assert_int_equal(ar->group, GK(DP));
+    assert_int_equal(ar->group_size, 4);
+    assert_int_equal(ar->count, u->padded_numel);
+    assert_true(ar->reduction->pre_divide == 2 && ar->reduction->post_divide == 2);
+    pcs_plan_free(p);
+
+    /* full_shard with a shard group of 1 runs as no_shard (FSDP1 rule) and says so */
+    p = plan_of("model: {mlp: {input_dim: 8, hidden_dims: [16], output_dim: 4}}\n"
+                "mesh: [{dim: dp_shard, size: 1}]",
+                0);
+    assert_int_equal(p->strategy, PCS__V1__STRATEGY__STRATEGY_NO_SHARD);
+    assert_int_equal(p->units[0]->n_collectives, 0);
+    assert_true(p->n_notes >= 1);
+    pcs_plan_free(p);
+}
+
+static void test_dp_pp_mesh_groups_and_stages_section7(void **state)
+{
+    (void)state;
+    /* T-CMP: ("dp", "pp") = (2, 2), 8 MLP layers */
+    const char *y = "model: {mlp: {input_dim: 10, hidden_dims: [10, 10, 10, 10, 10, 10, 10, 10], "
+                    "output_dim: 10}}\nwrap: {module_class: [MLPBlock]}\n"
+                    "reshard_after_forward: false\n"
+                    "mesh: [{dim: dp_shard, size: 2}, {dim: pp, size: 2}]";
+    Pcs__V1__Plan *p = plan_of(y, 4);
+    uint32_t ranks[4], n, me;
+    for (uint32_t r = 0; r < 4; r++) {
+        Pcs__V1__MeshCoords c;
+        assert_int_equal(pcs_plan_rank_coords(p, r, &c), PCS_OK);
+        assert_int_equal(c.dp_shard * 2 + c.pp, r); /* rank = dp_idx * 2 + pp_idx */
+        assert_int_equal(pcs_plan_rank_of(p, &c), r);
+        n = 4;
+        assert_int_equal(pcs_plan_group_ranks(p, GK(PP), r, ranks, &n, &me), PCS_OK);
+        assert_int_equal(n, 2);
+        assert_int_equal(ranks[0], r / 2 * 2); /* {0,1}, {2,3} */
+        assert_int_equal(ranks[1], r / 2 * 2 + 1);
+        n = 4;
+        assert_int_equal(pcs_plan_group_ranks(p, GK(DP), r, ranks, &n, &me), PCS_OK);
+        assert_int_equal(ranks[0], r % 2); /* {0,2}, {1,3} */
+        assert_int_equal(ranks[1], r % 2 + 2);
+    }
+    assert_int_equal(p->n_stages, 2);
+    assert_int_equal(p->stages[0]->first_layer, 0);
+    assert_int_equal(p->stages[0]->last_layer, 4);
+    assert_int_equal(p->stages[1]->first_layer, 4);
+    assert_int_equal(p->stages[1]->last_layer, 8);
+    assert_string_equal(p->layer_container, "layers");
+    /* every stage has its own root unit; blocks sit in their layer's stage; head is last */
+    for (size_t i = 0; i < p->n_units; i++) {
+        const Pcs__V1__Unit *u = p->units[i];
+        if (strncmp(u->path, "layers.", 7) == 0)
+            assert_int_equal(u->stage, (uint32_t)atoi(u->path + 7) / 4);
+        if (u->is_root)
+            assert_false(u->reshard_after_forward);
+        for (size_t k = 0; k < u->n_params; k++)
+            if (strncmp(u->params[k]->fqn, "head.", 5) == 0)
+                assert_int_equal(u->stage, 1);
+    }
+    pcs_plan_free(p);
+
+    /* interleaved: 2 virtual stages per rank -> 4 stages of 2 layers, pp rank k holds k, k+2 */
+    char y2[1024];
+    snprintf(y2, sizeof y2, "%s\npipeline: {schedule: interleaved_1f1b, virtual_stages: 2}", y);
+    p = plan_of(y2, 4);
+    assert_int_equal(p->n_stages, 4);
+    for (uint32_t s = 0; s < 4; s++) {
+        assert_int_equal(p->stages[s]->pp_rank, s % 2);
+        assert_int_equal(p->stages[s]->first_layer, 2 * s);
+        assert_int_equal(p->stages[s]->last_layer, 2 * s + 2);
+    }
+    pcs_plan_free(p);
+
+    snprintf(y2, sizeof y2, "%s\npipeline: {virtual_stages: 8}", y);
+    expect_error(y2, 4, "mesh: pp=2 x pipeline.virtual_stages=8 = 16 stages");
+}
+
+// ---- model expansion ----------------------------------------------------------------------
+
+static void test_mlp_expansion_uses_the_fixed_fqn_scheme(void **state)
+{
+    (void)state;
+    job_t *s = spec_of("model: {mlp: {input_dim: 3, hidden_dims: [5, 7], output_dim: 2, "
+                       "norm: batchnorm, activation: gelu}}");
+    pcs_model_t *m = NULL;
+    assert_int_equal(pcs_model_expand(s, &m), PCS_OK);
+    static const char *mods[][2] = {
+        {"", "MLP"},          {"layers", "ModuleList"},     {"layers.0", "MLPBlock"},
+        {"layers.0.linear", "Linear"}, {"layers.0.norm", "BatchNorm1d"}, {"layers.0.act", "GELU"},
+        {"layers.1", "MLPBlock"},      {"layers.1.linear", "Linear"},
+        {"layers.1.norm", "BatchNorm1d"}, {"layers.1.act", "GELU"}, {"head", "Linear"}};
+    assert_int_equal(m->n_modules, 11);
+    for (uint32_t i = 0; i < m->n_modules; i++) {
+        assert_string_equal(m->modules[i].path, mods[i][0]);
+        assert_string_equal(m->modules[i].cls, mods[i][1]);
+        assert_int_equal(pcs_model_find(m, mods[i][0]), (int32_t)i);
+    }
+    static const struct {
+        const char *fqn;
+        uint32_t ndim;
+        uint64_t d0, d1;
+    } params[] = {{"layers.0.linear.weight", 2, 5, 3}, {"layers.0.linear.bias", 1, 5, 0},
+                  {"layers.0.norm.weight", 1, 5, 0},   {"layers.0.norm.bias", 1, 5, 0},
+                  {"layers.1.linear.weight", 2, 7, 5}, {"layers.1.linear.bias", 1, 7, 0},
+                  {"layers.1.norm.weight", 1, 7, 0},   {"layers.1.norm.bias", 1, 7, 0},
+                  {"head.weight", 2, 2, 7},            {"head.bias", 1, 2, 0}};
+    assert_int_equal(m->n_params, 10);
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < m->n_params; i++) {
+        assert_string_equal(m->params[i].fqn, params[i].fqn);
+        assert_int_equal(m->params[i].ndim, params[i].ndim);
+        assert_int_equal(m->params[i].shape[0], params[i].d0);
+        if (params[i].ndim == 2)
+            assert_int_equal(m->params[i].shape[1], params[i].d1);
+        total += params[i].d0 * (params[i].ndim == 2 ? params[i].d1 : 1);
+    }
+    assert_int_equal(m->numel, total);
+    assert_int_equal(m->n_buffers, 6);
+    assert_string_equal(m->buffers[0].fqn, "layers.0.norm.running_mean");
+    assert_string_equal(m->buffers[1].fqn, "layers.0.norm.running_var");
+    assert_string_equal(m->buffers[2].fqn, "layers.0.norm.num_batches_tracked");
+    assert_int_equal(m->buffers[2].dtype, PCS_DTYPE_INT64);
+    assert_int_equal(m->buffers[2].ndim, 0);
+    pcs_model_free(m);
+    spec_free(s);
+
+    s = spec_of("model: {mlp: {input_dim: 3, hidden_dims: [4], output_dim: 2, bias: false, "
+                "norm: layernorm}}");
+    assert_int_equal(pcs_model_expand(s, &m), PCS_OK);
+    assert_int_equal(m->n_params, 4); /* linear.weight, norm.weight, norm.bias, head.weight */
+    assert_string_equal(m->params[1].fqn, "layers.0.norm.weight");
+    assert_string_equal(m->modules[5].cls, "ReLU");
+    pcs_model_free(m);
+    spec_free(s);
+}
+
+static void test_explicit_tree_keeps_shared_params_once(void **state)
+{
+    (void)state;
+    /* embed and head share one weight; "blocks" is synthesized; the tied weight's unit is the
+     * lowest common ancestor's (the root), even though both users are wrapped */
+    const char *y =
+        "model: {explicit: ["
+        "{path: embed, class: Embedding, params: [{name: weight, shape: [10, 4]}]},"
+        "{path: blocks.0, class: Block, params: [{name: w, shape: [4, 4]}]},"
+        "{path: blocks.1, class: Block, params: [{name: w, shape: [4, 4]}]},"
+        "{path: head, class: Linear, shared: [{name: weight, shares: embed.weight}],"
+        " params: [{name: bias, shape: [10]}]}]}\n"
+        "wrap: {module_class: [Block, Embedding, Linear]}\nmesh: [{dim: dp_shard, size: 2}]";
+    job_t *s = spec_of(y);
+    pcs_model_t *m = NULL;
+    assert_int_equal(pcs_model_expand(s, &m), PCS_OK);
+    assert_int_equal(pcs_model_find(m, "blocks"), 2); /* root, embed, blocks, blocks.0 ... */
+    assert_string_equal(m->modules[2].cls, "Module");
+    assert_int_equal(m->n_aliases, 1);
+    assert_string_equal(m->aliases[0].fqn, "head.weight");
+    assert_int_equal(m->params[m->aliases[0].param].home, 0);
+    assert_int_equal(m->numel, 40 + 16 + 16 + 10);
+    pcs_model_free(m);
+    spec_free(s);
+
+    Pcs__V1__Plan *p = plan_of(y, 0);
+    uint32_t seen = 0;
+    uint64_t total = 0;
+    for (size_t i = 0; i < p->n_units; i++)
+        for (size_t k = 0; k < p->units[i]->n_params; k++) {
+            seen += strcmp(p->units[i]->params[k]->fqn, "embed.weight") == 0;
+            total += p->units[i]->params[k]->numel;
+        }
+    assert_int_equal(seen, 1);
+    assert_int_equal(total, 82);
+    assert_int_equal(unit_at(p, "")->n_params, 1);
+    assert_string_equal(unit_at(p, "")->params[0]->fqn, "embed.weight");
+    assert_int_equal(unit_at(p, "embed")->n_params, 0);
+    pcs_plan_free(p);
+}
+
+// ---- errors ------------------------------------------------------------------------------
+
+static void test_errors_name_every_field_path(void **state)
+{
+    (void)state;
+    expect_error("name: x", 1, "model: required (mlp or explicit)");
+    expect_error("model: {mlp: {input_dim: 0, hidden_dims: [4, 0], output_dim: 2}}", 1,
+                 "model.mlp.input_dim: must be >= 1; model.mlp.hidden_dims[1]: must be >= 1");
+    expect_error("model: {mlp: {input_dim: 2, hidden_dims: [4], output_dim: 2}}\n"
+                 "wrap: {explicit: [layers.0, layers.7]}",
+                 1, "wrap.explicit.paths[1]: no module 'layers.7'");
+    expect_error("model: {mlp: {input_dim: 2, hidden_dims: [4], output_dim: 2}}\n"
+                 "wrap: {size_based: {min_num_params: 0}}",
+                 1, "wrap.size_based.min_num_params: must be >= 1");
+    expect_error("model: {mlp: {input_dim: 2, hidden_dims: [4], output_dim: 2}}\n"
+                 "mesh: [{dim: pp, size: 2}, {dim: dp_replicate, size: 2}]",
+                 6, "mesh: world size 6 is not a multiple of pp x dp_replicate = 4");
+    expect_error("model: {mlp: {input_dim: 2, hidden_dims: [4], output_dim: 2}}\n"
+                 "mesh: [{dim: dp_shard, size: 2}, {dim: dp_shard, size: 2}]",
+                 0, "mesh[1].dim: dp_shard given twice");
+    expect_error("model: {mlp: {input_dim: 2, hidden_dims: [4], output_dim: 2}}\n"
+                 "precision: {param_dtype: int64, overrides: [{match: {}, reduce_dtype: int64}]}",
+                 1,
+                 "precision.param_dtype: int64 is not a floating dtype; "
+                 "precision.overrides[0].match: required (module_class or path); "
+                 "precision.overrides[0].reduce_dtype: int64 is not a floating dtype");
+    expect_error("model: {explicit: [{path: a, params: [{name: w, shape: [0]}]}, {path: a},"
+                 " {path: 'b..c'}]}",
+                 1, "model.explicit.modules[1].path: duplicate module 'a'");
+    expect_error("model: {explicit: [{path: a, params: [{name: w, shape: [2, 0]}]}]}", 1,
+                 "model.explicit.modules[0].params[0].shape[1]: must be >= 1");
+    expect_error("model: {explicit: [{path: a, shared: [{name: w, shares: z.w}]}]}", 1,
+                 "model.explicit.modules[0].shared[0].shares: no parameter 'z.w'");
+    expect_error("model: {explicit: [{path: a, params: [{name: w, shape: [2]}]},"
+                 "{path: b, params: [{name: w, shape: [2], dtype: bf16}]}]}",
+                 1, "model: unit '' mixes fp32 and bf16 parameters");
+    /* every error of one spec is reported, joined by "; " */
+    expect_error("model: {mlp: {input_dim: 0, hidden_dims: [4], output_dim: 2}}\n"
+                 "precision: {reduce_dtype: int64}",
+                 1, "precision.reduce_dtype: int64 is not a floating dtype; model.mlp.input_dim");
+}
+
+// ---- plan-level properties -----------------------------------------------------------------
+
+#define DEMO                                                                                       \
+    "model: {mlp: {input_dim: 256, hidden_dims: [1024, 1024, 1024, 1024], output_dim: 16,"        \
+    " activation: gelu, norm: layernorm, residual: true}}\n"                                       \
+    "wrap: {module_class: [MLPBlock], ignored_module_classes: [BatchNorm1d]}\n"                    \
+    "precision: {param_dtype: bf16, reduce_dtype: fp32, buffer_dtype: fp32,"                       \
+    " overrides: [{match: {module_class: LayerNorm}, param_dtype: fp32}]}\n"                       \
+    "mesh: [{dim: dp_shard, size: 4}]\n"                                                           \
+    "training: {steps: 4, micro_batch_size: 32, micro_batches: 4,"                                 \
+    " optimizer: {adamw: {lr: 1.0e-3}}}\n"
+
+static void test_demo_job_units_and_per_collective_dtypes(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *p = plan_of(DEMO, 0);
+    /* root + 4 blocks + 4 LayerNorms promoted by the override */
+    assert_int_equal(p->n_units, 9);
+    const Pcs__V1__Unit *blk = unit_at(p, "layers.2");
+    assert_int_equal(blk->n_params, 2); /* linear weight + bias; the norm is its own unit */
+    assert_int_equal(coll_of(blk, COLL(ALL_GATHER), PHASE(FORWARD))->dtype, DT(BF16));
+    assert_int_equal(coll_of(blk, COLL(REDUCE_SCATTER), PHASE(STEP))->dtype, DT(FP32));
+    assert_int_equal(blk->accum_dtype, DT(FP32));
+    const Pcs__V1__Unit *ln = unit_at(p, "layers.2.norm");
+    assert_int_equal(ln->param_dtype, DT(FP32));
+    assert_int_equal(coll_of(ln, COLL(ALL_GATHER), PHASE(FORWARD))->dtype, DT(FP32));
+    assert_true(ln->mixed_precision);
+    /* the root unit owns the head */
+    const Pcs__V1__Unit *root = unit_at(p, "");
+    assert_int_equal(root->n_params, 2);
+    assert_string_equal(root->params[0]->fqn, "head.weight");
+    assert_int_equal(p->micro_batches, 4);
+    assert_int_equal(p->optimizer_states, 2);
+    assert_non_null(strstr(p->reduce_dtype_rule, "reduce_dtype unset"));
+    pcs_plan_free(p);
+}
+
+static void test_world_size_rescales_dp_shard(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *p = plan_of(DEMO, 8);
+    assert_int_equal(p->world_size, 8);
+    assert_int_equal(p->shard_size, 8);
+    assert_int_equal(unit_at(p, "layers.0")->shard_group_size, 8);
+    bool noted = false;
+    for (size_t i = 0; i < p->n_notes; i++)
+        noted |= strstr(p->notes[i], "dp_shard 4 -> 8") != NULL;
+    assert_true(noted);
+    pcs_plan_free(p);
+}
+
+static void test_hash_is_stable_and_covers_the_plan(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *a = plan_of(DEMO, 0), *b = plan_of(DEMO, 0);
+    assert_true(a->hash != 0);
+    assert_true(a->hash == b->hash);
+    assert_true(pcs_plan_hash(a) == a->hash);
+    /* a packed and unpacked copy (what a worker receives) hashes the same */
+    size_t len = protobuf_c_message_get_packed_size(&a->base);
+    uint8_t *buf = malloc(len);
+    protobuf_c_message_pack(&a->base, buf);
+    Pcs__V1__Plan *c = pcs__v1__plan__unpack(NULL, len, buf);
+    assert_non_null(c);
+    assert_true(pcs_plan_hash(c) == a->hash);
+    c->units[1]->shard_numel++; /* any change changes the hash */
+    assert_true(pcs_plan_hash(c) != a->hash);
+    pcs_plan_free(c);
+    free(buf);
+    Pcs__V1__Plan *d = plan_of(DEMO, 8);
+    assert_true(d->hash != a->hash);
+    pcs_plan_free(a);
+    pcs_plan_free(b);
+    pcs_plan_free(d);
+}
+
+static void test_plan_size_does_not_grow_with_world_size(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *small = plan_of(DEMO, 8), *big = plan_of(DEMO, 16384);
+    size_t a = protobuf_c_message_get_packed_size(&small->base);
+    size_t b = protobuf_c_message_get_packed_size(&big->base);
+    /* only varint widths of counts and sizes differ */
+    assert_true(b < a + 256);
+    pcs_plan_free(small);
+    pcs_plan_free(big);
+}
+
+static void test_rank_estimate_matches_hand_count(void **state)
+{
+    (void)state;
+    /* two wrapped units of 8 fp32 elements, root without params, ws = 4, adamw, 1 micro-batch:
+     * c = 2 per unit -> shards 2*2*4 = 16 B, grads 16 B, adam 2*16 = 32 B; all-gather: forward
+     * and backward, (4-1)*2*4 = 24 B each, per unit -> 96 B; reduce-scatter 2*24 = 48 B.
+     * peak (prefetch 1): backward of the last unit holds both units gathered (2*32 B) plus its
+     * unsharded fp32 grad (32 B) = 96 B. */
+    Pcs__V1__Plan *p =
+        plan_of("model: {explicit: [{path: a, class: Linear, params: [{name: w, shape: [8]}]},"
+                "{path: b, class: Linear, params: [{name: w, shape: [8]}]}]}\n"
+                "wrap: {module_class: [Linear]}\nmesh: [{dim: dp_shard, size: 4}]\n"
+                "training: {optimizer: {adamw: {lr: 0.1}}}",
+                0);
+    Pcs__V1__RankEstimate e;
+    assert_int_equal(pcs_plan_rank_estimate(p, 3, &e), PCS_OK);
+    assert_int_equal(e.rank, 3);
+    assert_int_equal(e.param_shard_bytes, 16);
+    assert_int_equal(e.grad_shard_bytes, 16);
+    assert_int_equal(e.optimizer_bytes, 32);
+    assert_int_equal(e.all_gather_bytes, 96);
+    assert_int_equal(e.reduce_scatter_bytes, 48);
+    assert_int_equal(e.all_reduce_bytes, 0);
+    assert_int_equal(e.peak_unsharded_bytes, 96);
+    assert_int_equal(e.total_bytes, 16 + 16 + 32 + 96);
+    assert_int_equal(p->estimate_max->total_bytes, e.total_bytes);
+    assert_int_equal(pcs_plan_rank_estimate(p, 4, &e), PCS_ERR_INVALID_ARG);
+    pcs_plan_free(p);
+}
+
+static void test_size_based_wrap_follows_recursive_wrap(void **state)
+{
+    (void)state;
+    /* linears of 16*8+16 = 144 and 16*16+16 = 272 params, min 100: recursion enters each
+     * block (>= 100), the linear wraps (remainder >= 100), the block's remainder (0) does not,
+     * the ModuleList never wraps; the head (4*16+4 = 68 < 100) stays with the root. */
+    Pcs__V1__Plan *p = plan_of("model: {mlp: {input_dim: 8, hidden_dims: [16, 16], output_dim: 4}}"
+                               "\nwrap: {size_based: {min_num_params: 100}}\n"
+                               "mesh: [{dim: dp_shard, size: 2}]",
+                               0);
+    assert_int_equal(p->n_units, 3);
+    assert_string_equal(p->units[1]->path, "layers.0.linear");
+    assert_string_equal(p->units[2]->path, "layers.1.linear");
+    assert_int_equal(unit_at(p, "")->numel, 68);
+    pcs_plan_free(p);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_chunk_layout_matches_spec_table),
+        cmocka_unit_test(test_fsdp1_flat_shard_case6),
+        cmocka_unit_test(test_aligned_flat_param_case7),
+        cmocka_unit_test(test_divide_factors_match_spec_table_case8),
+        cmocka_unit_test(test_fsdp2_reduce_op_choice_case9),
+        cmocka_unit_test(test_fsdp1_dtype_inference_case11),
+        cmocka_unit_test(test_fsdp2_clamp_case12),
+        cmocka_unit_test(test_batchnorm_units_have_mixed_precision_off_case20),
+        cmocka_unit_test(test_root_kept_unsharded_children_resharded_case21),
+        cmocka_unit_test(test_reshard_after_forward_int_case22),
+        cmocka_unit_test(test_hsdp_groups_and_averaging_case23),
+        cmocka_unit_test(test_no_shard_all_reduces_over_dp),
+        cmocka_unit_test(test_dp_pp_mesh_groups_and_stages_section7),
+        cmocka_unit_test(test_mlp_expansion_uses_the_fixed_fqn_scheme),
+        cmocka_unit_test(test_explicit_tree_keeps_shared_params_once),
+        cmocka_unit_test(test_errors_name_every_field_path),
+        cmocka_unit_test(test_demo_job_units_and_per_collective_dtypes),
+        cmocka_unit_test(test_world_size_rescales_dp_shard),
+        cmocka_unit_test(test_hash_is_stable_and_covers_the_plan),
+        cmocka_unit_test(test_plan_size_does_not_grow_with_world_size),
+        cmocka_unit_test(test_rank_estimate_matches_hand_count),
+        cmocka_unit_test(test_size_based_wrap_follows_recursive_wrap),
+    };
+    return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
+}
