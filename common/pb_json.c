@@ -129,9 +129,21 @@ static void sb_json_string(sbuf_t *s, const char *str)
             i++;
         } else {
             size_t n = utf8_len(p + i, len - i);
+            uint32_t cp = 0;
+            if (n == 2)
+                cp = ((uint32_t)(p[i] & 0x1f) << 6) | (p[i + 1] & 0x3f);
+            else if (n == 3)
+                cp = ((uint32_t)(p[i] & 0x0f) << 12) | ((uint32_t)(p[i + 1] & 0x3f) << 6) |
+                     (p[i + 2] & 0x3f);
             if (n == 0) {
                 sb_str(s, "\\ufffd");
                 i++;
+            } else if ((cp >= 0x80 && cp <= 0x9f) || cp == 0x2028 || cp == 0x2029 ||
+                       cp == 0xfeff || cp == 0xfffe || cp == 0xffff) {
+                /* Valid JSON raw, but YAML readers fold line breaks (NEL, LS, PS) and refuse
+                 * the others: escaped, the output stays loadable by pb_yaml.c. */
+                sb_printf(s, "\\u%04x", (unsigned)cp);
+                i += n;
             } else {
                 sb_put(s, (const char *)p + i, n);
                 i += n;
