@@ -693,7 +693,118 @@ static void test_lease_expiry_marks_worker_lost_and_fails_its_job(void **state)
 }
 
 // ---------------------------------------------------------------------------------------------
-// group C: shutdown
+// group C: persistence, metrics, shutdown
+
+static void test_restart_with_same_db_keeps_worker_ids_and_job_history(void **state)
+{
+    (void)state;
+    char *dbdir = pcs_test_tmpdir("coord-db");
+    char db[1024];
+    snprintf(db, sizeof db, "%s/state.db", dbdir);
+    const char *args[] = {"--db", db, NULL};
+    coord_proc_t *p = start("coord-d1", args);
+    char *w1 = reg(p, "persist-a", NULL), *w2 = reg(p, "persist-b", NULL);
+    Pcs__V1__JobSpec *spec = spec_new();
+    spec->mesh[0]->size = 2;
+    Pcs__V1__SubmitJobResponse *sr;
+    assert_int_equal(submit(p, spec, "persist-req", &sr), 0);
+    char *job = strdup(sr->job->job_id);
+    protobuf_c_message_free_unpacked(&sr->base, NULL);
+    assert_int_equal(cancel_job(p, job), 0);
+    pcs_test_sleep_ms(100); /* the store commits from the loop's tick */
+    stop(p);
+
+    p = start("coord-d2", args);
+    int rr = 0;
+    char *again = reg(p, "persist-b", &rr);
+    assert_true(rr);
+    assert_string_equal(again, w2);
+    char *w3 = reg(p, "persist-c", &rr);
+    assert_false(rr);
+    assert_string_equal(w3, "w-3");
+    Pcs__V1__GetJobRequest gr = PCS__V1__GET_JOB_REQUEST__INIT;
+    gr.job_id = job;
+    Pcs__V1__GetJobResponse *gj = NULL;
+    assert_int_equal(call(p, PCS_M_GET_JOB, &gr, &pcs__v1__get_job_response__descriptor, &gj), 0);
+    assert_int_equal(gj->job->state, PCS__V1__JOB_STATE__JOB_STATE_CANCELLED);
+    assert_string_equal(gj->job->request_id, "persist-req");
+    assert_non_null(gj->job->spec);
+    assert_string_equal(gj->job->spec->name, "it-job");
+    protobuf_c_message_free_unpacked(&gj->base, NULL);
+    /* idempotency survives the restart; new jobs continue the numbering */
+    assert_int_equal(submit(p, spec, "persist-req", &sr), 0);
+    assert_true(sr->duplicate);
+    assert_string_equal(sr->job->job_id, job);
+    protobuf_c_message_free_unpacked(&sr->base, NULL);
+    assert_int_equal(submit(p, spec, "persist-req-2", &sr), 0);
+    assert_string_equal(sr->job->job_id, "job-2");
+    assert_int_equal(sr->job->state, PCS__V1__JOB_STATE__JOB_STATE_RUNNING);
+    protobuf_c_message_free_unpacked(&sr->base, NULL);
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+    stop(p);
+    free(w1), free(w2), free(w3), free(again), free(job);
+    pcs_test_rmtree(dbdir);
+    free(dbdir);
+}
+
+/* Minimal HTTP/1.0 GET over a socket; returns the whole response (caller frees). */
+static char *http_get(int port, const char *path)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "exec 3<>/dev/tcp/127.0.0.1/%d && printf 'GET %s HTTP/1.0\r\n\r\n' >&3 && "
+             "cat <&3",
+             port, path);
+    char full[600];
+    snprintf(full, sizeof full, "bash -c \"%s\"", cmd);
+    int status = -1;
+    char *out = pcs_test_run(full, &status);
+    assert_int_equal(status, 0);
+    return out;
+}
+
+static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
+{
+    (void)state;
+    char *dir = pcs_test_tmpdir("coord-m");
+    char mport_file[1024];
+    snprintf(mport_file, sizeof mport_file, "%s/metrics.port", dir);
+    const char *args[] = {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file", mport_file,
+                          NULL};
+    coord_proc_t *p = start("coord-m", args);
+    char *mp = pcs_test_wait_file(mport_file, 5000);
+    assert_non_null(mp);
+    int port = atoi(mp);
+    free(mp);
+    assert_true(port > 0);
+    char *id = reg(p, "metrics-a", NULL);
+    assert_int_equal(heartbeat(p, "w-77"), 5);
+    pcs_test_sleep_ms(700); /* the snapshot is refreshed every 500 ms */
+    char *m = http_get(port, "/metrics");
+    assert_non_null(strstr(m, "200 OK"));
+    assert_non_null(strstr(m, "pcs_workers{state=\"IDLE\"} 1"));
+    assert_non_null(strstr(m, "pcs_jobs{state=\"RUNNING\"} 0"));
+    assert_non_null(strstr(m, "pcs_rpc_calls_total{method=\"/pcs.v1.WorkerService/Register\","
+                              "code=\"OK\"} 1"));
+    assert_non_null(strstr(m, "pcs_rpc_calls_total{method=\"/pcs.v1.WorkerService/Heartbeat\","
+                              "code=\"NOT_FOUND\"} 1"));
+    assert_non_null(strstr(m, "pcs_rpc_latency_seconds_bucket{method=\"/pcs.v1.WorkerService/"
+                              "Register\",le=\"+Inf\"} 1"));
+    free(m);
+    m = http_get(port, "/readyz");
+    assert_non_null(strstr(m, "200 OK"));
+    free(m);
+    m = http_get(port, "/healthz");
+    assert_non_null(strstr(m, "200 OK"));
+    free(m);
+    m = http_get(port, "/nope");
+    assert_non_null(strstr(m, "404"));
+    free(m);
+    free(id);
+    stop(p);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
 
 static void test_sigterm_ends_open_streams_with_unavailable_and_exits_zero(void **state)
 {
@@ -747,6 +858,8 @@ int main(void)
     };
     const struct CMUnitTest others[] = {
         cmocka_unit_test(test_lease_expiry_marks_worker_lost_and_fails_its_job),
+        cmocka_unit_test(test_restart_with_same_db_keeps_worker_ids_and_job_history),
+        cmocka_unit_test(test_metrics_endpoint_reports_workers_jobs_and_rpcs),
         cmocka_unit_test(test_sigterm_ends_open_streams_with_unavailable_and_exits_zero),
     };
     int fails = cmocka_run_group_tests_name("coordinator", group_a, group_a_setup,
