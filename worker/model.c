@@ -153,15 +153,6 @@ void pcs_from_f32(const float *src, size_t n, pcs_dtype_t dst_dtype, void *dst)
     }
 }
 
-static float round1(float v, pcs_dtype_t t)
-{
-    if (t == PCS_DTYPE_BF16)
-        return pcs_bf16_to_f32(pcs_f32_to_bf16(v));
-    if (t == PCS_DTYPE_FP16)
-        return pcs_fp16_to_f32(pcs_f32_to_fp16(v));
-    return v;
-}
-
 static int is_compute_dtype(pcs_dtype_t t)
 {
     return t == PCS_DTYPE_FP32 || t == PCS_DTYPE_BF16 || t == PCS_DTYPE_FP16;
@@ -837,7 +828,7 @@ static pcs_status_t leave(pcs_mlp_t *m, uint32_t mod, const pcs_mlp_hooks_t *h)
 static pcs_status_t leaf_fwd(pcs_mlp_t *m, uint32_t mod, int in, int training,
                              const pcs_mlp_hooks_t *h, int *out)
 {
-    int x, y;
+    int x, y = in;
     PCS_CHECK(enter(m, mod, h));
     PCS_CHECK(cast_op(m, mod, in, m->cast_in[mod], &x));
     switch (m->mods[mod].kind) {
