@@ -23,44 +23,9 @@
 #include "pcs/version.h"
 #include "store.h"
 
-/* The spec validator (ctl engineer) and the planner are linked in from pcs_plan. They are
- * written in parallel; until their headers land, a pass-through stands in (no validation beyond
- * the mesh, no plan). */
-#if __has_include("plan.c")
+/* The spec validator (ctl engineer) and the planner (pure, in pcs_plan). */
 #include "plan.h"
-#else
-static pcs_status_t pcs_plan_build(const Pcs__V1__JobSpec *spec, uint32_t world_size,
-                                   Pcs__V1__Plan **out)
-{
-    (void)spec, (void)world_size;
-    *out = NULL;
-    return PCS_OK;
-}
-static void pcs_plan_free(Pcs__V1__Plan *p)
-{
-    (void)p;
-}
-static uint64_t pcs_plan_hash(const Pcs__V1__Plan *p)
-{
-    (void)p;
-    return 0;
-}
-static pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
-                                           Pcs__V1__RankEstimate *out)
-{
-    (void)p, (void)rank, (void)out;
-    return PCS_ERR_UNSUPPORTED;
-}
-#endif
-#if __has_include("validate.c")
 #include "validate.h"
-#else
-static pcs_status_t pcs_job_validate(const Pcs__V1__JobSpec *spec, char *err, size_t errlen)
-{
-    (void)spec, (void)err, (void)errlen;
-    return PCS_OK;
-}
-#endif
 
 #define SHUTDOWN_GRACE_MS 150
 #define METRICS_EVERY_MS 500

@@ -635,7 +635,8 @@ static void test_get_status_text_has_all_sections(void **state)
 static void test_lease_expiry_marks_worker_lost_and_fails_its_job(void **state)
 {
     (void)state;
-    static const char *const args[] = {"--lease-ms", "300", "--heartbeat-interval-ms", "100",
+    /* long enough that a loaded CI box (ASan) heartbeats in time, short enough for a quick test */
+    static const char *const args[] = {"--lease-ms", "1000", "--heartbeat-interval-ms", "100",
                                        NULL};
     coord_proc_t *p = start("coord-b", args);
     char *ids[4];
@@ -657,7 +658,7 @@ static void test_lease_expiry_marks_worker_lost_and_fails_its_job(void **state)
     protobuf_c_message_free_unpacked(&e->base, NULL);
     /* ranks 0..2 heartbeat; rank 3 (ids[3]) stays silent */
     uint64_t t0 = pcs_now_ms();
-    while (pcs_now_ms() - t0 < 1200) {
+    while (pcs_now_ms() - t0 < 2500) {
         for (int i = 0; i < 3; i++)
             assert_int_equal(heartbeat(p, ids[i]), 0);
         pcs_test_sleep_ms(80);
