@@ -1,5 +1,6 @@
-/* pcsctl status [JOB]: without JOB a coordinator summary (GetStatus: counts, then its INFO-style
- * text); with JOB the details of that job (GetJob): state, progress, workers by rank. */
+/* pcsctl status [--full] [JOB]: without JOB a coordinator summary (GetStatus counts; --full adds
+ * the coordinator's INFO-style sections); with JOB the details of that job (GetJob): state,
+ * progress, workers by rank. */
 #include "cli.h"
 #include "pcs/v1/coordinator.pb-c.h"
 
@@ -7,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char usage[] = "pcsctl status [JOB]";
+static const char usage[] = "pcsctl status [--full] [JOB]";
 
 static void print_duration(uint64_t ms)
 {
@@ -22,7 +23,7 @@ static void print_duration(uint64_t ms)
         printf("%" PRIu64 ".%01" PRIu64 "s", s, (ms % 1000u) / 100u);
 }
 
-static int cluster_status(void)
+static int cluster_status(int full)
 {
     Pcs__V1__GetStatusRequest req = PCS__V1__GET_STATUS_REQUEST__INIT;
     ProtobufCMessage *r = NULL;
@@ -42,7 +43,7 @@ static int cluster_status(void)
            s->workers_lost);
     printf("jobs         pending %u  running %u  finished %u\n", s->jobs_pending, s->jobs_running,
            s->jobs_finished);
-    if (s->text && *s->text) {
+    if (full && s->text && *s->text) {
         size_t n = strlen(s->text);
         printf("\n%s%s", s->text, s->text[n - 1] == '\n' ? "" : "\n");
     }
@@ -74,7 +75,9 @@ static void print_job(const Pcs__V1__Job *j)
         printf("request id   %s\n", j->request_id);
     const Pcs__V1__JobProgress *p = j->progress;
     uint32_t steps = j->spec && j->spec->training ? j->spec->training->steps : 0;
-    if (p) {
+    if (!p || (!p->reports && !p->step)) {
+        printf("progress     -\n");
+    } else {
         printf("progress     step %" PRIu64, p->step);
         if (steps)
             printf("/%u", steps);
@@ -125,17 +128,22 @@ static int job_status(const char *id)
 int pcs_cli_status(int argc, char **argv)
 {
     const char *job = NULL;
+    int full = 0;
     for (int i = 1; i < argc; i++) {
         int g = pcs_cli_global_flag(argc, argv, &i);
         if (g < 0)
             return PCS_CLI_USAGE;
         if (g > 0)
             continue;
+        if (!strcmp(argv[i], "--full")) {
+            full = 1;
+            continue;
+        }
         if (argv[i][0] == '-')
             return pcs_cli_usage("status", usage, "unknown option '%s'", argv[i]);
         if (job)
             return pcs_cli_usage("status", usage, "one job at a time");
         job = argv[i];
     }
-    return job ? job_status(job) : cluster_status();
+    return job ? job_status(job) : cluster_status(full);
 }

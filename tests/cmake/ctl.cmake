@@ -16,3 +16,12 @@ if(PCS_FUZZ AND CMAKE_C_COMPILER_ID MATCHES "Clang")
   target_link_libraries(fuzz_yaml PRIVATE pcs_plan pcs_common)
   set_target_properties(fuzz_yaml PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/fuzz)
 endif()
+
+# pcsctl against a real coordinator (both binaries must be built first).
+pcs_add_test(NAME test_pcsctl SOURCES ${PROJECT_SOURCE_DIR}/tests/integration/test_pcsctl.c
+             LIBS pcs_common LABELS integration TIMEOUT 120)
+foreach(bin pcsctl pcs-coordinator)
+  if(TARGET ${bin})
+    add_dependencies(test_pcsctl ${bin})
+  endif()
+endforeach()
