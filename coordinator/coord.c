@@ -100,6 +100,14 @@ static pcs_status_t strmap_put(strmap_t *m, const char *key, uint32_t val)
 
 // ---------------------------------------------------------------------------------------------
 
+#define FP_RING 16 /* steps remembered per pipeline stage */
+
+typedef struct pcs_coord_fp_slot {
+    uint64_t step, fp;
+    uint32_t rank;
+    bool used;
+} fp_slot_t;
+
 typedef struct pcs_coord_kv_waiter {
     void *token;
     char *key;
@@ -206,6 +214,7 @@ static void job_free(pcs_coord_t *c, pcs_coord_job_t *j)
     free(j->reason);
     free(j->rank_worker);
     free(j->rank_done);
+    free(j->fp_ring);
     free(j);
 }
 
@@ -657,6 +666,13 @@ static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job
     memcpy(j->dim_size, d->dim_size, d->n_dims * sizeof *d->dim_size);
     j->need_cuda = d->need_cuda;
     j->plan_hash = d->plan_hash;
+    j->fp_stages = 1;
+    for (uint32_t i = 0; i < d->n_dims; i++)
+        if (d->dim_name[i] == PCS_MESH_PP)
+            j->fp_stages = d->dim_size[i];
+    PCS_CHECK_GOTO(pcs_calloc((size_t)j->fp_stages * FP_RING, sizeof *j->fp_ring,
+                              (void **)&j->fp_ring),
+                   st, fail);
     j->progress.audit_ok = true;
     c->jobs[number - 1] = j;
     *out = j;
@@ -744,6 +760,8 @@ static void start_job(pcs_coord_t *c, pcs_coord_job_t *j)
     j->started_wall_ms = wall_ms(c);
     memset(j->rank_done, 0, j->world_size);
     j->n_done = 0;
+    if (j->fp_ring)
+        memset(j->fp_ring, 0, (size_t)j->fp_stages * FP_RING * sizeof *j->fp_ring);
     free(j->reason);
     j->reason = NULL;
     for (r = 0; r < j->world_size; r++) {
@@ -837,6 +855,32 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
         *directive = PCS_EV_STOP;
         snprintf(reason, reason_len, "%s", j->reason);
         return PCS_OK;
+    }
+    if (r->fingerprint) {
+        uint32_t co[4];
+        pcs_coord_rank_coords(j, r->rank, co);
+        fp_slot_t *slot = &j->fp_ring[(size_t)co[PCS_MESH_PP] * FP_RING + r->step % FP_RING];
+        if (slot->used && slot->step == r->step && slot->fp != r->fingerprint &&
+            slot->rank != r->rank) {
+            pcs_coord_worker_t *other = pcs_coord_worker_by_number(c, j->rank_worker[slot->rank]);
+            job_set_reason(j,
+                           "ranks %" PRIu32 " (worker %s) and %" PRIu32 " (worker %s) ran different "
+                           "collective sequences at step %" PRIu64 " (fingerprint %016" PRIx64
+                           " vs %016" PRIx64 ")",
+                           slot->rank, other ? other->id : "?", r->rank, w->id, r->step,
+                           slot->fp, r->fingerprint);
+            PCS_WARN(PCS_SUB_COORD, "job %s: %s", j->id, j->reason);
+            job_finish(c, j, PCS_JOB_FAILED);
+            *directive = PCS_EV_STOP;
+            snprintf(reason, reason_len, "%s", j->reason);
+            return PCS_OK;
+        }
+        if (!slot->used || slot->step != r->step) {
+            slot->used = true;
+            slot->step = r->step;
+            slot->fp = r->fingerprint;
+            slot->rank = r->rank;
+        }
     }
     if (r->done && !j->rank_done[r->rank]) {
         j->rank_done[r->rank] = 1;

@@ -124,6 +124,8 @@ typedef struct pcs_coord_job {
     uint8_t *rank_done;
     uint32_t n_done;
     pcs_coord_progress_t progress;
+    struct pcs_coord_fp_slot *fp_ring; /* recent step fingerprints per pp stage (coord.c) */
+    uint32_t fp_stages;
     void *spec, *plan; /* owned, opaque (server.c: Pcs__V1__JobSpec / Pcs__V1__Plan) */
     /* rendezvous KV of the current generation */
     pcs_coord_kv_entry_t *kv;
@@ -226,11 +228,14 @@ typedef struct pcs_coord_report {
     double loss, step_ms, eval_loss, loss_scale;
     uint64_t skipped_steps;
     bool audit_ok, done;
-    const char *error; /* non-empty: the worker failed the job */
+    const char *error;    /* non-empty: the worker failed the job */
+    uint64_t fingerprint; /* of the step's collective sequence; 0 = not given */
 } pcs_coord_report_t;
 
 /* Record a step report. *directive is PCS_EV_STOP when the worker should stop (job no longer
- * running, or not its job anymore), 0 otherwise; reason gets why. Errors: unknown worker/job
+ * running, or not its job anymore), 0 otherwise; reason gets why. Ranks of one pipeline stage
+ * run the same collective sequence, so two of them reporting different fingerprints for the same
+ * step fail the job at once, naming both ranks (instead of a hang until the NCCL watchdog). Errors: unknown worker/job
  * (NOT_FOUND), rank or generation that do not match (PCS_ERR_STATE / INVALID_ARG). */
 pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, int *directive,
                                    char *reason, size_t reason_len);

@@ -403,7 +403,8 @@ static void h_report_step(pcs_rpc_call_t *call, const ProtobufCMessage *m, void 
                             .skipped_steps = sr->skipped_steps,
                             .audit_ok = sr->audit_ok,
                             .done = sr->done,
-                            .error = sr->error};
+                            .error = sr->error,
+                            .fingerprint = sr->fingerprint};
     int dir = 0;
     char reason[512];
     pcs_status_t st = pcs_coord_report_step(s->coord, &r, &dir, reason, sizeof reason);

@@ -611,6 +611,41 @@ static void test_report_with_wrong_rank_or_generation_is_rejected_or_stopped(voi
     assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_ERR_NOT_FOUND);
 }
 
+static void test_diverging_fingerprints_in_one_stage_fail_the_job_naming_both_ranks(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 4);
+    /* (pp 2, dp_shard 2): ranks 0,1 are stage 0 and ranks 2,3 stage 1 */
+    uint32_t names[2] = {PCS_MESH_PP, PCS_MESH_DP_SHARD}, sizes[2] = {2, 2};
+    pcs_coord_job_t *j;
+    assert_int_equal(submit(f, NULL, 2, names, sizes, &j), PCS_OK);
+    int dir;
+    char why[512];
+    const uint64_t fp[4] = {0xaaa, 0xaaa, 0xbbb, 0xbbb}; /* stages differ: that is fine */
+    for (uint32_t step = 1; step <= 3; step++)
+        for (uint32_t r = 0; r < 4; r++) {
+            pcs_coord_report_t rep = {.worker_id = worker(f, r + 1)->id, .job_id = j->id,
+                                      .generation = 1, .rank = r, .step = step,
+                                      .fingerprint = fp[r] + step, .audit_ok = true};
+            assert_int_equal(pcs_coord_report_step(f->c, &rep, &dir, why, sizeof why), PCS_OK);
+            assert_int_equal(dir, 0);
+        }
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    pcs_coord_report_t rep = {.worker_id = "w-3", .job_id = j->id, .generation = 1, .rank = 2,
+                              .step = 4, .fingerprint = 0x111};
+    assert_int_equal(pcs_coord_report_step(f->c, &rep, &dir, why, sizeof why), PCS_OK);
+    rep.fingerprint = 0; /* rank 3 gives no fingerprint: never compared */
+    rep.worker_id = "w-4", rep.rank = 3;
+    assert_int_equal(pcs_coord_report_step(f->c, &rep, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    rep.fingerprint = 0x222;
+    assert_int_equal(pcs_coord_report_step(f->c, &rep, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(dir, PCS_EV_STOP);
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    assert_non_null(strstr(j->reason, "ranks 2 (worker w-3) and 3 (worker w-4) ran different "
+                                      "collective sequences at step 4"));
+}
+
 // ---- KV ----
 
 static void test_kv_set_get_roundtrip_and_overwrite(void **state)
@@ -786,6 +821,7 @@ int main(void)
         T(test_reports_done_from_all_ranks_succeed_the_job),
         T(test_report_with_error_fails_the_job_with_reason),
         T(test_report_with_wrong_rank_or_generation_is_rejected_or_stopped),
+        T(test_diverging_fingerprints_in_one_stage_fail_the_job_naming_both_ranks),
         T(test_kv_set_get_roundtrip_and_overwrite),
         T(test_kv_limits_on_key_value_and_job_total),
         T(test_kv_stale_generation_or_finished_job_is_failed_precondition),
