@@ -1,0 +1,285 @@
+/* `pcsctl plan FILE [--world N] [--json] [--rank R]`: plan a job offline with the same planner
+ * the coordinator runs (no coordinator needed) and print the unit table, groups, stages and
+ * per-rank estimates; --json prints the whole Plan (or, with --rank, the rank's assignment view:
+ * coordinates, estimate, plan hash). */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "pcs/pbtext.h"
+#include "pcs/v1/worker.pb-c.h"
+#include "plan.h"
+#include "validate.h"
+
+#define PLAN_USAGE "pcsctl plan FILE [--world N] [--json] [--rank R]"
+
+static const char *human(uint64_t b, char *buf, size_t n)
+{
+    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double v = (double)b;
+    int u = 0;
+    while (v >= 1024 && u < 5) {
+        v /= 1024;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, n, "%" PRIu64 " B", b);
+    else
+        snprintf(buf, n, "%.1f %s", v, unit[u]);
+    return buf;
+}
+
+static const char *dt(Pcs__V1__DType d, char *buf, size_t n)
+{
+    return d ? pcs_cli_enum(&pcs__v1__dtype__descriptor, (int)d, buf, n) : "-";
+}
+
+static const Pcs__V1__CollectiveSpec *find_coll(const Pcs__V1__Unit *u, Pcs__V1__CollKind k)
+{
+    for (size_t i = 0; i < u->n_collectives; i++)
+        if (u->collectives[i]->kind == k)
+            return u->collectives[i];
+    return NULL;
+}
+
+/* "avg", "sum", "sum /4 /2" (pre, post), "premul 0.125" */
+static const char *reduction_text(const Pcs__V1__Unit *u, char *buf, size_t n)
+{
+    const Pcs__V1__CollectiveSpec *rs = find_coll(u, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER);
+    const Pcs__V1__CollectiveSpec *ar = find_coll(u, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE);
+    const Pcs__V1__CollectiveSpec *first = rs ? rs : ar, *last = ar ? ar : rs;
+    if (!first || !first->reduction)
+        return "-";
+    char op[24];
+    pcs_cli_enum(&pcs__v1__reduce_op__descriptor, (int)first->reduction->op, op, sizeof op);
+    double pre = first->reduction->pre_divide, post = last->reduction->post_divide;
+    if (first->reduction->op == PCS__V1__REDUCE_OP__REDUCE_OP_PREMUL_SUM)
+        snprintf(buf, n, "premul %g", first->reduction->premul);
+    else if ((pre != 0 && pre != 1) || (post != 0 && post != 1))
+        snprintf(buf, n, "%s /%g /%g", op, pre ? pre : 1, post ? post : 1);
+    else
+        snprintf(buf, n, "%s", op);
+    return buf;
+}
+
+static void print_estimate(const Pcs__V1__RankEstimate *e, const char *title)
+{
+    char a[32], b[32], c[32], d[32], f[32], g[32];
+    printf("# %s (rank %u)\n", title, e->rank);
+    printf("#   memory : params %s  grads %s  optimizer %s  peak unsharded %s  buffers %s  "
+           "total %s\n",
+           human(e->param_shard_bytes, a, sizeof a), human(e->grad_shard_bytes, b, sizeof b),
+           human(e->optimizer_bytes, c, sizeof c), human(e->peak_unsharded_bytes, d, sizeof d),
+           human(e->buffer_bytes, f, sizeof f), human(e->total_bytes, g, sizeof g));
+    printf("#   traffic per step (received per rank): all-gather %s  reduce-scatter %s  "
+           "all-reduce %s\n",
+           human(e->all_gather_bytes, a, sizeof a), human(e->reduce_scatter_bytes, b, sizeof b),
+           human(e->all_reduce_bytes, c, sizeof c));
+}
+
+static void print_table(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p)
+{
+    char b1[32], b2[32], b3[32], red[96];
+    printf("# plan %s  world %u  strategy %s  hash %016" PRIx64 "\n",
+           spec->name && *spec->name ? spec->name : "-", p->world_size,
+           pcs_cli_enum(&pcs__v1__strategy__descriptor, (int)p->strategy, b1, sizeof b1),
+           p->hash);
+    printf("# mesh");
+    for (size_t i = 0; i < p->n_mesh; i++)
+        printf(" %s=%u",
+               pcs_cli_enum(&pcs__v1__mesh_dim_name__descriptor, (int)p->mesh[i]->dim, b1,
+                            sizeof b1),
+               p->mesh[i]->size);
+    printf("  (row-major, outer first)  dp %u  micro-batches %u  prefetch %u\n", p->dp_size,
+           p->micro_batches, p->prefetch);
+    printf("# reduce_dtype rule: %s\n", p->reduce_dtype_rule);
+    for (size_t i = 0; i < p->n_notes; i++)
+        printf("# note: %s\n", p->notes[i]);
+
+    static const char *hdr[] = {"unit", "path", "class", "stage", "modules", "#params",
+                                "numel", "padded", "shard/rank", "AG", "RS", "AR",
+                                "reduction", "reshard", "bytes/rank"};
+    pcs_cli_table_t *t = pcs_cli_table_new(15, hdr);
+    if (!t)
+        return;
+    for (int col = 3; col <= 8; col++)
+        pcs_cli_table_right(t, col);
+    pcs_cli_table_right(t, 14);
+    for (size_t i = 0; i < p->n_units; i++) {
+        const Pcs__V1__Unit *u = p->units[i];
+        const Pcs__V1__CollectiveSpec *ag = find_coll(u, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER);
+        const Pcs__V1__CollectiveSpec *rs =
+            find_coll(u, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER);
+        const Pcs__V1__CollectiveSpec *ar = find_coll(u, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE);
+        uint64_t per_rank = u->shard_numel * (pcs_dtype_size((pcs_dtype_t)u->master_dtype) *
+                                                  (1 + p->optimizer_states) +
+                                              pcs_dtype_size((pcs_dtype_t)u->grad_dtype));
+        pcs_cli_table_cell(t, "%u", u->index);
+        pcs_cli_table_cell(t, "%s", *u->path ? u->path : "<root>");
+        pcs_cli_table_cell(t, "%s%s", u->module_class, u->mixed_precision ? "" : " (fp)");
+        pcs_cli_table_cell(t, "%u", u->stage);
+        pcs_cli_table_cell(t, "%zu", u->n_modules);
+        pcs_cli_table_cell(t, "%zu", u->n_params);
+        pcs_cli_table_cell(t, "%" PRIu64, u->numel);
+        pcs_cli_table_cell(t, "%" PRIu64, u->padded_numel);
+        pcs_cli_table_cell(t, "%" PRIu64, u->shard_numel);
+        pcs_cli_table_cell(t, "%s", ag ? dt(ag->dtype, b1, sizeof b1) : "-");
+        pcs_cli_table_cell(t, "%s", rs ? dt(rs->dtype, b2, sizeof b2) : "-");
+        pcs_cli_table_cell(t, "%s", ar ? dt(ar->dtype, b3, sizeof b3) : "-");
+        pcs_cli_table_cell(t, "%s", reduction_text(u, red, sizeof red));
+        if (u->reshard_group_size)
+            pcs_cli_table_cell(t, "to %u", u->reshard_group_size);
+        else
+            pcs_cli_table_cell(t, "%s", u->reshard_after_forward ? "yes" : "no");
+        pcs_cli_table_cell(t, "%s", human(per_rank, b2, sizeof b2));
+    }
+    pcs_cli_table_print(t, stdout);
+    pcs_cli_table_free(t);
+
+    printf("# groups:");
+    for (size_t i = 0; i < p->n_groups; i++)
+        printf(" %s %u x%u",
+               pcs_cli_enum(&pcs__v1__group_kind__descriptor, (int)p->groups[i]->kind, b1,
+                            sizeof b1),
+               p->groups[i]->size, p->groups[i]->count);
+    printf("\n");
+    if (p->pp_size > 1) {
+        for (size_t i = 0; i < p->n_stages; i++) {
+            const Pcs__V1__StageSpec *s = p->stages[i];
+            printf("# stage %u on pp rank %u: layers [%u, %u) of '%s', %zu unit(s)\n", s->stage,
+                   s->pp_rank, s->first_layer, s->last_layer, p->layer_container, s->n_units);
+        }
+    }
+    if (p->estimate_max)
+        print_estimate(p->estimate_max, "per-rank estimate, max over ranks");
+}
+
+static int parse_u32(const char *s, uint32_t *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(s, &end, 10);
+    if (errno || end == s || *end || v > UINT32_MAX || s[0] == '-')
+        return -1;
+    *out = (uint32_t)v;
+    return 0;
+}
+
+int pcs_cli_plan(int argc, char **argv)
+{
+    const char *file = NULL;
+    uint32_t world = 0, rank = 0;
+    int have_rank = 0;
+    for (int i = 1; i < argc; i++) {
+        int g = pcs_cli_global_flag(argc, argv, &i);
+        if (g < 0)
+            return PCS_CLI_USAGE;
+        if (g > 0)
+            continue;
+        const char *a = argv[i];
+        if (!strcmp(a, "--world") || !strcmp(a, "--rank")) {
+            if (i + 1 >= argc)
+                return pcs_cli_usage("plan", PLAN_USAGE, "%s needs a value", a);
+            uint32_t v;
+            if (parse_u32(argv[++i], &v) != 0)
+                return pcs_cli_usage("plan", PLAN_USAGE, "%s: '%s' is not a number", a, argv[i]);
+            if (!strcmp(a, "--world")) {
+                if (v < 1)
+                    return pcs_cli_usage("plan", PLAN_USAGE, "--world: must be >= 1");
+                world = v;
+            } else {
+                rank = v;
+                have_rank = 1;
+            }
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: %s\n", PLAN_USAGE);
+            return PCS_CLI_OK;
+        } else if (a[0] == '-' && a[1]) {
+            return pcs_cli_usage("plan", PLAN_USAGE, "unknown option '%s'", a);
+        } else if (!file) {
+            file = a;
+        } else {
+            return pcs_cli_usage("plan", PLAN_USAGE, "unexpected argument '%s'", a);
+        }
+    }
+    if (!file)
+        return pcs_cli_usage("plan", PLAN_USAGE, "a job file is required");
+
+    ProtobufCMessage *msg = NULL;
+    if (pcs_pb_from_yaml_file(file, &pcs__v1__job_spec__descriptor, &msg) != PCS_OK)
+        return pcs_cli_fail("plan: %s", pcs_last_error());
+    Pcs__V1__JobSpec *spec = (Pcs__V1__JobSpec *)msg;
+    int rc = PCS_CLI_FAIL;
+    Pcs__V1__Plan *plan = NULL;
+    char err[1024];
+    if (pcs_job_validate(spec, err, sizeof err) != PCS_OK) {
+        pcs_cli_fail("plan: %s: %s", file, err);
+        goto out;
+    }
+    if (pcs_plan_build(spec, world, &plan) != PCS_OK) {
+        pcs_cli_fail("plan: %s: %s", file, pcs_last_error());
+        goto out;
+    }
+    if (have_rank && rank >= plan->world_size) {
+        rc = pcs_cli_usage("plan", PLAN_USAGE, "--rank %u: must be < world size %u", rank,
+                           plan->world_size);
+        goto out;
+    }
+    Pcs__V1__MeshCoords coords;
+    Pcs__V1__RankEstimate est;
+    if (have_rank && (pcs_plan_rank_coords(plan, rank, &coords) != PCS_OK ||
+                      pcs_plan_rank_estimate(plan, rank, &est) != PCS_OK)) {
+        pcs_cli_fail("plan: %s", pcs_last_error());
+        goto out;
+    }
+    if (pcs_cli()->json) {
+        if (have_rank) {
+            /* the rank's view of its assignment, without the shared spec and plan */
+            Pcs__V1__Assignment as = PCS__V1__ASSIGNMENT__INIT;
+            as.rank = rank;
+            as.world_size = plan->world_size;
+            as.coords = &coords;
+            as.plan_hash = plan->hash;
+            as.estimate = &est;
+            rc = pcs_cli_print_json(&as.base);
+        } else {
+            rc = pcs_cli_print_json(&plan->base);
+        }
+        goto out;
+    }
+    print_table(spec, plan);
+    if (have_rank) {
+        printf("# rank %u: pp %u  dp_replicate %u  dp_shard %u\n", rank, coords.pp,
+               coords.dp_replicate, coords.dp_shard);
+        static const Pcs__V1__GroupKind kinds[] = {
+            PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE,
+            PCS__V1__GROUP_KIND__GROUP_KIND_DP, PCS__V1__GROUP_KIND__GROUP_KIND_PP};
+        for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+            uint32_t n = 0, me = 0;
+            char name[32];
+            pcs_cli_enum(&pcs__v1__group_kind__descriptor, (int)kinds[k], name, sizeof name);
+            if (pcs_plan_group_ranks(plan, kinds[k], rank, NULL, &n, &me) != PCS_OK)
+                continue;
+            uint32_t *r = calloc(n ? n : 1, sizeof *r);
+            if (!r)
+                continue;
+            uint32_t cap = n;
+            if (pcs_plan_group_ranks(plan, kinds[k], rank, r, &cap, &me) == PCS_OK) {
+                printf("#   %s group (index %u of %u):", name, me, n);
+                for (uint32_t i = 0; i < n && i < 16; i++)
+                    printf(" %u", r[i]);
+                printf("%s\n", n > 16 ? " ..." : "");
+            }
+            free(r);
+        }
+        print_estimate(&est, "estimate");
+    }
+    rc = PCS_CLI_OK;
+out:
+    pcs_plan_free(plan);
+    protobuf_c_message_free_unpacked(msg, NULL);
+    return rc;
+}
