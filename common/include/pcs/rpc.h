@@ -42,7 +42,9 @@ typedef struct pcs_rpc_client pcs_rpc_client_t;
 pcs_status_t pcs_rpc_client_create(const char *target, pcs_rpc_client_t **out);
 void pcs_rpc_client_destroy(pcs_rpc_client_t *c);
 
-/* Unary call with a deadline. On PCS_OK *resp is the unpacked reply (free with
+/* Unary call with a deadline (timeout_ms <= 0: none). The channel connects lazily; a server
+ * that is not there yields PCS_ERR_REMOTE (UNAVAILABLE) at once rather than waiting for it.
+ * Replies up to 64 MiB are accepted. On PCS_OK *resp is the unpacked reply (free with
  * protobuf_c_message_free_unpacked(*resp, NULL)). On failure *resp is NULL, the status is mapped
  * from the gRPC code (INVALID_ARGUMENT -> PCS_ERR_INVALID_ARG, UNAVAILABLE -> PCS_ERR_REMOTE, ...)
  * and pcs_last_error() holds "<CODE_NAME>: <details>". grpc_code (may be NULL) gets the raw code. */
@@ -136,9 +138,12 @@ typedef struct pcs_rpc_server_config {
     void (*tick)(void *user, uint64_t now_ms);
 } pcs_rpc_server_config_t;
 
-/* Bind and start listening (the port is bound when this returns). */
+/* Bind and start listening (the port is bound when this returns). Requests larger than
+ * max_message_bytes are refused by gRPC itself with RESOURCE_EXHAUSTED (not counted in the
+ * stats); replies are limited to 64 MiB (the clients' receive limit). Errors: INVALID_ARG for a
+ * bad table, PCS_ERR_SYSTEM if the address cannot be bound. */
 pcs_status_t pcs_rpc_server_create(const pcs_rpc_server_config_t *cfg, pcs_rpc_server_t **out);
-/* The bound TCP port (useful with port 0). */
+/* The bound TCP port (useful with port 0); 1 for a unix: address. */
 int pcs_rpc_server_port(const pcs_rpc_server_t *s);
 /* Serve on the calling thread until pcs_rpc_server_stop(); then shut down gracefully: in-flight
  * calls are cancelled (their on_cancel runs), no new calls are accepted. */
