@@ -197,6 +197,17 @@ static pcs_status_t check_mlp(vctx_t *v, const Pcs__V1__MlpModel *m)
             return bad(v, "model.mlp.hidden_dims[%zu]: must be >= 1", i);
     if (m->output_dim < 1)
         return bad(v, "model.mlp.output_dim: must be >= 1");
+    /* Weights and biases of every layer: dims are uint32, so each product fits in uint64; the
+     * running sum is checked before it can overflow. */
+    uint64_t params = 0, in = m->input_dim;
+    for (size_t i = 0; i <= m->n_hidden_dims; i++) {
+        uint64_t out = i < m->n_hidden_dims ? m->hidden_dims[i] : m->output_dim;
+        uint64_t layer = in * out + out;
+        if (layer > MAX_TENSOR_ELEMS || params > MAX_TENSOR_ELEMS - layer)
+            return bad(v, "model.mlp: more than 2^48 parameters");
+        params += layer;
+        in = out;
+    }
     if (!enum_known(&pcs__v1__activation__descriptor, m->activation))
         return bad(v, "model.mlp.activation: unknown value %d", (int)m->activation);
     if (!enum_known(&pcs__v1__norm__descriptor, m->norm))
@@ -566,6 +577,12 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
     if (s->elastic && s->elastic->max_workers > 0 &&
         s->elastic->min_workers > s->elastic->max_workers)
         return bad(v, "elastic.min_workers: must be <= max_workers");
+    /* The mesh gives the starting world size; elastic restarts stay within [min, max]. */
+    uint32_t world = pcs_job_world_size(s);
+    if (s->elastic && s->elastic->min_workers > world)
+        return bad(v, "elastic.min_workers: must be <= the world size %u of the mesh", world);
+    if (s->elastic && s->elastic->max_workers > 0 && s->elastic->max_workers < world)
+        return bad(v, "elastic.max_workers: must be >= the world size %u of the mesh", world);
     if (s->pipeline) {
         static const char *const sched[] = {"gpipe", "1f1b", "interleaved_1f1b", "looped_bfs",
                                             "interleaved_zero_bubble"};

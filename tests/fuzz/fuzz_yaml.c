@@ -3,7 +3,8 @@
  * no crash or leak; failure means PCS_ERR_INVALID_ARG, no message and an error naming a line;
  * success means the validator runs, and JSON output parses back to the same packed bytes.
  * Built as a libFuzzer target with PCS_LIBFUZZER (clang, -DPCS_FUZZ=ON), otherwise as a replay
- * driver (files on the command line, the examples, and mutations of them for --seconds). */
+ * driver (files on the command line, the examples, and mutations of them for --seconds). Inputs
+ * are also parsed as Job, KvSetRequest and Plan to reach every field type. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +13,7 @@
 
 #include "pcs/pbtext.h"
 #include "pcs/v1/coordinator.pb-c.h"
+#include "pcs/v1/worker.pb-c.h"
 #include "validate.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -52,10 +54,12 @@ static void check_roundtrip(const ProtobufCMessage *m, const uint8_t *data, size
     protobuf_c_message_free_unpacked(back, NULL);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+/* Parse as `d`; on success check the JSON round trip and return the message, else NULL. */
+static ProtobufCMessage *parse_one(const ProtobufCMessageDescriptor *d, const uint8_t *data,
+                                   size_t size)
 {
     ProtobufCMessage *m = (ProtobufCMessage *)data; /* must be reset to NULL on failure */
-    pcs_status_t st = pcs_pb_from_yaml((const char *)data, size, &pcs__v1__job_spec__descriptor, &m);
+    pcs_status_t st = pcs_pb_from_yaml((const char *)data, size, d, &m);
     if (st != PCS_OK) {
         if (m || st != PCS_ERR_INVALID_ARG)
             die("bad failure contract", data, size);
@@ -63,16 +67,34 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (strncmp(e, "line ", 5) && !strstr(e, "exceeds the limit"))
             die("error does not name a line", data, size);
         n_rejected++;
-        return 0;
+        return NULL;
     }
     n_parsed++;
-    char err[256];
-    st = pcs_job_validate((const Pcs__V1__JobSpec *)m, err, sizeof err);
-    if (st != PCS_OK && (st != PCS_ERR_INVALID_ARG || !strchr(err, ':')))
-        die("validator broke its contract", data, size);
-    (void)pcs_job_world_size((const Pcs__V1__JobSpec *)m);
     check_roundtrip(m, data, size);
-    protobuf_c_message_free_unpacked(m, NULL);
+    return m;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    ProtobufCMessage *m = parse_one(&pcs__v1__job_spec__descriptor, data, size);
+    if (m) {
+        char err[256];
+        pcs_status_t st = pcs_job_validate((const Pcs__V1__JobSpec *)m, err, sizeof err);
+        if (st != PCS_OK && (st != PCS_ERR_INVALID_ARG || !strchr(err, ':')))
+            die("validator broke its contract", data, size);
+        (void)pcs_job_world_size((const Pcs__V1__JobSpec *)m);
+        protobuf_c_message_free_unpacked(m, NULL);
+    }
+    /* Other shapes through the same descriptor walk: fixed64 and nested specs (Job), bytes
+     * (KvSetRequest), deep plans (Plan). */
+    const ProtobufCMessageDescriptor *more[] = {&pcs__v1__job__descriptor,
+                                                &pcs__v1__kv_set_request__descriptor,
+                                                &pcs__v1__plan__descriptor};
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
+        m = parse_one(more[i], data, size);
+        if (m)
+            protobuf_c_message_free_unpacked(m, NULL);
+    }
     return 0;
 }
 
@@ -226,6 +248,9 @@ int main(int argc, char **argv)
         "[2, 3]}]}]}, \"wrap\": {\"explicit\": [\"a\"]}}",
         "training: {optimizer: {sgd: {lr: 0.1, momentum: default}}, grad_scaler: {enabled: yes}}\n",
         "name: \"a\\tb\\u2028c\\x85\"\ninit: {from: 'w.safetensors'}\n",
+        "job_id: j\ngeneration: 3\nkey: nccl-id/0\nvalue: AAECAwQFBgc=\n",
+        "{job_id: job-1, plan_hash: 18446744073709551615, progress: {loss: .nan, step_ms: 1.5}, "
+        "workers: [w-1, w-2], spec: {name: x, reshard_after_forward: 4}}",
     };
     for (size_t i = 0; i < sizeof inline_seeds / sizeof inline_seeds[0]; i++)
         add_seed(inline_seeds[i], strlen(inline_seeds[i]));
