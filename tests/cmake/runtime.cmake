@@ -1,0 +1,19 @@
+# Worker runtime, agent, checkpoint/export and end-to-end tests (owner: runtime).
+# Integration tests start a real pcs-coordinator and pcs-worker processes on 127.0.0.1.
+if(TARGET pcs_worker_core AND TARGET pcs-worker AND TARGET pcs-coordinator)
+  pcs_add_test(NAME test_e2e_cpu
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/integration/test_e2e_cpu.c
+            ${PROJECT_SOURCE_DIR}/tests/integration/test_e2e_util.c
+    LIBS pcs_worker_core pcs_plan LABELS integration TIMEOUT 300)
+  set_target_properties(test_e2e_cpu PROPERTIES LINKER_LANGUAGE CXX)
+  add_dependencies(test_e2e_cpu pcs-worker pcs-coordinator)
+endif()
+
+# Sharded runtime parity without a coordinator (forked ranks, file KV store).
+if(TARGET pcs_worker_core AND TARGET pcs_plan)
+  pcs_add_test(NAME test_e2e_procs
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/integration/test_e2e_procs.c
+            ${PROJECT_SOURCE_DIR}/tests/integration/test_e2e_util.c
+    LIBS pcs_worker_core pcs_plan LABELS integration TIMEOUT 300)
+  set_target_properties(test_e2e_procs PROPERTIES LINKER_LANGUAGE CXX)
+endif()

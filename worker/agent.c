@@ -1,0 +1,674 @@
+/* The worker agent: Register, a heartbeat thread, a WatchAssignment thread (re-opened with backoff
+ * when the stream breaks; re-registers when the coordinator forgot us), a reporter thread that
+ * sends ReportStep in order without blocking the training loop, and the main loop that runs each
+ * assigned job. A coordinator restart does not stop training: heartbeats and reports are retried.
+ * Only the collectives carry step data; the coordinator is never on the hot path. */
+#include "agent.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kv.h"
+#include "pcs/clock.h"
+#include "pcs/log.h"
+#include "pcs/mem.h"
+#include "pcs/rpc.h"
+#include "pcs/v1/worker.pb-c.h"
+#include "train.h"
+
+#define GRPC_NOT_FOUND 5
+#define GRPC_FAILED_PRECONDITION 9
+
+typedef struct report_item {
+    struct report_item *next;
+    Pcs__V1__ReportStepRequest *req; /* unpacked deep copy, freed after sending */
+} report_item_t;
+
+struct pcs_agent {
+    char *coordinator, *identity, *backend, *coll, *hostname, *report_dir;
+    FILE *report_file;           /* training thread only */
+    uint32_t rpc_timeout_ms, coll_timeout_ms, heartbeat_ms, max_jobs;
+    uint64_t inject_inf_step;
+    uint32_t inject_inf_rank;
+
+    pcs_rpc_client_t *rpc;
+    atomic_int stop; /* set by pcs_agent_stop (signal handler) */
+    atomic_int quit; /* threads end */
+    atomic_int reopen_watch;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    char worker_id[64];          /* under mu */
+    uint32_t hb_interval_ms;
+    Pcs__V1__Assignment *pending; /* under mu: next job to run */
+    char job_id[64];             /* under mu: the running job ("" if idle) */
+    uint64_t generation;
+    uint32_t rank;
+    pcs_train_t *train;          /* under mu while running, for abort */
+    uint64_t last_step;
+
+    report_item_t *rq_head, *rq_tail; /* under mu */
+    int rq_busy;
+
+    pthread_t hb_thread, watch_thread, report_thread;
+    int threads_started;
+};
+
+// ---- helpers ----
+
+static void sleep_ms(uint32_t ms)
+{
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+/* Sleep up to ms, returning early when the agent quits. */
+static void nap(pcs_agent_t *a, uint32_t ms)
+{
+    while (ms > 0 && !atomic_load(&a->quit) && !atomic_load(&a->stop)) {
+        uint32_t d = ms > 50 ? 50 : ms;
+        sleep_ms(d);
+        ms -= d;
+    }
+}
+
+static void abs_deadline(struct timespec *ts, uint32_t ms)
+{
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += ms / 1000;
+    ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+
+static pcs_status_t do_register(pcs_agent_t *a)
+{
+    Pcs__V1__RegisterRequest req = PCS__V1__REGISTER_REQUEST__INIT;
+    Pcs__V1__Device dev = PCS__V1__DEVICE__INIT;
+    Pcs__V1__Device *devs[1] = {&dev};
+    char host[256] = "localhost";
+    gethostname(host, sizeof host - 1);
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    dev.index = 0;
+    dev.kind = (char *)(strcmp(a->backend, "cuda") == 0 ? "cuda" : "cpu");
+    char name[64];
+    snprintf(name, sizeof name, "cpu x%ld", ncpu);
+    dev.name = name;
+    dev.memory_bytes = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+    char *backends[1] = {a->coll};
+    req.identity = a->identity;
+    req.host = host;
+    req.pid = (uint32_t)getpid();
+    req.n_devices = 1;
+    req.devices = devs;
+    req.n_backends = 1;
+    req.backends = backends;
+    req.version = (char *)"0.1.0";
+    req.address = a->hostname;
+    ProtobufCMessage *resp = NULL;
+    pcs_status_t st = pcs_rpc_call(a->rpc, PCS_M_REGISTER, &req.base,
+                                   &pcs__v1__register_response__descriptor,
+                                   (int)a->rpc_timeout_ms, &resp, NULL);
+    if (st != PCS_OK)
+        return st;
+    Pcs__V1__RegisterResponse *r = (Pcs__V1__RegisterResponse *)resp;
+    pthread_mutex_lock(&a->mu);
+    snprintf(a->worker_id, sizeof a->worker_id, "%s", r->worker_id ? r->worker_id : "");
+    a->hb_interval_ms = a->heartbeat_ms ? a->heartbeat_ms
+                                        : (r->heartbeat_interval_ms ? r->heartbeat_interval_ms
+                                                                    : 1000);
+    pthread_mutex_unlock(&a->mu);
+    PCS_INFO(PCS_SUB_WORKER, "registered with %s as %s (identity %s%s), heartbeat %u ms",
+             a->coordinator, a->worker_id, a->identity, r->reregistered ? ", re-registered" : "",
+             a->hb_interval_ms);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return PCS_OK;
+}
+
+static void copy_worker_id(pcs_agent_t *a, char *buf, size_t n)
+{
+    pthread_mutex_lock(&a->mu);
+    snprintf(buf, n, "%s", a->worker_id);
+    pthread_mutex_unlock(&a->mu);
+}
+
+static void abort_running(pcs_agent_t *a, const char *job_id, const char *reason)
+{
+    pthread_mutex_lock(&a->mu);
+    if (a->train && (!job_id || strcmp(job_id, a->job_id) == 0)) {
+        PCS_INFO(PCS_SUB_WORKER, "aborting job %s: %s", a->job_id, reason);
+        pcs_train_abort(a->train, reason);
+    }
+    pthread_mutex_unlock(&a->mu);
+}
+
+// ---- heartbeat thread ----
+
+static void *heartbeat_main(void *arg)
+{
+    pcs_agent_t *a = arg;
+    uint32_t backoff = 100;
+    while (!atomic_load(&a->quit)) {
+        char wid[64], job[64];
+        uint64_t gen;
+        uint32_t interval;
+        pthread_mutex_lock(&a->mu);
+        snprintf(wid, sizeof wid, "%s", a->worker_id);
+        snprintf(job, sizeof job, "%s", a->job_id);
+        gen = a->generation;
+        interval = a->hb_interval_ms ? a->hb_interval_ms : 1000;
+        pthread_mutex_unlock(&a->mu);
+
+        Pcs__V1__HeartbeatRequest req = PCS__V1__HEARTBEAT_REQUEST__INIT;
+        req.worker_id = wid;
+        req.job_id = job;
+        req.generation = gen;
+        ProtobufCMessage *resp = NULL;
+        int code = 0;
+        pcs_status_t st = pcs_rpc_call(a->rpc, PCS_M_HEARTBEAT, &req.base,
+                                       &pcs__v1__heartbeat_response__descriptor,
+                                       (int)a->rpc_timeout_ms, &resp, &code);
+        if (st == PCS_OK) {
+            protobuf_c_message_free_unpacked(resp, NULL);
+            backoff = 100;
+            nap(a, interval);
+            continue;
+        }
+        if (code == GRPC_NOT_FOUND || code == GRPC_FAILED_PRECONDITION) {
+            /* The coordinator restarted without our id or declared us LOST: register again with
+             * the same identity and re-open the assignment stream. The running job continues. */
+            PCS_WARN(PCS_SUB_WORKER, "heartbeat rejected (%s); re-registering", pcs_last_error());
+            if (do_register(a) == PCS_OK)
+                atomic_store(&a->reopen_watch, 1);
+        } else {
+            PCS_DEBUG(PCS_SUB_WORKER, "heartbeat failed: %s", pcs_last_error());
+        }
+        nap(a, backoff < interval ? backoff : interval);
+        backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
+    }
+    return NULL;
+}
+
+// ---- assignment watch thread ----
+
+static void handle_event(pcs_agent_t *a, Pcs__V1__AssignmentEvent *ev)
+{
+    if (ev->event_case == PCS__V1__ASSIGNMENT_EVENT__EVENT_ASSIGNMENT && ev->assignment) {
+        Pcs__V1__Assignment *as = ev->assignment;
+        pthread_mutex_lock(&a->mu);
+        int running_same = a->job_id[0] && as->job_id && strcmp(as->job_id, a->job_id) == 0 &&
+                           as->generation == a->generation;
+        if (running_same) {
+            /* Re-delivered after a reconnect: we are already running it. */
+            pthread_mutex_unlock(&a->mu);
+            return;
+        }
+        if (a->pending)
+            protobuf_c_message_free_unpacked(&a->pending->base, NULL);
+        a->pending = as;
+        ev->assignment = NULL; /* ownership moved (freed with free_unpacked of the pending) */
+        ev->event_case = PCS__V1__ASSIGNMENT_EVENT__EVENT__NOT_SET;
+        pthread_cond_broadcast(&a->cv);
+        pthread_mutex_unlock(&a->mu);
+        PCS_INFO(PCS_SUB_WORKER, "assignment: job %s generation %llu rank %u of %u", as->job_id,
+                 (unsigned long long)as->generation, as->rank, as->world_size);
+    } else if (ev->event_case == PCS__V1__ASSIGNMENT_EVENT__EVENT_DIRECTIVE && ev->directive) {
+        Pcs__V1__Directive *d = ev->directive;
+        const char *kind = d->kind == PCS__V1__DIRECTIVE_KIND__DIRECTIVE_KIND_RESTART ? "RESTART"
+                                                                                      : "STOP";
+        char reason[512];
+        snprintf(reason, sizeof reason, "%s directive from coordinator: %s", kind,
+                 d->reason && d->reason[0] ? d->reason : "(no reason)");
+        pthread_mutex_lock(&a->mu);
+        if (a->pending && d->job_id && strcmp(a->pending->job_id, d->job_id) == 0) {
+            protobuf_c_message_free_unpacked(&a->pending->base, NULL);
+            a->pending = NULL;
+        }
+        pthread_mutex_unlock(&a->mu);
+        abort_running(a, d->job_id, reason);
+    }
+}
+
+/* The stream owns the unpacked message: an Assignment moved out of it must not be freed with it.
+ * protobuf-c frees a oneof member only when the case is set, so clearing the case is enough. */
+static void *watch_main(void *arg)
+{
+    pcs_agent_t *a = arg;
+    uint32_t backoff = 100;
+    while (!atomic_load(&a->quit)) {
+        char wid[64];
+        copy_worker_id(a, wid, sizeof wid);
+        Pcs__V1__WatchAssignmentRequest req = PCS__V1__WATCH_ASSIGNMENT_REQUEST__INIT;
+        req.worker_id = wid;
+        pcs_rpc_stream_t *s = NULL;
+        atomic_store(&a->reopen_watch, 0);
+        pcs_status_t st = pcs_rpc_stream_open(a->rpc, PCS_M_WATCH_ASSIGNMENT, &req.base, &s);
+        while (st == PCS_OK && !atomic_load(&a->quit) && !atomic_load(&a->reopen_watch)) {
+            if (atomic_load(&a->stop))
+                abort_running(a, NULL, "worker is shutting down");
+            ProtobufCMessage *msg = NULL;
+            st = pcs_rpc_stream_next(s, &pcs__v1__assignment_event__descriptor, 200, &msg);
+            if (st == PCS_ERR_TIMEOUT) {
+                st = PCS_OK;
+                continue;
+            }
+            if (st != PCS_OK)
+                break;
+            if (!msg) { /* clean end of stream: the coordinator is going away */
+                st = PCS_ERR_REMOTE;
+                break;
+            }
+            backoff = 100;
+            handle_event(a, (Pcs__V1__AssignmentEvent *)msg);
+            protobuf_c_message_free_unpacked(msg, NULL);
+        }
+        if (s)
+            pcs_rpc_stream_close(s);
+        if (atomic_load(&a->quit))
+            break;
+        if (st != PCS_OK)
+            PCS_DEBUG(PCS_SUB_WORKER, "assignment stream broke (%s); re-opening in %u ms",
+                      pcs_last_error(), backoff);
+        if (atomic_load(&a->stop))
+            abort_running(a, NULL, "worker is shutting down");
+        nap(a, backoff);
+        backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
+    }
+    return NULL;
+}
+
+// ---- reporter thread ----
+
+static void *report_main(void *arg)
+{
+    pcs_agent_t *a = arg;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (!a->rq_head && !atomic_load(&a->quit)) {
+            struct timespec ts;
+            abs_deadline(&ts, 200);
+            pthread_cond_timedwait(&a->cv, &a->mu, &ts);
+        }
+        if (!a->rq_head)
+            break; /* quit with an empty queue */
+        report_item_t *it = a->rq_head;
+        a->rq_head = it->next;
+        if (!a->rq_head)
+            a->rq_tail = NULL;
+        a->rq_busy = 1;
+        pthread_mutex_unlock(&a->mu);
+
+        /* Retry while the coordinator is unreachable (a restart), at most ~30 s per report;
+         * reports rejected for a reason (stale generation, unknown job) are dropped. */
+        uint32_t backoff = 100, waited = 0;
+        for (;;) {
+            ProtobufCMessage *resp = NULL;
+            int code = 0;
+            pcs_status_t st = pcs_rpc_call(a->rpc, PCS_M_REPORT_STEP, &it->req->base,
+                                           &pcs__v1__report_step_response__descriptor,
+                                           (int)a->rpc_timeout_ms, &resp, &code);
+            if (st == PCS_OK) {
+                Pcs__V1__ReportStepResponse *r = (Pcs__V1__ReportStepResponse *)resp;
+                if (r->directive && r->directive->kind != 0) {
+                    char reason[512];
+                    snprintf(reason, sizeof reason, "directive in ReportStep reply: %s",
+                             r->directive->reason ? r->directive->reason : "");
+                    abort_running(a, it->req->job_id, reason);
+                }
+                protobuf_c_message_free_unpacked(resp, NULL);
+                break;
+            }
+            if (st != PCS_ERR_REMOTE && st != PCS_ERR_TIMEOUT) {
+                PCS_WARN(PCS_SUB_WORKER, "ReportStep for step %llu dropped: %s",
+                         (unsigned long long)(it->req->report ? it->req->report->step : 0),
+                         pcs_last_error());
+                break;
+            }
+            if (waited > 30000 || (atomic_load(&a->quit) && waited > 2000)) {
+                PCS_WARN(PCS_SUB_WORKER, "ReportStep undeliverable after %u ms: %s", waited,
+                         pcs_last_error());
+                break;
+            }
+            sleep_ms(backoff);
+            waited += backoff;
+            backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
+        }
+        protobuf_c_message_free_unpacked(&it->req->base, NULL);
+        free(it);
+        pthread_mutex_lock(&a->mu);
+        a->rq_busy = 0;
+        pthread_cond_broadcast(&a->cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+/* Enqueue a deep copy (pack + unpack) of the report: the training thread never waits on the
+ * network. */
+static void enqueue_report(pcs_agent_t *a, const Pcs__V1__StepReport *rep)
+{
+    char wid[64], job[64];
+    Pcs__V1__ReportStepRequest req = PCS__V1__REPORT_STEP_REQUEST__INIT;
+    pthread_mutex_lock(&a->mu);
+    snprintf(wid, sizeof wid, "%s", a->worker_id);
+    snprintf(job, sizeof job, "%s", a->job_id);
+    req.generation = a->generation;
+    req.rank = a->rank;
+    if (rep->step > a->last_step)
+        a->last_step = rep->step;
+    pthread_mutex_unlock(&a->mu);
+    req.worker_id = wid;
+    req.job_id = job;
+    req.report = (Pcs__V1__StepReport *)rep;
+    size_t n = pcs__v1__report_step_request__get_packed_size(&req);
+    uint8_t *buf = malloc(n ? n : 1);
+    report_item_t *it = calloc(1, sizeof *it);
+    if (!buf || !it) {
+        free(buf);
+        free(it);
+        PCS_WARN(PCS_SUB_WORKER, "out of memory queueing a step report");
+        return;
+    }
+    pcs__v1__report_step_request__pack(&req, buf);
+    if (a->report_file) {
+        /* The local copy carries the same bytes as the RPC: the report of this rank. */
+        size_t rn = pcs__v1__step_report__get_packed_size(rep);
+        uint8_t *rb = malloc(rn ? rn : 1);
+        if (rb) {
+            pcs__v1__step_report__pack(rep, rb);
+            uint8_t hdr[4] = {(uint8_t)rn, (uint8_t)(rn >> 8), (uint8_t)(rn >> 16),
+                              (uint8_t)(rn >> 24)};
+            fwrite(hdr, 1, 4, a->report_file);
+            fwrite(rb, 1, rn, a->report_file);
+            fflush(a->report_file);
+            free(rb);
+        }
+    }
+    it->req = pcs__v1__report_step_request__unpack(NULL, n, buf);
+    free(buf);
+    if (!it->req) {
+        free(it);
+        PCS_WARN(PCS_SUB_WORKER, "could not copy a step report");
+        return;
+    }
+    pthread_mutex_lock(&a->mu);
+    if (a->rq_tail)
+        a->rq_tail->next = it;
+    else
+        a->rq_head = it;
+    a->rq_tail = it;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+}
+
+static void report_cb(void *ctx, const Pcs__V1__StepReport *rep)
+{
+    enqueue_report(ctx, rep);
+}
+
+/* Wait until the report queue is empty (bounded), so done/error reports reach the coordinator
+ * before we deregister. */
+static void flush_reports(pcs_agent_t *a, uint32_t max_ms)
+{
+    uint64_t end = pcs_now_ms() + max_ms;
+    pthread_mutex_lock(&a->mu);
+    while ((a->rq_head || a->rq_busy) && pcs_now_ms() < end) {
+        struct timespec ts;
+        abs_deadline(&ts, 50);
+        pthread_cond_timedwait(&a->cv, &a->mu, &ts);
+    }
+    pthread_mutex_unlock(&a->mu);
+}
+
+// ---- job ----
+
+static void report_error(pcs_agent_t *a, uint64_t step, const char *msg)
+{
+    Pcs__V1__StepReport rep = PCS__V1__STEP_REPORT__INIT;
+    rep.step = step;
+    rep.error = (char *)msg;
+    enqueue_report(a, &rep);
+}
+
+static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
+{
+    char role[16];
+    snprintf(role, sizeof role, "w%u", as->rank);
+    pcs_log_set_role(role);
+    pthread_mutex_lock(&a->mu);
+    snprintf(a->job_id, sizeof a->job_id, "%s", as->job_id ? as->job_id : "");
+    a->generation = as->generation;
+    a->rank = as->rank;
+    a->last_step = 0;
+    pthread_mutex_unlock(&a->mu);
+
+    if (a->report_dir) {
+        char path[1024];
+        pcs_agent_report_path(a->report_dir, as->job_id, as->rank, path, sizeof path);
+        a->report_file = fopen(path, "wb");
+        if (!a->report_file)
+            PCS_WARN(PCS_SUB_WORKER, "cannot write reports to %s", path);
+    }
+    pcs_kv_t *kv = NULL;
+    pcs_train_t *t = NULL;
+    pcs_train_result_t res;
+    memset(&res, 0, sizeof res);
+    uint64_t t0 = pcs_now_ms();
+    pcs_status_t st = pcs_kv_coord_create(a->coordinator, as->job_id, as->generation,
+                                          (int)a->rpc_timeout_ms, &kv);
+    if (st == PCS_OK) {
+        pcs_train_config_t tc;
+        memset(&tc, 0, sizeof tc);
+        tc.assignment = as;
+        tc.kv = kv;
+        tc.backend = a->backend;
+        tc.coll = a->coll;
+        tc.hostname = a->hostname;
+        tc.coll_timeout_ms = a->coll_timeout_ms;
+        tc.report = report_cb;
+        tc.report_ctx = a;
+        tc.inject_inf_step = a->inject_inf_step;
+        tc.inject_inf_rank = a->inject_inf_rank;
+        tc.prefetch = -1;
+        st = pcs_train_create(&tc, &t);
+    }
+    if (st == PCS_OK) {
+        pthread_mutex_lock(&a->mu);
+        a->train = t;
+        int stopping = atomic_load(&a->stop);
+        pthread_mutex_unlock(&a->mu);
+        if (stopping)
+            pcs_train_abort(t, "worker is shutting down");
+        st = pcs_train_run(t, &res);
+    }
+    if (st != PCS_OK && st != PCS_ERR_CANCELLED) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "rank %u: %s", as->rank, pcs_last_error());
+        PCS_WARN(PCS_SUB_WORKER, "job %s failed: %s", as->job_id, msg);
+        uint64_t step;
+        pthread_mutex_lock(&a->mu);
+        step = a->last_step + 1;
+        pthread_mutex_unlock(&a->mu);
+        report_error(a, step, msg);
+    } else if (st == PCS_OK) {
+        PCS_INFO(PCS_SUB_WORKER, "job %s finished: %llu steps in %.1f s, last loss %.6g",
+                 as->job_id, (unsigned long long)res.steps, (double)(pcs_now_ms() - t0) / 1e3,
+                 res.last_loss);
+    }
+    flush_reports(a, 10000);
+    pthread_mutex_lock(&a->mu);
+    a->train = NULL;
+    a->job_id[0] = 0;
+    a->generation = 0;
+    pthread_mutex_unlock(&a->mu);
+    pcs_train_destroy(t);
+    pcs_kv_destroy(kv);
+    if (a->report_file) {
+        fclose(a->report_file);
+        a->report_file = NULL;
+    }
+    pcs_log_set_role("w-");
+}
+
+// ---- public ----
+
+void pcs_agent_report_path(const char *dir, const char *job_id, uint32_t rank, char *buf,
+                           size_t n)
+{
+    snprintf(buf, n, "%s/%s.rank%u.reports", dir, job_id ? job_id : "job", rank);
+}
+
+pcs_status_t pcs_agent_create(const pcs_agent_config_t *cfg, pcs_agent_t **out)
+{
+    if (!cfg || !out || !cfg->coordinator || !cfg->coordinator[0])
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "agent: coordinator address required");
+    *out = NULL;
+    pcs_agent_t *a = NULL;
+    pcs_status_t st;
+    PCS_CHECK(pcs_calloc(1, sizeof *a, (void **)&a));
+    pthread_mutex_init(&a->mu, NULL);
+    pthread_cond_init(&a->cv, NULL);
+    char ident[300];
+    if (cfg->identity && cfg->identity[0]) {
+        snprintf(ident, sizeof ident, "%s", cfg->identity);
+    } else {
+        char host[256] = "localhost";
+        gethostname(host, sizeof host - 1);
+        snprintf(ident, sizeof ident, "%s:%d", host, (int)getpid());
+    }
+    PCS_CHECK_GOTO(pcs_strdup(cfg->coordinator, &a->coordinator), st, fail);
+    PCS_CHECK_GOTO(pcs_strdup(ident, &a->identity), st, fail);
+    PCS_CHECK_GOTO(pcs_strdup(cfg->backend ? cfg->backend : "cpu", &a->backend), st, fail);
+    PCS_CHECK_GOTO(pcs_strdup(cfg->coll ? cfg->coll : "gloo", &a->coll), st, fail);
+    PCS_CHECK_GOTO(pcs_strdup(cfg->hostname ? cfg->hostname : "127.0.0.1", &a->hostname), st,
+                   fail);
+    if (cfg->report_dir && cfg->report_dir[0])
+        PCS_CHECK_GOTO(pcs_strdup(cfg->report_dir, &a->report_dir), st, fail);
+    a->rpc_timeout_ms = cfg->rpc_timeout_ms ? cfg->rpc_timeout_ms : 5000;
+    a->coll_timeout_ms = cfg->coll_timeout_ms ? cfg->coll_timeout_ms : 30000;
+    a->heartbeat_ms = cfg->heartbeat_ms;
+    a->max_jobs = cfg->max_jobs;
+    a->inject_inf_step = cfg->inject_inf_step;
+    a->inject_inf_rank = cfg->inject_inf_rank;
+    PCS_CHECK_GOTO(pcs_rpc_client_create(a->coordinator, &a->rpc), st, fail);
+    *out = a;
+    return PCS_OK;
+fail:
+    pcs_agent_destroy(a);
+    return st;
+}
+
+void pcs_agent_stop(pcs_agent_t *a)
+{
+    if (a)
+        atomic_store(&a->stop, 1);
+}
+
+pcs_status_t pcs_agent_run(pcs_agent_t *a)
+{
+    uint32_t backoff = 100;
+    pcs_status_t st;
+    for (;;) {
+        if (atomic_load(&a->stop))
+            return PCS_OK;
+        st = do_register(a);
+        if (st == PCS_OK)
+            break;
+        if (st != PCS_ERR_REMOTE && st != PCS_ERR_TIMEOUT) {
+            PCS_WARN(PCS_SUB_WORKER, "Register with %s failed: %s", a->coordinator,
+                     pcs_last_error());
+            return st;
+        }
+        PCS_DEBUG(PCS_SUB_WORKER, "coordinator %s not reachable yet: %s", a->coordinator,
+                  pcs_last_error());
+        nap(a, backoff);
+        backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
+    }
+    if (pthread_create(&a->hb_thread, NULL, heartbeat_main, a) != 0 ||
+        pthread_create(&a->watch_thread, NULL, watch_main, a) != 0 ||
+        pthread_create(&a->report_thread, NULL, report_main, a) != 0) {
+        /* Threads that did start are joined in destroy via quit; keep it simple: fail hard. */
+        PCS_WARN(PCS_SUB_WORKER, "cannot start agent threads");
+        atomic_store(&a->quit, 1);
+        return PCS_ERR_SYSTEM;
+    }
+    a->threads_started = 1;
+
+    uint32_t jobs = 0;
+    while (!atomic_load(&a->stop) && (a->max_jobs == 0 || jobs < a->max_jobs)) {
+        pthread_mutex_lock(&a->mu);
+        while (!a->pending && !atomic_load(&a->stop)) {
+            struct timespec ts;
+            abs_deadline(&ts, 200);
+            pthread_cond_timedwait(&a->cv, &a->mu, &ts);
+        }
+        Pcs__V1__Assignment *as = a->pending;
+        a->pending = NULL;
+        pthread_mutex_unlock(&a->mu);
+        if (!as)
+            continue;
+        run_job(a, as);
+        protobuf_c_message_free_unpacked(&as->base, NULL);
+        jobs++;
+    }
+
+    flush_reports(a, 5000);
+    char wid[64];
+    copy_worker_id(a, wid, sizeof wid);
+    Pcs__V1__DeregisterRequest dreq = PCS__V1__DEREGISTER_REQUEST__INIT;
+    dreq.worker_id = wid;
+    dreq.reason = (char *)(atomic_load(&a->stop) ? "worker stopped by signal" : "job limit reached");
+    ProtobufCMessage *resp = NULL;
+    if (pcs_rpc_call(a->rpc, PCS_M_DEREGISTER, &dreq.base,
+                     &pcs__v1__deregister_response__descriptor, (int)a->rpc_timeout_ms, &resp,
+                     NULL) == PCS_OK) {
+        protobuf_c_message_free_unpacked(resp, NULL);
+        PCS_INFO(PCS_SUB_WORKER, "deregistered %s", wid);
+    } else {
+        PCS_DEBUG(PCS_SUB_WORKER, "Deregister failed: %s", pcs_last_error());
+    }
+    return PCS_OK;
+}
+
+void pcs_agent_destroy(pcs_agent_t *a)
+{
+    if (!a)
+        return;
+    atomic_store(&a->quit, 1);
+    if (a->threads_started) {
+        pthread_mutex_lock(&a->mu);
+        pthread_cond_broadcast(&a->cv);
+        pthread_mutex_unlock(&a->mu);
+        pthread_join(a->hb_thread, NULL);
+        pthread_join(a->watch_thread, NULL);
+        pthread_join(a->report_thread, NULL);
+    }
+    while (a->rq_head) {
+        report_item_t *it = a->rq_head;
+        a->rq_head = it->next;
+        protobuf_c_message_free_unpacked(&it->req->base, NULL);
+        free(it);
+    }
+    if (a->pending)
+        protobuf_c_message_free_unpacked(&a->pending->base, NULL);
+    pcs_rpc_client_destroy(a->rpc);
+    free(a->coordinator);
+    free(a->identity);
+    free(a->backend);
+    free(a->coll);
+    free(a->hostname);
+    free(a->report_dir);
+    pthread_cond_destroy(&a->cv);
+    pthread_mutex_destroy(&a->mu);
+    free(a);
+}

@@ -1,0 +1,97 @@
+/* pcs-worker: config table -> agent -> serve assignments until SIGTERM/SIGINT (then Deregister and
+ * exit 0). Everything else lives in pcs_worker_core (agent.c, train.c, runtime.c). */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "agent.h"
+#include "pcs/config.h"
+#include "pcs/log.h"
+
+static const pcs_opt_t worker_opts[] = {
+    {"coordinator", PCS_OPT_STRING, "127.0.0.1:7070", 0, 0, "coordinator address host:port"},
+    {"identity", PCS_OPT_STRING, "", 0, 0, "stable identity for Register (default host:pid)"},
+    {"backend", PCS_OPT_STRING, "cpu", 0, 0, "kernels backend: cpu | cuda"},
+    {"coll", PCS_OPT_STRING, "gloo", 0, 0, "collectives backend: gloo | nccl"},
+    {"hostname", PCS_OPT_STRING, "127.0.0.1", 0, 0, "address peers use for this worker's transport"},
+    {"rpc-timeout-ms", PCS_OPT_U32, "5000", 100, 600000, "deadline of unary RPCs"},
+    {"coll-timeout-ms", PCS_OPT_U32, "30000", 100, 3600000, "timeout of one collective"},
+    {"heartbeat-interval-ms", PCS_OPT_U32, "0", 0, 60000,
+     "heartbeat period (0 = the coordinator's value)"},
+    {"max-jobs", PCS_OPT_U32, "0", 0, 1000000, "exit after this many jobs (0 = serve forever)"},
+    {"report-dir", PCS_OPT_STRING, "", 0, 0, "also write each step report to this directory"},
+    {"log-level", PCS_OPT_STRING, "info", 0, 0, "error | warn | info | debug | trace"},
+    {"inject-inf-step", PCS_OPT_U64, "0", 0, 1e18, "test hook: +Inf into a gradient at this step"},
+    {"inject-inf-rank", PCS_OPT_U32, "0", 0, 1000000, "test hook: rank that injects the +Inf"},
+};
+
+static pcs_agent_t *g_agent;
+
+static void on_signal(int sig)
+{
+    (void)sig;
+    pcs_agent_stop(g_agent); /* only an atomic store */
+}
+
+int main(int argc, char **argv)
+{
+    pcs_config_t *cfg = NULL;
+    size_t nopt = sizeof worker_opts / sizeof worker_opts[0];
+    if (pcs_config_load(worker_opts, nopt, argc, argv, &cfg) != PCS_OK) {
+        fprintf(stderr, "pcs-worker: %s\n", pcs_last_error());
+        return 2;
+    }
+    if (pcs_config_help_requested(cfg)) {
+        pcs_config_print_help(worker_opts, nopt, "pcs-worker [--coordinator ADDR] [options]");
+        pcs_config_free(cfg);
+        return 0;
+    }
+    int lvl = pcs_log_level_parse(pcs_config_str(cfg, "log-level"));
+    setenv("PCS_LOG_SUBSYS", "INIT,CONFIG,BOOTSTRAP,WORKER", 0); /* lifecycle lines of the worker */
+    pcs_log_init(lvl >= 0 ? (pcs_log_level_t)lvl : PCS_LOG_INFO);
+    if (lvl >= 0 && !getenv("PCS_LOG_LEVEL"))
+        pcs_log_set_level((pcs_log_level_t)lvl);
+    pcs_log_set_role("w-");
+    pcs_config_log_nondefault(cfg);
+
+    pcs_agent_config_t ac;
+    memset(&ac, 0, sizeof ac);
+    ac.coordinator = pcs_config_str(cfg, "coordinator");
+    ac.identity = pcs_config_str(cfg, "identity");
+    ac.backend = pcs_config_str(cfg, "backend");
+    ac.coll = pcs_config_str(cfg, "coll");
+    ac.hostname = pcs_config_str(cfg, "hostname");
+    ac.rpc_timeout_ms = pcs_config_u32(cfg, "rpc-timeout-ms");
+    ac.coll_timeout_ms = pcs_config_u32(cfg, "coll-timeout-ms");
+    ac.heartbeat_ms = pcs_config_u32(cfg, "heartbeat-interval-ms");
+    ac.max_jobs = pcs_config_u32(cfg, "max-jobs");
+    ac.report_dir = pcs_config_str(cfg, "report-dir");
+    ac.inject_inf_step = pcs_config_u64(cfg, "inject-inf-step");
+    ac.inject_inf_rank = pcs_config_u32(cfg, "inject-inf-rank");
+
+    if (pcs_agent_create(&ac, &g_agent) != PCS_OK) {
+        fprintf(stderr, "pcs-worker: %s\n", pcs_last_error());
+        pcs_config_free(cfg);
+        return 1;
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    PCS_INFO(PCS_SUB_INIT, "pcs-worker starting: coordinator %s backend %s coll %s",
+             ac.coordinator, ac.backend, ac.coll);
+    pcs_status_t st = pcs_agent_run(g_agent);
+    pcs_agent_destroy(g_agent);
+    g_agent = NULL;
+    pcs_config_free(cfg);
+    if (st != PCS_OK) {
+        fprintf(stderr, "pcs-worker: %s\n", pcs_last_error());
+        return 1;
+    }
+    return 0;
+}

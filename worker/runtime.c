@@ -1,0 +1,989 @@
+/* Unit runtime (see runtime.h). The order of operations per unit follows spec §4 (FSDP1 flat
+ * parameter semantics with the plan's per-collective dtypes): unshard = cast master shard to the
+ * all-gather dtype, all-gather; backward grads are written by the model into a zeroed padded
+ * buffer; no-sync micro-batches accumulate into the plan's accumulation dtype; the synced one casts
+ * to the reduce dtype, reduce-scatters with the plan's op and pre-divide (post-divide after the
+ * HSDP all-reduce), casts back and accumulates into the sharded grad. All-gathers run on a
+ * prefetch thread with its own communicator so the compute thread only waits when it is ahead. */
+#include "runtime.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coll.h"
+#include "pcs/clock.h"
+#include "pcs/log.h"
+#include "pcs/mem.h"
+
+#define NO_UNIT UINT32_MAX
+
+enum { U_SHARDED = 0, U_QUEUED, U_RUNNING, U_UNSHARDED };
+
+typedef struct rt_unit {
+    const Pcs__V1__Unit *u;
+    uint32_t index;
+    pcs_dtype_t master, param, reduce, grad, accum;
+    uint64_t padded, c;
+    uint32_t sg, shard_index;
+    void *master_shard; /* c, master dtype */
+    void *grad_shard;   /* c, grad dtype */
+    float *opt_a, *opt_b; /* c each: exp_avg/exp_avg_sq or momentum */
+    void *unsharded;    /* padded, param dtype */
+    void *full;         /* padded, master dtype (full-precision eval), lazily */
+    void *grads;        /* padded, param (compute) dtype */
+    void *accum_buf;    /* padded, accum dtype (micro_batches > 1) */
+    void *rs_in;        /* padded, reduce dtype */
+    void *rs_out;       /* c, reduce dtype */
+    void *ag_in;        /* c, param dtype */
+    int accum_valid;
+    int state;          /* under mu */
+    pcs_status_t ag_err;
+    /* the plan's collectives for this unit */
+    const Pcs__V1__CollectiveSpec *ag, *rs, *ar;
+    pcs_coll_t *ar_comm;
+} rt_unit_t;
+
+struct pcs_runtime {
+    const Pcs__V1__Plan *plan;
+    const pcs_backend_ops_t *be;
+    uint32_t rank, world;
+    uint32_t micro_batches;
+    pcs_opt_kind_t opt;
+    pcs_adamw_config_t adamw;
+    pcs_sgd_config_t sgd;
+    uint64_t opt_steps;
+    int prefetch;
+
+    rt_unit_t *units;
+    size_t n_units;
+
+    /* communicators (NULL when the group has one rank) */
+    pcs_coll_t *world_c, *shard_ag, *shard_rs, *rep_c, *dp_c;
+    uint32_t shard_size, shard_index, rep_size, rep_index, dp_size, dp_index;
+
+    /* prefetch thread */
+    pthread_t ag_thread;
+    int ag_started;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint32_t *queue;
+    size_t q_head, q_len;
+    int quit;
+    atomic_int aborted;
+
+    /* stats (under mu where the AG thread writes) */
+    double ag_ms, rs_ms, ar_ms, cast_ms, opt_ms, wait_ms;
+    uint64_t ag_bytes, rs_bytes, ar_bytes;
+    pcs_rt_coll_rec_t *recs;
+    size_t n_recs, cap_recs;
+    uint64_t h_ag, h_main;
+    int audit_ok;
+    uint32_t n_unsharded, max_unsharded;
+};
+
+// ---- small helpers ----
+
+static double ms_since(uint64_t t0_us)
+{
+    return (double)(pcs_now_us() - t0_us) / 1000.0;
+}
+
+static uint64_t fnv_mix(uint64_t h, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) {
+        h ^= (v >> (8 * i)) & 0xff;
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static pcs_dtype_t dt_or(int v, pcs_dtype_t def)
+{
+    return v > 0 ? (pcs_dtype_t)v : def;
+}
+
+/* Record one collective (called with mu held by the AG thread, or by the main thread). */
+static void record(pcs_runtime_t *rt, int kind, uint32_t unit, pcs_dtype_t dt, uint64_t count,
+                   uint64_t group, const Pcs__V1__CollectiveSpec *spec, int on_ag_thread)
+{
+    int ok = spec ? (pcs_dtype_t)spec->dtype == dt : 1;
+    if (!ok) {
+        PCS_WARN(PCS_SUB_WORKER, "dtype audit: unit %u %s ran in %s, plan says %s", unit,
+                 kind == PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER ? "all-gather"
+                 : kind == PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER ? "reduce-scatter"
+                                                                         : "all-reduce",
+                 pcs_dtype_name(dt), pcs_dtype_name((pcs_dtype_t)spec->dtype));
+        rt->audit_ok = 0;
+    }
+    if (rt->n_recs == rt->cap_recs) {
+        size_t nc = rt->cap_recs ? rt->cap_recs * 2 : 64;
+        pcs_rt_coll_rec_t *n = realloc(rt->recs, nc * sizeof *n);
+        if (!n)
+            return; /* stats only */
+        rt->recs = n;
+        rt->cap_recs = nc;
+    }
+    pcs_rt_coll_rec_t *r = &rt->recs[rt->n_recs++];
+    r->kind = kind;
+    r->unit = unit;
+    r->dtype = dt;
+    r->count = count;
+    r->bytes = count * group * pcs_dtype_size(dt);
+    r->audit_ok = ok;
+    uint64_t *h = on_ag_thread ? &rt->h_ag : &rt->h_main;
+    *h = fnv_mix(fnv_mix(fnv_mix(fnv_mix(*h, (uint64_t)kind), unit), (uint64_t)dt), count);
+}
+
+static const Pcs__V1__CollectiveSpec *find_coll(const Pcs__V1__Unit *u, int kind)
+{
+    for (size_t i = 0; i < u->n_collectives; i++)
+        if ((int)u->collectives[i]->kind == kind)
+            return u->collectives[i];
+    return NULL;
+}
+
+static pcs_coll_red_t red_of(const Pcs__V1__CollectiveSpec *c, int use_pre, int use_post)
+{
+    pcs_coll_red_t r = {PCS_RED_SUM, 0, 0};
+    if (!c || !c->reduction)
+        return r;
+    switch (c->reduction->op) {
+    case PCS__V1__REDUCE_OP__REDUCE_OP_AVG:
+        r.op = PCS_RED_AVG;
+        break;
+    case PCS__V1__REDUCE_OP__REDUCE_OP_MAX:
+        r.op = PCS_RED_MAX;
+        break;
+    default:
+        r.op = PCS_RED_SUM;
+        break;
+    }
+    if (use_pre)
+        r.pre_div = c->reduction->pre_divide;
+    if (use_post)
+        r.post_div = c->reduction->post_divide;
+    return r;
+}
+
+// ---- mesh groups (row-major over the plan's mesh dims, DESIGN.md §5) ----
+
+typedef struct mesh_info {
+    size_t n;
+    int dim[8];
+    uint32_t size[8];
+} mesh_info_t;
+
+static void mesh_of(const Pcs__V1__Plan *p, mesh_info_t *m)
+{
+    m->n = 0;
+    for (size_t i = 0; i < p->n_mesh && i < 8; i++) {
+        m->dim[m->n] = (int)p->mesh[i]->dim;
+        m->size[m->n] = p->mesh[i]->size ? p->mesh[i]->size : 1;
+        m->n++;
+    }
+}
+
+static void coords_of(const mesh_info_t *m, uint32_t rank, uint32_t *c)
+{
+    for (size_t i = m->n; i-- > 0;) {
+        c[i] = rank % m->size[i];
+        rank /= m->size[i];
+    }
+}
+
+/* Members of `rank`'s group varying the dims in `vary` (mask of MeshDimName bits): writes the
+ * group size, my index and the group id (first member). */
+static void group_of(const mesh_info_t *m, uint32_t world, uint32_t rank, unsigned vary,
+                     uint32_t *size, uint32_t *index, uint32_t *id)
+{
+    uint32_t mine[8], other[8];
+    coords_of(m, rank, mine);
+    *size = 0;
+    *index = 0;
+    *id = rank;
+    int first = 1;
+    for (uint32_t r = 0; r < world; r++) {
+        coords_of(m, r, other);
+        int same = 1;
+        for (size_t i = 0; i < m->n; i++)
+            if (!(vary & (1u << m->dim[i])) && other[i] != mine[i])
+                same = 0;
+        if (!same)
+            continue;
+        if (first) {
+            *id = r;
+            first = 0;
+        }
+        if (r == rank)
+            *index = *size;
+        (*size)++;
+    }
+}
+
+#define VARY_SHARD (1u << PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_SHARD)
+#define VARY_REP (1u << PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE)
+#define VARY_PP (1u << PCS__V1__MESH_DIM_NAME__MESH_DIM_PP)
+
+static pcs_status_t make_comm(const pcs_runtime_config_t *cfg, const char *name, uint32_t id,
+                              uint32_t index, uint32_t size, pcs_coll_t **out)
+{
+    *out = NULL;
+    if (size <= 1)
+        return PCS_OK;
+    if (!cfg->kv)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "runtime: a KV store is needed for %u ranks",
+                             size);
+    char gname[128];
+    snprintf(gname, sizeof gname, "%s%s", cfg->job_tag ? cfg->job_tag : "", name);
+    pcs_coll_config_t cc;
+    memset(&cc, 0, sizeof cc);
+    cc.backend = PCS_COLL_GLOO;
+    cc.kv = cfg->kv;
+    cc.group_name = gname;
+    cc.group_id = (int)id;
+    cc.rank = (int)index;
+    cc.size = (int)size;
+    cc.timeout_ms = cfg->coll_timeout_ms;
+    cc.hostname = cfg->hostname;
+    cc.cuda_device = -1;
+    pcs_status_t st = pcs_coll_create(&cc, out);
+    if (st != PCS_OK)
+        return pcs_set_error(st, "communicator %s/%u (rank %u of %u): %s", name, id, index, size,
+                             pcs_last_error());
+    return PCS_OK;
+}
+
+// ---- unshard (runs on the prefetch thread, or inline) ----
+
+static pcs_status_t do_unshard(pcs_runtime_t *rt, rt_unit_t *u, int full)
+{
+    pcs_dtype_t dt = full ? u->master : u->param;
+    void *dst = full ? u->full : u->unsharded;
+    size_t esz = pcs_dtype_size(dt);
+    uint64_t t0 = pcs_now_us();
+    const void *src = u->master_shard;
+    if (dt != u->master) {
+        PCS_CHECK(pcs_kernel_cast(rt->be, u->ag_in, dt, u->master_shard, u->master, u->c, NULL));
+        src = u->ag_in;
+    }
+    double cast_ms = dt != u->master ? ms_since(t0) : 0;
+    if (u->sg <= 1) {
+        memcpy(dst, src, u->c * esz);
+        pthread_mutex_lock(&rt->mu);
+        rt->cast_ms += cast_ms;
+        pthread_mutex_unlock(&rt->mu);
+        return PCS_OK;
+    }
+    uint64_t t1 = pcs_now_us();
+    pcs_status_t st = pcs_coll_all_gather(rt->shard_ag, src, dst, u->c, dt, NULL);
+    double ag_ms = ms_since(t1);
+    pthread_mutex_lock(&rt->mu);
+    rt->cast_ms += cast_ms;
+    rt->ag_ms += ag_ms;
+    rt->ag_bytes += u->c * u->sg * esz;
+    record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER, u->index, dt, u->c, u->sg,
+           full ? NULL : u->ag, 1);
+    pthread_mutex_unlock(&rt->mu);
+    if (st != PCS_OK)
+        return pcs_set_error(st, "all-gather of unit %u: %s", u->index, pcs_last_error());
+    return PCS_OK;
+}
+
+static void *ag_main(void *arg)
+{
+    pcs_runtime_t *rt = arg;
+    pthread_mutex_lock(&rt->mu);
+    for (;;) {
+        while (!rt->q_len && !rt->quit)
+            pthread_cond_wait(&rt->cv, &rt->mu);
+        if (rt->quit)
+            break;
+        uint32_t ui = rt->queue[rt->q_head];
+        rt->q_head = (rt->q_head + 1) % rt->n_units;
+        rt->q_len--;
+        rt_unit_t *u = &rt->units[ui];
+        u->state = U_RUNNING;
+        pthread_mutex_unlock(&rt->mu);
+        pcs_status_t st = atomic_load(&rt->aborted) ? PCS_ERR_CANCELLED : do_unshard(rt, u, 0);
+        char err[512];
+        if (st != PCS_OK)
+            snprintf(err, sizeof err, "%s", pcs_last_error());
+        pthread_mutex_lock(&rt->mu);
+        u->ag_err = st;
+        if (st == PCS_OK) {
+            u->state = U_UNSHARDED;
+            rt->n_unsharded++;
+            if (rt->n_unsharded > rt->max_unsharded)
+                rt->max_unsharded = rt->n_unsharded;
+        } else {
+            u->state = U_SHARDED;
+            PCS_DEBUG(PCS_SUB_WORKER, "prefetch of unit %u failed: %s", ui, err);
+        }
+        pthread_cond_broadcast(&rt->cv);
+    }
+    pthread_mutex_unlock(&rt->mu);
+    return NULL;
+}
+
+// ---- create / destroy ----
+
+static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *cfg)
+{
+    const Pcs__V1__Plan *p = rt->plan;
+    PCS_CHECK(pcs_calloc(p->n_units ? p->n_units : 1, sizeof *rt->units, (void **)&rt->units));
+    rt->n_units = p->n_units;
+    PCS_CHECK(pcs_calloc(p->n_units ? p->n_units : 1, sizeof *rt->queue, (void **)&rt->queue));
+    float *tmp = NULL;
+    size_t tmp_cap = 0;
+    pcs_status_t st = PCS_OK;
+    for (size_t i = 0; i < p->n_units; i++) {
+        rt_unit_t *u = &rt->units[i];
+        const Pcs__V1__Unit *pu = p->units[i];
+        u->u = pu;
+        u->index = (uint32_t)i;
+        u->master = dt_or(pu->master_dtype, PCS_DTYPE_FP32);
+        u->param = dt_or(pu->param_dtype, u->master);
+        u->reduce = dt_or(pu->reduce_dtype, u->param);
+        u->grad = dt_or(pu->grad_dtype, u->master);
+        u->accum = dt_or(pu->accum_dtype, u->reduce);
+        u->sg = pu->shard_group_size ? pu->shard_group_size : 1;
+        u->padded = pu->padded_numel;
+        u->c = pu->shard_numel ? pu->shard_numel : pu->padded_numel;
+        if (u->sg > 1 && u->sg != rt->shard_size) {
+            st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                               "unit %zu: shard group of %u ranks, mesh shard dim is %u "
+                               "(unsupported by this runtime)",
+                               i, u->sg, rt->shard_size);
+            goto out;
+        }
+        if (u->c * u->sg != u->padded) {
+            st = pcs_set_error(PCS_ERR_INVALID_ARG, "unit %zu: shard %llu x %u != padded %llu", i,
+                               (unsigned long long)u->c, u->sg, (unsigned long long)u->padded);
+            goto out;
+        }
+        if (u->master != PCS_DTYPE_FP32) {
+            st = pcs_set_error(PCS_ERR_UNSUPPORTED,
+                               "unit %zu: master dtype %s (only fp32 master shards are supported)",
+                               i, pcs_dtype_name(u->master));
+            goto out;
+        }
+        u->shard_index = u->sg > 1 ? rt->shard_index : 0;
+        u->ag = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER);
+        u->rs = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER);
+        u->ar = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE);
+        if (u->ar) {
+            int g = (int)u->ar->group;
+            u->ar_comm = g == PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE ? rt->rep_c
+                         : g == PCS__V1__GROUP_KIND__GROUP_KIND_WORLD  ? rt->world_c
+                                                                       : rt->dp_c;
+        } else if (u->sg <= 1 && rt->dp_size > 1) {
+            u->ar_comm = rt->dp_c; /* replicated unit without a planned collective: average */
+        } else if (u->sg > 1 && rt->rep_size > 1) {
+            u->ar_comm = rt->rep_c;
+        }
+        size_t pe = pcs_dtype_size(u->param), re = pcs_dtype_size(u->reduce);
+        PCS_CHECK_GOTO(pcs_calloc(u->c, pcs_dtype_size(u->master), &u->master_shard), st, out);
+        PCS_CHECK_GOTO(pcs_calloc(u->c, pcs_dtype_size(u->grad), &u->grad_shard), st, out);
+        PCS_CHECK_GOTO(pcs_calloc(u->c, sizeof(float), (void **)&u->opt_a), st, out);
+        if (rt->opt == PCS_OPT_ADAMW)
+            PCS_CHECK_GOTO(pcs_calloc(u->c, sizeof(float), (void **)&u->opt_b), st, out);
+        PCS_CHECK_GOTO(pcs_calloc(u->padded, pe, &u->unsharded), st, out);
+        PCS_CHECK_GOTO(pcs_calloc(u->padded, pe, &u->grads), st, out);
+        if (rt->micro_batches > 1)
+            PCS_CHECK_GOTO(pcs_calloc(u->padded, pcs_dtype_size(u->accum), &u->accum_buf), st,
+                           out);
+        PCS_CHECK_GOTO(pcs_calloc(u->padded, re, &u->rs_in), st, out);
+        PCS_CHECK_GOTO(pcs_calloc(u->c, re, &u->rs_out), st, out);
+        PCS_CHECK_GOTO(pcs_calloc(u->c, pe, &u->ag_in), st, out);
+
+        /* Master shard: elements [shard_index*c, +c) of the flat buffer; parameters overlapping
+         * it are generated only for the overlap (init is a function of element index). */
+        uint64_t b = (uint64_t)u->shard_index * u->c, e = b + u->c;
+        float *ms = u->master_shard;
+        for (size_t k = 0; k < pu->n_params; k++) {
+            const Pcs__V1__ParamSlot *ps = pu->params[k];
+            uint64_t pb = ps->offset, pe2 = ps->offset + ps->numel;
+            uint64_t lo = pb > b ? pb : b, hi = pe2 < e ? pe2 : e;
+            if (lo >= hi)
+                continue;
+            if (hi - lo > tmp_cap) {
+                free(tmp);
+                tmp_cap = hi - lo;
+                PCS_CHECK_GOTO(pcs_calloc(tmp_cap, sizeof(float), (void **)&tmp), st, out);
+            }
+            PCS_CHECK_GOTO(cfg->init_param(cfg->init_ctx, ps, lo - pb, hi - lo, tmp), st, out);
+            memcpy(ms + (lo - b), tmp, (hi - lo) * sizeof(float));
+        }
+    }
+out:
+    free(tmp);
+    return st;
+}
+
+pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t **out)
+{
+    if (!cfg || !out || !cfg->plan || !cfg->be || !cfg->init_param)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "runtime: plan, backend and init required");
+    *out = NULL;
+    pcs_runtime_t *rt = NULL;
+    pcs_status_t st;
+    PCS_CHECK(pcs_calloc(1, sizeof *rt, (void **)&rt));
+    pthread_mutex_init(&rt->mu, NULL);
+    pthread_cond_init(&rt->cv, NULL);
+    rt->plan = cfg->plan;
+    rt->be = cfg->be;
+    rt->rank = cfg->rank;
+    rt->world = cfg->plan->world_size ? cfg->plan->world_size : 1;
+    rt->micro_batches = cfg->micro_batches ? cfg->micro_batches : 1;
+    rt->opt = cfg->opt;
+    rt->adamw = cfg->adamw;
+    rt->sgd = cfg->sgd;
+    rt->prefetch = cfg->prefetch;
+    rt->audit_ok = 1;
+    if (cfg->rank >= rt->world) {
+        st = pcs_set_error(PCS_ERR_INVALID_ARG, "runtime: rank %u >= world %u", cfg->rank,
+                           rt->world);
+        goto fail;
+    }
+    mesh_info_t m;
+    mesh_of(cfg->plan, &m);
+    uint32_t id, sz, ix;
+    group_of(&m, rt->world, rt->rank, VARY_SHARD, &rt->shard_size, &rt->shard_index, &id);
+    uint32_t shard_id = id;
+    group_of(&m, rt->world, rt->rank, VARY_REP, &rt->rep_size, &rt->rep_index, &id);
+    uint32_t rep_id = id;
+    group_of(&m, rt->world, rt->rank, VARY_SHARD | VARY_REP, &rt->dp_size, &ix, &id);
+    uint32_t dp_id = id, dp_index = ix;
+    rt->dp_index = ix;
+    (void)sz;
+
+    int any_sharded = 0, any_rep = 0;
+    for (size_t i = 0; i < cfg->plan->n_units; i++) {
+        const Pcs__V1__Unit *pu = cfg->plan->units[i];
+        if (pu->shard_group_size > 1)
+            any_sharded = 1;
+        else
+            any_rep = 1;
+    }
+    /* Communicators are created in the same order on every rank (rendezvous is by name). */
+    PCS_CHECK_GOTO(make_comm(cfg, "world", 0, rt->rank, rt->world, &rt->world_c), st, fail);
+    if (any_sharded) {
+        PCS_CHECK_GOTO(make_comm(cfg, "shard-ag", shard_id, rt->shard_index, rt->shard_size,
+                                 &rt->shard_ag),
+                       st, fail);
+        PCS_CHECK_GOTO(make_comm(cfg, "shard-rs", shard_id, rt->shard_index, rt->shard_size,
+                                 &rt->shard_rs),
+                       st, fail);
+    }
+    PCS_CHECK_GOTO(make_comm(cfg, "replicate", rep_id, rt->rep_index, rt->rep_size, &rt->rep_c),
+                   st, fail);
+    if (any_rep)
+        PCS_CHECK_GOTO(make_comm(cfg, "dp", dp_id, dp_index, rt->dp_size, &rt->dp_c), st, fail);
+
+    PCS_CHECK_GOTO(alloc_units(rt, cfg), st, fail);
+    if (rt->prefetch > 0) {
+        if (pthread_create(&rt->ag_thread, NULL, ag_main, rt) != 0) {
+            st = pcs_set_error(PCS_ERR_SYSTEM, "runtime: cannot start the prefetch thread");
+            goto fail;
+        }
+        rt->ag_started = 1;
+    }
+    *out = rt;
+    return PCS_OK;
+fail:
+    pcs_runtime_destroy(rt);
+    return st;
+}
+
+void pcs_runtime_abort(pcs_runtime_t *rt, const char *reason)
+{
+    if (!rt)
+        return;
+    atomic_store(&rt->aborted, 1);
+    pcs_coll_t *cs[] = {rt->world_c, rt->shard_ag, rt->shard_rs, rt->rep_c, rt->dp_c};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+        if (cs[i])
+            pcs_coll_abort(cs[i], reason);
+}
+
+void pcs_runtime_destroy(pcs_runtime_t *rt)
+{
+    if (!rt)
+        return;
+    if (rt->ag_started) {
+        pthread_mutex_lock(&rt->mu);
+        rt->quit = 1;
+        int busy = 0;
+        for (size_t i = 0; i < rt->n_units; i++)
+            busy |= rt->units[i].state == U_RUNNING;
+        pthread_cond_broadcast(&rt->cv);
+        pthread_mutex_unlock(&rt->mu);
+        /* A prefetch blocked in a collective returns only when its communicator is aborted. */
+        if (busy && rt->shard_ag)
+            pcs_coll_abort(rt->shard_ag, "runtime destroyed");
+        pthread_join(rt->ag_thread, NULL);
+    }
+    pcs_coll_destroy(rt->world_c);
+    pcs_coll_destroy(rt->shard_ag);
+    pcs_coll_destroy(rt->shard_rs);
+    pcs_coll_destroy(rt->rep_c);
+    pcs_coll_destroy(rt->dp_c);
+    for (size_t i = 0; i < rt->n_units; i++) {
+        rt_unit_t *u = &rt->units[i];
+        free(u->master_shard);
+        free(u->grad_shard);
+        free(u->opt_a);
+        free(u->opt_b);
+        free(u->unsharded);
+        free(u->full);
+        free(u->grads);
+        free(u->accum_buf);
+        free(u->rs_in);
+        free(u->rs_out);
+        free(u->ag_in);
+    }
+    free(rt->units);
+    free(rt->queue);
+    free(rt->recs);
+    pthread_cond_destroy(&rt->cv);
+    pthread_mutex_destroy(&rt->mu);
+    free(rt);
+}
+
+size_t pcs_runtime_n_units(const pcs_runtime_t *rt)
+{
+    return rt->n_units;
+}
+
+// ---- step ----
+
+pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt)
+{
+    for (size_t i = 0; i < rt->n_units; i++) {
+        rt_unit_t *u = &rt->units[i];
+        memset(u->grad_shard, 0, u->c * pcs_dtype_size(u->grad));
+        u->accum_valid = 0;
+    }
+    pthread_mutex_lock(&rt->mu);
+    rt->ag_ms = rt->rs_ms = rt->ar_ms = rt->cast_ms = rt->opt_ms = rt->wait_ms = 0;
+    rt->ag_bytes = rt->rs_bytes = rt->ar_bytes = 0;
+    rt->n_recs = 0;
+    rt->h_ag = rt->h_main = 1469598103934665603ull;
+    rt->audit_ok = 1;
+    rt->max_unsharded = rt->n_unsharded;
+    pthread_mutex_unlock(&rt->mu);
+    return PCS_OK;
+}
+
+static pcs_status_t check_unit(const pcs_runtime_t *rt, uint32_t unit)
+{
+    if (unit >= rt->n_units)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "unit %u out of range (%zu units)", unit,
+                             rt->n_units);
+    return PCS_OK;
+}
+
+pcs_status_t pcs_runtime_prefetch(pcs_runtime_t *rt, uint32_t unit)
+{
+    PCS_CHECK(check_unit(rt, unit));
+    if (!rt->ag_started)
+        return PCS_OK;
+    pthread_mutex_lock(&rt->mu);
+    rt_unit_t *u = &rt->units[unit];
+    if (u->state == U_SHARDED) {
+        u->state = U_QUEUED;
+        rt->queue[(rt->q_head + rt->q_len) % rt->n_units] = unit;
+        rt->q_len++;
+        pthread_cond_broadcast(&rt->cv);
+    }
+    pthread_mutex_unlock(&rt->mu);
+    return PCS_OK;
+}
+
+pcs_status_t pcs_runtime_unshard(pcs_runtime_t *rt, uint32_t unit, int full_precision,
+                                 const void **params, pcs_dtype_t *dtype)
+{
+    PCS_CHECK(check_unit(rt, unit));
+    rt_unit_t *u = &rt->units[unit];
+    if (atomic_load(&rt->aborted))
+        return pcs_set_error(PCS_ERR_CANCELLED, "runtime aborted");
+    if (full_precision && u->param != u->master) {
+        /* Eval path: wait until the prefetch thread is idle, then gather the master dtype inline
+         * on the all-gather communicator. */
+        pthread_mutex_lock(&rt->mu);
+        while (rt->q_len || u->state == U_RUNNING)
+            pthread_cond_wait(&rt->cv, &rt->mu);
+        pthread_mutex_unlock(&rt->mu);
+        if (!u->full)
+            PCS_CHECK(pcs_calloc(u->padded, pcs_dtype_size(u->master), &u->full));
+        PCS_CHECK(do_unshard(rt, u, 1));
+        *params = u->full;
+        *dtype = u->master;
+        return PCS_OK;
+    }
+    uint64_t t0 = pcs_now_us();
+    pcs_status_t st = PCS_OK;
+    if (rt->ag_started) {
+        PCS_CHECK(pcs_runtime_prefetch(rt, unit));
+        pthread_mutex_lock(&rt->mu);
+        while (u->state == U_QUEUED || u->state == U_RUNNING)
+            pthread_cond_wait(&rt->cv, &rt->mu);
+        if (u->state != U_UNSHARDED)
+            st = u->ag_err != PCS_OK ? u->ag_err : PCS_ERR_INTERNAL;
+        rt->wait_ms += ms_since(t0);
+        pthread_mutex_unlock(&rt->mu);
+        if (st != PCS_OK)
+            return pcs_set_error(st, "unshard of unit %u failed: %s", unit, pcs_last_error());
+    } else if (u->state != U_UNSHARDED) {
+        PCS_CHECK(do_unshard(rt, u, 0));
+        pthread_mutex_lock(&rt->mu);
+        u->state = U_UNSHARDED;
+        rt->n_unsharded++;
+        if (rt->n_unsharded > rt->max_unsharded)
+            rt->max_unsharded = rt->n_unsharded;
+        rt->wait_ms += ms_since(t0);
+        pthread_mutex_unlock(&rt->mu);
+    }
+    *params = u->unsharded;
+    *dtype = u->param;
+    return PCS_OK;
+}
+
+pcs_status_t pcs_runtime_reshard(pcs_runtime_t *rt, uint32_t unit)
+{
+    PCS_CHECK(check_unit(rt, unit));
+    rt_unit_t *u = &rt->units[unit];
+    pthread_mutex_lock(&rt->mu);
+    /* A queued prefetch must finish before the buffer counts as free again. */
+    while (u->state == U_QUEUED || u->state == U_RUNNING)
+        pthread_cond_wait(&rt->cv, &rt->mu);
+    if (u->state == U_UNSHARDED) {
+        u->state = U_SHARDED;
+        rt->n_unsharded--;
+    }
+    pthread_mutex_unlock(&rt->mu);
+    return PCS_OK;
+}
+
+pcs_status_t pcs_runtime_param_buffer(pcs_runtime_t *rt, uint32_t unit, const void **params,
+                                      pcs_dtype_t *dtype)
+{
+    PCS_CHECK(check_unit(rt, unit));
+    *params = rt->units[unit].unsharded;
+    *dtype = rt->units[unit].param;
+    return PCS_OK;
+}
+
+int pcs_runtime_is_unsharded(const pcs_runtime_t *rt, uint32_t unit)
+{
+    return unit < rt->n_units && rt->units[unit].state == U_UNSHARDED;
+}
+
+pcs_status_t pcs_runtime_grad_buffer(pcs_runtime_t *rt, uint32_t unit, void **grads,
+                                     pcs_dtype_t *dtype)
+{
+    PCS_CHECK(check_unit(rt, unit));
+    rt_unit_t *u = &rt->units[unit];
+    memset(u->grads, 0, u->padded * pcs_dtype_size(u->param));
+    *grads = u->grads;
+    *dtype = u->param;
+    return PCS_OK;
+}
+
+static pcs_status_t reduce_unit(pcs_runtime_t *rt, rt_unit_t *u)
+{
+    const void *src = u->grads;
+    pcs_dtype_t sdt = u->param;
+    if (u->accum_valid) {
+        src = u->accum_buf;
+        sdt = u->accum;
+    }
+    uint64_t t0 = pcs_now_us();
+    /* Copy-in: cast to the reduce dtype (a plain copy when equal). */
+    if (sdt == u->reduce)
+        memcpy(u->rs_in, src, u->padded * pcs_dtype_size(sdt));
+    else
+        PCS_CHECK(pcs_kernel_cast(rt->be, u->rs_in, u->reduce, src, sdt, u->padded, NULL));
+    rt->cast_ms += ms_since(t0);
+
+    void *result;
+    pcs_status_t st;
+    if (u->sg > 1) {
+        int hsdp = u->ar_comm != NULL;
+        pcs_coll_red_t red = red_of(u->rs, 1, !hsdp);
+        uint64_t t1 = pcs_now_us();
+        st = pcs_coll_reduce_scatter(rt->shard_rs, u->rs_in, u->rs_out, u->c, u->reduce, &red,
+                                     NULL);
+        rt->rs_ms += ms_since(t1);
+        rt->rs_bytes += u->c * u->sg * pcs_dtype_size(u->reduce);
+        pthread_mutex_lock(&rt->mu);
+        record(rt, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER, u->index, u->reduce, u->c, u->sg,
+               u->rs, 0);
+        pthread_mutex_unlock(&rt->mu);
+        if (st != PCS_OK)
+            return pcs_set_error(st, "reduce-scatter of unit %u: %s", u->index,
+                                 pcs_last_error());
+        result = u->rs_out;
+        if (hsdp) {
+            pcs_coll_red_t ared = red_of(u->ar ? u->ar : u->rs, 0, 1);
+            if (!u->ar) /* unplanned HSDP leg: keep the RS op, post-divide after it */
+                ared.pre_div = 0;
+            uint64_t t2 = pcs_now_us();
+            st = pcs_coll_all_reduce(u->ar_comm, u->rs_out, u->rs_out, u->c, u->reduce, &ared,
+                                     NULL);
+            rt->ar_ms += ms_since(t2);
+            uint32_t g = (uint32_t)pcs_coll_size(u->ar_comm);
+            rt->ar_bytes += u->c * pcs_dtype_size(u->reduce);
+            pthread_mutex_lock(&rt->mu);
+            record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, u->index, u->reduce, u->c, g,
+                   u->ar, 0);
+            pthread_mutex_unlock(&rt->mu);
+            if (st != PCS_OK)
+                return pcs_set_error(st, "all-reduce (replicas) of unit %u: %s", u->index,
+                                     pcs_last_error());
+        }
+    } else if (u->ar_comm) {
+        pcs_coll_red_t red = red_of(u->ar, 1, 1);
+        uint64_t t1 = pcs_now_us();
+        st = pcs_coll_all_reduce(u->ar_comm, u->rs_in, u->rs_in, u->padded, u->reduce, &red,
+                                 NULL);
+        rt->ar_ms += ms_since(t1);
+        rt->ar_bytes += u->padded * pcs_dtype_size(u->reduce);
+        pthread_mutex_lock(&rt->mu);
+        record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, u->index, u->reduce, u->padded,
+               (uint32_t)pcs_coll_size(u->ar_comm), u->ar, 0);
+        pthread_mutex_unlock(&rt->mu);
+        if (st != PCS_OK)
+            return pcs_set_error(st, "all-reduce of unit %u: %s", u->index, pcs_last_error());
+        result = u->rs_in;
+    } else {
+        result = u->rs_in; /* world of one: the local gradient is the reduced one */
+    }
+    /* Cast back and accumulate into the sharded grad (grad dtype), as FSDP's
+     * _saved_grad_shard += grad. */
+    uint64_t t3 = pcs_now_us();
+    PCS_CHECK(pcs_kernel_accumulate(rt->be, u->grad_shard, u->grad, result, u->reduce, u->c,
+                                    NULL));
+    rt->cast_ms += ms_since(t3);
+    return PCS_OK;
+}
+
+pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int sync)
+{
+    PCS_CHECK(check_unit(rt, unit));
+    if (atomic_load(&rt->aborted))
+        return pcs_set_error(PCS_ERR_CANCELLED, "runtime aborted");
+    rt_unit_t *u = &rt->units[unit];
+    if (rt->micro_batches > 1 && (!sync || u->accum_valid)) {
+        uint64_t t0 = pcs_now_us();
+        if (!u->accum_valid) {
+            PCS_CHECK(pcs_kernel_cast(rt->be, u->accum_buf, u->accum, u->grads, u->param,
+                                      u->padded, NULL));
+            u->accum_valid = 1;
+        } else {
+            PCS_CHECK(pcs_kernel_accumulate(rt->be, u->accum_buf, u->accum, u->grads, u->param,
+                                            u->padded, NULL));
+        }
+        rt->cast_ms += ms_since(t0);
+    }
+    if (!sync)
+        return PCS_OK;
+    pcs_status_t st = reduce_unit(rt, u);
+    u->accum_valid = 0;
+    return st;
+}
+
+// ---- optimizer step ----
+
+static pcs_status_t world_all_reduce_f32(pcs_runtime_t *rt, pcs_coll_t *c, float *v,
+                                         pcs_red_op_t op)
+{
+    if (!c)
+        return PCS_OK;
+    pcs_coll_red_t red = {op, 0, 0};
+    uint64_t t0 = pcs_now_us();
+    pcs_status_t st = pcs_coll_all_reduce(c, v, v, 1, PCS_DTYPE_FP32, &red, NULL);
+    rt->ar_ms += ms_since(t0);
+    rt->ar_bytes += 4;
+    pthread_mutex_lock(&rt->mu);
+    record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, NO_UNIT, PCS_DTYPE_FP32, 1,
+           (uint32_t)pcs_coll_size(c), NULL, 0);
+    pthread_mutex_unlock(&rt->mu);
+    return st;
+}
+
+pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opts_t *o,
+                                        pcs_rt_step_result_t *r)
+{
+    memset(r, 0, sizeof *r);
+    if (atomic_load(&rt->aborted))
+        return pcs_set_error(PCS_ERR_CANCELLED, "runtime aborted");
+    uint64_t t0 = pcs_now_us();
+    /* fp32 view of every grad shard (keep_low_precision_grads keeps them in the param dtype:
+     * FSDP1 hands those to the optimizer; we widen for the fp32 update). */
+    if (o->inject_inf && rt->n_units > 0) {
+        rt_unit_t *u = &rt->units[0];
+        float inf = INFINITY;
+        PCS_CHECK(pcs_kernel_cast(rt->be, u->grad_shard, u->grad, &inf, PCS_DTYPE_FP32, 1, NULL));
+        PCS_INFO(PCS_SUB_WORKER, "test hook: injected +Inf into unit 0's gradient");
+    }
+    if (o->scaler) {
+        float found = 0.0f, inv = (float)(1.0 / o->loss_scale);
+        for (size_t i = 0; i < rt->n_units; i++) {
+            rt_unit_t *u = &rt->units[i];
+            pcs_tensor_t t = {u->grad_shard, u->grad, u->c};
+            PCS_CHECK(rt->be->nonfinite_check_and_unscale(&t, 1, &found, &inv, NULL));
+        }
+        rt->opt_ms += ms_since(t0);
+        /* One verdict for the world: every rank skips together (spec §5). */
+        pcs_status_t st = world_all_reduce_f32(rt, rt->world_c, &found, PCS_RED_MAX);
+        if (st != PCS_OK)
+            return pcs_set_error(st, "found_inf all-reduce: %s", pcs_last_error());
+        t0 = pcs_now_us();
+        r->found_inf = found > 0.0f;
+    }
+    if (r->found_inf) {
+        r->skipped = 1;
+        r->grad_norm = INFINITY;
+        rt->opt_ms += ms_since(t0);
+        return PCS_OK;
+    }
+    if (o->clip_norm > 0) {
+        double local_sh = 0, local_rep = 0;
+        for (size_t i = 0; i < rt->n_units; i++) {
+            rt_unit_t *u = &rt->units[i];
+            float ss = 0;
+            PCS_CHECK(pcs_kernel_sum_squares(rt->be, u->grad_shard, u->grad, u->c, &ss, NULL));
+            if (u->sg > 1)
+                local_sh += ss;
+            else
+                local_rep += ss;
+        }
+        float tot = (float)local_sh;
+        rt->opt_ms += ms_since(t0);
+        if (rt->shard_rs) {
+            pcs_status_t st = world_all_reduce_f32(rt, rt->shard_rs, &tot, PCS_RED_SUM);
+            if (st != PCS_OK)
+                return pcs_set_error(st, "grad-norm all-reduce: %s", pcs_last_error());
+        }
+        t0 = pcs_now_us();
+        float total_norm = sqrtf(tot + (float)local_rep);
+        r->grad_norm = total_norm;
+        float coef = (float)o->clip_norm / (total_norm + 1e-6f);
+        if (coef < 1.0f) {
+            for (size_t i = 0; i < rt->n_units; i++) {
+                rt_unit_t *u = &rt->units[i];
+                PCS_CHECK(pcs_kernel_scale(rt->be, u->grad_shard, u->grad, u->c, coef, NULL));
+            }
+        }
+    }
+    rt->opt_steps++;
+    float *tmp = NULL;
+    size_t tmp_cap = 0;
+    pcs_status_t st = PCS_OK;
+    for (size_t i = 0; i < rt->n_units; i++) {
+        rt_unit_t *u = &rt->units[i];
+        float *g = u->grad_shard;
+        if (u->grad != PCS_DTYPE_FP32) {
+            if (u->c > tmp_cap) {
+                free(tmp);
+                tmp_cap = u->c;
+                PCS_CHECK_GOTO(pcs_calloc(tmp_cap, sizeof(float), (void **)&tmp), st, out);
+            }
+            PCS_CHECK_GOTO(pcs_kernel_cast(rt->be, tmp, PCS_DTYPE_FP32, u->grad_shard, u->grad,
+                                           u->c, NULL),
+                           st, out);
+            g = tmp;
+        }
+        pcs_tensor_t p = {u->master_shard, PCS_DTYPE_FP32, u->c};
+        pcs_tensor_t gt = {g, PCS_DTYPE_FP32, u->c};
+        pcs_tensor_t a = {u->opt_a, PCS_DTYPE_FP32, u->c};
+        if (rt->opt == PCS_OPT_ADAMW) {
+            pcs_tensor_t b = {u->opt_b, PCS_DTYPE_FP32, u->c};
+            PCS_CHECK_GOTO(rt->be->adamw_update(&p, &gt, &a, &b, 1, &rt->adamw,
+                                                (int64_t)rt->opt_steps, NULL),
+                           st, out);
+        } else {
+            int need_buf = rt->sgd.momentum != 0;
+            PCS_CHECK_GOTO(rt->be->sgd_update(&p, &gt, need_buf ? &a : NULL, 1, &rt->sgd,
+                                              rt->opt_steps == 1, NULL),
+                           st, out);
+        }
+    }
+out:
+    free(tmp);
+    rt->opt_ms += ms_since(t0);
+    return st;
+}
+
+pcs_status_t pcs_runtime_barrier(pcs_runtime_t *rt)
+{
+    if (!rt->world_c)
+        return PCS_OK;
+    return pcs_coll_barrier(rt->world_c);
+}
+
+pcs_status_t pcs_runtime_mean_over_dp(pcs_runtime_t *rt, double *v)
+{
+    pcs_coll_t *c = rt->dp_c ? rt->dp_c : (rt->dp_size == rt->world ? rt->world_c : NULL);
+    if (!c)
+        return PCS_OK;
+    float f = (float)*v;
+    pcs_coll_red_t red = {PCS_RED_SUM, 0, 0};
+    PCS_CHECK(pcs_coll_all_reduce(c, &f, &f, 1, PCS_DTYPE_FP32, &red, NULL));
+    *v = (double)f / (double)pcs_coll_size(c);
+    return PCS_OK;
+}
+
+void pcs_runtime_stats(const pcs_runtime_t *rt, pcs_rt_stats_t *s)
+{
+    pcs_runtime_t *m = (pcs_runtime_t *)rt;
+    pthread_mutex_lock(&m->mu);
+    s->all_gather_ms = rt->ag_ms;
+    s->reduce_scatter_ms = rt->rs_ms;
+    s->all_reduce_ms = rt->ar_ms;
+    s->cast_ms = rt->cast_ms;
+    s->optimizer_ms = rt->opt_ms;
+    s->unshard_wait_ms = rt->wait_ms;
+    s->all_gather_bytes = rt->ag_bytes;
+    s->reduce_scatter_bytes = rt->rs_bytes;
+    s->all_reduce_bytes = rt->ar_bytes;
+    s->n_colls = rt->n_recs;
+    s->colls = rt->recs;
+    s->fingerprint = rt->h_ag ^ ((rt->h_main << 1) | (rt->h_main >> 63));
+    s->audit_ok = rt->audit_ok;
+    s->max_unsharded = rt->max_unsharded;
+    pthread_mutex_unlock(&m->mu);
+}
+
+pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t *out)
+{
+    PCS_CHECK(check_unit(rt, unit));
+    rt_unit_t *u = &rt->units[unit];
+    memset(out, 0, sizeof *out);
+    out->unit = unit;
+    out->master_dtype = u->master;
+    out->numel = u->c;
+    out->master = u->master_shard;
+    if (rt->opt == PCS_OPT_ADAMW) {
+        out->exp_avg = u->opt_a;
+        out->exp_avg_sq = u->opt_b;
+    } else if (rt->sgd.momentum != 0) {
+        out->momentum = u->opt_a;
+    }
+    out->shard_index = u->shard_index;
+    out->shard_group_size = u->sg;
+    /* Replica 0 is the canonical copy: for replicated units every dp rank but the first is a
+     * replica. */
+    out->replicate_index = u->sg > 1 ? rt->rep_index : rt->dp_index;
+    return PCS_OK;
+}
+
+uint64_t pcs_runtime_opt_steps(const pcs_runtime_t *rt)
+{
+    return rt->opt_steps;
+}

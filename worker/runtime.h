@@ -1,0 +1,140 @@
+/* Unit runtime of one rank: fp32 master shards (initialized per parameter, so any world size starts
+ * from the same full model), unshard (cast + all-gather into the unsharded buffer, on a prefetch
+ * thread with its own communicator), reshard, gradient reduction exactly as the plan says (cast to
+ * the reduce dtype, pre/post divide or avg, reduce-scatter, all-reduce across replicas for HSDP or
+ * all-reduce for NO_SHARD, cast back, accumulate into the sharded grad), no-sync accumulation in
+ * the plan's accumulation dtype, and the optimizer step (grad scaler verdict over the world,
+ * clipping with one all-reduce, AdamW/SGD on fp32 shards). Every collective is recorded and
+ * audited against the dtype the plan gives it. Host buffers (cpu backend). */
+#ifndef PCS_RUNTIME_H
+#define PCS_RUNTIME_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kv.h"
+#include "pcs/dtype.h"
+#include "pcs/kernels.h"
+#include "pcs/status.h"
+#include "pcs/v1/plan.pb-c.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pcs_runtime pcs_runtime_t;
+
+typedef enum { PCS_OPT_ADAMW = 0, PCS_OPT_SGD = 1 } pcs_opt_kind_t;
+
+/* Fill elements [first, first + n) of parameter `p` (its flat, row-major order) as fp32. */
+typedef pcs_status_t (*pcs_rt_init_fn)(void *ctx, const Pcs__V1__ParamSlot *p, uint64_t first,
+                                       uint64_t n, float *out);
+
+typedef struct pcs_runtime_config {
+    const Pcs__V1__Plan *plan;   /* retained */
+    uint32_t rank;
+    const char *job_tag;         /* distinguishes communicators of several runtimes in one KV scope */
+    pcs_kv_t *kv;                /* retained until destroy; NULL only when world_size == 1 */
+    const char *hostname;
+    int coll_timeout_ms;
+    const pcs_backend_ops_t *be; /* "cpu" backend */
+    uint32_t micro_batches;      /* no-sync accumulation when > 1 */
+    pcs_rt_init_fn init_param;
+    void *init_ctx;
+    pcs_opt_kind_t opt;
+    pcs_adamw_config_t adamw;
+    pcs_sgd_config_t sgd;
+    int prefetch;                /* units all-gathered ahead; 0 = issue all-gathers inline */
+} pcs_runtime_config_t;
+
+/* One collective as issued, for reports and audits. */
+typedef struct pcs_rt_coll_rec {
+    int kind;          /* PCS__V1__COLL_KIND__* */
+    uint32_t unit;     /* UINT32_MAX for step-level collectives (found_inf, grad norm) */
+    pcs_dtype_t dtype;
+    uint64_t count;    /* elements per rank (input of AG, output of RS, buffer of AR) */
+    uint64_t bytes;    /* bytes moved per rank as nccl-tests counts S (count * size * dtype) */
+    int audit_ok;      /* dtype equals the plan's for this collective */
+} pcs_rt_coll_rec_t;
+
+typedef struct pcs_rt_stats {
+    double all_gather_ms, reduce_scatter_ms, all_reduce_ms, cast_ms, optimizer_ms;
+    double unshard_wait_ms;      /* time the compute thread waited for an all-gather */
+    uint64_t all_gather_bytes, reduce_scatter_bytes, all_reduce_bytes;
+    size_t n_colls;
+    const pcs_rt_coll_rec_t *colls; /* this step's collectives in issue order */
+    uint64_t fingerprint;           /* FNV-1a over (kind, unit, dtype, count) of colls */
+    int audit_ok;
+    uint32_t max_unsharded;         /* most units unsharded at once during the step */
+} pcs_rt_stats_t;
+
+pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t **out);
+void pcs_runtime_destroy(pcs_runtime_t *rt);
+/* Wake blocked collectives (any thread). */
+void pcs_runtime_abort(pcs_runtime_t *rt, const char *reason);
+
+size_t pcs_runtime_n_units(const pcs_runtime_t *rt);
+
+/* Start of a step: zero sharded grads and stats. */
+pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt);
+/* Queue the all-gather of `unit` (no-op if unsharded or queued). */
+pcs_status_t pcs_runtime_prefetch(pcs_runtime_t *rt, uint32_t unit);
+/* Make `unit` unsharded (waiting for a queued prefetch). full_precision: gather the master dtype
+ * instead of the param dtype (FSDP1 full-precision eval). *params = the padded flat buffer. */
+pcs_status_t pcs_runtime_unshard(pcs_runtime_t *rt, uint32_t unit, int full_precision,
+                                 const void **params, pcs_dtype_t *dtype);
+pcs_status_t pcs_runtime_reshard(pcs_runtime_t *rt, uint32_t unit);
+/* The unit's compute-dtype unsharded buffer (stable address; contents valid only while
+ * unsharded): models bind their parameter views to it once. */
+pcs_status_t pcs_runtime_param_buffer(pcs_runtime_t *rt, uint32_t unit, const void **params,
+                                      pcs_dtype_t *dtype);
+int pcs_runtime_is_unsharded(const pcs_runtime_t *rt, uint32_t unit);
+/* The padded flat gradient buffer backward writes into (compute dtype), zeroed. */
+pcs_status_t pcs_runtime_grad_buffer(pcs_runtime_t *rt, uint32_t unit, void **grads,
+                                     pcs_dtype_t *dtype);
+/* After backward of `unit` for one micro-batch: sync=0 accumulates into the unsharded accumulator
+ * (no communication), sync=1 reduces into the sharded grad. */
+pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int sync);
+
+typedef struct pcs_rt_step_opts {
+    double clip_norm;       /* 0 = off */
+    int scaler;             /* fp16 grad scaler enabled */
+    double loss_scale;      /* current scale (grads are multiplied by it) */
+    int inject_inf;         /* test hook: +Inf into this rank's first grad element */
+} pcs_rt_step_opts_t;
+
+typedef struct pcs_rt_step_result {
+    double grad_norm;       /* total norm before clipping (0 when clipping is off and no scaler) */
+    int found_inf;          /* global verdict */
+    int skipped;
+} pcs_rt_step_result_t;
+
+/* Unscale + global inf check (one all-reduce over the world), clipping (one all-reduce over the
+ * shard group), optimizer update on the shards unless skipped. */
+pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opts_t *o,
+                                        pcs_rt_step_result_t *r);
+/* Barrier over the world (checkpoints). */
+pcs_status_t pcs_runtime_barrier(pcs_runtime_t *rt);
+/* Mean of a scalar over the data-parallel group (one fp32 all-reduce, not recorded as a gradient
+ * collective): the loss over ranks for reports and eval. */
+pcs_status_t pcs_runtime_mean_over_dp(pcs_runtime_t *rt, double *v);
+
+void pcs_runtime_stats(const pcs_runtime_t *rt, pcs_rt_stats_t *s);
+
+/* Shard access for checkpoints and the C API. */
+typedef struct pcs_rt_shard {
+    uint32_t unit;
+    pcs_dtype_t master_dtype;
+    uint64_t numel;          /* c (padded shard) */
+    void *master;            /* c elements of master_dtype */
+    float *exp_avg, *exp_avg_sq, *momentum; /* NULL when the optimizer has no such state */
+    uint32_t shard_index, shard_group_size;
+    uint32_t replicate_index;
+} pcs_rt_shard_t;
+pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t *out);
+uint64_t pcs_runtime_opt_steps(const pcs_runtime_t *rt);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

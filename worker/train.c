@@ -1,0 +1,738 @@
+/* Training loop of one rank (DESIGN.md §7): the built-in MLP runs module by module with FSDP-style
+ * hooks — a unit is unsharded in its root module's pre-forward (and the next unit prefetched),
+ * resharded in its post-forward unless it is the root or the strategy keeps it, re-gathered in
+ * pre-backward, and reduced in post-backward on the synced micro-batch (accumulated otherwise).
+ * Then grad scaler verdict, clipping and the optimizer on the fp32 shards (runtime.c), a report
+ * per step, eval every K steps, sharded checkpoints at every_steps and at the end. */
+#include "train.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h"
+#include "data.h"
+#include "kv.h"
+#include "loss.h"
+#include "model.h"
+#include "pcs/clock.h"
+#include "pcs/log.h"
+#include "pcs/mem.h"
+#include "runtime.h"
+
+typedef struct train_buffer {
+    const Pcs__V1__BufferSlot *slot;
+    int model_index;
+    pcs_dtype_t run_dtype; /* dtype while training */
+    void *data;
+} train_buffer_t;
+
+struct pcs_train {
+    pcs_train_config_t cfg;
+    const Pcs__V1__Assignment *as;
+    const Pcs__V1__JobSpec *spec;
+    const Pcs__V1__Plan *plan;
+    const pcs_backend_ops_t *be;
+    pcs_mlp_t *model;
+    pcs_runtime_t *rt;
+    pcs_data_t *data;
+    pcs_loss_kind_t loss;
+
+    int32_t *mod_unit;      /* module index -> unit whose root it is, -1 otherwise */
+    uint32_t *fwd_order;    /* units in forward order */
+    uint32_t *unit_pos;     /* unit -> position in fwd_order */
+    int *unit_mod;          /* unit -> root module index */
+    size_t n_units;
+    uint32_t root_unit;
+
+    train_buffer_t *buffers;
+    size_t n_buffers;
+
+    /* step state */
+    int sync, training, full_eval;
+    uint32_t M, b, D, dp_rank;
+    float *x;
+    void *y;
+    float *gout;
+    double scale;
+    uint32_t growth_tracker;
+    uint64_t skipped;
+
+    atomic_int aborted;
+    char abort_reason[256];
+};
+
+// ---- hooks ----
+
+static pcs_status_t bind_unit(pcs_train_t *t, uint32_t unit, const void *flat, pcs_dtype_t dt)
+{
+    const Pcs__V1__Unit *u = t->plan->units[unit];
+    size_t esz = pcs_dtype_size(dt);
+    for (size_t k = 0; k < u->n_params; k++) {
+        int pi = pcs_mlp_find_param(t->model, u->params[k]->fqn);
+        if (pi < 0)
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "plan parameter %s is not in the model",
+                                 u->params[k]->fqn);
+        PCS_CHECK(pcs_mlp_bind_param(t->model, (uint32_t)pi, dt,
+                                     (const uint8_t *)flat + u->params[k]->offset * esz));
+    }
+    return PCS_OK;
+}
+
+static pcs_status_t hook_pre_forward(void *ctx, uint32_t mod)
+{
+    pcs_train_t *t = ctx;
+    int32_t unit = t->mod_unit[mod];
+    if (unit < 0)
+        return PCS_OK;
+    if (atomic_load(&t->aborted))
+        return pcs_set_error(PCS_ERR_CANCELLED, "%s", t->abort_reason);
+    const void *p;
+    pcs_dtype_t dt;
+    const Pcs__V1__Unit *u = t->plan->units[unit];
+    int full = t->full_eval && u->mixed_precision && u->param_dtype != u->master_dtype;
+    PCS_CHECK(pcs_runtime_unshard(t->rt, (uint32_t)unit, full, &p, &dt));
+    if (full)
+        PCS_CHECK(bind_unit(t, (uint32_t)unit, p, dt));
+    uint32_t pos = t->unit_pos[unit];
+    if (!full && pos + 1 < t->n_units)
+        PCS_CHECK(pcs_runtime_prefetch(t->rt, t->fwd_order[pos + 1]));
+    return PCS_OK;
+}
+
+static pcs_status_t hook_post_forward(void *ctx, uint32_t mod)
+{
+    pcs_train_t *t = ctx;
+    int32_t unit = t->mod_unit[mod];
+    if (unit < 0)
+        return PCS_OK;
+    const Pcs__V1__Unit *u = t->plan->units[unit];
+    /* Eval: nothing follows, free everything. Training: FSDP keeps the root unit and whatever
+     * the strategy keeps (reshard_after_forward false: SHARD_GRAD_OP, ZeRO-2). */
+    if (!t->training || ((uint32_t)unit != t->root_unit && u->reshard_after_forward))
+        PCS_CHECK(pcs_runtime_reshard(t->rt, (uint32_t)unit));
+    return PCS_OK;
+}
+
+static pcs_status_t hook_pre_backward(void *ctx, uint32_t mod)
+{
+    pcs_train_t *t = ctx;
+    int32_t unit = t->mod_unit[mod];
+    if (unit < 0)
+        return PCS_OK;
+    if (atomic_load(&t->aborted))
+        return pcs_set_error(PCS_ERR_CANCELLED, "%s", t->abort_reason);
+    const void *p;
+    pcs_dtype_t dt;
+    PCS_CHECK(pcs_runtime_unshard(t->rt, (uint32_t)unit, 0, &p, &dt));
+    uint32_t pos = t->unit_pos[unit];
+    if (pos > 0)
+        PCS_CHECK(pcs_runtime_prefetch(t->rt, t->fwd_order[pos - 1]));
+    return PCS_OK;
+}
+
+static pcs_status_t hook_post_backward(void *ctx, uint32_t mod)
+{
+    pcs_train_t *t = ctx;
+    int32_t unit = t->mod_unit[mod];
+    if (unit < 0)
+        return PCS_OK;
+    const Pcs__V1__Unit *u = t->plan->units[unit];
+    PCS_CHECK(pcs_runtime_post_backward(t->rt, (uint32_t)unit, t->sync));
+    /* FSDP1 _should_free_in_backward: sharded and (sync or FULL_SHARD-like). */
+    if (t->sync || u->reshard_after_backward)
+        PCS_CHECK(pcs_runtime_reshard(t->rt, (uint32_t)unit));
+    return PCS_OK;
+}
+
+// ---- setup ----
+
+static pcs_status_t init_param_cb(void *ctx, const Pcs__V1__ParamSlot *p, uint64_t first,
+                                  uint64_t n, float *out)
+{
+    pcs_train_t *t = ctx;
+    int pi = pcs_mlp_find_param(t->model, p->fqn);
+    if (pi < 0)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "plan parameter %s is not in the model", p->fqn);
+    uint64_t seed = t->spec->init ? t->spec->init->seed : 0;
+    return pcs_mlp_init_tensor(t->model, seed, 0, (uint32_t)pi, first, n, out);
+}
+
+static pcs_status_t setup_buffers(pcs_train_t *t)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < t->plan->n_units; i++)
+        n += t->plan->units[i]->n_buffers;
+    t->n_buffers = n;
+    if (!n)
+        return PCS_OK;
+    PCS_CHECK(pcs_calloc(n, sizeof *t->buffers, (void **)&t->buffers));
+    size_t k = 0;
+    uint64_t seed = t->spec->init ? t->spec->init->seed : 0;
+    for (size_t i = 0; i < t->plan->n_units; i++) {
+        const Pcs__V1__Unit *u = t->plan->units[i];
+        for (size_t j = 0; j < u->n_buffers; j++, k++) {
+            train_buffer_t *b = &t->buffers[k];
+            b->slot = u->buffers[j];
+            b->model_index = pcs_mlp_find_buffer(t->model, b->slot->fqn);
+            if (b->model_index < 0)
+                return pcs_set_error(PCS_ERR_INVALID_ARG, "plan buffer %s is not in the model",
+                                     b->slot->fqn);
+            pcs_dtype_t orig = b->slot->dtype ? (pcs_dtype_t)b->slot->dtype : PCS_DTYPE_FP32;
+            b->run_dtype = b->slot->run_dtype ? (pcs_dtype_t)b->slot->run_dtype : orig;
+            if (orig == PCS_DTYPE_INT64)
+                b->run_dtype = PCS_DTYPE_INT64;
+            uint64_t numel = b->slot->numel ? b->slot->numel : 1;
+            PCS_CHECK(pcs_calloc(numel, pcs_dtype_size(b->run_dtype), &b->data));
+            float *tmp = NULL;
+            PCS_CHECK(pcs_calloc(numel, sizeof(float), (void **)&tmp));
+            pcs_status_t st = pcs_mlp_init_tensor(t->model, seed, 1, (uint32_t)b->model_index, 0,
+                                                  numel, tmp);
+            if (st == PCS_OK) {
+                if (b->run_dtype == PCS_DTYPE_INT64) {
+                    for (uint64_t e = 0; e < numel; e++)
+                        ((int64_t *)b->data)[e] = (int64_t)tmp[e];
+                } else {
+                    pcs_from_f32(tmp, numel, b->run_dtype, b->data);
+                }
+            }
+            free(tmp);
+            PCS_CHECK(st);
+            PCS_CHECK(pcs_mlp_bind_buffer(t->model, (uint32_t)b->model_index, b->run_dtype,
+                                          b->data));
+        }
+    }
+    return PCS_OK;
+}
+
+static void opt_from_spec(const Pcs__V1__TrainingSpec *tr, pcs_runtime_config_t *rc)
+{
+    pcs_adamw_config_default(&rc->adamw);
+    pcs_sgd_config_default(&rc->sgd);
+    rc->opt = PCS_OPT_ADAMW;
+    if (!tr || !tr->optimizer)
+        return;
+    const Pcs__V1__OptimizerSpec *o = tr->optimizer;
+    if (o->kind_case == PCS__V1__OPTIMIZER_SPEC__KIND_SGD && o->sgd) {
+        rc->opt = PCS_OPT_SGD;
+        rc->sgd.lr = o->sgd->lr > 0 ? o->sgd->lr : rc->sgd.lr;
+        rc->sgd.momentum = o->sgd->momentum ? o->sgd->momentum->value : 0.9;
+        rc->sgd.dampening = o->sgd->dampening ? o->sgd->dampening->value : 0;
+        rc->sgd.weight_decay = o->sgd->weight_decay ? o->sgd->weight_decay->value : 0;
+        rc->sgd.nesterov = o->sgd->nesterov;
+    } else if (o->kind_case == PCS__V1__OPTIMIZER_SPEC__KIND_ADAMW && o->adamw) {
+        rc->adamw.lr = o->adamw->lr > 0 ? o->adamw->lr : rc->adamw.lr;
+        if (o->adamw->n_betas >= 2) {
+            rc->adamw.beta1 = o->adamw->betas[0];
+            rc->adamw.beta2 = o->adamw->betas[1];
+        }
+        if (o->adamw->eps)
+            rc->adamw.eps = o->adamw->eps->value;
+        if (o->adamw->weight_decay)
+            rc->adamw.weight_decay = o->adamw->weight_decay->value;
+    }
+}
+
+pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
+{
+    if (!cfg || !out || !cfg->assignment || !cfg->assignment->spec || !cfg->assignment->plan)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "train: assignment with spec and plan required");
+    *out = NULL;
+    pcs_train_t *t = NULL;
+    pcs_status_t st;
+    PCS_CHECK(pcs_calloc(1, sizeof *t, (void **)&t));
+    t->cfg = *cfg;
+    t->as = cfg->assignment;
+    t->spec = t->as->spec;
+    t->plan = t->as->plan;
+    const Pcs__V1__JobSpec *spec = t->spec;
+    const Pcs__V1__TrainingSpec *tr = spec->training;
+    if (!spec->model || spec->model->kind_case != PCS__V1__MODEL_SPEC__KIND_MLP) {
+        st = pcs_set_error(PCS_ERR_UNSUPPORTED,
+                           "model: pcs-worker computes built-in mlp models only (explicit module "
+                           "trees are for programs using the C API)");
+        goto fail;
+    }
+    if (t->plan->pp_size > 1) {
+        st = pcs_set_error(PCS_ERR_UNSUPPORTED, "mesh: pipeline stages (pp > 1) are not run yet");
+        goto fail;
+    }
+    PCS_CHECK_GOTO(pcs_backend_get(cfg->backend ? cfg->backend : "cpu", &t->be), st, fail);
+
+    t->M = tr && tr->micro_batches ? tr->micro_batches : 1;
+    t->b = tr && tr->micro_batch_size ? tr->micro_batch_size : 1;
+    t->loss = tr && tr->loss == PCS__V1__LOSS__LOSS_CROSS_ENTROPY ? PCS_LOSS_CROSS_ENTROPY
+                                                                  : PCS_LOSS_MSE;
+    t->scale = 1.0;
+    if (tr && tr->grad_scaler && tr->grad_scaler->enabled)
+        t->scale = tr->grad_scaler->init_scale ? tr->grad_scaler->init_scale->value : 65536.0;
+
+    pcs_mlp_config_t mc;
+    PCS_CHECK_GOTO(pcs_mlp_config_from_proto(spec->model->mlp, &mc), st, fail);
+    uint32_t eval_rows = t->b * 4 > 256 ? t->b * 4 : 256;
+    PCS_CHECK_GOTO(pcs_mlp_create(&mc, t->b > eval_rows ? t->b : eval_rows, &t->model), st, fail);
+    PCS_CHECK_GOTO(pcs_data_open(spec->data, mc.input_dim, mc.output_dim, t->loss, &t->data), st,
+                   fail);
+
+    /* Units: map root modules, forward order = order of their root modules. */
+    t->n_units = t->plan->n_units;
+    uint32_t nm = pcs_mlp_num_modules(t->model);
+    PCS_CHECK_GOTO(pcs_calloc(nm, sizeof *t->mod_unit, (void **)&t->mod_unit), st, fail);
+    for (uint32_t i = 0; i < nm; i++)
+        t->mod_unit[i] = -1;
+    PCS_CHECK_GOTO(pcs_calloc(t->n_units + 1, sizeof *t->fwd_order, (void **)&t->fwd_order), st,
+                   fail);
+    PCS_CHECK_GOTO(pcs_calloc(t->n_units + 1, sizeof *t->unit_pos, (void **)&t->unit_pos), st,
+                   fail);
+    PCS_CHECK_GOTO(pcs_calloc(t->n_units + 1, sizeof *t->unit_mod, (void **)&t->unit_mod), st,
+                   fail);
+    t->root_unit = UINT32_MAX;
+    for (size_t i = 0; i < t->n_units; i++) {
+        const Pcs__V1__Unit *u = t->plan->units[i];
+        int mi = pcs_mlp_find_module(t->model, u->path ? u->path : "");
+        if (mi < 0) {
+            st = pcs_set_error(PCS_ERR_INVALID_ARG, "plan unit %zu roots at '%s', not a module", i,
+                               u->path);
+            goto fail;
+        }
+        t->mod_unit[mi] = (int32_t)i;
+        t->unit_mod[i] = mi;
+        if (u->is_root)
+            t->root_unit = (uint32_t)i;
+        t->fwd_order[i] = (uint32_t)i;
+        /* FSDP casting at the unit boundary (spec §1.3). */
+        pcs_dtype_t in = u->cast_forward_inputs && u->param_dtype ? (pcs_dtype_t)u->param_dtype
+                                                                  : PCS_DTYPE_NONE;
+        PCS_CHECK_GOTO(pcs_mlp_set_cast(t->model, (uint32_t)mi, in, (pcs_dtype_t)u->output_dtype),
+                       st, fail);
+    }
+    for (size_t i = 1; i < t->n_units; i++) /* insertion sort by root module index */
+        for (size_t j = i; j > 0 && t->unit_mod[t->fwd_order[j - 1]] > t->unit_mod[t->fwd_order[j]];
+             j--) {
+            uint32_t tmp = t->fwd_order[j];
+            t->fwd_order[j] = t->fwd_order[j - 1];
+            t->fwd_order[j - 1] = tmp;
+        }
+    for (size_t i = 0; i < t->n_units; i++)
+        t->unit_pos[t->fwd_order[i]] = (uint32_t)i;
+
+    /* Data-parallel position: the rank's index among ranks of its pp stage. */
+    {
+        Pcs__V1__MeshCoords c = PCS__V1__MESH_COORDS__INIT;
+        if (t->as->coords)
+            c = *t->as->coords;
+        uint32_t S = t->plan->shard_size ? t->plan->shard_size : 1;
+        t->D = t->plan->dp_size ? t->plan->dp_size : 1;
+        t->dp_rank = c.dp_replicate * S + c.dp_shard;
+        if (t->D == 1)
+            t->dp_rank = 0;
+    }
+
+    pcs_runtime_config_t rc;
+    memset(&rc, 0, sizeof rc);
+    rc.plan = t->plan;
+    rc.rank = t->as->rank;
+    rc.kv = cfg->kv;
+    rc.hostname = cfg->hostname;
+    rc.coll_timeout_ms = cfg->coll_timeout_ms ? (int)cfg->coll_timeout_ms : 30000;
+    rc.be = t->be;
+    rc.micro_batches = t->M;
+    rc.init_param = init_param_cb;
+    rc.init_ctx = t;
+    rc.prefetch = cfg->prefetch >= 0 ? cfg->prefetch
+                                     : (int)(t->plan->prefetch ? t->plan->prefetch : 1);
+    opt_from_spec(tr, &rc);
+    PCS_CHECK_GOTO(pcs_runtime_create(&rc, &t->rt), st, fail);
+
+    /* Bind every parameter to its unit's unsharded buffer and grad buffer once: the buffers live
+     * as long as the runtime; unshard only refreshes their contents. */
+    for (size_t i = 0; i < t->n_units; i++) {
+        const Pcs__V1__Unit *u = t->plan->units[i];
+        void *g;
+        pcs_dtype_t gdt;
+        const void *pb;
+        pcs_dtype_t pdt;
+        PCS_CHECK_GOTO(pcs_runtime_param_buffer(t->rt, (uint32_t)i, &pb, &pdt), st, fail);
+        PCS_CHECK_GOTO(bind_unit(t, (uint32_t)i, pb, pdt), st, fail);
+        PCS_CHECK_GOTO(pcs_runtime_grad_buffer(t->rt, (uint32_t)i, &g, &gdt), st, fail);
+        size_t esz = pcs_dtype_size(gdt);
+        for (size_t k = 0; k < u->n_params; k++) {
+            int pi = pcs_mlp_find_param(t->model, u->params[k]->fqn);
+            if (pi < 0) {
+                st = pcs_set_error(PCS_ERR_INVALID_ARG, "plan parameter %s is not in the model",
+                                   u->params[k]->fqn);
+                goto fail;
+            }
+            PCS_CHECK_GOTO(pcs_mlp_bind_grad(t->model, (uint32_t)pi, gdt,
+                                             u->params[k]->frozen
+                                                 ? NULL
+                                                 : (uint8_t *)g + u->params[k]->offset * esz),
+                           st, fail);
+        }
+    }
+    PCS_CHECK_GOTO(setup_buffers(t), st, fail);
+
+    uint32_t out_dim = mc.output_dim;
+    PCS_CHECK_GOTO(pcs_calloc((size_t)eval_rows * mc.input_dim, sizeof(float), (void **)&t->x), st,
+                   fail);
+    PCS_CHECK_GOTO(pcs_calloc((size_t)eval_rows * out_dim, sizeof(double), &t->y), st, fail);
+    PCS_CHECK_GOTO(pcs_calloc((size_t)eval_rows * out_dim, sizeof(float), (void **)&t->gout), st,
+                   fail);
+    *out = t;
+    return PCS_OK;
+fail:
+    pcs_train_destroy(t);
+    return st;
+}
+
+void pcs_train_abort(pcs_train_t *t, const char *reason)
+{
+    if (!t)
+        return;
+    if (!atomic_exchange(&t->aborted, 1))
+        snprintf(t->abort_reason, sizeof t->abort_reason, "%s", reason ? reason : "aborted");
+    pcs_runtime_abort(t->rt, reason);
+}
+
+void pcs_train_destroy(pcs_train_t *t)
+{
+    if (!t)
+        return;
+    pcs_runtime_destroy(t->rt);
+    pcs_mlp_destroy(t->model);
+    pcs_data_close(t->data);
+    for (size_t i = 0; i < t->n_buffers; i++)
+        free(t->buffers[i].data);
+    free(t->buffers);
+    free(t->mod_unit);
+    free(t->fwd_order);
+    free(t->unit_pos);
+    free(t->unit_mod);
+    free(t->x);
+    free(t->y);
+    free(t->gout);
+    free(t);
+}
+
+// ---- step ----
+
+static const pcs_mlp_hooks_t *hooks_of(pcs_train_t *t, pcs_mlp_hooks_t *h)
+{
+    h->ctx = t;
+    h->pre_forward = hook_pre_forward;
+    h->post_forward = hook_post_forward;
+    h->pre_backward = hook_pre_backward;
+    h->post_backward = hook_post_backward;
+    return h;
+}
+
+/* Rebind units that were bound to full-precision buffers back to their compute buffers. */
+static pcs_status_t restore_bindings(pcs_train_t *t)
+{
+    for (size_t i = 0; i < t->n_units; i++) {
+        const Pcs__V1__Unit *u = t->plan->units[i];
+        if (!(u->mixed_precision && u->param_dtype != u->master_dtype))
+            continue;
+        const void *p;
+        pcs_dtype_t dt;
+        PCS_CHECK(pcs_runtime_param_buffer(t->rt, (uint32_t)i, &p, &dt));
+        PCS_CHECK(bind_unit(t, (uint32_t)i, p, dt));
+    }
+    return PCS_OK;
+}
+
+static pcs_status_t run_eval(pcs_train_t *t, double *eval_loss)
+{
+    uint32_t n = t->b * 4 > 256 ? t->b * 4 : 256;
+    const float *out;
+    pcs_dtype_t odt;
+    pcs_mlp_hooks_t h;
+    t->training = 0;
+    t->full_eval = t->spec->training && t->spec->training->full_precision_eval;
+    PCS_CHECK(pcs_data_read_eval(t->data, n, t->x, t->y));
+    pcs_status_t st = pcs_mlp_forward(t->model, t->x, pcs_data_input_dtype(t->data), n, 0,
+                                      hooks_of(t, &h), &out, &odt);
+    int was_full = t->full_eval;
+    t->full_eval = 0;
+    t->training = 1;
+    if (st == PCS_OK) {
+        const pcs_mlp_module_t *head = NULL;
+        for (uint32_t i = 0; i < pcs_mlp_num_modules(t->model); i++) {
+            const pcs_mlp_module_t *m = pcs_mlp_module(t->model, i);
+            if (strcmp(m->path, "head") == 0)
+                head = m;
+        }
+        st = pcs_loss_compute(t->loss, out, n, head ? head->out_dim : 1, t->y, 1.0f, eval_loss,
+                              NULL);
+    }
+    if (was_full && st == PCS_OK)
+        st = restore_bindings(t);
+    return st;
+}
+
+static void scaler_update(pcs_train_t *t, int found_inf)
+{
+    const Pcs__V1__GradScalerSpec *g = t->spec->training->grad_scaler;
+    double growth = g->growth_factor ? g->growth_factor->value : 2.0;
+    double backoff = g->backoff_factor ? g->backoff_factor->value : 0.5;
+    uint32_t interval = g->growth_interval ? g->growth_interval->value : 2000;
+    if (found_inf) {
+        t->scale *= backoff;
+        t->growth_tracker = 0;
+    } else if (++t->growth_tracker >= interval) {
+        double ns = t->scale * growth;
+        if (isfinite((float)ns)) /* ATen skips growth that would overflow fp32 */
+            t->scale = ns;
+        t->growth_tracker = 0;
+    }
+}
+
+static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
+{
+    const char *dir = t->spec->checkpoint ? t->spec->checkpoint->dir : NULL;
+    if (!dir || !dir[0])
+        return PCS_OK;
+    size_t n = t->n_units * 3 + t->n_buffers;
+    pcs_st_entry_t *e = NULL;
+    char(*names)[96] = NULL;
+    uint64_t(*shapes)[1] = NULL;
+    void **conv = NULL;
+    pcs_status_t st;
+    PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, sizeof *e, (void **)&e), st, out);
+    PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, sizeof *names, (void **)&names), st, out);
+    PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, sizeof *shapes, (void **)&shapes), st, out);
+    PCS_CHECK_GOTO(pcs_calloc(t->n_buffers ? t->n_buffers : 1, sizeof *conv, (void **)&conv), st,
+                   out);
+    size_t k = 0;
+    pcs_rt_shard_t sh;
+    memset(&sh, 0, sizeof sh);
+    for (size_t i = 0; i < t->n_units; i++) {
+        PCS_CHECK_GOTO(pcs_runtime_shard(t->rt, (uint32_t)i, &sh), st, out);
+        struct {
+            const char *what;
+            pcs_dtype_t dt;
+            const void *p;
+        } parts[3] = {{"param", sh.master_dtype, sh.master},
+                      {sh.momentum ? "momentum" : "exp_avg", PCS_DTYPE_FP32,
+                       sh.momentum ? (const void *)sh.momentum : (const void *)sh.exp_avg},
+                      {"exp_avg_sq", PCS_DTYPE_FP32, sh.exp_avg_sq}};
+        for (int j = 0; j < 3; j++) {
+            if (!parts[j].p)
+                continue;
+            pcs_ckpt_unit_key((uint32_t)i, parts[j].what, names[k], sizeof names[k]);
+            shapes[k][0] = sh.numel;
+            e[k].name = names[k];
+            e[k].dtype = parts[j].dt;
+            e[k].ndim = 1;
+            e[k].shape = shapes[k];
+            e[k].data = parts[j].p;
+            k++;
+        }
+    }
+    for (size_t i = 0; i < t->n_buffers; i++) {
+        train_buffer_t *b = &t->buffers[i];
+        pcs_dtype_t orig = b->slot->dtype ? (pcs_dtype_t)b->slot->dtype : PCS_DTYPE_FP32;
+        uint64_t numel = b->slot->numel ? b->slot->numel : 1;
+        const void *data = b->data;
+        if (orig != b->run_dtype && orig != PCS_DTYPE_INT64) {
+            /* state_dict gives buffers in their original dtype (spec §1.4) */
+            float *f = NULL;
+            PCS_CHECK_GOTO(pcs_calloc(numel, sizeof(float), (void **)&f), st, out);
+            pcs_to_f32(b->data, b->run_dtype, numel, f);
+            PCS_CHECK_GOTO(pcs_calloc(numel, pcs_dtype_size(orig), &conv[i]), st, out);
+            pcs_from_f32(f, numel, orig, conv[i]);
+            free(f);
+            data = conv[i];
+        }
+        snprintf(names[k], sizeof names[k], "buffer.%s", b->slot->fqn);
+        e[k].name = names[k];
+        e[k].dtype = orig;
+        e[k].ndim = (uint32_t)(b->slot->n_shape > 1 ? 1 : b->slot->n_shape);
+        shapes[k][0] = b->slot->n_shape ? b->slot->shape[0] : 1;
+        e[k].shape = shapes[k];
+        e[k].data = data;
+        k++;
+    }
+    {
+        pcs_ckpt_rank_meta_t m;
+        memset(&m, 0, sizeof m);
+        m.job_id = t->as->job_id;
+        m.step = step;
+        m.rank = t->as->rank;
+        m.world_size = t->plan->world_size;
+        m.shard_index = sh.shard_index;
+        m.replicate_index = sh.replicate_index;
+        m.plan_hash = t->as->plan_hash;
+        m.loss_scale = t->scale;
+        PCS_CHECK_GOTO(pcs_ckpt_write_rank(dir, &m, e, k), st, out);
+    }
+    PCS_CHECK_GOTO(pcs_runtime_barrier(t->rt), st, out);
+    if (t->as->rank == 0)
+        PCS_CHECK_GOTO(pcs_ckpt_commit(dir, step, t->plan), st, out);
+    PCS_DEBUG(PCS_SUB_WORKER, "checkpoint of step %llu written to %s", (unsigned long long)step,
+              dir);
+    st = PCS_OK;
+out:
+    if (conv)
+        for (size_t i = 0; i < t->n_buffers; i++)
+            free(conv[i]);
+    free(conv);
+    free(e);
+    free(names);
+    free(shapes);
+    return st;
+}
+
+static void fill_report(pcs_train_t *t, Pcs__V1__StepReport *r, Pcs__V1__CollectiveRecord *recs,
+                        Pcs__V1__CollectiveRecord **rp, size_t cap, const pcs_rt_stats_t *s)
+{
+    r->all_gather_ms = s->all_gather_ms;
+    r->reduce_scatter_ms = s->reduce_scatter_ms + s->all_reduce_ms;
+    r->cast_ms = s->cast_ms;
+    r->optimizer_ms = s->optimizer_ms;
+    r->all_gather_bytes = s->all_gather_bytes;
+    r->reduce_scatter_bytes = s->reduce_scatter_bytes;
+    r->all_reduce_bytes = s->all_reduce_bytes;
+    r->fingerprint = s->fingerprint;
+    r->audit_ok = s->audit_ok;
+    /* Aggregate per (kind, unit, dtype): calls and bytes. */
+    size_t n = 0;
+    for (size_t i = 0; i < s->n_colls; i++) {
+        const pcs_rt_coll_rec_t *c = &s->colls[i];
+        size_t j = 0;
+        for (; j < n; j++)
+            if ((int)recs[j].kind == c->kind && recs[j].unit == c->unit &&
+                (pcs_dtype_t)recs[j].dtype == c->dtype)
+                break;
+        if (j == n) {
+            if (n == cap)
+                continue;
+            pcs__v1__collective_record__init(&recs[n]);
+            recs[n].kind = (Pcs__V1__CollKind)c->kind;
+            recs[n].unit = c->unit;
+            recs[n].dtype = (Pcs__V1__DType)c->dtype;
+            recs[n].count = c->count;
+            recs[n].audit_ok = 1;
+            rp[n] = &recs[n];
+            n++;
+        }
+        recs[j].calls++;
+        recs[j].bytes += c->bytes;
+        recs[j].audit_ok = recs[j].audit_ok && c->audit_ok;
+    }
+    r->n_collectives = n;
+    r->collectives = rp;
+    (void)t;
+}
+
+pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
+{
+    const Pcs__V1__TrainingSpec *tr = t->spec->training;
+    uint64_t steps = tr ? tr->steps : 0;
+    int scaler = tr && tr->grad_scaler && tr->grad_scaler->enabled;
+    uint32_t eval_every = tr ? tr->eval_every : 0;
+    uint32_t ckpt_every = t->spec->checkpoint ? t->spec->checkpoint->every_steps : 0;
+    const pcs_mlp_module_t *head = NULL;
+    for (uint32_t i = 0; i < pcs_mlp_num_modules(t->model); i++)
+        if (strcmp(pcs_mlp_module(t->model, i)->path, "head") == 0)
+            head = pcs_mlp_module(t->model, i);
+    uint32_t out_dim = head ? head->out_dim : 1;
+    size_t cap = 4 * t->n_units + 8;
+    Pcs__V1__CollectiveRecord *recs = NULL;
+    Pcs__V1__CollectiveRecord **rp = NULL;
+    pcs_status_t st;
+    PCS_CHECK_GOTO(pcs_calloc(cap, sizeof *recs, (void **)&recs), st, out);
+    PCS_CHECK_GOTO(pcs_calloc(cap, sizeof *rp, (void **)&rp), st, out);
+    t->training = 1;
+    double sum_ms = 0;
+    for (uint64_t s = 1; s <= steps; s++) {
+        if (atomic_load(&t->aborted)) {
+            st = pcs_set_error(PCS_ERR_CANCELLED, "%s", t->abort_reason);
+            goto out;
+        }
+        uint64_t t0 = pcs_now_us();
+        double compute_ms = 0, loss_sum = 0;
+        PCS_CHECK_GOTO(pcs_runtime_begin_step(t->rt), st, fail);
+        pcs_mlp_hooks_t h;
+        for (uint32_t m = 0; m < t->M; m++) {
+            t->sync = m + 1 == t->M;
+            uint64_t first = pcs_data_batch_start(s - 1, m, t->M, t->D, t->dp_rank, t->b);
+            PCS_CHECK_GOTO(pcs_data_read(t->data, first, t->b, t->x, t->y), st, fail);
+            uint64_t c0 = pcs_now_us();
+            const float *out;
+            pcs_dtype_t odt;
+            PCS_CHECK_GOTO(pcs_mlp_forward(t->model, t->x, pcs_data_input_dtype(t->data), t->b, 1,
+                                           hooks_of(t, &h), &out, &odt),
+                           st, fail);
+            double l = 0;
+            float sc = (float)(t->scale / (double)t->M);
+            PCS_CHECK_GOTO(pcs_loss_compute(t->loss, out, t->b, out_dim, t->y, sc, &l, t->gout),
+                           st, fail);
+            loss_sum += l;
+            PCS_CHECK_GOTO(pcs_mlp_backward(t->model, t->gout, &h), st, fail);
+            compute_ms += (double)(pcs_now_us() - c0) / 1000.0;
+        }
+        pcs_rt_step_opts_t so;
+        memset(&so, 0, sizeof so);
+        so.clip_norm = tr ? tr->clip_grad_norm : 0;
+        so.scaler = scaler;
+        so.loss_scale = t->scale;
+        so.inject_inf = t->cfg.inject_inf_step == s && t->cfg.inject_inf_rank == t->as->rank;
+        pcs_rt_step_result_t sr;
+        PCS_CHECK_GOTO(pcs_runtime_optimizer_step(t->rt, &so, &sr), st, fail);
+        double reported_scale = t->scale;
+        if (scaler)
+            scaler_update(t, sr.found_inf);
+        if (sr.skipped)
+            t->skipped++;
+        double loss = loss_sum / (double)t->M;
+        PCS_CHECK_GOTO(pcs_runtime_mean_over_dp(t->rt, &loss), st, fail);
+        pcs_rt_stats_t rs;
+        pcs_runtime_stats(t->rt, &rs);
+        double step_ms = (double)(pcs_now_us() - t0) / 1000.0;
+
+        Pcs__V1__StepReport r = PCS__V1__STEP_REPORT__INIT;
+        r.step = s;
+        r.loss = loss;
+        r.step_ms = step_ms;
+        /* compute = forward/backward wall time minus the communication it waited on */
+        double waited = rs.unshard_wait_ms + rs.reduce_scatter_ms + rs.all_reduce_ms;
+        r.compute_ms = compute_ms > waited ? compute_ms - waited : 0;
+        r.grad_norm = sr.grad_norm;
+        r.loss_scale = reported_scale;
+        r.skipped = sr.skipped;
+        r.skipped_steps = t->skipped;
+        fill_report(t, &r, recs, rp, cap, &rs);
+        if (eval_every && s % eval_every == 0) {
+            double el = 0;
+            PCS_CHECK_GOTO(run_eval(t, &el), st, fail);
+            PCS_CHECK_GOTO(pcs_runtime_mean_over_dp(t->rt, &el), st, fail);
+            r.eval_loss = el;
+        }
+        if ((ckpt_every && s % ckpt_every == 0) || s == steps)
+            PCS_CHECK_GOTO(checkpoint(t, s), st, fail);
+        r.done = s == steps;
+        sum_ms += step_ms;
+        PCS_DEBUG(PCS_SUB_WORKER, "step %llu loss %.6f %.1f ms", (unsigned long long)s, loss,
+                  step_ms);
+        if (t->cfg.report)
+            t->cfg.report(t->cfg.report_ctx, &r);
+        if (result) {
+            result->steps = s;
+            result->last_loss = loss;
+            result->skipped_steps = t->skipped;
+            result->mean_step_ms = sum_ms / (double)s;
+        }
+    }
+    st = PCS_OK;
+    goto out;
+fail:
+    if (atomic_load(&t->aborted) && st != PCS_OK)
+        st = pcs_set_error(PCS_ERR_CANCELLED, "%s", t->abort_reason);
+out:
+    free(recs);
+    free(rp);
+    return st;
+}

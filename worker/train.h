@@ -1,0 +1,64 @@
+/* Training loop of one rank of a job (DESIGN.md §7): builds the communicators and the unit runtime
+ * from an Assignment, runs the steps (micro-batches without sync, reduce, clip, scaler, optimizer),
+ * reports every step, checkpoints and exports. Used by the agent (pcs-worker) and by tests that run
+ * ranks without a coordinator (file KV store). Not thread-safe except pcs_train_abort(). */
+#ifndef PCS_TRAIN_H
+#define PCS_TRAIN_H
+
+#include <stdint.h>
+
+#include "pcs/status.h"
+#include "pcs/v1/worker.pb-c.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct pcs_kv;
+typedef struct pcs_train pcs_train_t;
+
+/* Called on the training thread after every step (and once more with done/error). The report
+ * is borrowed for the call; the callee copies what it keeps and must not block for long. */
+typedef void (*pcs_train_report_fn)(void *ctx, const Pcs__V1__StepReport *report);
+
+typedef struct pcs_train_config {
+    const Pcs__V1__Assignment *assignment; /* retained: must outlive the pcs_train_t */
+    struct pcs_kv *kv;                     /* rendezvous store, retained */
+    const char *backend;                   /* "cpu" (default) */
+    const char *coll;                      /* "gloo" (default) */
+    const char *hostname;                  /* transport address, default 127.0.0.1 */
+    uint32_t coll_timeout_ms;              /* 0 = 30000 */
+    pcs_train_report_fn report;            /* may be NULL */
+    void *report_ctx;
+    /* Test hooks: put +Inf into this rank's first gradient element at step inject_inf_step
+     * (1-based; 0 = off) on rank inject_inf_rank. */
+    uint64_t inject_inf_step;
+    uint32_t inject_inf_rank;
+    /* Overrides for the bench: -1 = plan's prefetch depth. */
+    int prefetch;
+} pcs_train_config_t;
+
+/* Summary of a finished run. */
+typedef struct pcs_train_result {
+    uint64_t steps;
+    double last_loss;
+    uint64_t skipped_steps;
+    double mean_step_ms;
+} pcs_train_result_t;
+
+/* Build communicators (rendezvous through cfg->kv), the unit runtime and the model. Errors:
+ * PCS_ERR_INVALID_ARG (a plan/spec this runtime cannot run, with the reason), PCS_ERR_REMOTE /
+ * PCS_ERR_TIMEOUT (rendezvous). Caller destroys. */
+pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out);
+/* Run all steps of the job; the last report carries done=true. On failure the error report has
+ * been sent (report.error) and the status says why (a dead peer: PCS_ERR_REMOTE naming it). */
+pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result);
+/* Wake every blocked collective with an error and make run() return PCS_ERR_CANCELLED.
+ * Thread-safe; may be called before or during run(). */
+void pcs_train_abort(pcs_train_t *t, const char *reason);
+void pcs_train_destroy(pcs_train_t *t);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
