@@ -21,7 +21,7 @@
 #define NTHREADS 2
 
 typedef struct job {
-    uint64_t begin, end; /* fp32 bit patterns [begin, end) */
+    uint64_t begin, end; /* fp32 magnitude patterns [begin, end), each tried with both signs */
     const ref_fmt_t *bf, *fp;
     uint64_t bad_fast_bf, bad_fast_fp, bad_scalar_bf, bad_scalar_fp;
     uint32_t first_bad; /* first failing input, for the message */
@@ -36,41 +36,53 @@ static void note_bad(job_t *j, uint32_t u)
     }
 }
 
+/* The reference rounds |x| and ORs the sign in, so it is evaluated once per magnitude and its
+ * result reused for +x and -x: all 2^32 inputs are still converted and compared on both paths. */
 static void *run_range(void *arg)
 {
     job_t *j = arg;
     uint32_t *in = malloc(BLOCK * sizeof *in);
     uint16_t *obf = malloc(BLOCK * sizeof *obf), *ofp = malloc(BLOCK * sizeof *ofp);
-    if (!in || !obf || !ofp) {
+    uint16_t *rbf = malloc(BLOCK * sizeof *rbf), *rfp = malloc(BLOCK * sizeof *rfp);
+    if (!in || !obf || !ofp || !rbf || !rfp) {
         j->bad_fast_bf = UINT64_MAX;
         goto out;
     }
     for (uint64_t b = j->begin; b < j->end; b += BLOCK) {
-        for (uint32_t i = 0; i < BLOCK; i++)
-            in[i] = (uint32_t)(b + i);
-        if (pcs_cpu_cast_array(obf, PCS_DTYPE_BF16, in, PCS_DTYPE_FP32, BLOCK) != PCS_OK ||
-            pcs_cpu_cast_array(ofp, PCS_DTYPE_FP16, in, PCS_DTYPE_FP32, BLOCK) != PCS_OK) {
-            j->bad_fast_bf = UINT64_MAX;
-            goto out;
-        }
         for (uint32_t i = 0; i < BLOCK; i++) {
-            float x = pcs_bits_f32(in[i]);
-            uint16_t rb = ref_round(j->bf, x), rf = ref_round(j->fp, x);
-            if (obf[i] != rb) {
-                j->bad_fast_bf++;
-                note_bad(j, in[i]);
+            float x = pcs_bits_f32((uint32_t)(b + i));
+            rbf[i] = ref_round(j->bf, x);
+            rfp[i] = ref_round(j->fp, x);
+        }
+        for (uint32_t sign = 0; sign <= 1; sign++) {
+            const uint32_t sbit32 = sign << 31;
+            const uint16_t sbit16 = (uint16_t)(sign << 15);
+            for (uint32_t i = 0; i < BLOCK; i++)
+                in[i] = (uint32_t)(b + i) | sbit32;
+            if (pcs_cpu_cast_array(obf, PCS_DTYPE_BF16, in, PCS_DTYPE_FP32, BLOCK) != PCS_OK ||
+                pcs_cpu_cast_array(ofp, PCS_DTYPE_FP16, in, PCS_DTYPE_FP32, BLOCK) != PCS_OK) {
+                j->bad_fast_bf = UINT64_MAX;
+                goto out;
             }
-            if (ofp[i] != rf) {
-                j->bad_fast_fp++;
-                note_bad(j, in[i]);
-            }
-            if (pcs_f32_to_bf16(x) != rb) {
-                j->bad_scalar_bf++;
-                note_bad(j, in[i]);
-            }
-            if (pcs_f32_to_fp16(x) != rf) {
-                j->bad_scalar_fp++;
-                note_bad(j, in[i]);
+            for (uint32_t i = 0; i < BLOCK; i++) {
+                float x = pcs_bits_f32(in[i]);
+                uint16_t rb = rbf[i] | sbit16, rf = rfp[i] | sbit16;
+                if (obf[i] != rb) {
+                    j->bad_fast_bf++;
+                    note_bad(j, in[i]);
+                }
+                if (ofp[i] != rf) {
+                    j->bad_fast_fp++;
+                    note_bad(j, in[i]);
+                }
+                if (pcs_f32_to_bf16(x) != rb) {
+                    j->bad_scalar_bf++;
+                    note_bad(j, in[i]);
+                }
+                if (pcs_f32_to_fp16(x) != rf) {
+                    j->bad_scalar_fp++;
+                    note_bad(j, in[i]);
+                }
             }
         }
     }
@@ -78,6 +90,8 @@ out:
     free(in);
     free(obf);
     free(ofp);
+    free(rbf);
+    free(rfp);
     return NULL;
 }
 
@@ -88,7 +102,7 @@ static void test_every_fp32_pattern_rounds_to_bf16_and_fp16_like_the_reference(v
     ref_fp16(&fp);
     job_t jobs[NTHREADS];
     pthread_t th[NTHREADS];
-    const uint64_t total = (uint64_t)1 << 32, per = total / NTHREADS;
+    const uint64_t total = (uint64_t)1 << 31, per = total / NTHREADS; /* magnitudes; x2 signs */
     for (int t = 0; t < NTHREADS; t++) {
         memset(&jobs[t], 0, sizeof jobs[t]);
         jobs[t].begin = per * (uint64_t)t;

@@ -62,7 +62,7 @@ static inline uint16_t ref_round(const ref_fmt_t *f, float x)
     if (e < f->emin)
         e = f->emin; /* below the normal range the spacing stays that of emin (subnormals) */
     double q = ref_p2(f, e - f->mbits); /* spacing of representable values here */
-    double k = a / q;                   /* exact: q is a power of two */
+    double k = a * ref_p2(f, f->mbits - e); /* = a / q, exact: q is a power of two */
     double fl = floor(k);
     double rem = k - fl;
     if (rem > 0.5 || (rem == 0.5 && ((uint64_t)fl & 1u)))
@@ -73,11 +73,11 @@ static inline uint16_t ref_round(const ref_fmt_t *f, float x)
     if (r == 0.0)
         return sign;
     if (r < ref_p2(f, f->emin)) /* subnormal: the pattern is the multiple of the spacing */
-        return sign | (uint16_t)(r / ref_p2(f, f->emin - f->mbits));
+        return sign | (uint16_t)(r * ref_p2(f, f->mbits - f->emin));
     uint64_t rb;
     memcpy(&rb, &r, sizeof rb);
     int re = (int)((rb >> 52) & 0x7ffu) - 1023;
-    uint32_t frac = (uint32_t)(r / ref_p2(f, re - f->mbits)) - (1u << f->mbits);
+    uint32_t frac = (uint32_t)(r * ref_p2(f, f->mbits - re)) - (1u << f->mbits);
     return (uint16_t)(sign | ((uint32_t)(re + f->bias) << f->mbits) | frac);
 }
 
