@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "pcs/half.h"
+#include "pcs/kernels.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
 #include "pcs/v1/job.pb-c.h"
@@ -92,8 +93,9 @@ struct pcs_mlp {
     uint32_t rows;
     int trained;             /* last forward was a training forward */
     /* scratch */
-    float *w32;              /* fp32 weight copy */
-    size_t w32_cap;
+    float **wcache;          /* per Linear module: fp32 copy of a low-precision weight, filled by
+                                forward and reused by backward (the values autograd saved) */
+    size_t *wcache_cap;
     float *gw32;             /* fp32 dW */
     size_t gw32_cap;
     float *tmp;              /* gradient contribution / misc */
@@ -104,53 +106,75 @@ struct pcs_mlp {
 
 // ---- numeric helpers ----
 
+/* Conversions go through the kernels' CPU cast (AVX2/F16C when present, proven bit-identical to
+ * pcs/half.h by the kernels' exhaustive test); the scalar loops are the fallback. */
+static void cast_scalar(void *dst, pcs_dtype_t dt, const void *src, pcs_dtype_t st, size_t n)
+{
+    if (st == PCS_DTYPE_FP32 && dt == PCS_DTYPE_BF16) {
+        const float *s = src;
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = pcs_f32_to_bf16(s[i]);
+    } else if (st == PCS_DTYPE_FP32 && dt == PCS_DTYPE_FP16) {
+        const float *s = src;
+        uint16_t *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = pcs_f32_to_fp16(s[i]);
+    } else if (st == PCS_DTYPE_BF16 && dt == PCS_DTYPE_FP32) {
+        const uint16_t *s = src;
+        float *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = pcs_bf16_to_f32(s[i]);
+    } else if (st == PCS_DTYPE_FP16 && dt == PCS_DTYPE_FP32) {
+        const uint16_t *s = src;
+        float *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = pcs_fp16_to_f32(s[i]);
+    } else if (st == PCS_DTYPE_FP64 && dt == PCS_DTYPE_FP32) {
+        const double *s = src;
+        float *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = (float)s[i];
+    } else if (st == PCS_DTYPE_FP32 && dt == PCS_DTYPE_FP64) {
+        const float *s = src;
+        double *d = dst;
+        for (size_t i = 0; i < n; i++)
+            d[i] = s[i];
+    }
+}
+
+static void cast_fast(void *dst, pcs_dtype_t dt, const void *src, pcs_dtype_t st, size_t n)
+{
+    if (pcs_cpu_cast_array(dst, dt, src, st, n) != PCS_OK)
+        cast_scalar(dst, dt, src, st, n);
+}
+
 void pcs_round_to(float *v, size_t n, pcs_dtype_t dtype)
 {
-    if (dtype == PCS_DTYPE_BF16) {
-        for (size_t i = 0; i < n; i++)
-            v[i] = pcs_bf16_to_f32(pcs_f32_to_bf16(v[i]));
-    } else if (dtype == PCS_DTYPE_FP16) {
-        for (size_t i = 0; i < n; i++)
-            v[i] = pcs_fp16_to_f32(pcs_f32_to_fp16(v[i]));
+    if (dtype != PCS_DTYPE_BF16 && dtype != PCS_DTYPE_FP16)
+        return;
+    uint16_t tmp[4096];
+    for (size_t i = 0; i < n; i += 4096) {
+        size_t k = n - i < 4096 ? n - i : 4096;
+        cast_fast(tmp, dtype, v + i, PCS_DTYPE_FP32, k);
+        cast_fast(v + i, PCS_DTYPE_FP32, tmp, dtype, k);
     }
 }
 
 void pcs_to_f32(const void *src, pcs_dtype_t src_dtype, size_t n, float *dst)
 {
-    if (src_dtype == PCS_DTYPE_FP32) {
+    if (src_dtype == PCS_DTYPE_FP32)
         memcpy(dst, src, n * sizeof(float));
-    } else if (src_dtype == PCS_DTYPE_BF16) {
-        const uint16_t *s = src;
-        for (size_t i = 0; i < n; i++)
-            dst[i] = pcs_bf16_to_f32(s[i]);
-    } else if (src_dtype == PCS_DTYPE_FP16) {
-        const uint16_t *s = src;
-        for (size_t i = 0; i < n; i++)
-            dst[i] = pcs_fp16_to_f32(s[i]);
-    } else if (src_dtype == PCS_DTYPE_FP64) {
-        const double *s = src;
-        for (size_t i = 0; i < n; i++)
-            dst[i] = (float)s[i];
-    }
+    else
+        cast_fast(dst, PCS_DTYPE_FP32, src, src_dtype, n);
 }
 
 void pcs_from_f32(const float *src, size_t n, pcs_dtype_t dst_dtype, void *dst)
 {
-    if (dst_dtype == PCS_DTYPE_FP32) {
+    if (dst_dtype == PCS_DTYPE_FP32)
         memmove(dst, src, n * sizeof(float));
-    } else if (dst_dtype == PCS_DTYPE_BF16) {
-        uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = pcs_f32_to_bf16(src[i]);
-    } else if (dst_dtype == PCS_DTYPE_FP16) {
-        uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = pcs_f32_to_fp16(src[i]);
-    } else if (dst_dtype == PCS_DTYPE_FP64) {
-        double *d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = src[i];
-    }
+    else
+        cast_fast(dst, dst_dtype, src, PCS_DTYPE_FP32, n);
 }
 
 static int is_compute_dtype(pcs_dtype_t t)
@@ -308,6 +332,8 @@ pcs_status_t pcs_mlp_create(const pcs_mlp_config_t *cfg, uint32_t max_rows, pcs_
     PCS_CHECK_GOTO(pcs_calloc(max_bufs, sizeof *m->bufs, (void **)&m->bufs), rc, fail);
     PCS_CHECK_GOTO(pcs_calloc(max_mods, sizeof *m->cast_in, (void **)&m->cast_in), rc, fail);
     PCS_CHECK_GOTO(pcs_calloc(max_mods, sizeof *m->cast_out, (void **)&m->cast_out), rc, fail);
+    PCS_CHECK_GOTO(pcs_calloc(max_mods, sizeof *m->wcache, (void **)&m->wcache), rc, fail);
+    PCS_CHECK_GOTO(pcs_calloc(max_mods, sizeof *m->wcache_cap, (void **)&m->wcache_cap), rc, fail);
 
     uint32_t root, list, idx;
     PCS_CHECK_GOTO(add_module(m, "", "MLP", PCS_MOD_MLP, -1, cfg->input_dim, cfg->output_dim,
@@ -383,7 +409,10 @@ void pcs_mlp_destroy(pcs_mlp_t *m)
     for (size_t i = 0; i < m->cap_ops; i++)
         free(m->ops[i].save);
     free(m->ops);
-    free(m->w32);
+    for (uint32_t i = 0; m->wcache && i < m->n_mods; i++)
+        free(m->wcache[i]);
+    free(m->wcache);
+    free(m->wcache_cap);
     free(m->gw32);
     free(m->tmp);
     free(m->vec);
@@ -657,7 +686,7 @@ static pcs_status_t linear_fwd(pcs_mlp_t *m, uint32_t mod, int in, int *out)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: bias dtype %s differs from weight dtype %s",
                              md->path, pcs_dtype_name(m->pb[pw + 1].dtype), pcs_dtype_name(dt));
     const float *W;
-    PCS_CHECK(param_f32(m, pw, &m->w32, &m->w32_cap, &W));
+    PCS_CHECK(param_f32(m, pw, &m->wcache[mod], &m->wcache_cap[mod], &W));
     int o;
     PCS_CHECK(new_slot(m, dt, N, &o));
     float *Y = m->slots[o].v;
@@ -961,8 +990,12 @@ static pcs_status_t linear_bwd(pcs_mlp_t *m, const op_t *op)
     }
     if (op->in == 0)
         return PCS_OK; /* the model input needs no gradient */
-    const float *W;
-    PCS_CHECK(param_f32(m, pw, &m->w32, &m->w32_cap, &W));
+    /* the weight values the forward used: the binding (fp32) or forward's converted copy */
+    const float *W = m->pb[pw].dtype == PCS_DTYPE_FP32 && m->pb[pw].data ? m->pb[pw].data
+                                                                          : m->wcache[op->module];
+    if (!W)
+        return pcs_set_error(PCS_ERR_STATE, "mlp: parameter %s is not bound in backward",
+                             m->params[pw].fqn);
     float *dX;
     PCS_CHECK(grad_target(m, op->in, &dX));
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, (int)K, (int)N, 1.0f, dY, (int)N, W,
@@ -977,6 +1010,9 @@ static pcs_status_t norm_bwd(pcs_mlp_t *m, const op_t *op)
     uint32_t D = md->out_dim, R = m->rows, pw = md->first_param;
     int bn = op->kind == OP_BN;
     const float *X = m->slots[op->in].v, *dY = m->slots[op->out].g;
+    if (!m->pb[pw].data)
+        return pcs_set_error(PCS_ERR_STATE, "mlp: parameters of %s are not bound in backward",
+                             md->path);
     PCS_CHECK(ensure(&m->vec, &m->vec_cap, 4 * (size_t)D));
     float *w = m->vec, *dw = m->vec + D, *db = m->vec + 2 * D;
     pcs_to_f32(m->pb[pw].data, m->pb[pw].dtype, D, w);

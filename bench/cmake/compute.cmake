@@ -1,0 +1,13 @@
+# pcs-model-bench: built-in MLP forward+backward vs the bare sgemm calls (docs/perf/compute.md);
+# --job FILE runs the single-process reference trainer on a job file.
+if(TARGET pcs_worker_core)
+  add_executable(pcs-model-bench ${PROJECT_SOURCE_DIR}/bench/pcs_model_bench.c)
+  target_link_libraries(pcs-model-bench PRIVATE pcs_worker_core)
+  pcs_target_warnings(pcs-model-bench)
+
+  # bench-smoke: a tiny model at tiny sizes; fails if any output differs from the re-computation.
+  add_test(NAME bench_smoke_model COMMAND pcs-model-bench -b 4 -e 16 -f 4 -n 2 -i 32 -H 64 -L 2
+           -o 8)
+  set_tests_properties(bench_smoke_model PROPERTIES LABELS bench-smoke TIMEOUT 60
+    PASS_REGULAR_EXPRESSION "Out of bounds values : 0 OK")
+endif()

@@ -1,0 +1,293 @@
+/* pcs-model-bench: forward+backward time of the built-in MLP (worker/model.c) per micro-batch, in
+ * fp32 / bf16 / fp16, against a baseline measured in the same run: the bare cblas_sgemm calls of
+ * the same GEMMs (3 per Linear) on fp32 buffers. The ratio is the cost of mixed-precision
+ * emulation, norms and activations on top of the GEMMs. A separate untimed pass checks the
+ * model's forward output against a plain re-computation (#wrong). With --job FILE it instead runs
+ * the single-process reference trainer on a job file and reports losses and step time. */
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "model.h"
+#include "pcs/half.h"
+#include "pcs/log.h"
+#include "pcs/pbtext.h"
+#include "pcs/v1/job.pb-c.h"
+#include "reference.h"
+
+static double now_s(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int run_job(const char *path, int global_batch)
+{
+    ProtobufCMessage *msg = NULL;
+    if (pcs_pb_from_yaml_file(path, &pcs__v1__job_spec__descriptor, &msg) != PCS_OK) {
+        fprintf(stderr, "pcs-model-bench: %s\n", pcs_last_error());
+        return 1;
+    }
+    Pcs__V1__JobSpec *spec = (Pcs__V1__JobSpec *)msg;
+    pcs_ref_options_t o;
+    pcs_ref_options_default(&o);
+    o.global_batch = global_batch;
+    pcs_reference_t *r = NULL;
+    double t0 = now_s();
+    if (pcs_ref_create(spec, NULL, &o, &r) != PCS_OK) {
+        fprintf(stderr, "pcs-model-bench: %s\n", pcs_last_error());
+        protobuf_c_message_free_unpacked(msg, NULL);
+        return 1;
+    }
+    double t1 = now_s();
+    printf("# reference run of %s: %llu params, dp %u (%s)\n", path,
+           (unsigned long long)pcs_mlp_total_params(pcs_ref_model(r)), pcs_ref_dp_size(r),
+           global_batch ? "global batch" : "per-rank emulation");
+    printf("#  step        loss   grad_norm  skipped   time\n");
+    printf("#                                          (ms)\n");
+    pcs_ref_step_result_t res;
+    int rc = 0;
+    double ts = now_s();
+    while (pcs_ref_step(r, &res) == PCS_OK) {
+        double te = now_s();
+        printf("%7llu  %10.6f  %10.4f  %7d  %6.1f\n", (unsigned long long)res.step, res.loss,
+               res.grad_norm, res.skipped, (te - ts) * 1e3);
+        ts = te;
+    }
+    double t2 = now_s(), ev = 0;
+    if (pcs_ref_eval(r, &ev) != PCS_OK)
+        rc = 1;
+    uint64_t steps = pcs_ref_steps_done(r);
+    printf("# setup %.3f s, %llu steps in %.3f s (%.1f ms/step), eval loss %.6f\n", t1 - t0,
+           (unsigned long long)steps, t2 - t1, steps ? (t2 - t1) * 1e3 / (double)steps : 0.0, ev);
+    size_t n;
+    const double *l = pcs_ref_losses(r, &n);
+    int ok = n >= 2 && l[n - 1] < l[0];
+    printf("# Loss decreased : %s\n", ok ? "OK" : "NO");
+    pcs_ref_destroy(r);
+    protobuf_c_message_free_unpacked(msg, NULL);
+    return rc || !ok;
+}
+
+typedef struct {
+    uint32_t in, hidden, layers, out;
+} shape_t;
+
+/* Plain forward of a ReLU MLP without norm: sgemm, + bias, round, relu. */
+static void plain_forward(const shape_t *s, float **W, float **B, const float *x, uint32_t R,
+                          pcs_dtype_t dt, float *h1, float *h2, float *out)
+{
+    const float *cur = x;
+    uint32_t in = s->in;
+    float *bufs[2] = {h1, h2};
+    for (uint32_t l = 0; l <= s->layers; l++) {
+        uint32_t o = l == s->layers ? s->out : s->hidden;
+        float *y = l == s->layers ? out : bufs[l % 2];
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)R, (int)o, (int)in, 1.0f, cur,
+                    (int)in, W[l], (int)in, 0.0f, y, (int)o);
+        for (uint32_t i = 0; i < R; i++)
+            for (uint32_t j = 0; j < o; j++) {
+                float v = y[(size_t)i * o + j] + B[l][j];
+                if (dt == PCS_DTYPE_BF16)
+                    v = pcs_bf16_to_f32(pcs_f32_to_bf16(v));
+                else if (dt == PCS_DTYPE_FP16)
+                    v = pcs_fp16_to_f32(pcs_f32_to_fp16(v));
+                if (l < s->layers && v < 0)
+                    v = 0;
+                y[(size_t)i * o + j] = v;
+            }
+        cur = y;
+        in = o;
+    }
+}
+
+static double bench_dtype(const shape_t *s, uint32_t R, pcs_dtype_t dt, int iters, double *base_us,
+                          long *wrong)
+{
+    uint32_t *hd = calloc(s->layers + 1, sizeof(uint32_t));
+    for (uint32_t l = 0; l < s->layers; l++)
+        hd[l] = s->hidden;
+    pcs_mlp_config_t cfg = {s->in, s->out, s->layers, hd, PCS_ACT_RELU, PCS_NORM_NONE, 1, 0};
+    pcs_mlp_t *m = NULL;
+    if (pcs_mlp_create(&cfg, R, &m) != PCS_OK) {
+        fprintf(stderr, "%s\n", pcs_last_error());
+        exit(1);
+    }
+    uint32_t np = pcs_mlp_num_params(m);
+    float **Wf = calloc(np, sizeof(float *));
+    void **pv = calloc(np, sizeof(void *)), **gv = calloc(np, sizeof(void *));
+    size_t es = pcs_dtype_size(dt);
+    for (uint32_t p = 0; p < np; p++) {
+        const pcs_named_tensor_t *t = pcs_mlp_param(m, p);
+        Wf[p] = calloc(t->numel, sizeof(float));
+        pcs_mlp_init_tensor(m, 1, 0, p, 0, t->numel, Wf[p]);
+        pcs_round_to(Wf[p], t->numel, dt);
+        pv[p] = calloc(t->numel, es);
+        gv[p] = calloc(t->numel, es);
+        pcs_from_f32(Wf[p], t->numel, dt, pv[p]);
+        pcs_mlp_bind_param(m, p, dt, pv[p]);
+        pcs_mlp_bind_grad(m, p, dt, gv[p]);
+    }
+    pcs_mlp_set_cast(m, 0, dt, PCS_DTYPE_NONE);
+    float *x = calloc((size_t)R * s->in, sizeof(float));
+    float *dout = calloc((size_t)R * s->out, sizeof(float));
+    for (size_t i = 0; i < (size_t)R * s->in; i++)
+        x[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    for (size_t i = 0; i < (size_t)R * s->out; i++)
+        dout[i] = 1e-3f;
+    const float *out;
+    pcs_dtype_t odt;
+    /* validation pass (untimed) */
+    float *xr = calloc((size_t)R * s->in, sizeof(float));
+    memcpy(xr, x, (size_t)R * s->in * sizeof(float));
+    pcs_round_to(xr, (size_t)R * s->in, dt);
+    float *h1 = calloc((size_t)R * s->hidden, sizeof(float));
+    float *h2 = calloc((size_t)R * s->hidden, sizeof(float));
+    float *ref = calloc((size_t)R * s->out, sizeof(float));
+    float **W = calloc(s->layers + 1, sizeof(float *)), **B = calloc(s->layers + 1, sizeof(float *));
+    for (uint32_t l = 0; l <= s->layers; l++) {
+        W[l] = Wf[2 * l];
+        B[l] = Wf[2 * l + 1];
+    }
+    plain_forward(s, W, B, xr, R, dt, h1, h2, ref);
+    pcs_mlp_forward(m, x, PCS_DTYPE_FP32, R, 1, NULL, &out, &odt);
+    *wrong = 0;
+    for (size_t i = 0; i < (size_t)R * s->out; i++)
+        *wrong += out[i] != ref[i];
+    /* warm-up, then timed forward+backward */
+    for (int i = 0; i < 2; i++) {
+        pcs_mlp_forward(m, x, PCS_DTYPE_FP32, R, 1, NULL, &out, &odt);
+        pcs_mlp_backward(m, dout, NULL);
+    }
+    double t0 = now_s();
+    for (int i = 0; i < iters; i++) {
+        pcs_mlp_forward(m, x, PCS_DTYPE_FP32, R, 1, NULL, &out, &odt);
+        pcs_mlp_backward(m, dout, NULL);
+    }
+    double t = (now_s() - t0) / iters;
+    /* baseline: the same 3 GEMMs per Linear on fp32 buffers */
+    size_t maxw = s->hidden > s->in ? s->hidden : s->in;
+    float *A = calloc((size_t)R * maxw, sizeof(float)), *C = calloc((size_t)R * maxw, sizeof(float));
+    float *G = calloc(maxw * maxw, sizeof(float));
+    for (int i = 0; i < 2 + iters; i++) {
+        if (i == 2)
+            t0 = now_s();
+        uint32_t in = s->in;
+        for (uint32_t l = 0; l <= s->layers; l++) {
+            uint32_t o = l == s->layers ? s->out : s->hidden;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)R, (int)o, (int)in, 1.0f, A,
+                        (int)in, W[l], (int)in, 0.0f, C, (int)o);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)o, (int)in, (int)R, 1.0f, C,
+                        (int)o, A, (int)in, 0.0f, G, (int)in);
+            if (l > 0)
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)R, (int)in, (int)o,
+                            1.0f, C, (int)o, W[l], (int)in, 0.0f, A, (int)in);
+            in = o;
+        }
+    }
+    *base_us = (now_s() - t0) / iters * 1e6;
+    for (uint32_t p = 0; p < np; p++) {
+        free(Wf[p]);
+        free(pv[p]);
+        free(gv[p]);
+    }
+    free(Wf);
+    free(pv);
+    free(gv);
+    free(W);
+    free(B);
+    free(x);
+    free(xr);
+    free(dout);
+    free(h1);
+    free(h2);
+    free(ref);
+    free(A);
+    free(C);
+    free(G);
+    free(hd);
+    pcs_mlp_destroy(m);
+    return t * 1e6;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: pcs-model-bench [-b ROWS] [-e ROWS] [-f FACTOR] [-n ITERS] [-i IN] "
+                    "[-H HIDDEN] [-L LAYERS] [-o OUT]\n"
+                    "       pcs-model-bench --job FILE.yaml [--global-batch]\n");
+}
+
+int main(int argc, char **argv)
+{
+    pcs_log_init(PCS_LOG_WARN);
+    shape_t s = {256, 1024, 4, 16}; /* the demo job's model */
+    uint32_t b = 8, e = 128, f = 2;
+    int iters = 10;
+    const char *jobf = NULL;
+    int global = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--job") == 0 && v) {
+            jobf = v;
+            i++;
+        } else if (strcmp(a, "--global-batch") == 0) {
+            global = 1;
+        } else if (v && a[0] == '-' && a[1] && !a[2] && strchr("befniHLo", a[1])) {
+            unsigned long x = strtoul(v, NULL, 10);
+            switch (a[1]) {
+            case 'b': b = (uint32_t)x; break;
+            case 'e': e = (uint32_t)x; break;
+            case 'f': f = (uint32_t)x; break;
+            case 'n': iters = (int)x; break;
+            case 'i': s.in = (uint32_t)x; break;
+            case 'H': s.hidden = (uint32_t)x; break;
+            case 'L': s.layers = (uint32_t)x; break;
+            default: s.out = (uint32_t)x; break;
+            }
+            i++;
+        } else {
+            usage();
+            return 2;
+        }
+    }
+    if (jobf)
+        return run_job(jobf, global);
+    if (b == 0 || e < b || f < 2 || iters < 1 || !s.in || !s.hidden || !s.out) {
+        usage();
+        return 2;
+    }
+    printf("# pcs-model-bench  mlp %u -> %u x %u -> %u (relu, bias)  iters %d\n", s.in, s.hidden,
+           s.layers, s.out, iters);
+    printf("# time = forward + backward of one micro-batch; sgemm = the same GEMMs alone (fp32)\n");
+    printf("#   rows  type      time     GF/s     sgemm    ratio  #wrong\n");
+    printf("#                   (us)               (us)\n");
+    long total_wrong = 0;
+    for (uint32_t R = b; R <= e; R *= f) {
+        const pcs_dtype_t dts[3] = {PCS_DTYPE_FP32, PCS_DTYPE_BF16, PCS_DTYPE_FP16};
+        for (int k = 0; k < 3; k++) {
+            double base, wrongd;
+            long wrong;
+            double t = bench_dtype(&s, R, dts[k], iters, &base, &wrong);
+            (void)wrongd;
+            double flops = 0;
+            uint32_t in = s.in;
+            for (uint32_t l = 0; l <= s.layers; l++) {
+                uint32_t o = l == s.layers ? s.out : s.hidden;
+                flops += 2.0 * R * o * in * (l > 0 ? 3 : 2);
+                in = o;
+            }
+            printf("%8u  %4s  %8.1f  %7.2f  %8.1f  %7.2f  %6ld\n", R, pcs_dtype_name(dts[k]), t,
+                   flops / t * 1e-3, base, t / base, wrong);
+            total_wrong += wrong;
+        }
+        if (R > UINT32_MAX / f)
+            break;
+    }
+    printf("# Out of bounds values : %ld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
+    return total_wrong ? 1 : 0;
+}

@@ -1,0 +1,388 @@
+/* Unit tests of the single-process reference trainer (worker/reference.c): training makes
+ * progress in fp32 and bf16, the per-rank emulation equals the global-batch computation, the
+ * data-parallel decomposition does not change an fp32 run, the fp16 grad scaler skips a step with
+ * non-finite gradients, BatchNorm running statistics, eval, export and init-from-file. Jobs are
+ * written in YAML (the `pcsctl submit` form) and parsed with pcs_pb_from_yaml. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pcs/pbtext.h"
+#include "pcs/v1/job.pb-c.h"
+#include "reference.h"
+#include "safetensors.h"
+#include "test_util.h"
+
+static Pcs__V1__JobSpec *job(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static Pcs__V1__JobSpec *job(const char *fmt, ...)
+{
+    char text[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    ProtobufCMessage *m = NULL;
+    pcs_status_t rc = pcs_pb_from_yaml(text, strlen(text), &pcs__v1__job_spec__descriptor, &m);
+    if (rc != PCS_OK)
+        print_error("yaml: %s\n", pcs_last_error());
+    assert_int_equal(rc, PCS_OK);
+    return (Pcs__V1__JobSpec *)m;
+}
+
+static void job_free(Pcs__V1__JobSpec *s)
+{
+    protobuf_c_message_free_unpacked(&s->base, NULL);
+}
+
+/* A small job: activation, norm, precision keys, dp size, steps, micro-batch rows, micro-batches,
+ * loss, extra training keys, synthetic task, extra init keys. */
+#define SMALL_JOB                                                                                  \
+    "name: t\n"                                                                                    \
+    "model: {mlp: {input_dim: 8, hidden_dims: [32, 32], output_dim: 4, activation: %s, "          \
+    "norm: %s, residual: true}}\n"                                                                 \
+    "precision: {%s}\n"                                                                            \
+    "mesh: [{dim: dp_shard, size: %u}]\n"                                                          \
+    "training: {steps: %u, micro_batch_size: %u, micro_batches: %u, loss: %s, %s}\n"              \
+    "data: {synthetic: {task: %s, seed: 3, num_samples: 4096}}\n"                                  \
+    "init: {seed: 11%s}\n"
+
+static double mean_of(const double *v, size_t a, size_t b)
+{
+    double s = 0;
+    for (size_t i = a; i < b; i++)
+        s += v[i];
+    return s / (double)(b - a);
+}
+
+static void check_loss_decreases(const char *precision, const char *opt)
+{
+    Pcs__V1__JobSpec *s = job(SMALL_JOB, "gelu", "layernorm", precision, 2u, 60u, 8u, 2u, "mse",
+                              opt, "regression", "");
+    pcs_reference_t *r;
+    assert_int_equal(pcs_ref_create(s, NULL, NULL, &r), PCS_OK);
+    assert_int_equal(pcs_ref_run(r), PCS_OK);
+    size_t n;
+    const double *l = pcs_ref_losses(r, &n);
+    assert_int_equal(n, 60);
+    for (size_t i = 0; i < n; i++)
+        assert_true(isfinite(l[i]));
+    double first = mean_of(l, 0, 5), last = mean_of(l, 55, 60);
+    if (!(last < 0.6 * first))
+        print_error("%s / %s: first %.5f last %.5f\n", precision, opt, first, last);
+    assert_true(last < 0.6 * first);
+    pcs_ref_destroy(r);
+    job_free(s);
+}
+
+static void test_fp32_adamw_loss_decreases(void **state)
+{
+    (void)state;
+    check_loss_decreases("", "optimizer: {adamw: {lr: 0.003}}");
+}
+
+static void test_bf16_fp32_reduce_loss_decreases(void **state)
+{
+    (void)state;
+    check_loss_decreases("param_dtype: bf16, reduce_dtype: fp32",
+                         "optimizer: {adamw: {lr: 0.003}}, clip_grad_norm: 1.0");
+}
+
+static void test_bf16_sgd_momentum_loss_decreases(void **state)
+{
+    (void)state;
+    check_loss_decreases("param_dtype: bf16", "optimizer: {sgd: {lr: 0.05, momentum: 0.9}}");
+}
+
+static void test_classification_cross_entropy_loss_decreases(void **state)
+{
+    (void)state;
+    Pcs__V1__JobSpec *s = job(SMALL_JOB, "relu", "none", "", 1u, 60u, 16u, 1u, "cross_entropy",
+                              "optimizer: {adamw: {lr: 0.01}}", "classification", "");
+    pcs_reference_t *r;
+    assert_int_equal(pcs_ref_create(s, NULL, NULL, &r), PCS_OK);
+    assert_int_equal(pcs_ref_run(r), PCS_OK);
+    size_t n;
+    const double *l = pcs_ref_losses(r, &n);
+    assert_true(mean_of(l, 55, 60) < 0.7 * mean_of(l, 0, 5));
+    pcs_ref_destroy(r);
+    job_free(s);
+}
+
+/* fp32: emulating 4 ranks (per-rank forward, /ws reduction) equals one forward over the global
+ * micro-batch, and equals a 1-rank run with 4x the batch: the data-parallel decomposition is
+ * invisible up to fp32 rounding. */
+static void test_dp_emulation_matches_global_batch_fp32(void **state)
+{
+    (void)state;
+    Pcs__V1__JobSpec *s4 = job(SMALL_JOB, "gelu", "layernorm", "", 4u, 5u, 2u, 2u, "mse",
+                               "optimizer: {sgd: {lr: 0.1, momentum: 0.0}}", "regression", "");
+    Pcs__V1__JobSpec *s1 = job(SMALL_JOB, "gelu", "layernorm", "", 1u, 5u, 8u, 2u, "mse",
+                               "optimizer: {sgd: {lr: 0.1, momentum: 0.0}}", "regression", "");
+    pcs_reference_t *a, *b, *c;
+    pcs_ref_options_t o;
+    pcs_ref_options_default(&o);
+    assert_int_equal(pcs_ref_create(s4, NULL, &o, &a), PCS_OK);
+    o.global_batch = 1;
+    assert_int_equal(pcs_ref_create(s4, NULL, &o, &b), PCS_OK);
+    assert_int_equal(pcs_ref_create(s1, NULL, NULL, &c), PCS_OK);
+    assert_int_equal(pcs_ref_dp_size(a), 4);
+    assert_int_equal(pcs_ref_dp_size(c), 1);
+    assert_int_equal(pcs_ref_run(a), PCS_OK);
+    assert_int_equal(pcs_ref_run(b), PCS_OK);
+    assert_int_equal(pcs_ref_run(c), PCS_OK);
+    size_t n;
+    const double *la = pcs_ref_losses(a, &n), *lb = pcs_ref_losses(b, &n),
+                 *lc = pcs_ref_losses(c, &n);
+    for (size_t i = 0; i < n; i++) {
+        assert_true(fabs(la[i] - lb[i]) <= 1e-5 * fabs(lb[i]) + 1e-7);
+        assert_true(fabs(lc[i] - lb[i]) <= 1e-5 * fabs(lb[i]) + 1e-7);
+    }
+    const pcs_mlp_t *m = pcs_ref_model(a);
+    for (uint32_t p = 0; p < pcs_mlp_num_params(m); p++) {
+        const pcs_named_tensor_t *t = pcs_mlp_param(m, p);
+        const float *pa = pcs_ref_param(a, t->fqn), *pb = pcs_ref_param(b, t->fqn),
+                    *pc = pcs_ref_param(c, t->fqn);
+        for (uint64_t e = 0; e < t->numel; e++) {
+            assert_true(fabsf(pa[e] - pb[e]) <= 1e-5f * fabsf(pb[e]) + 1e-6f);
+            assert_true(fabsf(pc[e] - pb[e]) <= 1e-5f * fabsf(pb[e]) + 1e-6f);
+        }
+    }
+    pcs_ref_destroy(a);
+    pcs_ref_destroy(b);
+    pcs_ref_destroy(c);
+    job_free(s4);
+    job_free(s1);
+}
+
+/* In bf16 the per-rank emulation differs from the global batch by rounding only. */
+static void test_dp_emulation_bf16_within_bf16_tolerance(void **state)
+{
+    (void)state;
+    Pcs__V1__JobSpec *s = job(SMALL_JOB, "relu", "none", "param_dtype: bf16", 4u, 3u, 4u, 1u,
+                              "mse", "optimizer: {sgd: {lr: 0.05, momentum: 0.0}}", "regression", "");
+    pcs_reference_t *a, *b;
+    pcs_ref_options_t o;
+    pcs_ref_options_default(&o);
+    assert_int_equal(pcs_ref_create(s, NULL, &o, &a), PCS_OK);
+    o.global_batch = 1;
+    assert_int_equal(pcs_ref_create(s, NULL, &o, &b), PCS_OK);
+    assert_int_equal(pcs_ref_run(a), PCS_OK);
+    assert_int_equal(pcs_ref_run(b), PCS_OK);
+    size_t n;
+    const double *la = pcs_ref_losses(a, &n), *lb = pcs_ref_losses(b, &n);
+    int differ = 0;
+    for (size_t i = 0; i < n; i++) {
+        assert_true(fabs(la[i] - lb[i]) <= 1.6e-2 * fabs(lb[i]) + 1e-5);
+        differ |= la[i] != lb[i];
+    }
+    /* the emulation really rounds per rank (else this test would not test anything) */
+    const float *ga = pcs_ref_grad(a, "head.weight"), *gb = pcs_ref_grad(b, "head.weight");
+    for (int e = 0; e < 128; e++)
+        differ |= ga[e] != gb[e];
+    assert_true(differ);
+    pcs_ref_destroy(a);
+    pcs_ref_destroy(b);
+    job_free(s);
+}
+
+/* fp16 with the grad scaler: an Inf injected at step 2 skips that optimizer step on every
+ * parameter, halves the scale (65536 -> 32768) and resets growth; other steps update. */
+static void test_grad_scaler_skips_step_on_injected_inf(void **state)
+{
+    (void)state;
+    Pcs__V1__JobSpec *s = job(SMALL_JOB, "relu", "none", "param_dtype: fp16", 2u, 4u, 4u, 1u,
+                              "mse",
+                              "optimizer: {adamw: {lr: 0.01}}, grad_scaler: {enabled: true, "
+                              "growth_interval: 2}",
+                              "regression", "");
+    pcs_ref_options_t o;
+    pcs_ref_options_default(&o);
+    o.inject_nonfinite_step = 2;
+    pcs_reference_t *r;
+    assert_int_equal(pcs_ref_create(s, NULL, &o, &r), PCS_OK);
+    const pcs_mlp_t *m = pcs_ref_model(r);
+    uint64_t total = pcs_mlp_total_params(m);
+    float *before = calloc(total, sizeof(float)), *after = calloc(total, sizeof(float));
+    pcs_ref_step_result_t res;
+    assert_int_equal(pcs_ref_step(r, &res), PCS_OK);
+    assert_false(res.skipped);
+    assert_true(res.scale == 65536.0);
+    assert_int_equal(pcs_ref_step(r, &res), PCS_OK);
+    assert_false(res.skipped);
+    assert_true(res.scale == 131072.0); /* growth_interval 2 reached */
+    uint64_t off = 0;
+    for (uint32_t p = 0; p < pcs_mlp_num_params(m); p++) {
+        const pcs_named_tensor_t *t = pcs_mlp_param(m, p);
+        memcpy(before + off, pcs_ref_param(r, t->fqn), t->numel * sizeof(float));
+        off += t->numel;
+    }
+    assert_int_equal(pcs_ref_step(r, &res), PCS_OK);
+    assert_true(res.skipped);
+    assert_true(res.scale == 65536.0); /* backoff 0.5 */
+    assert_false(isfinite(res.grad_norm));
+    off = 0;
+    for (uint32_t p = 0; p < pcs_mlp_num_params(m); p++) {
+        const pcs_named_tensor_t *t = pcs_mlp_param(m, p);
+        memcpy(after + off, pcs_ref_param(r, t->fqn), t->numel * sizeof(float));
+        off += t->numel;
+    }
+    assert_memory_equal(before, after, total * sizeof(float));
+    assert_int_equal(pcs_ref_step(r, &res), PCS_OK);
+    assert_false(res.skipped);
+    assert_true(res.scale == 65536.0); /* tracker restarted after the skip */
+    assert_true(isfinite(res.loss));
+    assert_int_equal(pcs_ref_step(r, &res), PCS_ERR_STATE);
+    free(before);
+    free(after);
+    pcs_ref_destroy(r);
+    job_free(s);
+}
+
+/* BatchNorm units: running statistics move with every training micro-batch of rank 0, the
+ * counter counts them, and eval uses them. */
+static void test_batchnorm_running_stats_tracked_per_rank(void **state)
+{
+    (void)state;
+    Pcs__V1__JobSpec *s = job(SMALL_JOB, "relu", "batchnorm", "param_dtype: bf16", 2u, 3u, 4u, 2u,
+                              "mse", "optimizer: {adamw: {lr: 0.01}}, eval_every: 1",
+                              "regression", "");
+    pcs_reference_t *r;
+    assert_int_equal(pcs_ref_create(s, NULL, NULL, &r), PCS_OK);
+    float nbt, rm[32], rv[32];
+    assert_int_equal(pcs_ref_buffer(r, "layers.0.norm.num_batches_tracked", &nbt), PCS_OK);
+    assert_true(nbt == 0.0f);
+    assert_int_equal(pcs_ref_run(r), PCS_OK);
+    assert_int_equal(pcs_ref_buffer(r, "layers.1.norm.num_batches_tracked", &nbt), PCS_OK);
+    assert_true(nbt == 6.0f); /* 3 steps x 2 micro-batches on rank 0 */
+    assert_int_equal(pcs_ref_buffer(r, "layers.0.norm.running_mean", rm), PCS_OK);
+    assert_int_equal(pcs_ref_buffer(r, "layers.0.norm.running_var", rv), PCS_OK);
+    int moved = 0;
+    for (int j = 0; j < 32; j++) {
+        moved += rm[j] != 0.0f;
+        assert_true(rv[j] > 0.0f && rv[j] != 1.0f);
+    }
+    assert_true(moved > 16);
+    size_t ne;
+    const uint64_t *at;
+    const double *ev = pcs_ref_eval_losses(r, &at, &ne);
+    assert_int_equal(ne, 3);
+    assert_int_equal(at[2], 3);
+    assert_true(isfinite(ev[0]) && ev[0] > 0);
+    assert_int_equal(pcs_ref_buffer(r, "layers.0.norm.nope", rm), PCS_ERR_NOT_FOUND);
+    pcs_ref_destroy(r);
+    job_free(s);
+}
+
+/* Export writes every parameter and buffer under its FQN; a new job initialised from that file
+ * starts from exactly those values; a shape mismatch names the tensor. */
+static void test_export_then_init_from_file_round_trips(void **state)
+{
+    (void)state;
+    char *dir = pcs_test_tmpdir("ref");
+    char path[512];
+    snprintf(path, sizeof path, "%s/final.safetensors", dir);
+    Pcs__V1__JobSpec *s = job(SMALL_JOB, "gelu", "batchnorm", "", 1u, 2u, 4u, 1u, "mse",
+                              "optimizer: {adamw: {lr: 0.01}}", "regression", "");
+    pcs_reference_t *r, *r2;
+    assert_int_equal(pcs_ref_create(s, NULL, NULL, &r), PCS_OK);
+    assert_int_equal(pcs_ref_run(r), PCS_OK);
+    assert_int_equal(pcs_ref_export(r, path), PCS_OK);
+    pcs_st_file_t *f;
+    assert_int_equal(pcs_st_open(path, &f), PCS_OK);
+    const pcs_mlp_t *m = pcs_ref_model(r);
+    assert_int_equal(pcs_st_count(f), pcs_mlp_num_params(m) + pcs_mlp_num_buffers(m));
+    assert_string_equal(pcs_st_metadata(f, "format"), "pt");
+    assert_string_equal(pcs_st_metadata(f, "step"), "2");
+    const pcs_st_tensor_t *t = pcs_st_find(f, "layers.1.linear.weight");
+    assert_non_null(t);
+    assert_string_equal(t->dtype_str, "F32");
+    assert_int_equal(t->ndim, 2);
+    assert_int_equal(t->shape[0], 32);
+    assert_int_equal(t->shape[1], 32);
+    float w[1024];
+    assert_int_equal(pcs_st_read_f32(f, t, 0, 1024, w), PCS_OK);
+    assert_memory_equal(w, pcs_ref_param(r, "layers.1.linear.weight"), sizeof w);
+    t = pcs_st_find(f, "layers.0.norm.num_batches_tracked");
+    assert_non_null(t);
+    assert_string_equal(t->dtype_str, "I64");
+    assert_int_equal(t->ndim, 0);
+    int64_t cnt;
+    assert_int_equal(pcs_st_read_raw(f, t, 0, 8, &cnt), PCS_OK);
+    assert_int_equal(cnt, 2);
+    pcs_st_close(f);
+
+    char from[600];
+    snprintf(from, sizeof from, ", from: '%s'", path);
+    job_free(s);
+    s = job(SMALL_JOB, "gelu", "batchnorm", "", 1u, 2u, 4u, 1u, "mse",
+            "optimizer: {adamw: {lr: 0.01}}", "regression", from);
+    assert_int_equal(pcs_ref_create(s, NULL, NULL, &r2), PCS_OK);
+    for (uint32_t p = 0; p < pcs_mlp_num_params(m); p++) {
+        const char *fqn = pcs_mlp_param(m, p)->fqn;
+        assert_memory_equal(pcs_ref_param(r2, fqn), pcs_ref_param(r, fqn),
+                            pcs_mlp_param(m, p)->numel * sizeof(float));
+    }
+    float a[32], b[32];
+    assert_int_equal(pcs_ref_buffer(r2, "layers.1.norm.running_var", a), PCS_OK);
+    assert_int_equal(pcs_ref_buffer(r, "layers.1.norm.running_var", b), PCS_OK);
+    assert_memory_equal(a, b, sizeof a);
+    pcs_ref_destroy(r2);
+
+    /* a model with another hidden width does not fit the file */
+    s->model->mlp->hidden_dims[1] = 16;
+    assert_int_equal(pcs_ref_create(s, NULL, NULL, &r2), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "layers.1.linear.weight"));
+    assert_non_null(strstr(pcs_last_error(), "shape"));
+    pcs_ref_destroy(r);
+    job_free(s);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_bad_jobs_name_the_field(void **state)
+{
+    (void)state;
+    Pcs__V1__JobSpec *s = job(SMALL_JOB, "relu", "none", "", 1u, 2u, 0u, 1u, "mse",
+                              "optimizer: {adamw: {lr: 0.01}}", "regression", "");
+    pcs_reference_t *r = NULL;
+    assert_int_equal(pcs_ref_create(s, NULL, NULL, &r), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "training.micro_batch_size"));
+    assert_null(r);
+    job_free(s);
+    s = job(SMALL_JOB, "relu", "none", "", 1u, 2u, 4u, 1u, "mse",
+            "optimizer: {adamw: {lr: 0.01}}", "classification", "");
+    assert_int_equal(pcs_ref_create(s, NULL, NULL, &r), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "data.synthetic.task"));
+    job_free(s);
+    s = job(SMALL_JOB, "relu", "none", "", 1u, 2u, 4u, 1u, "mse",
+            "optimizer: {adamw: {lr: 0.01}}", "regression",
+            ", from: /nonexistent/pretrained.safetensors");
+    assert_int_equal(pcs_ref_create(s, NULL, NULL, &r), PCS_ERR_NOT_FOUND);
+    assert_non_null(strstr(pcs_last_error(), "init.from"));
+    job_free(s);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp32_adamw_loss_decreases),
+        cmocka_unit_test(test_bf16_fp32_reduce_loss_decreases),
+        cmocka_unit_test(test_bf16_sgd_momentum_loss_decreases),
+        cmocka_unit_test(test_classification_cross_entropy_loss_decreases),
+        cmocka_unit_test(test_dp_emulation_matches_global_batch_fp32),
+        cmocka_unit_test(test_dp_emulation_bf16_within_bf16_tolerance),
+        cmocka_unit_test(test_grad_scaler_skips_step_on_injected_inf),
+        cmocka_unit_test(test_batchnorm_running_stats_tracked_per_rank),
+        cmocka_unit_test(test_export_then_init_from_file_round_trips),
+        cmocka_unit_test(test_bad_jobs_name_the_field),
+    };
+    return cmocka_run_group_tests_name("reference", tests, NULL, NULL);
+}
