@@ -35,6 +35,7 @@ typedef struct fixture {
     uint64_t deferred_at;
     pcs_rpc_call_t *slow;
     uint64_t slow_at;
+    pcs_rpc_call_t *kv_waiters[16]; /* pending KvGet calls, answered by a later KvSet */
     /* observed by the test thread */
     atomic_int handled;
     atomic_int kv_pending;
@@ -79,6 +80,9 @@ static void h_register(pcs_rpc_call_t *call, const ProtobufCMessage *req, void *
 static void on_kv_cancel(pcs_rpc_call_t *call, void *arg)
 {
     fixture_t *f = arg;
+    for (int i = 0; i < 16; i++)
+        if (f->kv_waiters[i] == call)
+            f->kv_waiters[i] = NULL;
     atomic_fetch_sub(&f->kv_pending, 1);
     atomic_fetch_add(&f->kv_cancels, 1);
 }
@@ -93,7 +97,33 @@ static void h_kv_get(pcs_rpc_call_t *call, const ProtobufCMessage *req, void *us
     if (strcmp(r->key, "zombie") == 0)
         return;
     pcs_rpc_call_set_cancel(call, on_kv_cancel, f);
+    for (int i = 0; i < 16; i++) {
+        if (!f->kv_waiters[i]) {
+            f->kv_waiters[i] = call;
+            break;
+        }
+    }
     atomic_fetch_add(&f->kv_pending, 1);
+}
+
+/* KvSet answers every pending KvGet with its value (a reply from another call's handler). */
+static void h_kv_set(pcs_rpc_call_t *call, const ProtobufCMessage *req, void *user)
+{
+    fixture_t *f = user;
+    const Pcs__V1__KvSetRequest *r = (const Pcs__V1__KvSetRequest *)req;
+    atomic_fetch_add(&f->handled, 1);
+    for (int i = 0; i < 16; i++) {
+        if (!f->kv_waiters[i])
+            continue;
+        Pcs__V1__KvGetResponse resp = PCS__V1__KV_GET_RESPONSE__INIT;
+        resp.found = 1;
+        resp.value = r->value;
+        assert_int_equal(pcs_rpc_reply(f->kv_waiters[i], &resp.base), PCS_OK);
+        f->kv_waiters[i] = NULL;
+        atomic_fetch_sub(&f->kv_pending, 1);
+    }
+    Pcs__V1__KvSetResponse resp = PCS__V1__KV_SET_RESPONSE__INIT;
+    pcs_rpc_reply(call, &resp.base);
 }
 
 static void on_stream_cancel(pcs_rpc_call_t *call, void *arg)
@@ -175,6 +205,8 @@ static const pcs_rpc_method_t methods[] = {
      h_kv_get},
     {PCS_M_WATCH_ASSIGNMENT, &pcs__v1__watch_assignment_request__descriptor,
      &pcs__v1__assignment_event__descriptor, 1, h_watch},
+    {PCS_M_KV_SET, &pcs__v1__kv_set_request__descriptor, &pcs__v1__kv_set_response__descriptor, 0,
+     h_kv_set},
     {PCS_M_HEALTH_CHECK, &grpc__health__v1__health_check_request__descriptor,
      &grpc__health__v1__health_check_response__descriptor, 0, h_health},
 };
@@ -474,6 +506,42 @@ static void test_client_deadline_on_pending_call_times_out_and_runs_on_cancel(vo
     assert_int_equal(atomic_load(&f->kv_pending), 0);
 }
 
+static void test_pending_call_is_answered_from_another_handler(void **state)
+{
+    fixture_t *f = *state;
+    pcs_rpc_async_t *a = NULL;
+    assert_int_equal(pcs_rpc_async_create(f->cli, &a), PCS_OK);
+    Pcs__V1__KvGetRequest get = PCS__V1__KV_GET_REQUEST__INIT;
+    get.key = "gloo/0";
+    assert_int_equal(pcs_rpc_async_start(a, PCS_M_KV_GET, &get.base,
+                                         &pcs__v1__kv_get_response__descriptor, 5000, NULL),
+                     PCS_OK);
+    assert_true(wait_atomic(&f->kv_pending, 1, 5000));
+    void *user;
+    pcs_status_t cst;
+    ProtobufCMessage *resp = NULL;
+    assert_int_equal(pcs_rpc_async_next(a, 50, &user, &cst, &resp, NULL), PCS_ERR_TIMEOUT);
+    Pcs__V1__KvSetRequest set = PCS__V1__KV_SET_REQUEST__INIT;
+    uint8_t value[3] = {1, 2, 3};
+    set.key = "gloo/0";
+    set.value.data = value;
+    set.value.len = sizeof value;
+    ProtobufCMessage *sresp = NULL;
+    assert_int_equal(pcs_rpc_call(f->cli, PCS_M_KV_SET, &set.base,
+                                  &pcs__v1__kv_set_response__descriptor, 5000, &sresp, NULL),
+                     PCS_OK);
+    protobuf_c_message_free_unpacked(sresp, NULL);
+    assert_int_equal(pcs_rpc_async_next(a, 5000, &user, &cst, &resp, NULL), PCS_OK);
+    assert_int_equal(cst, PCS_OK);
+    const Pcs__V1__KvGetResponse *kv = (const Pcs__V1__KvGetResponse *)resp;
+    assert_true(kv->found);
+    assert_int_equal(kv->value.len, 3);
+    assert_memory_equal(kv->value.data, value, 3);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    assert_int_equal(atomic_load(&f->kv_cancels), 0);
+    pcs_rpc_async_destroy(a);
+}
+
 static void test_malformed_request_bytes_are_invalid_argument(void **state)
 {
     fixture_t *f = *state;
@@ -523,9 +591,9 @@ static void test_unknown_method_is_unimplemented(void **state)
                      PCS_ERR_UNSUPPORTED);
     assert_int_equal(code, GRPC_STATUS_UNIMPLEMENTED);
     assert_non_null(strstr(pcs_last_error(), "/pcs.v1.Nope/Nothing"));
-    /* a known but unserved method (KvSet is not in the table) too */
-    assert_int_equal(pcs_rpc_call(f->cli, PCS_M_KV_SET, &req.base,
-                                  &pcs__v1__kv_set_response__descriptor, 5000, &resp, &code),
+    /* a known but unserved method (Deregister is not in the table) too */
+    assert_int_equal(pcs_rpc_call(f->cli, PCS_M_DEREGISTER, &req.base,
+                                  &pcs__v1__deregister_response__descriptor, 5000, &resp, &code),
                      PCS_ERR_UNSUPPORTED);
 }
 
@@ -607,7 +675,7 @@ static void test_stats_count_calls_by_method_and_code(void **state)
     stop_server(f);
     pcs_rpc_method_stats_t rows[8];
     size_t n = pcs_rpc_server_stats(f->srv, rows, 8);
-    assert_int_equal(n, 5);
+    assert_int_equal(n, 6);
     assert_string_equal(rows[0].path, PCS_M_REGISTER);
     assert_int_equal(rows[0].calls_by_code[GRPC_STATUS_OK], 3);
     assert_int_equal(rows[0].calls_by_code[GRPC_STATUS_FAILED_PRECONDITION], 1);
@@ -616,7 +684,7 @@ static void test_stats_count_calls_by_method_and_code(void **state)
         in_buckets += rows[0].latency_bucket[b];
     assert_int_equal(in_buckets, 4);
     assert_true(rows[0].latency_sum_s > 0.0);
-    assert_int_equal(rows[4].calls_by_code[GRPC_STATUS_UNIMPLEMENTED], 1);
+    assert_int_equal(rows[5].calls_by_code[GRPC_STATUS_UNIMPLEMENTED], 1);
     const double *bounds = pcs_rpc_latency_bounds_s();
     for (int b = 1; b < PCS_RPC_LAT_BUCKETS - 1; b++)
         assert_true(bounds[b] > bounds[b - 1]);
@@ -754,6 +822,8 @@ int main(void)
             test_client_cancel_mid_stream_runs_on_cancel_and_server_keeps_serving, setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_client_deadline_on_pending_call_times_out_and_runs_on_cancel, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_pending_call_is_answered_from_another_handler, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_malformed_request_bytes_are_invalid_argument, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_oversized_request_is_resource_exhausted, setup,
