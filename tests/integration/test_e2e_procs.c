@@ -83,10 +83,179 @@ static void test_full_shard_bf16_w2_matches_reference(void **state)
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
 }
 
+
+static void test_full_shard_bf16_w4_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 4}", .world = 4};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
+/* SHARD_GRAD_OP keeps units unsharded between forward and backward: same numerics as
+ * FULL_SHARD, fewer all-gathers. Tolerances as FULL_SHARD. */
+static void test_shard_grad_op_w2_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.strategy = "shard_grad_op", .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
+/* NO_SHARD (DDP-style replicate, case 24): no all-gather, one fp32 all-reduce per unit. */
+static void test_no_shard_w2_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.strategy = "no_shard", .mesh = "{dim: dp_shard, size: 2}", .world = 2};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
+/* HYBRID_SHARD on 2 replicas x 2 shards (case 23): reduce-scatter in the shard group, all-reduce
+ * across replicas; the final grad is the mean over all 4 ranks. */
+static void test_hybrid_shard_w4_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.strategy = "hybrid_shard",
+                      .mesh = "{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 2}",
+                      .world = 4};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
+static void test_hybrid_shard_zero2_w4_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.strategy = "hybrid_shard_zero2",
+                      .mesh = "{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 2}",
+                      .world = 4};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
+/* (bf16, bf16): the reduction itself rounds to bf16 at every partial sum (ring order vs the
+ * reference's rank order) — gradients differ by bf16 ulps (~4e-3 relative), which AdamW's
+ * normalised update turns into parameter differences of up to ~lr: atol 2e-3 + rtol 1.6e-2
+ * (bf16 default rtol); losses at bf16 rtol. */
+static void test_bf16_reduce_w2_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "param_dtype: bf16, reduce_dtype: bf16",
+                      .mesh = "{dim: dp_shard, size: 2}", .world = 2};
+    run_parity(&p, 2e-3, 1.6e-2, 1.6e-2);
+}
+
+/* fp32 everywhere: fp32 defaults (rtol 1.3e-6, atol 1e-5) — only the fp32 sum order differs. */
+static void test_fp32_w4_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "param_dtype: fp32", .mesh = "{dim: dp_shard, size: 4}",
+                      .world = 4};
+    run_parity(&p, 1e-5, 1.3e-6, 1.3e-6);
+}
+
+/* fp16 params and reduce with the grad scaler (cases 10, 26): pre/post divide around an fp16
+ * reduce-scatter; fp16 rounding of gradients: atol 2e-3 + rtol 1e-3 (fp16 default rtol) on the
+ * fp32 masters, losses at fp16 rtol 1e-3 plus the bf16-like flip margin. */
+static void test_fp16_grad_scaler_w2_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "param_dtype: fp16", .scaler = "true",
+                      .mesh = "{dim: dp_shard, size: 2}", .world = 2};
+    run_parity(&p, 2e-3, 1e-3, 1e-2);
+}
+
+/* keep_low_precision_grads (case 14): sharded grads stay fp16 before the optimizer. */
+static void test_keep_low_precision_grads_w2_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "param_dtype: fp16, reduce_dtype: fp16, "
+                                   "keep_low_precision_grads: true",
+                      .scaler = "true", .mesh = "{dim: dp_shard, size: 2}", .world = 2};
+    run_parity(&p, 2e-3, 1e-3, 1e-2);
+}
+
+/* Per-module override (LayerNorm in fp32 inside bf16 blocks; the planner makes each LayerNorm a
+ * unit of its own) with output_dtype bf16 so the next bf16 Linear gets bf16 inputs (without it
+ * the head fails with "mat1 and mat2 must have the same dtype", as PyTorch does), and BatchNorm
+ * as a full-precision unit of its own (FSDP1 _module_classes_to_ignore); tolerances as bf16. */
+static void test_layernorm_override_w2_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "param_dtype: bf16, reduce_dtype: fp32, overrides: "
+                                   "[{match: {module_class: LayerNorm}, param_dtype: fp32, "
+                                   "output_dtype: bf16}]",
+                      .mesh = "{dim: dp_shard, size: 2}", .world = 2};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
+static void test_batchnorm_full_precision_unit_w2_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.norm = "batchnorm", .mesh = "{dim: dp_shard, size: 2}", .world = 2};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
+/* Micro-batching: 4 micro-batches accumulated without sync in the plan's accumulation dtype
+ * (case 17), one reduce-scatter per unit; and clipping off with SGD+momentum. */
+static void test_four_micro_batches_w2_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.micro = 4, .mesh = "{dim: dp_shard, size: 2}", .world = 2};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
+static void test_sgd_without_clipping_w4_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.optimizer = "sgd: {lr: 5.0e-2, momentum: 0.9}", .clip = "0",
+                      .micro = 1, .mesh = "{dim: dp_shard, size: 4}", .world = 4};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
+/* An injected +Inf in rank 1's gradient at step 2 (case 26): the found_inf all-reduce makes
+ * every rank skip that step together and halve the scale; the other steps are not skipped. */
+static void test_injected_inf_makes_every_rank_skip_the_step(void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "param_dtype: fp16", .scaler = "true",
+                      .mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 4};
+    char yaml[4096];
+    make_yaml(&p, yaml, sizeof yaml);
+    e2e_job_t job;
+    char *dir = NULL;
+    assert_int_equal(e2e_run_local(yaml, "inf", 2, 2, 1, &job, &dir), 0);
+    assert_int_equal(job.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+    for (int r = 0; r < 2; r++) {
+        assert_int_equal(job.n_reports[r], 4);
+        for (size_t i = 0; i < 4; i++) {
+            const Pcs__V1__StepReport *rep = job.reports[r][i];
+            assert_int_equal(rep->skipped, rep->step == 2);
+            assert_int_equal(rep->skipped_steps, rep->step >= 2 ? 1 : 0);
+        }
+        /* scale reported is the one the step ran with: 65536, 65536, then halved */
+        assert_true(job.reports[r][1]->loss_scale == 65536.0);
+        assert_true(job.reports[r][2]->loss_scale == 32768.0);
+    }
+    e2e_job_free(&job);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full_shard_bf16_w2_matches_reference),
+        cmocka_unit_test(test_full_shard_bf16_w4_matches_reference),
+        cmocka_unit_test(test_shard_grad_op_w2_matches_reference),
+        cmocka_unit_test(test_no_shard_w2_matches_reference),
+        cmocka_unit_test(test_hybrid_shard_w4_matches_reference),
+        cmocka_unit_test(test_hybrid_shard_zero2_w4_matches_reference),
+        cmocka_unit_test(test_bf16_reduce_w2_matches_reference),
+        cmocka_unit_test(test_fp32_w4_matches_reference),
+        cmocka_unit_test(test_fp16_grad_scaler_w2_matches_reference),
+        cmocka_unit_test(test_keep_low_precision_grads_w2_matches_reference),
+        cmocka_unit_test(test_layernorm_override_w2_matches_reference),
+        cmocka_unit_test(test_batchnorm_full_precision_unit_w2_matches_reference),
+        cmocka_unit_test(test_four_micro_batches_w2_matches_reference),
+        cmocka_unit_test(test_sgd_without_clipping_w4_matches_reference),
+        cmocka_unit_test(test_injected_inf_makes_every_rank_skip_the_step),
     };
     return cmocka_run_group_tests_name("e2e_procs", tests, NULL, NULL);
 }
