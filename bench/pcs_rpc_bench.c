@@ -335,7 +335,7 @@ static void usage(void)
 static int parse_opts(int argc, char **argv, opts_t *o)
 {
     *o = (opts_t){.workers = 1000, .seconds = 5.0, .threads = 2, .call_timeout_ms = 10000};
-    for (int i = 1; i < argc; i++) {
+    for (int i = 1; i < argc; i += 2) { /* every option takes one value */
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -362,7 +362,6 @@ static int parse_opts(int argc, char **argv, opts_t *o)
             fprintf(stderr, "pcs-rpc-bench: unknown option %s\n", a);
             return -1;
         }
-        i++;
     }
     if (o->workers < 1 || o->workers > 1000000 || o->threads < 1 || o->threads > 256 ||
         o->seconds <= 0 || o->call_timeout_ms < 1) {
