@@ -15,7 +15,12 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <stdio.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
+
+#include "pcs/clock.h"
+#include "test_util.h"
 
 #include "plan.h"
 #include "test_e2e_util.h"
@@ -32,7 +37,7 @@
     "mesh:\n" \
     "  - {dim: dp_shard, size: %d}\n" \
     "training:\n" \
-    "  steps: 6\n" \
+    "  steps: %d\n" \
     "  micro_batch_size: 4\n" \
     "  micro_batches: 2\n" \
     "  optimizer: {adamw: {lr: 1.0e-2}}\n" \
@@ -115,7 +120,7 @@ static int teardown(void **state)
 static void run_full_shard(int world)
 {
     char yaml[4096];
-    snprintf(yaml, sizeof yaml, K_JOB_FMT, world);
+    snprintf(yaml, sizeof yaml, K_JOB_FMT, world, 6);
     e2e_cluster_t *cl = &g_cluster;
     assert_int_equal(e2e_spawn_workers(cl, world, NULL), 0);
     e2e_job_t *jp = &g_job;
@@ -152,6 +157,49 @@ static void test_full_shard_bf16_fp32_reduce_w4_matches_reference(void **state)
     run_full_shard(4);
 }
 
+/* A worker killed with SIGKILL mid-job: the survivor's next collective fails with an error that
+ * names the dead rank within the collective timeout (8 s here), the survivor reports it and the
+ * job ends FAILED (recovery is a later issue). */
+static void test_killed_worker_fails_the_job_naming_it(void **state)
+{
+    (void)state;
+    char yaml2[4096];
+    snprintf(yaml2, sizeof yaml2, K_JOB_FMT, 2, 100000); /* running when the kill lands */
+    e2e_cluster_t *cl = &g_cluster;
+    assert_int_equal(e2e_spawn_workers(cl, 2, NULL), 0);
+    assert_int_equal(e2e_submit(cl, yaml2, "kill", &g_job), 0);
+    /* wait until rank 1 has reported a few steps */
+    pid_t victim = -1;
+    for (int i = 0; i < 300; i++) {
+        e2e_load_reports(cl, &g_job);
+        if (g_job.n_reports[1] >= 3) {
+            victim = e2e_worker_pid(cl, g_job.job_id, 1);
+            break;
+        }
+        pcs_test_sleep_ms(100);
+    }
+    assert_true(victim > 0);
+    uint64_t t0 = pcs_now_ms();
+    kill(victim, SIGKILL);
+    for (int i = 0; i < cl->n_workers; i++)
+        if (cl->workers[i] == victim) {
+            waitpid(victim, NULL, 0);
+            cl->workers[i] = -1;
+        }
+    assert_int_equal(e2e_wait_job(cl, &g_job, 30000), 0);
+    double took = (double)(pcs_now_ms() - t0) / 1000.0;
+    assert_int_equal(g_job.state, PCS__V1__JOB_STATE__JOB_STATE_FAILED);
+    /* the survivor's last report carries the error naming the dead peer */
+    size_t n0 = g_job.n_reports[0];
+    assert_true(n0 > 0);
+    const char *err = g_job.reports[0][n0 - 1]->error;
+    fprintf(stderr, "killed rank 1: job FAILED after %.1f s, reason '%s', rank 0 error '%s'\n",
+            took, g_job.reason, err ? err : "");
+    assert_non_null(err);
+    assert_non_null(strstr(err, "rank 1"));
+    assert_true(took < 8.0 + 4.0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -159,6 +207,8 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_full_shard_bf16_fp32_reduce_w4_matches_reference,
                                         setup, teardown),
+        cmocka_unit_test_setup_teardown(test_killed_worker_fails_the_job_naming_it, setup,
+                                        teardown),
     };
     return cmocka_run_group_tests_name("e2e_cpu", tests, NULL, NULL);
 }
