@@ -268,27 +268,33 @@ void pcs_cli_table_print(const pcs_cli_table_t *t, FILE *fp)
             w[i % (size_t)t->ncols] = len;
     }
     size_t rows = (t->n + (size_t)t->ncols - 1) / (size_t)t->ncols;
+    size_t linecap = 1;
+    for (int c = 0; c < t->ncols; c++)
+        linecap += w[c] + 2;
+    char *line = malloc(linecap);
+    if (!line)
+        return;
     for (size_t r = 0; r <= rows; r++) { /* row 0 is the header */
+        size_t used = 0;
         for (int c = 0; c < t->ncols; c++) {
             const char *s;
-            if (r == 0)
+            if (r == 0) {
                 s = t->headers[c];
-            else {
+            } else {
                 size_t k = (r - 1) * (size_t)t->ncols + (size_t)c;
                 s = k < t->n ? t->cells[k] : "";
             }
-            int last = c == t->ncols - 1;
-            if (t->right[c])
-                fprintf(fp, "%*s", (int)w[c], s);
-            else if (last)
-                fputs(s, fp);
-            else
-                fprintf(fp, "%-*s", (int)w[c], s);
-            if (!last)
-                fputs("  ", fp);
+            int k = snprintf(line + used, linecap - used, t->right[c] ? "%*s%s" : "%-*s%s",
+                             (int)w[c], s, c == t->ncols - 1 ? "" : "  ");
+            if (k > 0)
+                used += (size_t)k < linecap - used ? (size_t)k : linecap - used - 1;
         }
-        fputc('\n', fp);
+        while (used > 0 && line[used - 1] == ' ') /* no trailing blanks after empty cells */
+            used--;
+        line[used] = '\0';
+        fprintf(fp, "%s\n", line);
     }
+    free(line);
 }
 
 void pcs_cli_table_free(pcs_cli_table_t *t)

@@ -4,6 +4,7 @@
  * instead of pretending to work. */
 #include "cli.h"
 #include "pcs/log.h"
+#include "pcs/version.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +22,7 @@ static const char usage_text[] =
     "  plan FILE [--world N] [--rank R]  plan a job offline (no coordinator needed)\n"
     "  export JOB OUT.safetensors      gather a job's full parameters\n"
     "  demo                            run a local coordinator + CPU workers end to end\n"
+    "  version                         print the version of pcsctl\n"
     "\n"
     "ADDR defaults to $PCS_COORDINATOR, else 127.0.0.1:7070. --json prints the reply as JSON.\n"
     "Exit status: 0 ok, 1 failure, 2 usage error.\n";
@@ -75,6 +77,10 @@ int main(int argc, char **argv)
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help") || !strcmp(a, "help")) {
             fputs(usage_text, stdout);
+            return PCS_CLI_OK;
+        }
+        if (!strcmp(a, "--version") || !strcmp(a, "version")) {
+            printf("pcsctl %s (git %s)\n", PCS_VERSION_STRING, PCS_GIT_SHA);
             return PCS_CLI_OK;
         }
         int g = pcs_cli_global_flag(argc, argv, &i);
