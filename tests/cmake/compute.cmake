@@ -7,3 +7,17 @@ if(TARGET pcs_worker_core)
   pcs_add_test(NAME test_reference SOURCES unit/test_reference.c LIBS pcs_worker_core LABELS unit
                TIMEOUT 120)
 endif()
+if(TARGET pcs_worker_core)
+  # The fuzz target is replayed over deterministic mutations by the unit test (any compiler); with
+  # clang it is also built as a libFuzzer binary: build/tests/fuzz_safetensors CORPUS_DIR.
+  pcs_add_test(NAME test_safetensors SOURCES unit/test_safetensors.c fuzz/fuzz_safetensors.c
+               LIBS pcs_worker_core LABELS unit TIMEOUT 120)
+  if(CMAKE_C_COMPILER_ID MATCHES "Clang")
+    add_executable(fuzz_safetensors fuzz/fuzz_safetensors.c)
+    target_compile_options(fuzz_safetensors PRIVATE -fsanitize=fuzzer,address,undefined)
+    target_link_options(fuzz_safetensors PRIVATE -fsanitize=fuzzer,address,undefined)
+    target_link_libraries(fuzz_safetensors PRIVATE pcs_worker_core)
+    set_target_properties(fuzz_safetensors PROPERTIES RUNTIME_OUTPUT_DIRECTORY
+                          ${CMAKE_BINARY_DIR}/tests)
+  endif()
+endif()
