@@ -26,6 +26,7 @@
 
 #include "kv.h"
 #include "pcs/dtype.h"
+#include "pcs/kernels.h"
 #include "pcs/status.h"
 
 #ifdef __cplusplus
@@ -65,8 +66,8 @@ typedef struct pcs_coll_config {
 
 typedef struct pcs_coll pcs_coll_t;
 
-/* An opaque stream (cudaStream_t for NCCL; ignored by Gloo, pass NULL). */
-typedef void *pcs_coll_stream_t;
+/* The caller's stream (pcs/kernels.h; a cudaStream_t for NCCL; ignored by Gloo, pass NULL). */
+typedef pcs_stream_t pcs_coll_stream_t;
 
 /* Create a communicator: rendezvous under "<group_name>/<group_id>/" in the KV scope and connect
  * all ranks. Blocks until every rank joined or timeout_ms passed (PCS_ERR_TIMEOUT). The same

@@ -151,6 +151,8 @@ struct GlooComm {
     bool aborted = false;
     std::string abort_reason;
 
+    bool noted = false; // this rank already left its failure note (the first cause wins)
+
     bool in_group = false;
     std::vector<QueuedOp> queue;
     std::vector<char> tmp, acc; // scratch for the reductions
@@ -231,8 +233,12 @@ std::string note_key(const GlooComm *g, int rank)
 
 void write_note(GlooComm *g, int culprit, const std::string &msg)
 {
-    if (!g->kv)
-        return;
+    {
+        std::lock_guard<std::mutex> lk(g->mu);
+        if (!g->kv || g->noted)
+            return;
+        g->noted = true;
+    }
     std::string v = std::to_string(culprit) + "\n" + msg;
     (void)pcs_kv_set(g->kv, note_key(g, g->rank).c_str(), v.data(), v.size());
 }

@@ -1,0 +1,572 @@
+/* The Gloo collectives with real processes on loopback: 1-4 ranks forked from this test (Gloo is
+ * only ever initialized in the children), rendezvous through a file KV store in a temp dir.
+ * Every op x dtype x count {0, 1, 7, 1000, 65537} is compared element-wise and bit-exactly with
+ * a reference computed here in the documented ring order (coll.h). Failure tests: SIGKILL of a
+ * rank mid-collective, a silent peer (timeout) and abort from another thread. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "coll.h"
+#include "kv.h"
+#include "pcs/clock.h"
+#include "pcs/half.h"
+#include "test_util.h"
+
+#define TIMEOUT_MS 2000
+
+static const size_t counts[] = {0, 1, 7, 1000, 65537};
+static const pcs_dtype_t dtypes[] = {PCS_DTYPE_FP32, PCS_DTYPE_BF16, PCS_DTYPE_FP16};
+
+// ---- independent reference arithmetic (scalar, per element, via pcs/half.h) ----
+
+static float ld(const void *p, size_t i, pcs_dtype_t dt)
+{
+    if (dt == PCS_DTYPE_BF16)
+        return pcs_bf16_to_f32(((const uint16_t *)p)[i]);
+    if (dt == PCS_DTYPE_FP16)
+        return pcs_fp16_to_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+/* Round an fp32 value to the dtype and back. */
+static float rnd(float v, pcs_dtype_t dt)
+{
+    if (dt == PCS_DTYPE_BF16)
+        return pcs_bf16_to_f32(pcs_f32_to_bf16(v));
+    if (dt == PCS_DTYPE_FP16)
+        return pcs_fp16_to_f32(pcs_f32_to_fp16(v));
+    return v;
+}
+
+static void st(void *p, size_t i, pcs_dtype_t dt, float v)
+{
+    if (dt == PCS_DTYPE_BF16)
+        ((uint16_t *)p)[i] = pcs_f32_to_bf16(v);
+    else if (dt == PCS_DTYPE_FP16)
+        ((uint16_t *)p)[i] = pcs_f32_to_fp16(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+static uint32_t mix(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x7feb352dU;
+    x ^= x >> 15;
+    x *= 0x846ca68bU;
+    x ^= x >> 16;
+    return x;
+}
+
+/* Input element i of rank r for test case `tc`: mixed signs and magnitudes so that rounding in
+ * every dtype matters. */
+static float input_val(int tc, int r, size_t i)
+{
+    uint32_t h = mix((uint32_t)tc * 2654435761U ^ mix((uint32_t)r * 97U + (uint32_t)i));
+    float mant = (float)((int)(h % 20001u) - 10000) / 3001.0f;
+    return ldexpf(mant, (int)((h >> 20) % 9u) - 4);
+}
+
+static void fill_input(void *buf, size_t n, pcs_dtype_t dt, int tc, int r)
+{
+    for (size_t i = 0; i < n; i++)
+        st(buf, i, dt, input_val(tc, r, i));
+}
+
+/* One contribution as the layer prepares it: x, then * (1/pre), then * rnd(1/P) for avg, each
+ * rounded to the dtype. */
+static float contrib(float x, pcs_dtype_t dt, const pcs_coll_red_t *red, int P)
+{
+    if (red->pre_div != 0 && red->pre_div != 1)
+        x = rnd(x * (float)(1.0 / red->pre_div), dt);
+    if (red->op == PCS_RED_AVG)
+        x = rnd(x * rnd((float)(1.0 / P), dt), dt);
+    return x;
+}
+
+/* Reduction of element `i` of chunk owned by `owner`, in ring order owner+1, ..., owner.
+ * vals[r] = rank r's dtype value. */
+static float ring_ref(const float *vals, int P, int owner, pcs_dtype_t dt,
+                      const pcs_coll_red_t *red)
+{
+    float acc = contrib(vals[(owner + 1) % P], dt, red, P);
+    for (int s = 2; s <= P; s++) {
+        float x = contrib(vals[(owner + s) % P], dt, red, P);
+        acc = red->op == PCS_RED_MAX ? rnd(fmaxf(acc, x), dt) : rnd(acc + x, dt);
+    }
+    if (red->post_div != 0 && red->post_div != 1)
+        acc = rnd(acc * (float)(1.0 / red->post_div), dt);
+    return acc;
+}
+
+static int same_bits(float a, float b)
+{
+    return memcmp(&a, &b, sizeof a) == 0;
+}
+
+// ---- child side ----
+
+static char g_msg[1024];
+
+#define CHILD_FAIL(...)                                                                            \
+    do {                                                                                           \
+        snprintf(g_msg, sizeof g_msg, __VA_ARGS__);                                                \
+        return 1;                                                                                  \
+    } while (0)
+
+static int child_open(const char *dir, int rank, int size, const char *group, pcs_kv_t **kv,
+                      pcs_coll_t **c, int timeout_ms)
+{
+    if (pcs_kv_file_create(dir, kv) != PCS_OK)
+        CHILD_FAIL("kv: %s", pcs_last_error());
+    pcs_coll_config_t cfg = {0};
+    cfg.backend = PCS_COLL_GLOO;
+    cfg.kv = *kv;
+    cfg.group_name = group;
+    cfg.rank = rank;
+    cfg.size = size;
+    cfg.timeout_ms = timeout_ms;
+    if (pcs_coll_create(&cfg, c) != PCS_OK)
+        CHILD_FAIL("create: %s", pcs_last_error());
+    return 0;
+}
+
+static int check_vals(const char *what, const void *got, size_t n, pcs_dtype_t dt,
+                      float (*expect)(size_t i, void *arg), void *arg)
+{
+    for (size_t i = 0; i < n; i++) {
+        float e = rnd(expect(i, arg), dt), g = ld(got, i, dt);
+        if (!same_bits(e, g))
+            CHILD_FAIL("%s %s: element %zu of %zu: got %.9g want %.9g", what, pcs_dtype_name(dt),
+                       i, n, (double)g, (double)e);
+    }
+    return 0;
+}
+
+typedef struct ref_ctx {
+    int tc, P, owner;
+    size_t count, chunk_off;
+    pcs_dtype_t dt;
+    const pcs_coll_red_t *red;
+} ref_ctx_t;
+
+static float exp_all_gather(size_t i, void *arg)
+{
+    ref_ctx_t *x = arg;
+    return input_val(x->tc, (int)(i / x->count), i % x->count);
+}
+
+static float exp_reduce(size_t i, void *arg)
+{
+    ref_ctx_t *x = arg;
+    float vals[8];
+    for (int r = 0; r < x->P; r++)
+        vals[r] = rnd(input_val(x->tc, r, x->chunk_off + i), x->dt);
+    return ring_ref(vals, x->P, x->owner, x->dt, x->red);
+}
+
+static float exp_bcast(size_t i, void *arg)
+{
+    ref_ctx_t *x = arg;
+    return input_val(x->tc, x->owner, i);
+}
+
+static const pcs_coll_red_t reds[] = {
+    {PCS_RED_SUM, 0, 0}, {PCS_RED_AVG, 0, 0}, {PCS_RED_MAX, 0, 0}, {PCS_RED_SUM, 2.0, 1.5}};
+
+/* The full op x dtype x count matrix on one rank. */
+static int child_matrix(int rank, int P, const char *dir)
+{
+    pcs_kv_t *kv;
+    pcs_coll_t *c;
+    if (child_open(dir, rank, P, "world", &kv, &c, TIMEOUT_MS * 5))
+        return 1;
+    int tc = 0;
+    for (size_t ci = 0; ci < sizeof counts / sizeof counts[0]; ci++) {
+        size_t n = counts[ci];
+        for (size_t di = 0; di < sizeof dtypes / sizeof dtypes[0]; di++) {
+            pcs_dtype_t dt = dtypes[di];
+            size_t es = pcs_dtype_size(dt);
+            char *in = calloc(n * (size_t)P + 1, es), *out = calloc(n * (size_t)P + 1, es);
+            char *out2 = calloc(n * (size_t)P + 1, es);
+            if (!in || !out || !out2)
+                CHILD_FAIL("oom");
+            ref_ctx_t x = {.P = P, .count = n, .dt = dt};
+
+            /* all_gather, out of place and in place */
+            x.tc = ++tc;
+            fill_input(in, n, dt, x.tc, rank);
+            if (pcs_coll_all_gather(c, in, out, n, dt, NULL) != PCS_OK)
+                CHILD_FAIL("all_gather: %s", pcs_last_error());
+            if (check_vals("all_gather", out, n * (size_t)P, dt, exp_all_gather, &x))
+                return 1;
+            memset(out, 0, n * (size_t)P * es);
+            fill_input(out + (size_t)rank * n * es, n, dt, x.tc, rank);
+            if (pcs_coll_all_gather(c, out + (size_t)rank * n * es, out, n, dt, NULL) != PCS_OK)
+                CHILD_FAIL("all_gather in place: %s", pcs_last_error());
+            if (check_vals("all_gather in place", out, n * (size_t)P, dt, exp_all_gather, &x))
+                return 1;
+
+            for (size_t ri = 0; ri < sizeof reds / sizeof reds[0]; ri++) {
+                x.red = &reds[ri];
+                /* reduce_scatter: in = P*n, out = n, chunk rank */
+                x.tc = ++tc;
+                fill_input(in, n * (size_t)P, dt, x.tc, rank);
+                if (pcs_coll_reduce_scatter(c, in, out, n, dt, x.red, NULL) != PCS_OK)
+                    CHILD_FAIL("reduce_scatter op %zu: %s", ri, pcs_last_error());
+                x.owner = rank;
+                x.chunk_off = (size_t)rank * n;
+                if (check_vals("reduce_scatter", out, n, dt, exp_reduce, &x))
+                    return 1;
+
+                /* all_reduce in place: chunk k of the buffer reduced starting at k+1 */
+                x.tc = ++tc;
+                fill_input(out, n, dt, x.tc, rank);
+                if (pcs_coll_all_reduce(c, out, out, n, dt, x.red, NULL) != PCS_OK)
+                    CHILD_FAIL("all_reduce op %zu: %s", ri, pcs_last_error());
+                for (int k = 0; k < P; k++) {
+                    size_t off, cn;
+                    pcs_coll_chunk(n, P, k, &off, &cn);
+                    x.owner = k;
+                    x.chunk_off = off;
+                    if (check_vals("all_reduce", out + off * es, cn, dt, exp_reduce, &x))
+                        return 1;
+                }
+            }
+
+            /* broadcast from the last rank */
+            x.tc = ++tc;
+            x.owner = P - 1;
+            if (rank == P - 1)
+                fill_input(out, n, dt, x.tc, rank);
+            else
+                memset(out, 0xff, n * es);
+            if (pcs_coll_broadcast(c, out, n, dt, P - 1, NULL) != PCS_OK)
+                CHILD_FAIL("broadcast: %s", pcs_last_error());
+            if (check_vals("broadcast", out, n, dt, exp_bcast, &x))
+                return 1;
+
+            /* group: send right + recv left (a ring shift) + an all_gather, issued as one */
+            if (P > 1) {
+                x.tc = ++tc;
+                fill_input(in, n, dt, x.tc, rank);
+                int right = (rank + 1) % P, left = (rank + P - 1) % P;
+                pcs_status_t rc = pcs_coll_group_start(c);
+                if (rc == PCS_OK)
+                    rc = pcs_coll_send(c, in, n, dt, right, NULL);
+                if (rc == PCS_OK)
+                    rc = pcs_coll_recv(c, out, n, dt, left, NULL);
+                if (rc == PCS_OK)
+                    rc = pcs_coll_all_gather(c, in, out2, n, dt, NULL);
+                pcs_status_t rc2 = pcs_coll_group_end(c);
+                if (rc != PCS_OK || rc2 != PCS_OK)
+                    CHILD_FAIL("group: %s", pcs_last_error());
+                x.owner = left;
+                if (check_vals("group recv", out, n, dt, exp_bcast, &x))
+                    return 1;
+                if (check_vals("group all_gather", out2, n * (size_t)P, dt, exp_all_gather, &x))
+                    return 1;
+            }
+            free(in);
+            free(out);
+            free(out2);
+        }
+    }
+    if (pcs_coll_barrier(c) != PCS_OK)
+        CHILD_FAIL("barrier: %s", pcs_last_error());
+    pcs_coll_destroy(c);
+    pcs_kv_destroy(kv);
+    return 0;
+}
+
+/* Repeated large all_reduce until killed or failed; writes "<status> <ms>\n<message>". */
+static int child_loop(int rank, int P, const char *dir)
+{
+    pcs_kv_t *kv;
+    pcs_coll_t *c;
+    if (child_open(dir, rank, P, "kill", &kv, &c, TIMEOUT_MS))
+        return 1;
+    size_t n = 1 << 20;
+    float *buf = calloc(n, sizeof *buf);
+    pcs_coll_red_t red = {PCS_RED_SUM, 0, 0};
+    char path[512];
+    snprintf(path, sizeof path, "%s/started.%d", dir, rank);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs("started\n", f);
+        fclose(f);
+    }
+    pcs_status_t rc = PCS_OK;
+    uint64_t t_fail = 0;
+    for (int it = 0; it < 100000 && rc == PCS_OK; it++) {
+        rc = pcs_coll_all_reduce(c, buf, buf, n, PCS_DTYPE_FP32, &red, NULL);
+        t_fail = pcs_now_ms();
+    }
+    snprintf(path, sizeof path, "%s/result.%d", dir, rank);
+    f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "%d %llu\n%s", (int)rc, (unsigned long long)t_fail, pcs_last_error());
+        fclose(f);
+    }
+    free(buf);
+    pcs_coll_abort(c, "test done");
+    pcs_coll_destroy(c);
+    pcs_kv_destroy(kv);
+    return rc == PCS_OK ? 1 : 0;
+}
+
+/* Rank 1 joins but never calls the collective: rank 0 must time out naming it. */
+static int child_silent(int rank, int P, const char *dir)
+{
+    pcs_kv_t *kv;
+    pcs_coll_t *c;
+    if (child_open(dir, rank, P, "silent", &kv, &c, 500))
+        return 1;
+    if (rank == 1) {
+        pcs_test_sleep_ms(1500);
+        pcs_coll_destroy(c);
+        pcs_kv_destroy(kv);
+        return 0;
+    }
+    float v = 1.0f;
+    pcs_coll_red_t red = {PCS_RED_SUM, 0, 0};
+    uint64_t t0 = pcs_now_ms();
+    pcs_status_t rc = pcs_coll_all_reduce(c, &v, &v, 1, PCS_DTYPE_FP32, &red, NULL);
+    uint64_t dt = pcs_now_ms() - t0;
+    if (rc != PCS_ERR_TIMEOUT)
+        CHILD_FAIL("want timeout, got %s: %s", pcs_status_str(rc), pcs_last_error());
+    if (!strstr(pcs_last_error(), "peer rank 1"))
+        CHILD_FAIL("timeout message does not name rank 1: %s", pcs_last_error());
+    if (dt < 400 || dt > 2500)
+        CHILD_FAIL("timed out after %llu ms, want ~500", (unsigned long long)dt);
+    /* poisoned afterwards */
+    if (pcs_coll_all_reduce(c, &v, &v, 1, PCS_DTYPE_FP32, &red, NULL) != PCS_ERR_STATE)
+        CHILD_FAIL("second call after a timeout is not a state error");
+    pcs_coll_destroy(c);
+    pcs_kv_destroy(kv);
+    return 0;
+}
+
+typedef struct abort_arg {
+    pcs_coll_t *c;
+    int delay_ms;
+} abort_arg_t;
+
+static void *abort_thread(void *p)
+{
+    abort_arg_t *a = p;
+    pcs_test_sleep_ms(a->delay_ms);
+    pcs_coll_abort(a->c, "membership changed");
+    return NULL;
+}
+
+/* Rank 0 blocks in all_reduce (rank 1 is late); another thread aborts: CANCELLED, fast. Rank 1
+ * then joins and must get an error naming rank 0's abort rather than hang. */
+static int child_abort(int rank, int P, const char *dir)
+{
+    pcs_kv_t *kv;
+    pcs_coll_t *c;
+    if (child_open(dir, rank, P, "abort", &kv, &c, 5000))
+        return 1;
+    float v[64] = {0};
+    pcs_coll_red_t red = {PCS_RED_SUM, 0, 0};
+    if (rank == 0) {
+        abort_arg_t a = {c, 200};
+        pthread_t th;
+        pthread_create(&th, NULL, abort_thread, &a);
+        uint64_t t0 = pcs_now_ms();
+        pcs_status_t rc = pcs_coll_all_reduce(c, v, v, 64, PCS_DTYPE_FP32, &red, NULL);
+        uint64_t dt = pcs_now_ms() - t0;
+        pthread_join(th, NULL);
+        if (rc != PCS_ERR_CANCELLED)
+            CHILD_FAIL("want cancelled, got %s: %s", pcs_status_str(rc), pcs_last_error());
+        if (dt > 2000)
+            CHILD_FAIL("abort took %llu ms to wake the call", (unsigned long long)dt);
+        if (!strstr(pcs_last_error(), "membership changed"))
+            CHILD_FAIL("cancel message lacks the reason: %s", pcs_last_error());
+        pcs_test_sleep_ms(1500); /* let rank 1 see the closed connection */
+    } else {
+        pcs_test_sleep_ms(800);
+        uint64_t t0 = pcs_now_ms();
+        pcs_status_t rc = pcs_coll_all_reduce(c, v, v, 64, PCS_DTYPE_FP32, &red, NULL);
+        uint64_t dt = pcs_now_ms() - t0;
+        if (rc == PCS_OK)
+            CHILD_FAIL("all_reduce with an aborted peer succeeded");
+        if (dt > 4000)
+            CHILD_FAIL("error after %llu ms", (unsigned long long)dt);
+        if (!strstr(pcs_last_error(), "rank 0"))
+            CHILD_FAIL("error does not name rank 0: %s", pcs_last_error());
+    }
+    pcs_coll_destroy(c);
+    pcs_kv_destroy(kv);
+    return 0;
+}
+
+// ---- parent side ----
+
+typedef int (*child_fn)(int rank, int P, const char *dir);
+
+static void spawn_ranks(int P, const char *dir, child_fn fn, pid_t *pids)
+{
+    fflush(NULL);
+    for (int r = 0; r < P; r++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            int code = fn(r, P, dir);
+            if (code != 0) {
+                fprintf(stderr, "rank %d/%d: %s\n", r, P, g_msg);
+                char path[512];
+                snprintf(path, sizeof path, "%s/error.%d", dir, r);
+                FILE *f = fopen(path, "w");
+                if (f) {
+                    fputs(g_msg, f);
+                    fclose(f);
+                }
+            }
+            fflush(NULL);
+            _exit(code);
+        }
+        pids[r] = pid;
+    }
+}
+
+static void expect_all_ok(int P, pid_t *pids, int timeout_ms)
+{
+    for (int r = 0; r < P; r++) {
+        int st = pcs_test_wait(pids[r], timeout_ms);
+        if (st == -1)
+            pcs_test_stop(pids[r], 100);
+        assert_int_not_equal(st, -1);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+    }
+}
+
+static void run_matrix(int P)
+{
+    char *dir = pcs_test_tmpdir("coll");
+    pid_t pids[4];
+    uint64_t t0 = pcs_now_ms();
+    spawn_ranks(P, dir, child_matrix, pids);
+    expect_all_ok(P, pids, 120000);
+    fprintf(stderr, "# %d ranks: matrix took %llu ms\n", P,
+            (unsigned long long)(pcs_now_ms() - t0));
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_every_op_dtype_count_matches_ring_reference_1_rank(void **s)
+{
+    (void)s;
+    run_matrix(1);
+}
+static void test_every_op_dtype_count_matches_ring_reference_2_ranks(void **s)
+{
+    (void)s;
+    run_matrix(2);
+}
+static void test_every_op_dtype_count_matches_ring_reference_3_ranks(void **s)
+{
+    (void)s;
+    run_matrix(3);
+}
+static void test_every_op_dtype_count_matches_ring_reference_4_ranks(void **s)
+{
+    (void)s;
+    run_matrix(4);
+}
+
+static void test_sigkill_mid_collective_fails_survivors_within_timeout_naming_rank(void **s)
+{
+    (void)s;
+    const int P = 4, victim = 2;
+    char *dir = pcs_test_tmpdir("coll-kill");
+    pid_t pids[4];
+    spawn_ranks(P, dir, child_loop, pids);
+    char path[512];
+    for (int r = 0; r < P; r++) {
+        snprintf(path, sizeof path, "%s/started.%d", dir, r);
+        free(pcs_test_wait_file(path, 20000) ?: (void *)0);
+    }
+    pcs_test_sleep_ms(300); /* let a few all_reduces run */
+    kill(pids[victim], SIGKILL);
+    uint64_t t_kill = pcs_now_ms();
+    waitpid(pids[victim], NULL, 0);
+    for (int r = 0; r < P; r++) {
+        if (r == victim)
+            continue;
+        int st = pcs_test_wait(pids[r], TIMEOUT_MS + 5000);
+        if (st == -1)
+            pcs_test_stop(pids[r], 100);
+        assert_int_not_equal(st, -1);
+        assert_true(WIFEXITED(st));
+        assert_int_equal(WEXITSTATUS(st), 0);
+        snprintf(path, sizeof path, "%s/result.%d", dir, r);
+        char *res = pcs_test_read_file(path, NULL);
+        assert_non_null(res);
+        int code = -1;
+        unsigned long long t_fail = 0;
+        assert_int_equal(sscanf(res, "%d %llu", &code, &t_fail), 2);
+        fprintf(stderr, "# rank %d: %s after %lld ms: %s\n", r, pcs_status_str(code),
+                (long long)t_fail - (long long)t_kill, strchr(res, '\n') + 1);
+        assert_int_equal(code, PCS_ERR_REMOTE);
+        assert_true((long long)t_fail - (long long)t_kill < TIMEOUT_MS);
+        char want[32];
+        snprintf(want, sizeof want, "peer rank %d ", victim);
+        assert_non_null(strstr(res, want));
+        free(res);
+    }
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_silent_peer_times_out_naming_it(void **s)
+{
+    (void)s;
+    char *dir = pcs_test_tmpdir("coll-silent");
+    pid_t pids[2];
+    spawn_ranks(2, dir, child_silent, pids);
+    expect_all_ok(2, pids, 20000);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_abort_wakes_blocked_call_and_peer_names_aborter(void **s)
+{
+    (void)s;
+    char *dir = pcs_test_tmpdir("coll-abort");
+    pid_t pids[2];
+    spawn_ranks(2, dir, child_abort, pids);
+    expect_all_ok(2, pids, 20000);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_1_rank),
+        cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_2_ranks),
+        cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_3_ranks),
+        cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_4_ranks),
+        cmocka_unit_test(test_sigkill_mid_collective_fails_survivors_within_timeout_naming_rank),
+        cmocka_unit_test(test_silent_peer_times_out_naming_it),
+        cmocka_unit_test(test_abort_wakes_blocked_call_and_peer_names_aborter),
+    };
+    return cmocka_run_group_tests_name("coll_procs", tests, NULL, NULL);
+}
