@@ -173,7 +173,7 @@ static pcs_status_t add_module(builder_t *b, const char *path, const char *cls, 
         return pcs_set_error(PCS_ERR_INVALID_ARG, "model: more than %u modules",
                              PCS_MODEL_MAX_MODULES);
     PCS_CHECK(pcs_grow((void **)&m->modules, &b->cap_mod, m->n_modules + 1, sizeof *m->modules));
-    pcs_module_t *mod = &m->modules[m->n_modules];
+    pcs_model_module_t *mod = &m->modules[m->n_modules];
     memset(mod, 0, sizeof *mod);
     PCS_CHECK(pcs_strdup(path, &mod->path));
     m->n_modules++; /* counted once path is owned, so pcs_model_free releases it */
@@ -190,13 +190,13 @@ static pcs_status_t add_tensor(builder_t *b, bool is_param, const char *name, ui
 {
     pcs_model_t *m = b->m;
     uint32_t mi = m->n_modules - 1;
-    pcs_tensor_t **arr = is_param ? &m->params : &m->buffers;
+    pcs_model_tensor_t **arr = is_param ? &m->params : &m->buffers;
     uint32_t *n = is_param ? &m->n_params : &m->n_buffers;
     if (m->n_params + m->n_buffers >= PCS_MODEL_MAX_TENSORS)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "model: more than %u tensors",
                              PCS_MODEL_MAX_TENSORS);
     PCS_CHECK(pcs_grow((void **)arr, is_param ? &b->cap_par : &b->cap_buf, *n + 1, sizeof **arr));
-    pcs_tensor_t *t = &(*arr)[*n];
+    pcs_model_tensor_t *t = &(*arr)[*n];
     memset(t, 0, sizeof *t);
     t->fqn = join_path(m->modules[mi].path, name);
     if (!t->fqn)
@@ -244,12 +244,12 @@ static void lca_update(const pcs_model_t *m, uint32_t *a, uint32_t bm)
 static pcs_status_t finalize(pcs_model_t *m)
 {
     for (uint32_t i = 0; i < m->n_modules; i++) {
-        pcs_module_t *mod = &m->modules[i];
+        pcs_model_module_t *mod = &m->modules[i];
         mod->subtree_end = i + 1;
         mod->depth = mod->parent < 0 ? 0 : m->modules[mod->parent].depth + 1;
     }
     for (uint32_t i = m->n_modules; i-- > 1;) {
-        pcs_module_t *p = &m->modules[m->modules[i].parent];
+        pcs_model_module_t *p = &m->modules[m->modules[i].parent];
         if (m->modules[i].subtree_end > p->subtree_end)
             p->subtree_end = m->modules[i].subtree_end;
     }

@@ -21,7 +21,7 @@ extern "C" {
 #define PCS_MODEL_MAX_MODULES (1u << 20)   /* bad-input guard, far above any real model */
 #define PCS_MODEL_MAX_TENSORS (1u << 22)
 
-typedef struct pcs_tensor {
+typedef struct pcs_model_tensor {
     char *fqn;                  /* layers.0.linear.weight (owned) */
     const char *name;           /* local name: points into fqn */
     uint32_t module;            /* declaring module (index into modules) */
@@ -32,16 +32,16 @@ typedef struct pcs_tensor {
     bool frozen;                /* parameter with requires_grad off */
     uint32_t home;              /* params: module whose unit owns it = lowest common ancestor of
                                  * the declaring module and every module sharing it */
-} pcs_tensor_t;
+} pcs_model_tensor_t;
 
 /* A module's parameter `name` is the same tensor as params[param] (declared elsewhere). */
-typedef struct pcs_alias {
+typedef struct pcs_model_alias {
     uint32_t module;
     char *fqn;                  /* FQN under the aliasing module (owned) */
     uint32_t param;
-} pcs_alias_t;
+} pcs_model_alias_t;
 
-typedef struct pcs_module {
+typedef struct pcs_model_module {
     char *path;                 /* FQN ("" = root), owned */
     char *cls;                  /* class name, owned */
     int32_t parent;             /* -1 for the root */
@@ -51,16 +51,16 @@ typedef struct pcs_module {
     uint32_t buffer_begin, buffer_end;  /* own buffers */
     uint32_t alias_begin, alias_end;    /* own shared-parameter aliases */
     uint64_t subtree_numel;     /* numel of params whose home lies in this subtree */
-} pcs_module_t;
+} pcs_model_module_t;
 
 typedef struct pcs_model {
-    pcs_module_t *modules;      /* preorder: modules[0] is the root */
+    pcs_model_module_t *modules;      /* preorder: modules[0] is the root */
     uint32_t n_modules;
-    pcs_tensor_t *params;       /* module-tree order, declaration order inside a module */
+    pcs_model_tensor_t *params;       /* module-tree order, declaration order inside a module */
     uint32_t n_params;
-    pcs_tensor_t *buffers;
+    pcs_model_tensor_t *buffers;
     uint32_t n_buffers;
-    pcs_alias_t *aliases;
+    pcs_model_alias_t *aliases;
     uint32_t n_aliases;
     uint64_t numel;             /* total parameter elements (shared ones once) */
     uint32_t *index;            /* path hash table (internal) */

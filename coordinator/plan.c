@@ -262,7 +262,7 @@ static void check_precision(ctx_t *c)
     }
 }
 
-static bool override_matches(const Pcs__V1__PrecisionOverride *o, const pcs_module_t *mod)
+static bool override_matches(const Pcs__V1__PrecisionOverride *o, const pcs_model_module_t *mod)
 {
     const Pcs__V1__OverrideMatch *mt = o->match;
     if (!mt)
@@ -394,7 +394,7 @@ static void select_units(ctx_t *c)
     }
     uint8_t *recurse = c->wrapped; /* scratch until the bottom-up pass overwrites it */
     for (uint32_t i = 0; i < n; i++) {
-        const pcs_module_t *mod = &m->modules[i];
+        const pcs_model_module_t *mod = &m->modules[i];
         bool r;
         if (policy == PCS__V1__WRAP_SPEC__POLICY_SIZE_BASED)
             r = mod->subtree_numel >= min_params && strcmp(mod->cls, "MultiheadAttention") != 0;
@@ -405,7 +405,7 @@ static void select_units(ctx_t *c)
     }
     /* bottom-up: remainder = subtree - wrapped children; wrap if the policy says so */
     for (uint32_t i = n; i-- > 0;) {
-        const pcs_module_t *mod = &m->modules[i];
+        const pcs_model_module_t *mod = &m->modules[i];
         bool wrap = false;
         if (visit[i] && recurse[i]) {
             uint64_t wrapped_numel = ret[i]; /* children added their returns here */
@@ -570,7 +570,7 @@ static pcs_status_t unit_precision(ctx_t *c, const unit_b_t *ub, pcs_dtype_t mas
                                    pcs_precision_t *out)
 {
     const Pcs__V1__PrecisionSpec *p = c->spec->precision;
-    const pcs_module_t *mod = &c->m->modules[ub->root];
+    const pcs_model_module_t *mod = &c->m->modules[ub->root];
     pcs_precision_in_t in = {.master = master, .cast_forward_inputs = true,
                              .mixed_precision = !ub->ignored};
     if (p) {
@@ -666,7 +666,7 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
 {
     const pcs_model_t *m = c->m;
     const unit_b_t *ub = &c->units[k];
-    const pcs_module_t *root = &m->modules[ub->root];
+    const pcs_model_module_t *root = &m->modules[ub->root];
     const Pcs__V1__PrecisionSpec *ps = c->spec->precision;
     u->index = k;
     u->path = dupstr(c, root->path);
@@ -731,7 +731,7 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
     if (!u->params)
         c->oom = true;
     for (size_t i = 0; u->params && i < npk; i++) {
-        const pcs_tensor_t *t = &m->params[pk[i].p];
+        const pcs_model_tensor_t *t = &m->params[pk[i].p];
         if (i > 0 && off % align)
             off += align - off % align;
         Pcs__V1__ParamSlot *ps2;
@@ -770,7 +770,7 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
     if (!u->buffers)
         c->oom = true;
     for (size_t i = 0; u->buffers && i < nbufs; i++) {
-        const pcs_tensor_t *t = &m->buffers[bufs[i]];
+        const pcs_model_tensor_t *t = &m->buffers[bufs[i]];
         Pcs__V1__BufferSlot *bs;
         NEW_MSG(c, bs, pcs__v1__buffer_slot__init);
         if (!bs)
@@ -911,14 +911,14 @@ static pcs_status_t assemble(ctx_t *c, Pcs__V1__Plan *p)
      * order of first use (owner or alias) in module-tree order */
     PCS_CHECK_GOTO(pcs_calloc(m->n_params + 1, sizeof *pk, (void **)&pk), rc, out);
     for (uint32_t i = 0; i < m->n_params; i++) {
-        const pcs_tensor_t *t = &m->params[i];
+        const pcs_model_tensor_t *t = &m->params[i];
         int32_t u = c->unit_of[t->home];
         if (c->units[u].is_root)
             u = (int32_t)c->stage_root[c->stage_of[t->module]];
         pk[i] = (pkey_t){(uint32_t)u, t->module, i};
     }
     for (uint32_t a = 0; a < m->n_aliases; a++) {
-        const pcs_alias_t *al = &m->aliases[a];
+        const pcs_model_alias_t *al = &m->aliases[a];
         pkey_t *k = &pk[al->param];
         if (al->module < k->key)
             k->key = al->module;
