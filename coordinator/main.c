@@ -1,9 +1,11 @@
 /* pcs-coordinator: option table -> pcs_server_create -> serve until SIGTERM/SIGINT -> graceful
  * exit 0. Everything else lives in server.c (handlers) and coord.c (state machine). */
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "pcs/config.h"
@@ -102,12 +104,29 @@ int main(int argc, char **argv)
         pcs_config_free(cfg);
         return 2;
     }
+    /* cross-field rule: a lease shorter than the heartbeat period expires healthy workers */
+    if (pcs_config_u32(cfg, "heartbeat-interval-ms") >= pcs_config_u32(cfg, "lease-ms")) {
+        fprintf(stderr,
+                "pcs-coordinator: heartbeat-interval-ms (%u, %s) must be less than lease-ms "
+                "(%u, %s)\n",
+                pcs_config_u32(cfg, "heartbeat-interval-ms"),
+                pcs_config_origin(cfg, "heartbeat-interval-ms"), pcs_config_u32(cfg, "lease-ms"),
+                pcs_config_origin(cfg, "lease-ms"));
+        pcs_config_free(cfg);
+        return 2;
+    }
     char db[4096] = "";
     const char *state_dir = pcs_config_str(cfg, "state-dir");
     if (*pcs_config_str(cfg, "db"))
         snprintf(db, sizeof db, "%s", pcs_config_str(cfg, "db"));
-    else if (state_dir && *state_dir)
+    else if (state_dir && *state_dir) {
+        if (mkdir(state_dir, 0755) != 0 && errno != EEXIST) {
+            fprintf(stderr, "pcs-coordinator: state-dir %s: %s\n", state_dir, strerror(errno));
+            pcs_config_free(cfg);
+            return 1;
+        }
         snprintf(db, sizeof db, "%s/coordinator.db", state_dir);
+    }
 
     PCS_INFO(PCS_SUB_INIT, "pcs-coordinator %s (git %s) starting: listen %s, state %s",
              PCS_VERSION_STRING, PCS_GIT_SHA, listen, *db ? db : "in memory");
