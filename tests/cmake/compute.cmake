@@ -2,6 +2,8 @@
 if(TARGET pcs_worker_core)
   pcs_add_test(NAME test_model SOURCES unit/test_model.c LIBS pcs_worker_core LABELS unit
                TIMEOUT 120)
+  pcs_add_test(NAME test_data SOURCES unit/test_data.c LIBS pcs_worker_core LABELS unit
+               TIMEOUT 60)
 endif()
 if(TARGET pcs_worker_core)
   pcs_add_test(NAME test_reference SOURCES unit/test_reference.c LIBS pcs_worker_core LABELS unit
