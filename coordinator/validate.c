@@ -90,7 +90,8 @@ static pcs_status_t sset_add(sset_t *s, const char *key, int kind)
 typedef struct vctx {
     char *err;
     size_t errlen;
-    sset_t modules; /* module paths of an explicit model */
+    sset_t modules; /* module paths of an explicit model, as declared */
+    sset_t tree;    /* every module path of the model, implicit ancestors included */
     sset_t tensors; /* parameter and buffer FQNs of an explicit model */
     int explicit_model;
 } vctx_t;
@@ -259,7 +260,6 @@ static pcs_status_t check_explicit(vctx_t *v, const Pcs__V1__ExplicitModel *e)
             ntensors += e->modules[i]->n_params + e->modules[i]->n_buffers;
     PCS_CHECK(sset_init(&v->modules, e->n_modules));
     PCS_CHECK(sset_init(&v->tensors, ntensors));
-    v->explicit_model = 1;
     for (size_t i = 0; i < e->n_modules; i++) {
         const Pcs__V1__ModuleDecl *m = e->modules[i];
         if (!m)
@@ -300,6 +300,75 @@ static pcs_status_t check_explicit(vctx_t *v, const Pcs__V1__ExplicitModel *e)
     return PCS_OK;
 }
 
+/* Add `path` and its ancestors ("a.b.c" -> "a.b", "a", "") to v->tree. */
+static pcs_status_t tree_add(vctx_t *v, const char *path)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (;;) {
+        if (sset_get(&v->tree, buf))
+            return PCS_OK; /* its ancestors are in already */
+        PCS_CHECK(sset_add(&v->tree, buf, 1));
+        char *dot = strrchr(buf, '.');
+        if (!dot) {
+            if (!buf[0])
+                return PCS_OK;
+            buf[0] = '\0';
+        } else {
+            *dot = '\0';
+        }
+    }
+}
+
+/* The module paths wrap and precision may name: the MLP scheme of coordinator/model.h, or the
+ * explicit modules with their implicit ancestors. Called on a valid model. */
+static pcs_status_t build_tree(vctx_t *v, const Pcs__V1__ModelSpec *m)
+{
+    char path[64];
+    if (m->kind_case == PCS__V1__MODEL_SPEC__KIND_MLP) {
+        const Pcs__V1__MlpModel *mlp = m->mlp;
+        PCS_CHECK(sset_init(&v->tree, 3 + 4 * mlp->n_hidden_dims));
+        PCS_CHECK(tree_add(v, "head"));
+        PCS_CHECK(tree_add(v, "layers"));
+        int norm = mlp->norm == PCS__V1__NORM__NORM_LAYERNORM ||
+                   mlp->norm == PCS__V1__NORM__NORM_BATCHNORM;
+        for (size_t i = 0; i < mlp->n_hidden_dims; i++) {
+            snprintf(path, sizeof path, "layers.%zu.linear", i);
+            PCS_CHECK(tree_add(v, path));
+            snprintf(path, sizeof path, "layers.%zu.act", i);
+            PCS_CHECK(tree_add(v, path));
+            if (norm) {
+                snprintf(path, sizeof path, "layers.%zu.norm", i);
+                PCS_CHECK(tree_add(v, path));
+            }
+        }
+        return PCS_OK;
+    }
+    const Pcs__V1__ExplicitModel *e = m->explicit_;
+    size_t n = 1;
+    for (size_t i = 0; i < e->n_modules; i++) {
+        n++;
+        for (const char *c = e->modules[i]->path; c && *c; c++)
+            n += *c == '.';
+    }
+    PCS_CHECK(sset_init(&v->tree, n));
+    for (size_t i = 0; i < e->n_modules; i++)
+        PCS_CHECK(tree_add(v, e->modules[i]->path ? e->modules[i]->path : ""));
+    return PCS_OK;
+}
+
+/* Does a module path, or with a trailing '*' a path prefix, name a module of the model? */
+static int tree_matches(const vctx_t *v, const char *pattern)
+{
+    size_t n = strlen(pattern);
+    if (n == 0 || pattern[n - 1] != '*')
+        return sset_get(&v->tree, pattern) != 0;
+    for (size_t i = 0; i < v->tree.cap; i++)
+        if (v->tree.keys[i] && !strncmp(v->tree.keys[i], pattern, n - 1))
+            return 1;
+    return 0;
+}
+
 static pcs_status_t check_model(vctx_t *v, const Pcs__V1__ModelSpec *m)
 {
     if (!m || m->kind_case == PCS__V1__MODEL_SPEC__KIND__NOT_SET ||
@@ -307,8 +376,10 @@ static pcs_status_t check_model(vctx_t *v, const Pcs__V1__ModelSpec *m)
         (m->kind_case == PCS__V1__MODEL_SPEC__KIND_EXPLICIT && !m->explicit_))
         return bad(v, "model: required (mlp or explicit)");
     if (m->kind_case == PCS__V1__MODEL_SPEC__KIND_MLP)
-        return check_mlp(v, m->mlp);
-    return check_explicit(v, m->explicit_);
+        PCS_CHECK(check_mlp(v, m->mlp));
+    else
+        PCS_CHECK(check_explicit(v, m->explicit_));
+    return build_tree(v, m);
 }
 
 // ---- wrap and precision -------------------------------------------------------------------------
@@ -344,8 +415,8 @@ static pcs_status_t check_wrap(vctx_t *v, const Pcs__V1__WrapSpec *w)
                 rc = bad(v, "wrap.explicit.paths[%zu]: '%s' is not a module path", i, p);
             else if (sset_get(&seen, p))
                 rc = bad(v, "wrap.explicit.paths[%zu]: '%s' given twice", i, p);
-            else if (v->explicit_model && !sset_get(&v->modules, p))
-                rc = bad(v, "wrap.explicit.paths[%zu]: no module '%s' in model.explicit", i, p);
+            else if (!sset_get(&v->tree, p))
+                rc = bad(v, "wrap.explicit.paths[%zu]: no module '%s' in the model", i, p);
             else
                 rc = sset_add(&seen, p, 1);
         }
@@ -376,6 +447,9 @@ static pcs_status_t check_override(vctx_t *v, size_t i, const Pcs__V1__Precision
     const char *star = strchr(mp, '*');
     if (star && star[1] != '\0')
         return bad(v, "precision.overrides[%zu].match.path: '*' is only allowed at the end", i);
+    /* A path that matches nothing is a typo that would silently change nothing. */
+    if (*mp && !tree_matches(v, mp))
+        return bad(v, "precision.overrides[%zu].match.path: no module matches '%s'", i, mp);
     const struct {
         const char *name;
         int value;
@@ -641,6 +715,7 @@ pcs_status_t pcs_job_validate(const Pcs__V1__JobSpec *spec, char *err, size_t er
     PCS_CHECK_GOTO(check_rest(&v, spec), rc, out);
 out:
     sset_free(&v.modules);
+    sset_free(&v.tree);
     sset_free(&v.tensors);
     if (rc != PCS_OK && rc != PCS_ERR_INVALID_ARG && err && errlen)
         snprintf(err, errlen, "%s", pcs_last_error());

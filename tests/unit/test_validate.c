@@ -27,7 +27,7 @@ static const struct {
     {"wrap", "wrap: {module_class: [MLPBlock], ignored_module_classes: [BatchNorm1d]}"},
     {"precision", "precision: {param_dtype: bf16, reduce_dtype: fp32, buffer_dtype: fp32, "
                   "master_dtype: fp32, overrides: [{match: {module_class: LayerNorm}, "
-                  "param_dtype: fp32}, {match: {path: 'layers.*'}, output_dtype: bf16}, "
+                  "param_dtype: fp32}, {match: {path: 'h*'}, output_dtype: bf16}, "
                   "{match: {path: head}, full_precision: true, output_dtype: fp32}]}"},
     {"strategy", "strategy: full_shard"},
     {"reshard_after_forward", "reshard_after_forward: 2"},
@@ -181,7 +181,9 @@ static const row_t rows[] = {
     {"wrap", "wrap: {explicit: [layers.0, layers.0]}", NULL, NULL, NULL,
      "wrap.explicit.paths[1]: 'layers.0' given twice"},
     {"wrap", "wrap: {explicit: [enc, nope]}", "model", EXPLICIT_MODEL, NULL,
-     "wrap.explicit.paths[1]: no module 'nope' in model.explicit"},
+     "wrap.explicit.paths[1]: no module 'nope' in the model"},
+    {"wrap", "wrap: {explicit: [layers.1, layers.2]}", NULL, NULL, NULL,
+     "wrap.explicit.paths[1]: no module 'layers.2' in the model"},
     {"wrap", "wrap: {ignored_module_classes: ['']}", NULL, NULL, NULL,
      "wrap.ignored_module_classes[0]: must not be empty"},
     {"wrap", "wrap: {ignored_module_classes: [none, BatchNorm2d]}", NULL, NULL, NULL,
@@ -203,16 +205,20 @@ static const row_t rows[] = {
      "precision.overrides[0].match: required (module_class or path)"},
     {"precision", "precision: {overrides: [{match: {path: 'a.*.b'}}]}", NULL, NULL, NULL,
      "precision.overrides[0].match.path: '*' is only allowed at the end"},
-    {"precision", "precision: {overrides: [{match: {path: a}}, {match: {path: b}}, {match: "
+    {"precision", "precision: {overrides: [{match: {path: 'layers.0.norm'}}]}", NULL, NULL, NULL,
+     "precision.overrides[0].match.path: no module matches 'layers.0.norm'"},
+    {"precision", "precision: {overrides: [{match: {path: 'blocks.*'}}]}", NULL, NULL, NULL,
+     "precision.overrides[0].match.path: no module matches 'blocks.*'"},
+    {"precision", "precision: {overrides: [{match: {path: head}}, {match: {path: 'layers.1'}}, {match: "
                   "{module_class: C}, param_dtype: int64}]}",
      NULL, NULL, NULL, "precision.overrides[2].param_dtype: int64 is not a floating dtype"},
-    {"precision", "precision: {overrides: [{match: {path: a}, reduce_dtype: int64}]}", NULL, NULL,
+    {"precision", "precision: {overrides: [{match: {path: head}, reduce_dtype: int64}]}", NULL, NULL,
      NULL, "precision.overrides[0].reduce_dtype: int64 is not a floating dtype"},
-    {"precision", "precision: {overrides: [{match: {path: a}, buffer_dtype: int64}]}", NULL, NULL,
+    {"precision", "precision: {overrides: [{match: {path: head}, buffer_dtype: int64}]}", NULL, NULL,
      NULL, "precision.overrides[0].buffer_dtype: int64 is not a floating dtype"},
-    {"precision", "precision: {overrides: [{match: {path: a}, output_dtype: int64}]}", NULL, NULL,
+    {"precision", "precision: {overrides: [{match: {path: head}, output_dtype: int64}]}", NULL, NULL,
      NULL, "precision.overrides[0].output_dtype: int64 is not a floating dtype"},
-    {"precision", "precision: {overrides: [{match: {path: a}, full_precision: true, "
+    {"precision", "precision: {overrides: [{match: {path: head}, full_precision: true, "
                   "reduce_dtype: bf16}]}",
      NULL, NULL, NULL, "precision.overrides[0].full_precision: conflicts with reduce_dtype"},
     /* mesh */
