@@ -195,6 +195,43 @@ class CoordinatorInterop(unittest.TestCase):
         self.assertEqual(st.workers_idle, 2)
         self.assertIn("# Coordinator", st.text)
 
+    def test_07b_random_bytes_to_every_method_never_break_the_server(self):
+        import random
+        rng = random.Random(1234)
+        unary = ["Register", "Heartbeat", "KvSet", "KvGet", "ReportStep", "Deregister"]
+        paths = ["/pcs.v1.WorkerService/" + m for m in unary]
+        paths += ["/pcs.v1.JobService/" + m for m in ["SubmitJob", "GetJob", "ListJobs",
+                                                      "CancelJob", "GetPlan", "DryRunPlan"]]
+        paths += ["/pcs.v1.ClusterService/ListWorkers", "/pcs.v1.ClusterService/GetStatus",
+                  "/grpc.health.v1.Health/Check"]
+        streams = ["/pcs.v1.WorkerService/WatchAssignment", "/grpc.health.v1.Health/Watch"]
+        # answers a handler may legitimately give to garbage; never UNKNOWN/INTERNAL/UNAVAILABLE
+        ok_codes = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
+                    grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                    grpc.StatusCode.ALREADY_EXISTS}
+        for i in range(40):
+            n = rng.choice([0, 1, 2, 5, 17, 64, 300])
+            payload = bytes(rng.getrandbits(8) for _ in range(n))
+            for path in paths:
+                try:
+                    self.ch.unary_unary(path)(payload, timeout=1)
+                except grpc.RpcError as e:
+                    self.assertIn(e.code(), ok_codes, "%s %r: %s" % (path, payload, e.details()))
+            for path in streams:
+                it = self.ch.unary_stream(path)(payload, timeout=0.3)
+                try:
+                    next(it)
+                except StopIteration:
+                    pass
+                except grpc.RpcError as e:
+                    self.assertIn(e.code(), ok_codes, "%s %r: %s" % (path, payload, e.details()))
+                it.cancel()
+        check = self.unary("/grpc.health.v1.Health/Check", health_pb2.HealthCheckRequest,
+                           health_pb2.HealthCheckResponse)
+        self.assertEqual(check(health_pb2.HealthCheckRequest(), timeout=5).status,
+                         health_pb2.HealthCheckResponse.SERVING)
+
     def test_08_sigterm_exits_zero(self):
         self.proc.send_signal(signal.SIGTERM)
         self.assertEqual(self.proc.wait(timeout=5), 0)
