@@ -341,15 +341,15 @@ int main(int argc, char **argv)
                p->n_units, j.nt, mean, min, dsum / o.iters, plen, ab, wrong);
         if (csv)
             fprintf(csv, "%" PRIu64 ",%zu,%zu,%.1f,%.1f,%.1f,%zu,%zu,%zu,%" PRIu64 "\n", ws,
-                    p->n_units, j.nt, mean, min, dsum / o.iters, plen, ab,
-                    assign_max - assign_min, wrong);
+                    p->n_units, j.nt, mean, min, dsum / o.iters, plen, ab, assign_max - assign_min,
+                    wrong);
         pcs_plan_free(p);
         if (ws > UINT32_MAX / o.factor)
             break;
     }
     printf("# Out of bounds values : %" PRIu64 " %s\n", wrong_total, wrong_total ? "FAILED" : "OK");
-    printf("# Assignment bytes per rank: %zu .. %zu (spread %zu B across world sizes)\n", assign_min,
-           assign_max, assign_max - assign_min);
+    printf("# Assignment bytes per rank: %zu .. %zu (spread %zu B across world sizes)\n",
+           assign_min, assign_max, assign_max - assign_min);
     if (t1024 >= 0)
         printf("# Verdict: plan at 1024 ranks %.2f ms (target < 10 ms): %s\n", t1024 / 1000.0,
                t1024 < 10000.0 ? "OK" : "SLOW");

@@ -85,23 +85,22 @@ static void print_table(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p)
     char b1[32], b2[32], b3[32], red[96];
     printf("# plan %s  world %u  strategy %s  hash %016" PRIx64 "\n",
            spec->name && *spec->name ? spec->name : "-", p->world_size,
-           pcs_cli_enum(&pcs__v1__strategy__descriptor, (int)p->strategy, b1, sizeof b1),
-           p->hash);
+           pcs_cli_enum(&pcs__v1__strategy__descriptor, (int)p->strategy, b1, sizeof b1), p->hash);
     printf("# mesh");
     for (size_t i = 0; i < p->n_mesh; i++)
-        printf(" %s=%u",
-               pcs_cli_enum(&pcs__v1__mesh_dim_name__descriptor, (int)p->mesh[i]->dim, b1,
-                            sizeof b1),
-               p->mesh[i]->size);
+        printf(
+            " %s=%u",
+            pcs_cli_enum(&pcs__v1__mesh_dim_name__descriptor, (int)p->mesh[i]->dim, b1, sizeof b1),
+            p->mesh[i]->size);
     printf("  (row-major, outer first)  dp %u  micro-batches %u  prefetch %u\n", p->dp_size,
            p->micro_batches, p->prefetch);
     printf("# reduce_dtype rule: %s\n", p->reduce_dtype_rule);
     for (size_t i = 0; i < p->n_notes; i++)
         printf("# note: %s\n", p->notes[i]);
 
-    static const char *hdr[] = {"unit", "path", "class", "stage", "modules", "#params",
-                                "numel", "padded", "shard/rank", "AG", "RS", "AR",
-                                "reduction", "reshard", "bytes/rank"};
+    static const char *hdr[] = {"unit",    "path",  "class",     "stage",      "modules",
+                                "#params", "numel", "padded",    "shard/rank", "AG",
+                                "RS",      "AR",    "reduction", "reshard",    "bytes/rank"};
     pcs_cli_table_t *t = pcs_cli_table_new(15, hdr);
     if (!t)
         return;
@@ -141,10 +140,10 @@ static void print_table(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p)
 
     printf("# groups:");
     for (size_t i = 0; i < p->n_groups; i++)
-        printf(" %s %u x%u",
-               pcs_cli_enum(&pcs__v1__group_kind__descriptor, (int)p->groups[i]->kind, b1,
-                            sizeof b1),
-               p->groups[i]->size, p->groups[i]->count);
+        printf(
+            " %s %u x%u",
+            pcs_cli_enum(&pcs__v1__group_kind__descriptor, (int)p->groups[i]->kind, b1, sizeof b1),
+            p->groups[i]->size, p->groups[i]->count);
     printf("\n");
     if (p->pp_size > 1) {
         for (size_t i = 0; i < p->n_stages; i++) {

@@ -347,8 +347,8 @@ static pcs_status_t expand_mlp(const Pcs__V1__MlpModel *mlp, pcs_errlist_t *errs
             if (bn) {
                 PCS_CHECK(add_1d(b, false, "running_mean", out, PCS_DTYPE_FP32));
                 PCS_CHECK(add_1d(b, false, "running_var", out, PCS_DTYPE_FP32));
-                PCS_CHECK(add_tensor(b, false, "num_batches_tracked", 0, NULL, PCS_DTYPE_INT64,
-                                     false));
+                PCS_CHECK(
+                    add_tensor(b, false, "num_batches_tracked", 0, NULL, PCS_DTYPE_INT64, false));
             }
         }
         snprintf(path, sizeof path, "layers.%zu.act", i);
@@ -367,9 +367,9 @@ static pcs_status_t expand_mlp(const Pcs__V1__MlpModel *mlp, pcs_errlist_t *errs
 // explicit module trees
 
 typedef struct node {
-    const char *path;     /* borrowed from the spec or owned (synth) */
+    const char *path; /* borrowed from the spec or owned (synth) */
     char *owned;
-    int32_t decl;         /* index into spec modules, -1 when synthesized */
+    int32_t decl; /* index into spec modules, -1 when synthesized */
     int32_t parent;
     int32_t first_child, last_child, next;
 } node_t;
@@ -564,8 +564,8 @@ static pcs_status_t expand_explicit(const Pcs__V1__ExplicitModel *em, pcs_errlis
             int32_t v = stack[--sp];
             node_t *n = &ns.v[v];
             const Pcs__V1__ModuleDecl *md = n->decl >= 0 ? em->modules[n->decl] : NULL;
-            const char *cls = md && md->class_ && *md->class_ ? md->class_
-                              : (v == 0 ? "Model" : "Module");
+            const char *cls =
+                md && md->class_ && *md->class_ ? md->class_ : (v == 0 ? "Model" : "Module");
             map[v] = (int32_t)b->m->n_modules;
             mdecl[b->m->n_modules] = n->decl;
             rc = add_module(b, n->path, cls, n->parent >= 0 ? map[n->parent] : -1);
@@ -573,8 +573,8 @@ static pcs_status_t expand_explicit(const Pcs__V1__ExplicitModel *em, pcs_errlis
                 char where[96];
                 for (size_t j = 0; j < md->n_params && rc == PCS_OK; j++) {
                     const Pcs__V1__TensorDecl *t = md->params[j];
-                    snprintf(where, sizeof where, "model.explicit.modules[%d].params[%zu]",
-                             n->decl, j);
+                    snprintf(where, sizeof where, "model.explicit.modules[%d].params[%zu]", n->decl,
+                             j);
                     if (!tensor_decl_ok(t, true, where, errs))
                         continue;
                     pcs_dtype_t dt = t->dtype ? (pcs_dtype_t)t->dtype : PCS_DTYPE_FP32;
@@ -619,8 +619,7 @@ static pcs_status_t expand_explicit(const Pcs__V1__ExplicitModel *em, pcs_errlis
         PCS_CHECK_GOTO(strmap_init(&ph, m->n_params), rc, out);
         for (uint32_t p = 0; p < m->n_params; p++) {
             if (strmap_get(&ph, param_key, m, m->params[p].fqn) >= 0)
-                pcs_errlist_add(errs, "model.explicit: duplicate parameter '%s'",
-                                m->params[p].fqn);
+                pcs_errlist_add(errs, "model.explicit: duplicate parameter '%s'", m->params[p].fqn);
             else
                 strmap_put(&ph, param_key, m, p);
         }

@@ -17,53 +17,53 @@
 extern "C" {
 #endif
 
-#define PCS_MODEL_MAX_DIMS 8
-#define PCS_MODEL_MAX_MODULES (1u << 20)   /* bad-input guard, far above any real model */
+#define PCS_MODEL_MAX_DIMS    8
+#define PCS_MODEL_MAX_MODULES (1u << 20) /* bad-input guard, far above any real model */
 #define PCS_MODEL_MAX_TENSORS (1u << 22)
 
 typedef struct pcs_model_tensor {
-    char *fqn;                  /* layers.0.linear.weight (owned) */
-    const char *name;           /* local name: points into fqn */
-    uint32_t module;            /* declaring module (index into modules) */
+    char *fqn;        /* layers.0.linear.weight (owned) */
+    const char *name; /* local name: points into fqn */
+    uint32_t module;  /* declaring module (index into modules) */
     uint32_t ndim;
     uint64_t shape[PCS_MODEL_MAX_DIMS];
-    uint64_t numel;             /* product of shape (1 for a 0-dim buffer) */
-    pcs_dtype_t dtype;          /* declared dtype (default fp32; int64 buffers never cast) */
-    bool frozen;                /* parameter with requires_grad off */
-    uint32_t home;              /* params: module whose unit owns it = lowest common ancestor of
-                                 * the declaring module and every module sharing it */
+    uint64_t numel;    /* product of shape (1 for a 0-dim buffer) */
+    pcs_dtype_t dtype; /* declared dtype (default fp32; int64 buffers never cast) */
+    bool frozen;       /* parameter with requires_grad off */
+    uint32_t home;     /* params: module whose unit owns it = lowest common ancestor of
+                        * the declaring module and every module sharing it */
 } pcs_model_tensor_t;
 
 /* A module's parameter `name` is the same tensor as params[param] (declared elsewhere). */
 typedef struct pcs_model_alias {
     uint32_t module;
-    char *fqn;                  /* FQN under the aliasing module (owned) */
+    char *fqn; /* FQN under the aliasing module (owned) */
     uint32_t param;
 } pcs_model_alias_t;
 
 typedef struct pcs_model_module {
-    char *path;                 /* FQN ("" = root), owned */
-    char *cls;                  /* class name, owned */
-    int32_t parent;             /* -1 for the root */
+    char *path;     /* FQN ("" = root), owned */
+    char *cls;      /* class name, owned */
+    int32_t parent; /* -1 for the root */
     uint32_t depth;
-    uint32_t subtree_end;       /* descendants are the modules (index, subtree_end) */
-    uint32_t param_begin, param_end;    /* own params: params[param_begin, param_end) */
-    uint32_t buffer_begin, buffer_end;  /* own buffers */
-    uint32_t alias_begin, alias_end;    /* own shared-parameter aliases */
-    uint64_t subtree_numel;     /* numel of params whose home lies in this subtree */
+    uint32_t subtree_end;              /* descendants are the modules (index, subtree_end) */
+    uint32_t param_begin, param_end;   /* own params: params[param_begin, param_end) */
+    uint32_t buffer_begin, buffer_end; /* own buffers */
+    uint32_t alias_begin, alias_end;   /* own shared-parameter aliases */
+    uint64_t subtree_numel;            /* numel of params whose home lies in this subtree */
 } pcs_model_module_t;
 
 typedef struct pcs_model {
-    pcs_model_module_t *modules;      /* preorder: modules[0] is the root */
+    pcs_model_module_t *modules; /* preorder: modules[0] is the root */
     uint32_t n_modules;
-    pcs_model_tensor_t *params;       /* module-tree order, declaration order inside a module */
+    pcs_model_tensor_t *params; /* module-tree order, declaration order inside a module */
     uint32_t n_params;
     pcs_model_tensor_t *buffers;
     uint32_t n_buffers;
     pcs_model_alias_t *aliases;
     uint32_t n_aliases;
-    uint64_t numel;             /* total parameter elements (shared ones once) */
-    uint32_t *index;            /* path hash table (internal) */
+    uint64_t numel;  /* total parameter elements (shared ones once) */
+    uint32_t *index; /* path hash table (internal) */
     uint32_t index_cap;
 } pcs_model_t;
 

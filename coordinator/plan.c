@@ -25,10 +25,10 @@
     } while (0)
 
 typedef struct unit_b {
-    uint32_t root;    /* module index */
+    uint32_t root; /* module index */
     uint32_t stage;
-    bool is_root;     /* model root, or a stage's root with pp > 1 */
-    bool ignored;     /* ignored class: mixed precision off */
+    bool is_root; /* model root, or a stage's root with pp > 1 */
+    bool ignored; /* ignored class: mixed precision off */
 } unit_b_t;
 
 typedef struct ctx {
@@ -41,7 +41,7 @@ typedef struct ctx {
     uint32_t n_order;
     Pcs__V1__MeshDimName order[3];
     Pcs__V1__Strategy req, eff;
-    uint32_t ar_size;                        /* all-reduce group after the RS (HSDP) */
+    uint32_t ar_size; /* all-reduce group after the RS (HSDP) */
     uint32_t vstages, nstages;
     /* per module */
     uint8_t *wrapped, *ignored, *promoted;
@@ -52,7 +52,7 @@ typedef struct ctx {
     /* units */
     unit_b_t *units;
     uint32_t nunits;
-    uint32_t *stage_root;                    /* stage -> unit index of its root unit */
+    uint32_t *stage_root; /* stage -> unit index of its root unit */
     /* notes */
     char **notes;
     size_t n_notes, cap_notes;
@@ -87,22 +87,32 @@ static char *dupstr(ctx_t *c, const char *s)
 static const char *dim_name(Pcs__V1__MeshDimName d)
 {
     switch (d) {
-    case PCS__V1__MESH_DIM_NAME__MESH_DIM_PP: return "pp";
-    case PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE: return "dp_replicate";
-    case PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_SHARD: return "dp_shard";
-    default: return "?";
+    case PCS__V1__MESH_DIM_NAME__MESH_DIM_PP:
+        return "pp";
+    case PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE:
+        return "dp_replicate";
+    case PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_SHARD:
+        return "dp_shard";
+    default:
+        return "?";
     }
 }
 
 static const char *strategy_name(Pcs__V1__Strategy s)
 {
     switch (s) {
-    case PCS__V1__STRATEGY__STRATEGY_FULL_SHARD: return "full_shard";
-    case PCS__V1__STRATEGY__STRATEGY_SHARD_GRAD_OP: return "shard_grad_op";
-    case PCS__V1__STRATEGY__STRATEGY_NO_SHARD: return "no_shard";
-    case PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD: return "hybrid_shard";
-    case PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2: return "hybrid_shard_zero2";
-    default: return "?";
+    case PCS__V1__STRATEGY__STRATEGY_FULL_SHARD:
+        return "full_shard";
+    case PCS__V1__STRATEGY__STRATEGY_SHARD_GRAD_OP:
+        return "shard_grad_op";
+    case PCS__V1__STRATEGY__STRATEGY_NO_SHARD:
+        return "no_shard";
+    case PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD:
+        return "hybrid_shard";
+    case PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2:
+        return "hybrid_shard_zero2";
+    default:
+        return "?";
     }
 }
 
@@ -249,8 +259,10 @@ static void check_precision(ctx_t *c)
         const Pcs__V1__PrecisionOverride *o = p->overrides[i];
         const Pcs__V1__OverrideMatch *mt = o->match;
         if (!mt || ((!mt->module_class || !*mt->module_class) && (!mt->path || !*mt->path)))
-            pcs_errlist_add(&c->errs, "precision.overrides[%zu].match: required (module_class "
-                            "or path)", i);
+            pcs_errlist_add(&c->errs,
+                            "precision.overrides[%zu].match: required (module_class "
+                            "or path)",
+                            i);
 #define CHK(f)                                                                                     \
     snprintf(path, sizeof path, "precision.overrides[%zu]." #f, i);                                \
     check_dtype(c, o->f, path)
@@ -327,8 +339,10 @@ static void select_units(ctx_t *c)
             n_ignored++;
         }
     if (n_ignored)
-        note(c, "wrap: %u module(s) of ignored classes are their own units with mixed precision "
-             "off", n_ignored);
+        note(c,
+             "wrap: %u module(s) of ignored classes are their own units with mixed precision "
+             "off",
+             n_ignored);
 
     /* overrides: a unit's flat buffer has one policy, so a matched module becomes a unit */
     uint32_t n_promoted = 0;
@@ -418,8 +432,7 @@ static void select_units(ctx_t *c)
                            strcmp(mod->cls, "ModuleDict") != 0;
                 else if (policy == PCS__V1__WRAP_SPEC__POLICY_MODULE_CLASS)
                     wrap = w->module_class &&
-                           class_in(mod->cls, w->module_class->classes,
-                                    w->module_class->n_classes);
+                           class_in(mod->cls, w->module_class->classes, w->module_class->n_classes);
                 else if (policy == PCS__V1__WRAP_SPEC__POLICY_EXPLICIT)
                     wrap = explicit_set[i];
             }
@@ -571,8 +584,8 @@ static pcs_status_t unit_precision(ctx_t *c, const unit_b_t *ub, pcs_dtype_t mas
 {
     const Pcs__V1__PrecisionSpec *p = c->spec->precision;
     const pcs_model_module_t *mod = &c->m->modules[ub->root];
-    pcs_precision_in_t in = {.master = master, .cast_forward_inputs = true,
-                             .mixed_precision = !ub->ignored};
+    pcs_precision_in_t in = {
+        .master = master, .cast_forward_inputs = true, .mixed_precision = !ub->ignored};
     if (p) {
         in.param = (pcs_dtype_t)p->param_dtype;
         in.reduce = (pcs_dtype_t)p->reduce_dtype;
@@ -624,8 +637,8 @@ static int pkey_cmp(const void *a, const void *b)
 }
 
 static Pcs__V1__CollectiveSpec *coll(ctx_t *c, Pcs__V1__CollKind kind, Pcs__V1__Phase phase,
-                                    pcs_dtype_t dt, Pcs__V1__GroupKind g, uint32_t gsize,
-                                    uint64_t count)
+                                     pcs_dtype_t dt, Pcs__V1__GroupKind g, uint32_t gsize,
+                                     uint64_t count)
 {
     Pcs__V1__CollectiveSpec *cs;
     NEW_MSG(c, cs, pcs__v1__collective_spec__init);
@@ -785,8 +798,8 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
         }
         bs->numel = t->numel;
         bs->dtype = (Pcs__V1__DType)t->dtype;
-        bs->run_dtype = (Pcs__V1__DType)(pr.buffer && pcs_dtype_is_float(t->dtype) ? pr.buffer
-                                                                                  : t->dtype);
+        bs->run_dtype =
+            (Pcs__V1__DType)(pr.buffer && pcs_dtype_is_float(t->dtype) ? pr.buffer : t->dtype);
         u->buffers[u->n_buffers++] = bs;
     }
 
@@ -823,19 +836,21 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
         return;
     pcs_dtype_t ag = pr.compute;
     if (c->group > 1) {
-        add_coll(c, u, coll(c, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER, PCS__V1__PHASE__PHASE_FORWARD,
-                            ag, PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, c->group, u->shard_numel));
+        add_coll(c, u,
+                 coll(c, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER, PCS__V1__PHASE__PHASE_FORWARD,
+                      ag, PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, c->group, u->shard_numel));
         if (r) {
             if (rgroup)
-                add_coll(c, u, coll(c, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER,
-                                    PCS__V1__PHASE__PHASE_BACKWARD, ag,
-                                    PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD, rgroup,
-                                    u->padded_numel / rgroup));
+                add_coll(c, u,
+                         coll(c, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER,
+                              PCS__V1__PHASE__PHASE_BACKWARD, ag,
+                              PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD, rgroup,
+                              u->padded_numel / rgroup));
             else
-                add_coll(c, u, coll(c, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER,
-                                    PCS__V1__PHASE__PHASE_BACKWARD, ag,
-                                    PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, c->group,
-                                    u->shard_numel));
+                add_coll(c, u,
+                         coll(c, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER,
+                              PCS__V1__PHASE__PHASE_BACKWARD, ag,
+                              PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, c->group, u->shard_numel));
         }
     }
     if (!trainable)
@@ -1117,8 +1132,7 @@ static void check_reshard(ctx_t *c)
     }
 }
 
-pcs_status_t pcs_plan_build(const Pcs__V1__JobSpec *spec, uint32_t world_size,
-                            Pcs__V1__Plan **out)
+pcs_status_t pcs_plan_build(const Pcs__V1__JobSpec *spec, uint32_t world_size, Pcs__V1__Plan **out)
 {
     *out = NULL;
     if (!spec)

@@ -22,9 +22,9 @@ extern "C" {
 
 /* The rule pcs applies when reduce_dtype is unset (also written into every plan). */
 #define PCS_PLAN_REDUCE_DTYPE_RULE                                                                 \
-    "reduce_dtype unset: reduce in param_dtype when param_dtype is set (FSDP1; FSDP2 <= 2.14), "  \
-    "else in the master dtype; FSDP2 clamp: reduce_dtype == param_dtype keeps param_dtype, "      \
-    "param_dtype == master dtype means no cast (PyTorch 2.15 FSDP2 reduces in the master dtype "  \
+    "reduce_dtype unset: reduce in param_dtype when param_dtype is set (FSDP1; FSDP2 <= 2.14), "   \
+    "else in the master dtype; FSDP2 clamp: reduce_dtype == param_dtype keeps param_dtype, "       \
+    "param_dtype == master dtype means no cast (PyTorch 2.15 FSDP2 reduces in the master dtype "   \
     "when reduce_dtype is unset: set reduce_dtype for that)"
 
 /* Plan `spec` for `world_size` ranks (0 = the product of spec->mesh). When the mesh product
@@ -33,8 +33,7 @@ extern "C" {
  * Errors: PCS_ERR_INVALID_ARG with every problem as "field.path: reason", joined by "; ", in
  * pcs_last_error(); PCS_ERR_NOMEM. On success the caller frees *out with pcs_plan_free().
  * Thread-safe; O(#modules + #tensors + pp x virtual_stages), independent of the world size. */
-pcs_status_t pcs_plan_build(const Pcs__V1__JobSpec *spec, uint32_t world_size,
-                            Pcs__V1__Plan **out);
+pcs_status_t pcs_plan_build(const Pcs__V1__JobSpec *spec, uint32_t world_size, Pcs__V1__Plan **out);
 
 /* Free a plan from pcs_plan_build (it is laid out like an unpacked message, so this is
  * protobuf_c_message_free_unpacked and also frees unpacked plans). NULL is fine. */
@@ -82,21 +81,21 @@ void pcs_plan_reduce_ops(pcs_dtype_t reduce, uint32_t rs_size, uint32_t ar_size,
                          double *premul, double *pre, double *post);
 
 typedef struct pcs_precision_in {
-    pcs_dtype_t master;         /* dtype of the sharded parameters (fp32, or fp16 = pure fp16) */
-    pcs_dtype_t param, reduce, buffer, output;  /* policy values; PCS_DTYPE_NONE = unset */
+    pcs_dtype_t master; /* dtype of the sharded parameters (fp32, or fp16 = pure fp16) */
+    pcs_dtype_t param, reduce, buffer, output; /* policy values; PCS_DTYPE_NONE = unset */
     bool cast_forward_inputs;
     bool keep_low_precision_grads;
-    bool mixed_precision;       /* false: ignored class / full_precision override */
+    bool mixed_precision; /* false: ignored class / full_precision override */
 } pcs_precision_in_t;
 
 typedef struct pcs_precision {
     pcs_dtype_t master;
-    pcs_dtype_t compute;        /* all-gather and forward/backward dtype */
-    pcs_dtype_t reduce;         /* reduce-scatter and all-reduce dtype */
-    pcs_dtype_t accum;          /* unsharded no-sync accumulator */
-    pcs_dtype_t grad;           /* sharded grad handed to the optimizer */
-    pcs_dtype_t buffer;         /* NONE = buffers keep their dtype */
-    pcs_dtype_t output;         /* NONE = no output cast */
+    pcs_dtype_t compute; /* all-gather and forward/backward dtype */
+    pcs_dtype_t reduce;  /* reduce-scatter and all-reduce dtype */
+    pcs_dtype_t accum;   /* unsharded no-sync accumulator */
+    pcs_dtype_t grad;    /* sharded grad handed to the optimizer */
+    pcs_dtype_t buffer;  /* NONE = buffers keep their dtype */
+    pcs_dtype_t output;  /* NONE = no output cast */
     bool cast_forward_inputs;
     bool keep_low_precision_grads;
     bool mixed_precision;

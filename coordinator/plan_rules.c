@@ -306,8 +306,8 @@ pcs_status_t pcs_plan_group_ranks(const Pcs__V1__Plan *p, Pcs__V1__GroupKind k, 
     if (!ranks)
         return PCS_OK;
     if (cap < gsize)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "group of %u ranks: capacity %u too small",
-                             gsize, cap);
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "group of %u ranks: capacity %u too small", gsize,
+                             cap);
     for (uint32_t g = 0; g < gsize; g++) {
         uint64_t idx = first + g, r = base;
         for (uint32_t j = nv; j-- > 0;) {

@@ -88,11 +88,11 @@ static Pcs__V1__Plan *flat_plan(const uint64_t *numel, size_t n, uint32_t ws, co
     return plan_of(y, ws);
 }
 
-#define COLL(x) PCS__V1__COLL_KIND__COLL_KIND_##x
+#define COLL(x)  PCS__V1__COLL_KIND__COLL_KIND_##x
 #define PHASE(x) PCS__V1__PHASE__PHASE_##x
-#define DT(x) PCS__V1__DTYPE__DTYPE_##x
-#define OP(x) PCS__V1__REDUCE_OP__REDUCE_OP_##x
-#define GK(x) PCS__V1__GROUP_KIND__GROUP_KIND_##x
+#define DT(x)    PCS__V1__DTYPE__DTYPE_##x
+#define OP(x)    PCS__V1__REDUCE_OP__REDUCE_OP_##x
+#define GK(x)    PCS__V1__GROUP_KIND__GROUP_KIND_##x
 
 // ---- layout: spec §2.1 table (case 1), cases 6 and 7 ---------------------------------------
 
@@ -105,10 +105,8 @@ static void test_chunk_layout_matches_spec_table(void **state)
         uint64_t c;
         uint64_t sizes[8];
     } rows[] = {
-        {10, 4, 3, {3, 3, 3, 1}},
-        {9, 4, 3, {3, 3, 3, 0}},
-        {5, 4, 2, {2, 2, 1, 0}},
-        {17, 8, 3, {3, 3, 3, 3, 3, 2, 0, 0}},
+        {10, 4, 3, {3, 3, 3, 1}},   {9, 4, 3, {3, 3, 3, 0}},
+        {5, 4, 2, {2, 2, 1, 0}},    {17, 8, 3, {3, 3, 3, 3, 3, 2, 0, 0}},
         {100, 3, 34, {34, 34, 32}},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
@@ -182,10 +180,9 @@ static void test_aligned_flat_param_case7(void **state)
 static void test_divide_factors_match_spec_table_case8(void **state)
 {
     (void)state;
-    static const double t[][3] = {{1, 1, 1},   {2, 2, 1},   {3, 2, 1.5},  {4, 2, 2},
-                                  {5, 2, 2.5}, {6, 4, 1.5}, {8, 4, 2},    {12, 4, 3},
-                                  {16, 4, 4},  {24, 8, 3},  {32, 8, 4},   {64, 8, 8},
-                                  {128, 16, 8}, {256, 16, 16}};
+    static const double t[][3] = {{1, 1, 1},   {2, 2, 1},  {3, 2, 1.5},  {4, 2, 2},    {5, 2, 2.5},
+                                  {6, 4, 1.5}, {8, 4, 2},  {12, 4, 3},   {16, 4, 4},   {24, 8, 3},
+                                  {32, 8, 4},  {64, 8, 8}, {128, 16, 8}, {256, 16, 16}};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         double pre, post;
         pcs_plan_divide_factors(t[i][0], &pre, &post);
@@ -233,11 +230,13 @@ static void test_fsdp2_reduce_op_choice_case9(void **state)
 
 // ---- precision: cases 11 and 12 -----------------------------------------------------------
 
-static void resolve(pcs_dtype_t master, pcs_dtype_t param, pcs_dtype_t reduce,
-                    pcs_precision_t *out)
+static void resolve(pcs_dtype_t master, pcs_dtype_t param, pcs_dtype_t reduce, pcs_precision_t *out)
 {
-    pcs_precision_in_t in = {.master = master, .param = param, .reduce = reduce,
-                             .cast_forward_inputs = true, .mixed_precision = true};
+    pcs_precision_in_t in = {.master = master,
+                             .param = param,
+                             .reduce = reduce,
+                             .cast_forward_inputs = true,
+                             .mixed_precision = true};
     pcs_plan_resolve_precision(&in, out);
 }
 
@@ -289,8 +288,10 @@ static void test_fsdp2_clamp_case12(void **state)
     assert_int_equal(pr.compute, PCS_DTYPE_FP32);
     assert_int_equal(pr.reduce, PCS_DTYPE_FP32);
     /* mixed precision off ignores the policy; keep_low_precision_grads -> param dtype grads */
-    pcs_precision_in_t in = {.master = PCS_DTYPE_FP32, .param = PCS_DTYPE_FP16,
-                             .reduce = PCS_DTYPE_FP16, .keep_low_precision_grads = true,
+    pcs_precision_in_t in = {.master = PCS_DTYPE_FP32,
+                             .param = PCS_DTYPE_FP16,
+                             .reduce = PCS_DTYPE_FP16,
+                             .keep_low_precision_grads = true,
                              .mixed_precision = true};
     pcs_plan_resolve_precision(&in, &pr);
     assert_int_equal(pr.grad, PCS_DTYPE_FP16);
@@ -372,8 +373,7 @@ static void test_root_kept_unsharded_children_resharded_case21(void **state)
             assert_int_equal(u->reshard_after_forward, t[i].child_raf);
             assert_int_equal(u->reshard_after_backward, t[i].child_rab);
             /* a backward all-gather exists iff the unit resharded after forward */
-            assert_int_equal(coll_of(u, COLL(ALL_GATHER), PHASE(BACKWARD)) != NULL,
-                             t[i].child_raf);
+            assert_int_equal(coll_of(u, COLL(ALL_GATHER), PHASE(BACKWARD)) != NULL, t[i].child_raf);
         }
         assert_null(coll_of(root, COLL(ALL_GATHER), PHASE(BACKWARD)));
         pcs_plan_free(p);
@@ -412,7 +412,8 @@ static void test_reshard_after_forward_int_case22(void **state)
     pcs_plan_free(p);
 
     snprintf(y, sizeof y, "%sreshard_after_forward: 3", base);
-    expect_error(y, 0, "reshard_after_forward.group_size: 3 does not divide the shard group size 4");
+    expect_error(y, 0,
+                 "reshard_after_forward.group_size: 3 does not divide the shard group size 4");
 
     snprintf(y, sizeof y, "%sreshard_after_forward: 1", base); /* behaves as False */
     p = plan_of(y, 0);
@@ -583,11 +584,17 @@ static void test_mlp_expansion_uses_the_fixed_fqn_scheme(void **state)
                        "norm: batchnorm, activation: gelu}}");
     pcs_model_t *m = NULL;
     assert_int_equal(pcs_model_expand(s, &m), PCS_OK);
-    static const char *mods[][2] = {
-        {"", "MLP"},          {"layers", "ModuleList"},     {"layers.0", "MLPBlock"},
-        {"layers.0.linear", "Linear"}, {"layers.0.norm", "BatchNorm1d"}, {"layers.0.act", "GELU"},
-        {"layers.1", "MLPBlock"},      {"layers.1.linear", "Linear"},
-        {"layers.1.norm", "BatchNorm1d"}, {"layers.1.act", "GELU"}, {"head", "Linear"}};
+    static const char *mods[][2] = {{"", "MLP"},
+                                    {"layers", "ModuleList"},
+                                    {"layers.0", "MLPBlock"},
+                                    {"layers.0.linear", "Linear"},
+                                    {"layers.0.norm", "BatchNorm1d"},
+                                    {"layers.0.act", "GELU"},
+                                    {"layers.1", "MLPBlock"},
+                                    {"layers.1.linear", "Linear"},
+                                    {"layers.1.norm", "BatchNorm1d"},
+                                    {"layers.1.act", "GELU"},
+                                    {"head", "Linear"}};
     assert_int_equal(m->n_modules, 11);
     for (uint32_t i = 0; i < m->n_modules; i++) {
         assert_string_equal(m->modules[i].path, mods[i][0]);
@@ -598,11 +605,16 @@ static void test_mlp_expansion_uses_the_fixed_fqn_scheme(void **state)
         const char *fqn;
         uint32_t ndim;
         uint64_t d0, d1;
-    } params[] = {{"layers.0.linear.weight", 2, 5, 3}, {"layers.0.linear.bias", 1, 5, 0},
-                  {"layers.0.norm.weight", 1, 5, 0},   {"layers.0.norm.bias", 1, 5, 0},
-                  {"layers.1.linear.weight", 2, 7, 5}, {"layers.1.linear.bias", 1, 7, 0},
-                  {"layers.1.norm.weight", 1, 7, 0},   {"layers.1.norm.bias", 1, 7, 0},
-                  {"head.weight", 2, 2, 7},            {"head.bias", 1, 2, 0}};
+    } params[] = {{"layers.0.linear.weight", 2, 5, 3},
+                  {"layers.0.linear.bias", 1, 5, 0},
+                  {"layers.0.norm.weight", 1, 5, 0},
+                  {"layers.0.norm.bias", 1, 5, 0},
+                  {"layers.1.linear.weight", 2, 7, 5},
+                  {"layers.1.linear.bias", 1, 7, 0},
+                  {"layers.1.norm.weight", 1, 7, 0},
+                  {"layers.1.norm.bias", 1, 7, 0},
+                  {"head.weight", 2, 2, 7},
+                  {"head.bias", 1, 2, 0}};
     assert_int_equal(m->n_params, 10);
     uint64_t total = 0;
     for (uint32_t i = 0; i < m->n_params; i++) {
@@ -719,7 +731,7 @@ static void test_errors_name_every_field_path(void **state)
 // ---- plan-level properties -----------------------------------------------------------------
 
 #define DEMO                                                                                       \
-    "model: {mlp: {input_dim: 256, hidden_dims: [1024, 1024, 1024, 1024], output_dim: 16,"        \
+    "model: {mlp: {input_dim: 256, hidden_dims: [1024, 1024, 1024, 1024], output_dim: 16,"         \
     " activation: gelu, norm: layernorm, residual: true}}\n"                                       \
     "wrap: {module_class: [MLPBlock], ignored_module_classes: [BatchNorm1d]}\n"                    \
     "precision: {param_dtype: bf16, reduce_dtype: fp32, buffer_dtype: fp32,"                       \

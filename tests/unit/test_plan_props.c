@@ -76,8 +76,7 @@ static void random_job(gen_t *g, uint32_t *ws_out)
             memcpy(paths[i], paths[p], pl);
             snprintf(paths[i] + pl, sizeof paths[i] - pl, "%sm%u", pl ? "." : "", i);
         }
-        put(g, "%s{path: '%s', class: %s, params: [", i ? ", " : "", paths[i],
-            classes[rnd(5)]);
+        put(g, "%s{path: '%s', class: %s, params: [", i ? ", " : "", paths[i], classes[rnd(5)]);
         nparams[i] = rnd(4);
         for (uint32_t k = 0; k < nparams[i]; k++) {
             put(g, "%s{name: p%u, shape: [", k ? ", " : "", k);
@@ -145,8 +144,7 @@ static void random_job(gen_t *g, uint32_t *ws_out)
         uint32_t rep = 1 + rnd(4);
         while (ws % rep)
             rep--;
-        put(g, "mesh: [{dim: dp_replicate, size: %u}, {dim: dp_shard, size: %u}]\n", rep,
-            ws / rep);
+        put(g, "mesh: [{dim: dp_replicate, size: %u}, {dim: dp_shard, size: %u}]\n", rep, ws / rep);
     } else {
         put(g, "mesh: [{dim: dp_shard, size: %u}]\n", ws);
     }
@@ -169,8 +167,8 @@ static Pcs__V1__JobSpec *parse(const char *y)
 
 typedef struct refctx {
     const pcs_model_t *m;
-    uint64_t min;       /* 0: no size policy */
-    int policy;         /* 0 none, 1 size, 2 class, 3 explicit */
+    uint64_t min; /* 0: no size policy */
+    int policy;   /* 0 none, 1 size, 2 class, 3 explicit */
     const uint8_t *indiv, *expl;
     const Pcs__V1__ModuleClassWrap *classes;
     int any_indiv;
@@ -340,9 +338,9 @@ static void check_plan(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p, con
     Pcs__V1__MeshCoords mine;
     assert_int_equal(pcs_plan_rank_coords(p, rank, &mine), PCS_OK);
     n = 64;
-    assert_int_equal(pcs_plan_group_ranks(p, PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, rank, ranks,
-                                          &n, &me),
-                     PCS_OK);
+    assert_int_equal(
+        pcs_plan_group_ranks(p, PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, rank, ranks, &n, &me),
+        PCS_OK);
     assert_int_equal(n, p->shard_size);
     assert_int_equal(ranks[me], rank);
     for (uint32_t i = 0; i < n; i++) {
@@ -403,9 +401,9 @@ static void test_precision_rules_are_total(void **state)
                 for (int b = 0; b < PCS_DTYPE_COUNT; b++)
                     for (int flags = 0; flags < 8; flags++) {
                         pcs_precision_in_t in = {(pcs_dtype_t)master, (pcs_dtype_t)p,
-                                                 (pcs_dtype_t)r, (pcs_dtype_t)b,
-                                                 PCS_DTYPE_NONE, flags & 1, (flags >> 1) & 1,
-                                                 (flags >> 2) & 1};
+                                                 (pcs_dtype_t)r,      (pcs_dtype_t)b,
+                                                 PCS_DTYPE_NONE,      flags & 1,
+                                                 (flags >> 1) & 1,    (flags >> 2) & 1};
                         pcs_precision_t o;
                         pcs_plan_resolve_precision(&in, &o);
                         assert_true(pcs_dtype_is_float(o.master));
@@ -419,8 +417,7 @@ static void test_precision_rules_are_total(void **state)
                             assert_int_equal(o.reduce, o.master);
                         }
                         /* grads handed to the optimizer: master, or compute when kept low */
-                        assert_int_equal(o.grad, o.keep_low_precision_grads ? o.compute
-                                                                            : o.master);
+                        assert_int_equal(o.grad, o.keep_low_precision_grads ? o.compute : o.master);
                     }
 }
 
