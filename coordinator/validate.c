@@ -18,6 +18,8 @@
 #define MAX_MLP_LAYERS 4096
 #define MAX_PREFETCH 16
 #define MAX_TENSOR_ELEMS (1ull << 48)
+#define MAX_PATH_LEN 768 /* module paths; FQNs (path + local name) then fit the 1 KiB buffers */
+#define MAX_LOCAL_NAME_LEN 128
 
 // ---- a small string set (duplicate FQNs / module paths in O(n)) --------------------------------
 
@@ -227,6 +229,8 @@ static pcs_status_t check_tensor(vctx_t *v, const char *mpath, const char *what,
         return bad(v, "%s.name: required", p);
     if (strchr(t->name, '.'))
         return bad(v, "%s.name: '%s' must be a local name without '.'", p, t->name);
+    if (strlen(t->name) > MAX_LOCAL_NAME_LEN)
+        return bad(v, "%s.name: longer than %d characters", p, MAX_LOCAL_NAME_LEN);
     if (is_param && t->n_shape == 0)
         return bad(v, "%s.shape: required (scalar parameters are not supported)", p);
     uint64_t numel = 1;
@@ -265,6 +269,9 @@ static pcs_status_t check_explicit(vctx_t *v, const Pcs__V1__ExplicitModel *e)
         if (!m)
             return bad(v, "model.explicit.modules[%zu]: required", i);
         const char *path = m->path ? m->path : "";
+        if (strlen(path) > MAX_PATH_LEN)
+            return bad(v, "model.explicit.modules[%zu].path: longer than %d characters", i,
+                       MAX_PATH_LEN);
         if (!valid_module_path(path))
             return bad(v, "model.explicit.modules[%zu].path: '%s' is not a module path", i, path);
         if (sset_get(&v->modules, path))
@@ -284,6 +291,11 @@ static pcs_status_t check_explicit(vctx_t *v, const Pcs__V1__ExplicitModel *e)
             char full[1024];
             if (!sp || !sp->name || !*sp->name)
                 return bad(v, "model.explicit.modules[%zu].shared[%zu].name: required", i, k);
+            if (strchr(sp->name, '.') || strlen(sp->name) > MAX_LOCAL_NAME_LEN)
+                return bad(v,
+                           "model.explicit.modules[%zu].shared[%zu].name: must be a local name "
+                           "(no '.', at most %d characters)",
+                           i, k, MAX_LOCAL_NAME_LEN);
             fqn(full, sizeof full, m->path ? m->path : "", sp->name);
             if (sset_get(&v->tensors, full))
                 return bad(v,

@@ -53,6 +53,10 @@ static const struct {
 
 typedef void (*mutate_fn)(job_t *);
 
+#define LONG_NAME                                                                                  \
+    "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"    \
+    "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
+
 typedef struct row {
     const char *key1, *yaml1; /* section replaced (yaml "" removes it) */
     const char *key2, *yaml2; /* optional second section */
@@ -70,6 +74,15 @@ static void m_many_layers(job_t *s)
     m->hidden_dims = malloc(5000 * sizeof *m->hidden_dims);
     for (size_t i = 0; i < 5000; i++)
         m->hidden_dims[i] = 8;
+}
+static void m_long_path(job_t *s)
+{
+    /* Needs the explicit model: swap it in, then lengthen modules[1].path. */
+    Pcs__V1__ModuleDecl *m = s->model->explicit_->modules[1];
+    free(m->path);
+    m->path = malloc(801);
+    memset(m->path, 'p', 800);
+    m->path[800] = '\0';
 }
 static void m_activation(job_t *s)
 {
@@ -137,6 +150,15 @@ static const row_t rows[] = {
      "model.explicit.modules[0].params[0].name: required"},
     {"model", "model: {explicit: [{path: a, params: [{name: x.y, shape: [2]}]}]}", NULL, NULL, NULL,
      "model.explicit.modules[0].params[0].name: 'x.y' must be a local name without '.'"},
+    {"model", "model: {explicit: [{path: a, params: [{name: " LONG_NAME ", shape: [2]}]}]}", NULL,
+     NULL, NULL, "model.explicit.modules[0].params[0].name: longer than 128 characters"},
+    {"model", EXPLICIT_MODEL, NULL, NULL, m_long_path,
+     "model.explicit.modules[1].path: longer than 768 characters"},
+    {"model", "model: {explicit: [{path: a, params: [{name: w, shape: [2]}]}, {path: b, shared: "
+              "[{name: x.y, shares: a.w}]}]}",
+     NULL, NULL, NULL,
+     "model.explicit.modules[1].shared[0].name: must be a local name (no '.', at most 128 "
+     "characters)"},
     {"model", "model: {explicit: [{path: a, params: [{name: w}]}]}", NULL, NULL, NULL,
      "model.explicit.modules[0].params[0].shape: required (scalar parameters are not supported)"},
     {"model", "model: {explicit: [{path: a, params: [{name: w, shape: [2, 0]}]}]}", NULL, NULL,
