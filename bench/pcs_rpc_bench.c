@@ -411,8 +411,9 @@ int main(int argc, char **argv)
 
     char cmd[1024] = "";
     for (int i = 0; i < argc; i++) {
-        strncat(cmd, argv[i], sizeof cmd - strlen(cmd) - 2);
-        strncat(cmd, " ", sizeof cmd - strlen(cmd) - 1);
+        if (i)
+            strncat(cmd, " ", sizeof cmd - strlen(cmd) - 1);
+        strncat(cmd, argv[i], sizeof cmd - strlen(cmd) - 1);
     }
     char when[64], cpu[256];
     time_t now = time(NULL);

@@ -42,6 +42,8 @@ typedef struct fixture {
     atomic_int kv_cancels;
     atomic_int stream_cancels;
     atomic_int ticks;
+    atomic_llong last_remaining_ms; /* of the last Register */
+    char last_peer[128];            /* written before `handled` is bumped */
     int joined;
 } fixture_t;
 
@@ -56,6 +58,8 @@ static void h_register(pcs_rpc_call_t *call, const ProtobufCMessage *req, void *
 {
     fixture_t *f = user;
     const Pcs__V1__RegisterRequest *r = (const Pcs__V1__RegisterRequest *)req;
+    atomic_store(&f->last_remaining_ms, (long long)pcs_rpc_call_remaining_ms(call));
+    snprintf(f->last_peer, sizeof f->last_peer, "%s", pcs_rpc_call_peer(call));
     atomic_fetch_add(&f->handled, 1);
     if (strcmp(r->identity, "fail") == 0) {
         pcs_rpc_fail(call, PCS_ERR_STATE, "worker %s refused: job is draining", r->identity);
@@ -359,6 +363,14 @@ static void test_unary_call_returns_the_handler_reply(void **state)
     assert_string_equal(resp->worker_id, "w-alpha-42");
     assert_int_equal(resp->lease_ms, 5000);
     protobuf_c_message_free_unpacked(&resp->base, NULL);
+    /* the handler saw the client's deadline and address */
+    long long left = atomic_load(&f->last_remaining_ms);
+    assert_true(left > 0 && left <= 5000);
+    assert_non_null(strstr(f->last_peer, "127.0.0.1"));
+    /* without a client deadline there is none on the server either */
+    assert_int_equal(do_register(f, "beta", 0, &resp, &code), PCS_OK);
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    assert_true(atomic_load(&f->last_remaining_ms) == INT64_MAX);
 }
 
 static void test_handler_failure_maps_status_to_grpc_code_and_details(void **state)
