@@ -722,6 +722,18 @@ static void test_errors_name_every_field_path(void **state)
     expect_error("model: {explicit: [{path: a, params: [{name: w, shape: [2]}]},"
                  "{path: b, params: [{name: w, shape: [2], dtype: bf16}]}]}",
                  1, "model: unit '' mixes fp32 and bf16 parameters");
+    expect_error("model: {mlp: {input_dim: 2, hidden_dims: [4, 4], output_dim: 2}}\n"
+                 "wrap: {explicit: [layers]}\nmesh: [{dim: pp, size: 2}]",
+                 2, "wrap: unit 'layers' contains the pipeline layers of 'layers'");
+    expect_error("model: {explicit: ["
+                 "{path: emb, params: [{name: weight, shape: [4, 2]}]},"
+                 "{path: blocks.0, params: [{name: w, shape: [2]}]},"
+                 "{path: blocks.1, params: [{name: w, shape: [2]}]},"
+                 "{path: out, shared: [{name: weight, shares: emb.weight}]}]}\n"
+                 "mesh: [{dim: pp, size: 2}]",
+                 2,
+                 "model: parameter 'emb.weight' is shared by 'out.weight' across pipeline "
+                 "stages 0 and 1");
     /* every error of one spec is reported, joined by "; " */
     expect_error("model: {mlp: {input_dim: 0, hidden_dims: [4], output_dim: 2}}\n"
                  "precision: {reduce_dtype: int64}",
