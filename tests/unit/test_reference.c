@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "pcs/pbtext.h"
+#include "plan.h"
 #include "pcs/v1/job.pb-c.h"
 #include "reference.h"
 #include "safetensors.h"
@@ -370,6 +371,82 @@ static void test_bad_jobs_name_the_field(void **state)
     job_free(s);
 }
 
+/* The planner's plan (units, dtypes, reductions) drives the reference: for MLPBlock wrapping it
+ * must reproduce the built-in unit derivation bit for bit; a LayerNorm fp32 override (norm
+ * parameters in fp32 under bf16 blocks, output cast back to bf16) trains too, and without the
+ * output cast the bf16 head rejects the fp32 activations as PyTorch does. */
+#define PLAN_JOB                                                                                   \
+    "name: p\n"                                                                                    \
+    "model: {mlp: {input_dim: 8, hidden_dims: [32, 32], output_dim: 4, activation: gelu, "        \
+    "norm: layernorm, residual: true}}\n"                                                          \
+    "wrap: {module_class: [MLPBlock]}\n"                                                           \
+    "precision: {param_dtype: bf16, reduce_dtype: fp32%s}\n"                                       \
+    "mesh: [{dim: dp_shard, size: 2}]\n"                                                           \
+    "training: {steps: 20, micro_batch_size: 4, micro_batches: 2, loss: mse, "                    \
+    "optimizer: {adamw: {lr: 0.01}}}\n"                                                            \
+    "data: {synthetic: {task: regression, seed: 3}}\n"                                             \
+    "init: {seed: 11}\n"
+
+static void test_planner_plan_drives_the_units(void **state)
+{
+    (void)state;
+    Pcs__V1__JobSpec *s = job(PLAN_JOB, "");
+    Pcs__V1__Plan *plan = NULL;
+    if (pcs_plan_build(s, 2, &plan) != PCS_OK)
+        print_error("plan: %s\n", pcs_last_error());
+    assert_non_null(plan);
+    pcs_reference_t *a, *b;
+    assert_int_equal(pcs_ref_create(s, plan, NULL, &a), PCS_OK);
+    assert_int_equal(pcs_ref_create(s, NULL, NULL, &b), PCS_OK);
+    assert_int_equal(pcs_ref_dp_size(a), 2);
+    assert_int_equal(pcs_ref_run(a), PCS_OK);
+    assert_int_equal(pcs_ref_run(b), PCS_OK);
+    size_t n;
+    const double *la = pcs_ref_losses(a, &n), *lb = pcs_ref_losses(b, &n);
+    for (size_t i = 0; i < n; i++)
+        assert_true(la[i] == lb[i]);
+    assert_memory_equal(pcs_ref_param(a, "layers.1.linear.weight"),
+                        pcs_ref_param(b, "layers.1.linear.weight"), 32 * 32 * sizeof(float));
+    pcs_ref_destroy(a);
+    pcs_ref_destroy(b);
+    pcs_plan_free(plan);
+    job_free(s);
+
+    /* FSDP2 semantics: the fp32 LayerNorm unit casts its input to fp32, so its output (and the
+     * residual sum) is fp32 and the bf16 head would fail with "mat1 and mat2 must have the same
+     * dtype"; output_dtype: bf16 on the override is the documented fix (spec §1.2). */
+    s = job(PLAN_JOB, ", overrides: [{match: {module_class: LayerNorm}, param_dtype: fp32, "
+                      "output_dtype: bf16}]");
+    plan = NULL;
+    if (pcs_plan_build(s, 2, &plan) != PCS_OK)
+        print_error("plan: %s\n", pcs_last_error());
+    assert_non_null(plan);
+    assert_int_equal(pcs_ref_create(s, plan, NULL, &a), PCS_OK);
+    pcs_status_t rc = pcs_ref_run(a);
+    if (rc != PCS_OK)
+        print_error("run: %s\n", pcs_last_error());
+    assert_int_equal(rc, PCS_OK);
+    la = pcs_ref_losses(a, &n);
+    assert_int_equal(n, 20);
+    for (size_t i = 0; i < n; i++)
+        assert_true(isfinite(la[i]));
+    assert_true(mean_of(la, 15, 20) < mean_of(la, 0, 5));
+    pcs_ref_destroy(a);
+    pcs_plan_free(plan);
+    job_free(s);
+
+    s = job(PLAN_JOB, ", overrides: [{match: {module_class: LayerNorm}, param_dtype: fp32}]");
+    plan = NULL;
+    assert_int_equal(pcs_plan_build(s, 2, &plan), PCS_OK);
+    assert_int_equal(pcs_ref_create(s, plan, NULL, &a), PCS_OK);
+    pcs_ref_step_result_t res;
+    assert_int_equal(pcs_ref_step(a, &res), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "head: mat1 and mat2 must have the same dtype"));
+    pcs_ref_destroy(a);
+    pcs_plan_free(plan);
+    job_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -383,6 +460,7 @@ int main(void)
         cmocka_unit_test(test_batchnorm_running_stats_tracked_per_rank),
         cmocka_unit_test(test_export_then_init_from_file_round_trips),
         cmocka_unit_test(test_bad_jobs_name_the_field),
+        cmocka_unit_test(test_planner_plan_drives_the_units),
     };
     return cmocka_run_group_tests_name("reference", tests, NULL, NULL);
 }
