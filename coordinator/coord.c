@@ -234,6 +234,7 @@ static void worker_free(pcs_coord_worker_t *w)
     for (size_t i = 0; i < w->n_backends; i++)
         free(w->backends[i]);
     free(w->backends);
+    free(w->events);
     free(w);
 }
 
@@ -260,10 +261,20 @@ static void push_event(pcs_coord_t *c, pcs_coord_worker_t *w, pcs_coord_event_ki
 {
     if (w->ev_len == PCS_COORD_EVENT_QUEUE) {
         /* A worker that never watches must not grow memory without bound: drop the oldest. */
-        w->ev_head = (w->ev_head + 1) % PCS_COORD_EVENT_QUEUE;
+        w->ev_head++;
         w->ev_len--;
     }
-    pcs_coord_event_t *e = &w->events[(w->ev_head + w->ev_len) % PCS_COORD_EVENT_QUEUE];
+    if (w->ev_head + w->ev_len == w->ev_cap) {
+        if (w->ev_head) {
+            memmove(w->events, w->events + w->ev_head, w->ev_len * sizeof *w->events);
+            w->ev_head = 0;
+        } else if (pcs_grow((void **)&w->events, &w->ev_cap, w->ev_len + 1, sizeof *w->events) !=
+                   PCS_OK) {
+            PCS_WARN(PCS_SUB_COORD, "worker %s: event dropped (out of memory)", w->id);
+            return;
+        }
+    }
+    pcs_coord_event_t *e = &w->events[w->ev_head + w->ev_len];
     memset(e, 0, sizeof *e);
     e->seq = ++w->ev_seq;
     e->kind = kind;
@@ -282,8 +293,9 @@ bool pcs_coord_pop_event(pcs_coord_t *c, pcs_coord_worker_t *w, pcs_coord_event_
     if (!w->ev_len)
         return false;
     *out = w->events[w->ev_head];
-    w->ev_head = (w->ev_head + 1) % PCS_COORD_EVENT_QUEUE;
-    w->ev_len--;
+    w->ev_head++;
+    if (--w->ev_len == 0)
+        w->ev_head = 0;
     return true;
 }
 
@@ -292,7 +304,7 @@ void pcs_coord_watch_started(pcs_coord_t *c, pcs_coord_worker_t *w)
     if (w->state != PCS_WORKER_ASSIGNED || !w->job)
         return;
     for (size_t i = 0; i < w->ev_len; i++) {
-        const pcs_coord_event_t *e = &w->events[(w->ev_head + i) % PCS_COORD_EVENT_QUEUE];
+        const pcs_coord_event_t *e = &w->events[w->ev_head + i];
         if (e->kind == PCS_EV_ASSIGNMENT && e->job == w->job->number &&
             e->generation == w->job->generation)
             return;

@@ -80,9 +80,10 @@ typedef struct pcs_coord_worker {
     uint64_t registered_wall_ms;
     uint64_t last_heartbeat_ms; /* monotonic */
     uint64_t last_heartbeat_wall_ms;
-    /* event ring */
-    pcs_coord_event_t events[PCS_COORD_EVENT_QUEUE];
-    size_t ev_head, ev_len;
+    /* event queue: events[ev_head .. ev_head + ev_len), allocated on first use (most workers
+     * hold 0-2 events; a fixed ring would cost ~15 KB per worker) */
+    pcs_coord_event_t *events;
+    size_t ev_head, ev_len, ev_cap;
     uint64_t ev_seq;
     void *watch;
 } pcs_coord_worker_t;
