@@ -51,10 +51,23 @@ static int parse_size(const char *s, size_t *out)
     if (end == s)
         return -1;
     switch (*end) {
-    case 'K': case 'k': v <<= 10; end++; break;
-    case 'M': case 'm': v <<= 20; end++; break;
-    case 'G': case 'g': v <<= 30; end++; break;
-    default: break;
+    case 'K':
+    case 'k':
+        v <<= 10;
+        end++;
+        break;
+    case 'M':
+    case 'm':
+        v <<= 20;
+        end++;
+        break;
+    case 'G':
+    case 'g':
+        v <<= 30;
+        end++;
+        break;
+    default:
+        break;
     }
     if (*end != '\0' || v == 0)
         return -1;
@@ -64,17 +77,18 @@ static int parse_size(const char *s, size_t *out)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: pcs-cast-bench [-d cpu|cuda] [-b min_bytes] [-e max_bytes] [-f factor]"
-                    " [-w warmup] [-n iters] [-r rounds] [-F csv]\n"
-                    "  sizes are bytes of the fp32 side, with K/M/G suffixes (default 4K..256M x2)\n");
+    fprintf(stderr,
+            "usage: pcs-cast-bench [-d cpu|cuda] [-b min_bytes] [-e max_bytes] [-f factor]"
+            " [-w warmup] [-n iters] [-r rounds] [-F csv]\n"
+            "  sizes are bytes of the fp32 side, with K/M/G suffixes (default 4K..256M x2)\n");
 }
 
 typedef struct bufs {
     const pcs_backend_ops_t *be;
     pcs_stream_t s;
-    void *f32, *h16;     /* device: n fp32, n 16-bit */
+    void *f32, *h16; /* device: n fp32, n 16-bit */
     void *copy_src, *copy_dst;
-    float *host_f32;     /* host mirrors for checking */
+    float *host_f32; /* host mirrors for checking */
     uint16_t *host_h16, *check16;
     float *check32;
 } bufs_t;
@@ -153,15 +167,39 @@ int main(int argc, char **argv)
     int opt;
     while ((opt = getopt(argc, argv, "d:b:e:f:w:n:r:F:h")) != -1) {
         switch (opt) {
-        case 'd': o.dev = optarg; break;
-        case 'b': if (parse_size(optarg, &o.min_bytes)) { usage(); return 2; } break;
-        case 'e': if (parse_size(optarg, &o.max_bytes)) { usage(); return 2; } break;
-        case 'f': o.factor = (unsigned)atoi(optarg); break;
-        case 'w': o.warmup = atoi(optarg); break;
-        case 'n': o.iters = atoi(optarg); break;
-        case 'r': o.rounds = atoi(optarg); break;
-        case 'F': o.csv = optarg; break;
-        default: usage(); return opt == 'h' ? 0 : 2;
+        case 'd':
+            o.dev = optarg;
+            break;
+        case 'b':
+            if (parse_size(optarg, &o.min_bytes)) {
+                usage();
+                return 2;
+            }
+            break;
+        case 'e':
+            if (parse_size(optarg, &o.max_bytes)) {
+                usage();
+                return 2;
+            }
+            break;
+        case 'f':
+            o.factor = (unsigned)atoi(optarg);
+            break;
+        case 'w':
+            o.warmup = atoi(optarg);
+            break;
+        case 'n':
+            o.iters = atoi(optarg);
+            break;
+        case 'r':
+            o.rounds = atoi(optarg);
+            break;
+        case 'F':
+            o.csv = optarg;
+            break;
+        default:
+            usage();
+            return opt == 'h' ? 0 : 2;
         }
     }
     if (o.factor < 2 || o.iters < 1 || o.rounds < 1 || o.warmup < 0 || o.min_bytes > o.max_bytes ||
@@ -221,7 +259,8 @@ int main(int argc, char **argv)
         r ^= r >> 27;
         uint64_t x = r * 2685821657736338717ull;
         /* normal-range values with random mantissas and both signs (+ ties and specials) */
-        b.host_f32[i] = pcs_bits_f32((uint32_t)(x & 0x807fffffu) | ((uint32_t)(100 + (x >> 40) % 60) << 23));
+        b.host_f32[i] =
+            pcs_bits_f32((uint32_t)(x & 0x807fffffu) | ((uint32_t)(100 + (x >> 40) % 60) << 23));
         b.host_h16[i] = (uint16_t)(x >> 24);
     }
     memset(b.check16, 0, nmax * 2);
@@ -243,8 +282,8 @@ int main(int argc, char **argv)
         fprintf(csv, "size_bytes,count,type,time_us,gbps,copy_time_us,copy_gbps,ratio,wrong\n");
     }
 
-    printf("#%11s %12s %9s %10s %8s %10s %8s %6s %6s\n", "size", "count", "type", "time",
-           "GB/s", "copy", "GB/s", "ratio", "#wrong");
+    printf("#%11s %12s %9s %10s %8s %10s %8s %6s %6s\n", "size", "count", "type", "time", "GB/s",
+           "copy", "GB/s", "ratio", "#wrong");
     printf("#%11s %12s %9s %10s %8s %10s %8s %6s %6s\n", "(B)", "(elements)", "", "(us)", "",
            "(us)", "", "", "");
     long total_wrong = 0;

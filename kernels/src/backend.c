@@ -33,8 +33,7 @@ pcs_status_t pcs_backend_get(const char *name, const pcs_backend_ops_t **out)
     }
     if (strcmp(name, "cuda") == 0)
         return pcs_backend_cuda_get(out);
-    return pcs_set_error(PCS_ERR_NOT_FOUND, "unknown kernel backend '%s' (known: cpu, cuda)",
-                         name);
+    return pcs_set_error(PCS_ERR_NOT_FOUND, "unknown kernel backend '%s' (known: cpu, cuda)", name);
 }
 
 void pcs_adamw_config_default(pcs_adamw_config_t *cfg)
@@ -84,8 +83,7 @@ pcs_status_t pcs_kernel_scale(const pcs_backend_ops_t *be, void *t, pcs_dtype_t 
 }
 
 pcs_status_t pcs_kernel_accumulate(const pcs_backend_ops_t *be, void *dst, pcs_dtype_t dst_dtype,
-                                   const void *src, pcs_dtype_t src_dtype, size_t n,
-                                   pcs_stream_t s)
+                                   const void *src, pcs_dtype_t src_dtype, size_t n, pcs_stream_t s)
 {
     PCS_CHECK(check_be(be, "accumulate"));
     pcs_tensor_t d = {dst, dst_dtype, n};
@@ -128,8 +126,8 @@ pcs_status_t pcs_kv_list(const char *op, const char *what, const pcs_tensor_t *t
     if (count == 0)
         return PCS_OK;
     if (t == NULL)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: %s list is NULL with count = %zu", op,
-                             what, count);
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: %s list is NULL with count = %zu", op, what,
+                             count);
     for (size_t k = 0; k < count; k++) {
         if ((unsigned)t[k].dtype >= 32u || !(allowed & PCS_DT_BIT(t[k].dtype)))
             return pcs_set_error(PCS_ERR_UNSUPPORTED, "%s: %s[%zu] dtype %s is not supported", op,
@@ -144,8 +142,8 @@ pcs_status_t pcs_kv_pair(const char *op, const char *a_name, const pcs_tensor_t 
 {
     for (size_t k = 0; k < count; k++)
         if (a[k].n != b[k].n)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: %s[%zu].n = %zu but %s[%zu].n = %zu",
-                                 op, a_name, k, a[k].n, b_name, k, b[k].n);
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: %s[%zu].n = %zu but %s[%zu].n = %zu", op,
+                                 a_name, k, a[k].n, b_name, k, b[k].n);
     return PCS_OK;
 }
 
@@ -176,8 +174,9 @@ pcs_status_t pcs_kv_sgd(const pcs_sgd_config_t *cfg)
                              "dampening=%g weight_decay=%g",
                              cfg->lr, cfg->momentum, cfg->dampening, cfg->weight_decay);
     if (cfg->nesterov && (cfg->momentum <= 0.0 || cfg->dampening != 0.0))
-        return pcs_set_error(PCS_ERR_INVALID_ARG,
-                             "sgd_update: nesterov momentum requires a momentum and zero dampening");
+        return pcs_set_error(
+            PCS_ERR_INVALID_ARG,
+            "sgd_update: nesterov momentum requires a momentum and zero dampening");
     return PCS_OK;
 }
 

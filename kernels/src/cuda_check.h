@@ -1,5 +1,6 @@
-/* CUDA error checking for the kernels .cu files only (no other directory sees CUDA headers). The first
- * failing call logs one WARN with the call text and CUDA's message, and returns PCS_ERR_CUDA. */
+/* CUDA error checking for the kernels .cu files only (no other directory sees CUDA headers). The
+ * first failing call logs one WARN with the call text and CUDA's message, and returns PCS_ERR_CUDA.
+ */
 #ifndef PCS_CUDA_CHECK_H
 #define PCS_CUDA_CHECK_H
 

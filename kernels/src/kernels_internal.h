@@ -31,7 +31,8 @@ pcs_status_t pcs_kv_adamw(const pcs_adamw_config_t *cfg, int64_t step);
 pcs_status_t pcs_kv_sgd(const pcs_sgd_config_t *cfg);
 
 #define PCS_DT_BIT(d) (1u << (unsigned)(d))
-#define PCS_DT_HALFS (PCS_DT_BIT(PCS_DTYPE_FP32) | PCS_DT_BIT(PCS_DTYPE_BF16) | PCS_DT_BIT(PCS_DTYPE_FP16))
+#define PCS_DT_HALFS                                                                               \
+    (PCS_DT_BIT(PCS_DTYPE_FP32) | PCS_DT_BIT(PCS_DTYPE_BF16) | PCS_DT_BIT(PCS_DTYPE_FP16))
 #define PCS_DT_FLOATS (PCS_DT_HALFS | PCS_DT_BIT(PCS_DTYPE_FP64))
 
 /* Host-side scalar setup, double precision then rounded once (as PyTorch passes Python floats). */

@@ -85,8 +85,8 @@ static pcs_status_t cpu_fill(void *dst, pcs_dtype_t dt, size_t n, double value, 
     default: {
         /* via fp32 like c10::BFloat16(double)/c10::Half(double) */
         uint16_t *d = dst;
-        uint16_t v = dt == PCS_DTYPE_BF16 ? pcs_f32_to_bf16((float)value)
-                                          : pcs_f32_to_fp16((float)value);
+        uint16_t v =
+            dt == PCS_DTYPE_BF16 ? pcs_f32_to_bf16((float)value) : pcs_f32_to_fp16((float)value);
         for (size_t i = 0; i < n; i++)
             d[i] = v;
         break;
@@ -177,8 +177,8 @@ static pcs_status_t cpu_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, s
     PCS_CHECK(pcs_kv_list("cast", "src", src, count, PCS_DT_FLOATS));
     PCS_CHECK(pcs_kv_pair("cast", "dst", dst, "src", src, count));
     for (size_t k = 0; k < count; k++)
-        PCS_CHECK(pcs_cpu_cast_array(dst[k].data, dst[k].dtype, src[k].data, src[k].dtype,
-                                     src[k].n));
+        PCS_CHECK(
+            pcs_cpu_cast_array(dst[k].data, dst[k].dtype, src[k].data, src[k].dtype, src[k].n));
     return PCS_OK;
 }
 
@@ -226,10 +226,10 @@ static pcs_status_t cpu_accumulate(const pcs_tensor_t *dst, const pcs_tensor_t *
 static pcs_status_t cpu_nonfinite(const pcs_tensor_t *t, size_t count, float *found_inf,
                                   const float *inv_scale, pcs_stream_t s)
 {
-    PCS_CHECK(pcs_kv_buffer("nonfinite_check_and_unscale", "found_inf", found_inf,
-                            PCS_DTYPE_FP32, 1));
-    PCS_CHECK(pcs_kv_buffer("nonfinite_check_and_unscale", "inv_scale", inv_scale,
-                            PCS_DTYPE_FP32, 1));
+    PCS_CHECK(
+        pcs_kv_buffer("nonfinite_check_and_unscale", "found_inf", found_inf, PCS_DTYPE_FP32, 1));
+    PCS_CHECK(
+        pcs_kv_buffer("nonfinite_check_and_unscale", "inv_scale", inv_scale, PCS_DTYPE_FP32, 1));
     PCS_CHECK(pcs_kv_list("nonfinite_check_and_unscale", "t", t, count, PCS_DT_HALFS));
     const float inv = *inv_scale;
     int found = 0;
@@ -246,8 +246,7 @@ static pcs_status_t cpu_nonfinite(const pcs_tensor_t *t, size_t count, float *fo
     return PCS_OK;
 }
 
-static pcs_status_t cpu_sum_squares(const pcs_tensor_t *t, size_t count, float *out,
-                                    pcs_stream_t s)
+static pcs_status_t cpu_sum_squares(const pcs_tensor_t *t, size_t count, float *out, pcs_stream_t s)
 {
     PCS_CHECK(pcs_kv_buffer("sum_squares", "out", out, PCS_DTYPE_FP32, 1));
     PCS_CHECK(pcs_kv_list("sum_squares", "t", t, count, PCS_DT_HALFS));
@@ -303,8 +302,8 @@ static pcs_status_t cpu_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad,
     PCS_CHECK(check_f32_same(op, "param", param, "grad", grad, count));
     if (cfg->momentum != 0.0) {
         if (buf == NULL && count > 0)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: momentum %g needs momentum buffers",
-                                 op, cfg->momentum);
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: momentum %g needs momentum buffers", op,
+                                 cfg->momentum);
         PCS_CHECK(check_f32_same(op, "param", param, "momentum_buf", buf, count));
     }
     pcs_sgd_coef_t c;

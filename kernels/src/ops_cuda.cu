@@ -13,11 +13,12 @@
 // ----------------------------------------------------------------------------
 // device detection and launch geometry
 
-namespace {
+namespace
+{
 
 constexpr int kThreads = 256;
-constexpr int kVec = 8;          // elements per thread per step on the vector path
-constexpr int kMaxTensors = 48;  // tensors per launch: keeps kernel parameters under 4 KB
+constexpr int kVec = 8;         // elements per thread per step on the vector path
+constexpr int kMaxTensors = 48; // tensors per launch: keeps kernel parameters under 4 KB
 
 struct DeviceInfo {
     int count;
@@ -34,8 +35,7 @@ DeviceInfo probe_once(void)
     }
     int dev = 0, sms = 0;
     if (cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        sms > 0)
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess && sms > 0)
         d.sm_count = sms;
     d.count = n;
     return d;
@@ -78,33 +78,68 @@ inline bool aligned16(const void *p)
 
 struct TF32 {
     using T = float;
-    static __device__ __forceinline__ float ld(T x) { return x; }
-    static __device__ __forceinline__ T st(float f) { return f; }
-    static __device__ __forceinline__ T scale(T x, float f) { return x * f; }
+    static __device__ __forceinline__ float ld(T x)
+    {
+        return x;
+    }
+    static __device__ __forceinline__ T st(float f)
+    {
+        return f;
+    }
+    static __device__ __forceinline__ T scale(T x, float f)
+    {
+        return x * f;
+    }
 };
 struct TBF16 {
     using T = uint16_t;
-    static __device__ __forceinline__ float ld(T x) { return pcs_bf16_to_f32(x); }
-    static __device__ __forceinline__ T st(float f) { return pcs_f32_to_bf16(f); }
-    static __device__ __forceinline__ T scale(T x, float f) { return st(ld(x) * f); }
+    static __device__ __forceinline__ float ld(T x)
+    {
+        return pcs_bf16_to_f32(x);
+    }
+    static __device__ __forceinline__ T st(float f)
+    {
+        return pcs_f32_to_bf16(f);
+    }
+    static __device__ __forceinline__ T scale(T x, float f)
+    {
+        return st(ld(x) * f);
+    }
 };
 struct TFP16 {
     using T = uint16_t;
-    static __device__ __forceinline__ float ld(T x) { return pcs_fp16_to_f32(x); }
-    static __device__ __forceinline__ T st(float f) { return pcs_f32_to_fp16(f); }
-    static __device__ __forceinline__ T scale(T x, float f) { return st(ld(x) * f); }
+    static __device__ __forceinline__ float ld(T x)
+    {
+        return pcs_fp16_to_f32(x);
+    }
+    static __device__ __forceinline__ T st(float f)
+    {
+        return pcs_f32_to_fp16(f);
+    }
+    static __device__ __forceinline__ T scale(T x, float f)
+    {
+        return st(ld(x) * f);
+    }
 };
 /* fp64 as a cast source narrows to fp32 first, as the CPU loop (and c10) do; fp64 scale is in
  * double. */
 struct TF64 {
     using T = double;
-    static __device__ __forceinline__ float ld(T x) { return (float)x; }
-    static __device__ __forceinline__ T st(float f) { return (double)f; }
-    static __device__ __forceinline__ T scale(T x, float f) { return x * (double)f; }
+    static __device__ __forceinline__ float ld(T x)
+    {
+        return (float)x;
+    }
+    static __device__ __forceinline__ T st(float f)
+    {
+        return (double)f;
+    }
+    static __device__ __forceinline__ T scale(T x, float f)
+    {
+        return x * (double)f;
+    }
 };
 
-template <class F>
-pcs_status_t with_dtype(pcs_dtype_t t, F f)
+template <class F> pcs_status_t with_dtype(pcs_dtype_t t, F f)
 {
     switch (t) {
     case PCS_DTYPE_FP32:
@@ -122,8 +157,7 @@ pcs_status_t with_dtype(pcs_dtype_t t, F f)
 }
 
 /* 8 elements through 16-byte transactions (p must be 16-byte aligned). */
-template <typename T>
-__device__ __forceinline__ void load8(const T *p, T (&out)[kVec])
+template <typename T> __device__ __forceinline__ void load8(const T *p, T (&out)[kVec])
 {
     constexpr int nv = kVec * (int)sizeof(T) / 16;
     union {
@@ -139,8 +173,7 @@ __device__ __forceinline__ void load8(const T *p, T (&out)[kVec])
         out[j] = u.e[j];
 }
 
-template <typename T>
-__device__ __forceinline__ void store8(T *p, const T (&in)[kVec])
+template <typename T> __device__ __forceinline__ void store8(T *p, const T (&in)[kVec])
 {
     constexpr int nv = kVec * (int)sizeof(T) / 16;
     union {
@@ -176,8 +209,7 @@ struct Batch4 {
 // ----------------------------------------------------------------------------
 // kernels
 
-template <class D, class S, bool VEC>
-__global__ void cast_kernel(Batch2 b)
+template <class D, class S, bool VEC> __global__ void cast_kernel(Batch2 b)
 {
     const int k = blockIdx.y;
     const size_t n = b.n[k];
@@ -203,8 +235,7 @@ __global__ void cast_kernel(Batch2 b)
         d[j] = D::st(S::ld(s[j]));
 }
 
-template <class X, bool VEC>
-__global__ void scale_kernel(Batch2 b, float f)
+template <class X, bool VEC> __global__ void scale_kernel(Batch2 b, float f)
 {
     const int k = blockIdx.y;
     const size_t n = b.n[k];
@@ -228,8 +259,7 @@ __global__ void scale_kernel(Batch2 b, float f)
         d[j] = X::scale(d[j], f);
 }
 
-template <class D, class S, bool VEC>
-__global__ void accumulate_kernel(Batch2 b)
+template <class D, class S, bool VEC> __global__ void accumulate_kernel(Batch2 b)
 {
     const int k = blockIdx.y;
     const size_t n = b.n[k];
@@ -279,8 +309,7 @@ __global__ void nonfinite_kernel(Batch2 b, float *found_inf, const float *inv_sc
 
 /* Per-block partial sums of squares in double, written to partial[base + y*gridDim.x + x]. The
  * grid is fixed by the sizes, so the summation order (and the result) is deterministic. */
-template <class X>
-__global__ void sumsq_kernel(Batch2 b, double *partial, size_t base)
+template <class X> __global__ void sumsq_kernel(Batch2 b, double *partial, size_t base)
 {
     __shared__ double sh[kThreads];
     const int k = blockIdx.y;
@@ -320,8 +349,7 @@ __global__ void sumsq_final_kernel(const double *partial, size_t count, float *o
         *out = (float)sh[0];
 }
 
-template <bool VEC>
-__global__ void adamw_kernel(Batch4 b, pcs_adamw_coef_t c)
+template <bool VEC> __global__ void adamw_kernel(Batch4 b, pcs_adamw_coef_t c)
 {
     const int k = blockIdx.y;
     const size_t n = b.n[k];
@@ -362,8 +390,7 @@ __global__ void sgd_kernel(Batch4 b, pcs_sgd_coef_t c)
         pcs_sgd_elem(&p[j], g[j], buf ? &buf[j] : NULL, &c);
 }
 
-template <typename T>
-__global__ void fill_kernel(T *d, size_t n, T v)
+template <typename T> __global__ void fill_kernel(T *d, size_t n, T v)
 {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += stride)
@@ -461,8 +488,7 @@ void cu_host_free(void *p)
         (void)cudaFreeHost(p);
 }
 
-pcs_status_t cu_copy(void *dst, const void *src, size_t bytes, pcs_copy_kind_t kind,
-                     pcs_stream_t s)
+pcs_status_t cu_copy(void *dst, const void *src, size_t bytes, pcs_copy_kind_t kind, pcs_stream_t s)
 {
     if (bytes == 0)
         return PCS_OK;
@@ -585,8 +611,7 @@ pcs_status_t cu_event_sync(pcs_event_t e)
 // ----------------------------------------------------------------------------
 // ops
 
-pcs_status_t cu_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
-                     pcs_stream_t s)
+pcs_status_t cu_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count, pcs_stream_t s)
 {
     PCS_CHECK(pcs_kv_list("cast", "dst", dst, count, PCS_DT_FLOATS));
     PCS_CHECK(pcs_kv_list("cast", "src", src, count, PCS_DT_FLOATS));
@@ -598,8 +623,8 @@ pcs_status_t cu_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t co
         if (dst[k0].dtype == src[k0].dtype) { /* same dtype: a copy engine copy each */
             for (size_t j = 0; j < nb; j++)
                 PCS_CHECK(cu_copy(dst[idx[j]].data, src[idx[j]].data,
-                                  src[idx[j]].n * pcs_dtype_size(src[idx[j]].dtype),
-                                  PCS_COPY_D2D, s));
+                                  src[idx[j]].n * pcs_dtype_size(src[idx[j]].dtype), PCS_COPY_D2D,
+                                  s));
             return PCS_OK;
         }
         Batch2 b;
@@ -689,10 +714,10 @@ pcs_status_t cu_accumulate(const pcs_tensor_t *dst, const pcs_tensor_t *src, siz
 pcs_status_t cu_nonfinite(const pcs_tensor_t *t, size_t count, float *found_inf,
                           const float *inv_scale, pcs_stream_t s)
 {
-    PCS_CHECK(pcs_kv_buffer("nonfinite_check_and_unscale", "found_inf", found_inf,
-                            PCS_DTYPE_FP32, 1));
-    PCS_CHECK(pcs_kv_buffer("nonfinite_check_and_unscale", "inv_scale", inv_scale,
-                            PCS_DTYPE_FP32, 1));
+    PCS_CHECK(
+        pcs_kv_buffer("nonfinite_check_and_unscale", "found_inf", found_inf, PCS_DTYPE_FP32, 1));
+    PCS_CHECK(
+        pcs_kv_buffer("nonfinite_check_and_unscale", "inv_scale", inv_scale, PCS_DTYPE_FP32, 1));
     PCS_CHECK(pcs_kv_list("nonfinite_check_and_unscale", "t", t, count, PCS_DT_HALFS));
     auto key = [&](size_t k) { return dkey(t[k].dtype, t[k].dtype, false); };
     return for_batches(count, t, key, [&](const size_t *idx, size_t nb) -> pcs_status_t {
@@ -727,27 +752,25 @@ pcs_status_t cu_sum_squares(const pcs_tensor_t *t, size_t count, float *out, pcs
         return PCS_OK;
     }));
     double *partial = NULL;
-    PCS_CUDA_CHECK(cudaMallocAsync((void **)&partial, (npart ? npart : 1) * sizeof(double),
-                                   cs(s)));
+    PCS_CUDA_CHECK(cudaMallocAsync((void **)&partial, (npart ? npart : 1) * sizeof(double), cs(s)));
     size_t base = 0;
-    pcs_status_t rc =
-        for_batches(count, t, key, [&](const size_t *idx, size_t nb) -> pcs_status_t {
-            Batch2 b;
-            size_t maxn = 0;
-            for (size_t j = 0; j < nb; j++) {
-                b.a[j] = NULL;
-                b.b[j] = t[idx[j]].data;
-                b.n[j] = t[idx[j]].n;
-                maxn = b.n[j] > maxn ? b.n[j] : maxn;
-            }
-            dim3 grid(grid_x(maxn, nb), (unsigned)nb);
-            pcs_status_t r = with_dtype(t[idx[0]].dtype, [&](auto X) {
-                sumsq_kernel<decltype(X)><<<grid, kThreads, 0, cs(s)>>>(b, partial, base);
-                return launch_check("sum_squares");
-            });
-            base += (size_t)grid.x * nb;
-            return r;
+    pcs_status_t rc = for_batches(count, t, key, [&](const size_t *idx, size_t nb) -> pcs_status_t {
+        Batch2 b;
+        size_t maxn = 0;
+        for (size_t j = 0; j < nb; j++) {
+            b.a[j] = NULL;
+            b.b[j] = t[idx[j]].data;
+            b.n[j] = t[idx[j]].n;
+            maxn = b.n[j] > maxn ? b.n[j] : maxn;
+        }
+        dim3 grid(grid_x(maxn, nb), (unsigned)nb);
+        pcs_status_t r = with_dtype(t[idx[0]].dtype, [&](auto X) {
+            sumsq_kernel<decltype(X)><<<grid, kThreads, 0, cs(s)>>>(b, partial, base);
+            return launch_check("sum_squares");
         });
+        base += (size_t)grid.x * nb;
+        return r;
+    });
     if (rc == PCS_OK) {
         sumsq_final_kernel<<<1, kThreads, 0, cs(s)>>>(partial, npart, out);
         rc = launch_check("sum_squares final");
@@ -760,8 +783,8 @@ pcs_status_t cu_sum_squares(const pcs_tensor_t *t, size_t count, float *out, pcs
     return rc;
 }
 
-pcs_status_t check_f32_same(const char *op, const char *an, const pcs_tensor_t *a,
-                            const char *bn, const pcs_tensor_t *b, size_t count)
+pcs_status_t check_f32_same(const char *op, const char *an, const pcs_tensor_t *a, const char *bn,
+                            const pcs_tensor_t *b, size_t count)
 {
     PCS_CHECK(pcs_kv_list(op, bn, b, count, PCS_DT_BIT(PCS_DTYPE_FP32)));
     return pcs_kv_pair(op, an, a, bn, b, count);
@@ -780,8 +803,8 @@ pcs_status_t cu_adamw(const pcs_tensor_t *param, const pcs_tensor_t *grad,
     pcs_adamw_coef_t c;
     pcs_adamw_coef(cfg, step, &c);
     auto vec = [&](size_t k) {
-        return aligned16(param[k].data) && aligned16(grad[k].data) &&
-               aligned16(exp_avg[k].data) && aligned16(exp_avg_sq[k].data);
+        return aligned16(param[k].data) && aligned16(grad[k].data) && aligned16(exp_avg[k].data) &&
+               aligned16(exp_avg_sq[k].data);
     };
     auto key = [&](size_t k) { return vec(k) ? 1u : 0u; };
     return for_batches(count, param, key, [&](const size_t *idx, size_t nb) -> pcs_status_t {
@@ -806,9 +829,8 @@ pcs_status_t cu_adamw(const pcs_tensor_t *param, const pcs_tensor_t *grad,
     });
 }
 
-pcs_status_t cu_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad,
-                    const pcs_tensor_t *buf, size_t count, const pcs_sgd_config_t *cfg,
-                    int first_step, pcs_stream_t s)
+pcs_status_t cu_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad, const pcs_tensor_t *buf,
+                    size_t count, const pcs_sgd_config_t *cfg, int first_step, pcs_stream_t s)
 {
     const char *op = "sgd_update";
     PCS_CHECK(pcs_kv_sgd(cfg));
@@ -816,8 +838,8 @@ pcs_status_t cu_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad,
     PCS_CHECK(check_f32_same(op, "param", param, "grad", grad, count));
     if (cfg->momentum != 0.0) {
         if (buf == NULL && count > 0)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: momentum %g needs momentum buffers",
-                                 op, cfg->momentum);
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: momentum %g needs momentum buffers", op,
+                                 cfg->momentum);
         PCS_CHECK(check_f32_same(op, "param", param, "momentum_buf", buf, count));
     }
     pcs_sgd_coef_t c;
@@ -842,28 +864,11 @@ pcs_status_t cu_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad,
 }
 
 const pcs_backend_ops_t cuda_ops = {
-    "cuda",
-    cu_alloc,
-    cu_free,
-    cu_host_alloc,
-    cu_host_free,
-    cu_copy,
-    cu_fill,
-    cu_stream_create,
-    cu_stream_destroy,
-    cu_sync,
-    cu_event_create,
-    cu_event_destroy,
-    cu_event_record,
-    cu_stream_wait_event,
-    cu_event_sync,
-    cu_cast,
-    cu_scale,
-    cu_accumulate,
-    cu_nonfinite,
-    cu_sum_squares,
-    cu_adamw,
-    cu_sgd,
+    "cuda",          cu_alloc,         cu_free,          cu_host_alloc,        cu_host_free,
+    cu_copy,         cu_fill,          cu_stream_create, cu_stream_destroy,    cu_sync,
+    cu_event_create, cu_event_destroy, cu_event_record,  cu_stream_wait_event, cu_event_sync,
+    cu_cast,         cu_scale,         cu_accumulate,    cu_nonfinite,         cu_sum_squares,
+    cu_adamw,        cu_sgd,
 };
 
 } // namespace

@@ -89,9 +89,8 @@ static void test_cuda_cast_of_every_fp32_pattern_equals_cpu_twin(void **state)
         for (int k = 0; k < 2; k++) {
             assert_int_equal(pcs_cpu_cast_array(want, halves[k], in, PCS_DTYPE_FP32, chunk),
                              PCS_OK);
-            assert_int_equal(pcs_kernel_cast(gpu, dout, halves[k], din, PCS_DTYPE_FP32, chunk,
-                                             stream),
-                             PCS_OK);
+            assert_int_equal(
+                pcs_kernel_cast(gpu, dout, halves[k], din, PCS_DTYPE_FP32, chunk, stream), PCS_OK);
             d2h(got, dout, chunk * 2);
             if (memcmp(got, want, chunk * 2) != 0) {
                 for (size_t i = 0; i < chunk; i++)
@@ -154,9 +153,9 @@ static void test_cuda_cast_all_pairs_and_misalignments_equal_cpu_twin(void **sta
                 size_t len = n - off * 7;
                 assert_int_equal(pcs_cpu_cast_array(want, dts[b], src + off * as, dts[a], len),
                                  PCS_OK);
-                assert_int_equal(pcs_kernel_cast(gpu, dd + off * bs, dts[b], ds + off * as,
-                                                 dts[a], len, stream),
-                                 PCS_OK);
+                assert_int_equal(
+                    pcs_kernel_cast(gpu, dd + off * bs, dts[b], ds + off * as, dts[a], len, stream),
+                    PCS_OK);
                 d2h(got, dd + off * bs, len * bs);
                 if (memcmp(got, want, len * bs) != 0)
                     fail_msg("cast %s -> %s offset %zu differs from the cpu twin",
@@ -280,10 +279,8 @@ static void test_cuda_nonfinite_check_and_unscale_equals_cpu_twin(void **state)
         h2d(dflag, flag, 8);
         pcs_tensor_t ht[2] = {{f, PCS_DTYPE_FP32, n}, {h, PCS_DTYPE_FP16, n}};
         pcs_tensor_t dt[2] = {{df, PCS_DTYPE_FP32, n}, {dh, PCS_DTYPE_FP16, n}};
-        assert_int_equal(cpu->nonfinite_check_and_unscale(ht, 2, &flag[0], &flag[1], NULL),
-                         PCS_OK);
-        assert_int_equal(gpu->nonfinite_check_and_unscale(dt, 2, dflag, dflag + 1, stream),
-                         PCS_OK);
+        assert_int_equal(cpu->nonfinite_check_and_unscale(ht, 2, &flag[0], &flag[1], NULL), PCS_OK);
+        assert_int_equal(gpu->nonfinite_check_and_unscale(dt, 2, dflag, dflag + 1, stream), PCS_OK);
         float gflag[2];
         d2h(gflag, dflag, 8);
         d2h(gf, df, n * 4);
@@ -318,7 +315,8 @@ static void test_cuda_sum_squares_agrees_with_cpu_to_fp32_rounding(void **state)
     h2d(df, f, n * 4);
     h2d(db, b, n * 2);
     pcs_tensor_t ht[3] = {{f, PCS_DTYPE_FP32, n}, {b, PCS_DTYPE_BF16, n}, {f, PCS_DTYPE_FP32, 0}};
-    pcs_tensor_t dt[3] = {{df, PCS_DTYPE_FP32, n}, {db, PCS_DTYPE_BF16, n}, {df, PCS_DTYPE_FP32, 0}};
+    pcs_tensor_t dt[3] = {
+        {df, PCS_DTYPE_FP32, n}, {db, PCS_DTYPE_BF16, n}, {df, PCS_DTYPE_FP32, 0}};
     float want = 0.0f, got = -1.0f;
     assert_int_equal(cpu->sum_squares(ht, 3, &want, NULL), PCS_OK);
     assert_int_equal(gpu->sum_squares(dt, 3, dout, stream), PCS_OK);

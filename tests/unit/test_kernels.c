@@ -241,11 +241,12 @@ static void test_cast_every_dtype_pair_rounds_once_via_fp32(void **state)
     free(dst);
 }
 
-/* The AVX2/F16C loops and the scalar loops give identical bits, at every misalignment and tail
- * length, and on sizes that take the streaming-store path. */
+/* Every vector path this CPU has (AVX-512, AVX2/F16C) gives the scalar loop's bits, at every
+ * misalignment and tail length, and on sizes that take the streaming-store path. */
 static void test_simd_and_scalar_paths_give_identical_bits(void **state)
 {
-    const size_t sizes[] = {1, 7, 15, 16, 17, 33, 1000, 4099, (size_t)3 << 20};
+    const size_t sizes[] = {1, 7, 15, 16, 17, 31, 33, 1000, 4099, (size_t)3 << 20};
+    const char *paths[] = {"avx512", "avx2+f16c"};
     size_t maxn = ((size_t)3 << 20) + 64;
     uint32_t *in = malloc(maxn * 4);
     uint16_t *h16 = malloc(maxn * 2);
@@ -264,30 +265,42 @@ static void test_simd_and_scalar_paths_give_identical_bits(void **state)
     in[3] = 0x7fffffffu;
     in[5] = 0xff800001u;
     const pcs_dtype_t halves[] = {PCS_DTYPE_BF16, PCS_DTYPE_FP16};
-    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
-        for (size_t off = 0; off < 3; off++) {
-            size_t n = sizes[si];
-            for (int k = 0; k < 2; k++) {
-                pcs_cpu_simd_force_scalar(0);
-                assert_int_equal(
-                    pcs_cpu_cast_array(a16 + off, halves[k], in + off, PCS_DTYPE_FP32, n), PCS_OK);
-                assert_int_equal(
-                    pcs_cpu_cast_array(a32 + off, PCS_DTYPE_FP32, h16 + off, halves[k], n),
-                    PCS_OK);
-                pcs_cpu_simd_force_scalar(1);
-                assert_string_equal(pcs_cpu_simd_name(), "scalar");
-                assert_int_equal(
-                    pcs_cpu_cast_array(b16 + off, halves[k], in + off, PCS_DTYPE_FP32, n), PCS_OK);
-                assert_int_equal(
-                    pcs_cpu_cast_array(b32 + off, PCS_DTYPE_FP32, h16 + off, halves[k], n),
-                    PCS_OK);
-                pcs_cpu_simd_force_scalar(0);
-                assert_memory_equal(a16 + off, b16 + off, n * 2);
-                assert_memory_equal(a32 + off, b32 + off, n * 4);
+    int tested = 0;
+    for (int p = 0; p < 2; p++) {
+        if (pcs_cpu_cast_array_path(paths[p], a16, PCS_DTYPE_BF16, in, PCS_DTYPE_FP32, 1) ==
+            PCS_ERR_UNSUPPORTED) {
+            print_message("cpu simd path %s: not on this CPU\n", paths[p]);
+            continue;
+        }
+        tested++;
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            for (size_t off = 0; off < 3; off++) {
+                size_t n = sizes[si];
+                for (int k = 0; k < 2; k++) {
+                    assert_int_equal(pcs_cpu_cast_array_path(paths[p], a16 + off, halves[k],
+                                                             in + off, PCS_DTYPE_FP32, n),
+                                     PCS_OK);
+                    assert_int_equal(pcs_cpu_cast_array_path(paths[p], a32 + off, PCS_DTYPE_FP32,
+                                                             h16 + off, halves[k], n),
+                                     PCS_OK);
+                    assert_int_equal(pcs_cpu_cast_array_path("scalar", b16 + off, halves[k],
+                                                             in + off, PCS_DTYPE_FP32, n),
+                                     PCS_OK);
+                    assert_int_equal(pcs_cpu_cast_array_path("scalar", b32 + off, PCS_DTYPE_FP32,
+                                                             h16 + off, halves[k], n),
+                                     PCS_OK);
+                    assert_memory_equal(a16 + off, b16 + off, n * 2);
+                    assert_memory_equal(a32 + off, b32 + off, n * 4);
+                }
             }
         }
     }
-    print_message("cpu simd path: %s\n", pcs_cpu_simd_name());
+    /* the op itself follows the selected path */
+    assert_int_equal(pcs_cpu_simd_select("scalar"), PCS_OK);
+    assert_string_equal(pcs_cpu_simd_name(), "scalar");
+    assert_int_equal(pcs_cpu_simd_select("auto"), PCS_OK);
+    assert_int_equal(pcs_cpu_simd_select("sse9"), PCS_ERR_INVALID_ARG);
+    print_message("cpu simd path: %s (%d vector paths checked)\n", pcs_cpu_simd_name(), tested);
     free(in);
     free(h16);
     free(a16);
@@ -302,7 +315,8 @@ static void test_cast_list_handles_mixed_dtypes_and_lengths(void **state)
     float b[3] = {0.1f, 0.2f, 0.3f};
     uint16_t ab[5], bh[3];
     double c[2];
-    pcs_tensor_t dst[3] = {{ab, PCS_DTYPE_BF16, 5}, {bh, PCS_DTYPE_FP16, 3}, {c, PCS_DTYPE_FP64, 2}};
+    pcs_tensor_t dst[3] = {
+        {ab, PCS_DTYPE_BF16, 5}, {bh, PCS_DTYPE_FP16, 3}, {c, PCS_DTYPE_FP64, 2}};
     pcs_tensor_t src[3] = {{a, PCS_DTYPE_FP32, 5}, {b, PCS_DTYPE_FP32, 3}, {a, PCS_DTYPE_FP32, 2}};
     assert_int_equal(cpu->cast(dst, src, 3, NULL), PCS_OK);
     for (int i = 0; i < 5; i++)
@@ -359,7 +373,8 @@ static void test_accumulate_adds_in_fp32_and_rounds_once_to_dst(void **state)
     }
     /* fp32 += bf16, bf16 += fp32, fp16 += fp16 */
     pcs_tensor_t dst[3] = {{f, PCS_DTYPE_FP32, N}, {b, PCS_DTYPE_BF16, N}, {h, PCS_DTYPE_FP16, N}};
-    pcs_tensor_t src[3] = {{gb, PCS_DTYPE_BF16, N}, {gf, PCS_DTYPE_FP32, N}, {gh, PCS_DTYPE_FP16, N}};
+    pcs_tensor_t src[3] = {
+        {gb, PCS_DTYPE_BF16, N}, {gf, PCS_DTYPE_FP32, N}, {gh, PCS_DTYPE_FP16, N}};
     assert_int_equal(cpu->accumulate(dst, src, 3, NULL), PCS_OK);
     for (int i = 0; i < N; i++) {
         float s0 = (float)((double)f0[i] + ref_decode(&BF, gb[i]));
@@ -447,8 +462,8 @@ static void test_sum_squares_over_list_matches_long_double_reference(void **stat
 
 /* AdamW over 20 steps on random data against the double reference. Tolerance: the fp32 kernel
  * rounds ~10 operations per step; after 20 steps the parameter differs from the double path by a
- * few fp32 ulps of |p| plus a few ulps of the per-step update (lr), so |dp| <= 4e-6*|p| + 4e-7*lr*t.
- * Moments: 1e-6 relative plus 1e-7 of the gradient scale. */
+ * few fp32 ulps of |p| plus a few ulps of the per-step update (lr), so |dp| <= 4e-6*|p| +
+ * 4e-7*lr*t. Moments: 1e-6 relative plus 1e-7 of the gradient scale. */
 static void run_adamw(const pcs_adamw_config_t *cfg)
 {
     enum { N = 1000, STEPS = 20 };
@@ -481,8 +496,8 @@ static void run_adamw(const pcs_adamw_config_t *cfg)
             double gs = i % 7 == 0 ? 10.0 : 0.1;
             if (fabs((double)m[i] - rm[i]) > 1e-6 * fabs(rm[i]) + 1e-7 * gs ||
                 fabs((double)v[i] - rv[i]) > 1e-6 * fabs(rv[i]) + 1e-7 * gs * gs)
-                fail_msg("adamw step %d [%d]: m %.9g ref %.9g v %.9g ref %.9g", s, i,
-                         (double)m[i], rm[i], (double)v[i], rv[i]);
+                fail_msg("adamw step %d [%d]: m %.9g ref %.9g v %.9g ref %.9g", s, i, (double)m[i],
+                         rm[i], (double)v[i], rv[i]);
         }
     }
 }
@@ -495,8 +510,8 @@ static void test_adamw_defaults_are_pytorchs(void **state)
                 c.weight_decay == 1e-2 && c.maximize == 0);
     pcs_sgd_config_t s;
     pcs_sgd_config_default(&s);
-    assert_true(s.lr == 1e-3 && s.momentum == 0.0 && s.dampening == 0.0 &&
-                s.weight_decay == 0.0 && !s.nesterov && !s.maximize);
+    assert_true(s.lr == 1e-3 && s.momentum == 0.0 && s.dampening == 0.0 && s.weight_decay == 0.0 &&
+                !s.nesterov && !s.maximize);
 }
 
 static void test_adamw_matches_double_reference_with_bias_correction(void **state)
@@ -544,13 +559,13 @@ static void run_sgd(const pcs_sgd_config_t *cfg)
         for (int i = 0; i < N; i++)
             g[i] = rndf(-1.0f, 1.0f);
         float g0 = g[0];
-        assert_int_equal(cpu->sgd_update(&tp, &tg, cfg->momentum != 0.0 ? &tb : NULL, 1, cfg,
-                                         s == 1, NULL),
-                         PCS_OK);
+        assert_int_equal(
+            cpu->sgd_update(&tp, &tg, cfg->momentum != 0.0 ? &tb : NULL, 1, cfg, s == 1, NULL),
+            PCS_OK);
         assert_true(g[0] == g0); /* grad is read-only */
         for (int i = 0; i < N; i++)
-            ref_sgd(&rp[i], g[i], &rb[i], cfg->lr, cfg->momentum, cfg->dampening,
-                    cfg->weight_decay, cfg->nesterov, cfg->maximize, s == 1);
+            ref_sgd(&rp[i], g[i], &rb[i], cfg->lr, cfg->momentum, cfg->dampening, cfg->weight_decay,
+                    cfg->nesterov, cfg->maximize, s == 1);
         /* |p| <= ~2 here; each step rounds ~6 times: 2e-6 relative of |p| + lr-scale terms */
         for (int i = 0; i < N; i++) {
             double tol = 2e-6 * fabs(rp[i]) + 1e-6 * cfg->lr * s;
@@ -585,7 +600,8 @@ static void test_sgd_first_step_copies_grad_into_momentum_buffer(void **state)
     c.momentum = 0.9;
     c.dampening = 0.5; /* torch ignores dampening on the first step */
     float p[1] = {1.0f}, g[1] = {2.0f}, b[1] = {-7.0f};
-    pcs_tensor_t tp = {p, PCS_DTYPE_FP32, 1}, tg = {g, PCS_DTYPE_FP32, 1}, tb = {b, PCS_DTYPE_FP32, 1};
+    pcs_tensor_t tp = {p, PCS_DTYPE_FP32, 1}, tg = {g, PCS_DTYPE_FP32, 1},
+                 tb = {b, PCS_DTYPE_FP32, 1};
     assert_int_equal(cpu->sgd_update(&tp, &tg, &tb, 1, &c, 1, NULL), PCS_OK);
     assert_true(b[0] == 2.0f && p[0] == 0.0f);
     assert_int_equal(cpu->sgd_update(&tp, &tg, &tb, 1, &c, 0, NULL), PCS_OK);
@@ -667,8 +683,9 @@ static void test_bad_input_gets_a_status_never_a_crash(void **state)
     assert_int_equal(pcs_kernel_cast(cpu, h, PCS_DTYPE_BF16, mis, PCS_DTYPE_FP32, 4, NULL),
                      PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "aligned"));
-    assert_int_equal(pcs_kernel_cast(cpu, (char *)h + 1, PCS_DTYPE_FP16, f, PCS_DTYPE_FP32, 4, NULL),
-                     PCS_ERR_INVALID_ARG);
+    assert_int_equal(
+        pcs_kernel_cast(cpu, (char *)h + 1, PCS_DTYPE_FP16, f, PCS_DTYPE_FP32, 4, NULL),
+        PCS_ERR_INVALID_ARG);
     /* unsupported dtypes */
     assert_int_equal(pcs_kernel_cast(cpu, h, PCS_DTYPE_INT64, f, PCS_DTYPE_FP32, 1, NULL),
                      PCS_ERR_UNSUPPORTED);

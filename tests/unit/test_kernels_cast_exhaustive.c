@@ -1,7 +1,8 @@
 /* Exhaustive cast proof: every one of the 2^32 fp32 bit patterns is converted to bf16 and to fp16
- * by (a) the CPU backend's array path (AVX2/F16C when present) and (b) the scalar pcs/half.h
- * functions, and both must equal a slow reference that rounds with exact double arithmetic
- * (test_kernels_ref.h). Also all 2^16 bf16/fp16 patterns to fp32 and back. Label: exhaustive. */
+ * by (a) each vector path of the CPU backend this CPU has (AVX-512, AVX2/F16C; the op uses the
+ * best) and (b) the scalar pcs/half.h functions, and all must equal a slow reference that rounds
+ * with exact double arithmetic (test_kernels_ref.h). Also all 2^16 bf16/fp16 patterns to fp32 and
+ * back on every path. Label: exhaustive. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -17,14 +18,34 @@
 #include "pcs/kernels.h"
 #include "test_kernels_ref.h"
 
-#define BLOCK (1u << 16)
+#define BLOCK    (1u << 16)
 #define NTHREADS 2
+#define MAXPATHS 3
+
+/* The array paths to prove: the vector paths this CPU has, plus "scalar" (the array loop over
+ * pcs/half.h). The 2^32 sweep skips "scalar" there: it calls the very functions the sweep
+ * already checks one by one. */
+static const char *paths[MAXPATHS];
+static int npaths;
+
+static void find_paths(int with_scalar)
+{
+    static const char *all[] = {"avx512", "avx2+f16c", "scalar"};
+    float x = 1.0f;
+    uint16_t y;
+    npaths = 0;
+    for (int i = 0; i < (with_scalar ? 3 : 2); i++)
+        if (pcs_cpu_cast_array_path(all[i], &y, PCS_DTYPE_BF16, &x, PCS_DTYPE_FP32, 1) == PCS_OK)
+            paths[npaths++] = all[i];
+}
 
 typedef struct job {
     uint64_t begin, end; /* fp32 magnitude patterns [begin, end), each tried with both signs */
     const ref_fmt_t *bf, *fp;
-    uint64_t bad_fast_bf, bad_fast_fp, bad_scalar_bf, bad_scalar_fp;
-    uint32_t first_bad; /* first failing input, for the message */
+    uint64_t bad_path[MAXPATHS]; /* array-path mismatches (bf16 + fp16) per path */
+    uint64_t bad_scalar;         /* pcs_f32_to_bf16 / pcs_f32_to_fp16 mismatches */
+    int failed;                  /* a call failed (allocation, unsupported) */
+    uint32_t first_bad;          /* first failing input, for the message */
     int have_bad;
 } job_t;
 
@@ -37,7 +58,7 @@ static void note_bad(job_t *j, uint32_t u)
 }
 
 /* The reference rounds |x| and ORs the sign in, so it is evaluated once per magnitude and its
- * result reused for +x and -x: all 2^32 inputs are still converted and compared on both paths. */
+ * result reused for +x and -x: all 2^32 inputs are still converted and compared on every path. */
 static void *run_range(void *arg)
 {
     job_t *j = arg;
@@ -45,7 +66,7 @@ static void *run_range(void *arg)
     uint16_t *obf = malloc(BLOCK * sizeof *obf), *ofp = malloc(BLOCK * sizeof *ofp);
     uint16_t *rbf = malloc(BLOCK * sizeof *rbf), *rfp = malloc(BLOCK * sizeof *rfp);
     if (!in || !obf || !ofp || !rbf || !rfp) {
-        j->bad_fast_bf = UINT64_MAX;
+        j->failed = 1;
         goto out;
     }
     for (uint64_t b = j->begin; b < j->end; b += BLOCK) {
@@ -59,28 +80,26 @@ static void *run_range(void *arg)
             const uint16_t sbit16 = (uint16_t)(sign << 15);
             for (uint32_t i = 0; i < BLOCK; i++)
                 in[i] = (uint32_t)(b + i) | sbit32;
-            if (pcs_cpu_cast_array(obf, PCS_DTYPE_BF16, in, PCS_DTYPE_FP32, BLOCK) != PCS_OK ||
-                pcs_cpu_cast_array(ofp, PCS_DTYPE_FP16, in, PCS_DTYPE_FP32, BLOCK) != PCS_OK) {
-                j->bad_fast_bf = UINT64_MAX;
-                goto out;
+            for (int p = 0; p < npaths; p++) {
+                if (pcs_cpu_cast_array_path(paths[p], obf, PCS_DTYPE_BF16, in, PCS_DTYPE_FP32,
+                                            BLOCK) != PCS_OK ||
+                    pcs_cpu_cast_array_path(paths[p], ofp, PCS_DTYPE_FP16, in, PCS_DTYPE_FP32,
+                                            BLOCK) != PCS_OK) {
+                    j->failed = 1;
+                    goto out;
+                }
+                for (uint32_t i = 0; i < BLOCK; i++) {
+                    if (obf[i] != (rbf[i] | sbit16) || ofp[i] != (rfp[i] | sbit16)) {
+                        j->bad_path[p]++;
+                        note_bad(j, in[i]);
+                    }
+                }
             }
             for (uint32_t i = 0; i < BLOCK; i++) {
                 float x = pcs_bits_f32(in[i]);
-                uint16_t rb = rbf[i] | sbit16, rf = rfp[i] | sbit16;
-                if (obf[i] != rb) {
-                    j->bad_fast_bf++;
-                    note_bad(j, in[i]);
-                }
-                if (ofp[i] != rf) {
-                    j->bad_fast_fp++;
-                    note_bad(j, in[i]);
-                }
-                if (pcs_f32_to_bf16(x) != rb) {
-                    j->bad_scalar_bf++;
-                    note_bad(j, in[i]);
-                }
-                if (pcs_f32_to_fp16(x) != rf) {
-                    j->bad_scalar_fp++;
+                if (pcs_f32_to_bf16(x) != (rbf[i] | sbit16) ||
+                    pcs_f32_to_fp16(x) != (rfp[i] | sbit16)) {
+                    j->bad_scalar++;
                     note_bad(j, in[i]);
                 }
             }
@@ -100,6 +119,7 @@ static void test_every_fp32_pattern_rounds_to_bf16_and_fp16_like_the_reference(v
     static ref_fmt_t bf, fp;
     ref_bf16(&bf);
     ref_fp16(&fp);
+    find_paths(0);
     job_t jobs[NTHREADS];
     pthread_t th[NTHREADS];
     const uint64_t total = (uint64_t)1 << 31, per = total / NTHREADS; /* magnitudes; x2 signs */
@@ -112,17 +132,27 @@ static void test_every_fp32_pattern_rounds_to_bf16_and_fp16_like_the_reference(v
         assert_int_equal(pthread_create(&th[t], NULL, run_range, &jobs[t]), 0);
     }
     uint64_t bad = 0;
+    int failed = 0;
     for (int t = 0; t < NTHREADS; t++) {
         pthread_join(th[t], NULL);
         job_t *j = &jobs[t];
-        if (j->have_bad || j->bad_fast_bf)
-            print_message("range %d: fast bf16 %llu, fast fp16 %llu, scalar bf16 %llu, scalar fp16 "
-                          "%llu mismatches; first input 0x%08x (path %s)\n",
-                          t, (unsigned long long)j->bad_fast_bf, (unsigned long long)j->bad_fast_fp,
-                          (unsigned long long)j->bad_scalar_bf,
-                          (unsigned long long)j->bad_scalar_fp, j->first_bad, pcs_cpu_simd_name());
-        bad += j->bad_fast_bf + j->bad_fast_fp + j->bad_scalar_bf + j->bad_scalar_fp;
+        failed |= j->failed;
+        for (int p = 0; p < npaths; p++) {
+            if (j->bad_path[p])
+                print_message("range %d path %s: %llu mismatches\n", t, paths[p],
+                              (unsigned long long)j->bad_path[p]);
+            bad += j->bad_path[p];
+        }
+        if (j->bad_scalar)
+            print_message("range %d scalar pcs/half.h: %llu mismatches\n", t,
+                          (unsigned long long)j->bad_scalar);
+        if (j->have_bad)
+            print_message("range %d: first mismatching input 0x%08x\n", t, j->first_bad);
+        bad += j->bad_scalar;
     }
+    for (int p = 0; p < npaths; p++)
+        print_message("checked path %s\n", paths[p]);
+    assert_false(failed);
     assert_true(bad == 0);
 }
 
@@ -138,25 +168,29 @@ static void check_all_halfs(pcs_dtype_t dt, const ref_fmt_t *f, uint16_t (*narro
     assert_non_null(w);
     for (uint32_t i = 0; i < 65536; i++)
         h[i] = (uint16_t)i;
-    assert_int_equal(pcs_cpu_cast_array(w, PCS_DTYPE_FP32, h, dt, 65536), PCS_OK);
-    assert_int_equal(pcs_cpu_cast_array(back, dt, w, PCS_DTYPE_FP32, 65536), PCS_OK);
     unsigned bad = 0;
-    for (uint32_t i = 0; i < 65536; i++) {
-        double ref = ref_decode(f, h[i]);
-        float s = widen(h[i]);
-        uint32_t wb = pcs_f32_bits(w[i]), sb = pcs_f32_bits(s);
-        if (ref != ref) { /* NaN: NaN out, sign kept, identical on both paths */
-            int ok = w[i] != w[i] && (wb >> 31) == (uint32_t)(h[i] >> 15) && wb == sb &&
-                     back[i] == (uint16_t)((h[i] & 0x8000u) | f->qnan) &&
-                     narrow(s) == back[i];
-            bad += !ok;
-        } else {
-            int ok = (double)w[i] == ref && wb == sb && back[i] == h[i] && narrow(s) == h[i] &&
-                     ((wb >> 31) == (uint32_t)(h[i] >> 15)); /* -0 stays -0 */
-            bad += !ok;
-            if (!ok && bad < 5)
-                print_message("%s 0x%04x: fast %a scalar %a ref %a back 0x%04x\n",
-                              pcs_dtype_name(dt), h[i], (double)w[i], (double)s, ref, back[i]);
+    find_paths(1);
+    for (int p = 0; p < npaths; p++) {
+        assert_int_equal(pcs_cpu_cast_array_path(paths[p], w, PCS_DTYPE_FP32, h, dt, 65536),
+                         PCS_OK);
+        assert_int_equal(pcs_cpu_cast_array_path(paths[p], back, dt, w, PCS_DTYPE_FP32, 65536),
+                         PCS_OK);
+        for (uint32_t i = 0; i < 65536; i++) {
+            double ref = ref_decode(f, h[i]);
+            float s = widen(h[i]);
+            uint32_t wb = pcs_f32_bits(w[i]), sb = pcs_f32_bits(s);
+            if (ref != ref) { /* NaN: NaN out, sign kept, identical on both paths */
+                int ok = w[i] != w[i] && (wb >> 31) == (uint32_t)(h[i] >> 15) && wb == sb &&
+                         back[i] == (uint16_t)((h[i] & 0x8000u) | f->qnan) && narrow(s) == back[i];
+                bad += !ok;
+            } else {
+                int ok = (double)w[i] == ref && wb == sb && back[i] == h[i] && narrow(s) == h[i] &&
+                         ((wb >> 31) == (uint32_t)(h[i] >> 15)); /* -0 stays -0 */
+                bad += !ok;
+                if (!ok && bad < 5)
+                    print_message("%s %s 0x%04x: path %a scalar %a ref %a back 0x%04x\n", paths[p],
+                                  pcs_dtype_name(dt), h[i], (double)w[i], (double)s, ref, back[i]);
+            }
         }
     }
     free(h);

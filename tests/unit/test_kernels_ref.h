@@ -12,7 +12,7 @@
 typedef struct ref_fmt {
     int mbits, emin, emax, bias;
     uint16_t inf, qnan;
-    double pow2[400];     /* pow2[i] = 2^(i-200) */
+    double pow2[400]; /* pow2[i] = 2^(i-200) */
 } ref_fmt_t;
 
 static inline double ref_p2(const ref_fmt_t *f, int e)
@@ -61,7 +61,7 @@ static inline uint16_t ref_round(const ref_fmt_t *f, float x)
     int e = (int)((u >> 23) & 0xffu) - 127;
     if (e < f->emin)
         e = f->emin; /* below the normal range the spacing stays that of emin (subnormals) */
-    double q = ref_p2(f, e - f->mbits); /* spacing of representable values here */
+    double q = ref_p2(f, e - f->mbits);     /* spacing of representable values here */
     double k = a * ref_p2(f, f->mbits - e); /* = a / q, exact: q is a power of two */
     double fl = floor(k);
     double rem = k - fl;

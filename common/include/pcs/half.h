@@ -93,7 +93,7 @@ PCS_HD uint16_t pcs_f32_to_fp16(float f)
         return (uint16_t)(sign | 0x7e00u);
     if (ax >= 0x477ff000u)
         return (uint16_t)(sign | 0x7c00u);
-    if (ax < 0x38800000u) { /* below 2^-14: fp16 subnormal or zero */
+    if (ax < 0x38800000u) {    /* below 2^-14: fp16 subnormal or zero */
         if (ax <= 0x33000000u) /* <= 2^-25: rounds to zero (2^-25 is a tie, to even 0) */
             return (uint16_t)sign;
         uint32_t e = ax >> 23;

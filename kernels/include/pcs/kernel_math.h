@@ -13,23 +13,23 @@
 
 /* Per-update scalars of AdamW, computed once on the host by pcs_adamw_coef(). */
 typedef struct pcs_adamw_coef {
-    float decay;        /* 1 - lr*wd                  (param.mul_(1 - lr*wd)) */
-    float w1;           /* 1 - beta1                  (exp_avg.lerp_(grad, 1 - beta1)) */
-    float beta2;        /* beta2                      (exp_avg_sq.mul_(beta2)) */
-    float omb2;         /* 1 - beta2                  (.addcmul_(grad, grad, value=1 - beta2)) */
-    float neg_step;     /* -lr / (1 - beta1^t)        (param.addcdiv_(.., value=-step_size)) */
-    float bc2_sqrt;     /* sqrt(1 - beta2^t) */
-    float eps;          /* eps */
-    float gsign;        /* -1 when maximize */
+    float decay;    /* 1 - lr*wd                  (param.mul_(1 - lr*wd)) */
+    float w1;       /* 1 - beta1                  (exp_avg.lerp_(grad, 1 - beta1)) */
+    float beta2;    /* beta2                      (exp_avg_sq.mul_(beta2)) */
+    float omb2;     /* 1 - beta2                  (.addcmul_(grad, grad, value=1 - beta2)) */
+    float neg_step; /* -lr / (1 - beta1^t)        (param.addcdiv_(.., value=-step_size)) */
+    float bc2_sqrt; /* sqrt(1 - beta2^t) */
+    float eps;      /* eps */
+    float gsign;    /* -1 when maximize */
 } pcs_adamw_coef_t;
 
 /* Per-update scalars of SGD. */
 typedef struct pcs_sgd_coef {
-    float wd;           /* grad.add(param, alpha=wd) */
-    float momentum;     /* buf.mul_(momentum) ; nesterov grad.add(buf, alpha=momentum) */
-    float omd;          /* 1 - dampening              (buf.add_(grad, alpha=1 - dampening)) */
-    float neg_lr;       /* param.add_(grad, alpha=-lr) */
-    float gsign;        /* -1 when maximize */
+    float wd;       /* grad.add(param, alpha=wd) */
+    float momentum; /* buf.mul_(momentum) ; nesterov grad.add(buf, alpha=momentum) */
+    float omd;      /* 1 - dampening              (buf.add_(grad, alpha=1 - dampening)) */
+    float neg_lr;   /* param.add_(grad, alpha=-lr) */
+    float gsign;    /* -1 when maximize */
     int use_wd, use_momentum, nesterov, first_step;
 } pcs_sgd_coef_t;
 

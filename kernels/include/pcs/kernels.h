@@ -88,7 +88,8 @@ typedef struct pcs_backend_ops {
     pcs_status_t (*event_create)(pcs_event_t *out);
     void (*event_destroy)(pcs_event_t e);
     pcs_status_t (*event_record)(pcs_event_t e, pcs_stream_t s);
-    pcs_status_t (*stream_wait_event)(pcs_stream_t s, pcs_event_t e); /* s waits for e, no host sync */
+    pcs_status_t (*stream_wait_event)(pcs_stream_t s,
+                                      pcs_event_t e); /* s waits for e, no host sync */
     pcs_status_t (*event_sync)(pcs_event_t e);
 
     /* ---- element-wise ops (lists: one launch for many small tensors) ---- */
@@ -109,8 +110,11 @@ typedef struct pcs_backend_ops {
     pcs_status_t (*nonfinite_check_and_unscale)(const pcs_tensor_t *t, size_t count,
                                                 float *found_inf, const float *inv_scale,
                                                 pcs_stream_t s);
-    /* *out (1-element fp32 device buffer) = sum over all tensors of x*x, each x widened to fp32,
-     * accumulated in fp64 in a fixed order (per-tensor blocks summed in order), rounded once. */
+    /* *out (1-element fp32 device buffer) = sum over all tensors of x*x, each x widened to fp32;
+     * every square is exact in fp64 and the sum is accumulated in fp64, then rounded once to fp32.
+     * Order: cpu sums each tensor front to back, then the per-tensor sums in list order; cuda sums
+     * per-block partials (fixed grid, so run-to-run deterministic) then all partials in one
+     * block. The two agree to within 1 fp32 ulp. Empty input writes 0. */
     pcs_status_t (*sum_squares)(const pcs_tensor_t *t, size_t count, float *out, pcs_stream_t s);
     /* AdamW on fp32 shards: param/grad/exp_avg/exp_avg_sq [k] all fp32 with equal n. `step` is the
      * 1-based step count after this update's increment (bias correction uses it). */
@@ -146,15 +150,22 @@ pcs_status_t pcs_kernel_sum_squares(const pcs_backend_ops_t *be, const void *t, 
                                     size_t n, float *out, pcs_stream_t s);
 
 /* ---- CPU implementation details that tests and benches use directly ---- */
-/* Which CPU vector path the cast loops use: "avx2+f16c" or "scalar". */
+/* Which CPU vector path the cast loops use: "avx512", "avx2+f16c" or "scalar". */
 const char *pcs_cpu_simd_name(void);
-/* Force the scalar path (1) or restore run-time detection (0); for tests and the bench. Not
- * thread-safe against concurrent ops. */
+/* Force a path ("avx512", "avx2+f16c" (or "avx2"), "scalar") or restore run-time detection
+ * ("auto"), for tests and the bench. PCS_ERR_UNSUPPORTED if this CPU lacks the path,
+ * PCS_ERR_INVALID_ARG for an unknown name. Not thread-safe against concurrent ops. */
+pcs_status_t pcs_cpu_simd_select(const char *path);
+/* Same as pcs_cpu_simd_select("scalar") (on != 0) or ("auto") (on == 0). */
 void pcs_cpu_simd_force_scalar(int on);
-/* Host-memory array cast with the CPU backend's fast path, no validation beyond dtype support:
- * the exhaustive test and the bench call it to measure/prove exactly what the cast op runs. */
+/* Host-memory array cast with the CPU backend's current path, no validation beyond dtype
+ * support: the exhaustive test and the bench call it to prove/measure exactly what the op runs. */
 pcs_status_t pcs_cpu_cast_array(void *dst, pcs_dtype_t dt, const void *src, pcs_dtype_t st,
                                 size_t n);
+/* The same through an explicit path (as pcs_cpu_simd_select names; "auto" = best); thread-safe.
+ * PCS_ERR_UNSUPPORTED if this CPU lacks the path. */
+pcs_status_t pcs_cpu_cast_array_path(const char *path, void *dst, pcs_dtype_t dt, const void *src,
+                                     pcs_dtype_t st, size_t n);
 
 #ifdef __cplusplus
 }
