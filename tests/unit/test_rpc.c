@@ -365,7 +365,8 @@ static void test_unary_call_returns_the_handler_reply(void **state)
     protobuf_c_message_free_unpacked(&resp->base, NULL);
     /* the handler saw the client's deadline and address */
     long long left = atomic_load(&f->last_remaining_ms);
-    assert_true(left > 0 && left <= 5000);
+    /* grpc-timeout travels with limited precision and is rounded up (5009 ms was seen) */
+    assert_true(left > 0 && left <= 5000 + 100);
     assert_non_null(strstr(f->last_peer, "127.0.0.1"));
     /* without a client deadline there is none on the server either */
     assert_int_equal(do_register(f, "beta", 0, &resp, &code), PCS_OK);
