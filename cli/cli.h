@@ -12,8 +12,8 @@
 #include "pcs/rpc.h"
 #include "pcs/status.h"
 
-#define PCS_CLI_OK 0
-#define PCS_CLI_FAIL 1
+#define PCS_CLI_OK    0
+#define PCS_CLI_FAIL  1
 #define PCS_CLI_USAGE 2
 
 /* Global options (`pcsctl [--coordinator ADDR] [--json] [--timeout-ms N] <command> ...`); the

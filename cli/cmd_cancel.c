@@ -44,9 +44,9 @@ int pcs_cli_cancel(int argc, char **argv)
     } else {
         char st[32];
         printf("%s %s\n", resp->job ? resp->job->job_id : job,
-               resp->job ? pcs_cli_enum(&pcs__v1__job_state__descriptor, resp->job->state, st,
-                                        sizeof st)
-                         : "cancelled");
+               resp->job
+                   ? pcs_cli_enum(&pcs__v1__job_state__descriptor, resp->job->state, st, sizeof st)
+                   : "cancelled");
     }
     protobuf_c_message_free_unpacked(r, NULL);
     return rc;

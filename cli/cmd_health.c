@@ -29,15 +29,15 @@ int pcs_cli_health(int argc, char **argv)
     if (rc != PCS_CLI_OK)
         return rc;
     Grpc__Health__V1__HealthCheckResponse *resp = (Grpc__Health__V1__HealthCheckResponse *)r;
-    int serving =
-        resp->status == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    int serving = resp->status == GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
     if (pcs_cli()->json) {
         rc = pcs_cli_print_json(r);
     } else {
         char st[32];
         /* Upper case as in the gRPC health protocol (SERVING, NOT_SERVING). */
-        const char *s = pcs_cli_enum(&grpc__health__v1__health_check_response__serving_status__descriptor,
-                                     resp->status, st, sizeof st);
+        const char *s =
+            pcs_cli_enum(&grpc__health__v1__health_check_response__serving_status__descriptor,
+                         resp->status, st, sizeof st);
         for (char *p = st; *p && s == st; p++)
             if (*p >= 'a' && *p <= 'z')
                 *p = (char)(*p - 'a' + 'A');

@@ -53,8 +53,8 @@ int pcs_cli_jobs(int argc, char **argv)
         uint32_t steps = j->spec && j->spec->training ? j->spec->training->steps : 0;
         pcs_cli_table_cell(t, "%s", j->job_id);
         pcs_cli_table_cell(t, "%s", *j->name ? j->name : "-");
-        pcs_cli_table_cell(t, "%s", pcs_cli_enum(&pcs__v1__job_state__descriptor, j->state, st,
-                                                 sizeof st));
+        pcs_cli_table_cell(t, "%s",
+                           pcs_cli_enum(&pcs__v1__job_state__descriptor, j->state, st, sizeof st));
         pcs_cli_table_cell(t, "%u", j->world_size);
         pcs_cli_table_cell(t, "%" PRIu64, j->generation);
         if (j->progress && steps)

@@ -57,8 +57,8 @@ static void print_job(const Pcs__V1__Job *j)
     printf("job          %s\n", j->job_id);
     if (*j->name)
         printf("name         %s\n", j->name);
-    printf("state        %s\n", pcs_cli_enum(&pcs__v1__job_state__descriptor, j->state, b1,
-                                             sizeof b1));
+    printf("state        %s\n",
+           pcs_cli_enum(&pcs__v1__job_state__descriptor, j->state, b1, sizeof b1));
     if (*j->reason)
         printf("reason       %s\n", j->reason);
     printf("world size   %u\n", j->world_size);

@@ -87,8 +87,7 @@ int pcs_cli_global_flag(int argc, char **argv, int *i)
         }
         g_cli.addr = val;
     } else if (parse_ms(val, &g_cli.timeout_ms)) {
-        pcs_cli_usage(NULL, NULL, "--timeout-ms must be an integer in [1, 3600000], got '%s'",
-                      val);
+        pcs_cli_usage(NULL, NULL, "--timeout-ms must be an integer in [1, 3600000], got '%s'", val);
         return -1;
     }
     return 1;

@@ -70,8 +70,8 @@ int pcs_cli_workers(int argc, char **argv)
         return rc;
     }
     Pcs__V1__ListWorkersResponse *resp = (Pcs__V1__ListWorkersResponse *)r;
-    const char *hdr[] = {"WORKER", "STATE", "HOST", "PID", "JOB", "RANK", "BACKENDS", "DEVICES",
-                         "HEARTBEAT"};
+    const char *hdr[] = {"WORKER", "STATE",    "HOST",    "PID",      "JOB",
+                         "RANK",   "BACKENDS", "DEVICES", "HEARTBEAT"};
     pcs_cli_table_t *t = pcs_cli_table_new(9, hdr);
     if (!t) {
         protobuf_c_message_free_unpacked(r, NULL);
@@ -84,8 +84,8 @@ int pcs_cli_workers(int argc, char **argv)
         char st[32], dev[128], be[128], age[32];
         int in_job = w->job_id && *w->job_id;
         pcs_cli_table_cell(t, "%s", w->worker_id);
-        pcs_cli_table_cell(t, "%s", pcs_cli_enum(&pcs__v1__worker_state__descriptor, w->state,
-                                                 st, sizeof st));
+        pcs_cli_table_cell(
+            t, "%s", pcs_cli_enum(&pcs__v1__worker_state__descriptor, w->state, st, sizeof st));
         pcs_cli_table_cell(t, "%s", *w->host ? w->host : "-");
         pcs_cli_table_cell(t, "%u", w->pid);
         pcs_cli_table_cell(t, "%s", in_job ? w->job_id : "-");

@@ -58,9 +58,9 @@ static const struct {
     const char *name;
     int (*fn)(int, char **);
 } commands[] = {
-    {"submit", pcs_cli_submit}, {"status", pcs_cli_status},   {"jobs", pcs_cli_jobs},
+    {"submit", pcs_cli_submit},   {"status", pcs_cli_status}, {"jobs", pcs_cli_jobs},
     {"workers", pcs_cli_workers}, {"cancel", pcs_cli_cancel}, {"health", pcs_cli_health},
-    {"plan", pcs_cli_plan},     {"export", pcs_cli_export},   {"demo", pcs_cli_demo},
+    {"plan", pcs_cli_plan},       {"export", pcs_cli_export}, {"demo", pcs_cli_demo},
 };
 
 int main(int argc, char **argv)

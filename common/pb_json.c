@@ -138,8 +138,8 @@ static void sb_json_string(sbuf_t *s, const char *str)
             if (n == 0) {
                 sb_str(s, "\\ufffd");
                 i++;
-            } else if ((cp >= 0x80 && cp <= 0x9f) || cp == 0x2028 || cp == 0x2029 ||
-                       cp == 0xfeff || cp == 0xfffe || cp == 0xffff) {
+            } else if ((cp >= 0x80 && cp <= 0x9f) || cp == 0x2028 || cp == 0x2029 || cp == 0xfeff ||
+                       cp == 0xfffe || cp == 0xffff) {
                 /* Valid JSON raw, but YAML readers fold line breaks (NEL, LS, PS) and refuse
                  * the others: escaped, the output stays loadable by pb_yaml.c. */
                 sb_printf(s, "\\u%04x", (unsigned)cp);
@@ -185,7 +185,8 @@ static void sb_base64(sbuf_t *s, const ProtobufCBinaryData *b)
         if (i + 2 < b->len)
             v |= b->data[i + 2];
         char out[4] = {tbl[(v >> 18) & 63], tbl[(v >> 12) & 63],
-                       i + 1 < b->len ? tbl[(v >> 6) & 63] : '=', i + 2 < b->len ? tbl[v & 63] : '='};
+                       i + 1 < b->len ? tbl[(v >> 6) & 63] : '=',
+                       i + 2 < b->len ? tbl[v & 63] : '='};
         sb_put(s, out, 4);
     }
     sb_put(s, "\"", 1);

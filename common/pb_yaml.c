@@ -17,8 +17,8 @@
 #include <strings.h>
 #include <yaml.h>
 
-#define PB_MAX_DEPTH 64               /* nesting of mappings and sequences */
-#define PB_MAX_DOC_BYTES (16u << 20)  /* a 100k-tensor explicit model is ~10 MB */
+#define PB_MAX_DEPTH     64          /* nesting of mappings and sequences */
+#define PB_MAX_DOC_BYTES (16u << 20) /* a 100k-tensor explicit model is ~10 MB */
 
 typedef struct yctx {
     yaml_parser_t parser;
@@ -197,8 +197,8 @@ static int parse_f64(const char *s, double *out)
     static const struct {
         const char *name;
         double v;
-    } special[] = {{"inf", INFINITY},   {".inf", INFINITY},   {"+inf", INFINITY},
-                   {"+.inf", INFINITY}, {"infinity", INFINITY}, {"-inf", -INFINITY},
+    } special[] = {{"inf", INFINITY},    {".inf", INFINITY},       {"+inf", INFINITY},
+                   {"+.inf", INFINITY},  {"infinity", INFINITY},   {"-inf", -INFINITY},
                    {"-.inf", -INFINITY}, {"-infinity", -INFINITY}, {"nan", NAN},
                    {".nan", NAN}};
     for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) {
@@ -541,7 +541,7 @@ static unsigned scalar_shorthand(const ProtobufCMessageDescriptor *d)
     if (d->n_fields == 1) {
         const ProtobufCFieldDescriptor *f = &d->fields[0];
         return (f->label != PROTOBUF_C_LABEL_REPEATED && f->type != PROTOBUF_C_TYPE_MESSAGE) ? 1
-                                                                                            : 0;
+                                                                                             : 0;
     }
     for (unsigned i = 0; i < d->n_fields; i++) {
         const ProtobufCFieldDescriptor *f = &d->fields[i];
@@ -671,8 +671,8 @@ static pcs_status_t parse_field(yctx_t *c, const ProtobufCMessageDescriptor *d,
         int text = f->type == PROTOBUF_C_TYPE_STRING || f->type == PROTOBUF_C_TYPE_BYTES;
         /* `default` (and null) leave the field unset; a quoted "default" is a real string. */
         if (is_null_scalar(&c->ev) ||
-            (!strcmp(s, "default") && (is_plain(&c->ev) || !text ||
-                                       f->label == PROTOBUF_C_LABEL_REPEATED)))
+            (!strcmp(s, "default") &&
+             (is_plain(&c->ev) || !text || f->label == PROTOBUF_C_LABEL_REPEATED)))
             return PCS_OK;
     }
     if (is_oneof(f)) {
@@ -775,8 +775,8 @@ static pcs_status_t parse_message(yctx_t *c, const ProtobufCMessageDescriptor *d
             const ProtobufCFieldDescriptor *f = &d->fields[i];
             char tmp[sizeof(ProtobufCBinaryData) + sizeof(double)];
             memset(tmp, 0, sizeof tmp);
-            int rc = conv_scalar(f, (const char *)c->ev.data.scalar.value,
-                                 c->ev.data.scalar.length, tmp, why, sizeof why);
+            int rc = conv_scalar(f, (const char *)c->ev.data.scalar.value, c->ev.data.scalar.length,
+                                 tmp, why, sizeof why);
             if (rc == -3)
                 return pcs_set_error(PCS_ERR_NOMEM, "out of memory parsing %s", c->path);
             if (rc == 0) {
@@ -889,8 +889,8 @@ pcs_status_t pcs_pb_from_yaml_file(const char *path, const ProtobufCMessageDescr
         len += got;
         if (got == 0) {
             if (ferror(fp)) {
-                rc = pcs_set_error(PCS_ERR_INVALID_ARG, "%s: read error: %s", path,
-                                   strerror(errno));
+                rc =
+                    pcs_set_error(PCS_ERR_INVALID_ARG, "%s: read error: %s", path, strerror(errno));
                 goto out;
             }
             break;

@@ -14,11 +14,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_NAME_LEN 128
-#define MAX_MLP_LAYERS 4096
-#define MAX_PREFETCH 16
-#define MAX_TENSOR_ELEMS (1ull << 48)
-#define MAX_PATH_LEN 768 /* module paths; FQNs (path + local name) then fit the 1 KiB buffers */
+#define MAX_NAME_LEN       128
+#define MAX_MLP_LAYERS     4096
+#define MAX_PREFETCH       16
+#define MAX_TENSOR_ELEMS   (1ull << 48)
+#define MAX_PATH_LEN       768 /* module paths: FQNs (path + local name) fit 1 KiB buffers */
 #define MAX_LOCAL_NAME_LEN 128
 
 // ---- a small string set (duplicate FQNs / module paths in O(n)) --------------------------------
@@ -218,8 +218,8 @@ static pcs_status_t check_mlp(vctx_t *v, const Pcs__V1__MlpModel *m)
     return PCS_OK;
 }
 
-static pcs_status_t check_tensor(vctx_t *v, const char *mpath, const char *what, size_t i,
-                                 size_t j, const Pcs__V1__TensorDecl *t, int is_param)
+static pcs_status_t check_tensor(vctx_t *v, const char *mpath, const char *what, size_t i, size_t j,
+                                 const Pcs__V1__TensorDecl *t, int is_param)
 {
     char p[160], full[1024];
     snprintf(p, sizeof p, "model.explicit.modules[%zu].%s[%zu]", i, what, j);
@@ -421,8 +421,10 @@ static pcs_status_t check_wrap(vctx_t *v, const Pcs__V1__WrapSpec *w)
         for (size_t i = 0; i < w->explicit_->n_paths && rc == PCS_OK; i++) {
             const char *p = w->explicit_->paths[i] ? w->explicit_->paths[i] : "";
             if (!*p)
-                rc = bad(v, "wrap.explicit.paths[%zu]: must not be empty (the root is always a "
-                            "unit)", i);
+                rc = bad(v,
+                         "wrap.explicit.paths[%zu]: must not be empty (the root is always a "
+                         "unit)",
+                         i);
             else if (!valid_module_path(p))
                 rc = bad(v, "wrap.explicit.paths[%zu]: '%s' is not a module path", i, p);
             else if (sset_get(&seen, p))
@@ -452,8 +454,9 @@ static pcs_status_t check_wrap(vctx_t *v, const Pcs__V1__WrapSpec *w)
 static pcs_status_t check_override(vctx_t *v, size_t i, const Pcs__V1__PrecisionOverride *o)
 {
     char p[160];
-    if (!o || !o->match || ((!o->match->module_class || !*o->match->module_class) &&
-                            (!o->match->path || !*o->match->path)))
+    if (!o || !o->match ||
+        ((!o->match->module_class || !*o->match->module_class) &&
+         (!o->match->path || !*o->match->path)))
         return bad(v, "precision.overrides[%zu].match: required (module_class or path)", i);
     const char *mp = o->match->path ? o->match->path : "";
     const char *star = strchr(mp, '*');
@@ -533,7 +536,7 @@ static pcs_status_t check_strategy(vctx_t *v, const Pcs__V1__JobSpec *s)
         !mesh_dim(s, PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE))
         return bad(v, "strategy: %s needs a dp_replicate mesh dimension",
                    s->strategy == PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD ? "hybrid_shard"
-                                                                         : "hybrid_shard_zero2");
+                                                                           : "hybrid_shard_zero2");
     const Pcs__V1__ReshardAfterForward *r = s->reshard_after_forward;
     if (r && r->value_case == PCS__V1__RESHARD_AFTER_FORWARD__VALUE_GROUP_SIZE) {
         if (r->group_size < 1)

@@ -154,11 +154,13 @@ static char *read_file(const char *path, size_t *len)
 }
 
 /* Tokens that steer mutations into the interesting corners of YAML and of the shorthands. */
+// clang-format off
 static const char *const tokens[] = {
     "default", "~", "null", "true", "no", "1e8", "-1", "18446744073709551616", ".inf", ".nan",
     "0x1f", "[", "]", "{", "}", ":", ",", "- ", "\n  ", "&a ", "*a", "!!str ", "\"\\u0085\"",
     "'it''s'", "bf16", "int64", "mlp", "explicit", "group_size", "---\n", "\t", "#", "\"\\x01\"",
     "{dim: dp_shard, size: 0}", "overrides: [{match: {path: a*}}]"};
+// clang-format on
 
 static size_t mutate(char *out, size_t cap, const buf_t *s)
 {

@@ -302,9 +302,9 @@ static void test_json_output_parses_back_into_the_response(void **state)
     free(out);
 
     const char *more[] = {"--json workers", "--json status", "--json health"};
-    const ProtobufCMessageDescriptor *descs[] = {&pcs__v1__list_workers_response__descriptor,
-                                                 &pcs__v1__get_status_response__descriptor,
-                                                 &grpc__health__v1__health_check_response__descriptor};
+    const ProtobufCMessageDescriptor *descs[] = {
+        &pcs__v1__list_workers_response__descriptor, &pcs__v1__get_status_response__descriptor,
+        &grpc__health__v1__health_check_response__descriptor};
     for (size_t i = 0; i < 3; i++) {
         out = ctl_stdout(&rc, more[i]);
         assert_int_equal(rc, 0);
@@ -349,9 +349,8 @@ static void test_bad_job_files_fail_locally_with_a_clear_message(void **state)
     /* Nothing reached the coordinator: still the 4 jobs from before. */
     out = ctl_stdout(&rc, "--json jobs");
     ProtobufCMessage *m = NULL;
-    assert_int_equal(pcs_pb_from_yaml(out, strlen(out), &pcs__v1__list_jobs_response__descriptor,
-                                      &m),
-                     PCS_OK);
+    assert_int_equal(
+        pcs_pb_from_yaml(out, strlen(out), &pcs__v1__list_jobs_response__descriptor, &m), PCS_OK);
     assert_int_equal(((Pcs__V1__ListJobsResponse *)m)->n_jobs, 4);
     protobuf_c_message_free_unpacked(m, NULL);
     free(out);

@@ -44,8 +44,8 @@ static job_t *parse_file(const char *rel)
 {
     char buf[1024];
     ProtobufCMessage *m = NULL;
-    pcs_status_t rc =
-        pcs_pb_from_yaml_file(pcs_test_src(rel, buf, sizeof buf), &pcs__v1__job_spec__descriptor, &m);
+    pcs_status_t rc = pcs_pb_from_yaml_file(pcs_test_src(rel, buf, sizeof buf),
+                                            &pcs__v1__job_spec__descriptor, &m);
     if (rc != PCS_OK)
         fail_msg("%s: %s", rel, pcs_last_error());
     return (job_t *)m;
@@ -317,7 +317,8 @@ static void test_structure_errors_are_clear(void **state)
     parse_err("", "document is empty");
     parse_err("# only a comment\n", "document is empty");
     parse_err("a: &x 1\nb: *x\n", "unknown field");
-    parse_err("name: &x a\ninit: {from: *x}\n", "line 2: init.from: YAML aliases are not supported");
+    parse_err("name: &x a\ninit: {from: *x}\n",
+              "line 2: init.from: YAML aliases are not supported");
     parse_err("name: a\n---\nname: b\n", "more than one YAML document");
     parse_err("name: x\ninit: {seed: 1\n", "YAML syntax error");
     parse_err("mesh: [~]\n", "mesh[0]: null is not allowed in a sequence");
@@ -356,9 +357,9 @@ static void test_file_errors_name_the_file(void **state)
 {
     (void)state;
     ProtobufCMessage *m = NULL;
-    assert_int_equal(pcs_pb_from_yaml_file("/nonexistent/job.yaml", &pcs__v1__job_spec__descriptor,
-                                           &m),
-                     PCS_ERR_INVALID_ARG);
+    assert_int_equal(
+        pcs_pb_from_yaml_file("/nonexistent/job.yaml", &pcs__v1__job_spec__descriptor, &m),
+        PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "/nonexistent/job.yaml: cannot open"));
     char *dir = pcs_test_tmpdir("pbyaml");
     char path[1024];
@@ -471,8 +472,8 @@ static void test_json_escapes_strings_and_handles_special_numbers(void **state)
 static void test_doubles_round_trip_exactly(void **state)
 {
     (void)state;
-    const double vals[] = {0.1, 1.0 / 3.0, 1e-300, 5e-324, 1.7976931348623157e308, -0.0, 123456789.0,
-                           2.5e-8};
+    const double vals[] = {0.1,  1.0 / 3.0,   1e-300, 5e-324, 1.7976931348623157e308,
+                           -0.0, 123456789.0, 2.5e-8};
     for (size_t i = 0; i < sizeof vals / sizeof vals[0]; i++) {
         Pcs__V1__AdamWOptimizer a = PCS__V1__ADAM_WOPTIMIZER__INIT;
         a.lr = vals[i];

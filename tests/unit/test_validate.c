@@ -47,14 +47,14 @@ static const struct {
 #define N_BASE (sizeof base / sizeof base[0])
 
 #define EXPLICIT_MODEL                                                                             \
-    "model: {explicit: [{path: '', class: Net}, {path: enc, class: Linear, params: [{name: "      \
+    "model: {explicit: [{path: '', class: Net}, {path: enc, class: Linear, params: [{name: "       \
     "weight, shape: [4, 8]}, {name: bias, shape: [4]}], buffers: [{name: running_mean, shape: "    \
     "[4]}]}, {path: head, class: Linear, shared: [{name: weight, shares: enc.weight}]}]}"
 
 typedef void (*mutate_fn)(job_t *);
 
 #define LONG_NAME                                                                                  \
-    "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"    \
+    "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn" \
     "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn"
 
 typedef struct row {
@@ -121,7 +121,7 @@ static void m_task_value(job_t *s)
     s->data->synthetic->task = 9;
 }
 
-// ---- the table: one row per rule ------------------------------------------------------------------
+// ---- the table: one row per rule ----------------------------------------------------------------
 
 static const row_t rows[] = {
     {"name", "name: 'bad name!'", NULL, NULL, NULL,
@@ -154,8 +154,9 @@ static const row_t rows[] = {
      NULL, NULL, "model.explicit.modules[0].params[0].name: longer than 128 characters"},
     {"model", EXPLICIT_MODEL, NULL, NULL, m_long_path,
      "model.explicit.modules[1].path: longer than 768 characters"},
-    {"model", "model: {explicit: [{path: a, params: [{name: w, shape: [2]}]}, {path: b, shared: "
-              "[{name: x.y, shares: a.w}]}]}",
+    {"model",
+     "model: {explicit: [{path: a, params: [{name: w, shape: [2]}]}, {path: b, shared: "
+     "[{name: x.y, shares: a.w}]}]}",
      NULL, NULL, NULL,
      "model.explicit.modules[1].shared[0].name: must be a local name (no '.', at most 128 "
      "characters)"},
@@ -171,23 +172,29 @@ static const row_t rows[] = {
      "model.explicit.modules[1].params[0].dtype: unknown dtype value 42"},
     {"model", EXPLICIT_MODEL, NULL, NULL, m_buffer_dtype_value,
      "model.explicit.modules[1].buffers[0].dtype: unknown dtype value 42"},
-    {"model", "model: {explicit: [{path: enc, params: [{name: w, shape: [2]}], buffers: [{name: w}]}]}",
+    {"model",
+     "model: {explicit: [{path: enc, params: [{name: w, shape: [2]}], buffers: [{name: w}]}]}",
      NULL, NULL, NULL, "model.explicit.modules[0].buffers[0].name: duplicate FQN 'enc.w'"},
-    {"model", "model: {explicit: [{path: a, params: [{name: w, shape: [2]}]}, {path: b, shared: "
-              "[{shares: a.w}]}]}",
+    {"model",
+     "model: {explicit: [{path: a, params: [{name: w, shape: [2]}]}, {path: b, shared: "
+     "[{shares: a.w}]}]}",
      NULL, NULL, NULL, "model.explicit.modules[1].shared[0].name: required"},
-    {"model", "model: {explicit: [{path: a, params: [{name: w, shape: [2]}], shared: [{name: w, "
-              "shares: a.w}]}]}",
+    {"model",
+     "model: {explicit: [{path: a, params: [{name: w, shape: [2]}], shared: [{name: w, "
+     "shares: a.w}]}]}",
      NULL, NULL, NULL,
      "model.explicit.modules[0].shared[0].name: 'a.w' is also declared as a parameter or buffer"},
-    {"model", "model: {explicit: [{path: a, params: [{name: w, shape: [2]}]}, {path: b, shared: "
-              "[{name: w}]}]}",
+    {"model",
+     "model: {explicit: [{path: a, params: [{name: w, shape: [2]}]}, {path: b, shared: "
+     "[{name: w}]}]}",
      NULL, NULL, NULL, "model.explicit.modules[1].shared[0].shares: required"},
-    {"model", "model: {explicit: [{path: a, params: [{name: w, shape: [2]}]}, {path: b, shared: "
-              "[{name: w, shares: a.x}]}]}",
+    {"model",
+     "model: {explicit: [{path: a, params: [{name: w, shape: [2]}]}, {path: b, shared: "
+     "[{name: w, shares: a.x}]}]}",
      NULL, NULL, NULL, "model.explicit.modules[1].shared[0].shares: no parameter 'a.x'"},
-    {"model", "model: {explicit: [{path: a, buffers: [{name: m, shape: [2]}]}, {path: b, shared: "
-              "[{name: w, shares: a.m}]}]}",
+    {"model",
+     "model: {explicit: [{path: a, buffers: [{name: m, shape: [2]}]}, {path: b, shared: "
+     "[{name: w, shares: a.m}]}]}",
      NULL, NULL, NULL, "model.explicit.modules[1].shared[0].shares: no parameter 'a.m'"},
     /* wrap */
     {"wrap", "wrap: {size_based: {min_num_params: 0}}", NULL, NULL, NULL,
@@ -231,17 +238,19 @@ static const row_t rows[] = {
      "precision.overrides[0].match.path: no module matches 'layers.0.norm'"},
     {"precision", "precision: {overrides: [{match: {path: 'blocks.*'}}]}", NULL, NULL, NULL,
      "precision.overrides[0].match.path: no module matches 'blocks.*'"},
-    {"precision", "precision: {overrides: [{match: {path: head}}, {match: {path: 'layers.1'}}, {match: "
-                  "{module_class: C}, param_dtype: int64}]}",
+    {"precision",
+     "precision: {overrides: [{match: {path: head}}, {match: {path: 'layers.1'}}, {match: "
+     "{module_class: C}, param_dtype: int64}]}",
      NULL, NULL, NULL, "precision.overrides[2].param_dtype: int64 is not a floating dtype"},
-    {"precision", "precision: {overrides: [{match: {path: head}, reduce_dtype: int64}]}", NULL, NULL,
-     NULL, "precision.overrides[0].reduce_dtype: int64 is not a floating dtype"},
-    {"precision", "precision: {overrides: [{match: {path: head}, buffer_dtype: int64}]}", NULL, NULL,
-     NULL, "precision.overrides[0].buffer_dtype: int64 is not a floating dtype"},
-    {"precision", "precision: {overrides: [{match: {path: head}, output_dtype: int64}]}", NULL, NULL,
-     NULL, "precision.overrides[0].output_dtype: int64 is not a floating dtype"},
-    {"precision", "precision: {overrides: [{match: {path: head}, full_precision: true, "
-                  "reduce_dtype: bf16}]}",
+    {"precision", "precision: {overrides: [{match: {path: head}, reduce_dtype: int64}]}", NULL,
+     NULL, NULL, "precision.overrides[0].reduce_dtype: int64 is not a floating dtype"},
+    {"precision", "precision: {overrides: [{match: {path: head}, buffer_dtype: int64}]}", NULL,
+     NULL, NULL, "precision.overrides[0].buffer_dtype: int64 is not a floating dtype"},
+    {"precision", "precision: {overrides: [{match: {path: head}, output_dtype: int64}]}", NULL,
+     NULL, NULL, "precision.overrides[0].output_dtype: int64 is not a floating dtype"},
+    {"precision",
+     "precision: {overrides: [{match: {path: head}, full_precision: true, "
+     "reduce_dtype: bf16}]}",
      NULL, NULL, NULL, "precision.overrides[0].full_precision: conflicts with reduce_dtype"},
     /* mesh */
     {"mesh", "mesh: [{size: 2}]", NULL, NULL, NULL,
@@ -249,8 +258,8 @@ static const row_t rows[] = {
     {NULL, NULL, NULL, NULL, m_mesh_dim_value, "mesh[0].dim: unknown value 9"},
     {"mesh", "mesh: [{dim: dp_replicate, size: 2}, {dim: dp_shard}]", NULL, NULL, NULL,
      "mesh[1].size: must be >= 1"},
-    {"mesh", "mesh: [{dim: dp_shard, size: 2}, {dim: pp, size: 2}, {dim: dp_shard, size: 2}]",
-     NULL, NULL, NULL, "mesh: dimension dp_shard given twice"},
+    {"mesh", "mesh: [{dim: dp_shard, size: 2}, {dim: pp, size: 2}, {dim: dp_shard, size: 2}]", NULL,
+     NULL, NULL, "mesh: dimension dp_shard given twice"},
     {"mesh", "mesh: [{dim: dp_replicate, size: 1024}, {dim: dp_shard, size: 128}]", NULL, NULL,
      NULL, "mesh: world size exceeds 65536"},
     /* strategy and resharding */
@@ -296,9 +305,8 @@ static const row_t rows[] = {
     {"training",
      "training: {steps: 10, micro_batch_size: 4, optimizer: {adamw: {lr: 1, betas: [0.9, 1.0]}}}",
      NULL, NULL, NULL, "training.optimizer.adamw.betas[1]: must be in [0, 1)"},
-    {"training",
-     "training: {steps: 10, micro_batch_size: 4, optimizer: {adamw: {lr: 1, eps: 0}}}", NULL, NULL,
-     NULL, "training.optimizer.adamw.eps: must be > 0"},
+    {"training", "training: {steps: 10, micro_batch_size: 4, optimizer: {adamw: {lr: 1, eps: 0}}}",
+     NULL, NULL, NULL, "training.optimizer.adamw.eps: must be > 0"},
     {"training",
      "training: {steps: 10, micro_batch_size: 4, optimizer: {adamw: {lr: 1, weight_decay: -0.1}}}",
      NULL, NULL, NULL, "training.optimizer.adamw.weight_decay: must be >= 0"},
