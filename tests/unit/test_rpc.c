@@ -195,7 +195,7 @@ static void tick(void *user, uint64_t now_ms)
         pcs_rpc_reply(f->deferred, &resp.base);
         f->deferred = NULL;
     }
-    if (f->slow && now_ms >= f->slow_at + 400) {
+    if (f->slow && now_ms >= f->slow_at + 800) {
         send_event(f->slow, 2);
         pcs_rpc_finish(f->slow);
         f->slow = NULL;
