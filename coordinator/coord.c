@@ -738,6 +738,15 @@ pcs_status_t pcs_coord_lookup_job(pcs_coord_t *c, const char *job_id, pcs_coord_
     return PCS_OK;
 }
 
+void pcs_coord_job_drop_plan(pcs_coord_t *c, pcs_coord_job_t *j)
+{
+    if (!j->plan || !pcs_job_state_terminal(j->state))
+        return;
+    if (c->cfg.free_payload)
+        c->cfg.free_payload(c->cfg.user, NULL, j->plan);
+    j->plan = NULL;
+}
+
 void pcs_coord_rank_coords(const pcs_coord_job_t *j, uint32_t rank, uint32_t coords[4])
 {
     memset(coords, 0, 4 * sizeof *coords);

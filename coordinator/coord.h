@@ -217,6 +217,9 @@ pcs_coord_job_t *pcs_coord_job_by_number(pcs_coord_t *c, uint32_t number);
 /* CANCELLED (+ STOP to its workers). A finished job gets PCS_ERR_STATE. */
 pcs_status_t pcs_coord_cancel(pcs_coord_t *c, const char *job_id, const char *reason,
                               pcs_coord_job_t **out);
+/* Release a finished job's plan (free_payload(NULL, plan)): history keeps only the spec, from
+ * which the pure planner rebuilds the plan on demand. No-op for PENDING/RUNNING jobs. */
+void pcs_coord_job_drop_plan(pcs_coord_t *c, pcs_coord_job_t *j);
 /* Mesh coordinates of `rank`: row-major over the job's dims in the order given. coords is
  * indexed by PCS_MESH_* (coords[PCS_MESH_DP_SHARD]); names not in the mesh are 0. */
 void pcs_coord_rank_coords(const pcs_coord_job_t *j, uint32_t rank, uint32_t coords[4]);

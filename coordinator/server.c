@@ -466,9 +466,9 @@ static void h_kv_get(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     REFUSE_IF_STOPPING(s, call);
     const Pcs__V1__KvGetRequest *req = (const void *)m;
     uint32_t wait = req->wait_ms > MAX_KV_WAIT_MS ? MAX_KV_WAIT_MS : req->wait_ms;
-    int64_t left = pcs_rpc_call_remaining_ms(call);
-    if (left < (int64_t)wait)
-        wait = left > 0 ? (uint32_t)left : 0; /* answer not-found before the client gives up */
+    int64_t left = pcs_rpc_call_remaining_ms(call) - 50;
+    if (left < (int64_t)wait) /* answer not-found a little before the client gives up */
+        wait = left > 0 ? (uint32_t)left : 0;
     int found;
     const void *v;
     size_t len;
@@ -609,11 +609,19 @@ static void h_get_plan(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *us
     pcs_status_t st = pcs_coord_lookup_job(s->coord, req->job_id, &j);
     if (st != PCS_OK)
         return fail_last(call, st);
-    if (!j->plan)
-        return pcs_rpc_fail(call, PCS_ERR_NOT_FOUND, "job %s: no plan kept", j->id);
+    Pcs__V1__Plan *rebuilt = NULL;
+    if (!j->plan) {
+        /* finished jobs keep only their spec; the planner is pure, so rebuild */
+        if (!j->spec)
+            return pcs_rpc_fail(call, PCS_ERR_NOT_FOUND, "job %s: no spec kept", j->id);
+        st = pcs_plan_build(j->spec, j->world_size, &rebuilt);
+        if (st != PCS_OK)
+            return fail_last(call, st);
+    }
     Pcs__V1__GetPlanResponse resp = PCS__V1__GET_PLAN_RESPONSE__INIT;
-    resp.plan = j->plan;
+    resp.plan = j->plan ? j->plan : rebuilt;
     pcs_rpc_reply(call, &resp.base);
+    pcs_plan_free(rebuilt);
 }
 
 static void h_dry_run(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
@@ -844,6 +852,8 @@ static void on_worker_new(void *user, const pcs_coord_worker_t *w)
 static void on_job_change(void *user, const pcs_coord_job_t *j)
 {
     pcs_server_t *s = user;
+    if (pcs_job_state_terminal(j->state) && j->plan) /* history need not hold plans in memory */
+        pcs_coord_job_drop_plan(s->coord, (pcs_coord_job_t *)j);
     if (!s->store || s->restoring)
         return;
     uint8_t *buf = NULL;
@@ -888,8 +898,10 @@ static void restore_job(void *user, const pcs_store_job_t *r)
     uint32_t names[PCS_COORD_MAX_MESH_DIMS], sizes[PCS_COORD_MAX_MESH_DIMS], nd = 0, world;
     if (spec) {
         nd = spec_dims(spec, names, sizes);
-        /* The plan is a pure function of the spec: rebuild it rather than store it. */
-        if (spec_world(spec, &world) == PCS_OK && pcs_plan_build(spec, world, &plan) != PCS_OK)
+        /* The plan is a pure function of the spec: rebuild it (for jobs that can still start)
+         * rather than store it. */
+        if (r->state == PCS_JOB_PENDING && spec_world(spec, &world) == PCS_OK &&
+            pcs_plan_build(spec, world, &plan) != PCS_OK)
             plan = NULL;
     }
     if (!nd) { /* unreadable spec: keep the history row with a 1-rank mesh */

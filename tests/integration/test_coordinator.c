@@ -363,6 +363,16 @@ static void test_submit_gang_starts_and_watchers_get_ranks_plan_then_stop_on_can
     assert_true(job->finished_ms >= job->started_ms && job->started_ms >= job->created_ms);
     protobuf_c_message_free_unpacked(&gj->base, NULL);
     assert_int_equal(cancel_job(A, job_id), 9 /* FAILED_PRECONDITION */);
+    /* a finished job's plan is rebuilt from its spec on demand: the same plan, the same hash */
+    Pcs__V1__GetPlanRequest pr = PCS__V1__GET_PLAN_REQUEST__INIT;
+    pr.job_id = job_id;
+    Pcs__V1__GetPlanResponse *plan = NULL;
+    assert_int_equal(call(A, PCS_M_GET_PLAN, &pr, &pcs__v1__get_plan_response__descriptor, &plan),
+                     0);
+    assert_non_null(plan->plan);
+    assert_int_equal(plan->plan->world_size, 4);
+    assert_true(plan->plan->hash == plan_hash);
+    protobuf_c_message_free_unpacked(&plan->base, NULL);
     free(job_id);
 }
 
