@@ -217,8 +217,8 @@ static double bench_dtype(const shape_t *s, uint32_t R, pcs_dtype_t dt, int iter
 static void usage(void)
 {
     fprintf(stderr, "usage: pcs-model-bench [-b ROWS] [-e ROWS] [-f FACTOR] [-n ITERS] [-i IN] "
-                    "[-H HIDDEN] [-L LAYERS] [-o OUT]\n"
-                    "       pcs-model-bench --job FILE.yaml [--global-batch]\n");
+                    "[-H HIDDEN] [-L LAYERS] [-o OUT] [-t BLAS_THREADS]\n"
+                    "       pcs-model-bench --job FILE.yaml [--global-batch] [-t BLAS_THREADS]\n");
 }
 
 int main(int argc, char **argv)
@@ -237,6 +237,9 @@ int main(int argc, char **argv)
             i++;
         } else if (strcmp(a, "--global-batch") == 0) {
             global = 1;
+        } else if (strcmp(a, "-t") == 0 && v) {
+            pcs_mlp_blas_threads(atoi(v));
+            i++;
         } else if (v && a[0] == '-' && a[1] && !a[2] && strchr("befniHLo", a[1])) {
             unsigned long x = strtoul(v, NULL, 10);
             switch (a[1]) {
@@ -261,8 +264,8 @@ int main(int argc, char **argv)
         usage();
         return 2;
     }
-    printf("# pcs-model-bench  mlp %u -> %u x %u -> %u (relu, bias)  iters %d\n", s.in, s.hidden,
-           s.layers, s.out, iters);
+    printf("# pcs-model-bench  mlp %u -> %u x %u -> %u (relu, bias)  iters %d  blas threads %d\n",
+           s.in, s.hidden, s.layers, s.out, iters, pcs_mlp_blas_threads(0));
     printf("# time = forward + backward of one micro-batch; sgemm = the same GEMMs alone (fp32)\n");
     printf("#   rows  type      time     GF/s     sgemm    ratio  #wrong\n");
     printf("#                   (us)               (us)\n");

@@ -202,6 +202,13 @@ static pcs_status_t ensure(float **p, size_t *cap, size_t n)
     return PCS_OK;
 }
 
+int pcs_mlp_blas_threads(int n)
+{
+    if (n > 0)
+        openblas_set_num_threads(n);
+    return openblas_get_num_threads();
+}
+
 // ---- construction ----
 
 static pcs_status_t keep_name(pcs_mlp_t *m, char *s, const char **out)

@@ -137,6 +137,11 @@ pcs_status_t pcs_mlp_forward(pcs_mlp_t *m, const float *x, pcs_dtype_t x_dtype, 
  * every bound gradient. PCS_ERR_STATE without a preceding training forward. */
 pcs_status_t pcs_mlp_backward(pcs_mlp_t *m, const float *grad_out, const pcs_mlp_hooks_t *hooks);
 
+/* Threads OpenBLAS may use for the GEMMs (process-wide). Workers that share a host with other
+ * ranks should use 1 (the default OpenBLAS pool oversubscribes the cores); 0 = leave as is.
+ * Returns the count in effect. */
+int pcs_mlp_blas_threads(int n);
+
 // ---- numeric helpers shared with loss/reference ----
 
 /* Round fp32 values to dtype in place (round to nearest even; FP32/FP64: unchanged). */
