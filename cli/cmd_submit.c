@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char usage[] = "pcsctl submit FILE [--request-id ID]";
+static const char usage[] = "pcsctl submit FILE|- [--request-id ID]";
 
 static void random_request_id(char *buf, size_t n)
 {
@@ -26,6 +26,41 @@ static void random_request_id(char *buf, size_t n)
     if (fd >= 0)
         close(fd);
     snprintf(buf, n, "ctl-%016llx", (unsigned long long)r);
+}
+
+/* `-`: the job file comes on stdin (pcsctl submit - < job.yaml, or from a generator). */
+static pcs_status_t read_stdin_job(ProtobufCMessage **out)
+{
+    size_t len = 0, cap = 0;
+    char *buf = NULL;
+    for (;;) {
+        if (len == cap) {
+            if (cap >= (32u << 20)) {
+                free(buf);
+                return pcs_set_error(PCS_ERR_INVALID_ARG, "<stdin>: larger than 32 MiB");
+            }
+            size_t ncap = cap ? cap * 2 : 65536;
+            char *p = realloc(buf, ncap);
+            if (!p) {
+                free(buf);
+                return pcs_set_error(PCS_ERR_NOMEM, "<stdin>: out of memory");
+            }
+            buf = p;
+            cap = ncap;
+        }
+        size_t got = fread(buf + len, 1, cap - len, stdin);
+        len += got;
+        if (got == 0)
+            break;
+    }
+    pcs_status_t st = pcs_pb_from_yaml(buf, len, &pcs__v1__job_spec__descriptor, out);
+    free(buf);
+    if (st != PCS_OK) {
+        char why[1024];
+        snprintf(why, sizeof why, "%s", pcs_last_error());
+        pcs_set_error(st, "<stdin>: %s", why);
+    }
+    return st;
 }
 
 int pcs_cli_submit(int argc, char **argv)
@@ -55,8 +90,12 @@ int pcs_cli_submit(int argc, char **argv)
         return pcs_cli_usage("submit", usage, "missing job file");
 
     ProtobufCMessage *m = NULL;
-    if (pcs_pb_from_yaml_file(file, &pcs__v1__job_spec__descriptor, &m) != PCS_OK)
+    int from_stdin = !strcmp(file, "-");
+    if ((from_stdin ? read_stdin_job(&m)
+                    : pcs_pb_from_yaml_file(file, &pcs__v1__job_spec__descriptor, &m)) != PCS_OK)
         return pcs_cli_fail("%s", pcs_last_error());
+    if (from_stdin)
+        file = "<stdin>";
     Pcs__V1__JobSpec *spec = (Pcs__V1__JobSpec *)m;
     char err[512];
     if (pcs_job_validate(spec, err, sizeof err) != PCS_OK) {

@@ -13,7 +13,7 @@ static const char usage_text[] =
     "usage: pcsctl [--coordinator ADDR] [--json] [--timeout-ms N] <command> [args]\n"
     "\n"
     "commands:\n"
-    "  submit FILE [--request-id ID]   validate a job file (YAML or JSON) and submit it\n"
+    "  submit FILE|- [--request-id ID] validate a job file (YAML or JSON) and submit it\n"
     "  status [--full] [JOB]           coordinator summary, or the details of one job\n"
     "  jobs [--state S]                list jobs (pending, running, succeeded, failed, ...)\n"
     "  workers [--state S]             list workers (idle, assigned, lost, gone)\n"

@@ -429,6 +429,20 @@ static void test_unreachable_coordinator_is_a_clear_error(void **state)
     free(out);
 }
 
+static void test_submit_reads_the_job_from_stdin(void **state)
+{
+    (void)state;
+    int rc;
+    char *out = ctl(&rc, "submit - < '%s'", example("tiny-job.yaml"));
+    assert_int_equal(rc, 0);
+    expect_contains(out, " pending (world 2, request ctl-");
+    free(out);
+    out = ctl(&rc, "submit - < /dev/null");
+    assert_int_equal(rc, 1);
+    expect_contains(out, "pcsctl: <stdin>: line 1: document is empty");
+    free(out);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -445,6 +459,7 @@ int main(void)
         cmocka_unit_test(test_server_errors_print_the_grpc_code),
         cmocka_unit_test(test_usage_errors_exit_2),
         cmocka_unit_test(test_unreachable_coordinator_is_a_clear_error),
+        cmocka_unit_test(test_submit_reads_the_job_from_stdin),
     };
     return cmocka_run_group_tests_name("pcsctl", tests, setup, teardown);
 }
