@@ -69,6 +69,7 @@ struct pcs_reference {
     double scale, growth, backoff;
     uint32_t interval, tracker;
     uint32_t eval_every;
+    int full_precision_eval;  /* FSDP1 FSDP_USE_FULL_PREC_IN_EVAL: eval from fp32 masters, no casts */
     /* buffers: per emulated rank, in their run dtype */
     void **bufs;              /* [nranks_buf * n_bufs] */
     pcs_dtype_t *buf_dtype;
@@ -386,6 +387,7 @@ static pcs_status_t read_training(pcs_reference_t *r, const Pcs__V1__JobSpec *sp
     if (r->clip < 0)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "training.clip_grad_norm: must be >= 0");
     r->eval_every = t->eval_every;
+    r->full_precision_eval = t->full_precision_eval;
     pcs_adamw_config_default(&r->adamw);
     pcs_sgd_config_default(&r->sgd);
     const Pcs__V1__OptimizerSpec *o = t->optimizer;
@@ -780,6 +782,35 @@ out:
     return rc;
 }
 
+/* Bind every parameter to its compute buffer and set the units' casts (training state), or, for
+ * full-precision eval, to the fp32 master values with no casts (FSDP1 unshards from the
+ * full-precision shard and the root does not cast inputs). */
+static pcs_status_t bind_params(pcs_reference_t *r, int full_precision)
+{
+    for (uint32_t p = 0; p < pcs_mlp_num_params(r->model); p++) {
+        ref_unit_t *u = &r->units[r->param_unit[p]];
+        if (full_precision && u->master == PCS_DTYPE_FP32)
+            PCS_CHECK(pcs_mlp_bind_param(r->model, p, PCS_DTYPE_FP32,
+                                         u->master_v + r->param_off[p]));
+        else
+            PCS_CHECK(pcs_mlp_bind_param(r->model, p, u->compute,
+                                         (char *)u->cparam +
+                                             r->param_off[p] * pcs_dtype_size(u->compute)));
+    }
+    for (uint32_t k = 0; k < r->n_units; k++) {
+        ref_unit_t *u = &r->units[k];
+        if (u->module < 0)
+            continue;
+        if (full_precision)
+            PCS_CHECK(pcs_mlp_set_cast(r->model, (uint32_t)u->module, PCS_DTYPE_NONE,
+                                       PCS_DTYPE_NONE));
+        else
+            PCS_CHECK(pcs_mlp_set_cast(r->model, (uint32_t)u->module,
+                                       u->cast_inputs ? u->compute : PCS_DTYPE_NONE, u->output));
+    }
+    return PCS_OK;
+}
+
 pcs_status_t pcs_ref_eval(pcs_reference_t *r, double *loss)
 {
     if (!r || !loss)
@@ -789,9 +820,18 @@ pcs_status_t pcs_ref_eval(pcs_reference_t *r, double *loss)
     pcs_dtype_t odt;
     PCS_CHECK(bind_rank_buffers(r, 0));
     PCS_CHECK(pcs_data_read_eval(r->data, rows, r->x, r->y));
-    PCS_CHECK(pcs_mlp_forward(r->model, r->x, pcs_data_input_dtype(r->data), rows, 0, NULL, &out,
-                              &odt));
-    return pcs_loss_compute(r->loss, out, rows, r->out_dim, r->y, 1.0f, loss, NULL);
+    if (r->full_precision_eval)
+        PCS_CHECK(bind_params(r, 1));
+    pcs_status_t rc = pcs_mlp_forward(r->model, r->x, pcs_data_input_dtype(r->data), rows, 0,
+                                      NULL, &out, &odt);
+    if (rc == PCS_OK)
+        rc = pcs_loss_compute(r->loss, out, rows, r->out_dim, r->y, 1.0f, loss, NULL);
+    if (r->full_precision_eval) {
+        pcs_status_t rc2 = bind_params(r, 0);
+        if (rc == PCS_OK)
+            rc = rc2;
+    }
+    return rc;
 }
 
 pcs_status_t pcs_ref_run(pcs_reference_t *r)

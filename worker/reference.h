@@ -65,7 +65,9 @@ void pcs_ref_destroy(pcs_reference_t *r);
 pcs_status_t pcs_ref_step(pcs_reference_t *r, pcs_ref_step_result_t *res);
 /* Run the remaining steps; with eval_every K > 0 an eval runs after every K-th step. */
 pcs_status_t pcs_ref_run(pcs_reference_t *r);
-/* Mean loss on the fixed eval batch (training = 0: BatchNorm uses running statistics). */
+/* Mean loss on the fixed eval batch (training = 0: BatchNorm uses running statistics). With
+ * training.full_precision_eval (FSDP1's FSDP_USE_FULL_PREC_IN_EVAL=1) the forward runs on the fp32
+ * master parameters without input/output casts; otherwise in the units' compute dtypes. */
 pcs_status_t pcs_ref_eval(pcs_reference_t *r, double *loss);
 
 /* Per-step losses so far (index = step). */

@@ -447,6 +447,43 @@ static void test_planner_plan_drives_the_units(void **state)
     job_free(s);
 }
 
+/* FSDP1 full-precision eval: before any step the masters of a bf16 job equal those of an fp32
+ * job (same seed), so its full-precision eval equals the fp32 job's eval exactly, while the
+ * ordinary bf16 eval differs by rounding. */
+static void test_full_precision_eval_uses_fp32_masters(void **state)
+{
+    (void)state;
+    Pcs__V1__JobSpec *sb = job(SMALL_JOB, "gelu", "layernorm", "param_dtype: bf16", 1u, 2u, 4u, 1u,
+                               "mse", "optimizer: {adamw: {lr: 0.01}}, full_precision_eval: true",
+                               "regression", "");
+    Pcs__V1__JobSpec *sl = job(SMALL_JOB, "gelu", "layernorm", "param_dtype: bf16", 1u, 2u, 4u, 1u,
+                               "mse", "optimizer: {adamw: {lr: 0.01}}", "regression", "");
+    Pcs__V1__JobSpec *sf = job(SMALL_JOB, "gelu", "layernorm", "", 1u, 2u, 4u, 1u, "mse",
+                               "optimizer: {adamw: {lr: 0.01}}", "regression", "");
+    pcs_reference_t *b, *l, *f;
+    assert_int_equal(pcs_ref_create(sb, NULL, NULL, &b), PCS_OK);
+    assert_int_equal(pcs_ref_create(sl, NULL, NULL, &l), PCS_OK);
+    assert_int_equal(pcs_ref_create(sf, NULL, NULL, &f), PCS_OK);
+    double eb, el, ef;
+    assert_int_equal(pcs_ref_eval(b, &eb), PCS_OK);
+    assert_int_equal(pcs_ref_eval(l, &el), PCS_OK);
+    assert_int_equal(pcs_ref_eval(f, &ef), PCS_OK);
+    assert_true(eb == ef);
+    assert_true(el != ef);
+    assert_true(fabs(el - ef) < 2e-2 * ef);
+    /* training afterwards still runs in bf16: identical to the job without the flag */
+    pcs_ref_step_result_t rb, rl;
+    assert_int_equal(pcs_ref_step(b, &rb), PCS_OK);
+    assert_int_equal(pcs_ref_step(l, &rl), PCS_OK);
+    assert_true(rb.loss == rl.loss);
+    pcs_ref_destroy(b);
+    pcs_ref_destroy(l);
+    pcs_ref_destroy(f);
+    job_free(sb);
+    job_free(sl);
+    job_free(sf);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -461,6 +498,7 @@ int main(void)
         cmocka_unit_test(test_export_then_init_from_file_round_trips),
         cmocka_unit_test(test_bad_jobs_name_the_field),
         cmocka_unit_test(test_planner_plan_drives_the_units),
+        cmocka_unit_test(test_full_precision_eval_uses_fp32_masters),
     };
     return cmocka_run_group_tests_name("reference", tests, NULL, NULL);
 }
