@@ -202,7 +202,7 @@ static void test_safetensors_file_rows_with_wrap(void **state)
     /* rank 1 of 2, b = 3, step 1, micro 0, M = 1: rows 9, 10 -> 0, 11 -> 1 */
     uint64_t first = pcs_data_batch_start(1, 0, 1, 2, 1, 3);
     assert_int_equal(first, 9);
-    float x[9], yy[6];
+    float x[12], yy[6];
     assert_int_equal(pcs_data_read(d, first, 3, x, yy), PCS_OK);
     const int rows[3] = {9, 0, 1};
     for (int r = 0; r < 3; r++) {
