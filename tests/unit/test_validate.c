@@ -510,6 +510,42 @@ static void test_world_size_is_the_mesh_product(void **state)
     assert_int_equal(pcs_job_world_size(&empty), 1);
 }
 
+static void test_large_explicit_model_is_checked_in_linear_time(void **state)
+{
+    (void)state;
+    /* 50k modules x 2 params: a quadratic duplicate check would take minutes here. */
+    const size_t n = 50000;
+    size_t cap = n * 128 + 4096, len = 0;
+    char *doc = malloc(cap);
+    assert_non_null(doc);
+    len += (size_t)snprintf(doc + len, cap - len,
+                            "training: {steps: 1, micro_batch_size: 1, optimizer: {sgd: {lr: 1}}}\n"
+                            "model:\n  explicit:\n");
+    for (size_t i = 0; i < n; i++)
+        len += (size_t)snprintf(doc + len, cap - len,
+                                "    - {path: blocks.%zu, params: [{name: w, shape: [4, 4]}, "
+                                "{name: b, shape: [4]}]}\n",
+                                i);
+    ProtobufCMessage *m = NULL;
+    if (pcs_pb_from_yaml(doc, len, &pcs__v1__job_spec__descriptor, &m) != PCS_OK)
+        fail_msg("%s", pcs_last_error());
+    job_t *j = (job_t *)m;
+    char err[256];
+    if (pcs_job_validate(j, err, sizeof err) != PCS_OK)
+        fail_msg("%s", err);
+    /* The last module repeats the first one's path: found, and named by its index. */
+    Pcs__V1__ModuleDecl *last = j->model->explicit_->modules[n - 1];
+    free(last->path);
+    last->path = strdup("blocks.0");
+    assert_int_equal(pcs_job_validate(j, err, sizeof err), PCS_ERR_INVALID_ARG);
+    char want[128];
+    snprintf(want, sizeof want,
+             "model.explicit.modules[%zu].path: duplicate module path 'blocks.0'", n - 1);
+    assert_string_equal(err, want);
+    free_job(j);
+    free(doc);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -520,6 +556,7 @@ int main(void)
         cmocka_unit_test(test_first_error_in_field_order_wins),
         cmocka_unit_test(test_null_spec_and_null_err_buffer),
         cmocka_unit_test(test_world_size_is_the_mesh_product),
+        cmocka_unit_test(test_large_explicit_model_is_checked_in_linear_time),
     };
     return cmocka_run_group_tests_name("validate", tests, NULL, NULL);
 }
