@@ -51,6 +51,10 @@ struct pcs_agent {
     uint64_t generation;
     uint32_t rank;
     pcs_train_t *train;          /* under mu while running, for abort */
+    void (*abort_fn)(void *, const char *); /* under mu: custom job's abort */
+    void *abort_ctx;
+    pcs_agent_job_fn job_fn;
+    void *job_ctx;
     uint64_t last_step;
 
     report_item_t *rq_head, *rq_tail; /* under mu */
@@ -145,9 +149,12 @@ static void copy_worker_id(pcs_agent_t *a, char *buf, size_t n)
 static void abort_running(pcs_agent_t *a, const char *job_id, const char *reason)
 {
     pthread_mutex_lock(&a->mu);
-    if (a->train && (!job_id || strcmp(job_id, a->job_id) == 0)) {
+    if ((a->train || a->abort_fn) && (!job_id || strcmp(job_id, a->job_id) == 0)) {
         PCS_INFO(PCS_SUB_WORKER, "aborting job %s: %s", a->job_id, reason);
-        pcs_train_abort(a->train, reason);
+        if (a->train)
+            pcs_train_abort(a->train, reason);
+        else
+            a->abort_fn(a->abort_ctx, reason);
     }
     pthread_mutex_unlock(&a->mu);
 }
@@ -416,6 +423,22 @@ static void report_cb(void *ctx, const Pcs__V1__StepReport *rep)
     enqueue_report(ctx, rep);
 }
 
+void pcs_agent_report(pcs_agent_t *a, const Pcs__V1__StepReport *r)
+{
+    enqueue_report(a, r);
+}
+
+void pcs_agent_set_abort(pcs_agent_t *a, void (*fn)(void *ctx, const char *reason), void *ctx)
+{
+    pthread_mutex_lock(&a->mu);
+    a->abort_fn = fn;
+    a->abort_ctx = ctx;
+    int stopping = atomic_load(&a->stop);
+    pthread_mutex_unlock(&a->mu);
+    if (fn && stopping)
+        fn(ctx, "worker is shutting down");
+}
+
 /* Wait until the report queue is empty (bounded), so done/error reports reach the coordinator
  * before we deregister. */
 static void flush_reports(pcs_agent_t *a, uint32_t max_ms)
@@ -466,7 +489,12 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
     uint64_t t0 = pcs_now_ms();
     pcs_status_t st = pcs_kv_coord_create(a->coordinator, as->job_id, as->generation,
                                           (int)a->rpc_timeout_ms, &kv);
-    if (st == PCS_OK) {
+    if (st == PCS_OK && a->job_fn) {
+        st = a->job_fn(a->job_ctx, a, as, kv);
+        pthread_mutex_lock(&a->mu);
+        a->abort_fn = NULL;
+        pthread_mutex_unlock(&a->mu);
+    } else if (st == PCS_OK) {
         pcs_train_config_t tc;
         memset(&tc, 0, sizeof tc);
         tc.assignment = as;
@@ -482,7 +510,7 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
         tc.prefetch = -1;
         st = pcs_train_create(&tc, &t);
     }
-    if (st == PCS_OK) {
+    if (st == PCS_OK && t) {
         pthread_mutex_lock(&a->mu);
         a->train = t;
         int stopping = atomic_load(&a->stop);
@@ -502,8 +530,8 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
         report_error(a, step, msg);
     } else if (st == PCS_OK) {
         PCS_INFO(PCS_SUB_WORKER, "job %s finished: %llu steps in %.1f s, last loss %.6g",
-                 as->job_id, (unsigned long long)res.steps, (double)(pcs_now_ms() - t0) / 1e3,
-                 res.last_loss);
+                 as->job_id, (unsigned long long)(t ? res.steps : a->last_step),
+                 (double)(pcs_now_ms() - t0) / 1e3, res.last_loss);
     }
     flush_reports(a, 10000);
     pthread_mutex_lock(&a->mu);
@@ -560,6 +588,8 @@ pcs_status_t pcs_agent_create(const pcs_agent_config_t *cfg, pcs_agent_t **out)
     a->max_jobs = cfg->max_jobs;
     a->inject_inf_step = cfg->inject_inf_step;
     a->inject_inf_rank = cfg->inject_inf_rank;
+    a->job_fn = cfg->job_fn;
+    a->job_ctx = cfg->job_ctx;
     PCS_CHECK_GOTO(pcs_rpc_client_create(a->coordinator, &a->rpc), st, fail);
     *out = a;
     return PCS_OK;

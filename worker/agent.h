@@ -15,6 +15,16 @@ extern "C" {
 #endif
 
 typedef struct pcs_agent pcs_agent_t;
+struct Pcs__V1__Assignment;
+struct Pcs__V1__StepReport;
+struct pcs_kv;
+
+/* A job runner other than the built-in training loop (the C API): runs on the agent's main loop
+ * thread with the assignment and a KV store scoped to it (both valid until it returns); sends its
+ * reports with pcs_agent_report(). A non-OK return is reported to the coordinator as the job's
+ * error (PCS_ERR_CANCELLED is not). */
+typedef pcs_status_t (*pcs_agent_job_fn)(void *ctx, pcs_agent_t *a,
+                                         const struct Pcs__V1__Assignment *as, struct pcs_kv *kv);
 
 /* Path of a rank's report file in report_dir (see pcs_agent_config_t.report_dir). */
 void pcs_agent_report_path(const char *dir, const char *job_id, uint32_t rank, char *buf,
@@ -34,6 +44,8 @@ typedef struct pcs_agent_config {
                                 * (u32 little-endian length + packed StepReport); NULL = off */
     uint64_t inject_inf_step;  /* test hook, see pcs_train_config_t */
     uint32_t inject_inf_rank;
+    pcs_agent_job_fn job_fn;   /* NULL = the built-in training loop (pcs-worker) */
+    void *job_ctx;
 } pcs_agent_config_t;
 
 /* Strings are copied. Nothing is contacted until run(). */
@@ -44,6 +56,12 @@ pcs_status_t pcs_agent_run(pcs_agent_t *a);
 /* Ask run() to return: aborts a running job. Async-signal-safe. */
 void pcs_agent_stop(pcs_agent_t *a);
 void pcs_agent_destroy(pcs_agent_t *a);
+
+/* Queue a step report of the running job (copied; sent in order by the reporter thread). */
+void pcs_agent_report(pcs_agent_t *a, const struct Pcs__V1__StepReport *r);
+/* While a custom job runs: what to call when the coordinator stops it or the agent is stopped
+ * (wakes its collectives). NULL clears. Thread-safe. */
+void pcs_agent_set_abort(pcs_agent_t *a, void (*fn)(void *ctx, const char *reason), void *ctx);
 
 #ifdef __cplusplus
 }

@@ -585,8 +585,8 @@ out:
     return st;
 }
 
-static void fill_report(pcs_train_t *t, Pcs__V1__StepReport *r, Pcs__V1__CollectiveRecord *recs,
-                        Pcs__V1__CollectiveRecord **rp, size_t cap, const pcs_rt_stats_t *s)
+void pcs_train_fill_report(Pcs__V1__StepReport *r, Pcs__V1__CollectiveRecord *recs,
+                           Pcs__V1__CollectiveRecord **rp, size_t cap, const pcs_rt_stats_t *s)
 {
     r->all_gather_ms = s->all_gather_ms;
     r->reduce_scatter_ms = s->reduce_scatter_ms + s->all_reduce_ms;
@@ -624,7 +624,6 @@ static void fill_report(pcs_train_t *t, Pcs__V1__StepReport *r, Pcs__V1__Collect
     }
     r->n_collectives = n;
     r->collectives = rp;
-    (void)t;
 }
 
 pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
@@ -704,7 +703,7 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
         r.loss_scale = reported_scale;
         r.skipped = sr.skipped;
         r.skipped_steps = t->skipped;
-        fill_report(t, &r, recs, rp, cap, &rs);
+        pcs_train_fill_report(&r, recs, rp, cap, &rs);
         if (eval_every && s % eval_every == 0) {
             double el = 0;
             PCS_CHECK_GOTO(run_eval(t, &el), st, fail);

@@ -58,6 +58,14 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result);
 void pcs_train_abort(pcs_train_t *t, const char *reason);
 void pcs_train_destroy(pcs_train_t *t);
 
+/* Fill a report's timing, byte, audit and per-collective fields from the runtime's stats of the
+ * step: records aggregated per (kind, unit, dtype) into recs/rp (caller arrays of cap entries;
+ * r->collectives points into rp). */
+struct pcs_rt_stats;
+void pcs_train_fill_report(Pcs__V1__StepReport *r, Pcs__V1__CollectiveRecord *recs,
+                           Pcs__V1__CollectiveRecord **rp, size_t cap,
+                           const struct pcs_rt_stats *s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -26,3 +26,19 @@ if(TARGET pcsctl AND TARGET pcs-worker AND TARGET pcs-coordinator)
   set_target_properties(test_e2e_cli PROPERTIES LINKER_LANGUAGE CXX)
   add_dependencies(test_e2e_cli pcsctl pcs-worker pcs-coordinator)
 endif()
+
+# The public C API example program and its end-to-end test.
+if(TARGET pcs_worker_core)
+  add_executable(pcs-c-api-example ${PROJECT_SOURCE_DIR}/examples/c_api_example.c)
+  target_link_libraries(pcs-c-api-example PRIVATE pcs_worker_core)
+  set_target_properties(pcs-c-api-example PROPERTIES LINKER_LANGUAGE CXX)
+  pcs_target_warnings(pcs-c-api-example)
+  if(TARGET pcs-coordinator)
+    pcs_add_test(NAME test_e2e_capi
+      SOURCES ${PROJECT_SOURCE_DIR}/tests/integration/test_e2e_capi.c
+              ${PROJECT_SOURCE_DIR}/tests/integration/test_e2e_util.c
+      LIBS pcs_worker_core pcs_plan LABELS integration TIMEOUT 120)
+    set_target_properties(test_e2e_capi PROPERTIES LINKER_LANGUAGE CXX)
+    add_dependencies(test_e2e_capi pcs-c-api-example pcs-coordinator)
+  endif()
+endif()

@@ -1,0 +1,97 @@
+/* The C API example (examples/c_api_example.c) as a user runs it: two example processes join a job
+ * with an explicit module tree (a Linear "fc") through a real coordinator, compute forward and
+ * backward themselves, hand in gradients, and step; the job must succeed, every step report must
+ * carry an fp32 all-gather and reduce-scatter per step of the fc unit with audit OK, and each
+ * process must see its loss go down (it exits non-zero otherwise). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test_e2e_util.h"
+#include "test_util.h"
+
+static const char k_job[] =
+    "name: c-api\n"
+    "model:\n"
+    "  explicit:\n"
+    "    modules:\n"
+    "      - {path: '', class: Regressor}\n"
+    "      - {path: fc, class: Linear, params: [{name: weight, shape: [4, 8]},\n"
+    "                                           {name: bias, shape: [4]}]}\n"
+    "wrap: {explicit: [fc]}\n"
+    "precision: {param_dtype: fp32}\n"
+    "strategy: full_shard\n"
+    "mesh: [{dim: dp_shard, size: 2}]\n"
+    "training:\n"
+    "  steps: 30\n"
+    "  micro_batch_size: 16\n"
+    "  micro_batches: 2\n"
+    "  optimizer: {adamw: {lr: 2.0e-2}}\n"
+    "  clip_grad_norm: 5.0\n";
+
+static e2e_cluster_t g_c;
+static e2e_job_t g_job;
+
+static int setup(void **state)
+{
+    (void)state;
+    return e2e_start(&g_c, "capi");
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    e2e_job_free(&g_job);
+    e2e_stop(&g_c);
+    return 0;
+}
+
+static void test_c_api_example_trains_an_explicit_model(void **state)
+{
+    (void)state;
+    pid_t pids[2];
+    for (int i = 0; i < 2; i++) {
+        char log[1100], ident[64];
+        snprintf(log, sizeof log, "%s/example%d.log", g_c.dir, i);
+        snprintf(ident, sizeof ident, "capi-%d-%d", (int)getpid(), i);
+        const char *argv[] = {pcs_test_bin("pcs-c-api-example"), "--coordinator", g_c.addr,
+                              "--identity", ident, NULL};
+        pids[i] = pcs_test_spawn((char *const *)argv, log);
+        assert_true(pids[i] > 0);
+        g_c.workers[g_c.n_workers++] = pids[i];
+    }
+    assert_int_equal(e2e_submit(&g_c, k_job, "capi", &g_job), 0);
+    /* the examples exit on their own after the job: their exit code is their verdict */
+    int codes[2];
+    for (int i = 0; i < 2; i++) {
+        int ws = pcs_test_wait(pids[i], 60000);
+        assert_true(ws != -1);
+        g_c.workers[i] = -1;
+        codes[i] = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128;
+        char log[1100];
+        snprintf(log, sizeof log, "%s/example%d.log", g_c.dir, i);
+        char *txt = pcs_test_read_file(log, NULL);
+        fprintf(stderr, "--- example %d (exit %d)\n%s", i, codes[i], txt ? txt : "");
+        free(txt);
+    }
+    assert_int_equal(codes[0], 0);
+    assert_int_equal(codes[1], 0);
+    assert_int_equal(e2e_wait_job(&g_c, &g_job, 20000), 0);
+    assert_int_equal(g_job.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test_setup_teardown(test_c_api_example_trains_an_explicit_model, setup,
+                                        teardown),
+    };
+    return cmocka_run_group_tests_name("e2e_capi", tests, NULL, NULL);
+}

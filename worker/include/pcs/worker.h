@@ -1,0 +1,127 @@
+/* pcs worker C API: for training programs that do their own compute while pcs owns parameters,
+ * gradients and communication. A program joins a job through the coordinator (it registers like
+ * pcs-worker and receives its rank and the plan), then per step: unshard a unit (all-gather its
+ * parameters in the plan's dtype), run its own forward/backward on the flat buffer, write the
+ * gradients into the unit's gradient buffer, hand them in (reduce-scatter or accumulate), reshard,
+ * and finally step (grad scaler verdict, clipping, optimizer on the fp32 shards; a step report goes
+ * to the coordinator). Plain C; no gRPC or protobuf types. One thread drives a pcs_worker_t;
+ * pcs_worker_abort() may be called from any thread. Errors are pcs_status_t with the reason in
+ * pcs_last_error(). Example: examples/c_api_example.c. */
+#ifndef PCS_WORKER_H
+#define PCS_WORKER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pcs/dtype.h"
+#include "pcs/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pcs_worker pcs_worker_t;
+
+/* Initial values of parameter `fqn`: elements [first, first + n) of its flattened tensor. */
+typedef pcs_status_t (*pcs_worker_init_fn)(void *ctx, const char *fqn, uint64_t first, uint64_t n,
+                                           float *out);
+
+typedef struct pcs_worker_options {
+    const char *coordinator;   /* "127.0.0.1:7070" (required) */
+    const char *identity;      /* NULL = "<host>:<pid>" */
+    const char *hostname;      /* transport address, NULL = 127.0.0.1 */
+    uint32_t join_timeout_ms;  /* wait for an assignment; 0 = wait forever */
+    uint32_t coll_timeout_ms;  /* 0 = 30000 */
+    /* NULL = U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from (init seed, FQN) for tensors of 2+ dims and
+     * vectors sharing a module with one (Linear), ones for other "weight" vectors, zeros
+     * otherwise (LayerNorm-style). */
+    pcs_worker_init_fn init;
+    void *init_ctx;
+} pcs_worker_options_t;
+
+/* Register with the coordinator, wait for an assignment, build the communicators and the fp32
+ * master shards. Errors: PCS_ERR_TIMEOUT (no job within join_timeout_ms), PCS_ERR_REMOTE
+ * (coordinator unreachable), PCS_ERR_INVALID_ARG (a plan this runtime cannot run).
+ * Caller ends with pcs_worker_finish() and pcs_worker_destroy(). */
+pcs_status_t pcs_worker_join(const pcs_worker_options_t *opt, pcs_worker_t **out);
+
+uint32_t pcs_worker_rank(const pcs_worker_t *w);
+uint32_t pcs_worker_world_size(const pcs_worker_t *w);
+/* Data-parallel position of this rank (for picking its rows of a global batch). */
+uint32_t pcs_worker_dp_rank(const pcs_worker_t *w);
+uint32_t pcs_worker_dp_size(const pcs_worker_t *w);
+/* The job's training.steps, micro_batches and micro_batch_size. */
+uint64_t pcs_worker_total_steps(const pcs_worker_t *w);
+uint32_t pcs_worker_micro_batches(const pcs_worker_t *w);
+uint32_t pcs_worker_micro_batch_size(const pcs_worker_t *w);
+/* The job id (valid until destroy). */
+const char *pcs_worker_job_id(const pcs_worker_t *w);
+
+typedef struct pcs_worker_unit_info {
+    const char *path;          /* module that roots the unit ("" = root) */
+    size_t n_params;
+    uint64_t padded_numel;     /* length of the flat (unsharded) buffer */
+    pcs_dtype_t param_dtype;   /* dtype of the unsharded parameters and of the gradient buffer */
+    int is_root;
+} pcs_worker_unit_info_t;
+
+typedef struct pcs_worker_param_info {
+    const char *fqn;
+    uint32_t unit;
+    uint64_t offset;           /* element offset in the unit's flat buffer */
+    uint64_t numel;
+    uint32_t ndim;
+    uint64_t shape[8];
+} pcs_worker_param_info_t;
+
+size_t pcs_worker_num_units(const pcs_worker_t *w);
+pcs_status_t pcs_worker_unit(const pcs_worker_t *w, uint32_t unit, pcs_worker_unit_info_t *out);
+/* The k-th parameter of `unit`, or a parameter by FQN (PCS_ERR_NOT_FOUND if absent). */
+pcs_status_t pcs_worker_param(const pcs_worker_t *w, uint32_t unit, size_t k,
+                              pcs_worker_param_info_t *out);
+pcs_status_t pcs_worker_find_param(const pcs_worker_t *w, const char *fqn,
+                                   pcs_worker_param_info_t *out);
+
+/* Start a step (zeroes the sharded gradients). */
+pcs_status_t pcs_worker_begin_step(pcs_worker_t *w);
+/* All-gather `unit`; *params is its flat buffer (padded_numel elements of *dtype), valid until
+ * the unit is resharded. Prefetch queues the all-gather without waiting. */
+pcs_status_t pcs_worker_unshard(pcs_worker_t *w, uint32_t unit, const void **params,
+                                pcs_dtype_t *dtype);
+pcs_status_t pcs_worker_prefetch(pcs_worker_t *w, uint32_t unit);
+pcs_status_t pcs_worker_reshard(pcs_worker_t *w, uint32_t unit);
+/* The buffer the program writes `unit`'s gradients into (padded_numel elements of *dtype, laid
+ * out like the parameters; padding must stay zero). The gradient of the step's mean loss:
+ * scale each micro-batch's gradient by 1/micro_batches (and by the loss scale with fp16). */
+pcs_status_t pcs_worker_grad_buffer(pcs_worker_t *w, uint32_t unit, void **grads,
+                                    pcs_dtype_t *dtype);
+/* Hand in the gradient buffer: sync = 0 accumulates (micro-batch without sync), sync = 1 reduces
+ * across ranks into the sharded gradient (once per unit per step, on the last micro-batch). */
+pcs_status_t pcs_worker_hand_in_grads(pcs_worker_t *w, uint32_t unit, int sync);
+
+typedef struct pcs_worker_step_result {
+    uint64_t step;             /* 1-based step just finished */
+    double loss;               /* mean over data-parallel ranks of the loss handed in */
+    double grad_norm;
+    int skipped;               /* grad scaler found Inf/NaN on some rank */
+    double loss_scale;         /* the scale to multiply the next step's loss gradient by */
+    int done;                  /* this was the job's last step */
+} pcs_worker_step_result_t;
+
+/* Optimizer step on the shards (the job's optimizer, clipping and grad scaler), then a step
+ * report to the coordinator. `loss` is this rank's mean loss of the step. */
+pcs_status_t pcs_worker_step(pcs_worker_t *w, double loss, pcs_worker_step_result_t *res);
+/* Current loss scale (1 without the grad scaler). */
+double pcs_worker_loss_scale(const pcs_worker_t *w);
+
+/* Leave the job: error == NULL reports success (the last step must have been reported), else
+ * the job fails with this message. Deregisters. */
+pcs_status_t pcs_worker_finish(pcs_worker_t *w, const char *error);
+/* Wake blocked collectives with PCS_ERR_CANCELLED. Any thread. */
+void pcs_worker_abort(pcs_worker_t *w, const char *reason);
+void pcs_worker_destroy(pcs_worker_t *w);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
