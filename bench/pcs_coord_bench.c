@@ -28,7 +28,7 @@
 #include "pcs/v1/worker.pb-c.h"
 #include "pcs/version.h"
 
-#define T_MS 30000
+#define T_MS      30000
 #define MAX_SIZES 16
 
 static const char *const spec_fmt = "name: bench-%u\n"
@@ -76,8 +76,8 @@ static pid_t spawn_coordinator(const char *dir, char *addr, size_t n)
         if (!freopen(logf, "w", stderr))
             _exit(127);
         setenv("PCS_LOG_LEVEL", "warn", 0);
-        execl(bin, bin, "--listen", "127.0.0.1:0", "--port-file", port_file, "--lease-ms",
-              "600000", (char *)NULL);
+        execl(bin, bin, "--listen", "127.0.0.1:0", "--port-file", port_file, "--lease-ms", "600000",
+              (char *)NULL);
         _exit(127);
     }
     if (pid < 0)
@@ -175,8 +175,8 @@ static int gang_start(pcs_rpc_client_t *c, unsigned w, row_t *r, row_t *submit_r
     char yaml[2048];
     snprintf(yaml, sizeof yaml, spec_fmt, w, w);
     ProtobufCMessage *spec = NULL;
-    if (rc == 0 && pcs_pb_from_yaml(yaml, strlen(yaml), &pcs__v1__job_spec__descriptor, &spec) !=
-                       PCS_OK)
+    if (rc == 0 &&
+        pcs_pb_from_yaml(yaml, strlen(yaml), &pcs__v1__job_spec__descriptor, &spec) != PCS_OK)
         rc = -1;
     char job_id[64] = "";
     uint64_t plan_hash = 0;
@@ -201,8 +201,7 @@ static int gang_start(pcs_rpc_client_t *c, unsigned w, row_t *r, row_t *submit_r
     submit_row->ms = (double)(pcs_now_us() - t0) / 1000.0;
     for (unsigned i = 0; i < w && rc == 0; i++) {
         ProtobufCMessage *m = NULL;
-        if (pcs_rpc_stream_next(s[i], &pcs__v1__assignment_event__descriptor, T_MS, &m) !=
-                PCS_OK ||
+        if (pcs_rpc_stream_next(s[i], &pcs__v1__assignment_event__descriptor, T_MS, &m) != PCS_OK ||
             !m) {
             fprintf(stderr, "pcs-coord-bench: watch of w-%u: %s\n", i + 1, pcs_last_error());
             rc = -1;
@@ -316,8 +315,8 @@ int main(int argc, char **argv)
         if (rc == 0)
             rc = gang_start(c, w, &rows[2], &rows[1]);
         for (int i = 0; i < 3; i++) {
-            printf("%10u  %-20s %9.2f %10.2f %10.0f %7lu\n", rows[i].w, rows[i].phase,
-                   rows[i].ms, rows[i].ms * 1000.0 / w, rows[i].bytes_per_rank, rows[i].wrong);
+            printf("%10u  %-20s %9.2f %10.2f %10.0f %7lu\n", rows[i].w, rows[i].phase, rows[i].ms,
+                   rows[i].ms * 1000.0 / w, rows[i].bytes_per_rank, rows[i].wrong);
             if (cf)
                 fprintf(cf, "%u,%s,%.3f,%.3f,%.0f,%lu\n", rows[i].w, rows[i].phase, rows[i].ms,
                         rows[i].ms * 1000.0 / w, rows[i].bytes_per_rank, rows[i].wrong);
@@ -328,7 +327,8 @@ int main(int argc, char **argv)
     }
     if (cf)
         fclose(cf);
-    printf("# gang start costs at most %.2f x the health-watch baseline at the same W\n", ratio_max);
+    printf("# gang start costs at most %.2f x the health-watch baseline at the same W\n",
+           ratio_max);
     if (rc != 0)
         printf("# run failed: %s\n", pcs_last_error());
     printf("# Errors and wrong replies : %lu %s\n", total_wrong + (rc != 0),

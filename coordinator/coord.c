@@ -127,8 +127,8 @@ struct pcs_coord {
 };
 
 static const char *const worker_names[] = {"UNSPECIFIED", "IDLE", "ASSIGNED", "LOST", "GONE"};
-static const char *const job_names[] = {"UNSPECIFIED", "PENDING",  "RUNNING",
-                                        "SUCCEEDED",   "FAILED",   "CANCELLED"};
+static const char *const job_names[] = {"UNSPECIFIED", "PENDING", "RUNNING",
+                                        "SUCCEEDED",   "FAILED",  "CANCELLED"};
 
 const char *pcs_worker_state_name(pcs_worker_state_t s)
 {
@@ -426,8 +426,8 @@ static pcs_status_t worker_fill(pcs_coord_worker_t *w, const pcs_coord_register_
         }
     }
     if (r->n_backends) {
-        PCS_CHECK_GOTO(pcs_calloc(r->n_backends, sizeof *tmp.backends, (void **)&tmp.backends),
-                       st, fail);
+        PCS_CHECK_GOTO(pcs_calloc(r->n_backends, sizeof *tmp.backends, (void **)&tmp.backends), st,
+                       fail);
         for (size_t i = 0; i < r->n_backends; i++, tmp.n_backends++)
             PCS_CHECK_GOTO(dup_or_empty(r->backends[i], &tmp.backends[i]), st, fail);
     }
@@ -682,9 +682,9 @@ static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job
     for (uint32_t i = 0; i < d->n_dims; i++)
         if (d->dim_name[i] == PCS_MESH_PP)
             j->fp_stages = d->dim_size[i];
-    PCS_CHECK_GOTO(pcs_calloc((size_t)j->fp_stages * FP_RING, sizeof *j->fp_ring,
-                              (void **)&j->fp_ring),
-                   st, fail);
+    PCS_CHECK_GOTO(
+        pcs_calloc((size_t)j->fp_stages * FP_RING, sizeof *j->fp_ring, (void **)&j->fp_ring), st,
+        fail);
     j->progress.audit_ok = true;
     c->jobs[number - 1] = j;
     *out = j;
@@ -706,8 +706,7 @@ pcs_coord_job_t *pcs_coord_job_by_request(pcs_coord_t *c, const char *request_id
     return pcs_coord_job_by_number(c, n);
 }
 
-pcs_status_t pcs_coord_submit(pcs_coord_t *c, const pcs_coord_job_desc_t *d,
-                              pcs_coord_job_t **out)
+pcs_status_t pcs_coord_submit(pcs_coord_t *c, const pcs_coord_job_desc_t *d, pcs_coord_job_t **out)
 {
     *out = NULL;
     pcs_coord_job_t *j;
@@ -750,7 +749,8 @@ void pcs_coord_job_drop_plan(pcs_coord_t *c, pcs_coord_job_t *j)
 void pcs_coord_rank_coords(const pcs_coord_job_t *j, uint32_t rank, uint32_t coords[4])
 {
     memset(coords, 0, 4 * sizeof *coords);
-    /* row-major: the last (innermost) dimension varies fastest, as init_device_mesh numbers ranks */
+    /* row-major: the last (innermost) dimension varies fastest, as init_device_mesh numbers ranks
+     */
     for (uint32_t i = j->n_dims; i-- > 0;) {
         uint32_t v = rank % j->dim_size[i];
         rank /= j->dim_size[i];
@@ -791,9 +791,9 @@ static void start_job(pcs_coord_t *c, pcs_coord_job_t *j)
         w->job = j;
         w->rank = r;
     }
-    PCS_INFO(PCS_SUB_COORD, "job %s RUNNING: generation %" PRIu64 ", %" PRIu32 " workers (%s .. %s)",
-             j->id, j->generation, j->world_size,
-             pcs_coord_worker_by_number(c, j->rank_worker[0])->id,
+    PCS_INFO(PCS_SUB_COORD,
+             "job %s RUNNING: generation %" PRIu64 ", %" PRIu32 " workers (%s .. %s)", j->id,
+             j->generation, j->world_size, pcs_coord_worker_by_number(c, j->rank_worker[0])->id,
              pcs_coord_worker_by_number(c, j->rank_worker[j->world_size - 1])->id);
     job_notify(c, j);
     for (r = 0; r < j->world_size; r++) {
@@ -851,8 +851,9 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
         return PCS_OK;
     }
     if (r->rank != w->rank)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "rank: %" PRIu32 " but worker %s has rank %" PRIu32,
-                             r->rank, w->id, w->rank);
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "rank: %" PRIu32 " but worker %s has rank %" PRIu32, r->rank, w->id,
+                             w->rank);
     w->last_heartbeat_ms = now_ms(c); /* a report is proof of life too */
     w->last_heartbeat_wall_ms = wall_ms(c);
     pcs_coord_progress_t *p = &j->progress;
@@ -885,11 +886,12 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
             slot->rank != r->rank) {
             pcs_coord_worker_t *other = pcs_coord_worker_by_number(c, j->rank_worker[slot->rank]);
             job_set_reason(j,
-                           "ranks %" PRIu32 " (worker %s) and %" PRIu32 " (worker %s) ran different "
+                           "ranks %" PRIu32 " (worker %s) and %" PRIu32
+                           " (worker %s) ran different "
                            "collective sequences at step %" PRIu64 " (fingerprint %016" PRIx64
                            " vs %016" PRIx64 ")",
-                           slot->rank, other ? other->id : "?", r->rank, w->id, r->step,
-                           slot->fp, r->fingerprint);
+                           slot->rank, other ? other->id : "?", r->rank, w->id, r->step, slot->fp,
+                           r->fingerprint);
             PCS_WARN(PCS_SUB_COORD, "job %s: %s", j->id, j->reason);
             job_finish(c, j, PCS_JOB_FAILED);
             *directive = PCS_EV_STOP;
@@ -1027,8 +1029,8 @@ pcs_status_t pcs_coord_kv_get(pcs_coord_t *c, const char *job_id, uint64_t gener
     }
     if (wait_ms == 0 || !waiter)
         return PCS_OK;
-    PCS_CHECK(pcs_grow((void **)&j->waiters, &j->cap_waiters, j->n_waiters + 1,
-                       sizeof *j->waiters));
+    PCS_CHECK(
+        pcs_grow((void **)&j->waiters, &j->cap_waiters, j->n_waiters + 1, sizeof *j->waiters));
     kv_waiter_t *wt = &j->waiters[j->n_waiters];
     memset(wt, 0, sizeof *wt);
     PCS_CHECK(pcs_strdup(key, &wt->key));
@@ -1074,7 +1076,8 @@ void pcs_coord_tick(pcs_coord_t *c)
             continue;
         if (now > w->last_heartbeat_ms + c->cfg.lease_ms) {
             char why[128];
-            snprintf(why, sizeof why, "lost: no heartbeat for %" PRIu64 " ms (lease %" PRIu32 " ms)",
+            snprintf(why, sizeof why,
+                     "lost: no heartbeat for %" PRIu64 " ms (lease %" PRIu32 " ms)",
                      now - w->last_heartbeat_ms, c->cfg.lease_ms);
             PCS_WARN(PCS_SUB_COORD, "worker %s (%s) %s", w->id, w->identity, why);
             worker_left(c, w, PCS_WORKER_LOST, why);

@@ -36,7 +36,7 @@ typedef enum {
 /* Mesh dimension names: equal pcs.v1.MeshDimName numbers. */
 enum { PCS_MESH_PP = 1, PCS_MESH_DP_REPLICATE = 2, PCS_MESH_DP_SHARD = 3 };
 #define PCS_COORD_MAX_MESH_DIMS 8
-#define PCS_COORD_EVENT_QUEUE 64 /* per worker; the oldest event is dropped beyond this */
+#define PCS_COORD_EVENT_QUEUE   64 /* per worker; the oldest event is dropped beyond this */
 
 typedef enum {
     PCS_EV_ASSIGNMENT = 1, /* the worker's rank in job_id / generation */
@@ -138,7 +138,7 @@ typedef struct pcs_coord_job {
 } pcs_coord_job_t;
 
 typedef struct pcs_coord_config {
-    const pcs_clock_t *clock; /* NULL = real clock */
+    const pcs_clock_t *clock;       /* NULL = real clock */
     uint32_t heartbeat_interval_ms; /* told to workers; default 1000 */
     uint32_t lease_ms;              /* default 10000 */
     uint32_t kv_max_key_bytes;      /* default 256 */
@@ -210,8 +210,7 @@ typedef struct pcs_coord_job_desc {
 pcs_coord_job_t *pcs_coord_job_by_request(pcs_coord_t *c, const char *request_id);
 /* New PENDING job (it may start at once if enough IDLE workers exist). World size = product of
  * the mesh sizes; errors: INVALID_ARG (no dims, a size of 0, a product over 1<<20). */
-pcs_status_t pcs_coord_submit(pcs_coord_t *c, const pcs_coord_job_desc_t *d,
-                              pcs_coord_job_t **out);
+pcs_status_t pcs_coord_submit(pcs_coord_t *c, const pcs_coord_job_desc_t *d, pcs_coord_job_t **out);
 pcs_status_t pcs_coord_lookup_job(pcs_coord_t *c, const char *job_id, pcs_coord_job_t **out);
 pcs_coord_job_t *pcs_coord_job_by_number(pcs_coord_t *c, uint32_t number);
 /* CANCELLED (+ STOP to its workers). A finished job gets PCS_ERR_STATE. */
@@ -239,8 +238,9 @@ typedef struct pcs_coord_report {
 /* Record a step report. *directive is PCS_EV_STOP when the worker should stop (job no longer
  * running, or not its job anymore), 0 otherwise; reason gets why. Ranks of one pipeline stage
  * run the same collective sequence, so two of them reporting different fingerprints for the same
- * step fail the job at once, naming both ranks (instead of a hang until the NCCL watchdog). Errors: unknown worker/job
- * (NOT_FOUND), rank or generation that do not match (PCS_ERR_STATE / INVALID_ARG). */
+ * step fail the job at once, naming both ranks (instead of a hang until the NCCL watchdog). Errors:
+ * unknown worker/job (NOT_FOUND), rank or generation that do not match (PCS_ERR_STATE /
+ * INVALID_ARG). */
 pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, int *directive,
                                    char *reason, size_t reason_len);
 

@@ -88,8 +88,8 @@ int main(int argc, char **argv)
     if (lvl && *lvl) {
         int l = pcs_log_level_parse(lvl);
         if (l < 0) {
-            fprintf(stderr, "pcs-coordinator: log-level '%s': expected error|warn|info|debug|trace\n",
-                    lvl);
+            fprintf(stderr,
+                    "pcs-coordinator: log-level '%s': expected error|warn|info|debug|trace\n", lvl);
             pcs_config_free(cfg);
             return 2;
         }

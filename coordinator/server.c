@@ -28,8 +28,8 @@
 #include "validate.h"
 
 #define SHUTDOWN_GRACE_MS 150
-#define METRICS_EVERY_MS 500
-#define MAX_KV_WAIT_MS 600000u
+#define METRICS_EVERY_MS  500
+#define MAX_KV_WAIT_MS    600000u
 
 typedef struct health_watch {
     pcs_rpc_call_t *call;
@@ -312,8 +312,7 @@ static void h_register(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *us
         return pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "devices: more than 4096 entries");
     if (req->n_backends > 64)
         return pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "backends: more than 64 entries");
-    if (req->n_devices &&
-        pcs_calloc(req->n_devices, sizeof *devs, (void **)&devs) != PCS_OK)
+    if (req->n_devices && pcs_calloc(req->n_devices, sizeof *devs, (void **)&devs) != PCS_OK)
         return fail_last(call, PCS_ERR_NOMEM);
     for (size_t i = 0; i < req->n_devices; i++) {
         const Pcs__V1__Device *d = req->devices[i];
@@ -472,8 +471,8 @@ static void h_kv_get(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     int found;
     const void *v;
     size_t len;
-    pcs_status_t st = pcs_coord_kv_get(s->coord, req->job_id, req->generation, req->key, wait,
-                                       call, &found, &v, &len);
+    pcs_status_t st = pcs_coord_kv_get(s->coord, req->job_id, req->generation, req->key, wait, call,
+                                       &found, &v, &len);
     if (st != PCS_OK)
         return fail_last(call, st);
     if (found == -1) {
@@ -808,7 +807,10 @@ static void h_health_watch(pcs_rpc_call_t *call, const ProtobufCMessage *m, void
 // ---------------------------------------------------------------------------------------------
 // method table
 
-#define M(path, req, resp, stream, fn) {path, &req##__descriptor, &resp##__descriptor, stream, fn}
+#define M(path, req, resp, stream, fn)                                                             \
+    {                                                                                              \
+        path, &req##__descriptor, &resp##__descriptor, stream, fn                                  \
+    }
 static const pcs_rpc_method_t methods[] = {
     M(PCS_M_REGISTER, pcs__v1__register_request, pcs__v1__register_response, 0, h_register),
     M(PCS_M_HEARTBEAT, pcs__v1__heartbeat_request, pcs__v1__heartbeat_response, 0, h_heartbeat),
@@ -818,8 +820,7 @@ static const pcs_rpc_method_t methods[] = {
     M(PCS_M_KV_GET, pcs__v1__kv_get_request, pcs__v1__kv_get_response, 0, h_kv_get),
     M(PCS_M_REPORT_STEP, pcs__v1__report_step_request, pcs__v1__report_step_response, 0,
       h_report_step),
-    M(PCS_M_DEREGISTER, pcs__v1__deregister_request, pcs__v1__deregister_response, 0,
-      h_deregister),
+    M(PCS_M_DEREGISTER, pcs__v1__deregister_request, pcs__v1__deregister_response, 0, h_deregister),
     M(PCS_M_SUBMIT_JOB, pcs__v1__submit_job_request, pcs__v1__submit_job_response, 0, h_submit),
     M(PCS_M_GET_JOB, pcs__v1__get_job_request, pcs__v1__get_job_response, 0, h_get_job),
     M(PCS_M_LIST_JOBS, pcs__v1__list_jobs_request, pcs__v1__list_jobs_response, 0, h_list_jobs),
@@ -829,8 +830,7 @@ static const pcs_rpc_method_t methods[] = {
       h_dry_run),
     M(PCS_M_LIST_WORKERS, pcs__v1__list_workers_request, pcs__v1__list_workers_response, 0,
       h_list_workers),
-    M(PCS_M_GET_STATUS, pcs__v1__get_status_request, pcs__v1__get_status_response, 0,
-      h_get_status),
+    M(PCS_M_GET_STATUS, pcs__v1__get_status_request, pcs__v1__get_status_response, 0, h_get_status),
     M(PCS_M_HEALTH_CHECK, grpc__health__v1__health_check_request,
       grpc__health__v1__health_check_response, 0, h_health_check),
     M(PCS_M_HEALTH_WATCH, grpc__health__v1__health_check_request,

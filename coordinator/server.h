@@ -23,10 +23,10 @@ typedef struct pcs_server_config {
     uint32_t kv_max_key_bytes;
     uint32_t kv_max_value_bytes;
     uint64_t kv_max_job_bytes;
-    const char *db_path;            /* SQLite file; NULL, "" or ":memory:" = no persistence */
-    const char *metrics_listen;     /* "127.0.0.1:9090"; NULL or "" = no HTTP endpoint */
-    const char *metrics_port_file;  /* written with the bound metrics port (may be NULL) */
-    const pcs_config_t *config;     /* borrowed, for GetStatus "# Config" (may be NULL) */
+    const char *db_path;           /* SQLite file; NULL, "" or ":memory:" = no persistence */
+    const char *metrics_listen;    /* "127.0.0.1:9090"; NULL or "" = no HTTP endpoint */
+    const char *metrics_port_file; /* written with the bound metrics port (may be NULL) */
+    const pcs_config_t *config;    /* borrowed, for GetStatus "# Config" (may be NULL) */
 } pcs_server_config_t;
 
 typedef struct pcs_server pcs_server_t;

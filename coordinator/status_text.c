@@ -62,8 +62,8 @@ pcs_status_t pcs_status_text(pcs_coord_t *c, const pcs_status_info_t *info, char
         if (!j)
             continue;
         fprintf(f,
-                "%s:name=%s,state=%s,world_size=%" PRIu32 ",generation=%" PRIu64
-                ",step=%" PRIu64 ",loss=%.6g,reason=%s\n",
+                "%s:name=%s,state=%s,world_size=%" PRIu32 ",generation=%" PRIu64 ",step=%" PRIu64
+                ",loss=%.6g,reason=%s\n",
                 j->id, j->name, pcs_job_state_name(j->state), j->world_size, j->generation,
                 j->progress.step, j->progress.loss, j->reason ? j->reason : "");
         shown++;

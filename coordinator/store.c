@@ -155,8 +155,8 @@ pcs_status_t pcs_store_load(pcs_store_t *s,
                             void (*on_job)(void *user, const pcs_store_job_t *j), void *user)
 {
     sqlite3_stmt *q = NULL;
-    if (sqlite3_prepare_v2(s->db, "SELECT number, identity, host FROM workers ORDER BY number",
-                           -1, &q, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(s->db, "SELECT number, identity, host FROM workers ORDER BY number", -1,
+                           &q, NULL) != SQLITE_OK)
         return db_error(s, "load workers");
     int rc;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {

@@ -123,9 +123,8 @@ static int heartbeat(coord_proc_t *p, const char *worker_id)
 static Pcs__V1__JobSpec *spec_new(void)
 {
     ProtobufCMessage *m = NULL;
-    assert_int_equal(pcs_pb_from_yaml(spec_yaml, strlen(spec_yaml), &pcs__v1__job_spec__descriptor,
-                                      &m),
-                     PCS_OK);
+    assert_int_equal(
+        pcs_pb_from_yaml(spec_yaml, strlen(spec_yaml), &pcs__v1__job_spec__descriptor, &m), PCS_OK);
     return (Pcs__V1__JobSpec *)m;
 }
 
@@ -189,8 +188,8 @@ static coord_proc_t *A;
 static int group_a_setup(void **state)
 {
     (void)state;
-    static const char *const args[] = {"--lease-ms", "600000", "--max-message-bytes", "65536",
-                                       "--kv-max-key-bytes", "64", NULL};
+    static const char *const args[] = {
+        "--lease-ms", "600000", "--max-message-bytes", "65536", "--kv-max-key-bytes", "64", NULL};
     A = start("coord-a", args);
     return 0;
 }
@@ -376,8 +375,8 @@ static void test_submit_gang_starts_and_watchers_get_ranks_plan_then_stop_on_can
     free(job_id);
 }
 
-static int kv_set(coord_proc_t *p, const char *job, uint64_t gen, const char *key,
-                  const void *val, size_t len)
+static int kv_set(coord_proc_t *p, const char *job, uint64_t gen, const char *key, const void *val,
+                  size_t len)
 {
     Pcs__V1__KvSetRequest req = PCS__V1__KV_SET_REQUEST__INIT;
     req.job_id = (char *)job;
@@ -392,8 +391,8 @@ static int kv_set(coord_proc_t *p, const char *job, uint64_t gen, const char *ke
     return code;
 }
 
-static int kv_get(coord_proc_t *p, const char *job, uint64_t gen, const char *key,
-                  uint32_t wait_ms, Pcs__V1__KvGetResponse **resp)
+static int kv_get(coord_proc_t *p, const char *job, uint64_t gen, const char *key, uint32_t wait_ms,
+                  Pcs__V1__KvGetResponse **resp)
 {
     Pcs__V1__KvGetRequest req = PCS__V1__KV_GET_REQUEST__INIT;
     req.job_id = (char *)job;
@@ -501,8 +500,7 @@ static void test_report_step_done_from_all_ranks_succeeds_the_job(void **state)
         req.report = &rep;
         Pcs__V1__ReportStepResponse *resp = NULL;
         assert_int_equal(
-            call(A, PCS_M_REPORT_STEP, &req, &pcs__v1__report_step_response__descriptor, &resp),
-            0);
+            call(A, PCS_M_REPORT_STEP, &req, &pcs__v1__report_step_response__descriptor, &resp), 0);
         assert_null(resp->directive);
         protobuf_c_message_free_unpacked(&resp->base, NULL);
     }
@@ -554,8 +552,8 @@ static int health_check(coord_proc_t *p, const char *service)
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
     req.service = (char *)service;
     Grpc__Health__V1__HealthCheckResponse *resp = NULL;
-    int code = call(p, PCS_M_HEALTH_CHECK, &req, &grpc__health__v1__health_check_response__descriptor,
-                    &resp);
+    int code = call(p, PCS_M_HEALTH_CHECK, &req,
+                    &grpc__health__v1__health_check_response__descriptor, &resp);
     if (resp) {
         code = code * 100 + (int)resp->status; /* OK + SERVING = 1 */
         protobuf_c_message_free_unpacked(&resp->base, NULL);
@@ -627,9 +625,8 @@ static void test_get_status_text_has_all_sections(void **state)
     (void)state;
     Pcs__V1__GetStatusRequest req = PCS__V1__GET_STATUS_REQUEST__INIT;
     Pcs__V1__GetStatusResponse *resp = NULL;
-    assert_int_equal(call(A, PCS_M_GET_STATUS, &req, &pcs__v1__get_status_response__descriptor,
-                          &resp),
-                     0);
+    assert_int_equal(
+        call(A, PCS_M_GET_STATUS, &req, &pcs__v1__get_status_response__descriptor, &resp), 0);
     assert_int_equal(resp->workers_idle + resp->workers_assigned, 100);
     assert_non_null(strstr(resp->text, "# Coordinator\n"));
     assert_non_null(strstr(resp->text, "# Workers\n"));
@@ -873,8 +870,8 @@ int main(void)
         cmocka_unit_test(test_metrics_endpoint_reports_workers_jobs_and_rpcs),
         cmocka_unit_test(test_sigterm_ends_open_streams_with_unavailable_and_exits_zero),
     };
-    int fails = cmocka_run_group_tests_name("coordinator", group_a, group_a_setup,
-                                            group_a_teardown);
+    int fails =
+        cmocka_run_group_tests_name("coordinator", group_a, group_a_setup, group_a_teardown);
     fails += cmocka_run_group_tests_name("coordinator_lifecycle", others, NULL, NULL);
     return fails;
 }

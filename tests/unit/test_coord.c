@@ -180,8 +180,13 @@ static void test_register_copies_devices_and_backends(void **state)
     pcs_coord_device_t devs[2] = {{0, "cuda", "H100", 80ull << 30}, {1, "cuda", "H100", 1}};
     const char *backends[] = {"nccl", "gloo"};
     char ident[16] = "pod-x";
-    pcs_coord_register_t r = {.identity = ident, .host = "node1", .pid = 7, .devices = devs,
-                              .n_devices = 2, .backends = backends, .n_backends = 2};
+    pcs_coord_register_t r = {.identity = ident,
+                              .host = "node1",
+                              .pid = 7,
+                              .devices = devs,
+                              .n_devices = 2,
+                              .backends = backends,
+                              .n_backends = 2};
     pcs_coord_worker_t *w;
     bool rr;
     assert_int_equal(pcs_coord_register(f->c, &r, &w, &rr), PCS_OK);
@@ -235,7 +240,7 @@ static void test_lease_expires_only_after_lease_ms_without_heartbeat(void **stat
     pcs_coord_worker_t *a = reg(f, "a", NULL), *b = reg(f, "b", NULL), *w;
     f->clock.now += 6000;
     assert_int_equal(pcs_coord_heartbeat(f->c, "w-2", &w), PCS_OK); /* b renews at +6 s */
-    f->clock.now += 4000;                                            /* a: exactly at the lease */
+    f->clock.now += 4000;                                           /* a: exactly at the lease */
     pcs_coord_tick(f->c);
     assert_int_equal(a->state, PCS_WORKER_IDLE);
     f->clock.now += 1;
@@ -556,8 +561,13 @@ static void test_reports_done_from_all_ranks_succeed_the_job(void **state)
     pcs_coord_job_t *j = submit_shard(f, 2, NULL);
     int dir = -1;
     char why[128];
-    pcs_coord_report_t r = {.worker_id = "w-1", .job_id = "job-1", .generation = 1, .rank = 0,
-                            .step = 3, .loss = 0.5, .audit_ok = true};
+    pcs_coord_report_t r = {.worker_id = "w-1",
+                            .job_id = "job-1",
+                            .generation = 1,
+                            .rank = 0,
+                            .step = 3,
+                            .loss = 0.5,
+                            .audit_ok = true};
     assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK);
     assert_int_equal(dir, 0);
     assert_int_equal(j->progress.step, 3);
@@ -587,8 +597,12 @@ static void test_report_with_error_fails_the_job_with_reason(void **state)
     pcs_coord_job_t *j = submit_shard(f, 2, NULL);
     int dir;
     char why[256];
-    pcs_coord_report_t r = {.worker_id = "w-2", .job_id = j->id, .generation = 1, .rank = 1,
-                            .step = 7, .error = "NaN in loss"};
+    pcs_coord_report_t r = {.worker_id = "w-2",
+                            .job_id = j->id,
+                            .generation = 1,
+                            .rank = 1,
+                            .step = 7,
+                            .error = "NaN in loss"};
     assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK);
     assert_int_equal(dir, PCS_EV_STOP);
     assert_int_equal(j->state, PCS_JOB_FAILED);
@@ -624,15 +638,23 @@ static void test_diverging_fingerprints_in_one_stage_fail_the_job_naming_both_ra
     const uint64_t fp[4] = {0xaaa, 0xaaa, 0xbbb, 0xbbb}; /* stages differ: that is fine */
     for (uint32_t step = 1; step <= 3; step++)
         for (uint32_t r = 0; r < 4; r++) {
-            pcs_coord_report_t rep = {.worker_id = worker(f, r + 1)->id, .job_id = j->id,
-                                      .generation = 1, .rank = r, .step = step,
-                                      .fingerprint = fp[r] + step, .audit_ok = true};
+            pcs_coord_report_t rep = {.worker_id = worker(f, r + 1)->id,
+                                      .job_id = j->id,
+                                      .generation = 1,
+                                      .rank = r,
+                                      .step = step,
+                                      .fingerprint = fp[r] + step,
+                                      .audit_ok = true};
             assert_int_equal(pcs_coord_report_step(f->c, &rep, &dir, why, sizeof why), PCS_OK);
             assert_int_equal(dir, 0);
         }
     assert_int_equal(j->state, PCS_JOB_RUNNING);
-    pcs_coord_report_t rep = {.worker_id = "w-3", .job_id = j->id, .generation = 1, .rank = 2,
-                              .step = 4, .fingerprint = 0x111};
+    pcs_coord_report_t rep = {.worker_id = "w-3",
+                              .job_id = j->id,
+                              .generation = 1,
+                              .rank = 2,
+                              .step = 4,
+                              .fingerprint = 0x111};
     assert_int_equal(pcs_coord_report_step(f->c, &rep, &dir, why, sizeof why), PCS_OK);
     rep.fingerprint = 0; /* rank 3 gives no fingerprint: never compared */
     rep.worker_id = "w-4", rep.rank = 3;
@@ -726,8 +748,7 @@ static void test_kv_parked_get_is_woken_by_set_or_expires_in_tick(void **state)
     int t1, t2, t3;
     assert_int_equal(pcs_coord_kv_get(f->c, j->id, 1, "k", 500, &t1, &found, &v, &len), PCS_OK);
     assert_int_equal(found, -1);
-    assert_int_equal(pcs_coord_kv_get(f->c, j->id, 1, "other", 200, &t2, &found, &v, &len),
-                     PCS_OK);
+    assert_int_equal(pcs_coord_kv_get(f->c, j->id, 1, "other", 200, &t2, &found, &v, &len), PCS_OK);
     assert_int_equal(pcs_coord_kv_get(f->c, j->id, 1, "k", 1000, &t3, &found, &v, &len), PCS_OK);
     pcs_coord_kv_cancel(f->c, &t3); /* its caller went away: no callback */
     assert_int_equal(f->n_wakes, 0);
@@ -780,10 +801,9 @@ static void test_restore_keeps_ids_and_new_ids_continue_after_them(void **state)
     pcs_coord_worker_t *n = reg(f, "pod-new", &rr);
     assert_string_equal(n->id, "w-6");
     uint32_t names[1] = {PCS_MESH_DP_SHARD}, sizes[1] = {2};
-    pcs_coord_job_desc_t d = {.n_dims = 1, .dim_name = names, .dim_size = sizes,
-                              .request_id = "r9", .spec = malloc(4)};
-    assert_int_equal(pcs_coord_restore_job(f->c, 3, &d, PCS_JOB_RUNNING, NULL, 1, 2, 0, 1),
-                     PCS_OK);
+    pcs_coord_job_desc_t d = {
+        .n_dims = 1, .dim_name = names, .dim_size = sizes, .request_id = "r9", .spec = malloc(4)};
+    assert_int_equal(pcs_coord_restore_job(f->c, 3, &d, PCS_JOB_RUNNING, NULL, 1, 2, 0, 1), PCS_OK);
     pcs_coord_job_t *j = pcs_coord_job_by_number(f->c, 3);
     assert_int_equal(j->state, PCS_JOB_FAILED);
     assert_non_null(strstr(j->reason, "coordinator restarted"));
