@@ -17,7 +17,10 @@
  * - Autograd semantics: a tensor used twice (residual input) sums its gradient contributions in
  *   its own dtype; a cast's gradient is cast back to the source dtype.
  * Buffers (slots, scratch) are allocated on the first pass and reused, so steady-state passes do
- * not allocate. */
+ * not allocate. A low-precision Linear weight is converted to fp32 once per forward and that copy
+ * is reused by the backward (the values autograd saved; memory: 4 bytes per such weight element
+ * between forward and backward). Parameters must still be bound during backward (norm weights and
+ * fp32 weights are read from the binding), as FSDP re-gathers a unit in its pre-backward hook. */
 #include "model.h"
 
 #include <cblas.h>
@@ -32,6 +35,7 @@
 #include "pcs/log.h"
 #include "pcs/mem.h"
 #include "pcs/v1/job.pb-c.h"
+#include "pcs/v1/plan.pb-c.h"
 
 #define LN_EPS 1e-5f
 #define BN_EPS 1e-5f
@@ -580,6 +584,55 @@ pcs_status_t pcs_mlp_set_cast(pcs_mlp_t *m, uint32_t mod, pcs_dtype_t input_dtyp
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_set_cast: bad module %u or dtype", mod);
     m->cast_in[mod] = input_dtype;
     m->cast_out[mod] = output_dtype;
+    return PCS_OK;
+}
+
+pcs_status_t pcs_mlp_bind_unit(pcs_mlp_t *m, const struct Pcs__V1__Unit *u, pcs_dtype_t dtype,
+                               const void *flat, pcs_dtype_t grad_dtype, void *grad_flat,
+                               uint64_t flat_numel)
+{
+    if (!m || !u || !flat || !is_compute_dtype(dtype))
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_bind_unit: bad argument");
+    size_t es = pcs_dtype_size(dtype), gs = grad_flat ? pcs_dtype_size(grad_dtype) : 0;
+    for (size_t j = 0; j < u->n_params; j++) {
+        const Pcs__V1__ParamSlot *ps = u->params[j];
+        int p = pcs_mlp_find_param(m, ps->fqn);
+        if (p < 0)
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "unit %s: %s is not a parameter of the "
+                                 "model", u->path, ps->fqn);
+        uint64_t numel = m->params[p].numel;
+        if ((ps->numel && ps->numel != numel) || ps->offset > flat_numel ||
+            numel > flat_numel - ps->offset)
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "unit %s: parameter %s (numel %llu at "
+                                 "offset %llu) does not fit the model or the %llu-element buffer",
+                                 u->path, ps->fqn, (unsigned long long)numel,
+                                 (unsigned long long)ps->offset, (unsigned long long)flat_numel);
+        PCS_CHECK(pcs_mlp_bind_param(m, (uint32_t)p, dtype,
+                                     (const char *)flat + ps->offset * es));
+        PCS_CHECK(pcs_mlp_bind_grad(m, (uint32_t)p, grad_dtype,
+                                    grad_flat ? (char *)grad_flat + ps->offset * gs : NULL));
+    }
+    return PCS_OK;
+}
+
+pcs_status_t pcs_mlp_apply_plan_casts(pcs_mlp_t *m, const struct Pcs__V1__Plan *plan)
+{
+    if (!m || !plan)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_apply_plan_casts: NULL argument");
+    memset(m->cast_in, 0, m->n_mods * sizeof *m->cast_in);
+    memset(m->cast_out, 0, m->n_mods * sizeof *m->cast_out);
+    for (size_t k = 0; k < plan->n_units; k++) {
+        const Pcs__V1__Unit *u = plan->units[k];
+        int mod = pcs_mlp_find_module(m, u->path);
+        if (mod < 0)
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "plan.units[%zu]: no module '%s' in the "
+                                 "model", k, u->path);
+        pcs_dtype_t pd = (pcs_dtype_t)u->param_dtype, od = (pcs_dtype_t)u->output_dtype;
+        PCS_CHECK(pcs_mlp_set_cast(m, (uint32_t)mod,
+                                   u->cast_forward_inputs && is_compute_dtype(pd) ? pd
+                                                                                  : PCS_DTYPE_NONE,
+                                   is_compute_dtype(od) ? od : PCS_DTYPE_NONE));
+    }
     return PCS_OK;
 }
 

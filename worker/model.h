@@ -24,6 +24,8 @@ extern "C" {
 #endif
 
 struct Pcs__V1__MlpModel;
+struct Pcs__V1__Unit;
+struct Pcs__V1__Plan;
 
 typedef enum { PCS_ACT_RELU = 1, PCS_ACT_GELU = 2 } pcs_act_t;
 typedef enum { PCS_NORM_NONE = 1, PCS_NORM_LAYERNORM = 2, PCS_NORM_BATCHNORM = 3 } pcs_norm_t;
@@ -115,6 +117,20 @@ pcs_status_t pcs_mlp_bind_grad(pcs_mlp_t *m, uint32_t i, pcs_dtype_t dtype, void
  * INT64). Updated in place by training forwards. Retained. */
 pcs_status_t pcs_mlp_bind_buffer(pcs_mlp_t *m, uint32_t i, pcs_dtype_t dtype, void *data);
 void pcs_mlp_unbind_all(pcs_mlp_t *m);
+
+/* Bind every parameter of plan unit `u` to its view in the unit's unsharded flat buffer: the
+ * parameter at ParamSlot offset o (in elements) is `flat + o * sizeof(dtype)`; gradients likewise
+ * into `grad_flat` (NULL: none). `flat_numel` is the buffer length in elements (>= the unit's
+ * flat_numel). What the sharded runtime calls after all-gathering a unit. Errors: an FQN that is
+ * not a model parameter, a numel that differs, a slot beyond the buffer -> PCS_ERR_INVALID_ARG
+ * naming the parameter. Retains the pointers like pcs_mlp_bind_param. */
+pcs_status_t pcs_mlp_bind_unit(pcs_mlp_t *m, const struct Pcs__V1__Unit *u, pcs_dtype_t dtype,
+                               const void *flat, pcs_dtype_t grad_dtype, void *grad_flat,
+                               uint64_t flat_numel);
+/* Apply every unit's casts from the plan (cast_forward_inputs -> input cast to the unit's
+ * param_dtype at its root module; output_dtype -> output cast), clearing all others. Units rooted
+ * at a module the model does not have are an error (PCS_ERR_INVALID_ARG). */
+pcs_status_t pcs_mlp_apply_plan_casts(pcs_mlp_t *m, const struct Pcs__V1__Plan *plan);
 
 /* FSDP casting at a module boundary (spec §1.3): before module `mod` runs, cast its floating input
  * to `input_dtype` (NONE = no cast); after it runs, cast its output to `output_dtype` (NONE = no

@@ -182,7 +182,7 @@ static pcs_status_t units_from_plan(pcs_reference_t *r, const Pcs__V1__Plan *pla
         u->accum = dt(pu->accum_dtype) ? dt(pu->accum_dtype) : u->reduce;
         u->grad = dt(pu->grad_dtype) ? dt(pu->grad_dtype) : u->master;
         u->output = dt(pu->output_dtype);
-        u->cast_inputs = pu->cast_forward_inputs;
+        u->cast_inputs = pu->cast_forward_inputs && dt(pu->param_dtype); /* FSDP2 rule */
         u->pre = u->post = u->premul = u->avg = 1.0;
         int seen_pre = 0;
         for (size_t c = 0; c < pu->n_collectives; c++) {

@@ -484,6 +484,89 @@ static void test_full_precision_eval_uses_fp32_masters(void **state)
     job_free(sf);
 }
 
+/* pcs_mlp_bind_unit: parameters bound as views into each unit's flat buffer at the plan's
+ * offsets (the sharded runtime's path) compute exactly what per-parameter buffers compute. */
+static void test_bind_unit_views_match_per_param_binding(void **state)
+{
+    (void)state;
+    Pcs__V1__JobSpec *s = job(PLAN_JOB, "");
+    Pcs__V1__Plan *plan = NULL;
+    assert_int_equal(pcs_plan_build(s, 2, &plan), PCS_OK);
+    pcs_mlp_config_t cfg;
+    assert_int_equal(pcs_mlp_config_from_proto(s->model->mlp, &cfg), PCS_OK);
+    pcs_mlp_t *a, *b;
+    assert_int_equal(pcs_mlp_create(&cfg, 4, &a), PCS_OK);
+    assert_int_equal(pcs_mlp_create(&cfg, 4, &b), PCS_OK);
+    void *flat[16] = {0}, *gflat[16] = {0};
+    uint32_t np = pcs_mlp_num_params(a);
+    uint16_t *pp[16] = {0}, *pg[16] = {0};
+    assert_true(plan->n_units <= 16 && np <= 16);
+    for (size_t k = 0; k < plan->n_units; k++) {
+        const Pcs__V1__Unit *u = plan->units[k];
+        pcs_dtype_t dt = (pcs_dtype_t)u->param_dtype;
+        assert_int_equal(dt, PCS_DTYPE_BF16);
+        flat[k] = calloc(u->padded_numel, 2);
+        gflat[k] = calloc(u->padded_numel, 2);
+        for (size_t j = 0; j < u->n_params; j++) {
+            int p = pcs_mlp_find_param(a, u->params[j]->fqn);
+            assert_true(p >= 0);
+            uint64_t n = pcs_mlp_param(a, (uint32_t)p)->numel;
+            float *v = calloc(n, sizeof(float));
+            assert_int_equal(pcs_mlp_init_tensor(a, 3, 0, (uint32_t)p, 0, n, v), PCS_OK);
+            pcs_from_f32(v, n, dt, (uint16_t *)flat[k] + u->params[j]->offset);
+            pp[p] = calloc(n, 2);
+            pg[p] = calloc(n, 2);
+            pcs_from_f32(v, n, dt, pp[p]);
+            assert_int_equal(pcs_mlp_bind_param(b, (uint32_t)p, dt, pp[p]), PCS_OK);
+            assert_int_equal(pcs_mlp_bind_grad(b, (uint32_t)p, dt, pg[p]), PCS_OK);
+            free(v);
+        }
+        assert_int_equal(pcs_mlp_bind_unit(a, u, dt, flat[k], dt, gflat[k], u->padded_numel),
+                         PCS_OK);
+        int mod = pcs_mlp_find_module(b, u->path);
+        assert_true(mod >= 0);
+        assert_int_equal(pcs_mlp_set_cast(b, (uint32_t)mod, PCS_DTYPE_BF16, PCS_DTYPE_NONE),
+                         PCS_OK);
+    }
+    assert_int_equal(pcs_mlp_apply_plan_casts(a, plan), PCS_OK);
+    float x[32], d[16];
+    for (int i = 0; i < 32; i++)
+        x[i] = (float)(i % 7) * 0.25f - 0.7f;
+    for (int i = 0; i < 16; i++)
+        d[i] = (float)(i % 5) * 0.1f - 0.2f;
+    const float *oa, *ob;
+    pcs_dtype_t ta, tb;
+    assert_int_equal(pcs_mlp_forward(a, x, PCS_DTYPE_FP32, 4, 1, NULL, &oa, &ta), PCS_OK);
+    assert_int_equal(pcs_mlp_forward(b, x, PCS_DTYPE_FP32, 4, 1, NULL, &ob, &tb), PCS_OK);
+    assert_int_equal(ta, PCS_DTYPE_BF16);
+    assert_memory_equal(oa, ob, 16 * sizeof(float));
+    assert_int_equal(pcs_mlp_backward(a, d, NULL), PCS_OK);
+    assert_int_equal(pcs_mlp_backward(b, d, NULL), PCS_OK);
+    for (size_t k = 0; k < plan->n_units; k++) {
+        const Pcs__V1__Unit *u = plan->units[k];
+        for (size_t j = 0; j < u->n_params; j++) {
+            int p = pcs_mlp_find_param(a, u->params[j]->fqn);
+            assert_memory_equal((uint16_t *)gflat[k] + u->params[j]->offset, pg[p],
+                                pcs_mlp_param(a, (uint32_t)p)->numel * 2);
+        }
+    }
+    /* a buffer shorter than the layout is refused, naming the parameter */
+    const Pcs__V1__Unit *u0 = plan->units[plan->n_units - 1];
+    assert_int_equal(pcs_mlp_bind_unit(a, u0, PCS_DTYPE_BF16, flat[0], PCS_DTYPE_BF16, NULL, 8),
+                     PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), u0->params[0]->fqn));
+    for (size_t k = 0; k < 16; k++) {
+        free(flat[k]);
+        free(gflat[k]);
+        free(pp[k]);
+        free(pg[k]);
+    }
+    pcs_mlp_destroy(a);
+    pcs_mlp_destroy(b);
+    pcs_plan_free(plan);
+    job_free(s);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -499,6 +582,7 @@ int main(void)
         cmocka_unit_test(test_bad_jobs_name_the_field),
         cmocka_unit_test(test_planner_plan_drives_the_units),
         cmocka_unit_test(test_full_precision_eval_uses_fp32_masters),
+        cmocka_unit_test(test_bind_unit_views_match_per_param_binding),
     };
     return cmocka_run_group_tests_name("reference", tests, NULL, NULL);
 }
