@@ -21,6 +21,10 @@ except ImportError:  # pragma: no cover - environment without python3-grpcio
     print("SKIP: python3-grpcio is not installed")
     sys.exit(77)
 
+if not shutil.which("protoc"):
+    print("SKIP: protoc (protobuf-compiler) is not installed")
+    sys.exit(77)
+
 SRC = os.environ.get("PCS_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("PCS_BIN_DIR", os.path.join(os.getcwd(), "bin"))
 PROTOS = ["pcs/v1/types.proto", "pcs/v1/job.proto", "pcs/v1/plan.proto", "pcs/v1/worker.proto",
