@@ -302,12 +302,9 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
         if (u->is_root)
             t->root_unit = (uint32_t)i;
         t->fwd_order[i] = (uint32_t)i;
-        /* FSDP casting at the unit boundary (spec §1.3). */
-        pcs_dtype_t in = u->cast_forward_inputs && u->param_dtype ? (pcs_dtype_t)u->param_dtype
-                                                                  : PCS_DTYPE_NONE;
-        PCS_CHECK_GOTO(pcs_mlp_set_cast(t->model, (uint32_t)mi, in, (pcs_dtype_t)u->output_dtype),
-                       st, fail);
     }
+    /* FSDP casting at unit boundaries (spec §1.3), the same rule the reference applies. */
+    PCS_CHECK_GOTO(pcs_mlp_apply_plan_casts(t->model, t->plan), st, fail);
     for (size_t i = 1; i < t->n_units; i++) /* insertion sort by root module index */
         for (size_t j = i; j > 0 && t->unit_mod[t->fwd_order[j - 1]] > t->unit_mod[t->fwd_order[j]];
              j--) {
