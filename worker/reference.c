@@ -58,6 +58,9 @@ struct pcs_reference {
     uint32_t in_dim, out_dim;
     int global_batch;
     int64_t inject;
+    /* dtype the training program feeds inputs in: the data's, or a pure low-precision model's
+     * own dtype (the user's x.half() of T-PF16) when the root unit does not cast */
+    pcs_dtype_t feed_dtype;
     /* optimizer */
     opt_kind_t opt;
     pcs_adamw_config_t adamw;
@@ -522,6 +525,13 @@ pcs_status_t pcs_ref_create(const struct Pcs__V1__JobSpec *spec, const struct Pc
         PCS_CHECK_GOTO(pcs_mlp_bind_grad(r->model, p, u->compute,
                                          (char *)u->cgrad + r->param_off[p] * cs), rc, fail);
     }
+    r->feed_dtype = pcs_data_input_dtype(r->data);
+    for (uint32_t k = 0; k < r->n_units; k++) {
+        const ref_unit_t *u = &r->units[k];
+        if (u->module == 0 && !u->cast_inputs && u->master != PCS_DTYPE_FP32 &&
+            u->compute == u->master)
+            r->feed_dtype = u->master;
+    }
     PCS_CHECK_GOTO(buffers_alloc(r), rc, fail);
     PCS_CHECK_GOTO(init_state(r, spec), rc, fail);
     PCS_CHECK_GOTO(pcs_calloc(rows * r->in_dim, sizeof(float), (void **)&r->x), rc, fail);
@@ -574,8 +584,8 @@ static pcs_status_t micro_batch(pcs_reference_t *r, uint64_t first, uint32_t row
     const float *out;
     pcs_dtype_t odt;
     PCS_CHECK(pcs_data_read(r->data, first, rows, r->x, r->y));
-    PCS_CHECK(pcs_mlp_forward(r->model, r->x, pcs_data_input_dtype(r->data), rows, 1, NULL, &out,
-                              &odt));
+    pcs_round_to(r->x, (size_t)rows * r->in_dim, r->feed_dtype);
+    PCS_CHECK(pcs_mlp_forward(r->model, r->x, r->feed_dtype, rows, 1, NULL, &out, &odt));
     /* Loss in fp32 from the output (the output values are already fp32-representable). The
      * scaled loss is loss * scale / M: the 1/M of gradient accumulation and the grad scaler. */
     PCS_CHECK(pcs_loss_compute(r->loss, out, rows, r->out_dim, r->y,
@@ -820,13 +830,16 @@ pcs_status_t pcs_ref_eval(pcs_reference_t *r, double *loss)
     pcs_dtype_t odt;
     PCS_CHECK(bind_rank_buffers(r, 0));
     PCS_CHECK(pcs_data_read_eval(r->data, rows, r->x, r->y));
-    if (r->full_precision_eval)
+    /* FSDP1 forces full precision only where mixed precision is in use: not for a pure
+     * low-precision model, which is fed in its own dtype */
+    int full = r->full_precision_eval && r->feed_dtype == pcs_data_input_dtype(r->data);
+    if (full)
         PCS_CHECK(bind_params(r, 1));
-    pcs_status_t rc = pcs_mlp_forward(r->model, r->x, pcs_data_input_dtype(r->data), rows, 0,
-                                      NULL, &out, &odt);
+    pcs_round_to(r->x, (size_t)rows * r->in_dim, r->feed_dtype);
+    pcs_status_t rc = pcs_mlp_forward(r->model, r->x, r->feed_dtype, rows, 0, NULL, &out, &odt);
     if (rc == PCS_OK)
         rc = pcs_loss_compute(r->loss, out, rows, r->out_dim, r->y, 1.0f, loss, NULL);
-    if (r->full_precision_eval) {
+    if (full) {
         pcs_status_t rc2 = bind_params(r, 0);
         if (rc == PCS_OK)
             rc = rc2;

@@ -567,6 +567,58 @@ static void test_bind_unit_views_match_per_param_binding(void **state)
     job_free(s);
 }
 
+static int all_in_dtype(const float *v, uint64_t n, pcs_dtype_t dt)
+{
+    float *c = malloc(n * sizeof(float));
+    memcpy(c, v, n * sizeof(float));
+    pcs_round_to(c, n, dt);
+    int same = memcmp(c, v, n * sizeof(float)) == 0;
+    free(c);
+    return same;
+}
+
+/* Spec §9 dtype invariants seen at the optimizer: keep_low_precision_grads hands fp16 grads
+ * (case 14); reduce_dtype bf16 under fp32 params reduces in bf16 (case 16: every reduced grad is
+ * bf16-representable although params are fp32); pure fp16 keeps fp16 masters (case 27); the
+ * default (bf16 compute, fp32 reduce) gives fp32 grads that are not all bf16 values. */
+static void test_grad_and_master_dtypes_follow_the_policy(void **state)
+{
+    (void)state;
+    struct {
+        const char *prec;
+        pcs_dtype_t grad_in, master_in;
+        int grad_expect, master_expect;
+    } cases[] = {
+        {"param_dtype: fp16, keep_low_precision_grads: true", PCS_DTYPE_FP16, PCS_DTYPE_FP16, 1, 0},
+        {"reduce_dtype: bf16", PCS_DTYPE_BF16, PCS_DTYPE_BF16, 1, 0},
+        {"master_dtype: fp16", PCS_DTYPE_FP16, PCS_DTYPE_FP16, 1, 1},
+        {"param_dtype: bf16, reduce_dtype: fp32", PCS_DTYPE_BF16, PCS_DTYPE_BF16, 0, 0},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        Pcs__V1__JobSpec *s = job(SMALL_JOB, "relu", "none", cases[c].prec, 2u, 2u, 4u, 2u, "mse",
+                                  "optimizer: {sgd: {lr: 0.01, momentum: 0.0}}", "regression",
+                                  "");
+        pcs_reference_t *r;
+        assert_int_equal(pcs_ref_create(s, NULL, NULL, &r), PCS_OK);
+        pcs_status_t rc = pcs_ref_run(r);
+        if (rc != PCS_OK)
+            print_error("case '%s': %s\n", cases[c].prec, pcs_last_error());
+        assert_int_equal(rc, PCS_OK);
+        const float *g = pcs_ref_grad(r, "layers.0.linear.weight");
+        const float *p = pcs_ref_param(r, "layers.0.linear.weight");
+        int gi = all_in_dtype(g, 256, cases[c].grad_in);
+        int pi = all_in_dtype(p, 256, cases[c].master_in);
+        if (gi != cases[c].grad_expect || pi != cases[c].master_expect)
+            print_error("case '%s': grads in %s: %d, masters in %s: %d\n", cases[c].prec,
+                        pcs_dtype_name(cases[c].grad_in), gi, pcs_dtype_name(cases[c].master_in),
+                        pi);
+        assert_int_equal(gi, cases[c].grad_expect);
+        assert_int_equal(pi, cases[c].master_expect);
+        pcs_ref_destroy(r);
+        job_free(s);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -583,6 +635,7 @@ int main(void)
         cmocka_unit_test(test_planner_plan_drives_the_units),
         cmocka_unit_test(test_full_precision_eval_uses_fp32_masters),
         cmocka_unit_test(test_bind_unit_views_match_per_param_binding),
+        cmocka_unit_test(test_grad_and_master_dtypes_follow_the_policy),
     };
     return cmocka_run_group_tests_name("reference", tests, NULL, NULL);
 }
