@@ -870,6 +870,9 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
     }
     if (!r->audit_ok)
         p->audit_ok = false;
+    p->all_gather_bytes += r->all_gather_bytes;
+    p->reduce_scatter_bytes += r->reduce_scatter_bytes;
+    p->all_reduce_bytes += r->all_reduce_bytes;
     if (r->error && *r->error) {
         job_set_reason(j, "rank %" PRIu32 " (worker %s) failed at step %" PRIu64 ": %.300s",
                        r->rank, w->id, r->step, r->error);

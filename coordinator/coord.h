@@ -97,6 +97,8 @@ typedef struct pcs_coord_progress {
     double eval_loss;
     uint64_t skipped_steps;
     double loss_scale;
+    /* sums over every report of every rank: bytes each collective kind moved */
+    uint64_t all_gather_bytes, reduce_scatter_bytes, all_reduce_bytes;
 } pcs_coord_progress_t;
 
 typedef struct pcs_coord_kv_entry {
@@ -233,6 +235,7 @@ typedef struct pcs_coord_report {
     bool audit_ok, done;
     const char *error;    /* non-empty: the worker failed the job */
     uint64_t fingerprint; /* of the step's collective sequence; 0 = not given */
+    uint64_t all_gather_bytes, reduce_scatter_bytes, all_reduce_bytes;
 } pcs_coord_report_t;
 
 /* Record a step report. *directive is PCS_EV_STOP when the worker should stop (job no longer

@@ -403,7 +403,10 @@ static void h_report_step(pcs_rpc_call_t *call, const ProtobufCMessage *m, void 
                             .audit_ok = sr->audit_ok,
                             .done = sr->done,
                             .error = sr->error,
-                            .fingerprint = sr->fingerprint};
+                            .fingerprint = sr->fingerprint,
+                            .all_gather_bytes = sr->all_gather_bytes,
+                            .reduce_scatter_bytes = sr->reduce_scatter_bytes,
+                            .all_reduce_bytes = sr->all_reduce_bytes};
     int dir = 0;
     char reason[512];
     pcs_status_t st = pcs_coord_report_step(s->coord, &r, &dir, reason, sizeof reason);
@@ -960,18 +963,57 @@ static void publish_metrics(pcs_server_t *s)
         snprintf(lab, sizeof lab, "state=\"%s\"", pcs_job_state_name((pcs_job_state_t)st));
         metrics_line(f, "pcs_jobs", lab, cn.jobs[st]);
     }
-    fprintf(f, "# HELP pcs_job_step Last reported step of running jobs.\n# TYPE pcs_job_step "
-               "gauge\n# HELP pcs_job_loss Last reported loss (rank 0) of running jobs.\n# TYPE "
-               "pcs_job_loss gauge\n# HELP pcs_job_step_ms Last reported step time.\n# TYPE "
-               "pcs_job_step_ms gauge\n");
-    for (uint32_t i = 1; i <= pcs_coord_max_job(s->coord); i++) {
-        pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, i);
-        if (!j || j->state != PCS_JOB_RUNNING)
-            continue;
-        snprintf(lab, sizeof lab, "job=\"%s\"", j->id);
-        metrics_line(f, "pcs_job_step", lab, (double)j->progress.step);
-        metrics_line(f, "pcs_job_loss", lab, j->progress.loss);
-        metrics_line(f, "pcs_job_step_ms", lab, j->progress.step_ms);
+    /* per running job: one HELP/TYPE block per family, then one line per job */
+    static const struct {
+        const char *name, *type, *help;
+    } fam[] = {
+        {"pcs_job_step", "gauge", "Last reported step."},
+        {"pcs_job_loss", "gauge", "Last reported loss (rank 0)."},
+        {"pcs_job_step_ms", "gauge", "Last reported step time in ms (rank 0)."},
+        {"pcs_job_reports_total", "counter", "Step reports received."},
+        {"pcs_job_audit_ok", "gauge", "1 while every collective ran in the planned dtype."},
+        {"pcs_job_generation", "gauge", "Current generation."},
+        {"pcs_job_collective_bytes_total", "counter", "Bytes moved by collectives, by kind."},
+    };
+    for (size_t k = 0; k < sizeof fam / sizeof *fam; k++) {
+        fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", fam[k].name, fam[k].help, fam[k].name,
+                fam[k].type);
+        for (uint32_t i = 1; i <= pcs_coord_max_job(s->coord); i++) {
+            pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, i);
+            if (!j || j->state != PCS_JOB_RUNNING)
+                continue;
+            const pcs_coord_progress_t *p = &j->progress;
+            snprintf(lab, sizeof lab, "job=\"%s\"", j->id);
+            switch (k) {
+            case 0:
+                metrics_line(f, fam[k].name, lab, (double)p->step);
+                break;
+            case 1:
+                metrics_line(f, fam[k].name, lab, p->loss);
+                break;
+            case 2:
+                metrics_line(f, fam[k].name, lab, p->step_ms);
+                break;
+            case 3:
+                metrics_line(f, fam[k].name, lab, (double)p->reports);
+                break;
+            case 4:
+                metrics_line(f, fam[k].name, lab, p->audit_ok ? 1 : 0);
+                break;
+            case 5:
+                metrics_line(f, fam[k].name, lab, (double)j->generation);
+                break;
+            default: {
+                const char *kinds[3] = {"all_gather", "reduce_scatter", "all_reduce"};
+                const uint64_t v[3] = {p->all_gather_bytes, p->reduce_scatter_bytes,
+                                       p->all_reduce_bytes};
+                for (int c = 0; c < 3; c++) {
+                    snprintf(lab, sizeof lab, "job=\"%s\",kind=\"%s\"", j->id, kinds[c]);
+                    metrics_line(f, fam[k].name, lab, (double)v[c]);
+                }
+            }
+            }
+        }
     }
     size_t nm = pcs_rpc_server_stats(s->rpc, NULL, 0);
     pcs_rpc_method_stats_t *rows = NULL;

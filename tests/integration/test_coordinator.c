@@ -785,19 +785,56 @@ static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
     int port = atoi(mp);
     free(mp);
     assert_true(port > 0);
-    char *id = reg(p, "metrics-a", NULL);
+    char *ids[5];
+    for (int i = 0; i < 5; i++) {
+        char ident[32];
+        snprintf(ident, sizeof ident, "metrics-%d", i);
+        ids[i] = reg(p, ident, NULL);
+    }
     assert_int_equal(heartbeat(p, "w-77"), 5);
+    Pcs__V1__JobSpec *spec = spec_new();
+    Pcs__V1__SubmitJobResponse *sr;
+    assert_int_equal(submit(p, spec, NULL, &sr), 0);
+    protobuf_c_message_free_unpacked(&sr->base, NULL);
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+    for (uint32_t r = 0; r < 2; r++) { /* two ranks report step 3 */
+        Pcs__V1__ReportStepRequest req = PCS__V1__REPORT_STEP_REQUEST__INIT;
+        Pcs__V1__StepReport rep = PCS__V1__STEP_REPORT__INIT;
+        rep.step = 3;
+        rep.loss = r == 0 ? 0.5 : 7.0;
+        rep.audit_ok = true;
+        rep.all_gather_bytes = 1000;
+        rep.reduce_scatter_bytes = 24;
+        req.worker_id = ids[r];
+        req.job_id = "job-1";
+        req.generation = 1;
+        req.rank = r;
+        req.report = &rep;
+        Pcs__V1__ReportStepResponse *resp = NULL;
+        assert_int_equal(
+            call(p, PCS_M_REPORT_STEP, &req, &pcs__v1__report_step_response__descriptor, &resp), 0);
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    }
     pcs_test_sleep_ms(700); /* the snapshot is refreshed every 500 ms */
     char *m = http_get(port, "/metrics");
     assert_non_null(strstr(m, "200 OK"));
     assert_non_null(strstr(m, "pcs_workers{state=\"IDLE\"} 1"));
-    assert_non_null(strstr(m, "pcs_jobs{state=\"RUNNING\"} 0"));
+    assert_non_null(strstr(m, "pcs_workers{state=\"ASSIGNED\"} 4"));
+    assert_non_null(strstr(m, "pcs_jobs{state=\"RUNNING\"} 1"));
+    assert_non_null(strstr(m, "pcs_job_step{job=\"job-1\"} 3"));
+    assert_non_null(strstr(m, "pcs_job_loss{job=\"job-1\"} 0.5\n"));
+    assert_non_null(strstr(m, "pcs_job_reports_total{job=\"job-1\"} 2"));
+    assert_non_null(
+        strstr(m, "pcs_job_collective_bytes_total{job=\"job-1\",kind=\"all_gather\"} 2000"));
+    assert_non_null(
+        strstr(m, "pcs_job_collective_bytes_total{job=\"job-1\",kind=\"reduce_scatter\"} 48"));
+    assert_non_null(strstr(m, "# TYPE pcs_job_reports_total counter"));
     assert_non_null(strstr(m, "pcs_rpc_calls_total{method=\"/pcs.v1.WorkerService/Register\","
-                              "code=\"OK\"} 1"));
+                              "code=\"OK\"} 5"));
     assert_non_null(strstr(m, "pcs_rpc_calls_total{method=\"/pcs.v1.WorkerService/Heartbeat\","
                               "code=\"NOT_FOUND\"} 1"));
     assert_non_null(strstr(m, "pcs_rpc_latency_seconds_bucket{method=\"/pcs.v1.WorkerService/"
-                              "Register\",le=\"+Inf\"} 1"));
+                              "Register\",le=\"+Inf\"} 5"));
     free(m);
     m = http_get(port, "/readyz");
     assert_non_null(strstr(m, "200 OK"));
@@ -808,7 +845,8 @@ static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
     m = http_get(port, "/nope");
     assert_non_null(strstr(m, "404"));
     free(m);
-    free(id);
+    for (int i = 0; i < 5; i++)
+        free(ids[i]);
     stop(p);
     pcs_test_rmtree(dir);
     free(dir);
