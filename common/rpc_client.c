@@ -44,11 +44,16 @@ pcs_status_t pcs_rpc_client_create(const char *target, pcs_rpc_client_t **out)
     }
     pthread_mutex_init(&c->mu, NULL);
     grpc_init();
-    grpc_arg args[1];
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer = (int)PCS_RPC_CLIENT_MAX_RECEIVE;
-    grpc_channel_args ca = {1, args};
+    grpc_arg args[] = {
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+         {.integer = (int)PCS_RPC_CLIENT_MAX_RECEIVE}},
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_KEEPALIVE_TIME_MS,
+         {.integer = PCS_RPC_CLIENT_KEEPALIVE_MS}},
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+         {.integer = PCS_RPC_CLIENT_KEEPALIVE_TIMEOUT_MS}},
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, {.integer = 0}},
+    };
+    grpc_channel_args ca = {sizeof args / sizeof args[0], args};
     grpc_channel_credentials *cr = grpc_insecure_credentials_create();
     c->ch = grpc_channel_create(target, cr, &ca);
     grpc_channel_credentials_release(cr);

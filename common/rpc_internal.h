@@ -24,6 +24,17 @@ extern "C" {
 /* Client receive limit: plans of large models are big, so clients accept up to 64 MiB. */
 #define PCS_RPC_CLIENT_MAX_RECEIVE (64u << 20)
 
+/* Keepalive (both ends are ours, so they agree): clients ping every 20 s, also on idle streams
+ * such as WatchAssignment, and drop a connection whose pings go unanswered for 10 s; the server
+ * accepts pings every >= 10 s without calling them abuse (gRPC's default policy would answer
+ * "too_many_pings" after two) and pings its clients every 60 s so a vanished worker's pending
+ * calls end (on_cancel) instead of waiting forever. */
+#define PCS_RPC_CLIENT_KEEPALIVE_MS 20000
+#define PCS_RPC_CLIENT_KEEPALIVE_TIMEOUT_MS 10000
+#define PCS_RPC_SERVER_MIN_PING_INTERVAL_MS 10000
+#define PCS_RPC_SERVER_KEEPALIVE_MS 60000
+#define PCS_RPC_SERVER_KEEPALIVE_TIMEOUT_MS 20000
+
 /* Completion-queue tag (STYLE.md B7): embedded in the object it belongs to; the loop only calls
  * tag->on_done(tag, ok), with no switch on a type. */
 typedef struct pcs_rpc_tag {

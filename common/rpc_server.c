@@ -558,12 +558,20 @@ pcs_status_t pcs_rpc_server_create(const pcs_rpc_server_config_t *cfg, pcs_rpc_s
     PCS_CHECK_GOTO(pcs_calloc(cfg->n_methods + 1, sizeof *s->stats, (void **)&s->stats), st, fail);
 
     /* gRPC itself rejects oversized requests with RESOURCE_EXHAUSTED before they are buffered */
-    grpc_arg args[1];
-    args[0].type = GRPC_ARG_INTEGER;
-    args[0].key = (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
-    args[0].value.integer =
-        s->max_message_bytes > (size_t)INT32_MAX ? INT32_MAX : (int)s->max_message_bytes;
-    grpc_channel_args ca = {1, args};
+    grpc_arg args[] = {
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+         {.integer = s->max_message_bytes > (size_t)INT32_MAX ? INT32_MAX
+                                                             : (int)s->max_message_bytes}},
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+         {.integer = PCS_RPC_SERVER_MIN_PING_INTERVAL_MS}},
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, {.integer = 1}},
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_KEEPALIVE_TIME_MS,
+         {.integer = PCS_RPC_SERVER_KEEPALIVE_MS}},
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+         {.integer = PCS_RPC_SERVER_KEEPALIVE_TIMEOUT_MS}},
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, {.integer = 0}},
+    };
+    grpc_channel_args ca = {sizeof args / sizeof args[0], args};
     s->cq = grpc_completion_queue_create_for_next(NULL);
     s->server = grpc_server_create(&ca, NULL);
     for (size_t i = 0; i < cfg->n_methods; i++) {
