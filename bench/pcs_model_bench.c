@@ -17,6 +17,9 @@
 #include "pcs/pbtext.h"
 #include "pcs/v1/job.pb-c.h"
 #include "reference.h"
+#ifdef PCS_BENCH_HAVE_PLAN
+#include "plan.h"
+#endif
 
 static double now_s(void)
 {
@@ -25,7 +28,7 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static int run_job(const char *path, int global_batch)
+static int run_job(const char *path, int global_batch, int use_plan)
 {
     ProtobufCMessage *msg = NULL;
     if (pcs_pb_from_yaml_file(path, &pcs__v1__job_spec__descriptor, &msg) != PCS_OK) {
@@ -37,26 +40,51 @@ static int run_job(const char *path, int global_batch)
     pcs_ref_options_default(&o);
     o.global_batch = global_batch;
     pcs_reference_t *r = NULL;
+    Pcs__V1__Plan *plan = NULL;
+    if (use_plan) {
+#ifdef PCS_BENCH_HAVE_PLAN
+        if (pcs_plan_build(spec, 0, &plan) != PCS_OK) {
+            fprintf(stderr, "pcs-model-bench: plan: %s\n", pcs_last_error());
+            protobuf_c_message_free_unpacked(msg, NULL);
+            return 1;
+        }
+#else
+        fprintf(stderr, "pcs-model-bench: built without the planner\n");
+        protobuf_c_message_free_unpacked(msg, NULL);
+        return 2;
+#endif
+    }
     double t0 = now_s();
-    if (pcs_ref_create(spec, NULL, &o, &r) != PCS_OK) {
+    pcs_status_t crc = pcs_ref_create(spec, plan, &o, &r);
+#ifdef PCS_BENCH_HAVE_PLAN
+    pcs_plan_free(plan);
+#endif
+    if (crc != PCS_OK) {
         fprintf(stderr, "pcs-model-bench: %s\n", pcs_last_error());
         protobuf_c_message_free_unpacked(msg, NULL);
         return 1;
     }
     double t1 = now_s();
-    printf("# reference run of %s: %llu params, dp %u (%s)\n", path,
+    printf("# reference run of %s: %llu params, dp %u (%s, %s)\n", path,
            (unsigned long long)pcs_mlp_total_params(pcs_ref_model(r)), pcs_ref_dp_size(r),
-           global_batch ? "global batch" : "per-rank emulation");
+           global_batch ? "global batch" : "per-rank emulation",
+           use_plan ? "planner's units" : "built-in units");
     printf("#  step        loss   grad_norm  skipped   time\n");
     printf("#                                          (ms)\n");
     pcs_ref_step_result_t res;
     int rc = 0;
     double ts = now_s();
-    while (pcs_ref_step(r, &res) == PCS_OK) {
+    (void)plan;
+    pcs_status_t src;
+    while ((src = pcs_ref_step(r, &res)) == PCS_OK) {
         double te = now_s();
         printf("%7llu  %10.6f  %10.4f  %7d  %6.1f\n", (unsigned long long)res.step, res.loss,
                res.grad_norm, res.skipped, (te - ts) * 1e3);
         ts = te;
+    }
+    if (src != PCS_ERR_STATE) {
+        fprintf(stderr, "pcs-model-bench: step failed: %s\n", pcs_last_error());
+        rc = 1;
     }
     double t2 = now_s(), ev = 0;
     if (pcs_ref_eval(r, &ev) != PCS_OK)
@@ -218,7 +246,7 @@ static void usage(void)
 {
     fprintf(stderr, "usage: pcs-model-bench [-b ROWS] [-e ROWS] [-f FACTOR] [-n ITERS] [-i IN] "
                     "[-H HIDDEN] [-L LAYERS] [-o OUT] [-t BLAS_THREADS]\n"
-                    "       pcs-model-bench --job FILE.yaml [--global-batch] [-t BLAS_THREADS]\n");
+                    "       pcs-model-bench --job FILE.yaml [--plan] [--global-batch] [-t BLAS_THREADS]\n");
 }
 
 int main(int argc, char **argv)
@@ -228,7 +256,7 @@ int main(int argc, char **argv)
     uint32_t b = 8, e = 128, f = 2;
     int iters = 10;
     const char *jobf = NULL;
-    int global = 0;
+    int global = 0, use_plan = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -237,6 +265,8 @@ int main(int argc, char **argv)
             i++;
         } else if (strcmp(a, "--global-batch") == 0) {
             global = 1;
+        } else if (strcmp(a, "--plan") == 0) {
+            use_plan = 1;
         } else if (strcmp(a, "-t") == 0 && v) {
             pcs_mlp_blas_threads(atoi(v));
             i++;
@@ -259,7 +289,7 @@ int main(int argc, char **argv)
         }
     }
     if (jobf)
-        return run_job(jobf, global);
+        return run_job(jobf, global, use_plan);
     if (b == 0 || e < b || f < 2 || iters < 1 || !s.in || !s.hidden || !s.out) {
         usage();
         return 2;

@@ -4,6 +4,9 @@ if(TARGET pcs_worker_core)
   add_executable(pcs-model-bench ${PROJECT_SOURCE_DIR}/bench/pcs_model_bench.c)
   target_link_libraries(pcs-model-bench PRIVATE pcs_worker_core)
   pcs_target_warnings(pcs-model-bench)
+  if(TARGET pcs_plan)
+    target_compile_definitions(pcs-model-bench PRIVATE PCS_BENCH_HAVE_PLAN=1)
+  endif()
 
   # bench-smoke: a tiny model at tiny sizes; fails if any output differs from the re-computation.
   add_test(NAME bench_smoke_model COMMAND pcs-model-bench -b 4 -e 16 -f 4 -n 2 -i 32 -H 64 -L 2
