@@ -1,0 +1,349 @@
+/* pcs-step-bench: step time breakdown of the sharded training loop for the demo model (MLP
+ * 256-1024x4-16, FULL_SHARD, bf16 params / fp32 reduce, AdamW, 4 micro-batches of 32 rows) at
+ * W = 1, 2, 4 CPU ranks (forked processes, Gloo over loopback, file KV store), with and without
+ * the all-gather prefetch thread, and the overlap efficiency max(compute, comm) / step.
+ * W = 1 is the no-communication baseline measured in the same run. Correctness is checked in a
+ * separate untimed pass: a short run of each W against the single-process reference (#wrong
+ * counts parameters outside atol 1e-3 + rtol 1e-2). */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "kv.h"
+#include "pcs/clock.h"
+#include "pcs/pbtext.h"
+#include "pcs/version.h"
+#include "plan.h"
+#include "reference.h"
+#include "safetensors.h"
+#include "train.h"
+
+static const char k_job_fmt[] =
+    "name: step-bench\n"
+    "model:\n"
+    "  mlp: {input_dim: %u, hidden_dims: [%s], output_dim: 16, activation: gelu,\n"
+    "        norm: layernorm, bias: true, residual: true}\n"
+    "wrap: {module_class: [MLPBlock]}\n"
+    "precision: {param_dtype: bf16, reduce_dtype: fp32}\n"
+    "strategy: full_shard\n"
+    "mesh: [{dim: dp_shard, size: %d}]\n"
+    "training:\n"
+    "  steps: %d\n"
+    "  micro_batch_size: %u\n"
+    "  micro_batches: 4\n"
+    "  optimizer: {adamw: {lr: 1.0e-3}}\n"
+    "  clip_grad_norm: 1.0\n"
+    "data: {synthetic: {task: regression, seed: 7}}\n"
+    "init: {seed: 13}\n"
+    "%s";
+
+typedef struct bench_cfg {
+    unsigned input_dim, rows;
+    char hidden[128];
+    int warmup, iters;
+} bench_cfg_t;
+
+/* Per-rank means over the timed steps. */
+typedef struct step_stats {
+    double step, compute, ag, rs, cast, opt, wait;
+    double ag_mb, rs_mb;
+} step_stats_t;
+
+typedef struct rank_ctx {
+    int warmup;
+    int n;
+    step_stats_t sum;
+} rank_ctx_t;
+
+static void on_report(void *ctx, const Pcs__V1__StepReport *r)
+{
+    rank_ctx_t *c = ctx;
+    if (r->error && r->error[0])
+        return;
+    if ((int)r->step <= c->warmup)
+        return;
+    c->sum.step += r->step_ms;
+    c->sum.compute += r->compute_ms;
+    c->sum.ag += r->all_gather_ms;
+    c->sum.rs += r->reduce_scatter_ms;
+    c->sum.cast += r->cast_ms;
+    c->sum.opt += r->optimizer_ms;
+    c->sum.ag_mb += (double)r->all_gather_bytes / 1e6;
+    c->sum.rs_mb += (double)(r->reduce_scatter_bytes + r->all_reduce_bytes) / 1e6;
+    c->n++;
+}
+
+static Pcs__V1__JobSpec *make_spec(const bench_cfg_t *b, int world, int steps, const char *ckpt)
+{
+    char extra[1200] = "";
+    if (ckpt)
+        snprintf(extra, sizeof extra, "checkpoint: {dir: '%s'}\n", ckpt);
+    char yaml[4096];
+    snprintf(yaml, sizeof yaml, k_job_fmt, b->input_dim, b->hidden, world, steps, b->rows, extra);
+    ProtobufCMessage *m = NULL;
+    if (pcs_pb_from_yaml(yaml, strlen(yaml), &pcs__v1__job_spec__descriptor, &m) != PCS_OK) {
+        fprintf(stderr, "pcs-step-bench: job: %s\n", pcs_last_error());
+        return NULL;
+    }
+    return (Pcs__V1__JobSpec *)m;
+}
+
+static int rank_main(const bench_cfg_t *b, int world, int rank, int prefetch, int steps,
+                     const char *dir, const char *ckpt, const char *out_path)
+{
+    Pcs__V1__JobSpec *spec = make_spec(b, world, steps, ckpt);
+    Pcs__V1__Plan *plan = NULL;
+    if (!spec || pcs_plan_build(spec, (uint32_t)world, &plan) != PCS_OK)
+        return 2;
+    Pcs__V1__MeshCoords coords = PCS__V1__MESH_COORDS__INIT;
+    pcs_plan_rank_coords(plan, (uint32_t)rank, &coords);
+    Pcs__V1__Assignment as = PCS__V1__ASSIGNMENT__INIT;
+    as.job_id = (char *)"bench";
+    as.generation = 1;
+    as.rank = (uint32_t)rank;
+    as.world_size = (uint32_t)world;
+    as.coords = &coords;
+    as.spec = spec;
+    as.plan = plan;
+    char kvdir[1200];
+    snprintf(kvdir, sizeof kvdir, "%s/kv", dir);
+    pcs_kv_t *kv = NULL;
+    if (pcs_kv_file_create(kvdir, &kv) != PCS_OK)
+        return 2;
+    rank_ctx_t rc;
+    memset(&rc, 0, sizeof rc);
+    rc.warmup = ckpt ? 0 : b->warmup;
+    pcs_train_config_t tc;
+    memset(&tc, 0, sizeof tc);
+    tc.assignment = &as;
+    tc.kv = kv;
+    tc.coll_timeout_ms = 60000;
+    tc.report = on_report;
+    tc.report_ctx = &rc;
+    tc.prefetch = prefetch;
+    pcs_train_t *t = NULL;
+    pcs_train_result_t res;
+    pcs_status_t st = pcs_train_create(&tc, &t);
+    if (st == PCS_OK)
+        st = pcs_train_run(t, &res);
+    if (st != PCS_OK)
+        fprintf(stderr, "rank %d: %s\n", rank, pcs_last_error());
+    pcs_train_destroy(t);
+    pcs_kv_destroy(kv);
+    pcs_plan_free(plan);
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+    if (st == PCS_OK && out_path && rc.n > 0) {
+        FILE *f = fopen(out_path, "w");
+        if (!f)
+            return 2;
+        double n = rc.n;
+        fprintf(f, "%f %f %f %f %f %f %f %f\n", rc.sum.step / n, rc.sum.compute / n,
+                rc.sum.ag / n, rc.sum.rs / n, rc.sum.cast / n, rc.sum.opt / n, rc.sum.ag_mb / n,
+                rc.sum.rs_mb / n);
+        fclose(f);
+    }
+    return st == PCS_OK ? 0 : 1;
+}
+
+static void rmtree(const char *dir)
+{
+    char cmd[1300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "pcs-step-bench: could not remove %s\n", dir);
+}
+
+/* Run `world` ranks; fills the max over ranks of each per-rank mean. 0 on success. */
+static int run(const bench_cfg_t *b, int world, int prefetch, int steps, const char *ckpt,
+               step_stats_t *out)
+{
+    char dir[] = "/tmp/pcs-step-bench-XXXXXX";
+    if (!mkdtemp(dir))
+        return -1;
+    pid_t pids[64];
+    fflush(NULL);
+    for (int r = 0; r < world; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) {
+            char path[1200];
+            snprintf(path, sizeof path, "%s/rank%d.txt", dir, r);
+            _exit(rank_main(b, world, r, prefetch, steps, dir, ckpt, path));
+        }
+    }
+    int ok = 1;
+    for (int r = 0; r < world; r++) {
+        int ws = 0;
+        waitpid(pids[r], &ws, 0);
+        ok &= WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
+    }
+    memset(out, 0, sizeof *out);
+    for (int r = 0; ok && r < world; r++) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/rank%d.txt", dir, r);
+        FILE *f = fopen(path, "r");
+        step_stats_t s;
+        if (!f) {
+            ok = ckpt != NULL; /* the check pass has no timed steps */
+            continue;
+        }
+        if (fscanf(f, "%lf %lf %lf %lf %lf %lf %lf %lf", &s.step, &s.compute, &s.ag, &s.rs,
+                   &s.cast, &s.opt, &s.ag_mb, &s.rs_mb) != 8)
+            ok = 0;
+        fclose(f);
+        out->step = fmax(out->step, s.step);
+        out->compute = fmax(out->compute, s.compute);
+        out->ag = fmax(out->ag, s.ag);
+        out->rs = fmax(out->rs, s.rs);
+        out->cast = fmax(out->cast, s.cast);
+        out->opt = fmax(out->opt, s.opt);
+        out->ag_mb = fmax(out->ag_mb, s.ag_mb);
+        out->rs_mb = fmax(out->rs_mb, s.rs_mb);
+    }
+    rmtree(dir);
+    return ok ? 0 : -1;
+}
+
+/* Untimed correctness pass: `steps` steps at W ranks vs the reference; returns #wrong. */
+static long check(const bench_cfg_t *b, int world, int steps)
+{
+    char dir[] = "/tmp/pcs-step-check-XXXXXX";
+    if (!mkdtemp(dir))
+        return -1;
+    char ckpt[1200], out[1300];
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", dir);
+    snprintf(out, sizeof out, "%s/final.safetensors", dir);
+    step_stats_t s;
+    long wrong = -1;
+    Pcs__V1__JobSpec *spec = NULL;
+    Pcs__V1__Plan *plan = NULL;
+    pcs_reference_t *ref = NULL;
+    pcs_st_file_t *f = NULL;
+    float *buf = NULL;
+    if (run(b, world, 1, steps, ckpt, &s) != 0 || pcs_ckpt_export(ckpt, 0, out, NULL) != PCS_OK)
+        goto done;
+    spec = make_spec(b, world, steps, NULL);
+    pcs_ref_options_t o;
+    pcs_ref_options_default(&o);
+    if (!spec || pcs_plan_build(spec, (uint32_t)world, &plan) != PCS_OK ||
+        pcs_ref_create(spec, plan, &o, &ref) != PCS_OK || pcs_ref_run(ref) != PCS_OK ||
+        pcs_st_open(out, &f) != PCS_OK)
+        goto done;
+    wrong = 0;
+    const pcs_mlp_t *m = pcs_ref_model(ref);
+    for (uint32_t i = 0; i < pcs_mlp_num_params(m); i++) {
+        const pcs_named_tensor_t *p = pcs_mlp_param(m, i);
+        const pcs_st_tensor_t *t = pcs_st_find(f, p->fqn);
+        const float *r = pcs_ref_param(ref, p->fqn);
+        free(buf);
+        buf = malloc(p->numel * sizeof(float));
+        if (!t || !r || !buf || pcs_st_read_f32(f, t, 0, p->numel, buf) != PCS_OK) {
+            wrong += (long)p->numel;
+            continue;
+        }
+        for (uint64_t e = 0; e < p->numel; e++)
+            if (!(fabs((double)buf[e] - r[e]) <= 1e-3 + 1e-2 * fabs((double)r[e])))
+                wrong++;
+    }
+done:
+    free(buf);
+    pcs_st_close(f);
+    pcs_ref_destroy(ref);
+    pcs_plan_free(plan);
+    if (spec)
+        protobuf_c_message_free_unpacked(&spec->base, NULL);
+    rmtree(dir);
+    return wrong;
+}
+
+int main(int argc, char **argv)
+{
+    bench_cfg_t b = {256, 32, "1024, 1024, 1024, 1024", 2, 5};
+    char cmdline[1024] = "";
+    for (int i = 0, o = 0; i < argc && o < (int)sizeof cmdline - 2; i++)
+        o += snprintf(cmdline + o, sizeof cmdline - (size_t)o, " %s", argv[i]);
+    int worlds[8] = {1, 2, 4}, n_worlds = 3, check_steps = 2;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "-n") == 0 && i + 1 < argc) {
+            b.iters = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "-w") == 0 && i + 1 < argc) {
+            b.warmup = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "-g") == 0 && i + 1 < argc) {
+            n_worlds = 0;
+            for (char *tok = strtok(argv[++i], ","); tok && n_worlds < 8; tok = strtok(NULL, ","))
+                worlds[n_worlds++] = atoi(tok);
+        } else if (strcmp(argv[i], "--tiny") == 0) {
+            b.input_dim = 16;
+            b.rows = 4;
+            snprintf(b.hidden, sizeof b.hidden, "32, 32");
+        } else if (strcmp(argv[i], "--check-steps") == 0 && i + 1 < argc) {
+            check_steps = atoi(argv[++i]);
+        } else {
+            fprintf(stderr,
+                    "usage: pcs-step-bench [-g 1,2,4] [-n iters] [-w warmup] [--tiny] "
+                    "[--check-steps N]\n");
+            return 2;
+        }
+    }
+    char host[64] = "?", cpu[128] = "?";
+    gethostname(host, sizeof host);
+    FILE *ci = fopen("/proc/cpuinfo", "r");
+    if (ci) {
+        char line[256];
+        while (fgets(line, sizeof line, ci))
+            if (strncmp(line, "model name", 10) == 0) {
+                char *c = strchr(line, ':');
+                snprintf(cpu, sizeof cpu, "%.120s", c ? c + 2 : line);
+                cpu[strcspn(cpu, "\n")] = 0;
+                break;
+            }
+        fclose(ci);
+    }
+    time_t now = time(NULL);
+    char ts[32];
+    strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    printf("# pcs-step-bench  git %s  %s  cmd:%s", PCS_GIT_SHA, ts, cmdline);
+    printf("\n# host %s  nproc %ld  cpu %s  backend cpu  coll gloo (loopback)\n", host,
+           sysconf(_SC_NPROCESSORS_ONLN), cpu);
+    printf("# model mlp %u-[%s]-16, FULL_SHARD bf16 params / fp32 reduce, AdamW, 4 micro-batches "
+           "x %u rows per rank, clip 1.0\n",
+           b.input_dim, b.hidden, b.rows);
+    printf("# warmup %d steps, timed %d steps, per-rank mean, max over ranks; comm = AG + RS/AR "
+           "time; overlap = max(compute, comm) / step\n",
+           b.warmup, b.iters);
+    printf("#  W  prefetch    step   compute      AG    RS+AR    cast     opt   AG MB  RS MB  "
+           "overlap #wrong\n");
+    printf("#                 (ms)      (ms)    (ms)     (ms)    (ms)    (ms)                   "
+           "         \n");
+    int failures = 0;
+    for (int wi = 0; wi < n_worlds; wi++) {
+        int W = worlds[wi];
+        long wrong = check_steps > 0 ? check(&b, W, check_steps) : 0;
+        if (wrong != 0)
+            failures++;
+        for (int pf = 1; pf >= 0; pf--) {
+            if (W == 1 && pf == 0)
+                continue; /* nothing to prefetch without communication */
+            step_stats_t s;
+            if (run(&b, W, pf, b.warmup + b.iters, NULL, &s) != 0) {
+                printf("%4d  %8s  run failed\n", W, pf ? "on" : "off");
+                failures++;
+                continue;
+            }
+            double comm = s.ag + s.rs;
+            double ov = s.step > 0 ? fmax(s.compute, comm) / s.step : 0;
+            printf("%4d  %8s %7.1f %9.1f %7.1f %8.1f %7.1f %7.1f %7.1f %6.1f %8.3f %6ld\n", W,
+                   pf ? "on" : "off", s.step, s.compute, s.ag, s.rs, s.cast, s.opt, s.ag_mb,
+                   s.rs_mb, ov, wrong);
+            fflush(stdout);
+        }
+    }
+    printf("# Out of bounds values : %d %s\n", failures, failures ? "FAILED" : "OK");
+    return failures ? 1 : 0;
+}
