@@ -636,6 +636,20 @@ pcs_status_t pcs_mlp_apply_plan_casts(pcs_mlp_t *m, const struct Pcs__V1__Plan *
     return PCS_OK;
 }
 
+pcs_dtype_t pcs_mlp_feed_dtype(const struct Pcs__V1__Plan *plan, pcs_dtype_t data_dtype)
+{
+    for (size_t k = 0; plan && k < plan->n_units; k++) {
+        const Pcs__V1__Unit *u = plan->units[k];
+        pcs_dtype_t master = (pcs_dtype_t)u->master_dtype, param = (pcs_dtype_t)u->param_dtype;
+        int casts = u->cast_forward_inputs && is_compute_dtype(param);
+        if (u->path && !*u->path && !casts &&
+            (master == PCS_DTYPE_BF16 || master == PCS_DTYPE_FP16) &&
+            (param == PCS_DTYPE_NONE || param == master))
+            return master;
+    }
+    return data_dtype;
+}
+
 // ---- pass machinery ----
 
 static pcs_status_t new_slot(pcs_mlp_t *m, pcs_dtype_t dtype, uint32_t width, int *out)

@@ -132,6 +132,12 @@ pcs_status_t pcs_mlp_bind_unit(pcs_mlp_t *m, const struct Pcs__V1__Unit *u, pcs_
  * at a module the model does not have are an error (PCS_ERR_INVALID_ARG). */
 pcs_status_t pcs_mlp_apply_plan_casts(pcs_mlp_t *m, const struct Pcs__V1__Plan *plan);
 
+/* The dtype a training program feeds model inputs in under `plan`: the data's own dtype, except
+ * for a pure low-precision model (root unit with a bf16/fp16 master dtype that does not cast its
+ * inputs), which is fed in its dtype as a user's `x.half()` would (T-PF16). The reference and the
+ * sharded training loop both use this rule; round the inputs with pcs_round_to() before forward. */
+pcs_dtype_t pcs_mlp_feed_dtype(const struct Pcs__V1__Plan *plan, pcs_dtype_t data_dtype);
+
 /* FSDP casting at a module boundary (spec §1.3): before module `mod` runs, cast its floating input
  * to `input_dtype` (NONE = no cast); after it runs, cast its output to `output_dtype` (NONE = no
  * cast). Both are differentiable (gradients are cast back). Use on unit root modules. */

@@ -526,7 +526,9 @@ pcs_status_t pcs_ref_create(const struct Pcs__V1__JobSpec *spec, const struct Pc
                                          (char *)u->cgrad + r->param_off[p] * cs), rc, fail);
     }
     r->feed_dtype = pcs_data_input_dtype(r->data);
-    for (uint32_t k = 0; k < r->n_units; k++) {
+    if (plan)
+        r->feed_dtype = pcs_mlp_feed_dtype(plan, r->feed_dtype);
+    for (uint32_t k = 0; !plan && k < r->n_units; k++) {
         const ref_unit_t *u = &r->units[k];
         if (u->module == 0 && !u->cast_inputs && u->master != PCS_DTYPE_FP32 &&
             u->compute == u->master)

@@ -614,6 +614,27 @@ static void test_grad_and_master_dtypes_follow_the_policy(void **state)
                         pi);
         assert_int_equal(gi, cases[c].grad_expect);
         assert_int_equal(pi, cases[c].master_expect);
+        /* the planner's units give the same run (pure fp16 is fed in fp16 either way:
+         * pcs_mlp_feed_dtype) */
+        Pcs__V1__Plan *plan = NULL;
+        assert_int_equal(pcs_plan_build(s, 2, &plan), PCS_OK);
+        pcs_reference_t *rp;
+        assert_int_equal(pcs_ref_create(s, plan, NULL, &rp), PCS_OK);
+        rc = pcs_ref_run(rp);
+        if (rc != PCS_OK)
+            print_error("case '%s' with plan: %s\n", cases[c].prec, pcs_last_error());
+        assert_int_equal(rc, PCS_OK);
+        size_t n1, n2;
+        const double *l1 = pcs_ref_losses(r, &n1), *l2 = pcs_ref_losses(rp, &n2);
+        assert_int_equal(n1, n2);
+        for (size_t i = 0; i < n1; i++)
+            if (l1[i] != l2[i]) {
+                print_error("case '%s': step %zu loss %.9g (built-in units) vs %.9g (plan)\n",
+                            cases[c].prec, i, l1[i], l2[i]);
+                fail();
+            }
+        pcs_ref_destroy(rp);
+        pcs_plan_free(plan);
         pcs_ref_destroy(r);
         job_free(s);
     }
