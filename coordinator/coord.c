@@ -464,6 +464,8 @@ fail:
 }
 
 static void try_start_jobs(pcs_coord_t *c);
+static void worker_left(pcs_coord_t *c, pcs_coord_worker_t *w, pcs_worker_state_t s,
+                        const char *why);
 
 static pcs_status_t new_worker(pcs_coord_t *c, uint32_t number, const char *identity,
                                pcs_coord_worker_t **out)
@@ -500,6 +502,16 @@ pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
     if (strmap_get(&c->by_identity, r->identity, &num)) {
         w = pcs_coord_worker_by_number(c, num);
         *reregistered = true;
+        if (w->state == PCS_WORKER_ASSIGNED && w->job && r->pid && w->pid && r->pid != w->pid) {
+            /* Same identity, new process (a restarted pod): the old process's communicators
+             * are gone, so its job cannot go on with this rank. */
+            char why[128];
+            snprintf(why, sizeof why,
+                     "restarted: re-registered from a new process (pid %" PRIu32 " -> %" PRIu32 ")",
+                     w->pid, r->pid);
+            PCS_WARN(PCS_SUB_COORD, "worker %s (%s) %s", w->id, w->identity, why);
+            worker_left(c, w, PCS_WORKER_IDLE, why);
+        }
     } else {
         PCS_CHECK(new_worker(c, (uint32_t)c->n_workers + 1, r->identity, &w));
         w->registered_wall_ms = wall_ms(c);
@@ -616,7 +628,9 @@ static void worker_left(pcs_coord_t *c, pcs_coord_worker_t *w, pcs_worker_state_
         job_set_reason(j, "worker %s (rank %" PRIu32 ") %s", w->id, w->rank, why);
         job_finish(c, j, PCS_JOB_FAILED);
     }
-    w->job = NULL;
+    /* job_finish may already have handed an IDLE worker a new job: keep that one */
+    if (w->job == j)
+        w->job = NULL;
 }
 
 pcs_status_t pcs_coord_deregister(pcs_coord_t *c, const char *worker_id, const char *reason)

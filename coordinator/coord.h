@@ -179,8 +179,10 @@ typedef struct pcs_coord_register {
 } pcs_coord_register_t;
 
 /* Register or re-register (same identity -> same worker, *reregistered = true). A LOST or GONE
- * worker comes back IDLE; an IDLE/ASSIGNED one keeps its state (a restarted agent that lost its
- * stream gets its assignment again on its next WatchAssignment). Strings are copied. */
+ * worker comes back IDLE; an IDLE/ASSIGNED one keeps its state (an agent that only lost its
+ * connection gets its assignment again on its next WatchAssignment). An ASSIGNED worker that
+ * re-registers from a different pid was restarted: its job fails naming it, and it comes back
+ * IDLE. Strings are copied. */
 pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
                                 pcs_coord_worker_t **out, bool *reregistered);
 /* Errors: INVALID_ARG for an empty id, NOT_FOUND for an unknown one. */

@@ -474,6 +474,34 @@ static void test_deregistered_worker_fails_its_running_job(void **state)
     assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
 }
 
+static void test_reregister_from_new_pid_fails_running_job_but_same_pid_keeps_it(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 2); /* pid 42 */
+    pcs_coord_job_t *j = submit_shard(f, 2, NULL);
+    pcs_coord_job_t *next = submit_shard(f, 2, NULL);
+    assert_int_equal(next->state, PCS_JOB_PENDING);
+    bool rr;
+    pcs_coord_worker_t *w;
+    pcs_coord_register_t same = {.identity = "host-2", .pid = 42};
+    assert_int_equal(pcs_coord_register(f->c, &same, &w, &rr), PCS_OK);
+    assert_int_equal(w->state, PCS_WORKER_ASSIGNED); /* reconnect of the same process */
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    pcs_coord_register_t fresh = {.identity = "host-2", .pid = 43};
+    assert_int_equal(pcs_coord_register(f->c, &fresh, &w, &rr), PCS_OK);
+    assert_true(rr);
+    assert_string_equal(w->id, "w-2");
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    assert_non_null(strstr(j->reason, "worker w-2 (rank 1) restarted: re-registered from a new "
+                                      "process (pid 42 -> 43)"));
+    assert_int_equal(w->pid, 43);
+    /* both workers were freed, so the job queued behind starts with the restarted worker too */
+    assert_int_equal(next->state, PCS_JOB_RUNNING);
+    assert_int_equal(w->state, PCS_WORKER_ASSIGNED);
+    assert_ptr_equal(w->job, next);
+    assert_ptr_equal(worker(f, 1)->job, next);
+}
+
 static void test_cancel_sends_stop_and_second_cancel_is_state_error(void **state)
 {
     fixture_t *f = *state;
@@ -834,6 +862,7 @@ int main(void)
         T(test_duplicate_request_id_finds_the_existing_job),
         T(test_lost_worker_fails_running_job_naming_worker_and_rank),
         T(test_deregistered_worker_fails_its_running_job),
+        T(test_reregister_from_new_pid_fails_running_job_but_same_pid_keeps_it),
         T(test_cancel_sends_stop_and_second_cancel_is_state_error),
         T(test_freed_workers_start_the_next_pending_job),
         T(test_watch_started_requeues_current_assignment_once),
