@@ -28,7 +28,7 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static int run_job(const char *path, int global_batch, int use_plan)
+static int run_job(const char *path, int global_batch, int use_plan, const char *export_path)
 {
     ProtobufCMessage *msg = NULL;
     if (pcs_pb_from_yaml_file(path, &pcs__v1__job_spec__descriptor, &msg) != PCS_OK) {
@@ -96,6 +96,14 @@ static int run_job(const char *path, int global_batch, int use_plan)
     const double *l = pcs_ref_losses(r, &n);
     int ok = n >= 2 && l[n - 1] < l[0];
     printf("# Loss decreased : %s\n", ok ? "OK" : "NO");
+    if (export_path) {
+        if (pcs_ref_export(r, export_path) != PCS_OK) {
+            fprintf(stderr, "pcs-model-bench: export: %s\n", pcs_last_error());
+            rc = 1;
+        } else {
+            printf("# exported %s\n", export_path);
+        }
+    }
     pcs_ref_destroy(r);
     protobuf_c_message_free_unpacked(msg, NULL);
     return rc || !ok;
@@ -246,7 +254,8 @@ static void usage(void)
 {
     fprintf(stderr, "usage: pcs-model-bench [-b ROWS] [-e ROWS] [-f FACTOR] [-n ITERS] [-i IN] "
                     "[-H HIDDEN] [-L LAYERS] [-o OUT] [-t BLAS_THREADS]\n"
-                    "       pcs-model-bench --job FILE.yaml [--plan] [--global-batch] [-t BLAS_THREADS]\n");
+                    "       pcs-model-bench --job FILE.yaml [--plan] [--global-batch] [--export OUT.safetensors]"
+                    " [-t BLAS_THREADS]\n");
 }
 
 int main(int argc, char **argv)
@@ -255,7 +264,7 @@ int main(int argc, char **argv)
     shape_t s = {256, 1024, 4, 16}; /* the demo job's model */
     uint32_t b = 8, e = 128, f = 2;
     int iters = 10;
-    const char *jobf = NULL;
+    const char *jobf = NULL, *export_path = NULL;
     int global = 0, use_plan = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -265,6 +274,9 @@ int main(int argc, char **argv)
             i++;
         } else if (strcmp(a, "--global-batch") == 0) {
             global = 1;
+        } else if (strcmp(a, "--export") == 0 && v) {
+            export_path = v;
+            i++;
         } else if (strcmp(a, "--plan") == 0) {
             use_plan = 1;
         } else if (strcmp(a, "-t") == 0 && v) {
@@ -289,7 +301,7 @@ int main(int argc, char **argv)
         }
     }
     if (jobf)
-        return run_job(jobf, global, use_plan);
+        return run_job(jobf, global, use_plan, export_path);
     if (b == 0 || e < b || f < 2 || iters < 1 || !s.in || !s.hidden || !s.out) {
         usage();
         return 2;
