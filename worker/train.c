@@ -52,7 +52,7 @@ struct pcs_train {
 
     /* step state */
     int sync, training, full_eval;
-    uint32_t M, b, D, dp_rank;
+    uint32_t M, b, D, dp_rank, in_dim;
     float *x;
     void *y;
     float *gout;
@@ -269,10 +269,24 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     if (tr && tr->grad_scaler && tr->grad_scaler->enabled)
         t->scale = tr->grad_scaler->init_scale ? tr->grad_scaler->init_scale->value : 65536.0;
 
+    /* Data-parallel position: the rank's index among ranks of its pp stage. */
+    {
+        Pcs__V1__MeshCoords c = PCS__V1__MESH_COORDS__INIT;
+        if (t->as->coords)
+            c = *t->as->coords;
+        uint32_t S = t->plan->shard_size ? t->plan->shard_size : 1;
+        t->D = t->plan->dp_size ? t->plan->dp_size : 1;
+        t->dp_rank = c.dp_replicate * S + c.dp_shard;
+        if (t->D == 1)
+            t->dp_rank = 0;
+    }
+
     pcs_mlp_config_t mc;
     PCS_CHECK_GOTO(pcs_mlp_config_from_proto(spec->model->mlp, &mc), st, fail);
-    uint32_t eval_rows = t->b * 4 > 256 ? t->b * 4 : 256;
-    PCS_CHECK_GOTO(pcs_mlp_create(&mc, t->b > eval_rows ? t->b : eval_rows, &t->model), st, fail);
+    t->in_dim = mc.input_dim;
+    /* Eval reads the global eval batch (D*b rows, as the reference) and forwards this rank's b. */
+    uint32_t eval_rows = t->D * t->b;
+    PCS_CHECK_GOTO(pcs_mlp_create(&mc, t->b, &t->model), st, fail);
     PCS_CHECK_GOTO(pcs_data_open(spec->data, mc.input_dim, mc.output_dim, t->loss, &t->data), st,
                    fail);
 
@@ -315,17 +329,6 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     for (size_t i = 0; i < t->n_units; i++)
         t->unit_pos[t->fwd_order[i]] = (uint32_t)i;
 
-    /* Data-parallel position: the rank's index among ranks of its pp stage. */
-    {
-        Pcs__V1__MeshCoords c = PCS__V1__MESH_COORDS__INIT;
-        if (t->as->coords)
-            c = *t->as->coords;
-        uint32_t S = t->plan->shard_size ? t->plan->shard_size : 1;
-        t->D = t->plan->dp_size ? t->plan->dp_size : 1;
-        t->dp_rank = c.dp_replicate * S + c.dp_shard;
-        if (t->D == 1)
-            t->dp_rank = 0;
-    }
 
     pcs_runtime_config_t rc;
     memset(&rc, 0, sizeof rc);
@@ -442,30 +445,42 @@ static pcs_status_t restore_bindings(pcs_train_t *t)
 
 static pcs_status_t run_eval(pcs_train_t *t, double *eval_loss)
 {
-    uint32_t n = t->b * 4 > 256 ? t->b * 4 : 256;
+    /* The fixed eval batch of D*b rows (as the reference); this rank forwards its b rows and the
+     * mean over ranks of the per-rank means is the batch mean. */
+    uint32_t n = t->b;
     const float *out;
     pcs_dtype_t odt;
     pcs_mlp_hooks_t h;
     t->training = 0;
     t->full_eval = t->spec->training && t->spec->training->full_precision_eval;
-    PCS_CHECK(pcs_data_read_eval(t->data, n, t->x, t->y));
-    pcs_status_t st = pcs_mlp_forward(t->model, t->x, pcs_data_input_dtype(t->data), n, 0,
+    PCS_CHECK(pcs_data_read_eval(t->data, t->D * t->b, t->x, t->y));
+    uint32_t in_dim = t->in_dim;
+    const pcs_mlp_module_t *head = NULL;
+    for (uint32_t i = 0; i < pcs_mlp_num_modules(t->model); i++)
+        if (strcmp(pcs_mlp_module(t->model, i)->path, "head") == 0)
+            head = pcs_mlp_module(t->model, i);
+    uint32_t od = head ? head->out_dim : 1;
+    const float *x = t->x + (size_t)t->dp_rank * n * in_dim;
+    const void *y = t->loss == PCS_LOSS_CROSS_ENTROPY
+                        ? (const void *)((const int64_t *)t->y + (size_t)t->dp_rank * n)
+                        : (const void *)((const float *)t->y + (size_t)t->dp_rank * n * od);
+    if (t->full_eval) {
+        /* FSDP1 forced full precision: fp32 params, no input/output casts */
+        for (size_t i = 0; i < t->n_units; i++)
+            PCS_CHECK(pcs_mlp_set_cast(t->model, (uint32_t)t->unit_mod[i], PCS_DTYPE_NONE,
+                                       PCS_DTYPE_NONE));
+    }
+    pcs_status_t st = pcs_mlp_forward(t->model, x, pcs_data_input_dtype(t->data), n, 0,
                                       hooks_of(t, &h), &out, &odt);
     int was_full = t->full_eval;
     t->full_eval = 0;
     t->training = 1;
-    if (st == PCS_OK) {
-        const pcs_mlp_module_t *head = NULL;
-        for (uint32_t i = 0; i < pcs_mlp_num_modules(t->model); i++) {
-            const pcs_mlp_module_t *m = pcs_mlp_module(t->model, i);
-            if (strcmp(m->path, "head") == 0)
-                head = m;
-        }
-        st = pcs_loss_compute(t->loss, out, n, head ? head->out_dim : 1, t->y, 1.0f, eval_loss,
-                              NULL);
-    }
+    if (st == PCS_OK)
+        st = pcs_loss_compute(t->loss, out, n, od, y, 1.0f, eval_loss, NULL);
     if (was_full && st == PCS_OK)
         st = restore_bindings(t);
+    if (was_full && st == PCS_OK)
+        st = pcs_mlp_apply_plan_casts(t->model, t->plan);
     return st;
 }
 

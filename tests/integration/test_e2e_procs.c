@@ -34,12 +34,14 @@
     "  clip_grad_norm: %s\n"                                                                       \
     "  grad_scaler: {enabled: %s}\n"                                                               \
     "  loss: mse\n"                                                                                \
+    "  eval_every: %d\n"                                                                           \
+    "  full_precision_eval: %s\n"                                                                  \
     "data: {synthetic: {task: regression, seed: 7}}\n"                                             \
     "init: {seed: 13}\n"
 
 typedef struct job_params {
-    const char *norm, *precision, *strategy, *mesh, *optimizer, *clip, *scaler;
-    int steps, micro, world;
+    const char *norm, *precision, *strategy, *mesh, *optimizer, *clip, *scaler, *full_eval;
+    int steps, micro, world, eval_every;
 } job_params_t;
 
 static void make_yaml(const job_params_t *p, char *buf, size_t n)
@@ -48,7 +50,8 @@ static void make_yaml(const job_params_t *p, char *buf, size_t n)
              p->precision ? p->precision : "param_dtype: bf16, reduce_dtype: fp32",
              p->strategy ? p->strategy : "full_shard", p->mesh, p->steps ? p->steps : 5,
              p->micro ? p->micro : 2, p->optimizer ? p->optimizer : "adamw: {lr: 1.0e-2}",
-             p->clip ? p->clip : "1.0", p->scaler ? p->scaler : "false");
+             p->clip ? p->clip : "1.0", p->scaler ? p->scaler : "false", p->eval_every,
+             p->full_eval ? p->full_eval : "false");
 }
 
 static void run_parity(const job_params_t *p, double atol, double rtol, double loss_rtol)
@@ -238,6 +241,26 @@ static void test_injected_inf_makes_every_rank_skip_the_step(void **state)
     free(dir);
 }
 
+/* Eval every 2 steps on the fixed eval batch (BatchNorm/running stats path, training = 0), and
+ * FSDP1 full-precision eval (fp32 masters all-gathered, no casts): eval losses must match the
+ * reference's at bf16 rtol (full precision: fp32 compute, so only the parameters' own small
+ * differences remain). */
+static void test_eval_losses_match_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 4,
+                      .eval_every = 2};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
+static void test_full_precision_eval_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 4,
+                      .eval_every = 2, .full_eval = "true"};
+    run_parity(&p, 1e-4, 1e-3, 1e-4);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -256,6 +279,8 @@ int main(void)
         cmocka_unit_test(test_four_micro_batches_w2_matches_reference),
         cmocka_unit_test(test_sgd_without_clipping_w4_matches_reference),
         cmocka_unit_test(test_injected_inf_makes_every_rank_skip_the_step),
+        cmocka_unit_test(test_eval_losses_match_reference),
+        cmocka_unit_test(test_full_precision_eval_matches_reference),
     };
     return cmocka_run_group_tests_name("e2e_procs", tests, NULL, NULL);
 }

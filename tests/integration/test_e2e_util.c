@@ -342,6 +342,30 @@ int e2e_check_parity(const e2e_job_t *job, const char *yaml, double atol, double
             fails++;
         }
     }
+    /* eval losses (rank 0's report of the step after which the eval ran) */
+    {
+        const uint64_t *after = NULL;
+        size_t ne = 0;
+        const double *ev = pcs_ref_eval_losses(ref, &after, &ne);
+        size_t seen = 0;
+        for (size_t i = 0; i < job->n_reports[0]; i++) {
+            const Pcs__V1__StepReport *rep = job->reports[0][i];
+            for (size_t k = 0; k < ne; k++) {
+                if (after[k] != rep->step)
+                    continue;
+                seen++;
+                if (!(fabs(rep->eval_loss - ev[k]) <= 1e-5 + loss_rtol * fabs(ev[k]))) {
+                    fprintf(stderr, "parity: eval after step %llu: %.9g, reference %.9g\n",
+                            (unsigned long long)rep->step, rep->eval_loss, ev[k]);
+                    fails++;
+                }
+            }
+        }
+        if (seen != ne) {
+            fprintf(stderr, "parity: %zu evals reported, reference ran %zu\n", seen, ne);
+            fails++;
+        }
+    }
 out:
     free(buf);
     pcs_st_close(f);
