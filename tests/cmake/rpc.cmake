@@ -4,11 +4,14 @@ pcs_add_test(NAME test_rpc SOURCES ${PROJECT_SOURCE_DIR}/tests/unit/test_rpc.c
 pcs_add_test(NAME test_config SOURCES ${PROJECT_SOURCE_DIR}/tests/unit/test_config.c
              LIBS pcs_base LABELS unit TIMEOUT 60)
 
-# Codec fuzzing: a plain replay driver (seeds, mutations and random bytes for a few seconds) runs
-# under every compiler as a unit test; the libFuzzer target needs clang and -DPCS_FUZZ=ON.
+# Codec fuzzing: a plain replay driver (the committed corpus, built-in seeds, mutations and random
+# bytes for a few seconds) runs under every compiler as a unit test; the libFuzzer target needs
+# clang and -DPCS_FUZZ=ON:  build/fuzz/fuzz_rpc_decode tests/fuzz/corpus/rpc_decode
+# (the corpus is libFuzzer's output, minimized with -merge=1).
 pcs_add_test(NAME test_fuzz_rpc_decode_replay
              SOURCES ${PROJECT_SOURCE_DIR}/tests/fuzz/fuzz_rpc_decode.c
-             LIBS pcs_common LABELS unit TIMEOUT 60 ARGS --seconds 3)
+             LIBS pcs_common LABELS unit TIMEOUT 60
+             ARGS --seconds 3 ${PROJECT_SOURCE_DIR}/tests/fuzz/corpus/rpc_decode)
 target_include_directories(test_fuzz_rpc_decode_replay PRIVATE ${PROJECT_SOURCE_DIR}/common)
 option(PCS_FUZZ "build libFuzzer targets (clang only)" OFF)
 if(PCS_FUZZ AND CMAKE_C_COMPILER_ID MATCHES "Clang")
