@@ -4,7 +4,8 @@
  * copies S*3/4 bytes (memcpy on cpu, a device-to-device copy on cuda), which also moves 6 B per
  * element. Correctness is checked in a separate untimed pass (#wrong, vs the scalar pcs/half.h).
  * Times are the best of -r interleaved rounds (the shared CI machine is noisy).
- *   pcs-cast-bench [-d cpu|cuda] [-b 4K] [-e 256M] [-f 2] [-w 3] [-n 20] [-r 5] [-F out.csv] */
+ *   pcs-cast-bench [-d cpu|cuda] [-b 4K] [-e 256M] [-f 2] [-w 3] [-n 20] [-r 5] [-s auto]
+ *                  [-F out.csv]      (-s: the CPU vector path, for comparing them) */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +23,7 @@ typedef struct opts {
     unsigned factor;
     int warmup, iters, rounds;
     const char *csv;
+    const char *simd;
 } opts_t;
 
 typedef struct cast_case {
@@ -79,7 +81,7 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: pcs-cast-bench [-d cpu|cuda] [-b min_bytes] [-e max_bytes] [-f factor]"
-            " [-w warmup] [-n iters] [-r rounds] [-F csv]\n"
+            " [-w warmup] [-n iters] [-r rounds] [-s auto|avx512|avx2|scalar] [-F csv]\n"
             "  sizes are bytes of the fp32 side, with K/M/G suffixes (default 4K..256M x2)\n");
 }
 
@@ -163,9 +165,9 @@ static long check_cast(bufs_t *b, const cast_case_t *c, size_t n)
 
 int main(int argc, char **argv)
 {
-    opts_t o = {"cpu", 4096, (size_t)256 << 20, 2, 3, 20, 5, NULL};
+    opts_t o = {"cpu", 4096, (size_t)256 << 20, 2, 3, 20, 5, NULL, "auto"};
     int opt;
-    while ((opt = getopt(argc, argv, "d:b:e:f:w:n:r:F:h")) != -1) {
+    while ((opt = getopt(argc, argv, "d:b:e:f:w:n:r:F:s:h")) != -1) {
         switch (opt) {
         case 'd':
             o.dev = optarg;
@@ -197,6 +199,9 @@ int main(int argc, char **argv)
         case 'F':
             o.csv = optarg;
             break;
+        case 's':
+            o.simd = optarg;
+            break;
         default:
             usage();
             return opt == 'h' ? 0 : 2;
@@ -221,6 +226,10 @@ int main(int argc, char **argv)
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&t));
     printf("# pcs-cast-bench  git %s  %s  cmd: %s\n", PCS_GIT_SHA, when, cmd);
 
+    if (pcs_cpu_simd_select(o.simd) != PCS_OK) {
+        fprintf(stderr, "pcs-cast-bench: -s %s: %s\n", o.simd, pcs_last_error());
+        return 2;
+    }
     bufs_t b;
     memset(&b, 0, sizeof b);
     if (pcs_backend_get(o.dev, &b.be) != PCS_OK) {

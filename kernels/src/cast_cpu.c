@@ -16,8 +16,10 @@
 #define PCS_X86 0
 #endif
 
-/* Outputs at least this big are written with streaming stores (beyond a typical L2 share). */
-#define NT_STORE_MIN_BYTES ((size_t)4 << 20)
+/* Outputs at least this big are written with streaming stores. Below it the destination may
+ * still be cache-resident (half of a 32 MB server L3), where streaming stores are slower than
+ * ordinary ones (measured in docs/perf/kernels.md: 4 MB widening ran at 0.5x memcpy with them). */
+#define NT_STORE_MIN_BYTES ((size_t)16 << 20)
 
 typedef enum simd_path { PATH_SCALAR = 0, PATH_AVX2 = 1, PATH_AVX512 = 2 } simd_path_t;
 
