@@ -24,6 +24,10 @@
 #include "kv.h"
 #include "pcs/clock.h"
 #include "pcs/half.h"
+#include "pcs/pbtext.h"
+#include "pcs/rpc.h"
+#include "pcs/v1/coordinator.pb-c.h"
+#include "pcs/v1/worker.pb-c.h"
 #include "test_util.h"
 
 #define TIMEOUT_MS 2000
@@ -416,6 +420,130 @@ static int child_abort(int rank, int P, const char *dir)
     return 0;
 }
 
+/* Two ranks rendezvous through the real coordinator's KV (kv_coord) and run collectives. */
+static char g_coord_addr[64], g_job_id[64];
+static uint64_t g_generation;
+
+static int child_coord(int rank, int P, const char *dir)
+{
+    (void)dir;
+    pcs_kv_t *kv = NULL;
+    if (pcs_kv_coord_create(g_coord_addr, g_job_id, g_generation, 5000, &kv) != PCS_OK)
+        CHILD_FAIL("kv coord: %s", pcs_last_error());
+    pcs_coll_config_t cfg = {0};
+    cfg.backend = PCS_COLL_GLOO;
+    cfg.kv = kv;
+    cfg.group_name = "world";
+    cfg.rank = rank;
+    cfg.size = P;
+    cfg.timeout_ms = 10000;
+    pcs_coll_t *c = NULL;
+    if (pcs_coll_create(&cfg, &c) != PCS_OK)
+        CHILD_FAIL("create through the coordinator KV: %s", pcs_last_error());
+    float v[5], all[10];
+    for (int i = 0; i < 5; i++)
+        v[i] = (float)(rank * 10 + i);
+    pcs_coll_red_t sum = {PCS_RED_SUM, 0, 0};
+    if (pcs_coll_all_gather(c, v, all, 5, PCS_DTYPE_FP32, NULL) != PCS_OK)
+        CHILD_FAIL("all_gather: %s", pcs_last_error());
+    for (int i = 0; i < 10; i++)
+        if (all[i] != (float)((i / 5) * 10 + i % 5))
+            CHILD_FAIL("all_gather element %d = %g", i, (double)all[i]);
+    if (pcs_coll_all_reduce(c, v, v, 5, PCS_DTYPE_FP32, &sum, NULL) != PCS_OK)
+        CHILD_FAIL("all_reduce: %s", pcs_last_error());
+    for (int i = 0; i < 5; i++)
+        if (v[i] != (float)(10 + 2 * i))
+            CHILD_FAIL("all_reduce element %d = %g", i, (double)v[i]);
+    pcs_coll_destroy(c);
+    /* A stale generation is refused by the coordinator with a clear error. */
+    pcs_kv_t *stale = NULL;
+    if (pcs_kv_coord_create(g_coord_addr, g_job_id, g_generation + 7, 5000, &stale) != PCS_OK)
+        CHILD_FAIL("kv coord (stale): %s", pcs_last_error());
+    pcs_status_t rc = pcs_kv_set(stale, "x", "y", 1);
+    if (rc != PCS_ERR_STATE)
+        CHILD_FAIL("stale generation set: want state error, got %s: %s", pcs_status_str(rc),
+                   pcs_last_error());
+    pcs_kv_destroy(stale);
+    pcs_kv_destroy(kv);
+    return 0;
+}
+
+static int register_fake_worker(pcs_rpc_client_t *cl, const char *identity)
+{
+    Pcs__V1__RegisterRequest req = PCS__V1__REGISTER_REQUEST__INIT;
+    char *backends[] = {"gloo"};
+    req.identity = (char *)identity;
+    req.host = "127.0.0.1";
+    req.pid = (uint32_t)getpid();
+    req.n_backends = 1;
+    req.backends = backends;
+    req.address = "127.0.0.1";
+    ProtobufCMessage *resp = NULL;
+    if (pcs_rpc_call(cl, PCS_M_REGISTER, &req.base, &pcs__v1__register_response__descriptor, 5000,
+                     &resp, NULL) != PCS_OK)
+        CHILD_FAIL("Register: %s", pcs_last_error());
+    protobuf_c_message_free_unpacked(resp, NULL);
+    return 0;
+}
+
+/* Runs in its own process (gRPC must not be initialized in the forking test process): register
+ * two fake workers, submit the 2-rank tiny job, wait until it RUNS and write "<job> <gen>". */
+static int child_setup_job(int rank, int P, const char *dir)
+{
+    (void)rank;
+    (void)P;
+    pcs_rpc_client_t *cl = NULL;
+    if (pcs_rpc_client_create(g_coord_addr, &cl) != PCS_OK)
+        CHILD_FAIL("client: %s", pcs_last_error());
+    if (register_fake_worker(cl, "coll-test-a") || register_fake_worker(cl, "coll-test-b"))
+        return 1;
+    char path[1024];
+    ProtobufCMessage *spec = NULL;
+    if (pcs_pb_from_yaml_file(pcs_test_src("examples/tiny-job.yaml", path, sizeof path),
+                              &pcs__v1__job_spec__descriptor, &spec) != PCS_OK)
+        CHILD_FAIL("job spec: %s", pcs_last_error());
+    Pcs__V1__SubmitJobRequest req = PCS__V1__SUBMIT_JOB_REQUEST__INIT;
+    req.request_id = "coll-kv-test";
+    req.spec = (Pcs__V1__JobSpec *)spec;
+    ProtobufCMessage *resp = NULL;
+    pcs_status_t rc = pcs_rpc_call(cl, PCS_M_SUBMIT_JOB, &req.base,
+                                   &pcs__v1__submit_job_response__descriptor, 10000, &resp, NULL);
+    protobuf_c_message_free_unpacked(spec, NULL);
+    if (rc != PCS_OK)
+        CHILD_FAIL("SubmitJob: %s", pcs_last_error());
+    Pcs__V1__SubmitJobResponse *sr = (Pcs__V1__SubmitJobResponse *)resp;
+    if (!sr->job)
+        CHILD_FAIL("SubmitJob: no job in the reply");
+    char job_id[64];
+    snprintf(job_id, sizeof job_id, "%s", sr->job->job_id);
+    protobuf_c_message_free_unpacked(resp, NULL);
+    /* gang start: 2 idle workers are registered, the job must be RUNNING shortly */
+    uint64_t gen = 0;
+    for (int i = 0; i < 100 && !gen; i++) {
+        Pcs__V1__GetJobRequest gr = PCS__V1__GET_JOB_REQUEST__INIT;
+        gr.job_id = job_id;
+        if (pcs_rpc_call(cl, PCS_M_GET_JOB, &gr.base, &pcs__v1__get_job_response__descriptor, 5000,
+                         &resp, NULL) != PCS_OK)
+            CHILD_FAIL("GetJob: %s", pcs_last_error());
+        Pcs__V1__GetJobResponse *jr = (Pcs__V1__GetJobResponse *)resp;
+        if (jr->job && jr->job->state == PCS__V1__JOB_STATE__JOB_STATE_RUNNING)
+            gen = jr->job->generation;
+        protobuf_c_message_free_unpacked(resp, NULL);
+        if (!gen)
+            pcs_test_sleep_ms(50);
+    }
+    pcs_rpc_client_destroy(cl);
+    if (!gen)
+        CHILD_FAIL("job %s never became RUNNING", job_id);
+    snprintf(path, sizeof path, "%s/job", dir);
+    FILE *f = fopen(path, "w");
+    if (!f)
+        CHILD_FAIL("cannot write the job file in %.200s", dir);
+    fprintf(f, "%s %llu\n", job_id, (unsigned long long)gen);
+    fclose(f);
+    return 0;
+}
+
 // ---- parent side ----
 
 typedef int (*child_fn)(int rank, int P, const char *dir);
@@ -557,6 +685,37 @@ static void test_abort_wakes_blocked_call_and_peer_names_aborter(void **s)
     free(dir);
 }
 
+static void run_ranks(int P, const char *dir, child_fn fn, int timeout_ms);
+
+static void test_gloo_rendezvous_through_coordinator_kv(void **s)
+{
+    (void)s;
+    char *dir = pcs_test_tmpdir("coll-coord");
+    const char *extra[] = {"--lease-ms", "600000", NULL};
+    pid_t coord = pcs_test_start_coordinator(dir, extra, g_coord_addr, sizeof g_coord_addr);
+    assert_true(coord > 0);
+    run_ranks(1, dir, child_setup_job, 30000);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/job", dir);
+    char *job = pcs_test_read_file(path, NULL);
+    assert_non_null(job);
+    unsigned long long gen = 0;
+    assert_int_equal(sscanf(job, "%63s %llu", g_job_id, &gen), 2);
+    g_generation = gen;
+    free(job);
+    run_ranks(2, dir, child_coord, 30000);
+    pcs_test_stop(coord, 2000);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+static void run_ranks(int P, const char *dir, child_fn fn, int timeout_ms)
+{
+    pid_t pids[4];
+    spawn_ranks(P, dir, fn, pids);
+    expect_all_ok(P, pids, timeout_ms);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -567,6 +726,7 @@ int main(void)
         cmocka_unit_test(test_sigkill_mid_collective_fails_survivors_within_timeout_naming_rank),
         cmocka_unit_test(test_silent_peer_times_out_naming_it),
         cmocka_unit_test(test_abort_wakes_blocked_call_and_peer_names_aborter),
+        cmocka_unit_test(test_gloo_rendezvous_through_coordinator_kv),
     };
     return cmocka_run_group_tests_name("coll_procs", tests, NULL, NULL);
 }
