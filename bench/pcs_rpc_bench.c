@@ -5,7 +5,7 @@
  * Load comes from a few client threads, each with one channel and many asynchronous calls in
  * flight on its own completion queue (pcs_rpc_async_*). Replies are checked (#wrong): unique
  * non-empty worker ids, the lease the coordinator announced.
- *   pcs-rpc-bench [-n 1000] [-t 5] [-j 2] [--coordinator ADDR] [-F out.csv]
+ *   pcs-rpc-bench [-n 1000] [-t 5] [-j 2] [--coordinator ADDR] [--unix] [-F out.csv]
  * Without --coordinator it spawns <dir of this binary>/pcs-coordinator on 127.0.0.1:0. */
 #include <errno.h>
 #include <pthread.h>
@@ -34,6 +34,7 @@ typedef struct opts {
     int call_timeout_ms;
     const char *coordinator;
     const char *csv;
+    int unix_socket; /* spawn the coordinator on a unix: socket instead of 127.0.0.1:0 */
 } opts_t;
 
 /* PH_WARMUP is a short unreported health-check run that connects the channels. */
@@ -206,8 +207,11 @@ static void *load_thread(void *arg)
 
 // ---- coordinator process ----
 
-static pid_t spawn_coordinator(const char *dir, char *addr, size_t n)
+static pid_t spawn_coordinator(const char *dir, int unix_socket, char *addr, size_t n)
 {
+    char listen[4200] = "127.0.0.1:0";
+    if (unix_socket)
+        snprintf(listen, sizeof listen, "unix:%s/coord.sock", dir);
     char exe[4000], bin[4100], port_file[4200], state[4200], logf[4200];
     ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (len <= 0)
@@ -229,7 +233,7 @@ static pid_t spawn_coordinator(const char *dir, char *addr, size_t n)
         FILE *lf = freopen(logf, "w", stderr);
         (void)lf;
         setenv("PCS_LOG_LEVEL", "warn", 0);
-        execl(bin, bin, "--listen", "127.0.0.1:0", "--port-file", port_file, "--state-dir", state,
+        execl(bin, bin, "--listen", listen, "--port-file", port_file, "--state-dir", state,
               (char *)NULL);
         _exit(127);
     }
@@ -244,7 +248,10 @@ static pid_t spawn_coordinator(const char *dir, char *addr, size_t n)
             fclose(f);
         }
         if (port > 0) {
-            snprintf(addr, n, "127.0.0.1:%d", port);
+            if (unix_socket)
+                snprintf(addr, n, "%s", listen);
+            else
+                snprintf(addr, n, "127.0.0.1:%d", port);
             return pid;
         }
         int status;
@@ -279,7 +286,7 @@ static void stop_coordinator(pid_t pid)
 static void rmtree_shallow(const char *dir)
 {
     const char *names[] = {"port", "coordinator.log", "coordinator.db", "coordinator.db-wal",
-                           "coordinator.db-shm"};
+                           "coordinator.db-shm", "coord.sock"};
     char p[4200];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
@@ -329,7 +336,8 @@ static void usage(void)
 {
     fprintf(stderr,
             "usage: pcs-rpc-bench [-n WORKERS=1000] [-t SECONDS=5] [-j THREADS=2]\n"
-            "                     [--coordinator HOST:PORT] [--timeout-ms 10000] [-F out.csv]\n");
+            "                     [--coordinator HOST:PORT | --unix] [--timeout-ms 10000]\n"
+            "                     [-F out.csv]\n");
 }
 
 static int parse_opts(int argc, char **argv, opts_t *o)
@@ -341,6 +349,11 @@ static int parse_opts(int argc, char **argv, opts_t *o)
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage();
             exit(0);
+        }
+        if (!strcmp(a, "--unix")) { /* the only option without a value */
+            o->unix_socket = 1;
+            i--;
+            continue;
         }
         if (!v) {
             fprintf(stderr, "pcs-rpc-bench: %s needs a value\n", a);
@@ -402,7 +415,7 @@ int main(int argc, char **argv)
             perror("mkdtemp");
             return 1;
         }
-        coord = spawn_coordinator(dir, addr, sizeof addr);
+        coord = spawn_coordinator(dir, o.unix_socket, addr, sizeof addr);
         if (coord < 0) {
             rmtree_shallow(dir);
             return 1;
@@ -421,8 +434,8 @@ int main(int argc, char **argv)
     cpu_model(cpu, sizeof cpu);
     printf("# pcs-rpc-bench  git %s  %s  cmd: %s\n", PCS_GIT_SHA, when, cmd);
     printf("# machine: nproc %ld  cpu %s\n", sysconf(_SC_NPROCESSORS_ONLN), cpu);
-    printf("# coordinator %s (%s)  transport tcp insecure\n", addr,
-           o.coordinator ? "given" : "spawned");
+    printf("# coordinator %s (%s)  transport %s insecure\n", addr,
+           o.coordinator ? "given" : "spawned", strncmp(addr, "unix:", 5) == 0 ? "unix" : "tcp");
     printf("# workers %d  client threads %d (one channel each)  concurrency %d calls in flight  "
            "call timeout %d ms\n",
            o.workers, o.threads, o.workers, o.call_timeout_ms);
