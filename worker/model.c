@@ -96,6 +96,8 @@ struct pcs_mlp {
     size_t n_ops, cap_ops;
     uint32_t rows;
     int trained;             /* last forward was a training forward */
+    int out_slot;            /* slot of the last forward's output */
+    int want_in_grad;        /* backward also computes the gradient of slot 0 (stage input) */
     /* scratch */
     float **wcache;          /* per Linear module: fp32 copy of a low-precision weight, filled by
                                 forward and reused by backward (the values autograd saved) */
@@ -950,12 +952,17 @@ static pcs_status_t leaf_fwd(pcs_mlp_t *m, uint32_t mod, int in, int training,
     return leave(m, mod, h);
 }
 
-pcs_status_t pcs_mlp_forward(pcs_mlp_t *m, const float *x, pcs_dtype_t x_dtype, uint32_t rows,
-                             int training, const pcs_mlp_hooks_t *hooks, const float **out,
-                             pcs_dtype_t *out_dtype)
+pcs_status_t pcs_mlp_forward_range(pcs_mlp_t *m, uint32_t first, uint32_t end, const float *x,
+                                   pcs_dtype_t x_dtype, uint32_t rows, int training,
+                                   const pcs_mlp_hooks_t *hooks, const float **out,
+                                   pcs_dtype_t *out_dtype)
 {
     if (!m || !x || !out || !out_dtype || !is_compute_dtype(x_dtype))
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_forward: bad argument");
+    uint32_t nl = m->cfg.n_hidden + 1;
+    if (first >= end || end > nl)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_forward: layer range [%u, %u) not in "
+                             "[0, %u]", first, end, nl);
     if (rows == 0 || rows > m->max_rows)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_forward: %u rows, limit is %u", rows,
                              m->max_rows);
@@ -977,15 +984,24 @@ pcs_status_t pcs_mlp_forward(pcs_mlp_t *m, const float *x, pcs_dtype_t x_dtype, 
     m->slots[0].v = (float *)x;
     m->slots[0].cap = 0;
     m->slots[0].dtype = x_dtype;
-    m->slots[0].width = m->cfg.input_dim;
+    m->slots[0].width = first == 0 ? m->cfg.input_dim : m->cfg.hidden_dims[first - 1];
     m->slots[0].gvalid = 0;
 
-    int cur;
-    PCS_CHECK(enter(m, 0, hooks));
-    PCS_CHECK(cast_op(m, 0, 0, m->cast_in[0], &cur));
+    /* The root module is entered (hooks, input cast) only by the range that starts the model and
+     * left (output cast, hooks) only by the one that ends it: a pipeline stage is a slice of it. */
+    int cur = 0;
+    if (first == 0) {
+        PCS_CHECK(enter(m, 0, hooks));
+        PCS_CHECK(cast_op(m, 0, 0, m->cast_in[0], &cur));
+    }
     uint32_t mod = 2;
     for (uint32_t i = 0; i < m->cfg.n_hidden; i++) {
         uint32_t blk = mod++;
+        if (i < first || i >= end) {
+            while (mod < m->n_mods && m->mods[mod].parent == (int)blk)
+                mod++;
+            continue;
+        }
         int bin, h;
         PCS_CHECK(enter(m, blk, hooks));
         PCS_CHECK(cast_op(m, blk, cur, m->cast_in[blk], &bin));
@@ -997,14 +1013,26 @@ pcs_status_t pcs_mlp_forward(pcs_mlp_t *m, const float *x, pcs_dtype_t x_dtype, 
         PCS_CHECK(cast_op(m, blk, h, m->cast_out[blk], &cur));
         PCS_CHECK(leave(m, blk, hooks));
     }
-    PCS_CHECK(leaf_fwd(m, mod, cur, training, hooks, &cur));
-    int fin;
-    PCS_CHECK(cast_op(m, 0, cur, m->cast_out[0], &fin));
-    PCS_CHECK(leave(m, 0, hooks));
-    *out = m->slots[fin].v;
-    *out_dtype = m->slots[fin].dtype;
+    if (end == nl) {
+        PCS_CHECK(leaf_fwd(m, mod, cur, training, hooks, &cur));
+        PCS_CHECK(cast_op(m, 0, cur, m->cast_out[0], &cur));
+        PCS_CHECK(leave(m, 0, hooks));
+    }
+    *out = m->slots[cur].v;
+    *out_dtype = m->slots[cur].dtype;
+    m->out_slot = cur;
     m->trained = training;
     return PCS_OK;
+}
+
+pcs_status_t pcs_mlp_forward(pcs_mlp_t *m, const float *x, pcs_dtype_t x_dtype, uint32_t rows,
+                             int training, const pcs_mlp_hooks_t *hooks, const float **out,
+                             pcs_dtype_t *out_dtype)
+{
+    if (!m)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_forward: bad argument");
+    return pcs_mlp_forward_range(m, 0, m->cfg.n_hidden + 1, x, x_dtype, rows, training, hooks,
+                                 out, out_dtype);
 }
 
 // ---- backward ----
@@ -1062,7 +1090,7 @@ static pcs_status_t linear_bwd(pcs_mlp_t *m, const op_t *op)
                 m->gw32[j] += dY[(size_t)r * N + j];
         store_grad(m, pw + 1, m->gw32);
     }
-    if (op->in == 0)
+    if (op->in == 0 && !m->want_in_grad)
         return PCS_OK; /* the model input needs no gradient */
     /* the weight values the forward used: the binding (fp32) or forward's converted copy */
     const float *W = m->pb[pw].dtype == PCS_DTYPE_FP32 && m->pb[pw].data ? m->pb[pw].data
@@ -1092,7 +1120,7 @@ static pcs_status_t norm_bwd(pcs_mlp_t *m, const op_t *op)
     pcs_to_f32(m->pb[pw].data, m->pb[pw].dtype, D, w);
     memset(dw, 0, 2 * (size_t)D * sizeof(float));
     float *dX = NULL;
-    if (op->in != 0)
+    if (op->in != 0 || m->want_in_grad)
         PCS_CHECK(grad_target(m, op->in, &dX));
     if (!bn) {
         for (uint32_t r = 0; r < R; r++) {
@@ -1151,7 +1179,7 @@ static pcs_status_t norm_bwd(pcs_mlp_t *m, const op_t *op)
 
 static pcs_status_t elementwise_bwd(pcs_mlp_t *m, const op_t *op)
 {
-    if (op->in == 0 && op->kind != OP_ADD)
+    if (op->in == 0 && op->kind != OP_ADD && !m->want_in_grad)
         return PCS_OK;
     size_t n = (size_t)m->rows * m->slots[op->out].width;
     const float *dY = m->slots[op->out].g;
@@ -1159,7 +1187,7 @@ static pcs_status_t elementwise_bwd(pcs_mlp_t *m, const op_t *op)
     if (op->kind == OP_ADD) {
         int ins[2] = {op->in, op->in2};
         for (int k = 0; k < 2; k++) {
-            if (ins[k] == 0)
+            if (ins[k] == 0 && !m->want_in_grad)
                 continue;
             PCS_CHECK(grad_target(m, ins[k], &dX));
             memcpy(dX, dY, n * sizeof(float));
@@ -1186,14 +1214,15 @@ static pcs_status_t elementwise_bwd(pcs_mlp_t *m, const op_t *op)
     return PCS_OK;
 }
 
-pcs_status_t pcs_mlp_backward(pcs_mlp_t *m, const float *grad_out, const pcs_mlp_hooks_t *hooks)
+pcs_status_t pcs_mlp_backward_input(pcs_mlp_t *m, const float *grad_out,
+                                    const pcs_mlp_hooks_t *hooks, float *grad_in)
 {
     if (!m || !grad_out)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_backward: NULL argument");
     if (!m->trained)
         return pcs_set_error(PCS_ERR_STATE, "pcs_mlp_backward: no training forward to "
                              "differentiate");
-    int fin = (int)m->n_slots - 1;
+    int fin = m->out_slot;
     slot_t *sf = &m->slots[fin];
     size_t n = (size_t)m->rows * sf->width;
     PCS_CHECK(ensure(&sf->g, &sf->gcap, n));
@@ -1201,6 +1230,7 @@ pcs_status_t pcs_mlp_backward(pcs_mlp_t *m, const float *grad_out, const pcs_mlp
     pcs_round_to(sf->g, n, sf->dtype);
     sf->gvalid = 1;
     m->trained = 0; /* one backward per forward, like retain_graph=False */
+    m->want_in_grad = grad_in != NULL;
     for (size_t k = m->n_ops; k-- > 0;) {
         const op_t *op = &m->ops[k];
         if (op->kind == OP_EXIT) {
@@ -1228,5 +1258,17 @@ pcs_status_t pcs_mlp_backward(pcs_mlp_t *m, const float *grad_out, const pcs_mlp
             break;
         }
     }
+    if (grad_in) {
+        size_t n0 = (size_t)m->rows * m->slots[0].width;
+        if (m->slots[0].gvalid)
+            memcpy(grad_in, m->slots[0].g, n0 * sizeof(float));
+        else
+            memset(grad_in, 0, n0 * sizeof(float));
+    }
     return PCS_OK;
+}
+
+pcs_status_t pcs_mlp_backward(pcs_mlp_t *m, const float *grad_out, const pcs_mlp_hooks_t *hooks)
+{
+    return pcs_mlp_backward_input(m, grad_out, hooks, NULL);
 }

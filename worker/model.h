@@ -154,10 +154,24 @@ pcs_status_t pcs_mlp_forward(pcs_mlp_t *m, const float *x, pcs_dtype_t x_dtype, 
                              int training, const pcs_mlp_hooks_t *hooks, const float **out,
                              pcs_dtype_t *out_dtype);
 
+/* Forward of layers [first, end) only — a pipeline stage: layer i < n_hidden is block
+ * "layers.{i}", layer n_hidden is the head. x holds the stage input ([rows, width of layer first's
+ * input]); the root module's hooks and input cast apply only when first == 0, its output cast and
+ * post-forward hook only when end == n_hidden + 1. pcs_mlp_forward(...) = range [0, n_hidden+1).
+ * Errors as pcs_mlp_forward, plus an empty or out-of-range layer range (PCS_ERR_INVALID_ARG). */
+pcs_status_t pcs_mlp_forward_range(pcs_mlp_t *m, uint32_t first, uint32_t end, const float *x,
+                                   pcs_dtype_t x_dtype, uint32_t rows, int training,
+                                   const pcs_mlp_hooks_t *hooks, const float **out,
+                                   pcs_dtype_t *out_dtype);
+
 /* Backward of the last training forward. grad_out: fp32 [rows, output_dim] gradient of the loss
  * w.r.t. the output (rounded to the output dtype first, as autograd's cast-back does). Writes
  * every bound gradient. PCS_ERR_STATE without a preceding training forward. */
 pcs_status_t pcs_mlp_backward(pcs_mlp_t *m, const float *grad_out, const pcs_mlp_hooks_t *hooks);
+/* Same, and if grad_in is not NULL it receives the gradient w.r.t. the forward's input x (fp32
+ * values in x's dtype, [rows, input width]): what a pipeline stage sends to the previous one. */
+pcs_status_t pcs_mlp_backward_input(pcs_mlp_t *m, const float *grad_out,
+                                    const pcs_mlp_hooks_t *hooks, float *grad_in);
 
 /* Threads OpenBLAS may use for the GEMMs (process-wide). Workers that share a host with other
  * ranks should use 1 (the default OpenBLAS pool oversubscribes the cores); 0 = leave as is.

@@ -963,6 +963,102 @@ static void test_losses_match_closed_forms(void **state)
     assert_non_null(strstr(pcs_last_error(), "row 1"));
 }
 
+/* Two pipeline stages (layers [0, 2) and [2, 4) of a 3-block bf16 model) run as separate model
+ * instances compose to the full model bit for bit: stage B's output, every parameter gradient
+ * and, through pcs_mlp_backward_input, the input gradient handed from B to A. */
+static void test_pipeline_stages_compose_to_the_full_model(void **state)
+{
+    (void)state;
+    uint32_t h[3] = {6, 6, 6};
+    pcs_mlp_config_t cfg = mkcfg(6, h, 3, 3, PCS_ACT_GELU, PCS_NORM_LAYERNORM, 1, 1);
+    const uint32_t R = 4;
+    fix_t f;
+    fix_init(&f, &cfg, R);
+    pcs_mlp_t *sa, *sb;
+    assert_int_equal(pcs_mlp_create(&cfg, R, &sa), PCS_OK);
+    assert_int_equal(pcs_mlp_create(&cfg, R, &sb), PCS_OK);
+    uint16_t *lp[16], *gf[16], *gs[16];
+    for (uint32_t p = 0; p < f.np; p++) {
+        uint64_t n = pcs_mlp_param(f.m, p)->numel;
+        lp[p] = calloc(n, 2);
+        gf[p] = calloc(n, 2);
+        gs[p] = calloc(n, 2);
+        pcs_from_f32(f.pv[p], n, PCS_DTYPE_BF16, lp[p]);
+        assert_int_equal(pcs_mlp_bind_param(f.m, p, PCS_DTYPE_BF16, lp[p]), PCS_OK);
+        assert_int_equal(pcs_mlp_bind_grad(f.m, p, PCS_DTYPE_BF16, gf[p]), PCS_OK);
+        assert_int_equal(pcs_mlp_bind_param(sa, p, PCS_DTYPE_BF16, lp[p]), PCS_OK);
+        assert_int_equal(pcs_mlp_bind_grad(sa, p, PCS_DTYPE_BF16, gs[p]), PCS_OK);
+        assert_int_equal(pcs_mlp_bind_param(sb, p, PCS_DTYPE_BF16, lp[p]), PCS_OK);
+        assert_int_equal(pcs_mlp_bind_grad(sb, p, PCS_DTYPE_BF16, gs[p]), PCS_OK);
+    }
+    assert_int_equal(pcs_mlp_set_cast(f.m, 0, PCS_DTYPE_BF16, PCS_DTYPE_NONE), PCS_OK);
+    assert_int_equal(pcs_mlp_set_cast(sa, 0, PCS_DTYPE_BF16, PCS_DTYPE_NONE), PCS_OK);
+    assert_int_equal(pcs_mlp_set_cast(sb, 0, PCS_DTYPE_BF16, PCS_DTYPE_NONE), PCS_OK);
+    float x[24], d[12], gin_full[24], gin_a[24], mid[24], gmid[24], out_full[12];
+    for (int i = 0; i < 24; i++)
+        x[i] = (float)(2 * urand() - 1);
+    for (int i = 0; i < 12; i++)
+        d[i] = (float)(urand() - 0.5);
+    const float *out;
+    pcs_dtype_t odt, mdt;
+    assert_int_equal(pcs_mlp_forward(f.m, x, PCS_DTYPE_FP32, R, 1, NULL, &out, &odt), PCS_OK);
+    memcpy(out_full, out, sizeof out_full);
+    assert_int_equal(pcs_mlp_backward_input(f.m, d, NULL, gin_full), PCS_OK);
+    /* stage A, ship its output, stage B */
+    assert_int_equal(pcs_mlp_forward_range(sa, 0, 2, x, PCS_DTYPE_FP32, R, 1, NULL, &out, &mdt),
+                     PCS_OK);
+    assert_int_equal(mdt, PCS_DTYPE_BF16);
+    memcpy(mid, out, sizeof mid);
+    assert_int_equal(pcs_mlp_forward_range(sb, 2, 4, mid, mdt, R, 1, NULL, &out, &odt), PCS_OK);
+    assert_memory_equal(out, out_full, sizeof out_full);
+    assert_int_equal(pcs_mlp_backward_input(sb, d, NULL, gmid), PCS_OK);
+    assert_int_equal(pcs_mlp_backward_input(sa, gmid, NULL, gin_a), PCS_OK);
+    assert_memory_equal(gin_a, gin_full, sizeof gin_full);
+    for (uint32_t p = 0; p < f.np; p++)
+        assert_memory_equal(gs[p], gf[p], pcs_mlp_param(f.m, p)->numel * 2);
+    /* the input gradient is the real one: compare with the fp64 reference in fp32 */
+    float gx[24];
+    for (uint32_t p = 0; p < f.np; p++) {
+        assert_int_equal(pcs_mlp_bind_param(f.m, p, PCS_DTYPE_FP32, f.pv[p]), PCS_OK);
+        assert_int_equal(pcs_mlp_bind_grad(f.m, p, PCS_DTYPE_FP32, f.gv[p]), PCS_OK);
+    }
+    assert_int_equal(pcs_mlp_set_cast(f.m, 0, PCS_DTYPE_NONE, PCS_DTYPE_NONE), PCS_OK);
+    assert_int_equal(pcs_mlp_forward(f.m, x, PCS_DTYPE_FP32, R, 1, NULL, &out, &odt), PCS_OK);
+    assert_int_equal(pcs_mlp_backward_input(f.m, d, NULL, gx), PCS_OK);
+    double xd[24], dd[12];
+    for (int i = 0; i < 24; i++)
+        xd[i] = x[i];
+    for (int i = 0; i < 12; i++)
+        dd[i] = d[i];
+    const double eps = 1e-6;
+    for (int i = 0; i < 24; i += 5) {
+        cache_t c1 = {0}, c2 = {0};
+        xd[i] = x[i] + eps;
+        ref_forward(&f.ref, xd, R, 1, &c1);
+        xd[i] = x[i] - eps;
+        ref_forward(&f.ref, xd, R, 1, &c2);
+        xd[i] = x[i];
+        double fd = 0;
+        for (int k = 0; k < 12; k++)
+            fd += (c1.out[k] - c2.out[k]) * dd[k] / (2 * eps);
+        assert_close_d(gx[i], fd, 1e-3, 1e-5, "input grad", (size_t)i);
+        cache_free(&f.ref, &c1);
+        cache_free(&f.ref, &c2);
+    }
+    assert_int_equal(pcs_mlp_forward_range(sa, 2, 2, x, PCS_DTYPE_FP32, R, 1, NULL, &out, &mdt),
+                     PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_mlp_forward_range(sa, 0, 5, x, PCS_DTYPE_FP32, R, 1, NULL, &out, &mdt),
+                     PCS_ERR_INVALID_ARG);
+    for (uint32_t p = 0; p < f.np; p++) {
+        free(lp[p]);
+        free(gf[p]);
+        free(gs[p]);
+    }
+    pcs_mlp_destroy(sa);
+    pcs_mlp_destroy(sb);
+    fix_free(&f);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -983,6 +1079,7 @@ int main(void)
         cmocka_unit_test(test_bad_use_is_a_clear_error),
         cmocka_unit_test(test_batchnorm_eval_uses_running_stats),
         cmocka_unit_test(test_losses_match_closed_forms),
+        cmocka_unit_test(test_pipeline_stages_compose_to_the_full_model),
     };
     return cmocka_run_group_tests_name("model", tests, NULL, NULL);
 }
