@@ -5,9 +5,10 @@ if(TARGET pcs_worker_core)
   pcs_add_test(NAME test_data SOURCES unit/test_data.c LIBS pcs_worker_core LABELS unit
                TIMEOUT 60)
 endif()
-if(TARGET pcs_worker_core)
-  pcs_add_test(NAME test_reference SOURCES unit/test_reference.c LIBS pcs_worker_core LABELS unit
-               TIMEOUT 120)
+# test_reference also checks the reference against the planner's plans (coordinator/plan.h).
+if(TARGET pcs_worker_core AND TARGET pcs_plan)
+  pcs_add_test(NAME test_reference SOURCES unit/test_reference.c LIBS pcs_worker_core pcs_plan
+               LABELS unit TIMEOUT 120)
 endif()
 if(TARGET pcs_worker_core)
   # The fuzz target is replayed over deterministic mutations by the unit test (any compiler); with
