@@ -1075,7 +1075,12 @@ static pcs_status_t linear_bwd(pcs_mlp_t *m, const op_t *op)
     uint32_t pw = md->first_param, K = md->in_dim, N = md->out_dim;
     int R = (int)m->rows;
     const float *dY = m->slots[op->out].g, *X = m->slots[op->in].v;
-    if (m->pb[pw].grad) {
+    if (m->pb[pw].grad && m->pb[pw].grad_dtype == PCS_DTYPE_FP32 &&
+        m->pb[pw].dtype == PCS_DTYPE_FP32) {
+        /* fp32 gradient of an fp32 weight: no rounding, so the GEMM writes it in place */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, R, 1.0f, dY, (int)N, X,
+                    (int)K, 0.0f, m->pb[pw].grad, (int)K);
+    } else if (m->pb[pw].grad) {
         PCS_CHECK(ensure(&m->gw32, &m->gw32_cap, (size_t)N * K));
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, R, 1.0f, dY, (int)N, X,
                     (int)K, 0.0f, m->gw32, (int)K);
