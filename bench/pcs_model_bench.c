@@ -188,7 +188,8 @@ static double bench_dtype(const shape_t *s, uint32_t R, pcs_dtype_t dt, int iter
     float *h1 = calloc((size_t)R * s->hidden, sizeof(float));
     float *h2 = calloc((size_t)R * s->hidden, sizeof(float));
     float *ref = calloc((size_t)R * s->out, sizeof(float));
-    float **W = calloc(s->layers + 1, sizeof(float *)), **B = calloc(s->layers + 1, sizeof(float *));
+    float **W = calloc(s->layers + 1, sizeof(float *)),
+          **B = calloc(s->layers + 1, sizeof(float *));
     for (uint32_t l = 0; l <= s->layers; l++) {
         W[l] = Wf[2 * l];
         B[l] = Wf[2 * l + 1];
@@ -215,7 +216,8 @@ static double bench_dtype(const shape_t *s, uint32_t R, pcs_dtype_t dt, int iter
     }
     /* baseline: the same 3 GEMMs per Linear on fp32 buffers */
     size_t maxw = s->hidden > s->in ? s->hidden : s->in;
-    float *A = calloc((size_t)R * maxw, sizeof(float)), *C = calloc((size_t)R * maxw, sizeof(float));
+    float *A = calloc((size_t)R * maxw, sizeof(float)),
+          *C = calloc((size_t)R * maxw, sizeof(float));
     float *G = calloc(maxw * maxw, sizeof(float));
     *base_us = 1e30;
     for (int i = 0; i < 2 + REPS * iters; i++) {
@@ -266,7 +268,8 @@ static void usage(void)
 {
     fprintf(stderr, "usage: pcs-model-bench [-b ROWS] [-e ROWS] [-f FACTOR] [-n ITERS] [-i IN] "
                     "[-H HIDDEN] [-L LAYERS] [-o OUT] [-t BLAS_THREADS]\n"
-                    "       pcs-model-bench --job FILE.yaml [--plan] [--global-batch] [--export OUT.safetensors]"
+                    "       pcs-model-bench --job FILE.yaml [--plan] [--global-batch] [--export "
+                    "OUT.safetensors]"
                     " [-t BLAS_THREADS]\n");
 }
 
@@ -297,14 +300,30 @@ int main(int argc, char **argv)
         } else if (v && a[0] == '-' && a[1] && !a[2] && strchr("befniHLo", a[1])) {
             unsigned long x = strtoul(v, NULL, 10);
             switch (a[1]) {
-            case 'b': b = (uint32_t)x; break;
-            case 'e': e = (uint32_t)x; break;
-            case 'f': f = (uint32_t)x; break;
-            case 'n': iters = (int)x; break;
-            case 'i': s.in = (uint32_t)x; break;
-            case 'H': s.hidden = (uint32_t)x; break;
-            case 'L': s.layers = (uint32_t)x; break;
-            default: s.out = (uint32_t)x; break;
+            case 'b':
+                b = (uint32_t)x;
+                break;
+            case 'e':
+                e = (uint32_t)x;
+                break;
+            case 'f':
+                f = (uint32_t)x;
+                break;
+            case 'n':
+                iters = (int)x;
+                break;
+            case 'i':
+                s.in = (uint32_t)x;
+                break;
+            case 'H':
+                s.hidden = (uint32_t)x;
+                break;
+            case 'L':
+                s.layers = (uint32_t)x;
+                break;
+            default:
+                s.out = (uint32_t)x;
+                break;
             }
             i++;
         } else {
@@ -321,7 +340,8 @@ int main(int argc, char **argv)
     printf("# pcs-model-bench  mlp %u -> %u x %u -> %u (relu, bias)  iters %d  blas threads %d\n",
            s.in, s.hidden, s.layers, s.out, iters, pcs_mlp_blas_threads(0));
     printf("# time = forward + backward of one micro-batch; sgemm = the same GEMMs alone (fp32);"
-           " best of %d means\n", REPS);
+           " best of %d means\n",
+           REPS);
     printf("#   rows  type      time     GF/s     sgemm    ratio  #wrong\n");
     printf("#                   (us)               (us)\n");
     long total_wrong = 0;

@@ -30,7 +30,7 @@ struct pcs_data {
     /* synthetic */
     int classification;
     uint64_t key_x, key_noise;
-    float *teacher;           /* [out_dim, in_dim] */
+    float *teacher; /* [out_dim, in_dim] */
     /* safetensors */
     pcs_st_file_t *st;
     const pcs_st_tensor_t *tx, *ty;
@@ -39,8 +39,8 @@ struct pcs_data {
     int y_is_int;
 };
 
-uint64_t pcs_data_batch_start(uint64_t step, uint32_t micro, uint32_t M, uint32_t D,
-                              uint32_t rank, uint32_t b)
+uint64_t pcs_data_batch_start(uint64_t step, uint32_t micro, uint32_t M, uint32_t D, uint32_t rank,
+                              uint32_t b)
 {
     return ((step * M + micro) * D + rank) * (uint64_t)b;
 }
@@ -74,10 +74,10 @@ static pcs_status_t synth_open(pcs_data_t *d, const Pcs__V1__SyntheticData *s)
     d->classification = s->task == PCS__V1__SYNTHETIC_TASK__SYNTHETIC_TASK_CLASSIFICATION;
     if (d->classification && d->loss != PCS_LOSS_CROSS_ENTROPY)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "data.synthetic.task: classification needs "
-                             "training.loss cross_entropy");
+                                                  "training.loss cross_entropy");
     if (!d->classification && d->loss != PCS_LOSS_MSE)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "data.synthetic.task: regression needs "
-                             "training.loss mse");
+                                                  "training.loss mse");
     d->n = s->num_samples ? s->num_samples : PCS_DATA_DEFAULT_SAMPLES;
     d->in_dtype = PCS_DTYPE_FP32;
     d->key_x = pcs_rng_key(s->seed, "inputs");
@@ -129,26 +129,33 @@ static pcs_status_t check_rows(pcs_data_t *d, const char *path, uint32_t x_ndim,
                                int y_int)
 {
     if (x_ndim != 2 || x_shape[1] != d->in_dim)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "data.file.inputs: %s: inputs must have shape "
-                             "[N, %u] (model.mlp.input_dim)", path, d->in_dim);
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "data.file.inputs: %s: inputs must have shape "
+                             "[N, %u] (model.mlp.input_dim)",
+                             path, d->in_dim);
     d->n = x_shape[0];
     if (d->n == 0)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "data.file.inputs: %s: no rows", path);
     if (d->loss == PCS_LOSS_CROSS_ENTROPY) {
         if (!y_int || y_ndim != 1)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "data.file.targets: %s: cross_entropy needs "
-                                 "int64 class labels of shape [N]", path);
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "data.file.targets: %s: cross_entropy needs "
+                                 "int64 class labels of shape [N]",
+                                 path);
     } else {
-        int ok = !y_int && ((y_ndim == 2 && y_shape[1] == d->out_dim) ||
-                            (y_ndim == 1 && d->out_dim == 1));
+        int ok = !y_int &&
+                 ((y_ndim == 2 && y_shape[1] == d->out_dim) || (y_ndim == 1 && d->out_dim == 1));
         if (!ok)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "data.file.targets: %s: mse needs floating "
-                                 "targets of shape [N, %u]", path, d->out_dim);
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "data.file.targets: %s: mse needs floating "
+                                 "targets of shape [N, %u]",
+                                 path, d->out_dim);
     }
     if (y_shape[0] != d->n)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "data.file.targets: %s: %llu target rows for "
-                             "%llu input rows", path, (unsigned long long)y_shape[0],
-                             (unsigned long long)d->n);
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "data.file.targets: %s: %llu target rows for "
+                             "%llu input rows",
+                             path, (unsigned long long)y_shape[0], (unsigned long long)d->n);
     d->y_is_int = y_int;
     return PCS_OK;
 }
@@ -170,8 +177,10 @@ static pcs_status_t st_open_data(pcs_data_t *d, const Pcs__V1__FileData *f)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "data.file.targets: no tensor '%s' in %s", yin,
                              f->path);
     if (!pcs_dtype_is_float(d->tx->dtype))
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "data.file.inputs: tensor '%s' has dtype %s, "
-                             "expected F32, BF16, F16 or F64", xin, d->tx->dtype_str);
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "data.file.inputs: tensor '%s' has dtype %s, "
+                             "expected F32, BF16, F16 or F64",
+                             xin, d->tx->dtype_str);
     int y_int = d->ty->dtype == PCS_DTYPE_INT64;
     if (!y_int && !pcs_dtype_is_float(d->ty->dtype))
         return pcs_set_error(PCS_ERR_INVALID_ARG, "data.file.targets: tensor '%s' has dtype %s",
@@ -193,7 +202,7 @@ static pcs_status_t npy_open_data(pcs_data_t *d, const Pcs__V1__FileData *f)
     } else {
         if (!f->targets || !*f->targets)
             return pcs_set_error(PCS_ERR_INVALID_ARG, "data.file.targets: required with a .npy "
-                                 "inputs file (path of the targets .npy)");
+                                                      "inputs file (path of the targets .npy)");
         snprintf(xp, sizeof xp, "%s", f->path);
         if (f->targets[0] == '/') {
             snprintf(yp, sizeof yp, "%s", f->targets);
@@ -209,11 +218,9 @@ static pcs_status_t npy_open_data(pcs_data_t *d, const Pcs__V1__FileData *f)
     if (rc != PCS_OK)
         return pcs_set_error(rc, "data.file: %s", pcs_last_error());
     if (d->nx->is_int)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "data.file.inputs: %s is an integer array",
-                             xp);
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "data.file.inputs: %s is an integer array", xp);
     d->in_dtype = d->nx->dtype == PCS_DTYPE_FP16 ? PCS_DTYPE_FP16 : PCS_DTYPE_FP32;
-    return check_rows(d, xp, d->nx->ndim, d->nx->shape, d->ny->ndim, d->ny->shape,
-                      d->ny->is_int);
+    return check_rows(d, xp, d->nx->ndim, d->nx->shape, d->ny->ndim, d->ny->shape, d->ny->is_int);
 }
 
 pcs_status_t pcs_data_open(const struct Pcs__V1__DataSpec *spec, uint32_t input_dim,

@@ -48,8 +48,8 @@ pcs_status_t pcs_data_read(pcs_data_t *d, uint64_t first, uint32_t n, float *x, 
 
 /* First global sample index of (step, micro-batch, dp rank) with M micro-batches per step, D
  * data-parallel ranks and b rows per rank micro-batch: ((step*M + micro)*D + rank)*b. */
-uint64_t pcs_data_batch_start(uint64_t step, uint32_t micro, uint32_t M, uint32_t D,
-                              uint32_t rank, uint32_t b);
+uint64_t pcs_data_batch_start(uint64_t step, uint32_t micro, uint32_t M, uint32_t D, uint32_t rank,
+                              uint32_t b);
 
 /* The fixed evaluation batch of n rows: synthetic data draws them from a held-out index range
  * (never seen in training); file data uses its last n rows. Same layout as pcs_data_read. */

@@ -82,8 +82,10 @@ pcs_status_t pcs_init_from_safetensors(const char *path, const pcs_named_tensor_
             if (strcmp(t[j].fqn, ft->name) == 0)
                 break;
         if (j == n) {
-            rc = pcs_set_error(PCS_ERR_INVALID_ARG, "init.from %s: unexpected tensor '%s' (not a "
-                               "parameter or buffer of the model)", path, ft->name);
+            rc = pcs_set_error(PCS_ERR_INVALID_ARG,
+                               "init.from %s: unexpected tensor '%s' (not a "
+                               "parameter or buffer of the model)",
+                               path, ft->name);
             goto out;
         }
     }
@@ -105,13 +107,17 @@ pcs_status_t pcs_init_from_safetensors(const char *path, const pcs_named_tensor_
             char a[96], b[96];
             shape_str(a, sizeof a, ft->ndim, ft->shape);
             shape_str(b, sizeof b, t[j].ndim, t[j].shape);
-            rc = pcs_set_error(PCS_ERR_INVALID_ARG, "init.from %s: tensor %s: shape %s in file, "
-                               "model has %s", path, t[j].fqn, a, b);
+            rc = pcs_set_error(PCS_ERR_INVALID_ARG,
+                               "init.from %s: tensor %s: shape %s in file, "
+                               "model has %s",
+                               path, t[j].fqn, a, b);
             goto out;
         }
         if (ft->dtype != t[j].dtype) {
-            rc = pcs_set_error(PCS_ERR_INVALID_ARG, "init.from %s: tensor %s: dtype %s in file, "
-                               "model has %s", path, t[j].fqn, ft->dtype_str,
+            rc = pcs_set_error(PCS_ERR_INVALID_ARG,
+                               "init.from %s: tensor %s: dtype %s in file, "
+                               "model has %s",
+                               path, t[j].fqn, ft->dtype_str,
                                pcs_st_dtype_name(t[j].dtype) ? pcs_st_dtype_name(t[j].dtype)
                                                              : pcs_dtype_name(t[j].dtype));
             goto out;

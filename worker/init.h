@@ -19,8 +19,8 @@ extern "C" {
 
 /* A named full tensor of the model (a parameter or a buffer), in module-tree order. */
 typedef struct pcs_named_tensor {
-    const char *fqn;        /* layers.0.linear.weight */
-    pcs_dtype_t dtype;      /* the original (master) dtype: FP32 for mlp params, INT64 counters */
+    const char *fqn;   /* layers.0.linear.weight */
+    pcs_dtype_t dtype; /* the original (master) dtype: FP32 for mlp params, INT64 counters */
     uint32_t ndim;
     uint64_t shape[PCS_TENSOR_MAX_DIMS];
     uint64_t numel;
@@ -37,7 +37,8 @@ float pcs_rng_uniform(uint64_t key, uint64_t counter);
 float pcs_rng_normal(uint64_t key, uint64_t counter);
 /* FNV-1a 64 of a string: the per-tensor stream id. */
 uint64_t pcs_fqn_hash(const char *fqn);
-/* Key of the stream for (seed, name): mixes both so that equal FQNs under different seeds differ. */
+/* Key of the stream for (seed, name): mixes both so that equal FQNs under different seeds differ.
+ */
 uint64_t pcs_rng_key(uint64_t seed, const char *name);
 
 // ---- parameter init ----
@@ -48,9 +49,9 @@ void pcs_init_uniform(uint64_t seed, const char *fqn, float lo, float hi, uint64
                       uint64_t n, float *out);
 
 /* Load the listed tensors from a .safetensors file of full parameters. dst[i] receives t[i].numel
- * values as fp32 (INT64 buffers: as float values, exact below 2^24). Every non-buffer tensor must be
- * present; buffers are optional (left untouched when absent); the file may not hold names that are
- * not in `t` (strict, like load_state_dict). A file dtype other than t[i].dtype or a different
+ * values as fp32 (INT64 buffers: as float values, exact below 2^24). Every non-buffer tensor must
+ * be present; buffers are optional (left untouched when absent); the file may not hold names that
+ * are not in `t` (strict, like load_state_dict). A file dtype other than t[i].dtype or a different
  * shape is PCS_ERR_INVALID_ARG naming the tensor, e.g.
  * "init.from x.safetensors: tensor layers.0.linear.weight: shape [8, 4] in file, model has [8, 3]".
  * `loaded`, if not NULL, gets 1 per tensor found. */

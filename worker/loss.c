@@ -35,8 +35,10 @@ pcs_status_t pcs_loss_compute(pcs_loss_kind_t kind, const float *out, uint32_t r
     const int64_t *lab = targets;
     for (uint32_t r = 0; r < rows; r++)
         if (lab[r] < 0 || lab[r] >= (int64_t)cols)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "loss: row %u: target %lld is not a class "
-                                 "in [0, %u)", r, (long long)lab[r], cols);
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "loss: row %u: target %lld is not a class "
+                                 "in [0, %u)",
+                                 r, (long long)lab[r], cols);
     float g = scale / (float)rows;
     for (uint32_t r = 0; r < rows; r++) {
         const float *x = out + (size_t)r * cols;

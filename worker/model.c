@@ -37,8 +37,8 @@
 #include "pcs/v1/job.pb-c.h"
 #include "pcs/v1/plan.pb-c.h"
 
-#define LN_EPS 1e-5f
-#define BN_EPS 1e-5f
+#define LN_EPS      1e-5f
+#define BN_EPS      1e-5f
 #define BN_MOMENTUM 0.1f
 
 typedef struct {
@@ -54,22 +54,32 @@ typedef struct {
 } bufbind_t;
 
 typedef struct {
-    float *v;          /* values (owned unless slot 0) */
+    float *v; /* values (owned unless slot 0) */
     size_t cap;
-    float *g;          /* gradient */
+    float *g; /* gradient */
     size_t gcap;
     int gvalid;
     pcs_dtype_t dtype;
     uint32_t width;
 } slot_t;
 
-typedef enum { OP_ENTER, OP_EXIT, OP_CAST, OP_LINEAR, OP_LN, OP_BN, OP_RELU, OP_GELU, OP_ADD } op_kind_t;
+typedef enum {
+    OP_ENTER,
+    OP_EXIT,
+    OP_CAST,
+    OP_LINEAR,
+    OP_LN,
+    OP_BN,
+    OP_RELU,
+    OP_GELU,
+    OP_ADD
+} op_kind_t;
 
 typedef struct {
     op_kind_t kind;
     uint32_t module;
     int in, in2, out;
-    float *save;       /* LN: mean, rstd per row; BN: mean, invstd per feature */
+    float *save; /* LN: mean, rstd per row; BN: mean, invstd per feature */
     size_t save_cap;
 } op_t;
 
@@ -84,7 +94,7 @@ struct pcs_mlp {
     uint32_t n_params;
     pcs_named_tensor_t *bufs;
     uint32_t n_bufs;
-    char **names;            /* all strings owned here */
+    char **names; /* all strings owned here */
     size_t n_names, cap_names;
     binding_t *pb;
     bufbind_t *bb;
@@ -95,18 +105,18 @@ struct pcs_mlp {
     op_t *ops;
     size_t n_ops, cap_ops;
     uint32_t rows;
-    int trained;             /* last forward was a training forward */
-    int out_slot;            /* slot of the last forward's output */
-    int want_in_grad;        /* backward also computes the gradient of slot 0 (stage input) */
+    int trained;      /* last forward was a training forward */
+    int out_slot;     /* slot of the last forward's output */
+    int want_in_grad; /* backward also computes the gradient of slot 0 (stage input) */
     /* scratch */
-    float **wcache;          /* per Linear module: fp32 copy of a low-precision weight, filled by
-                                forward and reused by backward (the values autograd saved) */
+    float **wcache; /* per Linear module: fp32 copy of a low-precision weight, filled by
+                       forward and reused by backward (the values autograd saved) */
     size_t *wcache_cap;
-    float *gw32;             /* fp32 dW */
+    float *gw32; /* fp32 dW */
     size_t gw32_cap;
-    float *tmp;              /* gradient contribution / misc */
+    float *tmp; /* gradient contribution / misc */
     size_t tmp_cap;
-    float *vec;              /* bias / norm params as fp32 */
+    float *vec; /* bias / norm params as fp32 */
     size_t vec_cap;
 };
 
@@ -294,8 +304,8 @@ pcs_status_t pcs_mlp_config_from_proto(const struct Pcs__V1__MlpModel *spec, pcs
     cfg->output_dim = spec->output_dim;
     cfg->n_hidden = (uint32_t)spec->n_hidden_dims;
     cfg->hidden_dims = spec->hidden_dims;
-    cfg->act = spec->activation == PCS__V1__ACTIVATION__ACTIVATION_GELU ? PCS_ACT_GELU
-                                                                         : PCS_ACT_RELU;
+    cfg->act =
+        spec->activation == PCS__V1__ACTIVATION__ACTIVATION_GELU ? PCS_ACT_GELU : PCS_ACT_RELU;
     switch (spec->norm) {
     case PCS__V1__NORM__NORM_LAYERNORM:
         cfg->norm = PCS_NORM_LAYERNORM;
@@ -349,8 +359,9 @@ pcs_status_t pcs_mlp_create(const pcs_mlp_config_t *cfg, uint32_t max_rows, pcs_
     PCS_CHECK_GOTO(pcs_calloc(max_mods, sizeof *m->wcache_cap, (void **)&m->wcache_cap), rc, fail);
 
     uint32_t root, list, idx;
-    PCS_CHECK_GOTO(add_module(m, "", "MLP", PCS_MOD_MLP, -1, cfg->input_dim, cfg->output_dim,
-                              &root), rc, fail);
+    PCS_CHECK_GOTO(
+        add_module(m, "", "MLP", PCS_MOD_MLP, -1, cfg->input_dim, cfg->output_dim, &root), rc,
+        fail);
     PCS_CHECK_GOTO(add_module(m, "layers", "ModuleList", PCS_MOD_LIST, (int)root, 0, 0, &list), rc,
                    fail);
     uint32_t in = cfg->input_dim;
@@ -371,7 +382,8 @@ pcs_status_t pcs_mlp_create(const pcs_mlp_config_t *cfg, uint32_t max_rows, pcs_
             snprintf(path, sizeof path, "layers.%u.norm", i);
             PCS_CHECK_GOTO(add_module(m, path, bn ? "BatchNorm1d" : "LayerNorm",
                                       bn ? PCS_MOD_BATCHNORM : PCS_MOD_LAYERNORM, (int)blk, o, o,
-                                      &idx), rc, fail);
+                                      &idx),
+                           rc, fail);
             PCS_CHECK_GOTO(add_tensor(m, idx, 0, "weight", PCS_DTYPE_FP32, 1, o, 0), rc, fail);
             PCS_CHECK_GOTO(add_tensor(m, idx, 0, "bias", PCS_DTYPE_FP32, 1, o, 0), rc, fail);
             if (bn) {
@@ -379,18 +391,21 @@ pcs_status_t pcs_mlp_create(const pcs_mlp_config_t *cfg, uint32_t max_rows, pcs_
                                fail);
                 PCS_CHECK_GOTO(add_tensor(m, idx, 1, "running_var", PCS_DTYPE_FP32, 1, o, 0), rc,
                                fail);
-                PCS_CHECK_GOTO(add_tensor(m, idx, 1, "num_batches_tracked", PCS_DTYPE_INT64, 0, 0,
-                                          0), rc, fail);
+                PCS_CHECK_GOTO(
+                    add_tensor(m, idx, 1, "num_batches_tracked", PCS_DTYPE_INT64, 0, 0, 0), rc,
+                    fail);
             }
         }
         snprintf(path, sizeof path, "layers.%u.act", i);
         int gelu = cfg->act == PCS_ACT_GELU;
-        PCS_CHECK_GOTO(add_module(m, path, gelu ? "GELU" : "ReLU", gelu ? PCS_MOD_GELU : PCS_MOD_RELU,
-                                  (int)blk, o, o, &idx), rc, fail);
+        PCS_CHECK_GOTO(add_module(m, path, gelu ? "GELU" : "ReLU",
+                                  gelu ? PCS_MOD_GELU : PCS_MOD_RELU, (int)blk, o, o, &idx),
+                       rc, fail);
         in = o;
     }
-    PCS_CHECK_GOTO(add_module(m, "head", "Linear", PCS_MOD_LINEAR, (int)root, in, cfg->output_dim,
-                              &idx), rc, fail);
+    PCS_CHECK_GOTO(
+        add_module(m, "head", "Linear", PCS_MOD_LINEAR, (int)root, in, cfg->output_dim, &idx), rc,
+        fail);
     PCS_CHECK_GOTO(add_tensor(m, idx, 0, "weight", PCS_DTYPE_FP32, 2, cfg->output_dim, in), rc,
                    fail);
     if (cfg->bias)
@@ -600,17 +615,19 @@ pcs_status_t pcs_mlp_bind_unit(pcs_mlp_t *m, const struct Pcs__V1__Unit *u, pcs_
         const Pcs__V1__ParamSlot *ps = u->params[j];
         int p = pcs_mlp_find_param(m, ps->fqn);
         if (p < 0)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "unit %s: %s is not a parameter of the "
-                                 "model", u->path, ps->fqn);
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "unit %s: %s is not a parameter of the "
+                                 "model",
+                                 u->path, ps->fqn);
         uint64_t numel = m->params[p].numel;
         if ((ps->numel && ps->numel != numel) || ps->offset > flat_numel ||
             numel > flat_numel - ps->offset)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "unit %s: parameter %s (numel %llu at "
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "unit %s: parameter %s (numel %llu at "
                                  "offset %llu) does not fit the model or the %llu-element buffer",
                                  u->path, ps->fqn, (unsigned long long)numel,
                                  (unsigned long long)ps->offset, (unsigned long long)flat_numel);
-        PCS_CHECK(pcs_mlp_bind_param(m, (uint32_t)p, dtype,
-                                     (const char *)flat + ps->offset * es));
+        PCS_CHECK(pcs_mlp_bind_param(m, (uint32_t)p, dtype, (const char *)flat + ps->offset * es));
         PCS_CHECK(pcs_mlp_bind_grad(m, (uint32_t)p, grad_dtype,
                                     grad_flat ? (char *)grad_flat + ps->offset * gs : NULL));
     }
@@ -627,13 +644,14 @@ pcs_status_t pcs_mlp_apply_plan_casts(pcs_mlp_t *m, const struct Pcs__V1__Plan *
         const Pcs__V1__Unit *u = plan->units[k];
         int mod = pcs_mlp_find_module(m, u->path);
         if (mod < 0)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "plan.units[%zu]: no module '%s' in the "
-                                 "model", k, u->path);
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "plan.units[%zu]: no module '%s' in the "
+                                 "model",
+                                 k, u->path);
         pcs_dtype_t pd = (pcs_dtype_t)u->param_dtype, od = (pcs_dtype_t)u->output_dtype;
-        PCS_CHECK(pcs_mlp_set_cast(m, (uint32_t)mod,
-                                   u->cast_forward_inputs && is_compute_dtype(pd) ? pd
-                                                                                  : PCS_DTYPE_NONE,
-                                   is_compute_dtype(od) ? od : PCS_DTYPE_NONE));
+        PCS_CHECK(pcs_mlp_set_cast(
+            m, (uint32_t)mod, u->cast_forward_inputs && is_compute_dtype(pd) ? pd : PCS_DTYPE_NONE,
+            is_compute_dtype(od) ? od : PCS_DTYPE_NONE));
     }
     return PCS_OK;
 }
@@ -698,8 +716,7 @@ static pcs_status_t push_op(pcs_mlp_t *m, op_kind_t k, uint32_t mod, int in, int
 }
 
 /* fp32 view of a bound floating tensor: the binding itself for fp32, else converted into *buf. */
-static pcs_status_t param_f32(pcs_mlp_t *m, uint32_t p, float **buf, size_t *cap,
-                              const float **out)
+static pcs_status_t param_f32(pcs_mlp_t *m, uint32_t p, float **buf, size_t *cap, const float **out)
 {
     const binding_t *b = &m->pb[p];
     if (!b->data)
@@ -715,7 +732,8 @@ static pcs_status_t param_f32(pcs_mlp_t *m, uint32_t p, float **buf, size_t *cap
     return PCS_OK;
 }
 
-/* Write a gradient: round to the parameter's compute dtype (autograd's dtype), store as grad dtype. */
+/* Write a gradient: round to the parameter's compute dtype (autograd's dtype), store as grad dtype.
+ */
 static void store_grad(pcs_mlp_t *m, uint32_t p, float *g32)
 {
     binding_t *b = &m->pb[p];
@@ -832,8 +850,10 @@ static pcs_status_t norm_fwd(pcs_mlp_t *m, uint32_t mod, int in, int training, i
         pcs_to_f32(bv->data, bv->dtype, D, run + D);
         if (training) {
             if (R < 2)
-                return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: expected more than 1 value per "
-                                     "channel when training (batch of %u rows)", md->path, R);
+                return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                     "%s: expected more than 1 value per "
+                                     "channel when training (batch of %u rows)",
+                                     md->path, R);
             for (uint32_t j = 0; j < D; j++) {
                 double s = 0, ss = 0;
                 for (uint32_t r = 0; r < R; r++)
@@ -847,8 +867,8 @@ static pcs_status_t norm_fwd(pcs_mlp_t *m, uint32_t mod, int in, int training, i
                 mean[j] = (float)mu;
                 invstd[j] = (float)(1.0 / sqrt(var + BN_EPS));
                 run[j] = (1.0f - BN_MOMENTUM) * run[j] + BN_MOMENTUM * (float)mu;
-                run[D + j] = (1.0f - BN_MOMENTUM) * run[D + j] +
-                             BN_MOMENTUM * (float)(ss / (R - 1));
+                run[D + j] =
+                    (1.0f - BN_MOMENTUM) * run[D + j] + BN_MOMENTUM * (float)(ss / (R - 1));
             }
             pcs_from_f32(run, D, bm->dtype, bm->data);
             pcs_from_f32(run + D, D, bv->dtype, bv->data);
@@ -961,8 +981,10 @@ pcs_status_t pcs_mlp_forward_range(pcs_mlp_t *m, uint32_t first, uint32_t end, c
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_forward: bad argument");
     uint32_t nl = m->cfg.n_hidden + 1;
     if (first >= end || end > nl)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_forward: layer range [%u, %u) not in "
-                             "[0, %u]", first, end, nl);
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "pcs_mlp_forward: layer range [%u, %u) not in "
+                             "[0, %u]",
+                             first, end, nl);
     if (rows == 0 || rows > m->max_rows)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_forward: %u rows, limit is %u", rows,
                              m->max_rows);
@@ -1031,8 +1053,8 @@ pcs_status_t pcs_mlp_forward(pcs_mlp_t *m, const float *x, pcs_dtype_t x_dtype, 
 {
     if (!m)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_forward: bad argument");
-    return pcs_mlp_forward_range(m, 0, m->cfg.n_hidden + 1, x, x_dtype, rows, training, hooks,
-                                 out, out_dtype);
+    return pcs_mlp_forward_range(m, 0, m->cfg.n_hidden + 1, x, x_dtype, rows, training, hooks, out,
+                                 out_dtype);
 }
 
 // ---- backward ----
@@ -1099,7 +1121,7 @@ static pcs_status_t linear_bwd(pcs_mlp_t *m, const op_t *op)
         return PCS_OK; /* the model input needs no gradient */
     /* the weight values the forward used: the binding (fp32) or forward's converted copy */
     const float *W = m->pb[pw].dtype == PCS_DTYPE_FP32 && m->pb[pw].data ? m->pb[pw].data
-                                                                          : m->wcache[op->module];
+                                                                         : m->wcache[op->module];
     if (!W)
         return pcs_set_error(PCS_ERR_STATE, "mlp: parameter %s is not bound in backward",
                              m->params[pw].fqn);
@@ -1226,7 +1248,7 @@ pcs_status_t pcs_mlp_backward_input(pcs_mlp_t *m, const float *grad_out,
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_backward: NULL argument");
     if (!m->trained)
         return pcs_set_error(PCS_ERR_STATE, "pcs_mlp_backward: no training forward to "
-                             "differentiate");
+                                            "differentiate");
     int fin = m->out_slot;
     slot_t *sf = &m->slots[fin];
     size_t n = (size_t)m->rows * sf->width;

@@ -34,7 +34,7 @@ typedef struct pcs_mlp_config {
     uint32_t input_dim;
     uint32_t output_dim;
     uint32_t n_hidden;
-    const uint32_t *hidden_dims;   /* borrowed for pcs_mlp_create (copied) */
+    const uint32_t *hidden_dims; /* borrowed for pcs_mlp_create (copied) */
     pcs_act_t act;
     pcs_norm_t norm;
     int bias;
@@ -53,13 +53,13 @@ typedef enum {
 } pcs_mod_kind_t;
 
 typedef struct pcs_mlp_module {
-    const char *path;        /* FQN of the module ("" = root) */
-    const char *cls;         /* MLP, ModuleList, MLPBlock, Linear, LayerNorm, BatchNorm1d, ReLU, GELU */
+    const char *path; /* FQN of the module ("" = root) */
+    const char *cls;  /* MLP, ModuleList, MLPBlock, Linear, LayerNorm, BatchNorm1d, ReLU, GELU */
     pcs_mod_kind_t kind;
-    int parent;              /* index of the parent module, -1 for the root */
-    uint32_t first_param, n_params;    /* range in pcs_mlp_param() */
-    uint32_t first_buffer, n_buffers;  /* range in pcs_mlp_buffer() */
-    uint32_t in_dim, out_dim;          /* feature widths (Linear/norm/act/block) */
+    int parent;                       /* index of the parent module, -1 for the root */
+    uint32_t first_param, n_params;   /* range in pcs_mlp_param() */
+    uint32_t first_buffer, n_buffers; /* range in pcs_mlp_buffer() */
+    uint32_t in_dim, out_dim;         /* feature widths (Linear/norm/act/block) */
 } pcs_mlp_module_t;
 
 typedef struct pcs_mlp pcs_mlp_t;
@@ -77,7 +77,8 @@ typedef struct pcs_mlp_hooks {
 } pcs_mlp_hooks_t;
 
 /* Fill a config from the job's mlp spec (defaults: relu, no norm, bias on). hidden_dims points into
- * `spec`, which must outlive the config. Invalid dims -> PCS_ERR_INVALID_ARG ("model.mlp....: ..."). */
+ * `spec`, which must outlive the config. Invalid dims -> PCS_ERR_INVALID_ARG ("model.mlp....:
+ * ..."). */
 pcs_status_t pcs_mlp_config_from_proto(const struct Pcs__V1__MlpModel *spec, pcs_mlp_config_t *cfg);
 
 /* Build the module tree. `max_rows` bounds the rows of one forward (buffers are preallocated

@@ -180,8 +180,8 @@ static pcs_status_t parse_impl(const char *path, const uint8_t *b, size_t len, u
     a->numel = numel;
     a->data_off = pre + hlen;
     uint64_t bytes;
-    if (__builtin_mul_overflow(numel, (uint64_t)a->elem_size, &bytes) ||
-        file_size < a->data_off || file_size - a->data_off < bytes) {
+    if (__builtin_mul_overflow(numel, (uint64_t)a->elem_size, &bytes) || file_size < a->data_off ||
+        file_size - a->data_off < bytes) {
         char msg[128];
         snprintf(msg, sizeof msg, "file holds fewer bytes than shape x %s needs", a->descr);
         return npy_err(path, msg);
@@ -272,9 +272,11 @@ static pcs_status_t read_bytes(pcs_npy_t *a, uint64_t off, size_t n, void *dst)
 static pcs_status_t check_range(pcs_npy_t *a, uint64_t first, uint64_t n)
 {
     if (first > a->numel || n > a->numel - first)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "npy %s: elements [%llu, +%llu) outside the "
-                             "array of %llu", a->path, (unsigned long long)first,
-                             (unsigned long long)n, (unsigned long long)a->numel);
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "npy %s: elements [%llu, +%llu) outside the "
+                             "array of %llu",
+                             a->path, (unsigned long long)first, (unsigned long long)n,
+                             (unsigned long long)a->numel);
     return PCS_OK;
 }
 
@@ -283,8 +285,10 @@ pcs_status_t pcs_npy_read_f32(pcs_npy_t *a, uint64_t first, uint64_t n, float *d
     if (!a || (!dst && n))
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_npy_read_f32: NULL argument");
     if (a->is_int)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "npy %s: %s is an integer array, expected "
-                             "floating point", a->path, a->descr);
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "npy %s: %s is an integer array, expected "
+                             "floating point",
+                             a->path, a->descr);
     PCS_CHECK(check_range(a, first, n));
     if (a->dtype == PCS_DTYPE_FP32)
         return read_bytes(a, a->data_off + first * 4, (size_t)n * 4, dst);
@@ -337,8 +341,8 @@ pcs_status_t pcs_npy_write(const char *path, pcs_dtype_t dtype, uint32_t ndim,
     if (!path || !descr || ndim > PCS_NPY_MAX_DIMS || (ndim && !shape))
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_npy_write: bad argument");
     char dict[256];
-    int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (",
-                     descr);
+    int n =
+        snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
     uint64_t numel = 1;
     for (uint32_t i = 0; i < ndim; i++) {
         n += snprintf(dict + n, sizeof dict - (size_t)n, "%llu%s", (unsigned long long)shape[i],
@@ -353,14 +357,14 @@ pcs_status_t pcs_npy_write(const char *path, pcs_dtype_t dtype, uint32_t ndim,
     FILE *fp = fopen(path, "wb");
     if (!fp)
         return pcs_set_error(PCS_ERR_SYSTEM, "npy %s: %s", path, strerror(errno));
-    uint8_t pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (uint8_t)(hlen & 0xff),
-                       (uint8_t)(hlen >> 8)};
+    uint8_t pre[10] = {
+        0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (uint8_t)(hlen & 0xff), (uint8_t)(hlen >> 8)};
     int ok = fwrite(pre, 1, 10, fp) == 10 && fwrite(dict, 1, (size_t)n, fp) == (size_t)n;
     for (size_t i = 0; ok && i < pad; i++)
         ok = fputc(' ', fp) != EOF;
     ok = ok && fputc('\n', fp) != EOF;
-    ok = ok && fwrite(data, 8 / (dtype == PCS_DTYPE_FP32 ? 2 : 1), (size_t)numel, fp) ==
-                   (size_t)numel;
+    ok = ok &&
+         fwrite(data, 8 / (dtype == PCS_DTYPE_FP32 ? 2 : 1), (size_t)numel, fp) == (size_t)numel;
     if (fclose(fp) != 0)
         ok = 0;
     if (!ok)

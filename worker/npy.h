@@ -17,14 +17,14 @@ extern "C" {
 #define PCS_NPY_MAX_DIMS 8
 
 typedef struct pcs_npy {
-    char descr[8];        /* "<f4" ... */
-    pcs_dtype_t dtype;    /* FP32 / FP16 / FP64 / INT64; NONE for int32 (read as int64 only) */
-    int is_int;           /* integer element type */
+    char descr[8];     /* "<f4" ... */
+    pcs_dtype_t dtype; /* FP32 / FP16 / FP64 / INT64; NONE for int32 (read as int64 only) */
+    int is_int;        /* integer element type */
     size_t elem_size;
     uint32_t ndim;
     uint64_t shape[PCS_NPY_MAX_DIMS];
     uint64_t numel;
-    uint64_t data_off;    /* byte offset of element 0 in the file */
+    uint64_t data_off; /* byte offset of element 0 in the file */
     int fd;
     char *path;
 } pcs_npy_t;
@@ -43,7 +43,8 @@ pcs_status_t pcs_npy_read_f32(pcs_npy_t *a, uint64_t first, uint64_t n, float *d
 /* Elements [first, first+n) as int64 (integer arrays only). */
 pcs_status_t pcs_npy_read_i64(pcs_npy_t *a, uint64_t first, uint64_t n, int64_t *dst);
 
-/* Write a C-order little-endian .npy (version 1.0) of fp32 or int64 data; used by tests and tools. */
+/* Write a C-order little-endian .npy (version 1.0) of fp32 or int64 data; used by tests and tools.
+ */
 pcs_status_t pcs_npy_write(const char *path, pcs_dtype_t dtype, uint32_t ndim,
                            const uint64_t *shape, const void *data);
 

@@ -27,19 +27,19 @@
 
 typedef struct {
     char *path;
-    int module;               /* module index of the unit root; -1 if not a module */
+    int module; /* module index of the unit root; -1 if not a module */
     pcs_dtype_t master, compute, reduce, accum, grad, output;
     int cast_inputs;
     double pre, post, premul, avg;
-    uint32_t *pidx;           /* model parameter indices */
+    uint32_t *pidx; /* model parameter indices */
     uint32_t np;
     uint64_t numel;
-    float *master_v;          /* fp32 values (rounded to master dtype) */
-    void *cparam;             /* compute dtype storage, bound to the model */
-    void *cgrad;              /* compute dtype storage, bound as the gradient */
-    float *accum_v;           /* accumulator values (accum dtype) */
-    float *sum_v;             /* reduced gradient values (reduce dtype, then grad dtype) */
-    float *opt_a, *opt_b;     /* exp_avg / exp_avg_sq, or momentum buffer */
+    float *master_v;      /* fp32 values (rounded to master dtype) */
+    void *cparam;         /* compute dtype storage, bound to the model */
+    void *cgrad;          /* compute dtype storage, bound as the gradient */
+    float *accum_v;       /* accumulator values (accum dtype) */
+    float *sum_v;         /* reduced gradient values (reduce dtype, then grad dtype) */
+    float *opt_a, *opt_b; /* exp_avg / exp_avg_sq, or momentum buffer */
 } ref_unit_t;
 
 typedef enum { OPT_ADAMW, OPT_SGD } opt_kind_t;
@@ -72,9 +72,10 @@ struct pcs_reference {
     double scale, growth, backoff;
     uint32_t interval, tracker;
     uint32_t eval_every;
-    int full_precision_eval;  /* FSDP1 FSDP_USE_FULL_PREC_IN_EVAL: eval from fp32 masters, no casts */
+    int full_precision_eval; /* FSDP1 FSDP_USE_FULL_PREC_IN_EVAL: eval from fp32 masters, no casts
+                              */
     /* buffers: per emulated rank, in their run dtype */
-    void **bufs;              /* [nranks_buf * n_bufs] */
+    void **bufs; /* [nranks_buf * n_bufs] */
     pcs_dtype_t *buf_dtype;
     uint32_t n_bufs, buf_ranks;
     /* batch scratch */
@@ -211,13 +212,17 @@ static pcs_status_t units_from_plan(pcs_reference_t *r, const Pcs__V1__Plan *pla
             const Pcs__V1__ParamSlot *ps = pu->params[j];
             int p = pcs_mlp_find_param(r->model, ps->fqn);
             if (p < 0)
-                return pcs_set_error(PCS_ERR_INVALID_ARG, "plan.units[%u].params[%zu]: %s is not "
-                                     "a parameter of the model", k, j, ps->fqn);
+                return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                     "plan.units[%u].params[%zu]: %s is not "
+                                     "a parameter of the model",
+                                     k, j, ps->fqn);
             if (ps->numel && ps->numel != pcs_mlp_param(r->model, (uint32_t)p)->numel)
-                return pcs_set_error(PCS_ERR_INVALID_ARG, "plan.units[%u].params[%zu]: %s has "
-                                     "numel %llu, the model has %llu", k, j, ps->fqn,
-                                     (unsigned long long)ps->numel,
-                                     (unsigned long long)pcs_mlp_param(r->model, (uint32_t)p)->numel);
+                return pcs_set_error(
+                    PCS_ERR_INVALID_ARG,
+                    "plan.units[%u].params[%zu]: %s has "
+                    "numel %llu, the model has %llu",
+                    k, j, ps->fqn, (unsigned long long)ps->numel,
+                    (unsigned long long)pcs_mlp_param(r->model, (uint32_t)p)->numel);
             PCS_CHECK(unit_add_param(r, k, (uint32_t)p));
         }
         for (size_t j = 0; j < pu->n_buffers; j++) {
@@ -289,8 +294,7 @@ static pcs_status_t buffers_alloc(pcs_reference_t *r)
 {
     r->n_bufs = pcs_mlp_num_buffers(r->model);
     r->buf_ranks = r->global_batch ? 1 : r->D;
-    PCS_CHECK(pcs_calloc((size_t)r->buf_ranks * r->n_bufs + 1, sizeof(void *),
-                         (void **)&r->bufs));
+    PCS_CHECK(pcs_calloc((size_t)r->buf_ranks * r->n_bufs + 1, sizeof(void *), (void **)&r->bufs));
     for (uint32_t k = 0; k < r->buf_ranks; k++)
         for (uint32_t i = 0; i < r->n_bufs; i++) {
             const pcs_named_tensor_t *t = pcs_mlp_buffer(r->model, i);
@@ -329,8 +333,8 @@ static pcs_status_t init_state(pcs_reference_t *r, const Pcs__V1__JobSpec *spec)
     const pcs_mlp_t *m = r->model;
     uint32_t np = pcs_mlp_num_params(m), nb = r->n_bufs;
     uint64_t seed = spec->init ? spec->init->seed : 0;
-    const char *from = spec->init && spec->init->from && *spec->init->from ? spec->init->from
-                                                                            : NULL;
+    const char *from =
+        spec->init && spec->init->from && *spec->init->from ? spec->init->from : NULL;
     pcs_status_t rc = PCS_OK;
     float **dst = NULL, *bufv = NULL;
     pcs_named_tensor_t *all = NULL;
@@ -414,13 +418,13 @@ static pcs_status_t read_training(pcs_reference_t *r, const Pcs__V1__JobSpec *sp
                 r->adamw.beta2 = a->betas[1];
             } else if (a->n_betas != 0) {
                 return pcs_set_error(PCS_ERR_INVALID_ARG, "training.optimizer.adamw.betas: need "
-                                     "exactly 2 values");
+                                                          "exactly 2 values");
             }
             r->adamw.eps = opt_d(a->eps, 1e-8);
             r->adamw.weight_decay = opt_d(a->weight_decay, 0.01);
             if (!(a->lr > 0))
                 return pcs_set_error(PCS_ERR_INVALID_ARG, "training.optimizer.adamw.lr: must be "
-                                     "> 0");
+                                                          "> 0");
         }
     }
     const Pcs__V1__GradScalerSpec *g = t->grad_scaler;
@@ -457,14 +461,14 @@ pcs_status_t pcs_ref_create(const struct Pcs__V1__JobSpec *spec, const struct Pc
     *out = NULL;
     if (!spec->model || spec->model->kind_case != PCS__V1__MODEL_SPEC__KIND_MLP)
         return pcs_set_error(PCS_ERR_UNSUPPORTED, "model: the reference computes only the "
-                             "built-in mlp");
+                                                  "built-in mlp");
     PCS_CHECK(pcs_calloc(1, sizeof *r, (void **)&r));
     PCS_CHECK_GOTO(pcs_strdup(spec->name ? spec->name : "", &r->name), rc, fail);
     PCS_CHECK_GOTO(read_training(r, spec), rc, fail);
     r->global_batch = opt->global_batch;
     r->inject = opt->inject_nonfinite_step;
-    r->D = opt->dp_size ? opt->dp_size
-                        : (plan && plan->dp_size ? plan->dp_size : spec_dp_size(spec));
+    r->D =
+        opt->dp_size ? opt->dp_size : (plan && plan->dp_size ? plan->dp_size : spec_dp_size(spec));
     if (r->D == 0)
         r->D = 1;
     PCS_CHECK_GOTO(pcs_backend_get("cpu", &r->be), rc, fail);
@@ -475,8 +479,10 @@ pcs_status_t pcs_ref_create(const struct Pcs__V1__JobSpec *spec, const struct Pc
     r->out_dim = mc.output_dim;
     uint64_t rows = (uint64_t)r->D * r->b;
     if (rows > (1u << 24)) {
-        rc = pcs_set_error(PCS_ERR_INVALID_ARG, "training.micro_batch_size: global micro-batch "
-                           "of %llu rows is too large", (unsigned long long)rows);
+        rc = pcs_set_error(PCS_ERR_INVALID_ARG,
+                           "training.micro_batch_size: global micro-batch "
+                           "of %llu rows is too large",
+                           (unsigned long long)rows);
         goto fail;
     }
     PCS_CHECK_GOTO(pcs_mlp_create(&mc, (uint32_t)rows, &r->model), rc, fail);
@@ -504,8 +510,10 @@ pcs_status_t pcs_ref_create(const struct Pcs__V1__JobSpec *spec, const struct Pc
         ref_unit_t *u = &r->units[k];
         if (!pcs_dtype_is_float(u->compute) || u->compute == PCS_DTYPE_FP64 ||
             !pcs_dtype_is_float(u->master)) {
-            rc = pcs_set_error(PCS_ERR_INVALID_ARG, "plan.units[%u] (%s): compute dtype %s is not "
-                               "fp32, bf16 or fp16", k, u->path, pcs_dtype_name(u->compute));
+            rc = pcs_set_error(PCS_ERR_INVALID_ARG,
+                               "plan.units[%u] (%s): compute dtype %s is not "
+                               "fp32, bf16 or fp16",
+                               k, u->path, pcs_dtype_name(u->compute));
             goto fail;
         }
         PCS_CHECK_GOTO(unit_alloc(r, u), rc, fail);
@@ -520,10 +528,12 @@ pcs_status_t pcs_ref_create(const struct Pcs__V1__JobSpec *spec, const struct Pc
     for (uint32_t p = 0; p < np; p++) {
         ref_unit_t *u = &r->units[r->param_unit[p]];
         size_t cs = pcs_dtype_size(u->compute);
-        PCS_CHECK_GOTO(pcs_mlp_bind_param(r->model, p, u->compute,
-                                          (char *)u->cparam + r->param_off[p] * cs), rc, fail);
-        PCS_CHECK_GOTO(pcs_mlp_bind_grad(r->model, p, u->compute,
-                                         (char *)u->cgrad + r->param_off[p] * cs), rc, fail);
+        PCS_CHECK_GOTO(
+            pcs_mlp_bind_param(r->model, p, u->compute, (char *)u->cparam + r->param_off[p] * cs),
+            rc, fail);
+        PCS_CHECK_GOTO(
+            pcs_mlp_bind_grad(r->model, p, u->compute, (char *)u->cgrad + r->param_off[p] * cs), rc,
+            fail);
     }
     r->feed_dtype = pcs_data_input_dtype(r->data);
     if (plan)
@@ -538,11 +548,14 @@ pcs_status_t pcs_ref_create(const struct Pcs__V1__JobSpec *spec, const struct Pc
     PCS_CHECK_GOTO(init_state(r, spec), rc, fail);
     PCS_CHECK_GOTO(pcs_calloc(rows * r->in_dim, sizeof(float), (void **)&r->x), rc, fail);
     PCS_CHECK_GOTO(pcs_calloc(rows * r->out_dim, sizeof(float), (void **)&r->gout), rc, fail);
-    PCS_CHECK_GOTO(pcs_calloc(rows * (r->loss == PCS_LOSS_MSE ? r->out_dim : 2), sizeof(float),
-                              &r->y), rc, fail);
-    PCS_INFO(PCS_SUB_WORKER, "reference: %s, %llu params in %u units, dp %u, %u x %u rows per "
-             "step, %llu steps", r->name, (unsigned long long)pcs_mlp_total_params(r->model),
-             r->n_units, r->D, r->M, r->D * r->b, (unsigned long long)r->steps);
+    PCS_CHECK_GOTO(
+        pcs_calloc(rows * (r->loss == PCS_LOSS_MSE ? r->out_dim : 2), sizeof(float), &r->y), rc,
+        fail);
+    PCS_INFO(PCS_SUB_WORKER,
+             "reference: %s, %llu params in %u units, dp %u, %u x %u rows per "
+             "step, %llu steps",
+             r->name, (unsigned long long)pcs_mlp_total_params(r->model), r->n_units, r->D, r->M,
+             r->D * r->b, (unsigned long long)r->steps);
     *out = r;
     return PCS_OK;
 fail:
@@ -608,8 +621,8 @@ static pcs_status_t micro_batch(pcs_reference_t *r, uint64_t first, uint32_t row
         } else {
             const uint16_t *g = u->cgrad;
             for (uint64_t i = 0; i < u->numel; i++)
-                u->accum_v[i] += u->compute == PCS_DTYPE_BF16 ? pcs_bf16_to_f32(g[i])
-                                                              : pcs_fp16_to_f32(g[i]);
+                u->accum_v[i] +=
+                    u->compute == PCS_DTYPE_BF16 ? pcs_bf16_to_f32(g[i]) : pcs_fp16_to_f32(g[i]);
             pcs_round_to(u->accum_v, u->numel, u->accum);
         }
     }
@@ -660,8 +673,8 @@ static void finish_reduction(ref_unit_t *u)
     pcs_round_to(s, n, u->grad);
 }
 
-static pcs_status_t grad_list(pcs_reference_t *r, pcs_tensor_t *g, pcs_tensor_t *p,
-                              pcs_tensor_t *a, pcs_tensor_t *b, size_t *count)
+static pcs_status_t grad_list(pcs_reference_t *r, pcs_tensor_t *g, pcs_tensor_t *p, pcs_tensor_t *a,
+                              pcs_tensor_t *b, size_t *count)
 {
     size_t c = 0;
     for (uint32_t k = 0; k < r->n_units; k++) {
@@ -752,11 +765,12 @@ pcs_status_t pcs_ref_step(pcs_reference_t *r, pcs_ref_step_result_t *res)
     if (!skipped) {
         r->opt_steps++;
         if (r->opt == OPT_ADAMW)
-            PCS_CHECK_GOTO(r->be->adamw_update(tp, tg, ta, tb, count, &r->adamw, r->opt_steps,
-                                               NULL), rc, out);
+            PCS_CHECK_GOTO(
+                r->be->adamw_update(tp, tg, ta, tb, count, &r->adamw, r->opt_steps, NULL), rc, out);
         else
             PCS_CHECK_GOTO(r->be->sgd_update(tp, tg, r->sgd.momentum != 0 ? ta : NULL, count,
-                                             &r->sgd, r->opt_steps == 1, NULL), rc, out);
+                                             &r->sgd, r->opt_steps == 1, NULL),
+                           rc, out);
         for (uint32_t k = 0; k < r->n_units; k++) {
             ref_unit_t *u = &r->units[k];
             pcs_round_to(u->master_v, u->numel, u->master);
@@ -802,8 +816,8 @@ static pcs_status_t bind_params(pcs_reference_t *r, int full_precision)
     for (uint32_t p = 0; p < pcs_mlp_num_params(r->model); p++) {
         ref_unit_t *u = &r->units[r->param_unit[p]];
         if (full_precision && u->master == PCS_DTYPE_FP32)
-            PCS_CHECK(pcs_mlp_bind_param(r->model, p, PCS_DTYPE_FP32,
-                                         u->master_v + r->param_off[p]));
+            PCS_CHECK(
+                pcs_mlp_bind_param(r->model, p, PCS_DTYPE_FP32, u->master_v + r->param_off[p]));
         else
             PCS_CHECK(pcs_mlp_bind_param(r->model, p, u->compute,
                                          (char *)u->cparam +
@@ -814,8 +828,8 @@ static pcs_status_t bind_params(pcs_reference_t *r, int full_precision)
         if (u->module < 0)
             continue;
         if (full_precision)
-            PCS_CHECK(pcs_mlp_set_cast(r->model, (uint32_t)u->module, PCS_DTYPE_NONE,
-                                       PCS_DTYPE_NONE));
+            PCS_CHECK(
+                pcs_mlp_set_cast(r->model, (uint32_t)u->module, PCS_DTYPE_NONE, PCS_DTYPE_NONE));
         else
             PCS_CHECK(pcs_mlp_set_cast(r->model, (uint32_t)u->module,
                                        u->cast_inputs ? u->compute : PCS_DTYPE_NONE, u->output));
@@ -879,8 +893,7 @@ const double *pcs_ref_losses(const pcs_reference_t *r, size_t *n)
     return r ? r->losses : NULL;
 }
 
-const double *pcs_ref_eval_losses(const pcs_reference_t *r, const uint64_t **after_step,
-                                  size_t *n)
+const double *pcs_ref_eval_losses(const pcs_reference_t *r, const uint64_t **after_step, size_t *n)
 {
     if (n)
         *n = r ? r->n_evals : 0;

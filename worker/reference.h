@@ -41,11 +41,11 @@ typedef struct pcs_ref_options {
 void pcs_ref_options_default(pcs_ref_options_t *o);
 
 typedef struct pcs_ref_step_result {
-    uint64_t step;        /* 0-based index of the step just run */
-    double loss;          /* mean loss over the step's global batch (unscaled) */
-    double grad_norm;     /* total L2 norm of the (unscaled) gradients before clipping */
-    int skipped;          /* 1: non-finite gradients, optimizer step skipped (grad scaler) */
-    double scale;         /* grad-scaler scale after the update (1 when disabled) */
+    uint64_t step;    /* 0-based index of the step just run */
+    double loss;      /* mean loss over the step's global batch (unscaled) */
+    double grad_norm; /* total L2 norm of the (unscaled) gradients before clipping */
+    int skipped;      /* 1: non-finite gradients, optimizer step skipped (grad scaler) */
+    double scale;     /* grad-scaler scale after the update (1 when disabled) */
 } pcs_ref_step_result_t;
 
 typedef struct pcs_reference pcs_reference_t;
@@ -73,8 +73,7 @@ pcs_status_t pcs_ref_eval(pcs_reference_t *r, double *loss);
 /* Per-step losses so far (index = step). */
 const double *pcs_ref_losses(const pcs_reference_t *r, size_t *n);
 /* Eval losses so far with the step count after which each ran. */
-const double *pcs_ref_eval_losses(const pcs_reference_t *r, const uint64_t **after_step,
-                                  size_t *n);
+const double *pcs_ref_eval_losses(const pcs_reference_t *r, const uint64_t **after_step, size_t *n);
 uint64_t pcs_ref_steps_done(const pcs_reference_t *r);
 uint32_t pcs_ref_dp_size(const pcs_reference_t *r);
 

@@ -20,14 +20,14 @@
 #include "pcs/mem.h"
 
 struct pcs_st_file {
-    char *origin;              /* path or "<memory>" for messages */
-    int fd;                    /* -1 for in-memory images */
-    uint8_t *mem;              /* in-memory data section (copy) */
-    uint64_t data_start;       /* 8 + header length */
+    char *origin;        /* path or "<memory>" for messages */
+    int fd;              /* -1 for in-memory images */
+    uint8_t *mem;        /* in-memory data section (copy) */
+    uint64_t data_start; /* 8 + header length */
     uint64_t data_len;
     pcs_st_tensor_t *tensors;
     size_t n, cap;
-    char **meta;               /* key, value, key, value ... */
+    char **meta; /* key, value, key, value ... */
     size_t n_meta, cap_meta;
 };
 
@@ -38,11 +38,11 @@ static const struct {
     pcs_dtype_t dtype;
     size_t size;
 } k_dtypes[] = {
-    {"F32", PCS_DTYPE_FP32, 4},  {"BF16", PCS_DTYPE_BF16, 2}, {"F16", PCS_DTYPE_FP16, 2},
-    {"F64", PCS_DTYPE_FP64, 8},  {"I64", PCS_DTYPE_INT64, 8}, {"BOOL", PCS_DTYPE_NONE, 1},
-    {"U8", PCS_DTYPE_NONE, 1},   {"I8", PCS_DTYPE_NONE, 1},   {"F8_E4M3", PCS_DTYPE_NONE, 1},
-    {"F8_E5M2", PCS_DTYPE_NONE, 1}, {"I16", PCS_DTYPE_NONE, 2}, {"U16", PCS_DTYPE_NONE, 2},
-    {"I32", PCS_DTYPE_NONE, 4},  {"U32", PCS_DTYPE_NONE, 4},  {"U64", PCS_DTYPE_NONE, 8},
+    {"F32", PCS_DTYPE_FP32, 4},     {"BF16", PCS_DTYPE_BF16, 2}, {"F16", PCS_DTYPE_FP16, 2},
+    {"F64", PCS_DTYPE_FP64, 8},     {"I64", PCS_DTYPE_INT64, 8}, {"BOOL", PCS_DTYPE_NONE, 1},
+    {"U8", PCS_DTYPE_NONE, 1},      {"I8", PCS_DTYPE_NONE, 1},   {"F8_E4M3", PCS_DTYPE_NONE, 1},
+    {"F8_E5M2", PCS_DTYPE_NONE, 1}, {"I16", PCS_DTYPE_NONE, 2},  {"U16", PCS_DTYPE_NONE, 2},
+    {"I32", PCS_DTYPE_NONE, 4},     {"U32", PCS_DTYPE_NONE, 4},  {"U64", PCS_DTYPE_NONE, 8},
 };
 
 const char *pcs_st_dtype_name(pcs_dtype_t t)
@@ -205,7 +205,8 @@ static pcs_status_t hdr_tensor(hdr_parser_t *p, pcs_st_tensor_t *t)
             snprintf(msg, sizeof msg, "tensor '%s': data_offsets", t->name);
             PCS_CHECK(hdr_uint_list(p, off, 2, &n, msg));
             if (n != 2) {
-                snprintf(msg, sizeof msg, "tensor '%s': data_offsets must be [begin, end]", t->name);
+                snprintf(msg, sizeof msg, "tensor '%s': data_offsets must be [begin, end]",
+                         t->name);
                 return hdr_err(p, msg);
             }
             t->begin = off[0];
@@ -230,8 +231,8 @@ static pcs_status_t hdr_tensor(hdr_parser_t *p, pcs_st_tensor_t *t)
     if (__builtin_mul_overflow(numel, (uint64_t)t->elem_size, &bytes) || t->end < t->begin ||
         t->end - t->begin != bytes) {
         snprintf(msg, sizeof msg,
-                 "tensor '%s': data_offsets [%llu, %llu] do not hold %llu elements of %s",
-                 t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
+                 "tensor '%s': data_offsets [%llu, %llu] do not hold %llu elements of %s", t->name,
+                 (unsigned long long)t->begin, (unsigned long long)t->end,
                  (unsigned long long)numel, t->dtype_str);
         return hdr_err(p, msg);
     }
@@ -438,14 +439,18 @@ pcs_status_t pcs_st_open_mem(const void *buf, size_t len, pcs_st_file_t **out)
     PCS_CHECK(file_new("<memory>", &f));
     const uint8_t *b = buf;
     if (len < 8) {
-        rc = pcs_set_error(PCS_ERR_INVALID_ARG, "safetensors <memory>: %zu bytes, shorter than "
-                           "the 8-byte header length", len);
+        rc = pcs_set_error(PCS_ERR_INVALID_ARG,
+                           "safetensors <memory>: %zu bytes, shorter than "
+                           "the 8-byte header length",
+                           len);
         goto fail;
     }
     uint64_t n = le64(b);
     if (n > PCS_ST_MAX_HEADER || n > len - 8) {
-        rc = pcs_set_error(PCS_ERR_INVALID_ARG, "safetensors <memory>: header length %llu does "
-                           "not fit the %zu-byte file", (unsigned long long)n, len);
+        rc = pcs_set_error(PCS_ERR_INVALID_ARG,
+                           "safetensors <memory>: header length %llu does "
+                           "not fit the %zu-byte file",
+                           (unsigned long long)n, len);
         goto fail;
     }
     f->data_start = 8 + n;
@@ -485,15 +490,18 @@ pcs_status_t pcs_st_open(const char *path, pcs_st_file_t **out)
     uint64_t size = (uint64_t)st.st_size;
     uint8_t lenb[8];
     if (size < 8 || pread(f->fd, lenb, 8, 0) != 8) {
-        rc = pcs_set_error(PCS_ERR_INVALID_ARG, "safetensors %s: shorter than the 8-byte header "
-                           "length", path);
+        rc = pcs_set_error(PCS_ERR_INVALID_ARG,
+                           "safetensors %s: shorter than the 8-byte header "
+                           "length",
+                           path);
         goto fail;
     }
     uint64_t n = le64(lenb);
     if (n > PCS_ST_MAX_HEADER || n > size - 8) {
-        rc = pcs_set_error(PCS_ERR_INVALID_ARG, "safetensors %s: header length %llu does not fit "
-                           "the %llu-byte file", path, (unsigned long long)n,
-                           (unsigned long long)size);
+        rc = pcs_set_error(PCS_ERR_INVALID_ARG,
+                           "safetensors %s: header length %llu does not fit "
+                           "the %llu-byte file",
+                           path, (unsigned long long)n, (unsigned long long)size);
         goto fail;
     }
     PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, 1, (void **)&hdr), rc, fail);
@@ -602,13 +610,15 @@ pcs_status_t pcs_st_read_f32(pcs_st_file_t *f, const pcs_st_tensor_t *t, uint64_
     if (!f || !t || (!dst && n))
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_st_read_f32: NULL argument");
     if (!pcs_dtype_is_float(t->dtype))
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "safetensors %s: tensor '%s' has dtype %s, "
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "safetensors %s: tensor '%s' has dtype %s, "
                              "expected a floating dtype (F32, BF16, F16, F64)",
                              f->origin, t->name, t->dtype_str);
     if (first > t->numel || n > t->numel - first)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "safetensors %s: elements [%llu, +%llu) outside "
-                             "tensor '%s'", f->origin, (unsigned long long)first,
-                             (unsigned long long)n, t->name);
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "safetensors %s: elements [%llu, +%llu) outside "
+                             "tensor '%s'",
+                             f->origin, (unsigned long long)first, (unsigned long long)n, t->name);
     if (t->dtype == PCS_DTYPE_FP32)
         return pcs_st_read_raw(f, t, first * 4, n * 4, dst);
     /* Convert in chunks through a small stack buffer so that big tensors need no extra heap. */
@@ -710,8 +720,10 @@ pcs_status_t pcs_st_write(const char *path, const pcs_st_entry_t *e, size_t n,
     for (size_t i = 0; i < n; i++) {
         if (!e[i].name || !pcs_st_dtype_name(e[i].dtype) || e[i].ndim > PCS_ST_MAX_DIMS ||
             strcmp(e[i].name, "__metadata__") == 0)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "safetensors %s: entry %zu (%s): bad name, "
-                                 "dtype or rank", path, i, e[i].name ? e[i].name : "(null)");
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "safetensors %s: entry %zu (%s): bad name, "
+                                 "dtype or rank",
+                                 path, i, e[i].name ? e[i].name : "(null)");
         for (size_t j = 0; j < i; j++)
             if (strcmp(e[i].name, e[j].name) == 0)
                 return pcs_set_error(PCS_ERR_INVALID_ARG, "safetensors %s: duplicate tensor '%s'",
@@ -779,8 +791,8 @@ pcs_status_t pcs_st_write(const char *path, const pcs_st_entry_t *e, size_t n,
             numel *= e[i].shape[d];
         size_t bytes = (size_t)(numel * pcs_dtype_size(e[i].dtype));
         if (bytes && !e[i].data) {
-            rc = pcs_set_error(PCS_ERR_INVALID_ARG, "safetensors %s: tensor '%s' has no data",
-                               path, e[i].name);
+            rc = pcs_set_error(PCS_ERR_INVALID_ARG, "safetensors %s: tensor '%s' has no data", path,
+                               e[i].name);
             goto out;
         }
         PCS_CHECK_GOTO(write_all(fd, e[i].data, bytes, path), rc, out);

@@ -21,14 +21,14 @@ extern "C" {
 #define PCS_ST_MAX_HEADER (100u * 1000u * 1000u)
 
 typedef struct pcs_st_tensor {
-    const char *name;      /* owned by the file handle */
-    char dtype_str[12];    /* as written: "F32", "BF16", "I32", ... */
-    pcs_dtype_t dtype;     /* PCS_DTYPE_NONE for valid safetensors dtypes pcs does not compute in */
-    size_t elem_size;      /* bytes per element of dtype_str */
+    const char *name;   /* owned by the file handle */
+    char dtype_str[12]; /* as written: "F32", "BF16", "I32", ... */
+    pcs_dtype_t dtype;  /* PCS_DTYPE_NONE for valid safetensors dtypes pcs does not compute in */
+    size_t elem_size;   /* bytes per element of dtype_str */
     uint32_t ndim;
     uint64_t shape[PCS_ST_MAX_DIMS];
     uint64_t numel;
-    uint64_t begin, end;   /* byte range in the data section (after the header) */
+    uint64_t begin, end; /* byte range in the data section (after the header) */
 } pcs_st_tensor_t;
 
 typedef struct pcs_st_file pcs_st_file_t;
@@ -62,8 +62,8 @@ pcs_status_t pcs_st_read_f32(pcs_st_file_t *f, const pcs_st_tensor_t *t, uint64_
 /* One tensor to write. `data` holds numel * pcs_dtype_size(dtype) little-endian bytes. */
 typedef struct pcs_st_entry {
     const char *name;
-    pcs_dtype_t dtype;     /* FP32, BF16, FP16, FP64 or INT64 */
-    uint32_t ndim;         /* 0 = scalar */
+    pcs_dtype_t dtype; /* FP32, BF16, FP16, FP64 or INT64 */
+    uint32_t ndim;     /* 0 = scalar */
     const uint64_t *shape;
     const void *data;
 } pcs_st_entry_t;

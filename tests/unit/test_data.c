@@ -46,9 +46,9 @@ static pcs_data_t *synth(int classification, uint64_t seed, uint64_t n, uint32_t
     ds.source_case = PCS__V1__DATA_SPEC__SOURCE_SYNTHETIC;
     ds.synthetic = &sd;
     pcs_data_t *d = NULL;
-    assert_int_equal(pcs_data_open(&ds, in, out,
-                                   classification ? PCS_LOSS_CROSS_ENTROPY : PCS_LOSS_MSE, &d),
-                     PCS_OK);
+    assert_int_equal(
+        pcs_data_open(&ds, in, out, classification ? PCS_LOSS_CROSS_ENTROPY : PCS_LOSS_MSE, &d),
+        PCS_OK);
     return d;
 }
 
@@ -97,7 +97,8 @@ static void test_w4_b2_and_w1_b8_see_identical_global_batches(void **state)
 static void test_synthetic_rows_are_pure_functions_of_seed_and_index(void **state)
 {
     (void)state;
-    pcs_data_t *a = synth(0, 4, 100, 6, 2), *b = synth(0, 4, 100, 6, 2), *c = synth(0, 5, 100, 6, 2);
+    pcs_data_t *a = synth(0, 4, 100, 6, 2), *b = synth(0, 4, 100, 6, 2),
+               *c = synth(0, 5, 100, 6, 2);
     float xa[60], xb[60], xc[60], ya[20], yb[20], yc[20];
     /* rows 90..99 read in one call equal rows read one by one, in any order */
     assert_int_equal(pcs_data_read(a, 90, 10, xa, ya), PCS_OK);

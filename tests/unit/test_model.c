@@ -57,9 +57,9 @@ static double urand(void)
 
 typedef struct {
     pcs_mlp_config_t cfg;
-    uint32_t nl;          /* blocks */
-    double **P;           /* params in model order */
-    double **B;           /* buffers in model order */
+    uint32_t nl; /* blocks */
+    double **P;  /* params in model order */
+    double **B;  /* buffers in model order */
 } ref_t;
 
 typedef struct {
@@ -217,7 +217,7 @@ static void ref_backward(ref_t *r, const cache_t *c, const double *dout, uint32_
         const double *pre_act = cfg->norm != PCS_NORM_NONE ? c->nrm[l] : c->lin[l];
         for (size_t e = 0; e < n; e++)
             dn[e] = dcur[e] * (cfg->act == PCS_ACT_GELU ? gelu_d(pre_act[e])
-                                                         : (c->act[l][e] > 0 ? 1.0 : 0.0));
+                                                        : (c->act[l][e] > 0 ? 1.0 : 0.0));
         double *dh = dn;
         if (cfg->norm != PCS_NORM_NONE) {
             double *w = r->P[pidx[l][2]];
@@ -307,9 +307,9 @@ static void cache_free(ref_t *r, cache_t *c)
 typedef struct {
     pcs_mlp_t *m;
     ref_t ref;
-    float **pv;      /* fp32 params */
-    float **gv;      /* fp32 grads */
-    void **bv;       /* buffers */
+    float **pv; /* fp32 params */
+    float **gv; /* fp32 grads */
+    void **bv;  /* buffers */
     uint32_t np, nb;
 } fix_t;
 
@@ -452,19 +452,33 @@ static void test_fqn_scheme_matches_planner(void **state)
     pcs_mlp_config_t cfg = mkcfg(4, h, 2, 3, PCS_ACT_GELU, PCS_NORM_BATCHNORM, 1, 1);
     pcs_mlp_t *m;
     assert_int_equal(pcs_mlp_create(&cfg, 4, &m), PCS_OK);
-    const char *mods[] = {"", "layers", "layers.0", "layers.0.linear", "layers.0.norm",
-                          "layers.0.act", "layers.1", "layers.1.linear", "layers.1.norm",
-                          "layers.1.act", "head"};
-    const char *cls[] = {"MLP", "ModuleList", "MLPBlock", "Linear", "BatchNorm1d", "GELU",
-                         "MLPBlock", "Linear", "BatchNorm1d", "GELU", "Linear"};
+    const char *mods[] = {"",
+                          "layers",
+                          "layers.0",
+                          "layers.0.linear",
+                          "layers.0.norm",
+                          "layers.0.act",
+                          "layers.1",
+                          "layers.1.linear",
+                          "layers.1.norm",
+                          "layers.1.act",
+                          "head"};
+    const char *cls[] = {"MLP",      "ModuleList", "MLPBlock",    "Linear", "BatchNorm1d", "GELU",
+                         "MLPBlock", "Linear",     "BatchNorm1d", "GELU",   "Linear"};
     assert_int_equal(pcs_mlp_num_modules(m), 11);
     for (uint32_t i = 0; i < 11; i++) {
         assert_string_equal(pcs_mlp_module(m, i)->path, mods[i]);
         assert_string_equal(pcs_mlp_module(m, i)->cls, cls[i]);
     }
-    const char *params[] = {"layers.0.linear.weight", "layers.0.linear.bias", "layers.0.norm.weight",
-                            "layers.0.norm.bias", "layers.1.linear.weight", "layers.1.linear.bias",
-                            "layers.1.norm.weight", "layers.1.norm.bias", "head.weight",
+    const char *params[] = {"layers.0.linear.weight",
+                            "layers.0.linear.bias",
+                            "layers.0.norm.weight",
+                            "layers.0.norm.bias",
+                            "layers.1.linear.weight",
+                            "layers.1.linear.bias",
+                            "layers.1.norm.weight",
+                            "layers.1.norm.bias",
+                            "head.weight",
                             "head.bias"};
     assert_int_equal(pcs_mlp_num_params(m), 10);
     for (uint32_t i = 0; i < 10; i++)
@@ -477,7 +491,8 @@ static void test_fqn_scheme_matches_planner(void **state)
     assert_string_equal(pcs_mlp_buffer(m, 2)->fqn, "layers.0.norm.num_batches_tracked");
     assert_int_equal(pcs_mlp_buffer(m, 2)->dtype, PCS_DTYPE_INT64);
     assert_int_equal(pcs_mlp_buffer(m, 2)->ndim, 0);
-    assert_int_equal(pcs_mlp_total_params(m), (8 * 4 + 8 + 2 * 8) + (8 * 8 + 8 + 2 * 8) + 3 * 8 + 3);
+    assert_int_equal(pcs_mlp_total_params(m),
+                     (8 * 4 + 8 + 2 * 8) + (8 * 8 + 8 + 2 * 8) + 3 * 8 + 3);
     pcs_mlp_destroy(m);
 }
 
@@ -822,10 +837,22 @@ static pcs_status_t rec(hook_log_t *h, const char *what, uint32_t mod)
     return PCS_OK;
 }
 
-static pcs_status_t h_pf(void *c, uint32_t m) { return rec(c, "F<", m); }
-static pcs_status_t h_qf(void *c, uint32_t m) { return rec(c, "F>", m); }
-static pcs_status_t h_pb(void *c, uint32_t m) { return rec(c, "B<", m); }
-static pcs_status_t h_qb(void *c, uint32_t m) { return rec(c, "B>", m); }
+static pcs_status_t h_pf(void *c, uint32_t m)
+{
+    return rec(c, "F<", m);
+}
+static pcs_status_t h_qf(void *c, uint32_t m)
+{
+    return rec(c, "F>", m);
+}
+static pcs_status_t h_pb(void *c, uint32_t m)
+{
+    return rec(c, "B<", m);
+}
+static pcs_status_t h_qb(void *c, uint32_t m)
+{
+    return rec(c, "B>", m);
+}
 
 static void test_hooks_fire_in_fsdp_order(void **state)
 {
@@ -841,11 +868,26 @@ static void test_hooks_fire_in_fsdp_order(void **state)
     pcs_dtype_t odt;
     assert_int_equal(pcs_mlp_forward(f.m, x, PCS_DTYPE_FP32, 2, 1, &hooks, &out, &odt), PCS_OK);
     assert_int_equal(pcs_mlp_backward(f.m, d, &hooks), PCS_OK);
-    const char *want[] = {"F< root", "F< layers.0", "F< layers.0.linear", "F> layers.0.linear",
-                          "F< layers.0.act", "F> layers.0.act", "F> layers.0", "F< head",
-                          "F> head", "F> root", "B< root", "B< head", "B> head", "B< layers.0",
-                          "B< layers.0.act", "B> layers.0.act", "B< layers.0.linear",
-                          "B> layers.0.linear", "B> layers.0", "B> root"};
+    const char *want[] = {"F< root",
+                          "F< layers.0",
+                          "F< layers.0.linear",
+                          "F> layers.0.linear",
+                          "F< layers.0.act",
+                          "F> layers.0.act",
+                          "F> layers.0",
+                          "F< head",
+                          "F> head",
+                          "F> root",
+                          "B< root",
+                          "B< head",
+                          "B> head",
+                          "B< layers.0",
+                          "B< layers.0.act",
+                          "B> layers.0.act",
+                          "B< layers.0.linear",
+                          "B> layers.0.linear",
+                          "B> layers.0",
+                          "B> root"};
     assert_int_equal(hl.n, 20);
     for (int i = 0; i < 20; i++)
         assert_string_equal(hl.log[i], want[i]);
@@ -898,8 +940,8 @@ static void test_bad_use_is_a_clear_error(void **state)
 static void test_batchnorm_eval_uses_running_stats(void **state)
 {
     (void)state;
-    pcs_mlp_config_t cfg = mkcfg(3, (const uint32_t[]){2}, 1, 1, PCS_ACT_RELU,
-                                 PCS_NORM_BATCHNORM, 1, 0);
+    pcs_mlp_config_t cfg =
+        mkcfg(3, (const uint32_t[]){2}, 1, 1, PCS_ACT_RELU, PCS_NORM_BATCHNORM, 1, 0);
     fix_t f;
     fix_init(&f, &cfg, 8);
     float x[24];
@@ -939,8 +981,7 @@ static void test_losses_match_closed_forms(void **state)
     for (int i = 0; i < 6; i++)
         assert_close_d(g[i], 0.5 * 2 * (out[i] - y[i]) / 6.0, 1e-6, 1e-7, "mse grad", (size_t)i);
     int64_t lab[2] = {2, 0};
-    assert_int_equal(pcs_loss_compute(PCS_LOSS_CROSS_ENTROPY, out, 2, 3, lab, 1.0f, &l, g),
-                     PCS_OK);
+    assert_int_equal(pcs_loss_compute(PCS_LOSS_CROSS_ENTROPY, out, 2, 3, lab, 1.0f, &l, g), PCS_OK);
     want = 0;
     for (int r = 0; r < 2; r++) {
         double se = 0;
@@ -948,8 +989,8 @@ static void test_losses_match_closed_forms(void **state)
             se += exp(out[r * 3 + j]);
         want += (log(se) - out[r * 3 + lab[r]]) / 2;
         for (int j = 0; j < 3; j++)
-            assert_close_d(g[r * 3 + j], (exp(out[r * 3 + j]) / se - (j == lab[r])) / 2, 1e-6,
-                           1e-7, "ce grad", (size_t)j);
+            assert_close_d(g[r * 3 + j], (exp(out[r * 3 + j]) / se - (j == lab[r])) / 2, 1e-6, 1e-7,
+                           "ce grad", (size_t)j);
     }
     assert_close_d(l, want, 1e-6, 0, "ce", 0);
     /* large logits stay finite (log-sum-exp shift) */

@@ -47,11 +47,11 @@ static void job_free(Pcs__V1__JobSpec *s)
  * loss, extra training keys, synthetic task, extra init keys. */
 #define SMALL_JOB                                                                                  \
     "name: t\n"                                                                                    \
-    "model: {mlp: {input_dim: 8, hidden_dims: [32, 32], output_dim: 4, activation: %s, "          \
+    "model: {mlp: {input_dim: 8, hidden_dims: [32, 32], output_dim: 4, activation: %s, "           \
     "norm: %s, residual: true}}\n"                                                                 \
     "precision: {%s}\n"                                                                            \
     "mesh: [{dim: dp_shard, size: %u}]\n"                                                          \
-    "training: {steps: %u, micro_batch_size: %u, micro_batches: %u, loss: %s, %s}\n"              \
+    "training: {steps: %u, micro_batch_size: %u, micro_batches: %u, loss: %s, %s}\n"               \
     "data: {synthetic: {task: %s, seed: 3, num_samples: 4096}}\n"                                  \
     "init: {seed: 11%s}\n"
 
@@ -167,8 +167,8 @@ static void test_dp_emulation_matches_global_batch_fp32(void **state)
 static void test_dp_emulation_bf16_within_bf16_tolerance(void **state)
 {
     (void)state;
-    Pcs__V1__JobSpec *s = job(SMALL_JOB, "relu", "none", "param_dtype: bf16", 4u, 3u, 4u, 1u,
-                              "mse", "optimizer: {sgd: {lr: 0.05, momentum: 0.0}}", "regression", "");
+    Pcs__V1__JobSpec *s = job(SMALL_JOB, "relu", "none", "param_dtype: bf16", 4u, 3u, 4u, 1u, "mse",
+                              "optimizer: {sgd: {lr: 0.05, momentum: 0.0}}", "regression", "");
     pcs_reference_t *a, *b;
     pcs_ref_options_t o;
     pcs_ref_options_default(&o);
@@ -199,8 +199,7 @@ static void test_dp_emulation_bf16_within_bf16_tolerance(void **state)
 static void test_grad_scaler_skips_step_on_injected_inf(void **state)
 {
     (void)state;
-    Pcs__V1__JobSpec *s = job(SMALL_JOB, "relu", "none", "param_dtype: fp16", 2u, 4u, 4u, 1u,
-                              "mse",
+    Pcs__V1__JobSpec *s = job(SMALL_JOB, "relu", "none", "param_dtype: fp16", 2u, 4u, 4u, 1u, "mse",
                               "optimizer: {adamw: {lr: 0.01}}, grad_scaler: {enabled: true, "
                               "growth_interval: 2}",
                               "regression", "");
@@ -252,9 +251,9 @@ static void test_grad_scaler_skips_step_on_injected_inf(void **state)
 static void test_batchnorm_running_stats_tracked_per_rank(void **state)
 {
     (void)state;
-    Pcs__V1__JobSpec *s = job(SMALL_JOB, "relu", "batchnorm", "param_dtype: bf16", 2u, 3u, 4u, 2u,
-                              "mse", "optimizer: {adamw: {lr: 0.01}}, eval_every: 1",
-                              "regression", "");
+    Pcs__V1__JobSpec *s =
+        job(SMALL_JOB, "relu", "batchnorm", "param_dtype: bf16", 2u, 3u, 4u, 2u, "mse",
+            "optimizer: {adamw: {lr: 0.01}}, eval_every: 1", "regression", "");
     pcs_reference_t *r;
     assert_int_equal(pcs_ref_create(s, NULL, NULL, &r), PCS_OK);
     float nbt, rm[32], rv[32];
@@ -358,14 +357,13 @@ static void test_bad_jobs_name_the_field(void **state)
     assert_non_null(strstr(pcs_last_error(), "training.micro_batch_size"));
     assert_null(r);
     job_free(s);
-    s = job(SMALL_JOB, "relu", "none", "", 1u, 2u, 4u, 1u, "mse",
-            "optimizer: {adamw: {lr: 0.01}}", "classification", "");
+    s = job(SMALL_JOB, "relu", "none", "", 1u, 2u, 4u, 1u, "mse", "optimizer: {adamw: {lr: 0.01}}",
+            "classification", "");
     assert_int_equal(pcs_ref_create(s, NULL, NULL, &r), PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "data.synthetic.task"));
     job_free(s);
-    s = job(SMALL_JOB, "relu", "none", "", 1u, 2u, 4u, 1u, "mse",
-            "optimizer: {adamw: {lr: 0.01}}", "regression",
-            ", from: /nonexistent/pretrained.safetensors");
+    s = job(SMALL_JOB, "relu", "none", "", 1u, 2u, 4u, 1u, "mse", "optimizer: {adamw: {lr: 0.01}}",
+            "regression", ", from: /nonexistent/pretrained.safetensors");
     assert_int_equal(pcs_ref_create(s, NULL, NULL, &r), PCS_ERR_NOT_FOUND);
     assert_non_null(strstr(pcs_last_error(), "init.from"));
     job_free(s);
@@ -377,12 +375,12 @@ static void test_bad_jobs_name_the_field(void **state)
  * output cast the bf16 head rejects the fp32 activations as PyTorch does. */
 #define PLAN_JOB                                                                                   \
     "name: p\n"                                                                                    \
-    "model: {mlp: {input_dim: 8, hidden_dims: [32, 32], output_dim: 4, activation: gelu, "        \
+    "model: {mlp: {input_dim: 8, hidden_dims: [32, 32], output_dim: 4, activation: gelu, "         \
     "norm: layernorm, residual: true}}\n"                                                          \
     "wrap: {module_class: [MLPBlock]}\n"                                                           \
     "precision: {param_dtype: bf16, reduce_dtype: fp32%s}\n"                                       \
     "mesh: [{dim: dp_shard, size: 2}]\n"                                                           \
-    "training: {steps: 20, micro_batch_size: 4, micro_batches: 2, loss: mse, "                    \
+    "training: {steps: 20, micro_batch_size: 4, micro_batches: 2, loss: mse, "                     \
     "optimizer: {adamw: {lr: 0.01}}}\n"                                                            \
     "data: {synthetic: {task: regression, seed: 3}}\n"                                             \
     "init: {seed: 11}\n"
@@ -453,9 +451,9 @@ static void test_planner_plan_drives_the_units(void **state)
 static void test_full_precision_eval_uses_fp32_masters(void **state)
 {
     (void)state;
-    Pcs__V1__JobSpec *sb = job(SMALL_JOB, "gelu", "layernorm", "param_dtype: bf16", 1u, 2u, 4u, 1u,
-                               "mse", "optimizer: {adamw: {lr: 0.01}}, full_precision_eval: true",
-                               "regression", "");
+    Pcs__V1__JobSpec *sb =
+        job(SMALL_JOB, "gelu", "layernorm", "param_dtype: bf16", 1u, 2u, 4u, 1u, "mse",
+            "optimizer: {adamw: {lr: 0.01}}, full_precision_eval: true", "regression", "");
     Pcs__V1__JobSpec *sl = job(SMALL_JOB, "gelu", "layernorm", "param_dtype: bf16", 1u, 2u, 4u, 1u,
                                "mse", "optimizer: {adamw: {lr: 0.01}}", "regression", "");
     Pcs__V1__JobSpec *sf = job(SMALL_JOB, "gelu", "layernorm", "", 1u, 2u, 4u, 1u, "mse",
@@ -596,8 +594,7 @@ static void test_grad_and_master_dtypes_follow_the_policy(void **state)
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         Pcs__V1__JobSpec *s = job(SMALL_JOB, "relu", "none", cases[c].prec, 2u, 2u, 4u, 2u, "mse",
-                                  "optimizer: {sgd: {lr: 0.01, momentum: 0.0}}", "regression",
-                                  "");
+                                  "optimizer: {sgd: {lr: 0.01, momentum: 0.0}}", "regression", "");
         pcs_reference_t *r;
         assert_int_equal(pcs_ref_create(s, NULL, NULL, &r), PCS_OK);
         pcs_status_t rc = pcs_ref_run(r);

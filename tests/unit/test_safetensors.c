@@ -60,8 +60,7 @@ static uint8_t *image(const char *header, const void *data, size_t dlen, size_t 
     return b;
 }
 
-static pcs_status_t open_image(const char *header, const void *data, size_t dlen,
-                               pcs_st_file_t **f)
+static pcs_status_t open_image(const char *header, const void *data, size_t dlen, pcs_st_file_t **f)
 {
     size_t len;
     uint8_t *b = image(header, data, dlen, &len);
@@ -80,8 +79,8 @@ static void test_round_trip_every_dtype(void **state)
     int64_t i64 = 42;
     uint64_t s23[2] = {2, 3}, s3[1] = {3}, s2[1] = {2};
     pcs_st_entry_t e[] = {
-        {"w", PCS_DTYPE_FP32, 2, s23, f32},   {"layers.0.b\"q", PCS_DTYPE_BF16, 1, s3, bf},
-        {"h", PCS_DTYPE_FP16, 1, s2, hf},     {"d", PCS_DTYPE_FP64, 1, s2, f64},
+        {"w", PCS_DTYPE_FP32, 2, s23, f32},    {"layers.0.b\"q", PCS_DTYPE_BF16, 1, s3, bf},
+        {"h", PCS_DTYPE_FP16, 1, s2, hf},      {"d", PCS_DTYPE_FP64, 1, s2, f64},
         {"n", PCS_DTYPE_INT64, 0, NULL, &i64},
     };
     const char *meta[] = {"format", "pt", "note", "line\nbreak"};
@@ -93,7 +92,7 @@ static void test_round_trip_every_dtype(void **state)
     uint64_t hl = 0;
     for (int i = 7; i >= 0; i--)
         hl = (hl << 8) | (uint8_t)raw[i];
-    assert_int_equal(hl % 8, 0);            /* padded like the reference writer */
+    assert_int_equal(hl % 8, 0); /* padded like the reference writer */
     assert_true(raw[8] == '{');
     assert_int_equal(len, 8 + hl + 24 + 6 + 4 + 16 + 8);
     free(raw);
@@ -209,7 +208,8 @@ static void expect_bad(const char *header, size_t dlen, const char *needle)
         assert_non_null(strstr(pcs_last_error(), needle));
 }
 
-#define T4(name, b, e) "\"" name "\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[" #b "," #e "]}"
+#define T4(name, b, e)                                                                             \
+    "\"" name "\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[" #b "," #e "]}"
 
 static void test_malformed_headers_are_rejected_with_a_reason(void **state)
 {
@@ -232,7 +232,8 @@ static void test_malformed_headers_are_rejected_with_a_reason(void **state)
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[\"1\"],\"data_offsets\":[0,4]}}", 4,
                "non-negative integers");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296,4294967296],"
-               "\"data_offsets\":[0,4]}}", 4, "overflows");
+               "\"data_offsets\":[0,4]}}",
+               4, "overflows");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,0]}}", 4,
                "do not hold");
     expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 8,
@@ -287,11 +288,9 @@ static void test_truncated_and_oversized_files_are_rejected(void **state)
     uint64_t s[1] = {1};
     float v = 0;
     pcs_st_entry_t e[2] = {{"x", PCS_DTYPE_FP32, 1, s, &v}, {"x", PCS_DTYPE_FP32, 1, s, &v}};
-    assert_int_equal(pcs_st_write(tmp_path("dup.safetensors"), e, 2, NULL, 0),
-                     PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_st_write(tmp_path("dup.safetensors"), e, 2, NULL, 0), PCS_ERR_INVALID_ARG);
     e[0].dtype = PCS_DTYPE_NONE;
-    assert_int_equal(pcs_st_write(tmp_path("bad.safetensors"), e, 1, NULL, 0),
-                     PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_st_write(tmp_path("bad.safetensors"), e, 1, NULL, 0), PCS_ERR_INVALID_ARG);
     assert_int_equal(pcs_st_write("/nonexistent/dir/x.safetensors", e + 1, 1, NULL, 0),
                      PCS_ERR_SYSTEM);
 }
@@ -429,8 +428,8 @@ static void test_fuzz_target_replays_mutations(void **state)
     pcs_st_file_t *f;
     assert_int_equal(pcs_st_open_mem(seed, slen, &f), PCS_OK); /* the seed itself is valid */
     pcs_st_close(f);
-    static const uint8_t interesting[] = {0, 1, 0x7f, 0x80, 0xff, '{', '}', '"', ',', ':', '[',
-                                          ']', '0', '9', '-', ' ', '&', '*', '!', '\\'};
+    static const uint8_t interesting[] = {0,   1,   0x7f, 0x80, 0xff, '{', '}', '"', ',', ':',
+                                          '[', ']', '0',  '9',  '-',  ' ', '&', '*', '!', '\\'};
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     int accepted = 0;
     for (int it = 0; it < 12000; it++) {
