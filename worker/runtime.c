@@ -8,6 +8,7 @@
 #include "runtime.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -42,6 +43,7 @@ typedef struct rt_unit {
     int accum_valid;
     int state;          /* under mu */
     pcs_status_t ag_err;
+    char ag_errmsg[512]; /* the prefetch thread's error text (its pcs_last_error is its own) */
     /* the plan's collectives for this unit */
     const Pcs__V1__CollectiveSpec *ag, *rs, *ar;
     pcs_coll_t *ar_comm;
@@ -99,6 +101,21 @@ static uint64_t fnv_mix(uint64_t h, uint64_t v)
         h *= 1099511628211ull;
     }
     return h;
+}
+
+/* "<prefix>: <current last error>": pcs_set_error must not read pcs_last_error()'s own buffer
+ * while writing it, so the cause is copied first. */
+static pcs_status_t wrap_err(pcs_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static pcs_status_t wrap_err(pcs_status_t st, const char *fmt, ...)
+{
+    char cause[768], prefix[256];
+    snprintf(cause, sizeof cause, "%s", pcs_last_error());
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    va_end(ap);
+    return pcs_set_error(st, "%s: %s", prefix, cause);
 }
 
 static pcs_dtype_t dt_or(int v, pcs_dtype_t def)
@@ -252,8 +269,7 @@ static pcs_status_t make_comm(const pcs_runtime_config_t *cfg, const char *name,
     cc.cuda_device = -1;
     pcs_status_t st = pcs_coll_create(&cc, out);
     if (st != PCS_OK)
-        return pcs_set_error(st, "communicator %s/%u (rank %u of %u): %s", name, id, index, size,
-                             pcs_last_error());
+        return wrap_err(st, "communicator %s/%u (rank %u of %u)", name, id, index, size);
     return PCS_OK;
 }
 
@@ -261,16 +277,19 @@ static pcs_status_t make_comm(const pcs_runtime_config_t *cfg, const char *name,
 
 static pcs_status_t do_unshard(pcs_runtime_t *rt, rt_unit_t *u, int full)
 {
-    pcs_dtype_t dt = full ? u->master : u->param;
+    pcs_dtype_t dt = full ? PCS_DTYPE_FP32 : u->param;
     void *dst = full ? u->full : u->unsharded;
     size_t esz = pcs_dtype_size(dt);
     uint64_t t0 = pcs_now_us();
     const void *src = u->master_shard;
-    if (dt != u->master) {
-        PCS_CHECK(pcs_kernel_cast(rt->be, u->ag_in, dt, u->master_shard, u->master, u->c, NULL));
+    /* Master shards are stored as fp32 holding values of the master dtype (pure fp16 keeps
+     * fp16-representable values), so the cast source is always fp32. */
+    if (dt != PCS_DTYPE_FP32) {
+        PCS_CHECK(pcs_kernel_cast(rt->be, u->ag_in, dt, u->master_shard, PCS_DTYPE_FP32, u->c,
+                                  NULL));
         src = u->ag_in;
     }
-    double cast_ms = dt != u->master ? ms_since(t0) : 0;
+    double cast_ms = dt != PCS_DTYPE_FP32 ? ms_since(t0) : 0;
     if (u->sg <= 1) {
         memcpy(dst, src, u->c * esz);
         pthread_mutex_lock(&rt->mu);
@@ -289,7 +308,7 @@ static pcs_status_t do_unshard(pcs_runtime_t *rt, rt_unit_t *u, int full)
            full ? NULL : u->ag, 1);
     pthread_mutex_unlock(&rt->mu);
     if (st != PCS_OK)
-        return pcs_set_error(st, "all-gather of unit %u: %s", u->index, pcs_last_error());
+        return wrap_err(st, "all-gather of unit %u", u->index);
     return PCS_OK;
 }
 
@@ -314,6 +333,8 @@ static void *ag_main(void *arg)
             snprintf(err, sizeof err, "%s", pcs_last_error());
         pthread_mutex_lock(&rt->mu);
         u->ag_err = st;
+        if (st != PCS_OK)
+            snprintf(u->ag_errmsg, sizeof u->ag_errmsg, "%s", err);
         if (st == PCS_OK) {
             u->state = U_UNSHARDED;
             rt->n_unsharded++;
@@ -365,10 +386,10 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
                                (unsigned long long)u->c, u->sg, (unsigned long long)u->padded);
             goto out;
         }
-        if (u->master != PCS_DTYPE_FP32) {
-            st = pcs_set_error(PCS_ERR_UNSUPPORTED,
-                               "unit %zu: master dtype %s (only fp32 master shards are supported)",
-                               i, pcs_dtype_name(u->master));
+        if (u->master != PCS_DTYPE_FP32 && u->master != PCS_DTYPE_BF16 &&
+            u->master != PCS_DTYPE_FP16) {
+            st = pcs_set_error(PCS_ERR_UNSUPPORTED, "unit %zu: master dtype %s", i,
+                               pcs_dtype_name(u->master));
             goto out;
         }
         u->shard_index = u->sg > 1 ? rt->shard_index : 0;
@@ -386,7 +407,7 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
             u->ar_comm = rt->rep_c;
         }
         size_t pe = pcs_dtype_size(u->param), re = pcs_dtype_size(u->reduce);
-        PCS_CHECK_GOTO(pcs_calloc(u->c, pcs_dtype_size(u->master), &u->master_shard), st, out);
+        PCS_CHECK_GOTO(pcs_calloc(u->c, sizeof(float), &u->master_shard), st, out);
         PCS_CHECK_GOTO(pcs_calloc(u->c, pcs_dtype_size(u->grad), &u->grad_shard), st, out);
         PCS_CHECK_GOTO(pcs_calloc(u->c, sizeof(float), (void **)&u->opt_a), st, out);
         if (rt->opt == PCS_OPT_ADAMW)
@@ -417,6 +438,17 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
             }
             PCS_CHECK_GOTO(cfg->init_param(cfg->init_ctx, ps, lo - pb, hi - lo, tmp), st, out);
             memcpy(ms + (lo - b), tmp, (hi - lo) * sizeof(float));
+        }
+        if (u->master != PCS_DTYPE_FP32 && u->c > 0) {
+            /* values of a low-precision master dtype, kept in fp32 storage */
+            uint16_t *h = NULL;
+            PCS_CHECK_GOTO(pcs_calloc(u->c, sizeof *h, (void **)&h), st, out);
+            st = pcs_kernel_cast(rt->be, h, u->master, ms, PCS_DTYPE_FP32, u->c, NULL);
+            if (st == PCS_OK)
+                st = pcs_kernel_cast(rt->be, ms, PCS_DTYPE_FP32, h, u->master, u->c, NULL);
+            free(h);
+            if (st != PCS_OK)
+                goto out;
         }
     }
 out:
@@ -619,10 +651,10 @@ pcs_status_t pcs_runtime_unshard(pcs_runtime_t *rt, uint32_t unit, int full_prec
             pthread_cond_wait(&rt->cv, &rt->mu);
         pthread_mutex_unlock(&rt->mu);
         if (!u->full)
-            PCS_CHECK(pcs_calloc(u->padded, pcs_dtype_size(u->master), &u->full));
+            PCS_CHECK(pcs_calloc(u->padded, sizeof(float), &u->full));
         PCS_CHECK(do_unshard(rt, u, 1));
         *params = u->full;
-        *dtype = u->master;
+        *dtype = PCS_DTYPE_FP32;
         return PCS_OK;
     }
     uint64_t t0 = pcs_now_us();
@@ -632,12 +664,15 @@ pcs_status_t pcs_runtime_unshard(pcs_runtime_t *rt, uint32_t unit, int full_prec
         pthread_mutex_lock(&rt->mu);
         while (u->state == U_QUEUED || u->state == U_RUNNING)
             pthread_cond_wait(&rt->cv, &rt->mu);
-        if (u->state != U_UNSHARDED)
+        char msg[512] = "";
+        if (u->state != U_UNSHARDED) {
             st = u->ag_err != PCS_OK ? u->ag_err : PCS_ERR_INTERNAL;
+            snprintf(msg, sizeof msg, "%s", u->ag_errmsg[0] ? u->ag_errmsg : "prefetch failed");
+        }
         rt->wait_ms += ms_since(t0);
         pthread_mutex_unlock(&rt->mu);
         if (st != PCS_OK)
-            return pcs_set_error(st, "unshard of unit %u failed: %s", unit, pcs_last_error());
+            return pcs_set_error(st, "%s", msg);
     } else if (u->state != U_UNSHARDED) {
         PCS_CHECK(do_unshard(rt, u, 0));
         pthread_mutex_lock(&rt->mu);
@@ -725,8 +760,7 @@ static pcs_status_t reduce_unit(pcs_runtime_t *rt, rt_unit_t *u)
                u->rs, 0);
         pthread_mutex_unlock(&rt->mu);
         if (st != PCS_OK)
-            return pcs_set_error(st, "reduce-scatter of unit %u: %s", u->index,
-                                 pcs_last_error());
+            return wrap_err(st, "reduce-scatter of unit %u", u->index);
         result = u->rs_out;
         if (hsdp) {
             pcs_coll_red_t ared = red_of(u->ar ? u->ar : u->rs, 0, 1);
@@ -743,8 +777,7 @@ static pcs_status_t reduce_unit(pcs_runtime_t *rt, rt_unit_t *u)
                    u->ar, 0);
             pthread_mutex_unlock(&rt->mu);
             if (st != PCS_OK)
-                return pcs_set_error(st, "all-reduce (replicas) of unit %u: %s", u->index,
-                                     pcs_last_error());
+                return wrap_err(st, "all-reduce (replicas) of unit %u", u->index);
         }
     } else if (u->ar_comm) {
         pcs_coll_red_t red = red_of(u->ar, 1, 1);
@@ -758,7 +791,7 @@ static pcs_status_t reduce_unit(pcs_runtime_t *rt, rt_unit_t *u)
                (uint32_t)pcs_coll_size(u->ar_comm), u->ar, 0);
         pthread_mutex_unlock(&rt->mu);
         if (st != PCS_OK)
-            return pcs_set_error(st, "all-reduce of unit %u: %s", u->index, pcs_last_error());
+            return wrap_err(st, "all-reduce of unit %u", u->index);
         result = u->rs_in;
     } else {
         result = u->rs_in; /* world of one: the local gradient is the reduced one */
@@ -842,7 +875,7 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         /* One verdict for the world: every rank skips together (spec §5). */
         pcs_status_t st = world_all_reduce_f32(rt, rt->world_c, &found, PCS_RED_MAX);
         if (st != PCS_OK)
-            return pcs_set_error(st, "found_inf all-reduce: %s", pcs_last_error());
+            return wrap_err(st, "found_inf all-reduce");
         t0 = pcs_now_us();
         r->found_inf = found > 0.0f;
     }
@@ -868,7 +901,7 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         if (rt->shard_rs) {
             pcs_status_t st = world_all_reduce_f32(rt, rt->shard_rs, &tot, PCS_RED_SUM);
             if (st != PCS_OK)
-                return pcs_set_error(st, "grad-norm all-reduce: %s", pcs_last_error());
+                return wrap_err(st, "grad-norm all-reduce");
         }
         t0 = pcs_now_us();
         float total_norm = sqrtf(tot + (float)local_rep);
@@ -911,6 +944,21 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
             int need_buf = rt->sgd.momentum != 0;
             PCS_CHECK_GOTO(rt->be->sgd_update(&p, &gt, need_buf ? &a : NULL, 1, &rt->sgd,
                                               rt->opt_steps == 1, NULL),
+                           st, out);
+        }
+        if (u->master != PCS_DTYPE_FP32) {
+            /* Low-precision masters (pure fp16): the fp32 update is rounded back to the master
+             * dtype, as a parameter stored in fp16 would be. */
+            if (u->c > tmp_cap) {
+                free(tmp);
+                tmp_cap = u->c;
+                PCS_CHECK_GOTO(pcs_calloc(tmp_cap, sizeof(float), (void **)&tmp), st, out);
+            }
+            PCS_CHECK_GOTO(pcs_kernel_cast(rt->be, tmp, u->master, u->master_shard,
+                                           PCS_DTYPE_FP32, u->c, NULL),
+                           st, out);
+            PCS_CHECK_GOTO(pcs_kernel_cast(rt->be, u->master_shard, PCS_DTYPE_FP32, tmp,
+                                           u->master, u->c, NULL),
                            st, out);
         }
     }
@@ -967,6 +1015,7 @@ pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t 
     memset(out, 0, sizeof *out);
     out->unit = unit;
     out->master_dtype = u->master;
+    out->storage_dtype = PCS_DTYPE_FP32;
     out->numel = u->c;
     out->master = u->master_shard;
     if (rt->opt == PCS_OPT_ADAMW) {

@@ -124,9 +124,10 @@ void pcs_runtime_stats(const pcs_runtime_t *rt, pcs_rt_stats_t *s);
 /* Shard access for checkpoints and the C API. */
 typedef struct pcs_rt_shard {
     uint32_t unit;
-    pcs_dtype_t master_dtype;
+    pcs_dtype_t master_dtype;  /* the plan's master dtype */
+    pcs_dtype_t storage_dtype; /* dtype of `master` in memory (fp32 holding master_dtype values) */
     uint64_t numel;          /* c (padded shard) */
-    void *master;            /* c elements of master_dtype */
+    void *master;            /* c elements of storage_dtype */
     float *exp_avg, *exp_avg_sq, *momentum; /* NULL when the optimizer has no such state */
     uint32_t shard_index, shard_group_size;
     uint32_t replicate_index;

@@ -53,6 +53,7 @@ struct pcs_train {
     /* step state */
     int sync, training, full_eval;
     uint32_t M, b, D, dp_rank, in_dim;
+    pcs_dtype_t feed_dtype; /* dtype the inputs are fed in (pure low precision: the model's) */
     float *x;
     void *y;
     float *gout;
@@ -319,6 +320,7 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     }
     /* FSDP casting at unit boundaries (spec §1.3), the same rule the reference applies. */
     PCS_CHECK_GOTO(pcs_mlp_apply_plan_casts(t->model, t->plan), st, fail);
+    t->feed_dtype = pcs_mlp_feed_dtype(t->plan, pcs_data_input_dtype(t->data));
     for (size_t i = 1; i < t->n_units; i++) /* insertion sort by root module index */
         for (size_t j = i; j > 0 && t->unit_mod[t->fwd_order[j - 1]] > t->unit_mod[t->fwd_order[j]];
              j--) {
@@ -452,7 +454,10 @@ static pcs_status_t run_eval(pcs_train_t *t, double *eval_loss)
     pcs_dtype_t odt;
     pcs_mlp_hooks_t h;
     t->training = 0;
-    t->full_eval = t->spec->training && t->spec->training->full_precision_eval;
+    /* FSDP1 forces full precision only where mixed precision is in use (not for a model fed in
+     * its own low precision), as the reference */
+    t->full_eval = t->spec->training && t->spec->training->full_precision_eval &&
+                   t->feed_dtype == pcs_data_input_dtype(t->data);
     PCS_CHECK(pcs_data_read_eval(t->data, t->D * t->b, t->x, t->y));
     uint32_t in_dim = t->in_dim;
     const pcs_mlp_module_t *head = NULL;
@@ -460,7 +465,8 @@ static pcs_status_t run_eval(pcs_train_t *t, double *eval_loss)
         if (strcmp(pcs_mlp_module(t->model, i)->path, "head") == 0)
             head = pcs_mlp_module(t->model, i);
     uint32_t od = head ? head->out_dim : 1;
-    const float *x = t->x + (size_t)t->dp_rank * n * in_dim;
+    float *x = t->x + (size_t)t->dp_rank * n * in_dim;
+    pcs_round_to(x, (size_t)n * in_dim, t->feed_dtype);
     const void *y = t->loss == PCS_LOSS_CROSS_ENTROPY
                         ? (const void *)((const int64_t *)t->y + (size_t)t->dp_rank * n)
                         : (const void *)((const float *)t->y + (size_t)t->dp_rank * n * od);
@@ -470,8 +476,8 @@ static pcs_status_t run_eval(pcs_train_t *t, double *eval_loss)
             PCS_CHECK(pcs_mlp_set_cast(t->model, (uint32_t)t->unit_mod[i], PCS_DTYPE_NONE,
                                        PCS_DTYPE_NONE));
     }
-    pcs_status_t st = pcs_mlp_forward(t->model, x, pcs_data_input_dtype(t->data), n, 0,
-                                      hooks_of(t, &h), &out, &odt);
+    pcs_status_t st = pcs_mlp_forward(t->model, x, t->feed_dtype, n, 0, hooks_of(t, &h), &out,
+                                      &odt);
     int was_full = t->full_eval;
     t->full_eval = 0;
     t->training = 1;
@@ -510,8 +516,10 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
     pcs_st_entry_t *e = NULL;
     char(*names)[96] = NULL;
     uint64_t(*shapes)[1] = NULL;
-    void **conv = NULL;
+    void **conv = NULL, **mconv = NULL;
     pcs_status_t st;
+    PCS_CHECK_GOTO(pcs_calloc(t->n_units ? t->n_units : 1, sizeof *mconv, (void **)&mconv), st,
+                   out);
     PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, sizeof *e, (void **)&e), st, out);
     PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, sizeof *names, (void **)&names), st, out);
     PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, sizeof *shapes, (void **)&shapes), st, out);
@@ -522,11 +530,22 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
     memset(&sh, 0, sizeof sh);
     for (size_t i = 0; i < t->n_units; i++) {
         PCS_CHECK_GOTO(pcs_runtime_shard(t->rt, (uint32_t)i, &sh), st, out);
+        const void *master = sh.master;
+        if (sh.master_dtype != sh.storage_dtype) {
+            /* checkpoints hold the master dtype (pure fp16: fp16 values) */
+            PCS_CHECK_GOTO(pcs_calloc(sh.numel ? sh.numel : 1, pcs_dtype_size(sh.master_dtype),
+                                      &mconv[i]),
+                           st, out);
+            PCS_CHECK_GOTO(pcs_kernel_cast(t->be, mconv[i], sh.master_dtype, sh.master,
+                                           sh.storage_dtype, sh.numel, NULL),
+                           st, out);
+            master = mconv[i];
+        }
         struct {
             const char *what;
             pcs_dtype_t dt;
             const void *p;
-        } parts[3] = {{"param", sh.master_dtype, sh.master},
+        } parts[3] = {{"param", sh.master_dtype, master},
                       {sh.momentum ? "momentum" : "exp_avg", PCS_DTYPE_FP32,
                        sh.momentum ? (const void *)sh.momentum : (const void *)sh.exp_avg},
                       {"exp_avg_sq", PCS_DTYPE_FP32, sh.exp_avg_sq}};
@@ -591,6 +610,10 @@ out:
         for (size_t i = 0; i < t->n_buffers; i++)
             free(conv[i]);
     free(conv);
+    if (mconv)
+        for (size_t i = 0; i < t->n_units; i++)
+            free(mconv[i]);
+    free(mconv);
     free(e);
     free(names);
     free(shapes);
@@ -674,8 +697,9 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
             uint64_t c0 = pcs_now_us();
             const float *out;
             pcs_dtype_t odt;
-            PCS_CHECK_GOTO(pcs_mlp_forward(t->model, t->x, pcs_data_input_dtype(t->data), t->b, 1,
-                                           hooks_of(t, &h), &out, &odt),
+            pcs_round_to(t->x, (size_t)t->b * t->in_dim, t->feed_dtype);
+            PCS_CHECK_GOTO(pcs_mlp_forward(t->model, t->x, t->feed_dtype, t->b, 1, hooks_of(t, &h),
+                                           &out, &odt),
                            st, fail);
             double l = 0;
             float sc = (float)(t->scale / (double)t->M);
