@@ -141,7 +141,7 @@ int e2e_load_reports(e2e_cluster_t *c, e2e_job_t *job)
         if (!buf)
             continue;
         size_t off = 0;
-        while (off + 4 <= len && job->n_reports[r] < E2E_MAX_STEPS + 2) {
+        while (off + 4 <= len) {
             const uint8_t *h = (const uint8_t *)buf + off;
             size_t n = (size_t)h[0] | (size_t)h[1] << 8 | (size_t)h[2] << 16 | (size_t)h[3] << 24;
             if (off + 4 + n > len)
@@ -150,6 +150,13 @@ int e2e_load_reports(e2e_cluster_t *c, e2e_job_t *job)
                 pcs__v1__step_report__unpack(NULL, n, (const uint8_t *)buf + off + 4);
             if (!rep)
                 break;
+            if (job->n_reports[r] == E2E_MAX_STEPS + 2) {
+                /* keep the latest reports (a long job's last one carries done/error) */
+                pcs__v1__step_report__free_unpacked(job->reports[r][0], NULL);
+                memmove(&job->reports[r][0], &job->reports[r][1],
+                        (E2E_MAX_STEPS + 1) * sizeof job->reports[r][0]);
+                job->n_reports[r]--;
+            }
             job->reports[r][job->n_reports[r]++] = rep;
             off += 4 + n;
         }

@@ -27,7 +27,7 @@ typedef struct e2e_job {
     int state;                 /* PCS__V1__JOB_STATE__* at the end */
     char reason[1024];
     int world;
-    /* reports[rank][i], n_reports[rank] */
+    /* reports[rank][i], n_reports[rank]: the last E2E_MAX_STEPS + 2 of each rank */
     Pcs__V1__StepReport *reports[E2E_MAX_RANKS][E2E_MAX_STEPS + 2];
     size_t n_reports[E2E_MAX_RANKS];
     char export_path[1200];
