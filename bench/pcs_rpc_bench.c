@@ -106,8 +106,8 @@ static pcs_status_t start_call(pcs_rpc_async_t *a, phase_t ph, sim_worker_t *w, 
     if (ph == PH_HEALTH || ph == PH_WARMUP) {
         Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
         return pcs_rpc_async_start(a, PCS_M_HEALTH_CHECK, &req.base,
-                                   &grpc__health__v1__health_check_response__descriptor,
-                                   timeout_ms, w);
+                                   &grpc__health__v1__health_check_response__descriptor, timeout_ms,
+                                   w);
     }
     if (ph == PH_REGISTER) {
         char identity[64];
@@ -224,8 +224,10 @@ static pid_t spawn_coordinator(const char *dir, int unix_socket, char *addr, siz
     snprintf(state, sizeof state, "%s", dir);
     snprintf(logf, sizeof logf, "%s/coordinator.log", dir);
     if (access(bin, X_OK) != 0) {
-        fprintf(stderr, "pcs-rpc-bench: %s not found (build pcs-coordinator or pass "
-                        "--coordinator ADDR)\n", bin);
+        fprintf(stderr,
+                "pcs-rpc-bench: %s not found (build pcs-coordinator or pass "
+                "--coordinator ADDR)\n",
+                bin);
         return -1;
     }
     pid_t pid = fork();
@@ -285,8 +287,12 @@ static void stop_coordinator(pid_t pid)
 
 static void rmtree_shallow(const char *dir)
 {
-    const char *names[] = {"port", "coordinator.log", "coordinator.db", "coordinator.db-wal",
-                           "coordinator.db-shm", "coord.sock"};
+    const char *names[] = {"port",
+                           "coordinator.log",
+                           "coordinator.db",
+                           "coordinator.db-wal",
+                           "coordinator.db-shm",
+                           "coord.sock"};
     char p[4200];
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
@@ -334,10 +340,9 @@ static void cpu_model(char *buf, size_t n)
 
 static void usage(void)
 {
-    fprintf(stderr,
-            "usage: pcs-rpc-bench [-n WORKERS=1000] [-t SECONDS=5] [-j THREADS=2]\n"
-            "                     [--coordinator HOST:PORT | --unix] [--timeout-ms 10000]\n"
-            "                     [-F out.csv]\n");
+    fprintf(stderr, "usage: pcs-rpc-bench [-n WORKERS=1000] [-t SECONDS=5] [-j THREADS=2]\n"
+                    "                     [--coordinator HOST:PORT | --unix] [--timeout-ms 10000]\n"
+                    "                     [-F out.csv]\n");
 }
 
 static int parse_opts(int argc, char **argv, opts_t *o)
@@ -529,10 +534,10 @@ int main(int argc, char **argv)
         double secs = ph == PH_REGISTER ? register_all_s : phase_s[ph];
         qps[ph] = secs > 0 ? (double)(r->calls - r->errors) / secs : 0;
         double mx = r->lat.n ? r->lat.v[r->lat.n - 1] : 0;
-        printf("  %12s %10llu %8llu %7llu %8.3f %10.0f %8.0f %8.0f %8.0f %8.0f\n",
-               phase_names[ph], (unsigned long long)r->calls, (unsigned long long)r->errors,
-               (unsigned long long)r->wrong, secs, qps[ph], pct(&r->lat, 0.50),
-               pct(&r->lat, 0.99), pct(&r->lat, 0.999), mx);
+        printf("  %12s %10llu %8llu %7llu %8.3f %10.0f %8.0f %8.0f %8.0f %8.0f\n", phase_names[ph],
+               (unsigned long long)r->calls, (unsigned long long)r->errors,
+               (unsigned long long)r->wrong, secs, qps[ph], pct(&r->lat, 0.50), pct(&r->lat, 0.99),
+               pct(&r->lat, 0.999), mx);
         if (csv)
             fprintf(csv, "%s,%llu,%llu,%llu,%.6f,%.1f,%.0f,%.0f,%.0f,%.0f\n", phase_names[ph],
                     (unsigned long long)r->calls, (unsigned long long)r->errors,

@@ -133,8 +133,8 @@ static pcs_status_t parse_value(const pcs_opt_t *o, const char *text, const char
     case PCS_OPT_U64: {
         uint64_t u;
         if (!parse_uint(text, &u))
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "%s=%s (%s): not an unsigned integer",
-                                 o->key, shown, origin);
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "%s=%s (%s): not an unsigned integer", o->key,
+                                 shown, origin);
         uint64_t hi = o->type == PCS_OPT_U32 ? UINT32_MAX : UINT64_MAX;
         if (u > hi || (has_bounds(o) && ((double)u < o->min || (double)u > o->max)))
             return pcs_set_error(PCS_ERR_INVALID_ARG, "%s=%s (%s): must be in %s", o->key, shown,
@@ -175,8 +175,8 @@ static pcs_status_t parse_value(const pcs_opt_t *o, const char *text, const char
     return PCS_OK;
 }
 
-static pcs_status_t set_value(pcs_config_t *c, size_t row, const char *text,
-                              pcs_opt_source_t src, const char *origin)
+static pcs_status_t set_value(pcs_config_t *c, size_t row, const char *text, pcs_opt_source_t src,
+                              const char *origin)
 {
     opt_val_t *v = &c->vals[row];
     PCS_CHECK(parse_value(&c->table[row], text, origin, v));
@@ -230,8 +230,8 @@ static pcs_status_t load_file(pcs_config_t *c, const char *path)
         if (*val == '"') {
             char *q = strchr(val + 1, '"');
             if (!q) {
-                st = pcs_set_error(PCS_ERR_INVALID_ARG, "%.*s (%s): unterminated quote",
-                                   (int)klen, k, origin);
+                st = pcs_set_error(PCS_ERR_INVALID_ARG, "%.*s (%s): unterminated quote", (int)klen,
+                                   k, origin);
                 break;
             }
             *q = '\0';
@@ -341,8 +341,10 @@ static pcs_status_t load_flags(pcs_config_t *c, int argc, char **argv)
         if (strncmp(a, "--config=", 9) == 0)
             continue;
         if (a[1] != '-')
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "unknown option '%s' (flag); options are "
-                                                      "--key value or --key=value", a);
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "unknown option '%s' (flag); options are "
+                                 "--key value or --key=value",
+                                 a);
         const char *name = a + 2;
         const char *eq = strchr(name, '=');
         size_t nlen = eq ? (size_t)(eq - name) : strlen(name);
@@ -358,8 +360,8 @@ static pcs_status_t load_flags(pcs_config_t *c, int argc, char **argv)
             }
         }
         if (row < 0)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "unknown option '--%.*s' (flag)",
-                                 (int)nlen, name);
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "unknown option '--%.*s' (flag)", (int)nlen,
+                                 name);
         snprintf(origin, sizeof origin, "flag --%s", c->table[row].key);
         if (!val) {
             if (c->table[row].type == PCS_OPT_BOOL) {
@@ -528,7 +530,9 @@ void pcs_config_print_help(const pcs_opt_t *table, size_t n, const char *usage)
             snprintf(flag, sizeof flag, "--%s[=BOOL], --no-%s", o->key, o->key);
         else
             snprintf(flag, sizeof flag, "--%s %s", o->key,
-                     o->type == PCS_OPT_STRING ? "STR" : o->type == PCS_OPT_DOUBLE ? "X" : "N");
+                     o->type == PCS_OPT_STRING   ? "STR"
+                     : o->type == PCS_OPT_DOUBLE ? "X"
+                                                 : "N");
         env_name(o->key, env, sizeof env);
         format_bounds(o, bounds, sizeof bounds);
         printf("  %-34s %s\n", flag, o->help ? o->help : "");

@@ -45,11 +45,14 @@ pcs_status_t pcs_rpc_client_create(const char *target, pcs_rpc_client_t **out)
     pthread_mutex_init(&c->mu, NULL);
     grpc_init();
     grpc_arg args[] = {
-        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+        {GRPC_ARG_INTEGER,
+         (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
          {.integer = (int)PCS_RPC_CLIENT_MAX_RECEIVE}},
-        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_KEEPALIVE_TIME_MS,
+        {GRPC_ARG_INTEGER,
+         (char *)GRPC_ARG_KEEPALIVE_TIME_MS,
          {.integer = PCS_RPC_CLIENT_KEEPALIVE_MS}},
-        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+        {GRPC_ARG_INTEGER,
+         (char *)GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
          {.integer = PCS_RPC_CLIENT_KEEPALIVE_TIMEOUT_MS}},
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, {.integer = 0}},
     };
@@ -213,7 +216,8 @@ pcs_status_t pcs_rpc_call(pcs_rpc_client_t *c, const char *method, const Protobu
     unary_state_t u = {0};
     PCS_CHECK(pcs_rpc_encode(req, 0, &u.send_bb));
     grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    grpc_call *call = new_call(c, method, cq, pcs_rpc_deadline_ms(timeout_ms > 0 ? timeout_ms : -1));
+    grpc_call *call =
+        new_call(c, method, cq, pcs_rpc_deadline_ms(timeout_ms > 0 ? timeout_ms : -1));
     grpc_op ops[6];
     size_t n = unary_ops(&u, ops);
     pcs_status_t st;
@@ -249,7 +253,7 @@ struct pcs_rpc_stream {
     char *method;
     grpc_completion_queue *cq;
     grpc_call *call;
-    int outstanding; /* batches started and not yet seen on cq */
+    int outstanding;                     /* batches started and not yet seen on cq */
     char tag_start, tag_msg, tag_status; /* addresses used as tags */
     int msg_pending;
     int status_done;
@@ -332,8 +336,8 @@ pcs_status_t pcs_rpc_stream_next(pcs_rpc_stream_t *s, const ProtobufCMessageDesc
         op.data.recv_message.recv_message = &s->recv_bb;
         grpc_call_error e = grpc_call_start_batch(s->call, &op, 1, &s->tag_msg, NULL);
         if (e != GRPC_CALL_OK)
-            return pcs_set_error(PCS_ERR_INTERNAL, "%s: cannot start RECV_MESSAGE (%d)",
-                                 s->method, (int)e);
+            return pcs_set_error(PCS_ERR_INTERNAL, "%s: cannot start RECV_MESSAGE (%d)", s->method,
+                                 (int)e);
         s->msg_pending = 1;
         s->outstanding++;
     }
@@ -341,8 +345,8 @@ pcs_status_t pcs_rpc_stream_next(pcs_rpc_stream_t *s, const ProtobufCMessageDesc
     for (;;) {
         grpc_event ev = grpc_completion_queue_next(s->cq, deadline, NULL);
         if (ev.type == GRPC_QUEUE_TIMEOUT)
-            return pcs_set_error(PCS_ERR_TIMEOUT, "%s: no stream message within %d ms",
-                                 s->method, timeout_ms);
+            return pcs_set_error(PCS_ERR_TIMEOUT, "%s: no stream message within %d ms", s->method,
+                                 timeout_ms);
         if (ev.type != GRPC_OP_COMPLETE)
             return pcs_set_error(PCS_ERR_INTERNAL, "%s: stream queue shut down", s->method);
         s->outstanding--;
@@ -374,8 +378,8 @@ pcs_status_t pcs_rpc_stream_next(pcs_rpc_stream_t *s, const ProtobufCMessageDesc
         }
         if (ev.tag == &s->tag_status) {
             s->status_done = 1;
-            s->final_st = finish_status(s->method, s->code, s->details, s->errstr, NULL, NULL,
-                                        NULL);
+            s->final_st =
+                finish_status(s->method, s->code, s->details, s->errstr, NULL, NULL, NULL);
             snprintf(s->final_err, sizeof s->final_err, "%s", pcs_last_error());
             return stream_ended(s);
         }
@@ -389,7 +393,8 @@ void pcs_rpc_stream_close(pcs_rpc_stream_t *s)
     if (s->call && !s->status_done)
         grpc_call_cancel(s->call, NULL);
     while (s->outstanding > 0) {
-        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        grpc_event ev =
+            grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
         if (ev.type != GRPC_OP_COMPLETE)
             break;
         s->outstanding--;
@@ -407,7 +412,8 @@ void pcs_rpc_stream_close(pcs_rpc_stream_t *s)
         grpc_call_unref(s->call);
     grpc_completion_queue_shutdown(s->cq);
     for (;;) {
-        grpc_event ev = grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        grpc_event ev =
+            grpc_completion_queue_next(s->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN)
             break;
     }
@@ -474,7 +480,8 @@ void pcs_rpc_async_destroy(pcs_rpc_async_t *a)
     for (async_call_t *ac = a->head; ac; ac = ac->next)
         grpc_call_cancel(ac->call, NULL);
     while (a->in_flight > 0) {
-        grpc_event ev = grpc_completion_queue_next(a->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        grpc_event ev =
+            grpc_completion_queue_next(a->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
         if (ev.type != GRPC_OP_COMPLETE)
             break;
         async_call_t *ac = ev.tag;
@@ -483,7 +490,8 @@ void pcs_rpc_async_destroy(pcs_rpc_async_t *a)
     }
     grpc_completion_queue_shutdown(a->cq);
     for (;;) {
-        grpc_event ev = grpc_completion_queue_next(a->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
+        grpc_event ev =
+            grpc_completion_queue_next(a->cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN)
             break;
     }
@@ -531,8 +539,7 @@ pcs_status_t pcs_rpc_async_start(pcs_rpc_async_t *a, const char *method,
 }
 
 pcs_status_t pcs_rpc_async_next(pcs_rpc_async_t *a, int timeout_ms, void **user,
-                                pcs_status_t *call_status, ProtobufCMessage **resp,
-                                int *grpc_code)
+                                pcs_status_t *call_status, ProtobufCMessage **resp, int *grpc_code)
 {
     *user = NULL;
     *resp = NULL;

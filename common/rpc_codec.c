@@ -83,8 +83,8 @@ pcs_status_t pcs_rpc_decode_bytes(const ProtobufCMessageDescriptor *desc, const 
     static const uint8_t empty[1];
     ProtobufCMessage *m = protobuf_c_message_unpack(desc, NULL, len, len ? data : empty);
     if (!m)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: malformed protobuf (%zu bytes)",
-                             desc->name, len);
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: malformed protobuf (%zu bytes)", desc->name,
+                             len);
     if (has_field_zero(m, 0)) {
         protobuf_c_message_free_unpacked(m, NULL);
         return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: malformed protobuf (field number 0)",
@@ -113,8 +113,8 @@ pcs_status_t pcs_rpc_decode(const ProtobufCMessageDescriptor *desc, grpc_byte_bu
                              desc->name);
     grpc_slice s = grpc_byte_buffer_reader_readall(&r); /* flattens and decompresses */
     grpc_byte_buffer_reader_destroy(&r);
-    pcs_status_t st = pcs_rpc_decode_bytes(desc, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s),
-                                           max_bytes, out);
+    pcs_status_t st =
+        pcs_rpc_decode_bytes(desc, GRPC_SLICE_START_PTR(s), GRPC_SLICE_LENGTH(s), max_bytes, out);
     grpc_slice_unref(s);
     return st;
 }
@@ -136,10 +136,8 @@ static const pcs_rpc_method_info_t known_methods[] = {
      &pcs__v1__heartbeat_response__descriptor, 0},
     {PCS_M_WATCH_ASSIGNMENT, &pcs__v1__watch_assignment_request__descriptor,
      &pcs__v1__assignment_event__descriptor, 1},
-    {PCS_M_KV_SET, &pcs__v1__kv_set_request__descriptor, &pcs__v1__kv_set_response__descriptor,
-     0},
-    {PCS_M_KV_GET, &pcs__v1__kv_get_request__descriptor, &pcs__v1__kv_get_response__descriptor,
-     0},
+    {PCS_M_KV_SET, &pcs__v1__kv_set_request__descriptor, &pcs__v1__kv_set_response__descriptor, 0},
+    {PCS_M_KV_GET, &pcs__v1__kv_get_request__descriptor, &pcs__v1__kv_get_response__descriptor, 0},
     {PCS_M_REPORT_STEP, &pcs__v1__report_step_request__descriptor,
      &pcs__v1__report_step_response__descriptor, 0},
     {PCS_M_DEREGISTER, &pcs__v1__deregister_request__descriptor,
@@ -185,10 +183,22 @@ const pcs_rpc_method_info_t *pcs_rpc_method_lookup(const char *path)
 // ---- gRPC status codes ----
 
 static const char *const code_names[] = {
-    "OK",        "CANCELLED",           "UNKNOWN",          "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED", "NOT_FOUND",   "ALREADY_EXISTS",   "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-    "UNIMPLEMENTED", "INTERNAL",        "UNAVAILABLE",      "DATA_LOSS",
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
     "UNAUTHENTICATED",
 };
 
@@ -202,20 +212,31 @@ const char *pcs_grpc_code_name(int code)
 pcs_status_t pcs_status_from_grpc(int code)
 {
     switch (code) {
-    case GRPC_STATUS_OK: return PCS_OK;
-    case GRPC_STATUS_CANCELLED: return PCS_ERR_CANCELLED;
+    case GRPC_STATUS_OK:
+        return PCS_OK;
+    case GRPC_STATUS_CANCELLED:
+        return PCS_ERR_CANCELLED;
     case GRPC_STATUS_INVALID_ARGUMENT:
     case GRPC_STATUS_OUT_OF_RANGE:
     case GRPC_STATUS_PERMISSION_DENIED:
-    case GRPC_STATUS_UNAUTHENTICATED: return PCS_ERR_INVALID_ARG;
-    case GRPC_STATUS_DEADLINE_EXCEEDED: return PCS_ERR_TIMEOUT;
-    case GRPC_STATUS_NOT_FOUND: return PCS_ERR_NOT_FOUND;
-    case GRPC_STATUS_ALREADY_EXISTS: return PCS_ERR_EXISTS;
-    case GRPC_STATUS_RESOURCE_EXHAUSTED: return PCS_ERR_LIMIT;
+    case GRPC_STATUS_UNAUTHENTICATED:
+        return PCS_ERR_INVALID_ARG;
+    case GRPC_STATUS_DEADLINE_EXCEEDED:
+        return PCS_ERR_TIMEOUT;
+    case GRPC_STATUS_NOT_FOUND:
+        return PCS_ERR_NOT_FOUND;
+    case GRPC_STATUS_ALREADY_EXISTS:
+        return PCS_ERR_EXISTS;
+    case GRPC_STATUS_RESOURCE_EXHAUSTED:
+        return PCS_ERR_LIMIT;
     case GRPC_STATUS_FAILED_PRECONDITION:
-    case GRPC_STATUS_ABORTED: return PCS_ERR_STATE;
-    case GRPC_STATUS_UNIMPLEMENTED: return PCS_ERR_UNSUPPORTED;
-    case GRPC_STATUS_UNAVAILABLE: return PCS_ERR_REMOTE;
-    default: return PCS_ERR_INTERNAL; /* UNKNOWN, INTERNAL, DATA_LOSS, anything newer */
+    case GRPC_STATUS_ABORTED:
+        return PCS_ERR_STATE;
+    case GRPC_STATUS_UNIMPLEMENTED:
+        return PCS_ERR_UNSUPPORTED;
+    case GRPC_STATUS_UNAVAILABLE:
+        return PCS_ERR_REMOTE;
+    default:
+        return PCS_ERR_INTERNAL; /* UNKNOWN, INTERNAL, DATA_LOSS, anything newer */
     }
 }

@@ -29,10 +29,10 @@ extern "C" {
  * accepts pings every >= 10 s without calling them abuse (gRPC's default policy would answer
  * "too_many_pings" after two) and pings its clients every 60 s so a vanished worker's pending
  * calls end (on_cancel) instead of waiting forever. */
-#define PCS_RPC_CLIENT_KEEPALIVE_MS 20000
+#define PCS_RPC_CLIENT_KEEPALIVE_MS         20000
 #define PCS_RPC_CLIENT_KEEPALIVE_TIMEOUT_MS 10000
 #define PCS_RPC_SERVER_MIN_PING_INTERVAL_MS 10000
-#define PCS_RPC_SERVER_KEEPALIVE_MS 60000
+#define PCS_RPC_SERVER_KEEPALIVE_MS         60000
 #define PCS_RPC_SERVER_KEEPALIVE_TIMEOUT_MS 20000
 
 /* Completion-queue tag (STYLE.md B7): embedded in the object it belongs to; the loop only calls

@@ -51,9 +51,9 @@ struct pcs_rpc_call {
     int close_cancelled;       /* out-param of RECV_CLOSE_ON_SERVER */
     int refs;                  /* batches in flight (send, close) */
     bool send_in_flight, md_sent, status_queued, status_in_batch, status_sent, send_failed;
-    bool ended;                /* the handler finished the call (reply/fail/finish) */
-    bool closed;               /* close_tag seen */
-    bool cancel_notified;      /* on_cancel ran */
+    bool ended;           /* the handler finished the call (reply/fail/finish) */
+    bool closed;          /* close_tag seen */
+    bool cancel_notified; /* on_cancel ran */
     out_msg_t *q_head, *q_tail;
     grpc_byte_buffer *sending; /* message of the in-flight batch */
     grpc_status_code code;
@@ -95,7 +95,7 @@ const double *pcs_rpc_latency_bounds_s(void)
     return lat_bounds_s;
 }
 
-#define container_of(p, type, member) ((type *)((char *)(p) - offsetof(type, member)))
+#define container_of(p, type, member) ((type *)((char *)(p)-offsetof(type, member)))
 
 static void recv_done(pcs_rpc_tag_t *tag, bool ok);
 static void send_done(pcs_rpc_tag_t *tag, bool ok);
@@ -221,8 +221,7 @@ static void record_stats(pcs_rpc_call_t *c)
  * queued message. */
 static void flush(pcs_rpc_call_t *c)
 {
-    if (c->send_in_flight || c->closed || c->send_failed || c->status_in_batch ||
-        c->status_sent)
+    if (c->send_in_flight || c->closed || c->send_failed || c->status_in_batch || c->status_sent)
         return;
     if (c->srv->cq_shut) { /* no new work after the queue is shut down */
         c->send_failed = true;
@@ -315,8 +314,8 @@ static void end_with_status(pcs_rpc_call_t *c, grpc_status_code code, const char
     c->state = CALL_SEND;
     c->code = code;
     grpc_slice_unref(c->status_details);
-    c->status_details = details && *details ? grpc_slice_from_copied_string(details)
-                                            : grpc_empty_slice();
+    c->status_details =
+        details && *details ? grpc_slice_from_copied_string(details) : grpc_empty_slice();
     c->status_queued = true;
     flush(c);
 }
@@ -547,8 +546,8 @@ pcs_status_t pcs_rpc_server_create(const pcs_rpc_server_config_t *cfg, pcs_rpc_s
     pcs_status_t st = PCS_OK;
     grpc_init();
     s->user = cfg->user;
-    s->max_message_bytes = cfg->max_message_bytes ? cfg->max_message_bytes
-                                                  : PCS_RPC_DEFAULT_MAX_MESSAGE;
+    s->max_message_bytes =
+        cfg->max_message_bytes ? cfg->max_message_bytes : PCS_RPC_DEFAULT_MAX_MESSAGE;
     s->tick_ms = cfg->tick_ms > 0 ? cfg->tick_ms : 100;
     s->tick = cfg->tick;
     s->n_methods = cfg->n_methods;
@@ -559,15 +558,19 @@ pcs_status_t pcs_rpc_server_create(const pcs_rpc_server_config_t *cfg, pcs_rpc_s
 
     /* gRPC itself rejects oversized requests with RESOURCE_EXHAUSTED before they are buffered */
     grpc_arg args[] = {
-        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
-         {.integer = s->max_message_bytes > (size_t)INT32_MAX ? INT32_MAX
-                                                             : (int)s->max_message_bytes}},
-        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
+        {GRPC_ARG_INTEGER,
+         (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+         {.integer =
+              s->max_message_bytes > (size_t)INT32_MAX ? INT32_MAX : (int)s->max_message_bytes}},
+        {GRPC_ARG_INTEGER,
+         (char *)GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS,
          {.integer = PCS_RPC_SERVER_MIN_PING_INTERVAL_MS}},
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, {.integer = 1}},
-        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_KEEPALIVE_TIME_MS,
+        {GRPC_ARG_INTEGER,
+         (char *)GRPC_ARG_KEEPALIVE_TIME_MS,
          {.integer = PCS_RPC_SERVER_KEEPALIVE_MS}},
-        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+        {GRPC_ARG_INTEGER,
+         (char *)GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
          {.integer = PCS_RPC_SERVER_KEEPALIVE_TIMEOUT_MS}},
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, {.integer = 0}},
     };
@@ -591,8 +594,9 @@ pcs_status_t pcs_rpc_server_create(const pcs_rpc_server_config_t *cfg, pcs_rpc_s
     s->port = grpc_server_add_http2_port(s->server, cfg->listen, cr);
     grpc_server_credentials_release(cr);
     if (s->port == 0) {
-        st = pcs_set_error(PCS_ERR_SYSTEM, "rpc server: cannot listen on %s (address in use or "
-                                           "invalid)",
+        st = pcs_set_error(PCS_ERR_SYSTEM,
+                           "rpc server: cannot listen on %s (address in use or "
+                           "invalid)",
                            cfg->listen);
         PCS_WARN(PCS_SUB_RPC, "%s", pcs_last_error());
         goto fail;

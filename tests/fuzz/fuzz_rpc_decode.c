@@ -37,8 +37,7 @@ static void decode_one(const ProtobufCMessageDescriptor *desc, const uint8_t *da
             abort();
         }
         if (st == PCS_ERR_INVALID_ARG && !strstr(pcs_last_error(), desc->name)) {
-            fprintf(stderr, "%s: error does not name the type: %s\n", desc->name,
-                    pcs_last_error());
+            fprintf(stderr, "%s: error does not name the type: %s\n", desc->name, pcs_last_error());
             abort();
         }
         n_rejected++;

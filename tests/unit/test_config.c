@@ -27,8 +27,14 @@ static const pcs_opt_t table[] = {
 #define N_OPTS (sizeof table / sizeof table[0])
 
 static const char *const env_keys[] = {
-    "PCS_HEARTBEAT_INTERVAL_MS", "PCS_HEARTBEAT_TIMEOUT_MS", "PCS_MAX_BYTES", "PCS_LR_SCALE",
-    "PCS_METRICS",               "PCS_LISTEN",               "PCS_AUTH_TOKEN", "PCS_CONFIG",
+    "PCS_HEARTBEAT_INTERVAL_MS",
+    "PCS_HEARTBEAT_TIMEOUT_MS",
+    "PCS_MAX_BYTES",
+    "PCS_LR_SCALE",
+    "PCS_METRICS",
+    "PCS_LISTEN",
+    "PCS_AUTH_TOKEN",
+    "PCS_CONFIG",
 };
 
 typedef struct fx {
@@ -153,8 +159,8 @@ static void test_out_of_range_errors_name_the_source(void **state)
     char **argv2 = ARGV("--config", f->path);
     assert_int_equal(load(3, argv2, &c), PCS_ERR_INVALID_ARG);
     char want[700];
-    snprintf(want, sizeof want,
-             "heartbeat-interval-ms=70000 (file %s:2): must be in [10, 60000]", f->path);
+    snprintf(want, sizeof want, "heartbeat-interval-ms=70000 (file %s:2): must be in [10, 60000]",
+             f->path);
     assert_string_equal(pcs_last_error(), want);
 
     char **argv3 = ARGV("--lr-scale", "11");
@@ -167,9 +173,12 @@ static void test_malformed_numbers_are_rejected(void **state)
     (void)state;
     pcs_config_t *c = NULL;
     const char *bad[][2] = {
-        {"--heartbeat-interval-ms", "-5"},  {"--heartbeat-interval-ms", "12abc"},
-        {"--heartbeat-interval-ms", ""},    {"--max-bytes", "99999999999999999999999"},
-        {"--lr-scale", "nan"},              {"--lr-scale", "1.5x"},
+        {"--heartbeat-interval-ms", "-5"},
+        {"--heartbeat-interval-ms", "12abc"},
+        {"--heartbeat-interval-ms", ""},
+        {"--max-bytes", "99999999999999999999999"},
+        {"--lr-scale", "nan"},
+        {"--lr-scale", "1.5x"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         char *argv[] = {"prog", (char *)bad[i][0], (char *)bad[i][1], NULL};

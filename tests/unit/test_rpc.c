@@ -175,7 +175,8 @@ static void h_watch(pcs_rpc_call_t *call, const ProtobufCMessage *req, void *use
 
 static void h_health(pcs_rpc_call_t *call, const ProtobufCMessage *req, void *user)
 {
-    const Grpc__Health__V1__HealthCheckRequest *r = (const Grpc__Health__V1__HealthCheckRequest *)req;
+    const Grpc__Health__V1__HealthCheckRequest *r =
+        (const Grpc__Health__V1__HealthCheckRequest *)req;
     if (r->service[0] != '\0') {
         pcs_rpc_fail(call, PCS_ERR_NOT_FOUND, "unknown service %s", r->service);
         return;
@@ -303,8 +304,7 @@ static int raw_call(const char *addr, const char *method, const void *bytes, siz
     grpc_slice m = grpc_slice_from_copied_string(method);
     grpc_call *call = grpc_channel_create_call(
         ch, NULL, GRPC_PROPAGATE_DEFAULTS, cq, m, NULL,
-        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(5000, GPR_TIMESPAN)),
-        NULL);
+        gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(5000, GPR_TIMESPAN)), NULL);
     grpc_slice_unref(m);
     grpc_slice s = grpc_slice_from_copied_buffer(bytes, len);
     grpc_byte_buffer *send = grpc_raw_byte_buffer_create(&s, 1);
@@ -335,7 +335,8 @@ static int raw_call(const char *addr, const char *method, const void *bytes, siz
     assert_int_equal(grpc_call_start_batch(call, ops, 6, &tag, NULL), GRPC_CALL_OK);
     grpc_event ev = grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
     assert_int_equal(ev.type, GRPC_OP_COMPLETE);
-    snprintf(details, dn, "%.*s", (int)GRPC_SLICE_LENGTH(det), (const char *)GRPC_SLICE_START_PTR(det));
+    snprintf(details, dn, "%.*s", (int)GRPC_SLICE_LENGTH(det),
+             (const char *)GRPC_SLICE_START_PTR(det));
     grpc_byte_buffer_destroy(send);
     if (recv)
         grpc_byte_buffer_destroy(recv);
@@ -409,7 +410,8 @@ static void test_empty_request_message_decodes_as_defaults(void **state)
                                   &grpc__health__v1__health_check_response__descriptor, 5000,
                                   (ProtobufCMessage **)&resp, NULL),
                      PCS_OK);
-    assert_int_equal(resp->status, GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
+    assert_int_equal(resp->status,
+                     GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING);
     protobuf_c_message_free_unpacked(&resp->base, NULL);
     req.service = "nope";
     assert_int_equal(pcs_rpc_call(f->cli, PCS_M_HEALTH_CHECK, &req.base,
@@ -844,8 +846,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_unknown_method_is_unimplemented, setup, teardown),
         cmocka_unit_test_setup_teardown(
             test_shutdown_with_pending_call_runs_on_cancel_and_fails_the_client, setup, teardown),
-        cmocka_unit_test_setup_teardown(test_stats_count_calls_by_method_and_code, setup,
-                                        teardown),
+        cmocka_unit_test_setup_teardown(test_stats_count_calls_by_method_and_code, setup, teardown),
         cmocka_unit_test_setup_teardown(test_async_calls_all_complete_with_their_user_pointer,
                                         setup, teardown),
         cmocka_unit_test(test_unreachable_server_is_remote_error),
