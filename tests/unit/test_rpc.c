@@ -165,6 +165,13 @@ static void h_watch(pcs_rpc_call_t *call, const ProtobufCMessage *req, void *use
         assert_int_equal(send_event(call, 99), PCS_ERR_STATE); /* after finish: refused */
         return;
     }
+    if (strncmp(r->worker_id, "fail-after=", 11) == 0) {
+        int n = atoi(r->worker_id + 11);
+        for (int i = 1; i <= n; i++)
+            assert_int_equal(send_event(call, (uint64_t)i), PCS_OK);
+        pcs_rpc_fail(call, PCS_ERR_STATE, "generation bumped to %d", 7);
+        return;
+    }
     pcs_rpc_call_set_cancel(call, on_stream_cancel, f);
     assert_int_equal(send_event(call, 1), PCS_OK);
     if (strcmp(r->worker_id, "slow") == 0) {
@@ -448,6 +455,33 @@ static void test_stream_delivers_n_messages_in_order_then_ok(void **state)
     assert_int_equal(pcs_rpc_stream_next(s, &pcs__v1__assignment_event__descriptor, 10, &end),
                      PCS_OK);
     assert_null(end);
+    pcs_rpc_stream_close(s);
+}
+
+static void test_stream_failure_after_messages_maps_status_and_details(void **state)
+{
+    fixture_t *f = *state;
+    Pcs__V1__WatchAssignmentRequest req = PCS__V1__WATCH_ASSIGNMENT_REQUEST__INIT;
+    req.worker_id = "fail-after=2";
+    pcs_rpc_stream_t *s = NULL;
+    assert_int_equal(pcs_rpc_stream_open(f->cli, PCS_M_WATCH_ASSIGNMENT, &req.base, &s), PCS_OK);
+    for (uint64_t i = 1; i <= 2; i++) {
+        Pcs__V1__AssignmentEvent *ev = NULL;
+        assert_int_equal(pcs_rpc_stream_next(s, &pcs__v1__assignment_event__descriptor, 5000,
+                                             (ProtobufCMessage **)&ev),
+                         PCS_OK);
+        assert_int_equal(ev->seq, i);
+        protobuf_c_message_free_unpacked(&ev->base, NULL);
+    }
+    ProtobufCMessage *m = (void *)1;
+    assert_int_equal(pcs_rpc_stream_next(s, &pcs__v1__assignment_event__descriptor, 5000, &m),
+                     PCS_ERR_STATE);
+    assert_null(m);
+    assert_non_null(strstr(pcs_last_error(), "FAILED_PRECONDITION: generation bumped to 7"));
+    assert_int_equal(pcs_rpc_stream_code(s), GRPC_STATUS_FAILED_PRECONDITION);
+    /* asking again repeats the final status */
+    assert_int_equal(pcs_rpc_stream_next(s, &pcs__v1__assignment_event__descriptor, 10, &m),
+                     PCS_ERR_STATE);
     pcs_rpc_stream_close(s);
 }
 
@@ -831,6 +865,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_stream_delivers_n_messages_in_order_then_ok, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_stream_failure_after_messages_maps_status_and_details,
+                                        setup, teardown),
         cmocka_unit_test_setup_teardown(test_stream_next_timeout_leaves_stream_usable, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(
