@@ -984,6 +984,27 @@ static pcs_status_t assemble(ctx_t *c, Pcs__V1__Plan *p)
                   mstart[k + 1] - mstart[k], bufs + bstart[k], bstart[k + 1] - bstart[k], u);
     }
 
+    /* pcs rule, explicit where PyTorch is silent: a unit that computes in another dtype than
+     * the unit around it hands its outputs back in the enclosing unit's compute dtype unless
+     * output_dtype is set. Without it an fp32 LayerNorm override inside a bf16 model feeds fp32
+     * activations into the next bf16 matmul ("mat1 and mat2 must have the same dtype" in
+     * PyTorch); FSDP2's documented fix is output_dtype = param_dtype on such a unit. */
+    for (uint32_t k = 0; k < p->n_units && !c->oom; k++) {
+        Pcs__V1__Unit *u = p->units[k];
+        if (u->is_root || u->output_dtype)
+            continue;
+        uint32_t parent = m->modules[c->units[k].root].parent;
+        const Pcs__V1__Unit *pu = p->units[c->unit_of[parent]];
+        if (pu->param_dtype != u->param_dtype) {
+            u->output_dtype = pu->param_dtype;
+            note(c, "unit %u '%s' computes in %s inside %s unit '%s': its outputs are cast to %s "
+                    "(set output_dtype to override)",
+                 k, u->path, pcs_dtype_name((pcs_dtype_t)u->param_dtype),
+                 pcs_dtype_name((pcs_dtype_t)pu->param_dtype), pu->path,
+                 pcs_dtype_name((pcs_dtype_t)pu->param_dtype));
+        }
+    }
+
     /* stages */
     uint32_t S = c->nstages ? c->nstages : 1;
     p->stages = calloc(S, sizeof *p->stages);

@@ -774,6 +774,28 @@ static void test_demo_job_units_and_per_collective_dtypes(void **state)
     assert_int_equal(p->micro_batches, 4);
     assert_int_equal(p->optimizer_states, 2);
     assert_non_null(strstr(p->reduce_dtype_rule, "reduce_dtype unset"));
+    /* pcs rule: the fp32 norm unit inside a bf16 block hands its output back in bf16 */
+    assert_int_equal(ln->output_dtype, DT(BF16));
+    assert_int_equal(blk->output_dtype, DT(UNSPECIFIED));
+    assert_int_equal(root->output_dtype, DT(UNSPECIFIED));
+    pcs_plan_free(p);
+}
+
+static void test_override_unit_keeps_an_explicit_output_dtype(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *p = plan_of("name: t\n"
+                               "model: {mlp: {input_dim: 8, hidden_dims: [8, 8], output_dim: 2,"
+                               " norm: layernorm}}\n"
+                               "wrap: {module_class: [MLPBlock]}\n"
+                               "precision: {param_dtype: bf16, overrides: ["
+                               "{match: {module_class: LayerNorm}, param_dtype: fp32,"
+                               " output_dtype: fp16}]}\n"
+                               "mesh: [{dim: dp_shard, size: 2}]\n"
+                               "training: {steps: 1, micro_batch_size: 1,"
+                               " optimizer: {sgd: {lr: 0.1}}}\n",
+                               2);
+    assert_int_equal(unit_at(p, "layers.1.norm")->output_dtype, DT(FP16));
     pcs_plan_free(p);
 }
 
@@ -895,6 +917,7 @@ int main(void)
         cmocka_unit_test(test_explicit_tree_keeps_shared_params_once),
         cmocka_unit_test(test_errors_name_every_field_path),
         cmocka_unit_test(test_demo_job_units_and_per_collective_dtypes),
+        cmocka_unit_test(test_override_unit_keeps_an_explicit_output_dtype),
         cmocka_unit_test(test_world_size_rescales_dp_shard),
         cmocka_unit_test(test_hash_is_stable_and_covers_the_plan),
         cmocka_unit_test(test_plan_size_does_not_grow_with_world_size),
