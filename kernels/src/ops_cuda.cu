@@ -530,19 +530,19 @@ pcs_status_t fill_launch(void *dst, size_t n, const void *pattern, pcs_stream_t 
 
 pcs_status_t cu_fill(void *dst, pcs_dtype_t dt, size_t n, double value, pcs_stream_t s)
 {
-    unsigned char pattern[8];
+    uint64_t pattern = 0; /* 8-byte aligned: the CPU fill checks element alignment */
     /* the CPU twin rounds the value (once, to the dtype) into a host word */
-    PCS_CHECK(pcs_backend_cpu()->fill(pattern, dt, 1, value, NULL));
+    PCS_CHECK(pcs_backend_cpu()->fill(&pattern, dt, 1, value, NULL));
     PCS_CHECK(pcs_kv_buffer("fill", "dst", dst, dt, n));
     if (n == 0)
         return PCS_OK;
     switch (pcs_dtype_size(dt)) {
     case 2:
-        return fill_launch<uint16_t>(dst, n, pattern, s);
+        return fill_launch<uint16_t>(dst, n, &pattern, s);
     case 4:
-        return fill_launch<uint32_t>(dst, n, pattern, s);
+        return fill_launch<uint32_t>(dst, n, &pattern, s);
     default:
-        return fill_launch<uint64_t>(dst, n, pattern, s);
+        return fill_launch<uint64_t>(dst, n, &pattern, s);
     }
 }
 
