@@ -398,7 +398,9 @@ void pcs_rpc_call_set_cancel(pcs_rpc_call_t *c, void (*on_cancel)(pcs_rpc_call_t
     /* Already gone while the handler held it without a hook: tell it now. */
     if (c->closed && !c->ended && !c->cancel_notified && on_cancel) {
         c->cancel_notified = true;
+        c->refs++; /* the hook may end the call: free only after it returns */
         on_cancel(c, arg);
+        c->refs--;
         maybe_free(c);
     }
 }
@@ -501,7 +503,9 @@ static void close_done(pcs_rpc_tag_t *tag, bool ok)
     drop_queue(c);
     if (!c->ended && !c->cancel_notified && c->on_cancel) {
         c->cancel_notified = true;
+        c->refs++; /* the hook may end the call (a no-op now): free only after it returns */
         c->on_cancel(c, c->cancel_arg);
+        c->refs--;
     }
     /* Without an on_cancel hook and not yet ended, the handler may still hold the call: keep it
      * (a zombie) until the handler ends it (then freed at once) or the server is destroyed. */

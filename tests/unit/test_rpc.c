@@ -91,8 +91,20 @@ static void on_kv_cancel(pcs_rpc_call_t *call, void *arg)
     atomic_fetch_add(&f->kv_cancels, 1);
 }
 
+/* A cancel hook that ends its own call (allowed: the end is a no-op on a gone call). */
+static void on_kv_cancel_and_fail(pcs_rpc_call_t *call, void *arg)
+{
+    fixture_t *f = arg;
+    pcs_rpc_fail(call, PCS_ERR_CANCELLED, "client went away");
+    assert_int_equal(
+        pcs_rpc_reply(call, &(Pcs__V1__KvGetResponse)PCS__V1__KV_GET_RESPONSE__INIT.base),
+        PCS_ERR_STATE);
+    atomic_fetch_add(&f->kv_cancels, 1);
+}
+
 /* KvGet never answers: the call stays pending until the client or the server cancels it. Key
- * "zombie": kept without an on_cancel hook (the server must still free it). */
+ * "zombie": kept without an on_cancel hook (the server must still free it); key
+ * "fail-in-cancel": its hook ends the call itself. */
 static void h_kv_get(pcs_rpc_call_t *call, const ProtobufCMessage *req, void *user)
 {
     fixture_t *f = user;
@@ -100,6 +112,10 @@ static void h_kv_get(pcs_rpc_call_t *call, const ProtobufCMessage *req, void *us
     atomic_fetch_add(&f->handled, 1);
     if (strcmp(r->key, "zombie") == 0)
         return;
+    if (strcmp(r->key, "fail-in-cancel") == 0) {
+        pcs_rpc_call_set_cancel(call, on_kv_cancel_and_fail, f);
+        return;
+    }
     pcs_rpc_call_set_cancel(call, on_kv_cancel, f);
     for (int i = 0; i < 16; i++) {
         if (!f->kv_waiters[i]) {
@@ -591,6 +607,22 @@ static void test_pending_call_is_answered_from_another_handler(void **state)
     pcs_rpc_async_destroy(a);
 }
 
+static void test_cancel_hook_may_end_its_own_call(void **state)
+{
+    fixture_t *f = *state;
+    Pcs__V1__KvGetRequest req = PCS__V1__KV_GET_REQUEST__INIT;
+    req.key = "fail-in-cancel";
+    ProtobufCMessage *resp = NULL;
+    assert_int_equal(pcs_rpc_call(f->cli, PCS_M_KV_GET, &req.base,
+                                  &pcs__v1__kv_get_response__descriptor, 100, &resp, NULL),
+                     PCS_ERR_TIMEOUT);
+    assert_true(wait_atomic(&f->kv_cancels, 1, 5000));
+    /* and the server still serves */
+    Pcs__V1__RegisterResponse *r = NULL;
+    assert_int_equal(do_register(f, "still-here", 5000, &r, NULL), PCS_OK);
+    protobuf_c_message_free_unpacked(&r->base, NULL);
+}
+
 static void test_malformed_request_bytes_are_invalid_argument(void **state)
 {
     fixture_t *f = *state;
@@ -875,6 +907,7 @@ int main(void)
             test_client_deadline_on_pending_call_times_out_and_runs_on_cancel, setup, teardown),
         cmocka_unit_test_setup_teardown(test_pending_call_is_answered_from_another_handler, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(test_cancel_hook_may_end_its_own_call, setup, teardown),
         cmocka_unit_test_setup_teardown(test_malformed_request_bytes_are_invalid_argument, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_oversized_request_is_resource_exhausted, setup,
