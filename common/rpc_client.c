@@ -324,6 +324,8 @@ static pcs_status_t stream_ended(pcs_rpc_stream_t *s)
 pcs_status_t pcs_rpc_stream_next(pcs_rpc_stream_t *s, const ProtobufCMessageDescriptor *desc,
                                  int timeout_ms, ProtobufCMessage **msg)
 {
+    if (!msg)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "stream next: NULL output pointer");
     *msg = NULL;
     if (!s || !desc)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "stream next: NULL stream or descriptor");
@@ -541,6 +543,8 @@ pcs_status_t pcs_rpc_async_start(pcs_rpc_async_t *a, const char *method,
 pcs_status_t pcs_rpc_async_next(pcs_rpc_async_t *a, int timeout_ms, void **user,
                                 pcs_status_t *call_status, ProtobufCMessage **resp, int *grpc_code)
 {
+    if (!user || !call_status || !resp)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "rpc async next: NULL output pointer");
     *user = NULL;
     *resp = NULL;
     *call_status = PCS_ERR_INTERNAL;
