@@ -98,7 +98,9 @@ typedef struct pcs_backend_ops {
     pcs_status_t (*cast)(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
                          pcs_stream_t s);
     /* t[k] *= factor, computed in fp32 (fp64 for fp64 tensors) and rounded once to the tensor's
-     * dtype (PyTorch's opmath for mul_/div_ on bf16/fp16). */
+     * dtype (ATen's opmath). For FSDP's pre/post-divide t.div_(d), pass factor = 1.0f / d (the
+     * reciprocal rounded to fp32): that is exactly what ATen's CUDA div by a scalar computes
+     * (a * reciprocal(b)); ATen's CPU kernel divides, which can differ by one fp32 ulp. */
     pcs_status_t (*scale)(const pcs_tensor_t *t, size_t count, float factor, pcs_stream_t s);
     /* dst[k] += cast(src[k]): dst fp32/bf16/fp16, src fp32/bf16/fp16; the sum is computed in fp32
      * and rounded once to dst's dtype. */
