@@ -15,7 +15,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <stdio.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -200,6 +204,96 @@ static void test_killed_worker_fails_the_job_naming_it(void **state)
     assert_true(took < 8.0 + 4.0);
 }
 
+static int free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+static pid_t start_coord_at(const char *dir, int port)
+{
+    char listen[64], db[1100], log[1100];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    snprintf(db, sizeof db, "%s/coordinator.db", dir);
+    snprintf(log, sizeof log, "%s/coord-restart.log", dir);
+    const char *argv[] = {pcs_test_bin("pcs-coordinator"), "--listen", listen, "--db", db,
+                          "--lease-ms", "20000", NULL};
+    return pcs_test_spawn((char *const *)argv, log);
+}
+
+/* The coordinator is SIGKILLed mid-job and restarted on the same address and database a second
+ * later: the workers keep training (collectives never go through the coordinator), retry their
+ * heartbeats and queued reports, re-register, and every rank reaches the last step without an
+ * error. */
+static void test_coordinator_restart_does_not_stop_training(void **state)
+{
+    (void)state;
+    e2e_cluster_t *cl = &g_cluster;
+    pcs_test_stop(cl->coord, 5000); /* replace the setup's coordinator by one on a fixed port */
+    int port = free_port();
+    assert_true(port > 0);
+    cl->coord = start_coord_at(cl->dir, port);
+    assert_true(cl->coord > 0);
+    snprintf(cl->addr, sizeof cl->addr, "127.0.0.1:%d", port);
+    pcs_test_sleep_ms(500);
+    char yaml[4096];
+    snprintf(yaml, sizeof yaml, K_JOB_FMT, 2, 400);
+    assert_int_equal(e2e_spawn_workers(cl, 2, NULL), 0);
+    int submitted = -1;
+    for (int i = 0; i < 50 && submitted != 0; i++) {
+        submitted = e2e_submit(cl, yaml, "restart", &g_job);
+        if (submitted != 0)
+            pcs_test_sleep_ms(100);
+    }
+    assert_int_equal(submitted, 0);
+    for (int i = 0; i < 300; i++) {
+        e2e_load_reports(cl, &g_job);
+        if (g_job.n_reports[0] >= 5)
+            break;
+        pcs_test_sleep_ms(20);
+    }
+    assert_true(g_job.n_reports[0] >= 5);
+    kill(cl->coord, SIGKILL);
+    waitpid(cl->coord, NULL, 0);
+    e2e_load_reports(cl, &g_job);
+    uint64_t at_kill = g_job.n_reports[0] ? g_job.reports[0][g_job.n_reports[0] - 1]->step : 0;
+    pcs_test_sleep_ms(1000);
+    e2e_load_reports(cl, &g_job);
+    uint64_t while_down = g_job.reports[0][g_job.n_reports[0] - 1]->step;
+    cl->coord = start_coord_at(cl->dir, port);
+    assert_true(cl->coord > 0);
+    /* the workers finish on their own (--max-jobs 1) */
+    for (int i = 0; i < cl->n_workers; i++) {
+        int ws = pcs_test_wait(cl->workers[i], 60000);
+        assert_true(ws != -1);
+        cl->workers[i] = -1;
+    }
+    e2e_load_reports(cl, &g_job);
+    fprintf(stderr, "coordinator killed at step %llu, workers at step %llu one second later\n",
+            (unsigned long long)at_kill, (unsigned long long)while_down);
+    for (int r = 0; r < 2; r++) {
+        size_t n = g_job.n_reports[r];
+        assert_true(n > 0);
+        const Pcs__V1__StepReport *last = g_job.reports[r][n - 1];
+        if (last->error && last->error[0])
+            fprintf(stderr, "rank %d error: %s\n", r, last->error);
+        assert_true(last->error == NULL || last->error[0] == 0);
+        assert_true(last->done);
+        assert_int_equal(last->step, 400);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -208,6 +302,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_full_shard_bf16_fp32_reduce_w4_matches_reference,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_killed_worker_fails_the_job_naming_it, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_coordinator_restart_does_not_stop_training, setup,
                                         teardown),
     };
     return cmocka_run_group_tests_name("e2e_cpu", tests, NULL, NULL);
