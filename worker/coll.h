@@ -72,7 +72,9 @@ typedef pcs_stream_t pcs_coll_stream_t;
 /* Create a communicator: rendezvous under "<group_name>/<group_id>/" in the KV scope and connect
  * all ranks. Blocks until every rank joined or timeout_ms passed (PCS_ERR_TIMEOUT). The same
  * (kv scope, group_name, group_id) must not be reused for a second communicator. Errors:
- * INVALID_ARG (bad rank/size/names), UNSUPPORTED (NCCL not built), TIMEOUT, REMOTE, SYSTEM. */
+ * INVALID_ARG (bad rank/size/names), UNSUPPORTED (NCCL not built), TIMEOUT, REMOTE, SYSTEM.
+ * The Gloo backend sets SIGPIPE to SIG_IGN if it is SIG_DFL (a write to a dead peer must fail
+ * with EPIPE, not kill the process), as Python does at startup. */
 pcs_status_t pcs_coll_create(const pcs_coll_config_t *cfg, pcs_coll_t **out);
 
 int pcs_coll_rank(const pcs_coll_t *c);

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include <signal.h>
+
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
@@ -379,9 +381,22 @@ void ring_all_gather(GlooComm *g, const void *in, void *out, size_t count, pcs_d
     }
 }
 
-// Ring reduce-scatter with chunk k of `data` (k = 0..P-1, element range pcs_coll_chunk or
-// fixed) reduced along r+1, r+2, ..., r and left in `data` chunk r. `data` already holds this
-// rank's prepared contribution. Used by all_reduce (in place) and reduce_scatter.
+// Each ring chunk travels in up to kMaxSegs segments of >= kSegBytes so that the receiver
+// reduces segment j while segment j+1 is on the wire and forwards it at once (a pipelined
+// ring). Both sides derive the same boundaries from the chunk size; the element-wise reduction
+// order is unchanged.
+constexpr size_t kSegBytes = 256 * 1024;
+constexpr size_t kMaxSegs = 16;
+
+int n_segments(size_t n, size_t es)
+{
+    size_t s = (n * es + kSegBytes - 1) / kSegBytes;
+    return (int)std::max<size_t>(1, std::min(s, kMaxSegs));
+}
+
+// Ring reduce-scatter with chunk k of `data` (k = 0..P-1, element range given by `chunk`)
+// reduced along r+1, r+2, ..., r and left in `data` chunk r. `data` already holds this rank's
+// prepared contribution. Used by all_reduce (in place) and reduce_scatter.
 template <typename ChunkFn>
 void ring_reduce(GlooComm *g, char *data, size_t max_chunk, pcs_dtype_t dt, pcs_red_op_t op,
                  ChunkFn chunk)
@@ -391,36 +406,42 @@ void ring_reduce(GlooComm *g, char *data, size_t max_chunk, pcs_dtype_t dt, pcs_
     const int right = mod(r + 1, P), left = mod(r - 1, P);
     const uint64_t slot = g->next_slot();
     char *tmp = grow(g->tmp, max_chunk * es);
-    Buf rb(g, tmp, max_chunk * es);
-    std::unique_ptr<Buf> send_buf;
-    size_t off, n;
+    std::vector<std::unique_ptr<Buf>> sends, next_sends, recvs;
+    auto wait_sends = [&] {
+        for (auto &b : sends)
+            b->wait_send(right);
+        sends.clear();
+    };
+    size_t off, n, so, sn;
     chunk(mod(r - 1, P), &off, &n);
-    bool send_pending = false;
-    if (n > 0) {
-        send_buf.reset(new Buf(g, data + off * es, n * es));
-        send_buf->send(right, slot, 0, n * es);
-        send_pending = true;
+    for (int j = 0, ns = n_segments(n, es); n > 0 && j < ns; j++) {
+        pcs_coll_chunk(n, ns, j, &so, &sn);
+        sends.emplace_back(new Buf(g, data + (off + so) * es, sn * es));
+        sends.back()->send(right, slot, 0, sn * es);
     }
     for (int s = 1; s < P; s++) {
-        int k = mod(r - s - 1, P);
-        chunk(k, &off, &n);
-        if (n > 0) {
-            rb.recv(left, slot, 0, n * es);
-            rb.wait_recv(left);
+        chunk(mod(r - s - 1, P), &off, &n);
+        const int ns = n ? n_segments(n, es) : 0;
+        recvs.clear();
+        for (int j = 0; j < ns; j++) {
+            pcs_coll_chunk(n, ns, j, &so, &sn);
+            recvs.emplace_back(new Buf(g, tmp + so * es, sn * es));
+            recvs.back()->recv(left, slot, 0, sn * es);
         }
-        if (send_pending) {
-            send_buf->wait_send(right);
-            send_pending = false;
+        for (int j = 0; j < ns; j++) {
+            pcs_coll_chunk(n, ns, j, &so, &sn);
+            recvs[(size_t)j]->wait_recv(left);
+            pcs_coll_reduce_into(data + (off + so) * es, tmp + so * es, sn, dt, op);
+            if (s < P - 1) {
+                next_sends.emplace_back(new Buf(g, data + (off + so) * es, sn * es));
+                next_sends.back()->send(right, slot, 0, sn * es);
+            }
         }
-        if (n == 0)
-            continue;
-        pcs_coll_reduce_into(data + off * es, tmp, n, dt, op);
-        if (s < P - 1) {
-            send_buf.reset(new Buf(g, data + off * es, n * es));
-            send_buf->send(right, slot, 0, n * es);
-            send_pending = true;
-        }
+        // The previous step's sends read another chunk, which nothing here writes any more.
+        wait_sends();
+        sends.swap(next_sends);
     }
+    wait_sends();
 }
 
 void do_reduce_scatter(GlooComm *g, const void *in, void *out, size_t rc, pcs_dtype_t dt,
@@ -710,10 +731,26 @@ const pcs_coll_ops_t gloo_ops = {
 
 } // namespace
 
+// Gloo's TCP pairs write with writev(2), which raises SIGPIPE when a peer has died; the default
+// action would kill this rank instead of letting the write fail with EPIPE. Python (hence
+// PyTorch) ignores SIGPIPE at startup; do the same unless the program installed a handler.
+static void ignore_sigpipe()
+{
+    struct sigaction cur;
+    if (sigaction(SIGPIPE, nullptr, &cur) == 0 && cur.sa_handler == SIG_DFL) {
+        struct sigaction ign;
+        memset(&ign, 0, sizeof ign);
+        ign.sa_handler = SIG_IGN;
+        sigemptyset(&ign.sa_mask);
+        sigaction(SIGPIPE, &ign, nullptr);
+    }
+}
+
 extern "C" pcs_status_t pcs_coll_gloo_create(const pcs_coll_config_t *cfg, const char *key_prefix,
                                              const pcs_coll_ops_t **ops, void **impl)
 {
     GlooComm *g = nullptr;
+    ignore_sigpipe();
     try {
         g = new GlooComm();
         g->kv = cfg->kv;

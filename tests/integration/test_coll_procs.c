@@ -635,23 +635,31 @@ static void test_sigkill_mid_collective_fails_survivors_within_timeout_naming_ra
     kill(pids[victim], SIGKILL);
     uint64_t t_kill = pcs_now_ms();
     waitpid(pids[victim], NULL, 0);
+    int status[4] = {0};
+    for (int r = 0; r < P; r++) { /* collect every survivor first: a failure shows them all */
+        if (r == victim)
+            continue;
+        status[r] = pcs_test_wait(pids[r], TIMEOUT_MS + 5000);
+        if (status[r] == -1)
+            pcs_test_stop(pids[r], 100);
+        snprintf(path, sizeof path, "%s/result.%d", dir, r);
+        char *res = pcs_test_read_file(path, NULL);
+        fprintf(stderr, "# rank %d: exit status 0x%x, result: %s\n", r, (unsigned)status[r],
+                res ? res : "(none)");
+        free(res);
+    }
     for (int r = 0; r < P; r++) {
         if (r == victim)
             continue;
-        int st = pcs_test_wait(pids[r], TIMEOUT_MS + 5000);
-        if (st == -1)
-            pcs_test_stop(pids[r], 100);
-        assert_int_not_equal(st, -1);
-        assert_true(WIFEXITED(st));
-        assert_int_equal(WEXITSTATUS(st), 0);
+        assert_int_not_equal(status[r], -1);
+        assert_true(WIFEXITED(status[r]));
+        assert_int_equal(WEXITSTATUS(status[r]), 0);
         snprintf(path, sizeof path, "%s/result.%d", dir, r);
         char *res = pcs_test_read_file(path, NULL);
         assert_non_null(res);
         int code = -1;
         unsigned long long t_fail = 0;
         assert_int_equal(sscanf(res, "%d %llu", &code, &t_fail), 2);
-        fprintf(stderr, "# rank %d: %s after %lld ms: %s\n", r, pcs_status_str(code),
-                (long long)t_fail - (long long)t_kill, strchr(res, '\n') + 1);
         assert_int_equal(code, PCS_ERR_REMOTE);
         assert_true((long long)t_fail - (long long)t_kill < TIMEOUT_MS);
         char want[32];
