@@ -260,6 +260,16 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
         st = pcs_set_error(PCS_ERR_UNSUPPORTED, "mesh: pipeline stages (pp > 1) are not run yet");
         goto fail;
     }
+    if ((cfg->backend && strcmp(cfg->backend, "cpu") != 0) ||
+        (cfg->coll && strcmp(cfg->coll, "gloo") != 0)) {
+        /* The unit runtime keeps its buffers in host memory; the CUDA kernels and the NCCL
+         * backend exist (kernels/, coll_nccl.c) but the device runtime is not wired yet. */
+        st = pcs_set_error(PCS_ERR_UNSUPPORTED,
+                           "backend %s / coll %s: this worker runtime trains on the cpu backend "
+                           "with gloo only",
+                           cfg->backend ? cfg->backend : "cpu", cfg->coll ? cfg->coll : "gloo");
+        goto fail;
+    }
     PCS_CHECK_GOTO(pcs_backend_get(cfg->backend ? cfg->backend : "cpu", &t->be), st, fail);
 
     t->M = tr && tr->micro_batches ? tr->micro_batches : 1;

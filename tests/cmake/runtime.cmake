@@ -42,3 +42,11 @@ if(TARGET pcs_worker_core)
     add_dependencies(test_e2e_capi pcs-c-api-example pcs-coordinator)
   endif()
 endif()
+
+# Sharded checkpoint files and export (pure file I/O, no processes).
+if(TARGET pcs_worker_core)
+  pcs_add_test(NAME test_checkpoint
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/unit/test_checkpoint.c
+    LIBS pcs_worker_core LABELS unit TIMEOUT 60)
+  set_target_properties(test_checkpoint PROPERTIES LINKER_LANGUAGE CXX)
+endif()

@@ -1,0 +1,191 @@
+/* Sharded checkpoint files and export: rank files written for a hand-made 2-unit plan on 2 shard
+ * ranks (with uneven, padded shards) must export to full parameters equal to the original values
+ * element for element; missing or inconsistent shards must fail with an error naming them. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "checkpoint.h"
+#include "safetensors.h"
+#include "test_util.h"
+
+/* unit 0: a [3,2] at 0, b [3] at 8 (aligned), padded 12 -> c 6 per rank;
+ * unit 1: c [5] at 0, padded 6 -> c 3 per rank (rank 1 holds 2 values + 1 pad). */
+typedef struct fixture {
+    Pcs__V1__Plan plan;
+    Pcs__V1__Unit u[2], *up[2];
+    Pcs__V1__ParamSlot p[3], *pp0[2], *pp1[1];
+    uint64_t sa[2], sb[1], sc[1];
+    float flat0[12], flat1[6];
+} fixture_t;
+
+static void make_plan(fixture_t *f)
+{
+    memset(f, 0, sizeof *f);
+    pcs__v1__plan__init(&f->plan);
+    for (int i = 0; i < 2; i++) {
+        pcs__v1__unit__init(&f->u[i]);
+        f->up[i] = &f->u[i];
+        f->u[i].index = (uint32_t)i;
+        f->u[i].master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
+        f->u[i].shard_group_size = 2;
+    }
+    for (int i = 0; i < 3; i++)
+        pcs__v1__param_slot__init(&f->p[i]);
+    f->sa[0] = 3;
+    f->sa[1] = 2;
+    f->sb[0] = 3;
+    f->sc[0] = 5;
+    f->p[0].fqn = "enc.a";
+    f->p[0].n_shape = 2;
+    f->p[0].shape = f->sa;
+    f->p[0].numel = 6;
+    f->p[0].offset = 0;
+    f->p[1].fqn = "enc.b";
+    f->p[1].n_shape = 1;
+    f->p[1].shape = f->sb;
+    f->p[1].numel = 3;
+    f->p[1].offset = 8;
+    f->p[2].fqn = "c";
+    f->p[2].n_shape = 1;
+    f->p[2].shape = f->sc;
+    f->p[2].numel = 5;
+    f->pp0[0] = &f->p[0];
+    f->pp0[1] = &f->p[1];
+    f->pp1[0] = &f->p[2];
+    f->u[0].n_params = 2;
+    f->u[0].params = f->pp0;
+    f->u[0].padded_numel = 12;
+    f->u[0].shard_numel = 6;
+    f->u[1].n_params = 1;
+    f->u[1].params = f->pp1;
+    f->u[1].padded_numel = 6;
+    f->u[1].shard_numel = 3;
+    f->plan.world_size = 2;
+    f->plan.n_units = 2;
+    f->plan.units = f->up;
+    for (int i = 0; i < 12; i++)
+        f->flat0[i] = (i >= 6 && i < 8) || i >= 11 ? 0.0f : 0.5f + (float)i;
+    for (int i = 0; i < 6; i++)
+        f->flat1[i] = i < 5 ? -1.0f - (float)i : 0.0f;
+}
+
+static void write_rank(const char *dir, fixture_t *f, uint32_t r, uint64_t step, int drop_unit1,
+                       uint64_t bad_numel)
+{
+    char n0[32], n1[32];
+    pcs_ckpt_unit_key(0, "param", n0, sizeof n0);
+    pcs_ckpt_unit_key(1, "param", n1, sizeof n1);
+    uint64_t s0[1] = {bad_numel ? bad_numel : 6}, s1[1] = {3};
+    pcs_st_entry_t e[2] = {{n0, PCS_DTYPE_FP32, 1, s0, f->flat0 + r * 6},
+                           {n1, PCS_DTYPE_FP32, 1, s1, f->flat1 + r * 3}};
+    pcs_ckpt_rank_meta_t m;
+    memset(&m, 0, sizeof m);
+    m.job_id = "job-t";
+    m.step = step;
+    m.rank = r;
+    m.world_size = 2;
+    m.shard_index = r;
+    m.loss_scale = 1.0;
+    assert_int_equal(pcs_ckpt_write_rank(dir, &m, e, drop_unit1 ? 1 : 2), PCS_OK);
+}
+
+static void test_export_rebuilds_full_parameters_from_uneven_shards(void **state)
+{
+    (void)state;
+    fixture_t f;
+    make_plan(&f);
+    char *dir = pcs_test_tmpdir("ckpt");
+    write_rank(dir, &f, 0, 7, 0, 0);
+    write_rank(dir, &f, 1, 7, 0, 0);
+    assert_int_equal(pcs_ckpt_commit(dir, 7, &f.plan), PCS_OK);
+    uint64_t latest = 0;
+    assert_int_equal(pcs_ckpt_latest(dir, &latest), PCS_OK);
+    assert_int_equal(latest, 7);
+    char out[1200];
+    snprintf(out, sizeof out, "%s/full.safetensors", dir);
+    pcs_ckpt_export_info_t info;
+    assert_int_equal(pcs_ckpt_export(dir, 0, out, &info), PCS_OK);
+    assert_int_equal(info.n_params, 3);
+    assert_int_equal(info.numel, 14);
+    assert_int_equal(info.step, 7);
+    pcs_st_file_t *st = NULL;
+    assert_int_equal(pcs_st_open(out, &st), PCS_OK);
+    const pcs_st_tensor_t *a = pcs_st_find(st, "enc.a"), *b = pcs_st_find(st, "enc.b"),
+                          *c = pcs_st_find(st, "c");
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_non_null(c);
+    assert_int_equal(a->ndim, 2);
+    assert_int_equal(a->shape[0], 3);
+    assert_int_equal(a->shape[1], 2);
+    float v[6];
+    assert_int_equal(pcs_st_read_f32(st, a, 0, 6, v), PCS_OK);
+    for (int i = 0; i < 6; i++)
+        assert_true(v[i] == 0.5f + (float)i);
+    assert_int_equal(pcs_st_read_f32(st, b, 0, 3, v), PCS_OK);
+    for (int i = 0; i < 3; i++)
+        assert_true(v[i] == 0.5f + (float)(8 + i)); /* offset 8: rank 1 elements 2..4 */
+    assert_int_equal(pcs_st_read_f32(st, c, 0, 5, v), PCS_OK);
+    for (int i = 0; i < 5; i++)
+        assert_true(v[i] == -1.0f - (float)i); /* 3 from rank 0, 2 from rank 1 */
+    assert_string_equal(pcs_st_metadata(st, "format"), "pt");
+    pcs_st_close(st);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_export_without_a_complete_checkpoint_is_not_found(void **state)
+{
+    (void)state;
+    fixture_t f;
+    make_plan(&f);
+    char *dir = pcs_test_tmpdir("ckpt");
+    char out[1200];
+    snprintf(out, sizeof out, "%s/full.safetensors", dir);
+    assert_int_equal(pcs_ckpt_export(dir, 0, out, NULL), PCS_ERR_NOT_FOUND);
+    assert_non_null(strstr(pcs_last_error(), "no complete checkpoint"));
+    /* rank files but no commit: incomplete */
+    write_rank(dir, &f, 0, 3, 0, 0);
+    assert_int_equal(pcs_ckpt_export(dir, 3, out, NULL), PCS_ERR_NOT_FOUND);
+    assert_non_null(strstr(pcs_last_error(), "incomplete"));
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_export_names_a_missing_or_inconsistent_shard(void **state)
+{
+    (void)state;
+    fixture_t f;
+    make_plan(&f);
+    char *dir = pcs_test_tmpdir("ckpt");
+    char out[1200];
+    snprintf(out, sizeof out, "%s/full.safetensors", dir);
+    write_rank(dir, &f, 0, 5, 0, 0);
+    write_rank(dir, &f, 1, 5, 1, 0); /* rank 1 lacks unit 1 */
+    assert_int_equal(pcs_ckpt_commit(dir, 5, &f.plan), PCS_OK);
+    assert_int_equal(pcs_ckpt_export(dir, 5, out, NULL), PCS_ERR_NOT_FOUND);
+    assert_non_null(strstr(pcs_last_error(), "shard 1 of unit 1"));
+    write_rank(dir, &f, 1, 5, 0, 4); /* wrong shard length */
+    assert_int_equal(pcs_ckpt_export(dir, 5, out, NULL), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "unit.0.param"));
+    assert_int_equal(access(out, F_OK), -1);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_export_rebuilds_full_parameters_from_uneven_shards),
+        cmocka_unit_test(test_export_without_a_complete_checkpoint_is_not_found),
+        cmocka_unit_test(test_export_names_a_missing_or_inconsistent_shard),
+    };
+    return cmocka_run_group_tests_name("checkpoint", tests, NULL, NULL);
+}
