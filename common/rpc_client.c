@@ -32,6 +32,12 @@ struct pcs_rpc_client {
 
 pcs_status_t pcs_rpc_client_create(const char *target, pcs_rpc_client_t **out)
 {
+    return pcs_rpc_client_create_tls(target, NULL, out);
+}
+
+pcs_status_t pcs_rpc_client_create_tls(const char *target, const pcs_rpc_tls_t *tls,
+                                       pcs_rpc_client_t **out)
+{
     *out = NULL;
     if (!target || !*target)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "rpc client: empty target address");
@@ -44,6 +50,12 @@ pcs_status_t pcs_rpc_client_create(const char *target, pcs_rpc_client_t **out)
     }
     pthread_mutex_init(&c->mu, NULL);
     grpc_init();
+    grpc_channel_credentials *cr = NULL;
+    st = pcs_rpc_channel_creds(tls, &cr);
+    if (st != PCS_OK) {
+        pcs_rpc_client_destroy(c); /* no channel yet; undoes grpc_init */
+        return st;
+    }
     grpc_arg args[] = {
         {GRPC_ARG_INTEGER,
          (char *)GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
@@ -55,9 +67,14 @@ pcs_status_t pcs_rpc_client_create(const char *target, pcs_rpc_client_t **out)
          (char *)GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
          {.integer = PCS_RPC_CLIENT_KEEPALIVE_TIMEOUT_MS}},
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, {.integer = 0}},
+        {GRPC_ARG_STRING,
+         (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG,
+         {.string = tls ? (char *)tls->target_name_override : NULL}},
     };
-    grpc_channel_args ca = {sizeof args / sizeof args[0], args};
-    grpc_channel_credentials *cr = grpc_insecure_credentials_create();
+    size_t nargs = sizeof args / sizeof args[0];
+    if (!tls || !tls->target_name_override)
+        nargs--; /* the override is the last row */
+    grpc_channel_args ca = {nargs, args};
     c->ch = grpc_channel_create(target, cr, &ca);
     grpc_channel_credentials_release(cr);
     if (!c->ch) { /* grpc_channel_create returns a lame channel rather than NULL; be safe */

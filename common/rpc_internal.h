@@ -6,6 +6,7 @@
 
 #include <grpc/byte_buffer.h>
 #include <grpc/grpc.h>
+#include <grpc/grpc_security.h>
 #include <grpc/support/time.h>
 #include <protobuf-c/protobuf-c.h>
 #include <stdbool.h>
@@ -54,6 +55,10 @@ pcs_status_t pcs_rpc_decode(const ProtobufCMessageDescriptor *desc, grpc_byte_bu
 /* Same as pcs_rpc_decode over plain bytes (no gRPC buffer). */
 pcs_status_t pcs_rpc_decode_bytes(const ProtobufCMessageDescriptor *desc, const uint8_t *data,
                                   size_t len, size_t max_bytes, ProtobufCMessage **out);
+
+/* Credentials for a server / a channel from PEM files (tls NULL: insecure). Caller releases. */
+pcs_status_t pcs_rpc_server_creds(const pcs_rpc_tls_t *tls, grpc_server_credentials **out);
+pcs_status_t pcs_rpc_channel_creds(const pcs_rpc_tls_t *tls, grpc_channel_credentials **out);
 
 /* Absolute monotonic deadline timeout_ms from now (timeout_ms < 0: infinite future). */
 gpr_timespec pcs_rpc_deadline_ms(int64_t timeout_ms);

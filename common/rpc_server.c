@@ -594,7 +594,8 @@ pcs_status_t pcs_rpc_server_create(const pcs_rpc_server_config_t *cfg, pcs_rpc_s
     }
     s->stats[cfg->n_methods].path = GENERIC_PATH;
     grpc_server_register_completion_queue(s->server, s->cq, NULL);
-    grpc_server_credentials *cr = grpc_insecure_server_credentials_create();
+    grpc_server_credentials *cr = NULL;
+    PCS_CHECK_GOTO(pcs_rpc_server_creds(cfg->tls, &cr), st, fail);
     s->port = grpc_server_add_http2_port(s->server, cfg->listen, cr);
     grpc_server_credentials_release(cr);
     if (s->port == 0) {

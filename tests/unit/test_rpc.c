@@ -860,6 +860,164 @@ static void test_server_create_rejects_bad_tables_and_addresses(void **state)
     assert_null(c);
 }
 
+// ---- TLS ----
+
+typedef struct certs {
+    char *dir;
+    char ca[512], srv_cert[512], srv_key[512], cli_cert[512], cli_key[512], other_ca[512];
+} certs_t;
+
+/* A test CA, a server cert for localhost/127.0.0.1 and a client cert, made with the openssl CLI
+ * (P-256 keys: fast). Returns 0 if openssl is not available. */
+static int make_certs(certs_t *c)
+{
+    c->dir = pcs_test_tmpdir("rpc-tls");
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && ( printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > san.ext && "
+             "K='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes' && "
+             "openssl req -x509 $K -keyout ca.key -out ca.pem -days 2 -subj /CN=pcs-test-ca && "
+             "openssl req -x509 $K -keyout other.key -out other.pem -days 2 -subj /CN=other-ca && "
+             "openssl req $K -keyout srv.key -out srv.csr -subj /CN=localhost && "
+             "openssl x509 -req -in srv.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+             "-extfile san.ext -out srv.pem && "
+             "openssl req $K -keyout cli.key -out cli.csr -subj /CN=worker-0 && "
+             "openssl x509 -req -in cli.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 "
+             "-out cli.pem ) >openssl.log 2>&1",
+             c->dir);
+    int status = -1;
+    char *out = pcs_test_run(cmd, &status);
+    free(out);
+    snprintf(c->ca, sizeof c->ca, "%s/ca.pem", c->dir);
+    snprintf(c->other_ca, sizeof c->other_ca, "%s/other.pem", c->dir);
+    snprintf(c->srv_cert, sizeof c->srv_cert, "%s/srv.pem", c->dir);
+    snprintf(c->srv_key, sizeof c->srv_key, "%s/srv.key", c->dir);
+    snprintf(c->cli_cert, sizeof c->cli_cert, "%s/cli.pem", c->dir);
+    snprintf(c->cli_key, sizeof c->cli_key, "%s/cli.key", c->dir);
+    return status == 0;
+}
+
+static void free_certs(certs_t *c)
+{
+    pcs_test_rmtree(c->dir);
+    free(c->dir);
+}
+
+typedef struct tls_server {
+    fixture_t f;
+    pcs_rpc_server_t *srv;
+    pthread_t th;
+    int port;
+} tls_server_t;
+
+static void *serve_plain(void *arg)
+{
+    pcs_rpc_server_run(arg);
+    return NULL;
+}
+
+static void tls_server_start(tls_server_t *t, const pcs_rpc_tls_t *tls)
+{
+    memset(t, 0, sizeof *t);
+    pcs_rpc_server_config_t cfg = {
+        .listen = "127.0.0.1:0", .methods = methods, .n_methods = 1, .user = &t->f, .tls = tls};
+    assert_int_equal(pcs_rpc_server_create(&cfg, &t->srv), PCS_OK);
+    t->port = pcs_rpc_server_port(t->srv);
+    pthread_create(&t->th, NULL, serve_plain, t->srv);
+}
+
+static void tls_server_stop(tls_server_t *t)
+{
+    pcs_rpc_server_stop(t->srv);
+    pthread_join(t->th, NULL);
+    pcs_rpc_server_destroy(t->srv);
+}
+
+/* Register over a fresh client; returns the status. */
+static pcs_status_t register_via(int port, const pcs_rpc_tls_t *tls)
+{
+    char addr[64];
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    pcs_rpc_client_t *c = NULL;
+    pcs_status_t st = pcs_rpc_client_create_tls(addr, tls, &c);
+    if (st != PCS_OK)
+        return st;
+    Pcs__V1__RegisterRequest req = PCS__V1__REGISTER_REQUEST__INIT;
+    req.identity = "tls";
+    ProtobufCMessage *resp = NULL;
+    st = pcs_rpc_call(c, PCS_M_REGISTER, &req.base, &pcs__v1__register_response__descriptor, 5000,
+                      &resp, NULL);
+    if (resp)
+        protobuf_c_message_free_unpacked(resp, NULL);
+    pcs_rpc_client_destroy(c);
+    return st;
+}
+
+static void test_tls_server_serves_tls_clients_and_refuses_plaintext(void **state)
+{
+    (void)state;
+    certs_t c;
+    if (!make_certs(&c)) {
+        free_certs(&c);
+        skip(); /* no openssl CLI on this machine */
+    }
+    pcs_rpc_tls_t stls = {.cert_file = c.srv_cert, .key_file = c.srv_key};
+    tls_server_t t;
+    tls_server_start(&t, &stls);
+    pcs_rpc_tls_t ctls = {.ca_file = c.ca};
+    assert_int_equal(register_via(t.port, &ctls), PCS_OK);
+    ctls.target_name_override = "localhost";
+    assert_int_equal(register_via(t.port, &ctls), PCS_OK);
+    /* plaintext client, and a client that trusts another CA, cannot talk to it */
+    assert_int_equal(register_via(t.port, NULL), PCS_ERR_REMOTE);
+    pcs_rpc_tls_t wrong = {.ca_file = c.other_ca};
+    assert_int_equal(register_via(t.port, &wrong), PCS_ERR_REMOTE);
+    /* the name in the certificate is checked */
+    pcs_rpc_tls_t badname = {.ca_file = c.ca, .target_name_override = "coordinator.example"};
+    assert_int_equal(register_via(t.port, &badname), PCS_ERR_REMOTE);
+    tls_server_stop(&t);
+    free_certs(&c);
+}
+
+static void test_mtls_server_requires_a_client_certificate(void **state)
+{
+    (void)state;
+    certs_t c;
+    if (!make_certs(&c)) {
+        free_certs(&c);
+        skip();
+    }
+    pcs_rpc_tls_t stls = {.cert_file = c.srv_cert, .key_file = c.srv_key, .ca_file = c.ca};
+    tls_server_t t;
+    tls_server_start(&t, &stls);
+    pcs_rpc_tls_t nocert = {.ca_file = c.ca};
+    assert_int_not_equal(register_via(t.port, &nocert), PCS_OK);
+    pcs_rpc_tls_t withcert = {.ca_file = c.ca, .cert_file = c.cli_cert, .key_file = c.cli_key};
+    assert_int_equal(register_via(t.port, &withcert), PCS_OK);
+    tls_server_stop(&t);
+    free_certs(&c);
+}
+
+static void test_tls_bad_files_are_invalid_arg_naming_the_file(void **state)
+{
+    (void)state;
+    pcs_rpc_tls_t missing = {.cert_file = "/nonexistent/srv.pem", .key_file = "/nonexistent/k"};
+    pcs_rpc_server_config_t cfg = {
+        .listen = "127.0.0.1:0", .methods = methods, .n_methods = 1, .tls = &missing};
+    pcs_rpc_server_t *srv = (void *)1;
+    assert_int_equal(pcs_rpc_server_create(&cfg, &srv), PCS_ERR_INVALID_ARG);
+    assert_null(srv);
+    assert_non_null(strstr(pcs_last_error(), "/nonexistent/srv.pem"));
+    pcs_rpc_tls_t nokey = {.cert_file = "/etc/hostname"};
+    cfg.tls = &nokey;
+    assert_int_equal(pcs_rpc_server_create(&cfg, &srv), PCS_ERR_INVALID_ARG);
+    pcs_rpc_tls_t notpem = {.ca_file = "/etc/hostname"};
+    pcs_rpc_client_t *cl = (void *)1;
+    assert_int_equal(pcs_rpc_client_create_tls("127.0.0.1:1", &notpem, &cl), PCS_ERR_INVALID_ARG);
+    assert_null(cl);
+    assert_non_null(strstr(pcs_last_error(), "not a PEM file"));
+}
+
 static void test_grpc_codes_map_to_status_and_names(void **state)
 {
     (void)state;
@@ -921,6 +1079,9 @@ int main(void)
         cmocka_unit_test(test_unreachable_server_is_remote_error),
         cmocka_unit_test(test_server_create_rejects_bad_tables_and_addresses),
         cmocka_unit_test(test_grpc_codes_map_to_status_and_names),
+        cmocka_unit_test(test_tls_server_serves_tls_clients_and_refuses_plaintext),
+        cmocka_unit_test(test_mtls_server_requires_a_client_certificate),
+        cmocka_unit_test(test_tls_bad_files_are_invalid_arg_naming_the_file),
     };
     return cmocka_run_group_tests_name("rpc", tests, NULL, NULL);
 }

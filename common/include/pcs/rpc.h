@@ -35,11 +35,25 @@ extern "C" {
 #define PCS_M_HEALTH_CHECK "/grpc.health.v1.Health/Check"
 #define PCS_M_HEALTH_WATCH "/grpc.health.v1.Health/Watch"
 
+/* ---- TLS (DESIGN.md §10) ----
+ * PEM files, read when the server or client is created (borrowed for that call only). */
+typedef struct pcs_rpc_tls {
+    const char *cert_file; /* certificate chain: required on a server; a client's for mTLS */
+    const char *key_file;  /* private key of cert_file */
+    const char *ca_file;   /* roots: a client verifies the server with them (NULL: the system's
+                            * roots); a server given them requires and verifies client certs */
+    const char *target_name_override; /* client only, tests: name expected in the server cert */
+} pcs_rpc_tls_t;
+
 /* ---- client ---- */
 typedef struct pcs_rpc_client pcs_rpc_client_t;
 
 /* Connect lazily to `target` ("127.0.0.1:7070", "unix:/path"). Caller destroys. */
 pcs_status_t pcs_rpc_client_create(const char *target, pcs_rpc_client_t **out);
+/* Same over TLS (tls NULL: insecure, as pcs_rpc_client_create). Errors: INVALID_ARG naming an
+ * unreadable file or a cert without its key. */
+pcs_status_t pcs_rpc_client_create_tls(const char *target, const pcs_rpc_tls_t *tls,
+                                       pcs_rpc_client_t **out);
 void pcs_rpc_client_destroy(pcs_rpc_client_t *c);
 
 /* Unary call with a deadline (timeout_ms <= 0: none). The channel connects lazily; a server
@@ -136,6 +150,7 @@ typedef struct pcs_rpc_server_config {
     size_t max_message_bytes;         /* 0 = 4 MiB */
     int tick_ms;                      /* tick() runs at least this often (0 = 100 ms) */
     void (*tick)(void *user, uint64_t now_ms);
+    const pcs_rpc_tls_t *tls;         /* NULL: insecure (plaintext HTTP/2) */
 } pcs_rpc_server_config_t;
 
 /* Bind and start listening (the port is bound when this returns). Requests larger than
