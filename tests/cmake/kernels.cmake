@@ -1,6 +1,7 @@
 # kernels: CPU twin unit tests, the exhaustive cast proof, and the CUDA differential test.
 pcs_add_test(NAME test_kernels SOURCES unit/test_kernels.c LIBS pcs_kernels LABELS unit
              TIMEOUT 120)
+target_include_directories(test_kernels PRIVATE ${PROJECT_SOURCE_DIR}/kernels/src)
 pcs_add_test(NAME test_kernels_cast_exhaustive SOURCES unit/test_kernels_cast_exhaustive.c
              LIBS pcs_kernels LABELS exhaustive TIMEOUT 300)
 pcs_add_test(NAME test_kernels_cuda SOURCES gpu/test_kernels_cuda.c LIBS pcs_kernels LABELS gpu

@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels_internal.h" /* pcs_adamw_coef / pcs_sgd_coef: the host-side scalars */
 #include "pcs/half.h"
+#include "pcs/kernel_math.h"
 #include "pcs/kernels.h"
 #include "test_kernels_ref.h"
 
@@ -610,6 +612,46 @@ static void test_sgd_first_step_copies_grad_into_momentum_buffer(void **state)
     assert_true(p[0] == 0.0f - 0.5f * b[0]);
 }
 
+/* The op's (auto-vectorized, -O3) loops give exactly the bits of pcs_kernel_math.h's element
+ * functions applied one element at a time: the CPU twin is the scalar math the GPU runs. */
+static void test_optimizer_loops_equal_the_shared_element_math_bit_for_bit(void **state)
+{
+    enum { N = 1003 };
+    float p[N], g[N], m[N], v[N], p2[N], m2[N], v2[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = p2[i] = rndf(-1.0f, 1.0f);
+        m[i] = m2[i] = rndf(-0.01f, 0.01f);
+        v[i] = v2[i] = rndf(0.0f, 1e-4f);
+        g[i] = rndf(-0.1f, 0.1f);
+    }
+    pcs_adamw_config_t ac;
+    pcs_adamw_config_default(&ac);
+    pcs_tensor_t tp = {p, PCS_DTYPE_FP32, N}, tg = {g, PCS_DTYPE_FP32, N};
+    pcs_tensor_t tm = {m, PCS_DTYPE_FP32, N}, tv = {v, PCS_DTYPE_FP32, N};
+    assert_int_equal(cpu->adamw_update(&tp, &tg, &tm, &tv, 1, &ac, 7, NULL), PCS_OK);
+    pcs_adamw_coef_t c;
+    pcs_adamw_coef(&ac, 7, &c);
+    for (int i = 0; i < N; i++)
+        pcs_adamw_elem(&p2[i], g[i], &m2[i], &v2[i], &c);
+    assert_memory_equal(p, p2, sizeof p);
+    assert_memory_equal(m, m2, sizeof m);
+    assert_memory_equal(v, v2, sizeof v);
+
+    pcs_sgd_config_t sc;
+    pcs_sgd_config_default(&sc);
+    sc.lr = 0.05;
+    sc.momentum = 0.9;
+    sc.dampening = 0.1;
+    sc.weight_decay = 1e-3;
+    assert_int_equal(cpu->sgd_update(&tp, &tg, &tm, 1, &sc, 0, NULL), PCS_OK);
+    pcs_sgd_coef_t sgc;
+    pcs_sgd_coef(&sc, 0, &sgc);
+    for (int i = 0; i < N; i++)
+        pcs_sgd_elem(&p2[i], g[i], &m2[i], &sgc);
+    assert_memory_equal(p, p2, sizeof p);
+    assert_memory_equal(m, m2, sizeof m);
+}
+
 // ----------------------------------------------------------------------------
 // fill / copy / memory / streams
 
@@ -758,6 +800,7 @@ int main(void)
         cmocka_unit_test(test_adamw_first_step_moves_each_param_by_about_lr),
         cmocka_unit_test(test_sgd_variants_match_double_reference),
         cmocka_unit_test(test_sgd_first_step_copies_grad_into_momentum_buffer),
+        cmocka_unit_test(test_optimizer_loops_equal_the_shared_element_math_bit_for_bit),
         cmocka_unit_test(test_fill_rounds_the_value_once_per_dtype),
         cmocka_unit_test(test_memory_streams_and_events_work_on_cpu),
         cmocka_unit_test(test_bad_input_gets_a_status_never_a_crash),
