@@ -642,6 +642,7 @@ void pcs_train_fill_report(Pcs__V1__StepReport *r, Pcs__V1__CollectiveRecord *re
     r->all_reduce_bytes = s->all_reduce_bytes;
     r->fingerprint = s->fingerprint;
     r->audit_ok = s->audit_ok;
+    r->max_unsharded_units = s->max_unsharded;
     /* Aggregate per (kind, unit, dtype): calls and bytes. */
     size_t n = 0;
     for (size_t i = 0; i < s->n_colls; i++) {

@@ -88,6 +88,9 @@ static void check_collectives(const e2e_job_t *job, uint32_t n_units, uint32_t M
             assert_int_equal(rs, n_units);
             assert_int_equal(ar, 1);
             assert_true(rep->audit_ok);
+            /* bounded memory: the root unit, the unit computing and one prefetched */
+            assert_true(rep->max_unsharded_units >= 2);
+            assert_true(rep->max_unsharded_units <= 3);
             /* every step issues the same sequence */
             if (i == 0)
                 fp0 = rep->fingerprint;
