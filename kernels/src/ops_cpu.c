@@ -147,25 +147,87 @@ static pcs_status_t cpu_event_sync(pcs_event_t e)
     return PCS_OK;
 }
 
-// ---- element access for the 16/32-bit float dtypes ----
+// ---- element loops, one per dtype (combination), so the dtype test is not per element ----
 
-static inline float ld(const void *p, pcs_dtype_t t, size_t i)
-{
-    if (t == PCS_DTYPE_FP32)
-        return ((const float *)p)[i];
-    if (t == PCS_DTYPE_BF16)
-        return pcs_bf16_to_f32(((const uint16_t *)p)[i]);
-    return pcs_fp16_to_f32(((const uint16_t *)p)[i]);
-}
+#define LD_FP32(x) (x)
+#define ST_FP32(x) (x)
+#define LD_BF16(x) pcs_bf16_to_f32(x)
+#define ST_BF16(x) pcs_f32_to_bf16(x)
+#define LD_FP16(x) pcs_fp16_to_f32(x)
+#define ST_FP16(x) pcs_f32_to_fp16(x)
 
-static inline void st(void *p, pcs_dtype_t t, size_t i, float v)
+#define SCALE_LOOP(NAME, T, LD, ST)                                                                \
+    static void NAME(void *data, size_t n, float f)                                                \
+    {                                                                                              \
+        T *restrict d = data;                                                                      \
+        for (size_t i = 0; i < n; i++)                                                             \
+            d[i] = ST(LD(d[i]) * f);                                                               \
+    }
+SCALE_LOOP(scale_fp32, float, LD_FP32, ST_FP32)
+SCALE_LOOP(scale_bf16, uint16_t, LD_BF16, ST_BF16)
+SCALE_LOOP(scale_fp16, uint16_t, LD_FP16, ST_FP16)
+
+/* no restrict: dst and src may be the same buffer (x += x) */
+#define ACC_LOOP(NAME, TD, LDD, STD, TS, LDS)                                                      \
+    static void NAME(void *dv, const void *sv, size_t n)                                           \
+    {                                                                                              \
+        TD *d = dv;                                                                                \
+        const TS *x = sv;                                                                          \
+        for (size_t i = 0; i < n; i++)                                                             \
+            d[i] = STD(LDD(d[i]) + LDS(x[i]));                                                     \
+    }
+ACC_LOOP(acc_fp32_fp32, float, LD_FP32, ST_FP32, float, LD_FP32)
+ACC_LOOP(acc_fp32_bf16, float, LD_FP32, ST_FP32, uint16_t, LD_BF16)
+ACC_LOOP(acc_fp32_fp16, float, LD_FP32, ST_FP32, uint16_t, LD_FP16)
+ACC_LOOP(acc_bf16_fp32, uint16_t, LD_BF16, ST_BF16, float, LD_FP32)
+ACC_LOOP(acc_bf16_bf16, uint16_t, LD_BF16, ST_BF16, uint16_t, LD_BF16)
+ACC_LOOP(acc_bf16_fp16, uint16_t, LD_BF16, ST_BF16, uint16_t, LD_FP16)
+ACC_LOOP(acc_fp16_fp32, uint16_t, LD_FP16, ST_FP16, float, LD_FP32)
+ACC_LOOP(acc_fp16_bf16, uint16_t, LD_FP16, ST_FP16, uint16_t, LD_BF16)
+ACC_LOOP(acc_fp16_fp16, uint16_t, LD_FP16, ST_FP16, uint16_t, LD_FP16)
+
+/* returns 1 if a non-finite value was seen; multiplies unless inv == 1 */
+#define UNSCALE_LOOP(NAME, T, LD, ST)                                                              \
+    static int NAME(void *data, size_t n, float inv)                                               \
+    {                                                                                              \
+        T *restrict d = data;                                                                      \
+        int found = 0;                                                                             \
+        if (inv == 1.0f) {                                                                         \
+            for (size_t i = 0; i < n; i++)                                                         \
+                found |= !pcs_is_finite_f32(LD(d[i]));                                             \
+        } else {                                                                                   \
+            for (size_t i = 0; i < n; i++) {                                                       \
+                float x = LD(d[i]);                                                                \
+                found |= !pcs_is_finite_f32(x);                                                    \
+                d[i] = ST(x * inv);                                                                \
+            }                                                                                      \
+        }                                                                                          \
+        return found;                                                                              \
+    }
+UNSCALE_LOOP(unscale_fp32, float, LD_FP32, ST_FP32)
+UNSCALE_LOOP(unscale_bf16, uint16_t, LD_BF16, ST_BF16)
+UNSCALE_LOOP(unscale_fp16, uint16_t, LD_FP16, ST_FP16)
+
+/* front to back in fp64: each square of a widened fp32 value is exact (24-bit mantissas) */
+#define SUMSQ_LOOP(NAME, T, LD)                                                                    \
+    static double NAME(const void *data, size_t n)                                                 \
+    {                                                                                              \
+        const T *restrict d = data;                                                                \
+        double acc = 0.0;                                                                          \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            double x = (double)LD(d[i]);                                                           \
+            acc += x * x;                                                                          \
+        }                                                                                          \
+        return acc;                                                                                \
+    }
+SUMSQ_LOOP(sumsq_fp32, float, LD_FP32)
+SUMSQ_LOOP(sumsq_bf16, uint16_t, LD_BF16)
+SUMSQ_LOOP(sumsq_fp16, uint16_t, LD_FP16)
+
+/* index of a 16/32-bit float dtype: fp32 0, bf16 1, fp16 2 */
+static int hidx(pcs_dtype_t t)
 {
-    if (t == PCS_DTYPE_FP32)
-        ((float *)p)[i] = v;
-    else if (t == PCS_DTYPE_BF16)
-        ((uint16_t *)p)[i] = pcs_f32_to_bf16(v);
-    else
-        ((uint16_t *)p)[i] = pcs_f32_to_fp16(v);
+    return t == PCS_DTYPE_FP32 ? 0 : t == PCS_DTYPE_BF16 ? 1 : 2;
 }
 
 // ---- ops ----
@@ -184,19 +246,15 @@ static pcs_status_t cpu_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, s
 
 static pcs_status_t cpu_scale(const pcs_tensor_t *t, size_t count, float factor, pcs_stream_t s)
 {
+    static void (*const loops[3])(void *, size_t, float) = {scale_fp32, scale_bf16, scale_fp16};
     PCS_CHECK(pcs_kv_list("scale", "t", t, count, PCS_DT_FLOATS));
     for (size_t k = 0; k < count; k++) {
         if (t[k].dtype == PCS_DTYPE_FP64) {
             double *d = t[k].data, f = (double)factor;
             for (size_t i = 0; i < t[k].n; i++)
                 d[i] = d[i] * f;
-        } else if (t[k].dtype == PCS_DTYPE_FP32) {
-            float *d = t[k].data;
-            for (size_t i = 0; i < t[k].n; i++)
-                d[i] = d[i] * factor;
         } else {
-            for (size_t i = 0; i < t[k].n; i++)
-                st(t[k].data, t[k].dtype, i, ld(t[k].data, t[k].dtype, i) * factor);
+            loops[hidx(t[k].dtype)](t[k].data, t[k].n, factor);
         }
     }
     return PCS_OK;
@@ -205,27 +263,24 @@ static pcs_status_t cpu_scale(const pcs_tensor_t *t, size_t count, float factor,
 static pcs_status_t cpu_accumulate(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
                                    pcs_stream_t s)
 {
+    static void (*const loops[3][3])(void *, const void *, size_t) = {
+        {acc_fp32_fp32, acc_fp32_bf16, acc_fp32_fp16},
+        {acc_bf16_fp32, acc_bf16_bf16, acc_bf16_fp16},
+        {acc_fp16_fp32, acc_fp16_bf16, acc_fp16_fp16},
+    };
     PCS_CHECK(pcs_kv_list("accumulate", "dst", dst, count, PCS_DT_HALFS));
     PCS_CHECK(pcs_kv_list("accumulate", "src", src, count, PCS_DT_HALFS));
     PCS_CHECK(pcs_kv_pair("accumulate", "dst", dst, "src", src, count));
-    for (size_t k = 0; k < count; k++) {
-        pcs_dtype_t dt = dst[k].dtype, sdt = src[k].dtype;
-        if (dt == PCS_DTYPE_FP32 && sdt == PCS_DTYPE_FP32) {
-            float *d = dst[k].data;
-            const float *x = src[k].data;
-            for (size_t i = 0; i < dst[k].n; i++)
-                d[i] = d[i] + x[i];
-        } else {
-            for (size_t i = 0; i < dst[k].n; i++)
-                st(dst[k].data, dt, i, ld(dst[k].data, dt, i) + ld(src[k].data, sdt, i));
-        }
-    }
+    for (size_t k = 0; k < count; k++)
+        loops[hidx(dst[k].dtype)][hidx(src[k].dtype)](dst[k].data, src[k].data, dst[k].n);
     return PCS_OK;
 }
 
 static pcs_status_t cpu_nonfinite(const pcs_tensor_t *t, size_t count, float *found_inf,
                                   const float *inv_scale, pcs_stream_t s)
 {
+    static int (*const loops[3])(void *, size_t, float) = {unscale_fp32, unscale_bf16,
+                                                           unscale_fp16};
     PCS_CHECK(
         pcs_kv_buffer("nonfinite_check_and_unscale", "found_inf", found_inf, PCS_DTYPE_FP32, 1));
     PCS_CHECK(
@@ -233,14 +288,9 @@ static pcs_status_t cpu_nonfinite(const pcs_tensor_t *t, size_t count, float *fo
     PCS_CHECK(pcs_kv_list("nonfinite_check_and_unscale", "t", t, count, PCS_DT_HALFS));
     const float inv = *inv_scale;
     int found = 0;
-    for (size_t k = 0; k < count; k++) {
-        for (size_t i = 0; i < t[k].n; i++) {
-            float x = ld(t[k].data, t[k].dtype, i);
-            found |= !pcs_is_finite_f32(x);
-            if (inv != 1.0f)
-                st(t[k].data, t[k].dtype, i, x * inv);
-        }
-    }
+    for (size_t k = 0; k < count; k++)
+        if (t[k].n > 0)
+            found |= loops[hidx(t[k].dtype)](t[k].data, t[k].n, inv);
     if (found)
         *found_inf = 1.0f;
     return PCS_OK;
@@ -248,17 +298,12 @@ static pcs_status_t cpu_nonfinite(const pcs_tensor_t *t, size_t count, float *fo
 
 static pcs_status_t cpu_sum_squares(const pcs_tensor_t *t, size_t count, float *out, pcs_stream_t s)
 {
+    static double (*const loops[3])(const void *, size_t) = {sumsq_fp32, sumsq_bf16, sumsq_fp16};
     PCS_CHECK(pcs_kv_buffer("sum_squares", "out", out, PCS_DTYPE_FP32, 1));
     PCS_CHECK(pcs_kv_list("sum_squares", "t", t, count, PCS_DT_HALFS));
     double total = 0.0;
-    for (size_t k = 0; k < count; k++) {
-        double acc = 0.0;
-        for (size_t i = 0; i < t[k].n; i++) {
-            double x = (double)ld(t[k].data, t[k].dtype, i);
-            acc += x * x; /* exact product: 24-bit mantissas fit in 53 bits */
-        }
-        total += acc;
-    }
+    for (size_t k = 0; k < count; k++)
+        total += t[k].n > 0 ? loops[hidx(t[k].dtype)](t[k].data, t[k].n) : 0.0;
     *out = (float)total;
     return PCS_OK;
 }
