@@ -387,6 +387,12 @@ static void test_accumulate_adds_in_fp32_and_rounds_once_to_dst(void **state)
         assert_int_equal(b[i], ref_round(&BF, s1));
         assert_int_equal(h[i], ref_round(&FP, s2));
     }
+    /* dst and src may be the same buffer: x += x doubles exactly */
+    uint16_t same[3] = {ref_round(&BF, 1.5f), ref_round(&BF, -0.75f), 0x0001 /* subnormal */};
+    assert_int_equal(
+        pcs_kernel_accumulate(cpu, same, PCS_DTYPE_BF16, same, PCS_DTYPE_BF16, 3, NULL), PCS_OK);
+    assert_true(ref_decode(&BF, same[0]) == 3.0 && ref_decode(&BF, same[1]) == -1.5);
+    assert_int_equal(same[2], 0x0002);
 }
 
 // ----------------------------------------------------------------------------
