@@ -26,6 +26,8 @@ struct pcs_rpc_client {
         void *handle;
     } methods[MAX_CACHED_METHODS];
     size_t n_methods;
+    bool has_auth; /* send "authorization: Bearer <token>" with every call */
+    grpc_slice auth_key, auth_value;
 };
 
 // ---- client ----
@@ -90,6 +92,10 @@ void pcs_rpc_client_destroy(pcs_rpc_client_t *c)
 {
     if (!c)
         return;
+    if (c->has_auth) {
+        grpc_slice_unref(c->auth_key);
+        grpc_slice_unref(c->auth_value);
+    }
     if (c->ch)
         grpc_channel_destroy(c->ch);
     for (size_t i = 0; i < c->n_methods; i++)
@@ -98,6 +104,43 @@ void pcs_rpc_client_destroy(pcs_rpc_client_t *c)
     free(c->target);
     free(c);
     grpc_shutdown();
+}
+
+pcs_status_t pcs_rpc_client_set_token(pcs_rpc_client_t *c, const char *token)
+{
+    if (!c)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "rpc client: NULL client");
+    if (token && (strchr(token, '\n') || strchr(token, '\r')))
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "rpc client: token contains a line break");
+    if (c->has_auth) {
+        grpc_slice_unref(c->auth_key);
+        grpc_slice_unref(c->auth_value);
+        c->has_auth = false;
+    }
+    if (!token || !*token)
+        return PCS_OK;
+    char *v = NULL;
+    size_t n = strlen(token) + sizeof "Bearer ";
+    PCS_CHECK(pcs_calloc(n, 1, (void **)&v));
+    snprintf(v, n, "Bearer %s", token);
+    c->auth_key = grpc_slice_from_static_string("authorization");
+    c->auth_value = grpc_slice_from_copied_string(v);
+    free(v);
+    c->has_auth = true;
+    return PCS_OK;
+}
+
+/* Point a SEND_INITIAL_METADATA op at the client's auth header (one per call: gRPC writes into
+ * grpc_metadata's internal fields, so concurrent calls must not share one). */
+static void add_auth(const pcs_rpc_client_t *c, grpc_metadata *md, grpc_op *op)
+{
+    if (!c->has_auth)
+        return;
+    memset(md, 0, sizeof *md);
+    md->key = c->auth_key;
+    md->value = c->auth_value;
+    op->data.send_initial_metadata.count = 1;
+    op->data.send_initial_metadata.metadata = md;
 }
 
 /* Registered-call handle for `method` (cached: saves interning the path on every call). NULL if
@@ -183,6 +226,7 @@ typedef struct unary_state {
     grpc_status_code code;
     grpc_slice details;
     const char *errstr;
+    grpc_metadata auth;
 } unary_state_t;
 
 static size_t unary_ops(unary_state_t *u, grpc_op ops[6])
@@ -237,6 +281,7 @@ pcs_status_t pcs_rpc_call(pcs_rpc_client_t *c, const char *method, const Protobu
         new_call(c, method, cq, pcs_rpc_deadline_ms(timeout_ms > 0 ? timeout_ms : -1));
     grpc_op ops[6];
     size_t n = unary_ops(&u, ops);
+    add_auth(c, &u.auth, &ops[0]);
     pcs_status_t st;
     char tag;
     grpc_call_error e = grpc_call_start_batch(call, ops, n, &tag, NULL);
@@ -280,6 +325,7 @@ struct pcs_rpc_stream {
     grpc_status_code code;
     grpc_slice details;
     const char *errstr;
+    grpc_metadata auth;
     pcs_status_t final_st;
     char final_err[512];
 };
@@ -310,6 +356,7 @@ pcs_status_t pcs_rpc_stream_open(pcs_rpc_client_t *c, const char *method,
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
+    add_auth(c, &s->auth, &ops[0]);
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = s->send_bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -543,6 +590,7 @@ pcs_status_t pcs_rpc_async_start(pcs_rpc_async_t *a, const char *method,
     ac->call = new_call(a->c, method, a->cq, pcs_rpc_deadline_ms(timeout_ms > 0 ? timeout_ms : -1));
     grpc_op ops[6];
     size_t n = unary_ops(&ac->u, ops);
+    add_auth(a->c, &ac->u.auth, &ops[0]);
     grpc_call_error e = grpc_call_start_batch(ac->call, ops, n, ac, NULL);
     if (e != GRPC_CALL_OK) {
         async_free(ac);

@@ -414,6 +414,29 @@ const char *pcs_rpc_call_peer(const pcs_rpc_call_t *c)
     return c->peer ? c->peer : "?";
 }
 
+long pcs_rpc_call_metadata(const pcs_rpc_call_t *c, const char *key, char *buf, size_t n)
+{
+    if (buf && n)
+        buf[0] = '\0';
+    if (!c || !key)
+        return -1;
+    size_t klen = strlen(key);
+    for (size_t i = 0; i < c->md.count; i++) {
+        const grpc_metadata *m = &c->md.metadata[i];
+        if (GRPC_SLICE_LENGTH(m->key) != klen ||
+            memcmp(GRPC_SLICE_START_PTR(m->key), key, klen) != 0)
+            continue;
+        size_t vlen = GRPC_SLICE_LENGTH(m->value);
+        if (buf && n) {
+            size_t k = vlen < n - 1 ? vlen : n - 1;
+            memcpy(buf, GRPC_SLICE_START_PTR(m->value), k);
+            buf[k] = '\0';
+        }
+        return (long)vlen;
+    }
+    return -1;
+}
+
 int64_t pcs_rpc_call_remaining_ms(const pcs_rpc_call_t *c)
 {
     if (!c)

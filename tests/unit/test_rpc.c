@@ -65,6 +65,15 @@ static void h_register(pcs_rpc_call_t *call, const ProtobufCMessage *req, void *
         pcs_rpc_fail(call, PCS_ERR_STATE, "worker %s refused: job is draining", r->identity);
         return;
     }
+    if (strcmp(r->identity, "whoami") == 0) { /* echoes the authorization header */
+        char auth[64];
+        long n = pcs_rpc_call_metadata(call, "authorization", auth, sizeof auth);
+        Pcs__V1__RegisterResponse resp = PCS__V1__REGISTER_RESPONSE__INIT;
+        resp.worker_id = n < 0 ? "(none)" : auth;
+        resp.lease_ms = (uint32_t)(n < 0 ? 0 : n);
+        pcs_rpc_reply(call, &resp.base);
+        return;
+    }
     if (strcmp(r->identity, "defer") == 0) { /* answered by tick later */
         f->deferred = call;
         f->deferred_at = pcs_now_ms();
@@ -396,6 +405,42 @@ static void test_unary_call_returns_the_handler_reply(void **state)
     assert_int_equal(do_register(f, "beta", 0, &resp, &code), PCS_OK);
     protobuf_c_message_free_unpacked(&resp->base, NULL);
     assert_true(atomic_load(&f->last_remaining_ms) == INT64_MAX);
+}
+
+static void test_bearer_token_reaches_the_handler_as_metadata(void **state)
+{
+    fixture_t *f = *state;
+    Pcs__V1__RegisterResponse *resp = NULL;
+    assert_int_equal(do_register(f, "whoami", 5000, &resp, NULL), PCS_OK);
+    assert_string_equal(resp->worker_id, "(none)");
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    assert_int_equal(pcs_rpc_client_set_token(f->cli, "s3cret-token"), PCS_OK);
+    assert_int_equal(do_register(f, "whoami", 5000, &resp, NULL), PCS_OK);
+    assert_string_equal(resp->worker_id, "Bearer s3cret-token");
+    assert_int_equal(resp->lease_ms, strlen("Bearer s3cret-token"));
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    /* async calls carry it too */
+    pcs_rpc_async_t *a = NULL;
+    assert_int_equal(pcs_rpc_async_create(f->cli, &a), PCS_OK);
+    Pcs__V1__RegisterRequest req = PCS__V1__REGISTER_REQUEST__INIT;
+    req.identity = "whoami";
+    assert_int_equal(pcs_rpc_async_start(a, PCS_M_REGISTER, &req.base,
+                                         &pcs__v1__register_response__descriptor, 5000, NULL),
+                     PCS_OK);
+    void *user;
+    pcs_status_t cst;
+    assert_int_equal(pcs_rpc_async_next(a, 5000, &user, &cst, (ProtobufCMessage **)&resp, NULL),
+                     PCS_OK);
+    assert_int_equal(cst, PCS_OK);
+    assert_string_equal(resp->worker_id, "Bearer s3cret-token");
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
+    pcs_rpc_async_destroy(a);
+    /* line breaks are refused; NULL clears it */
+    assert_int_equal(pcs_rpc_client_set_token(f->cli, "bad\ntoken"), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_rpc_client_set_token(f->cli, NULL), PCS_OK);
+    assert_int_equal(do_register(f, "whoami", 5000, &resp, NULL), PCS_OK);
+    assert_string_equal(resp->worker_id, "(none)");
+    protobuf_c_message_free_unpacked(&resp->base, NULL);
 }
 
 static void test_handler_failure_maps_status_to_grpc_code_and_details(void **state)
@@ -1047,6 +1092,8 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_unary_call_returns_the_handler_reply, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bearer_token_reaches_the_handler_as_metadata, setup,
+                                        teardown),
         cmocka_unit_test_setup_teardown(test_handler_failure_maps_status_to_grpc_code_and_details,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_deferred_reply_is_sent_later_from_tick, setup,

@@ -50,6 +50,9 @@ typedef struct pcs_rpc_client pcs_rpc_client_t;
 
 /* Connect lazily to `target` ("127.0.0.1:7070", "unix:/path"). Caller destroys. */
 pcs_status_t pcs_rpc_client_create(const char *target, pcs_rpc_client_t **out);
+/* Send "authorization: Bearer <token>" with every later call (NULL or "": stop). The token is
+ * copied. Not thread-safe against calls in flight on this client: set it before use. */
+pcs_status_t pcs_rpc_client_set_token(pcs_rpc_client_t *c, const char *token);
 /* Same over TLS (tls NULL: insecure, as pcs_rpc_client_create). Errors: INVALID_ARG naming an
  * unreadable file or a cert without its key. */
 pcs_status_t pcs_rpc_client_create_tls(const char *target, const pcs_rpc_tls_t *tls,
@@ -186,6 +189,9 @@ void pcs_rpc_call_set_cancel(pcs_rpc_call_t *call, void (*on_cancel)(pcs_rpc_cal
                              void *arg);
 /* Peer address ("ipv4:127.0.0.1:5555"), for logs. */
 const char *pcs_rpc_call_peer(const pcs_rpc_call_t *call);
+/* Request metadata (e.g. "authorization"; keys are lower-case): copies the value, truncated and
+ * NUL-terminated, into buf (n bytes) and returns its full length, or -1 if the key is absent. */
+long pcs_rpc_call_metadata(const pcs_rpc_call_t *call, const char *key, char *buf, size_t n);
 /* Milliseconds until the client's deadline (INT64_MAX if none). */
 int64_t pcs_rpc_call_remaining_ms(const pcs_rpc_call_t *call);
 
