@@ -64,14 +64,14 @@ void pcs_rpc_client_destroy(pcs_rpc_client_t *c);
  * Replies up to 64 MiB are accepted. On PCS_OK *resp is the unpacked reply (free with
  * protobuf_c_message_free_unpacked(*resp, NULL)). On failure *resp is NULL, the status is mapped
  * from the gRPC code (INVALID_ARGUMENT -> PCS_ERR_INVALID_ARG, UNAVAILABLE -> PCS_ERR_REMOTE, ...)
- * and pcs_last_error() holds "<CODE_NAME>: <details>". grpc_code (may be NULL) gets the raw code. */
+ * and pcs_last_error() holds "<CODE_NAME>: <details> (<method>)". grpc_code (may be NULL) gets the raw code. */
 pcs_status_t pcs_rpc_call(pcs_rpc_client_t *c, const char *method, const ProtobufCMessage *req,
                           const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
                           ProtobufCMessage **resp, int *grpc_code);
 
 /* Server streaming. open sends the request; next waits up to timeout_ms (<0: forever) for the
  * next message: PCS_OK with *msg set, PCS_OK with *msg == NULL at a clean end of stream (the
- * final status is then in *grpc_code of close), PCS_ERR_TIMEOUT if nothing came in time (the
+ * final code is then pcs_rpc_stream_code()), PCS_ERR_TIMEOUT if nothing came in time (the
  * stream stays usable), or an error mapped from the stream's failure status. close cancels the
  * call if it is still open. */
 typedef struct pcs_rpc_stream pcs_rpc_stream_t;
