@@ -17,23 +17,23 @@ extern "C" {
 #endif
 
 /* ---- method paths (proto/pcs/v1/services.proto) ---- */
-#define PCS_M_REGISTER "/pcs.v1.WorkerService/Register"
-#define PCS_M_HEARTBEAT "/pcs.v1.WorkerService/Heartbeat"
+#define PCS_M_REGISTER         "/pcs.v1.WorkerService/Register"
+#define PCS_M_HEARTBEAT        "/pcs.v1.WorkerService/Heartbeat"
 #define PCS_M_WATCH_ASSIGNMENT "/pcs.v1.WorkerService/WatchAssignment"
-#define PCS_M_KV_SET "/pcs.v1.WorkerService/KvSet"
-#define PCS_M_KV_GET "/pcs.v1.WorkerService/KvGet"
-#define PCS_M_REPORT_STEP "/pcs.v1.WorkerService/ReportStep"
-#define PCS_M_DEREGISTER "/pcs.v1.WorkerService/Deregister"
-#define PCS_M_SUBMIT_JOB "/pcs.v1.JobService/SubmitJob"
-#define PCS_M_GET_JOB "/pcs.v1.JobService/GetJob"
-#define PCS_M_LIST_JOBS "/pcs.v1.JobService/ListJobs"
-#define PCS_M_CANCEL_JOB "/pcs.v1.JobService/CancelJob"
-#define PCS_M_GET_PLAN "/pcs.v1.JobService/GetPlan"
-#define PCS_M_DRY_RUN_PLAN "/pcs.v1.JobService/DryRunPlan"
-#define PCS_M_LIST_WORKERS "/pcs.v1.ClusterService/ListWorkers"
-#define PCS_M_GET_STATUS "/pcs.v1.ClusterService/GetStatus"
-#define PCS_M_HEALTH_CHECK "/grpc.health.v1.Health/Check"
-#define PCS_M_HEALTH_WATCH "/grpc.health.v1.Health/Watch"
+#define PCS_M_KV_SET           "/pcs.v1.WorkerService/KvSet"
+#define PCS_M_KV_GET           "/pcs.v1.WorkerService/KvGet"
+#define PCS_M_REPORT_STEP      "/pcs.v1.WorkerService/ReportStep"
+#define PCS_M_DEREGISTER       "/pcs.v1.WorkerService/Deregister"
+#define PCS_M_SUBMIT_JOB       "/pcs.v1.JobService/SubmitJob"
+#define PCS_M_GET_JOB          "/pcs.v1.JobService/GetJob"
+#define PCS_M_LIST_JOBS        "/pcs.v1.JobService/ListJobs"
+#define PCS_M_CANCEL_JOB       "/pcs.v1.JobService/CancelJob"
+#define PCS_M_GET_PLAN         "/pcs.v1.JobService/GetPlan"
+#define PCS_M_DRY_RUN_PLAN     "/pcs.v1.JobService/DryRunPlan"
+#define PCS_M_LIST_WORKERS     "/pcs.v1.ClusterService/ListWorkers"
+#define PCS_M_GET_STATUS       "/pcs.v1.ClusterService/GetStatus"
+#define PCS_M_HEALTH_CHECK     "/grpc.health.v1.Health/Check"
+#define PCS_M_HEALTH_WATCH     "/grpc.health.v1.Health/Watch"
 
 /* ---- TLS (DESIGN.md §10) ----
  * PEM files, read when the server or client is created (borrowed for that call only). */
@@ -64,7 +64,8 @@ void pcs_rpc_client_destroy(pcs_rpc_client_t *c);
  * Replies up to 64 MiB are accepted. On PCS_OK *resp is the unpacked reply (free with
  * protobuf_c_message_free_unpacked(*resp, NULL)). On failure *resp is NULL, the status is mapped
  * from the gRPC code (INVALID_ARGUMENT -> PCS_ERR_INVALID_ARG, UNAVAILABLE -> PCS_ERR_REMOTE, ...)
- * and pcs_last_error() holds "<CODE_NAME>: <details> (<method>)". grpc_code (may be NULL) gets the raw code. */
+ * and pcs_last_error() holds "<CODE_NAME>: <details> (<method>)". grpc_code (may be NULL) gets the
+ * raw code. */
 pcs_status_t pcs_rpc_call(pcs_rpc_client_t *c, const char *method, const ProtobufCMessage *req,
                           const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
                           ProtobufCMessage **resp, int *grpc_code);
@@ -102,8 +103,7 @@ pcs_status_t pcs_rpc_async_start(pcs_rpc_async_t *a, const char *method,
  * *resp its reply when *call_status == PCS_OK (caller frees), *grpc_code (may be NULL) the raw
  * code. PCS_ERR_TIMEOUT: none finished in time. PCS_ERR_STATE: no call is in flight. */
 pcs_status_t pcs_rpc_async_next(pcs_rpc_async_t *a, int timeout_ms, void **user,
-                                pcs_status_t *call_status, ProtobufCMessage **resp,
-                                int *grpc_code);
+                                pcs_status_t *call_status, ProtobufCMessage **resp, int *grpc_code);
 size_t pcs_rpc_async_in_flight(const pcs_rpc_async_t *a);
 
 /* The known pcs.v1 (and grpc.health.v1) methods with their message descriptors, for generic
@@ -146,14 +146,14 @@ typedef struct pcs_rpc_method {
 } pcs_rpc_method_t;
 
 typedef struct pcs_rpc_server_config {
-    const char *listen;               /* "127.0.0.1:0", "0.0.0.0:7070", "unix:/path" */
-    const pcs_rpc_method_t *methods;  /* retained: must outlive the server */
+    const char *listen;              /* "127.0.0.1:0", "0.0.0.0:7070", "unix:/path" */
+    const pcs_rpc_method_t *methods; /* retained: must outlive the server */
     size_t n_methods;
-    void *user;                       /* passed to handlers and tick */
-    size_t max_message_bytes;         /* 0 = 4 MiB */
-    int tick_ms;                      /* tick() runs at least this often (0 = 100 ms) */
+    void *user;               /* passed to handlers and tick */
+    size_t max_message_bytes; /* 0 = 4 MiB */
+    int tick_ms;              /* tick() runs at least this often (0 = 100 ms) */
     void (*tick)(void *user, uint64_t now_ms);
-    const pcs_rpc_tls_t *tls;         /* NULL: insecure (plaintext HTTP/2) */
+    const pcs_rpc_tls_t *tls; /* NULL: insecure (plaintext HTTP/2) */
 } pcs_rpc_server_config_t;
 
 /* Bind and start listening (the port is bound when this returns). Requests larger than
@@ -184,9 +184,8 @@ void pcs_rpc_finish(pcs_rpc_call_t *call);
  * keeps a call should set this; without it a call whose client left stays allocated until the
  * handler ends it (reply/fail/finish then free it; reply returns PCS_ERR_CANCELLED) or the
  * server is destroyed. Set on a call already gone, on_cancel runs at once. */
-void pcs_rpc_call_set_cancel(pcs_rpc_call_t *call, void (*on_cancel)(pcs_rpc_call_t *call,
-                                                                     void *arg),
-                             void *arg);
+void pcs_rpc_call_set_cancel(pcs_rpc_call_t *call,
+                             void (*on_cancel)(pcs_rpc_call_t *call, void *arg), void *arg);
 /* Peer address ("ipv4:127.0.0.1:5555"), for logs. */
 const char *pcs_rpc_call_peer(const pcs_rpc_call_t *call);
 /* Request metadata (e.g. "authorization"; keys are lower-case): copies the value, truncated and
