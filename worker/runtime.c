@@ -70,6 +70,16 @@ struct pcs_runtime {
     /* prefetch thread */
     pthread_t ag_thread;
     int ag_started;
+    /* reduction thread: reduce-scatters (and HSDP/NO_SHARD all-reduces) of units whose
+     * backward finished, overlapping the backward of the next units */
+    pthread_t rs_thread;
+    int rs_started;
+    uint32_t *rs_queue;
+    size_t rs_head, rs_len;
+    int rs_busy;
+    pcs_status_t rs_err;
+    char rs_errmsg[768];
+    double rs_cast_ms; /* cast time spent on the reduction thread (under mu) */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint32_t *queue;
@@ -352,12 +362,16 @@ static void *ag_main(void *arg)
 
 // ---- create / destroy ----
 
+static void *rs_main(void *arg);
+
 static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *cfg)
 {
     const Pcs__V1__Plan *p = rt->plan;
     PCS_CHECK(pcs_calloc(p->n_units ? p->n_units : 1, sizeof *rt->units, (void **)&rt->units));
     rt->n_units = p->n_units;
     PCS_CHECK(pcs_calloc(p->n_units ? p->n_units : 1, sizeof *rt->queue, (void **)&rt->queue));
+    PCS_CHECK(pcs_calloc(p->n_units ? p->n_units : 1, sizeof *rt->rs_queue,
+                         (void **)&rt->rs_queue));
     float *tmp = NULL;
     size_t tmp_cap = 0;
     pcs_status_t st = PCS_OK;
@@ -523,6 +537,11 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
             goto fail;
         }
         rt->ag_started = 1;
+        if (pthread_create(&rt->rs_thread, NULL, rs_main, rt) != 0) {
+            st = pcs_set_error(PCS_ERR_SYSTEM, "runtime: cannot start the reduction thread");
+            goto fail;
+        }
+        rt->rs_started = 1;
     }
     *out = rt;
     return PCS_OK;
@@ -559,6 +578,16 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
             pcs_coll_abort(rt->shard_ag, "runtime destroyed");
         pthread_join(rt->ag_thread, NULL);
     }
+    if (rt->rs_started) {
+        pthread_mutex_lock(&rt->mu);
+        rt->quit = 1;
+        int busy = rt->rs_busy;
+        pthread_cond_broadcast(&rt->cv);
+        pthread_mutex_unlock(&rt->mu);
+        if (busy) /* a reduction blocked on a dead peer returns only when aborted */
+            pcs_runtime_abort(rt, "runtime destroyed");
+        pthread_join(rt->rs_thread, NULL);
+    }
     pcs_coll_destroy(rt->world_c);
     pcs_coll_destroy(rt->shard_ag);
     pcs_coll_destroy(rt->shard_rs);
@@ -580,6 +609,7 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
     }
     free(rt->units);
     free(rt->queue);
+    free(rt->rs_queue);
     free(rt->recs);
     pthread_cond_destroy(&rt->cv);
     pthread_mutex_destroy(&rt->mu);
@@ -602,6 +632,7 @@ pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt)
     }
     pthread_mutex_lock(&rt->mu);
     rt->ag_ms = rt->rs_ms = rt->ar_ms = rt->cast_ms = rt->opt_ms = rt->wait_ms = 0;
+    rt->rs_cast_ms = 0;
     rt->ag_bytes = rt->rs_bytes = rt->ar_bytes = 0;
     rt->n_recs = 0;
     rt->h_ag = rt->h_main = 1469598103934665603ull;
@@ -729,7 +760,9 @@ pcs_status_t pcs_runtime_grad_buffer(pcs_runtime_t *rt, uint32_t unit, void **gr
     return PCS_OK;
 }
 
-static pcs_status_t reduce_unit(pcs_runtime_t *rt, rt_unit_t *u)
+/* Copy-in on the compute thread: cast (accumulator or grads) to the reduce dtype into rs_in, so
+ * the grads buffer is free for the next backward while the collective runs. */
+static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
 {
     const void *src = u->grads;
     pcs_dtype_t sdt = u->param;
@@ -738,13 +771,18 @@ static pcs_status_t reduce_unit(pcs_runtime_t *rt, rt_unit_t *u)
         sdt = u->accum;
     }
     uint64_t t0 = pcs_now_us();
-    /* Copy-in: cast to the reduce dtype (a plain copy when equal). */
     if (sdt == u->reduce)
         memcpy(u->rs_in, src, u->padded * pcs_dtype_size(sdt));
     else
         PCS_CHECK(pcs_kernel_cast(rt->be, u->rs_in, u->reduce, src, sdt, u->padded, NULL));
     rt->cast_ms += ms_since(t0);
+    return PCS_OK;
+}
 
+/* The collectives of one unit's reduction and the accumulation into its sharded grad; runs on the
+ * reduction thread (stats under mu) or inline. */
+static pcs_status_t reduce_comm(pcs_runtime_t *rt, rt_unit_t *u)
+{
     void *result;
     pcs_status_t st;
     if (u->sg > 1) {
@@ -753,9 +791,9 @@ static pcs_status_t reduce_unit(pcs_runtime_t *rt, rt_unit_t *u)
         uint64_t t1 = pcs_now_us();
         st = pcs_coll_reduce_scatter(rt->shard_rs, u->rs_in, u->rs_out, u->c, u->reduce, &red,
                                      NULL);
+        pthread_mutex_lock(&rt->mu);
         rt->rs_ms += ms_since(t1);
         rt->rs_bytes += u->c * u->sg * pcs_dtype_size(u->reduce);
-        pthread_mutex_lock(&rt->mu);
         record(rt, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER, u->index, u->reduce, u->c, u->sg,
                u->rs, 0);
         pthread_mutex_unlock(&rt->mu);
@@ -769,10 +807,10 @@ static pcs_status_t reduce_unit(pcs_runtime_t *rt, rt_unit_t *u)
             uint64_t t2 = pcs_now_us();
             st = pcs_coll_all_reduce(u->ar_comm, u->rs_out, u->rs_out, u->c, u->reduce, &ared,
                                      NULL);
-            rt->ar_ms += ms_since(t2);
             uint32_t g = (uint32_t)pcs_coll_size(u->ar_comm);
-            rt->ar_bytes += u->c * pcs_dtype_size(u->reduce);
             pthread_mutex_lock(&rt->mu);
+            rt->ar_ms += ms_since(t2);
+            rt->ar_bytes += u->c * pcs_dtype_size(u->reduce);
             record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, u->index, u->reduce, u->c, g,
                    u->ar, 0);
             pthread_mutex_unlock(&rt->mu);
@@ -784,9 +822,9 @@ static pcs_status_t reduce_unit(pcs_runtime_t *rt, rt_unit_t *u)
         uint64_t t1 = pcs_now_us();
         st = pcs_coll_all_reduce(u->ar_comm, u->rs_in, u->rs_in, u->padded, u->reduce, &red,
                                  NULL);
+        pthread_mutex_lock(&rt->mu);
         rt->ar_ms += ms_since(t1);
         rt->ar_bytes += u->padded * pcs_dtype_size(u->reduce);
-        pthread_mutex_lock(&rt->mu);
         record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, u->index, u->reduce, u->padded,
                (uint32_t)pcs_coll_size(u->ar_comm), u->ar, 0);
         pthread_mutex_unlock(&rt->mu);
@@ -801,7 +839,59 @@ static pcs_status_t reduce_unit(pcs_runtime_t *rt, rt_unit_t *u)
     uint64_t t3 = pcs_now_us();
     PCS_CHECK(pcs_kernel_accumulate(rt->be, u->grad_shard, u->grad, result, u->reduce, u->c,
                                     NULL));
-    rt->cast_ms += ms_since(t3);
+    pthread_mutex_lock(&rt->mu);
+    rt->rs_cast_ms += ms_since(t3);
+    pthread_mutex_unlock(&rt->mu);
+    return PCS_OK;
+}
+
+static void *rs_main(void *arg)
+{
+    pcs_runtime_t *rt = arg;
+    pthread_mutex_lock(&rt->mu);
+    for (;;) {
+        while (!rt->rs_len && !rt->quit)
+            pthread_cond_wait(&rt->cv, &rt->mu);
+        if (rt->quit)
+            break;
+        uint32_t ui = rt->rs_queue[rt->rs_head];
+        rt->rs_head = (rt->rs_head + 1) % rt->n_units;
+        rt->rs_len--;
+        rt->rs_busy = 1;
+        int skip = rt->rs_err != PCS_OK || atomic_load(&rt->aborted);
+        pthread_mutex_unlock(&rt->mu);
+        pcs_status_t st = skip ? PCS_OK : reduce_comm(rt, &rt->units[ui]);
+        char err[768];
+        if (st != PCS_OK)
+            snprintf(err, sizeof err, "%s", pcs_last_error());
+        pthread_mutex_lock(&rt->mu);
+        if (st != PCS_OK && rt->rs_err == PCS_OK) {
+            rt->rs_err = st;
+            snprintf(rt->rs_errmsg, sizeof rt->rs_errmsg, "%s", err);
+        }
+        rt->rs_busy = 0;
+        pthread_cond_broadcast(&rt->cv);
+    }
+    pthread_mutex_unlock(&rt->mu);
+    return NULL;
+}
+
+/* Wait until every queued reduction finished; their first error, with its text. */
+static pcs_status_t wait_reductions(pcs_runtime_t *rt)
+{
+    if (!rt->rs_started)
+        return PCS_OK;
+    uint64_t t0 = pcs_now_us();
+    pthread_mutex_lock(&rt->mu);
+    while (rt->rs_len || rt->rs_busy)
+        pthread_cond_wait(&rt->cv, &rt->mu);
+    pcs_status_t st = rt->rs_err;
+    char msg[768];
+    snprintf(msg, sizeof msg, "%s", rt->rs_errmsg);
+    rt->wait_ms += ms_since(t0);
+    pthread_mutex_unlock(&rt->mu);
+    if (st != PCS_OK)
+        return pcs_set_error(st, "%s", msg);
     return PCS_OK;
 }
 
@@ -825,9 +915,25 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
     }
     if (!sync)
         return PCS_OK;
-    pcs_status_t st = reduce_unit(rt, u);
+    pcs_status_t st = reduce_copy_in(rt, u);
     u->accum_valid = 0;
-    return st;
+    if (st != PCS_OK)
+        return st;
+    if (!rt->rs_started)
+        return reduce_comm(rt, u);
+    pthread_mutex_lock(&rt->mu);
+    if (rt->rs_err != PCS_OK) { /* fail fast: an earlier reduction failed */
+        char msg[768];
+        snprintf(msg, sizeof msg, "%s", rt->rs_errmsg);
+        st = rt->rs_err;
+        pthread_mutex_unlock(&rt->mu);
+        return pcs_set_error(st, "%s", msg);
+    }
+    rt->rs_queue[(rt->rs_head + rt->rs_len) % rt->n_units] = unit;
+    rt->rs_len++;
+    pthread_cond_broadcast(&rt->cv);
+    pthread_mutex_unlock(&rt->mu);
+    return PCS_OK;
 }
 
 // ---- optimizer step ----
@@ -855,6 +961,7 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
     memset(r, 0, sizeof *r);
     if (atomic_load(&rt->aborted))
         return pcs_set_error(PCS_ERR_CANCELLED, "runtime aborted");
+    PCS_CHECK(wait_reductions(rt));
     uint64_t t0 = pcs_now_us();
     /* fp32 view of every grad shard (keep_low_precision_grads keeps them in the param dtype:
      * FSDP1 hands those to the optimizer; we widen for the fp32 update). */
@@ -994,7 +1101,7 @@ void pcs_runtime_stats(const pcs_runtime_t *rt, pcs_rt_stats_t *s)
     s->all_gather_ms = rt->ag_ms;
     s->reduce_scatter_ms = rt->rs_ms;
     s->all_reduce_ms = rt->ar_ms;
-    s->cast_ms = rt->cast_ms;
+    s->cast_ms = rt->cast_ms + rt->rs_cast_ms;
     s->optimizer_ms = rt->opt_ms;
     s->unshard_wait_ms = rt->wait_ms;
     s->all_gather_bytes = rt->ag_bytes;
