@@ -317,7 +317,7 @@ int main(int argc, char **argv)
     printf("# warmup %d steps, timed %d steps, per-rank mean, max over ranks; comm = AG + RS/AR "
            "time; overlap = max(compute, comm) / step\n",
            b.warmup, b.iters);
-    printf("#  W  prefetch    step   compute      AG    RS+AR    cast     opt   AG MB  RS MB  "
+    printf("#  W     async    step   compute      AG    RS+AR    cast     opt   AG MB  RS MB  "
            "overlap #wrong\n");
     printf("#                 (ms)      (ms)    (ms)     (ms)    (ms)    (ms)                   "
            "         \n");
