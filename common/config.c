@@ -518,6 +518,12 @@ char **pcs_config_args(const pcs_config_t *c, int *argc)
 
 void pcs_config_print_help(const pcs_opt_t *table, size_t n, const char *usage)
 {
+    /* PCS_HELP_FORMAT=markdown: the README's configuration table, from the same rows */
+    const char *fmt = getenv("PCS_HELP_FORMAT");
+    if (fmt && strcmp(fmt, "markdown") == 0) {
+        pcs_config_print_markdown(table, n);
+        return;
+    }
     if (usage)
         printf("%s\n\n", usage);
     printf("Options (precedence: default < --config FILE < env PCS_* < --flag):\n");

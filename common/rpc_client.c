@@ -32,9 +32,33 @@ struct pcs_rpc_client {
 
 // ---- client ----
 
+static const char *env_nonempty(const char *name)
+{
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+/* Every pcs client (pcsctl, workers, their KV store, benches) is created here, so the TLS and
+ * token settings of DESIGN.md §10 come from one place: PCS_TLS_CA (verify the coordinator),
+ * PCS_TLS_CERT + PCS_TLS_KEY (client certificate for mTLS), PCS_TOKEN (bearer token). */
 pcs_status_t pcs_rpc_client_create(const char *target, pcs_rpc_client_t **out)
 {
-    return pcs_rpc_client_create_tls(target, NULL, out);
+    pcs_rpc_tls_t tls = {.cert_file = env_nonempty("PCS_TLS_CERT"),
+                         .key_file = env_nonempty("PCS_TLS_KEY"),
+                         .ca_file = env_nonempty("PCS_TLS_CA"),
+                         .target_name_override = env_nonempty("PCS_TLS_TARGET_NAME")};
+    int use_tls = tls.ca_file || tls.cert_file;
+    PCS_CHECK(pcs_rpc_client_create_tls(target, use_tls ? &tls : NULL, out));
+    const char *token = env_nonempty("PCS_TOKEN");
+    if (token) {
+        pcs_status_t st = pcs_rpc_client_set_token(*out, token);
+        if (st != PCS_OK) {
+            pcs_rpc_client_destroy(*out);
+            *out = NULL;
+            return st;
+        }
+    }
+    return PCS_OK;
 }
 
 pcs_status_t pcs_rpc_client_create_tls(const char *target, const pcs_rpc_tls_t *tls,

@@ -17,7 +17,11 @@ static const pcs_opt_t options[] = {
     {"listen", PCS_OPT_STRING, "127.0.0.1:7070", 0, 0,
      "gRPC address: host:port (port 0 = any free port) or unix:/path"},
     {"insecure", PCS_OPT_BOOL, "false", 0, 0,
-     "allow plaintext gRPC on a non-loopback address (TLS is not built yet)"},
+     "allow plaintext gRPC on a non-loopback address (without --tls-cert)"},
+    {"tls-cert", PCS_OPT_STRING, "", 0, 0, "server certificate chain (PEM): serve gRPC over TLS"},
+    {"tls-key", PCS_OPT_STRING, "", 0, 0, "private key of --tls-cert (PEM)"},
+    {"tls-client-ca", PCS_OPT_STRING, "", 0, 0,
+     "CA bundle (PEM): require and verify worker/client certificates (mTLS)"},
     {"port-file", PCS_OPT_STRING, "", 0, 0, "write the bound gRPC port to this file"},
     {"heartbeat-interval-ms", PCS_OPT_U32, "1000", 10, 60000, "worker heartbeat period"},
     {"lease-ms", PCS_OPT_U32, "10000", 50, 600000,
@@ -96,10 +100,21 @@ int main(int argc, char **argv)
         pcs_log_set_level((pcs_log_level_t)l);
     }
     const char *listen = pcs_config_str(cfg, "listen");
-    if (!loopback(listen) && !pcs_config_bool(cfg, "insecure")) {
+    const char *tls_cert = pcs_config_str(cfg, "tls-cert");
+    const char *tls_key = pcs_config_str(cfg, "tls-key");
+    const char *tls_ca = pcs_config_str(cfg, "tls-client-ca");
+    if ((*tls_cert != 0) != (*tls_key != 0) || (*tls_ca && !*tls_cert)) {
+        fprintf(stderr, "pcs-coordinator: tls-cert and tls-key go together, and tls-client-ca "
+                        "needs them\n");
+        pcs_config_free(cfg);
+        return 2;
+    }
+    pcs_rpc_tls_t tls = {.cert_file = tls_cert, .key_file = tls_key,
+                         .ca_file = *tls_ca ? tls_ca : NULL};
+    if (!loopback(listen) && !*tls_cert && !pcs_config_bool(cfg, "insecure")) {
         fprintf(stderr,
                 "pcs-coordinator: listen %s: plaintext gRPC on a non-loopback address needs "
-                "--insecure\n",
+                "--tls-cert/--tls-key or --insecure\n",
                 listen);
         pcs_config_free(cfg);
         return 2;
@@ -142,7 +157,8 @@ int main(int argc, char **argv)
                               .db_path = db,
                               .metrics_listen = pcs_config_str(cfg, "metrics-listen"),
                               .metrics_port_file = pcs_config_str(cfg, "metrics-port-file"),
-                              .config = cfg};
+                              .config = cfg,
+                              .tls = *tls_cert ? &tls : NULL};
     pcs_server_t *srv = NULL;
     if (pcs_server_create(&sc, &srv) != PCS_OK) {
         fprintf(stderr, "pcs-coordinator: %s\n", pcs_last_error());

@@ -1160,7 +1160,8 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
                                   .user = s,
                                   .max_message_bytes = cfg->max_message_bytes,
                                   .tick_ms = 50,
-                                  .tick = tick};
+                                  .tick = tick,
+                                  .tls = cfg->tls};
     PCS_CHECK_GOTO(pcs_rpc_server_create(&rc, &s->rpc), st, fail);
     if (cfg->metrics_listen && *cfg->metrics_listen) {
         PCS_CHECK_GOTO(pcs_http_start(cfg->metrics_listen, &s->http), st, fail);

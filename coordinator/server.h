@@ -9,6 +9,7 @@
 
 #include "coord.h"
 #include "pcs/config.h"
+#include "pcs/rpc.h"
 #include "pcs/status.h"
 
 #ifdef __cplusplus
@@ -27,6 +28,7 @@ typedef struct pcs_server_config {
     const char *metrics_listen;    /* "127.0.0.1:9090"; NULL or "" = no HTTP endpoint */
     const char *metrics_port_file; /* written with the bound metrics port (may be NULL) */
     const pcs_config_t *config;    /* borrowed, for GetStatus "# Config" (may be NULL) */
+    const pcs_rpc_tls_t *tls;      /* NULL: plaintext; borrowed for pcs_server_create only */
 } pcs_server_config_t;
 
 typedef struct pcs_server pcs_server_t;

@@ -14,7 +14,7 @@ PACKAGES=(
   libopenblas-dev                   # CPU GEMM for the built-in models
   libsqlite3-dev libmicrohttpd-dev libyaml-dev
   python3 python3-grpcio python3-protobuf   # wire-compatibility test with a stock gRPC client
-  curl procps                       # /metrics checks in tests; pgrep/ps
+  curl procps openssl               # /metrics checks, pgrep/ps, test certificates
 )
 
 missing=()

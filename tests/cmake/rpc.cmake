@@ -13,7 +13,6 @@ pcs_add_test(NAME test_fuzz_rpc_decode_replay
              LIBS pcs_common LABELS unit TIMEOUT 60
              ARGS --seconds 3 ${PROJECT_SOURCE_DIR}/tests/fuzz/corpus/rpc_decode)
 target_include_directories(test_fuzz_rpc_decode_replay PRIVATE ${PROJECT_SOURCE_DIR}/common)
-option(PCS_FUZZ "build libFuzzer targets (clang only)" OFF)
 if(PCS_FUZZ AND CMAKE_C_COMPILER_ID MATCHES "Clang")
   # the codec is compiled into the target so libFuzzer sees its coverage (pcs_common is not
   # instrumented)
