@@ -89,6 +89,8 @@ struct pcs_runtime {
 
     /* stats (under mu where the AG thread writes) */
     double ag_ms, rs_ms, ar_ms, cast_ms, opt_ms, wait_ms;
+    double inline_reduce_ms; /* reductions run on the compute thread (no reduction thread) */
+    double drain_ms;         /* optimizer step waiting for queued reductions */
     uint64_t ag_bytes, rs_bytes, ar_bytes;
     pcs_rt_coll_rec_t *recs;
     size_t n_recs, cap_recs;
@@ -633,6 +635,7 @@ pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt)
     pthread_mutex_lock(&rt->mu);
     rt->ag_ms = rt->rs_ms = rt->ar_ms = rt->cast_ms = rt->opt_ms = rt->wait_ms = 0;
     rt->rs_cast_ms = 0;
+    rt->inline_reduce_ms = rt->drain_ms = 0;
     rt->ag_bytes = rt->rs_bytes = rt->ar_bytes = 0;
     rt->n_recs = 0;
     rt->h_ag = rt->h_main = 1469598103934665603ull;
@@ -888,7 +891,7 @@ static pcs_status_t wait_reductions(pcs_runtime_t *rt)
     pcs_status_t st = rt->rs_err;
     char msg[768];
     snprintf(msg, sizeof msg, "%s", rt->rs_errmsg);
-    rt->wait_ms += ms_since(t0);
+    rt->drain_ms += ms_since(t0);
     pthread_mutex_unlock(&rt->mu);
     if (st != PCS_OK)
         return pcs_set_error(st, "%s", msg);
@@ -919,8 +922,14 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
     u->accum_valid = 0;
     if (st != PCS_OK)
         return st;
-    if (!rt->rs_started)
-        return reduce_comm(rt, u);
+    if (!rt->rs_started) {
+        uint64_t t1 = pcs_now_us();
+        st = reduce_comm(rt, u);
+        pthread_mutex_lock(&rt->mu);
+        rt->inline_reduce_ms += ms_since(t1);
+        pthread_mutex_unlock(&rt->mu);
+        return st;
+    }
     pthread_mutex_lock(&rt->mu);
     if (rt->rs_err != PCS_OK) { /* fail fast: an earlier reduction failed */
         char msg[768];
@@ -1104,6 +1113,8 @@ void pcs_runtime_stats(const pcs_runtime_t *rt, pcs_rt_stats_t *s)
     s->cast_ms = rt->cast_ms + rt->rs_cast_ms;
     s->optimizer_ms = rt->opt_ms;
     s->unshard_wait_ms = rt->wait_ms;
+    s->compute_thread_comm_ms = rt->wait_ms + rt->inline_reduce_ms;
+    s->reduce_drain_ms = rt->drain_ms;
     s->all_gather_bytes = rt->ag_bytes;
     s->reduce_scatter_bytes = rt->rs_bytes;
     s->all_reduce_bytes = rt->ar_bytes;

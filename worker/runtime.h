@@ -60,6 +60,9 @@ typedef struct pcs_rt_coll_rec {
 typedef struct pcs_rt_stats {
     double all_gather_ms, reduce_scatter_ms, all_reduce_ms, cast_ms, optimizer_ms;
     double unshard_wait_ms;      /* time the compute thread waited for an all-gather */
+    double compute_thread_comm_ms; /* forward/backward time the compute thread spent blocked on
+                                    * communication (all-gather waits, inline reductions) */
+    double reduce_drain_ms;      /* optimizer step waiting for queued reductions */
     uint64_t all_gather_bytes, reduce_scatter_bytes, all_reduce_bytes;
     size_t n_colls;
     const pcs_rt_coll_rec_t *colls; /* this step's collectives in issue order */

@@ -744,7 +744,7 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
         r.loss = loss;
         r.step_ms = step_ms;
         /* compute = forward/backward wall time minus the communication it waited on */
-        double waited = rs.unshard_wait_ms + rs.reduce_scatter_ms + rs.all_reduce_ms;
+        double waited = rs.compute_thread_comm_ms;
         r.compute_ms = compute_ms > waited ? compute_ms - waited : 0;
         r.grad_norm = sr.grad_norm;
         r.loss_scale = reported_scale;
