@@ -20,6 +20,7 @@
 #include "pcs/clock.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
+#include "plan.h"
 #include "runtime.h"
 
 typedef struct train_buffer {
@@ -254,6 +255,14 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
         st = pcs_set_error(PCS_ERR_UNSUPPORTED,
                            "model: pcs-worker computes built-in mlp models only (explicit module "
                            "trees are for programs using the C API)");
+        goto fail;
+    }
+    if (t->as->plan_hash && pcs_plan_hash(t->plan) != t->as->plan_hash) {
+        /* the plan is the contract: refuse one that is not the coordinator's */
+        st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                           "assignment: plan hash %016llx does not match the plan's %016llx",
+                           (unsigned long long)t->as->plan_hash,
+                           (unsigned long long)pcs_plan_hash(t->plan));
         goto fail;
     }
     if (t->plan->pp_size > 1) {

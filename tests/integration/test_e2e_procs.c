@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "plan.h"
 #include "test_e2e_util.h"
+#include "train.h"
 #include "test_util.h"
 
 #define JOB_FMT                                                                                    \
@@ -309,9 +311,59 @@ static void test_hybrid_shard_w2_two_replicas_matches_reference(void **state)
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
 }
 
+/* Bad assignments get a clear status before any communicator is created. */
+static pcs_status_t create_with(const char *yaml, uint64_t hash_xor, const char *coll)
+{
+    Pcs__V1__JobSpec *spec = e2e_parse_spec(yaml);
+    assert_non_null(spec);
+    Pcs__V1__Plan *plan = NULL;
+    assert_int_equal(pcs_plan_build(spec, 2, &plan), PCS_OK);
+    Pcs__V1__MeshCoords coords = PCS__V1__MESH_COORDS__INIT;
+    Pcs__V1__Assignment as = PCS__V1__ASSIGNMENT__INIT;
+    as.job_id = (char *)"bad";
+    as.rank = 0;
+    as.world_size = 2;
+    as.coords = &coords;
+    as.spec = spec;
+    as.plan = plan;
+    as.plan_hash = pcs_plan_hash(plan) ^ hash_xor;
+    pcs_train_config_t tc;
+    memset(&tc, 0, sizeof tc);
+    tc.assignment = &as;
+    tc.coll = coll;
+    tc.prefetch = -1;
+    pcs_train_t *t = NULL;
+    pcs_status_t st = pcs_train_create(&tc, &t);
+    assert_null(t);
+    pcs_plan_free(plan);
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+    return st;
+}
+
+static void test_bad_assignments_are_refused_with_a_reason(void **state)
+{
+    (void)state;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 2}", .world = 2};
+    char yaml[4096];
+    make_yaml(&p, yaml, sizeof yaml);
+    assert_int_equal(create_with(yaml, 1, NULL), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "plan hash"));
+    assert_int_equal(create_with(yaml, 0, "nccl"), PCS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(pcs_last_error(), "coll nccl"));
+    static const char explicit_job[] =
+        "name: x\n"
+        "model: {explicit: {modules: [{path: fc, class: Linear, params: [{name: weight, "
+        "shape: [2, 2]}]}]}}\n"
+        "mesh: [{dim: dp_shard, size: 2}]\n"
+        "training: {steps: 1, micro_batch_size: 1, optimizer: {sgd: {lr: 0.1}}}\n";
+    assert_int_equal(create_with(explicit_job, 0, NULL), PCS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(pcs_last_error(), "C API"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bad_assignments_are_refused_with_a_reason),
         cmocka_unit_test(test_full_shard_bf16_w2_matches_reference),
         cmocka_unit_test(test_full_shard_bf16_w4_matches_reference),
         cmocka_unit_test(test_shard_grad_op_w2_matches_reference),
