@@ -144,9 +144,8 @@ static int rank_main(const bench_cfg_t *b, int world, int rank, int prefetch, in
         if (!f)
             return 2;
         double n = rc.n;
-        fprintf(f, "%f %f %f %f %f %f %f %f\n", rc.sum.step / n, rc.sum.compute / n,
-                rc.sum.ag / n, rc.sum.rs / n, rc.sum.cast / n, rc.sum.opt / n, rc.sum.ag_mb / n,
-                rc.sum.rs_mb / n);
+        fprintf(f, "%f %f %f %f %f %f %f %f\n", rc.sum.step / n, rc.sum.compute / n, rc.sum.ag / n,
+                rc.sum.rs / n, rc.sum.cast / n, rc.sum.opt / n, rc.sum.ag_mb / n, rc.sum.rs_mb / n);
         fclose(f);
     }
     return st == PCS_OK ? 0 : 1;
@@ -193,8 +192,8 @@ static int run(const bench_cfg_t *b, int world, int prefetch, int steps, const c
             ok = ckpt != NULL; /* the check pass has no timed steps */
             continue;
         }
-        if (fscanf(f, "%lf %lf %lf %lf %lf %lf %lf %lf", &s.step, &s.compute, &s.ag, &s.rs,
-                   &s.cast, &s.opt, &s.ag_mb, &s.rs_mb) != 8)
+        if (fscanf(f, "%lf %lf %lf %lf %lf %lf %lf %lf", &s.step, &s.compute, &s.ag, &s.rs, &s.cast,
+                   &s.opt, &s.ag_mb, &s.rs_mb) != 8)
             ok = 0;
         fclose(f);
         out->step = fmax(out->step, s.step);
@@ -285,9 +284,8 @@ int main(int argc, char **argv)
         } else if (strcmp(argv[i], "--check-steps") == 0 && i + 1 < argc) {
             check_steps = atoi(argv[++i]);
         } else {
-            fprintf(stderr,
-                    "usage: pcs-step-bench [-g 1,2,4] [-n iters] [-w warmup] [--tiny] "
-                    "[--check-steps N]\n");
+            fprintf(stderr, "usage: pcs-step-bench [-g 1,2,4] [-n iters] [-w warmup] [--tiny] "
+                            "[--check-steps N]\n");
             return 2;
         }
     }

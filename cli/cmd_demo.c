@@ -25,8 +25,7 @@
 #include "reference.h"
 #include "safetensors.h"
 
-#define DEMO_USAGE                                                                                 \
-    "pcsctl demo [--workers N] [--steps S] [--job FILE] [--dir DIR] [--no-reference]"
+#define DEMO_USAGE "pcsctl demo [--workers N] [--steps S] [--job FILE] [--dir DIR] [--no-reference]"
 
 #define DEMO_MAX_WORKERS 16
 
@@ -264,17 +263,16 @@ int pcs_cli_demo(int argc, char **argv)
         }
     }
     if (workers < 1 || workers > DEMO_MAX_WORKERS)
-        return pcs_cli_usage("demo", DEMO_USAGE, "--workers must be in [1, %d]",
-                             DEMO_MAX_WORKERS);
+        return pcs_cli_usage("demo", DEMO_USAGE, "--workers must be in [1, %d]", DEMO_MAX_WORKERS);
     if (steps < 1)
         return pcs_cli_usage("demo", DEMO_USAGE, "--steps must be >= 1");
 
     /* ---- the job ---- */
     ProtobufCMessage *msg = NULL;
-    pcs_status_t pst = job_file ? pcs_pb_from_yaml_file(job_file, &pcs__v1__job_spec__descriptor,
-                                                        &msg)
-                                : pcs_pb_from_yaml(k_demo_job, strlen(k_demo_job),
-                                                   &pcs__v1__job_spec__descriptor, &msg);
+    pcs_status_t pst = job_file
+                           ? pcs_pb_from_yaml_file(job_file, &pcs__v1__job_spec__descriptor, &msg)
+                           : pcs_pb_from_yaml(k_demo_job, strlen(k_demo_job),
+                                              &pcs__v1__job_spec__descriptor, &msg);
     if (pst != PCS_OK)
         return pcs_cli_fail("demo: job: %s", pcs_last_error());
     Pcs__V1__JobSpec *spec = (Pcs__V1__JobSpec *)msg;
@@ -363,8 +361,8 @@ int pcs_cli_demo(int argc, char **argv)
         char ident[64];
         snprintf(ident, sizeof ident, "demo-%d-w%u", (int)getpid(), i);
         snprintf(log, sizeof log, "%s/worker-%u.log", dir, i);
-        char *args[] = {worker_bin, "--coordinator", addr,    "--identity", ident,
-                        "--max-jobs", "1",           "--report-dir", dir,   NULL};
+        char *args[] = {worker_bin, "--coordinator", addr, "--identity", ident, "--max-jobs",
+                        "1",        "--report-dir",  dir,  NULL};
         wpids[n_w++] = spawn(args, log);
     }
     printf("pcs demo: coordinator %s (pid %d), %u CPU workers, logs and outputs in %s\n", addr,

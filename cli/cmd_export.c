@@ -1,8 +1,9 @@
-/* `pcsctl export JOB out.safetensors [--step N]` and `pcsctl export --checkpoint DIR out.safetensors`:
- * the final full parameters (and buffers) of a job, assembled from its sharded checkpoint through
- * the plan saved next to the shards, written as a .safetensors file keyed by FQN that PyTorch
- * (safetensors.torch.load_file + load_state_dict) and Hugging Face tools load directly. With a JOB
- * id the checkpoint directory comes from the job's spec (GetJob); no worker needs to be alive. */
+/* `pcsctl export JOB out.safetensors [--step N]` and `pcsctl export --checkpoint DIR
+ * out.safetensors`: the final full parameters (and buffers) of a job, assembled from its sharded
+ * checkpoint through the plan saved next to the shards, written as a .safetensors file keyed by FQN
+ * that PyTorch (safetensors.torch.load_file + load_state_dict) and Hugging Face tools load
+ * directly. With a JOB id the checkpoint directory comes from the job's spec (GetJob); no worker
+ * needs to be alive. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,7 @@
 #include "pcs/v1/coordinator.pb-c.h"
 
 #define EXPORT_USAGE                                                                               \
-    "pcsctl export JOB OUT.safetensors [--step N] | pcsctl export --checkpoint DIR "            \
+    "pcsctl export JOB OUT.safetensors [--step N] | pcsctl export --checkpoint DIR "               \
     "OUT.safetensors [--step N]"
 
 int pcs_cli_export(int argc, char **argv)
@@ -47,8 +48,9 @@ int pcs_cli_export(int argc, char **argv)
         job = NULL;
     }
     if ((!job && !ckpt) || !out)
-        return pcs_cli_usage("export", EXPORT_USAGE, "a job id (or --checkpoint DIR) and an "
-                                                     "output path are required");
+        return pcs_cli_usage("export", EXPORT_USAGE,
+                             "a job id (or --checkpoint DIR) and an "
+                             "output path are required");
     char dir[1024];
     if (ckpt) {
         snprintf(dir, sizeof dir, "%s", ckpt);

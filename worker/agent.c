@@ -22,7 +22,7 @@
 #include "pcs/v1/worker.pb-c.h"
 #include "train.h"
 
-#define GRPC_NOT_FOUND 5
+#define GRPC_NOT_FOUND           5
 #define GRPC_FAILED_PRECONDITION 9
 
 typedef struct report_item {
@@ -32,7 +32,7 @@ typedef struct report_item {
 
 struct pcs_agent {
     char *coordinator, *identity, *backend, *coll, *hostname, *report_dir;
-    FILE *report_file;           /* training thread only */
+    FILE *report_file; /* training thread only */
     uint32_t rpc_timeout_ms, coll_timeout_ms, heartbeat_ms, max_jobs;
     uint64_t inject_inf_step;
     uint32_t inject_inf_rank;
@@ -44,13 +44,13 @@ struct pcs_agent {
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    char worker_id[64];          /* under mu */
+    char worker_id[64]; /* under mu */
     uint32_t hb_interval_ms;
     Pcs__V1__Assignment *pending; /* under mu: next job to run */
-    char job_id[64];             /* under mu: the running job ("" if idle) */
+    char job_id[64];              /* under mu: the running job ("" if idle) */
     uint64_t generation;
     uint32_t rank;
-    pcs_train_t *train;          /* under mu while running, for abort */
+    pcs_train_t *train;                     /* under mu while running, for abort */
     void (*abort_fn)(void *, const char *); /* under mu: custom job's abort */
     void *abort_ctx;
     pcs_agent_job_fn job_fn;
@@ -120,17 +120,17 @@ static pcs_status_t do_register(pcs_agent_t *a)
     req.version = (char *)"0.1.0";
     req.address = a->hostname;
     ProtobufCMessage *resp = NULL;
-    pcs_status_t st = pcs_rpc_call(a->rpc, PCS_M_REGISTER, &req.base,
-                                   &pcs__v1__register_response__descriptor,
-                                   (int)a->rpc_timeout_ms, &resp, NULL);
+    pcs_status_t st =
+        pcs_rpc_call(a->rpc, PCS_M_REGISTER, &req.base, &pcs__v1__register_response__descriptor,
+                     (int)a->rpc_timeout_ms, &resp, NULL);
     if (st != PCS_OK)
         return st;
     Pcs__V1__RegisterResponse *r = (Pcs__V1__RegisterResponse *)resp;
     pthread_mutex_lock(&a->mu);
     snprintf(a->worker_id, sizeof a->worker_id, "%s", r->worker_id ? r->worker_id : "");
-    a->hb_interval_ms = a->heartbeat_ms ? a->heartbeat_ms
-                                        : (r->heartbeat_interval_ms ? r->heartbeat_interval_ms
-                                                                    : 1000);
+    a->hb_interval_ms = a->heartbeat_ms
+                            ? a->heartbeat_ms
+                            : (r->heartbeat_interval_ms ? r->heartbeat_interval_ms : 1000);
     pthread_mutex_unlock(&a->mu);
     PCS_INFO(PCS_SUB_WORKER, "registered with %s as %s (identity %s%s), heartbeat %u ms",
              a->coordinator, a->worker_id, a->identity, r->reregistered ? ", re-registered" : "",
@@ -231,8 +231,8 @@ static void handle_event(pcs_agent_t *a, Pcs__V1__AssignmentEvent *ev)
                  (unsigned long long)as->generation, as->rank, as->world_size);
     } else if (ev->event_case == PCS__V1__ASSIGNMENT_EVENT__EVENT_DIRECTIVE && ev->directive) {
         Pcs__V1__Directive *d = ev->directive;
-        const char *kind = d->kind == PCS__V1__DIRECTIVE_KIND__DIRECTIVE_KIND_RESTART ? "RESTART"
-                                                                                      : "STOP";
+        const char *kind =
+            d->kind == PCS__V1__DIRECTIVE_KIND__DIRECTIVE_KIND_RESTART ? "RESTART" : "STOP";
         char reason[512];
         snprintf(reason, sizeof reason, "%s directive from coordinator: %s", kind,
                  d->reason && d->reason[0] ? d->reason : "(no reason)");
@@ -550,8 +550,7 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
 
 // ---- public ----
 
-void pcs_agent_report_path(const char *dir, const char *job_id, uint32_t rank, char *buf,
-                           size_t n)
+void pcs_agent_report_path(const char *dir, const char *job_id, uint32_t rank, char *buf, size_t n)
 {
     snprintf(buf, n, "%s/%s.rank%u.reports", dir, job_id ? job_id : "job", rank);
 }
@@ -578,8 +577,7 @@ pcs_status_t pcs_agent_create(const pcs_agent_config_t *cfg, pcs_agent_t **out)
     PCS_CHECK_GOTO(pcs_strdup(ident, &a->identity), st, fail);
     PCS_CHECK_GOTO(pcs_strdup(cfg->backend ? cfg->backend : "cpu", &a->backend), st, fail);
     PCS_CHECK_GOTO(pcs_strdup(cfg->coll ? cfg->coll : "gloo", &a->coll), st, fail);
-    PCS_CHECK_GOTO(pcs_strdup(cfg->hostname ? cfg->hostname : "127.0.0.1", &a->hostname), st,
-                   fail);
+    PCS_CHECK_GOTO(pcs_strdup(cfg->hostname ? cfg->hostname : "127.0.0.1", &a->hostname), st, fail);
     if (cfg->report_dir && cfg->report_dir[0])
         PCS_CHECK_GOTO(pcs_strdup(cfg->report_dir, &a->report_dir), st, fail);
     a->rpc_timeout_ms = cfg->rpc_timeout_ms ? cfg->rpc_timeout_ms : 5000;
@@ -657,7 +655,8 @@ pcs_status_t pcs_agent_run(pcs_agent_t *a)
     copy_worker_id(a, wid, sizeof wid);
     Pcs__V1__DeregisterRequest dreq = PCS__V1__DEREGISTER_REQUEST__INIT;
     dreq.worker_id = wid;
-    dreq.reason = (char *)(atomic_load(&a->stop) ? "worker stopped by signal" : "job limit reached");
+    dreq.reason =
+        (char *)(atomic_load(&a->stop) ? "worker stopped by signal" : "job limit reached");
     ProtobufCMessage *resp = NULL;
     if (pcs_rpc_call(a->rpc, PCS_M_DEREGISTER, &dreq.base,
                      &pcs__v1__deregister_response__descriptor, (int)a->rpc_timeout_ms, &resp,

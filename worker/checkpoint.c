@@ -79,11 +79,26 @@ pcs_status_t pcs_ckpt_write_rank(const char *dir, const pcs_ckpt_rank_meta_t *m,
     snprintf(v[5], 64, "%u", m->pp_index);
     snprintf(v[6], 64, "%016llx", (unsigned long long)m->plan_hash);
     snprintf(v[7], 64, "%.17g", m->loss_scale);
-    const char *meta[] = {"format",      "pcs-shard",  "job_id",     m->job_id ? m->job_id : "",
-                          "step",        v[0],         "rank",       v[1],
-                          "world_size",  v[2],         "shard_index", v[3],
-                          "replicate_index", v[4],     "pp_index",   v[5],
-                          "plan_hash",   v[6],         "loss_scale", v[7]};
+    const char *meta[] = {"format",
+                          "pcs-shard",
+                          "job_id",
+                          m->job_id ? m->job_id : "",
+                          "step",
+                          v[0],
+                          "rank",
+                          v[1],
+                          "world_size",
+                          v[2],
+                          "shard_index",
+                          v[3],
+                          "replicate_index",
+                          v[4],
+                          "pp_index",
+                          v[5],
+                          "plan_hash",
+                          v[6],
+                          "loss_scale",
+                          v[7]};
     return pcs_st_write(path, e, n, meta, sizeof meta / sizeof meta[0] / 2);
 }
 
@@ -214,8 +229,7 @@ pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_pat
         uint64_t c = un->shard_numel;
         if (c * sg < un->padded_numel) {
             st = pcs_set_error(PCS_ERR_INVALID_ARG, "plan unit %zu: shard %llu x %u < padded %llu",
-                               u, (unsigned long long)c, sg,
-                               (unsigned long long)un->padded_numel);
+                               u, (unsigned long long)c, sg, (unsigned long long)un->padded_numel);
             goto out;
         }
         PCS_CHECK_GOTO(pcs_calloc((c * sg) != 0 ? c * sg : 1, esz, (void **)&flats[u]), st, out);
@@ -248,8 +262,8 @@ pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_pat
         for (size_t p = 0; p < un->n_params; p++) {
             const Pcs__V1__ParamSlot *ps = un->params[p];
             if (ps->offset + ps->numel > c * sg || ps->n_shape > PCS_ST_MAX_DIMS) {
-                st = pcs_set_error(PCS_ERR_INVALID_ARG, "plan: param %s outside unit %zu",
-                                   ps->fqn, u);
+                st = pcs_set_error(PCS_ERR_INVALID_ARG, "plan: param %s outside unit %zu", ps->fqn,
+                                   u);
                 goto out;
             }
             pcs_st_entry_t *e = &ents[n_ent];

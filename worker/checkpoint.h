@@ -19,10 +19,10 @@ extern "C" {
 
 typedef struct pcs_ckpt_rank_meta {
     const char *job_id;
-    uint64_t step;             /* optimizer steps done */
+    uint64_t step; /* optimizer steps done */
     uint32_t rank, world_size;
-    uint32_t shard_index;      /* index in the shard group (dp_shard coordinate) */
-    uint32_t replicate_index;  /* dp_replicate coordinate */
+    uint32_t shard_index;     /* index in the shard group (dp_shard coordinate) */
+    uint32_t replicate_index; /* dp_replicate coordinate */
     uint32_t pp_index;
     uint64_t plan_hash;
     double loss_scale;

@@ -14,7 +14,8 @@ static const pcs_opt_t worker_opts[] = {
     {"identity", PCS_OPT_STRING, "", 0, 0, "stable identity for Register (default host:pid)"},
     {"backend", PCS_OPT_STRING, "cpu", 0, 0, "kernels backend: cpu | cuda"},
     {"coll", PCS_OPT_STRING, "gloo", 0, 0, "collectives backend: gloo | nccl"},
-    {"hostname", PCS_OPT_STRING, "127.0.0.1", 0, 0, "address peers use for this worker's transport"},
+    {"hostname", PCS_OPT_STRING, "127.0.0.1", 0, 0,
+     "address peers use for this worker's transport"},
     {"rpc-timeout-ms", PCS_OPT_U32, "5000", 100, 600000, "deadline of unary RPCs"},
     {"coll-timeout-ms", PCS_OPT_U32, "30000", 100, 3600000, "timeout of one collective"},
     {"heartbeat-interval-ms", PCS_OPT_U32, "0", 0, 60000,
@@ -83,8 +84,8 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    PCS_INFO(PCS_SUB_INIT, "pcs-worker starting: coordinator %s backend %s coll %s",
-             ac.coordinator, ac.backend, ac.coll);
+    PCS_INFO(PCS_SUB_INIT, "pcs-worker starting: coordinator %s backend %s coll %s", ac.coordinator,
+             ac.backend, ac.coll);
     pcs_status_t st = pcs_agent_run(g_agent);
     pcs_agent_destroy(g_agent);
     g_agent = NULL;

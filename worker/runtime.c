@@ -30,18 +30,18 @@ typedef struct rt_unit {
     pcs_dtype_t master, param, reduce, grad, accum;
     uint64_t padded, c;
     uint32_t sg, shard_index;
-    void *master_shard; /* c, master dtype */
-    void *grad_shard;   /* c, grad dtype */
+    void *master_shard;   /* c, master dtype */
+    void *grad_shard;     /* c, grad dtype */
     float *opt_a, *opt_b; /* c each: exp_avg/exp_avg_sq or momentum */
-    void *unsharded;    /* padded, param dtype */
-    void *full;         /* padded, master dtype (full-precision eval), lazily */
-    void *grads;        /* padded, param (compute) dtype */
-    void *accum_buf;    /* padded, accum dtype (micro_batches > 1) */
-    void *rs_in;        /* padded, reduce dtype */
-    void *rs_out;       /* c, reduce dtype */
-    void *ag_in;        /* c, param dtype */
+    void *unsharded;      /* padded, param dtype */
+    void *full;           /* padded, master dtype (full-precision eval), lazily */
+    void *grads;          /* padded, param (compute) dtype */
+    void *accum_buf;      /* padded, accum dtype (micro_batches > 1) */
+    void *rs_in;          /* padded, reduce dtype */
+    void *rs_out;         /* c, reduce dtype */
+    void *ag_in;          /* c, param dtype */
     int accum_valid;
-    int state;          /* under mu */
+    int state; /* under mu */
     pcs_status_t ag_err;
     char ag_errmsg[512]; /* the prefetch thread's error text (its pcs_last_error is its own) */
     /* the plan's collectives for this unit */
@@ -142,9 +142,9 @@ static void record(pcs_runtime_t *rt, int kind, uint32_t unit, pcs_dtype_t dt, u
     int ok = spec ? (pcs_dtype_t)spec->dtype == dt : 1;
     if (!ok) {
         PCS_WARN(PCS_SUB_WORKER, "dtype audit: unit %u %s ran in %s, plan says %s", unit,
-                 kind == PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER ? "all-gather"
+                 kind == PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER       ? "all-gather"
                  : kind == PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER ? "reduce-scatter"
-                                                                         : "all-reduce",
+                                                                        : "all-reduce",
                  pcs_dtype_name(dt), pcs_dtype_name((pcs_dtype_t)spec->dtype));
         rt->audit_ok = 0;
     }
@@ -254,8 +254,8 @@ static void group_of(const mesh_info_t *m, uint32_t world, uint32_t rank, unsign
 }
 
 #define VARY_SHARD (1u << PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_SHARD)
-#define VARY_REP (1u << PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE)
-#define VARY_PP (1u << PCS__V1__MESH_DIM_NAME__MESH_DIM_PP)
+#define VARY_REP   (1u << PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE)
+#define VARY_PP    (1u << PCS__V1__MESH_DIM_NAME__MESH_DIM_PP)
 
 static pcs_status_t make_comm(const pcs_runtime_config_t *cfg, const char *name, uint32_t id,
                               uint32_t index, uint32_t size, pcs_coll_t **out)
@@ -297,8 +297,8 @@ static pcs_status_t do_unshard(pcs_runtime_t *rt, rt_unit_t *u, int full)
     /* Master shards are stored as fp32 holding values of the master dtype (pure fp16 keeps
      * fp16-representable values), so the cast source is always fp32. */
     if (dt != PCS_DTYPE_FP32) {
-        PCS_CHECK(pcs_kernel_cast(rt->be, u->ag_in, dt, u->master_shard, PCS_DTYPE_FP32, u->c,
-                                  NULL));
+        PCS_CHECK(
+            pcs_kernel_cast(rt->be, u->ag_in, dt, u->master_shard, PCS_DTYPE_FP32, u->c, NULL));
         src = u->ag_in;
     }
     double cast_ms = dt != PCS_DTYPE_FP32 ? ms_since(t0) : 0;
@@ -372,8 +372,8 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
     PCS_CHECK(pcs_calloc(p->n_units ? p->n_units : 1, sizeof *rt->units, (void **)&rt->units));
     rt->n_units = p->n_units;
     PCS_CHECK(pcs_calloc(p->n_units ? p->n_units : 1, sizeof *rt->queue, (void **)&rt->queue));
-    PCS_CHECK(pcs_calloc(p->n_units ? p->n_units : 1, sizeof *rt->rs_queue,
-                         (void **)&rt->rs_queue));
+    PCS_CHECK(
+        pcs_calloc(p->n_units ? p->n_units : 1, sizeof *rt->rs_queue, (void **)&rt->rs_queue));
     float *tmp = NULL;
     size_t tmp_cap = 0;
     pcs_status_t st = PCS_OK;
@@ -415,8 +415,8 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         if (u->ar) {
             int g = (int)u->ar->group;
             u->ar_comm = g == PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE ? rt->rep_c
-                         : g == PCS__V1__GROUP_KIND__GROUP_KIND_WORLD  ? rt->world_c
-                                                                       : rt->dp_c;
+                         : g == PCS__V1__GROUP_KIND__GROUP_KIND_WORLD   ? rt->world_c
+                                                                        : rt->dp_c;
         } else if (u->sg <= 1 && rt->dp_size > 1) {
             u->ar_comm = rt->dp_c; /* replicated unit without a planned collective: average */
         } else if (u->sg > 1 && rt->rep_size > 1) {
@@ -431,8 +431,7 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         PCS_CHECK_GOTO(pcs_calloc(u->padded, pe, &u->unsharded), st, out);
         PCS_CHECK_GOTO(pcs_calloc(u->padded, pe, &u->grads), st, out);
         if (rt->micro_batches > 1)
-            PCS_CHECK_GOTO(pcs_calloc(u->padded, pcs_dtype_size(u->accum), &u->accum_buf), st,
-                           out);
+            PCS_CHECK_GOTO(pcs_calloc(u->padded, pcs_dtype_size(u->accum), &u->accum_buf), st, out);
         PCS_CHECK_GOTO(pcs_calloc(u->padded, re, &u->rs_in), st, out);
         PCS_CHECK_GOTO(pcs_calloc(u->c, re, &u->rs_out), st, out);
         PCS_CHECK_GOTO(pcs_calloc(u->c, pe, &u->ag_in), st, out);
@@ -520,15 +519,15 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
     /* Communicators are created in the same order on every rank (rendezvous is by name). */
     PCS_CHECK_GOTO(make_comm(cfg, "world", 0, rt->rank, rt->world, &rt->world_c), st, fail);
     if (any_sharded) {
-        PCS_CHECK_GOTO(make_comm(cfg, "shard-ag", shard_id, rt->shard_index, rt->shard_size,
-                                 &rt->shard_ag),
-                       st, fail);
-        PCS_CHECK_GOTO(make_comm(cfg, "shard-rs", shard_id, rt->shard_index, rt->shard_size,
-                                 &rt->shard_rs),
-                       st, fail);
+        PCS_CHECK_GOTO(
+            make_comm(cfg, "shard-ag", shard_id, rt->shard_index, rt->shard_size, &rt->shard_ag),
+            st, fail);
+        PCS_CHECK_GOTO(
+            make_comm(cfg, "shard-rs", shard_id, rt->shard_index, rt->shard_size, &rt->shard_rs),
+            st, fail);
     }
-    PCS_CHECK_GOTO(make_comm(cfg, "replicate", rep_id, rt->rep_index, rt->rep_size, &rt->rep_c),
-                   st, fail);
+    PCS_CHECK_GOTO(make_comm(cfg, "replicate", rep_id, rt->rep_index, rt->rep_size, &rt->rep_c), st,
+                   fail);
     if (any_rep)
         PCS_CHECK_GOTO(make_comm(cfg, "dp", dp_id, dp_index, rt->dp_size, &rt->dp_c), st, fail);
 
@@ -792,8 +791,8 @@ static pcs_status_t reduce_comm(pcs_runtime_t *rt, rt_unit_t *u)
         int hsdp = u->ar_comm != NULL;
         pcs_coll_red_t red = red_of(u->rs, 1, !hsdp);
         uint64_t t1 = pcs_now_us();
-        st = pcs_coll_reduce_scatter(rt->shard_rs, u->rs_in, u->rs_out, u->c, u->reduce, &red,
-                                     NULL);
+        st =
+            pcs_coll_reduce_scatter(rt->shard_rs, u->rs_in, u->rs_out, u->c, u->reduce, &red, NULL);
         pthread_mutex_lock(&rt->mu);
         rt->rs_ms += ms_since(t1);
         rt->rs_bytes += u->c * u->sg * pcs_dtype_size(u->reduce);
@@ -808,8 +807,8 @@ static pcs_status_t reduce_comm(pcs_runtime_t *rt, rt_unit_t *u)
             if (!u->ar) /* unplanned HSDP leg: keep the RS op, post-divide after it */
                 ared.pre_div = 0;
             uint64_t t2 = pcs_now_us();
-            st = pcs_coll_all_reduce(u->ar_comm, u->rs_out, u->rs_out, u->c, u->reduce, &ared,
-                                     NULL);
+            st =
+                pcs_coll_all_reduce(u->ar_comm, u->rs_out, u->rs_out, u->c, u->reduce, &ared, NULL);
             uint32_t g = (uint32_t)pcs_coll_size(u->ar_comm);
             pthread_mutex_lock(&rt->mu);
             rt->ar_ms += ms_since(t2);
@@ -823,8 +822,7 @@ static pcs_status_t reduce_comm(pcs_runtime_t *rt, rt_unit_t *u)
     } else if (u->ar_comm) {
         pcs_coll_red_t red = red_of(u->ar, 1, 1);
         uint64_t t1 = pcs_now_us();
-        st = pcs_coll_all_reduce(u->ar_comm, u->rs_in, u->rs_in, u->padded, u->reduce, &red,
-                                 NULL);
+        st = pcs_coll_all_reduce(u->ar_comm, u->rs_in, u->rs_in, u->padded, u->reduce, &red, NULL);
         pthread_mutex_lock(&rt->mu);
         rt->ar_ms += ms_since(t1);
         rt->ar_bytes += u->padded * pcs_dtype_size(u->reduce);
@@ -840,8 +838,7 @@ static pcs_status_t reduce_comm(pcs_runtime_t *rt, rt_unit_t *u)
     /* Cast back and accumulate into the sharded grad (grad dtype), as FSDP's
      * _saved_grad_shard += grad. */
     uint64_t t3 = pcs_now_us();
-    PCS_CHECK(pcs_kernel_accumulate(rt->be, u->grad_shard, u->grad, result, u->reduce, u->c,
-                                    NULL));
+    PCS_CHECK(pcs_kernel_accumulate(rt->be, u->grad_shard, u->grad, result, u->reduce, u->c, NULL));
     pthread_mutex_lock(&rt->mu);
     rt->rs_cast_ms += ms_since(t3);
     pthread_mutex_unlock(&rt->mu);
@@ -907,8 +904,8 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
     if (rt->micro_batches > 1 && (!sync || u->accum_valid)) {
         uint64_t t0 = pcs_now_us();
         if (!u->accum_valid) {
-            PCS_CHECK(pcs_kernel_cast(rt->be, u->accum_buf, u->accum, u->grads, u->param,
-                                      u->padded, NULL));
+            PCS_CHECK(pcs_kernel_cast(rt->be, u->accum_buf, u->accum, u->grads, u->param, u->padded,
+                                      NULL));
             u->accum_valid = 1;
         } else {
             PCS_CHECK(pcs_kernel_accumulate(rt->be, u->accum_buf, u->accum, u->grads, u->param,
@@ -1043,9 +1040,9 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
                 tmp_cap = u->c;
                 PCS_CHECK_GOTO(pcs_calloc(tmp_cap, sizeof(float), (void **)&tmp), st, out);
             }
-            PCS_CHECK_GOTO(pcs_kernel_cast(rt->be, tmp, PCS_DTYPE_FP32, u->grad_shard, u->grad,
-                                           u->c, NULL),
-                           st, out);
+            PCS_CHECK_GOTO(
+                pcs_kernel_cast(rt->be, tmp, PCS_DTYPE_FP32, u->grad_shard, u->grad, u->c, NULL),
+                st, out);
             g = tmp;
         }
         pcs_tensor_t p = {u->master_shard, PCS_DTYPE_FP32, u->c};
@@ -1053,9 +1050,9 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         pcs_tensor_t a = {u->opt_a, PCS_DTYPE_FP32, u->c};
         if (rt->opt == PCS_OPT_ADAMW) {
             pcs_tensor_t b = {u->opt_b, PCS_DTYPE_FP32, u->c};
-            PCS_CHECK_GOTO(rt->be->adamw_update(&p, &gt, &a, &b, 1, &rt->adamw,
-                                                (int64_t)rt->opt_steps, NULL),
-                           st, out);
+            PCS_CHECK_GOTO(
+                rt->be->adamw_update(&p, &gt, &a, &b, 1, &rt->adamw, (int64_t)rt->opt_steps, NULL),
+                st, out);
         } else {
             int need_buf = rt->sgd.momentum != 0;
             PCS_CHECK_GOTO(rt->be->sgd_update(&p, &gt, need_buf ? &a : NULL, 1, &rt->sgd,
@@ -1070,11 +1067,11 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
                 tmp_cap = u->c;
                 PCS_CHECK_GOTO(pcs_calloc(tmp_cap, sizeof(float), (void **)&tmp), st, out);
             }
-            PCS_CHECK_GOTO(pcs_kernel_cast(rt->be, tmp, u->master, u->master_shard,
-                                           PCS_DTYPE_FP32, u->c, NULL),
+            PCS_CHECK_GOTO(pcs_kernel_cast(rt->be, tmp, u->master, u->master_shard, PCS_DTYPE_FP32,
+                                           u->c, NULL),
                            st, out);
-            PCS_CHECK_GOTO(pcs_kernel_cast(rt->be, u->master_shard, PCS_DTYPE_FP32, tmp,
-                                           u->master, u->c, NULL),
+            PCS_CHECK_GOTO(pcs_kernel_cast(rt->be, u->master_shard, PCS_DTYPE_FP32, tmp, u->master,
+                                           u->c, NULL),
                            st, out);
         }
     }

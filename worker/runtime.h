@@ -31,10 +31,10 @@ typedef pcs_status_t (*pcs_rt_init_fn)(void *ctx, const Pcs__V1__ParamSlot *p, u
                                        uint64_t n, float *out);
 
 typedef struct pcs_runtime_config {
-    const Pcs__V1__Plan *plan;   /* retained */
+    const Pcs__V1__Plan *plan; /* retained */
     uint32_t rank;
-    const char *job_tag;         /* distinguishes communicators of several runtimes in one KV scope */
-    pcs_kv_t *kv;                /* retained until destroy; NULL only when world_size == 1 */
+    const char *job_tag; /* distinguishes communicators of several runtimes in one KV scope */
+    pcs_kv_t *kv;        /* retained until destroy; NULL only when world_size == 1 */
     const char *hostname;
     int coll_timeout_ms;
     const pcs_backend_ops_t *be; /* "cpu" backend */
@@ -44,31 +44,31 @@ typedef struct pcs_runtime_config {
     pcs_opt_kind_t opt;
     pcs_adamw_config_t adamw;
     pcs_sgd_config_t sgd;
-    int prefetch;                /* units all-gathered ahead; 0 = issue all-gathers inline */
+    int prefetch; /* units all-gathered ahead; 0 = issue all-gathers inline */
 } pcs_runtime_config_t;
 
 /* One collective as issued, for reports and audits. */
 typedef struct pcs_rt_coll_rec {
-    int kind;          /* PCS__V1__COLL_KIND__* */
-    uint32_t unit;     /* UINT32_MAX for step-level collectives (found_inf, grad norm) */
+    int kind;      /* PCS__V1__COLL_KIND__* */
+    uint32_t unit; /* UINT32_MAX for step-level collectives (found_inf, grad norm) */
     pcs_dtype_t dtype;
-    uint64_t count;    /* elements per rank (input of AG, output of RS, buffer of AR) */
-    uint64_t bytes;    /* bytes moved per rank as nccl-tests counts S (count * size * dtype) */
-    int audit_ok;      /* dtype equals the plan's for this collective */
+    uint64_t count; /* elements per rank (input of AG, output of RS, buffer of AR) */
+    uint64_t bytes; /* bytes moved per rank as nccl-tests counts S (count * size * dtype) */
+    int audit_ok;   /* dtype equals the plan's for this collective */
 } pcs_rt_coll_rec_t;
 
 typedef struct pcs_rt_stats {
     double all_gather_ms, reduce_scatter_ms, all_reduce_ms, cast_ms, optimizer_ms;
-    double unshard_wait_ms;      /* time the compute thread waited for an all-gather */
+    double unshard_wait_ms;        /* time the compute thread waited for an all-gather */
     double compute_thread_comm_ms; /* forward/backward time the compute thread spent blocked on
                                     * communication (all-gather waits, inline reductions) */
-    double reduce_drain_ms;      /* optimizer step waiting for queued reductions */
+    double reduce_drain_ms;        /* optimizer step waiting for queued reductions */
     uint64_t all_gather_bytes, reduce_scatter_bytes, all_reduce_bytes;
     size_t n_colls;
     const pcs_rt_coll_rec_t *colls; /* this step's collectives in issue order */
     uint64_t fingerprint;           /* FNV-1a over (kind, unit, dtype, count) of colls */
     int audit_ok;
-    uint32_t max_unsharded;         /* most units unsharded at once during the step */
+    uint32_t max_unsharded; /* most units unsharded at once during the step */
 } pcs_rt_stats_t;
 
 pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t **out);
@@ -100,15 +100,15 @@ pcs_status_t pcs_runtime_grad_buffer(pcs_runtime_t *rt, uint32_t unit, void **gr
 pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int sync);
 
 typedef struct pcs_rt_step_opts {
-    double clip_norm;       /* 0 = off */
-    int scaler;             /* fp16 grad scaler enabled */
-    double loss_scale;      /* current scale (grads are multiplied by it) */
-    int inject_inf;         /* test hook: +Inf into this rank's first grad element */
+    double clip_norm;  /* 0 = off */
+    int scaler;        /* fp16 grad scaler enabled */
+    double loss_scale; /* current scale (grads are multiplied by it) */
+    int inject_inf;    /* test hook: +Inf into this rank's first grad element */
 } pcs_rt_step_opts_t;
 
 typedef struct pcs_rt_step_result {
-    double grad_norm;       /* total norm before clipping (0 when clipping is off and no scaler) */
-    int found_inf;          /* global verdict */
+    double grad_norm; /* total norm before clipping (0 when clipping is off and no scaler) */
+    int found_inf;    /* global verdict */
     int skipped;
 } pcs_rt_step_result_t;
 
@@ -129,8 +129,8 @@ typedef struct pcs_rt_shard {
     uint32_t unit;
     pcs_dtype_t master_dtype;  /* the plan's master dtype */
     pcs_dtype_t storage_dtype; /* dtype of `master` in memory (fp32 holding master_dtype values) */
-    uint64_t numel;          /* c (padded shard) */
-    void *master;            /* c elements of storage_dtype */
+    uint64_t numel;            /* c (padded shard) */
+    void *master;              /* c elements of storage_dtype */
     float *exp_avg, *exp_avg_sq, *momentum; /* NULL when the optimizer has no such state */
     uint32_t shard_index, shard_group_size;
     uint32_t replicate_index;

@@ -41,10 +41,10 @@ struct pcs_train {
     pcs_data_t *data;
     pcs_loss_kind_t loss;
 
-    int32_t *mod_unit;      /* module index -> unit whose root it is, -1 otherwise */
-    uint32_t *fwd_order;    /* units in forward order */
-    uint32_t *unit_pos;     /* unit -> position in fwd_order */
-    int *unit_mod;          /* unit -> root module index */
+    int32_t *mod_unit;   /* module index -> unit whose root it is, -1 otherwise */
+    uint32_t *fwd_order; /* units in forward order */
+    uint32_t *unit_pos;  /* unit -> position in fwd_order */
+    int *unit_mod;       /* unit -> root module index */
     size_t n_units;
     uint32_t root_unit;
 
@@ -190,8 +190,8 @@ static pcs_status_t setup_buffers(pcs_train_t *t)
             PCS_CHECK(pcs_calloc(numel, pcs_dtype_size(b->run_dtype), &b->data));
             float *tmp = NULL;
             PCS_CHECK(pcs_calloc(numel, sizeof(float), (void **)&tmp));
-            pcs_status_t st = pcs_mlp_init_tensor(t->model, seed, 1, (uint32_t)b->model_index, 0,
-                                                  numel, tmp);
+            pcs_status_t st =
+                pcs_mlp_init_tensor(t->model, seed, 1, (uint32_t)b->model_index, 0, numel, tmp);
             if (st == PCS_OK) {
                 if (b->run_dtype == PCS_DTYPE_INT64) {
                     for (uint64_t e = 0; e < numel; e++)
@@ -202,8 +202,8 @@ static pcs_status_t setup_buffers(pcs_train_t *t)
             }
             free(tmp);
             PCS_CHECK(st);
-            PCS_CHECK(pcs_mlp_bind_buffer(t->model, (uint32_t)b->model_index, b->run_dtype,
-                                          b->data));
+            PCS_CHECK(
+                pcs_mlp_bind_buffer(t->model, (uint32_t)b->model_index, b->run_dtype, b->data));
         }
     }
     return PCS_OK;
@@ -259,10 +259,9 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     }
     if (t->as->plan_hash && pcs_plan_hash(t->plan) != t->as->plan_hash) {
         /* the plan is the contract: refuse one that is not the coordinator's */
-        st = pcs_set_error(PCS_ERR_INVALID_ARG,
-                           "assignment: plan hash %016llx does not match the plan's %016llx",
-                           (unsigned long long)t->as->plan_hash,
-                           (unsigned long long)pcs_plan_hash(t->plan));
+        st = pcs_set_error(
+            PCS_ERR_INVALID_ARG, "assignment: plan hash %016llx does not match the plan's %016llx",
+            (unsigned long long)t->as->plan_hash, (unsigned long long)pcs_plan_hash(t->plan));
         goto fail;
     }
     if (t->plan->pp_size > 1) {
@@ -283,8 +282,8 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
 
     t->M = tr && tr->micro_batches ? tr->micro_batches : 1;
     t->b = tr && tr->micro_batch_size ? tr->micro_batch_size : 1;
-    t->loss = tr && tr->loss == PCS__V1__LOSS__LOSS_CROSS_ENTROPY ? PCS_LOSS_CROSS_ENTROPY
-                                                                  : PCS_LOSS_MSE;
+    t->loss =
+        tr && tr->loss == PCS__V1__LOSS__LOSS_CROSS_ENTROPY ? PCS_LOSS_CROSS_ENTROPY : PCS_LOSS_MSE;
     t->scale = 1.0;
     if (tr && tr->grad_scaler && tr->grad_scaler->enabled)
         t->scale = tr->grad_scaler->init_scale ? tr->grad_scaler->init_scale->value : 65536.0;
@@ -350,7 +349,6 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     for (size_t i = 0; i < t->n_units; i++)
         t->unit_pos[t->fwd_order[i]] = (uint32_t)i;
 
-
     pcs_runtime_config_t rc;
     memset(&rc, 0, sizeof rc);
     rc.plan = t->plan;
@@ -362,8 +360,8 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     rc.micro_batches = t->M;
     rc.init_param = init_param_cb;
     rc.init_ctx = t;
-    rc.prefetch = cfg->prefetch >= 0 ? cfg->prefetch
-                                     : (int)(t->plan->prefetch ? t->plan->prefetch : 1);
+    rc.prefetch =
+        cfg->prefetch >= 0 ? cfg->prefetch : (int)(t->plan->prefetch ? t->plan->prefetch : 1);
     opt_from_spec(tr, &rc);
     PCS_CHECK_GOTO(pcs_runtime_create(&rc, &t->rt), st, fail);
 
@@ -495,8 +493,8 @@ static pcs_status_t run_eval(pcs_train_t *t, double *eval_loss)
             PCS_CHECK(pcs_mlp_set_cast(t->model, (uint32_t)t->unit_mod[i], PCS_DTYPE_NONE,
                                        PCS_DTYPE_NONE));
     }
-    pcs_status_t st = pcs_mlp_forward(t->model, x, t->feed_dtype, n, 0, hooks_of(t, &h), &out,
-                                      &odt);
+    pcs_status_t st =
+        pcs_mlp_forward(t->model, x, t->feed_dtype, n, 0, hooks_of(t, &h), &out, &odt);
     int was_full = t->full_eval;
     t->full_eval = 0;
     t->training = 1;
@@ -552,9 +550,9 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
         const void *master = sh.master;
         if (sh.master_dtype != sh.storage_dtype) {
             /* checkpoints hold the master dtype (pure fp16: fp16 values) */
-            PCS_CHECK_GOTO(pcs_calloc(sh.numel ? sh.numel : 1, pcs_dtype_size(sh.master_dtype),
-                                      &mconv[i]),
-                           st, out);
+            PCS_CHECK_GOTO(
+                pcs_calloc(sh.numel ? sh.numel : 1, pcs_dtype_size(sh.master_dtype), &mconv[i]), st,
+                out);
             PCS_CHECK_GOTO(pcs_kernel_cast(t->be, mconv[i], sh.master_dtype, sh.master,
                                            sh.storage_dtype, sh.numel, NULL),
                            st, out);
@@ -723,8 +721,8 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
                            st, fail);
             double l = 0;
             float sc = (float)(t->scale / (double)t->M);
-            PCS_CHECK_GOTO(pcs_loss_compute(t->loss, out, t->b, out_dim, t->y, sc, &l, t->gout),
-                           st, fail);
+            PCS_CHECK_GOTO(pcs_loss_compute(t->loss, out, t->b, out_dim, t->y, sc, &l, t->gout), st,
+                           fail);
             loss_sum += l;
             PCS_CHECK_GOTO(pcs_mlp_backward(t->model, t->gout, &h), st, fail);
             compute_ms += (double)(pcs_now_us() - c0) / 1000.0;

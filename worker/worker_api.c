@@ -56,8 +56,7 @@ static void api_abort(void *ctx, const char *reason)
         pcs_runtime_abort(rt, reason);
 }
 
-static pcs_status_t api_job(void *ctx, pcs_agent_t *a, const Pcs__V1__Assignment *as,
-                            pcs_kv_t *kv)
+static pcs_status_t api_job(void *ctx, pcs_agent_t *a, const Pcs__V1__Assignment *as, pcs_kv_t *kv)
 {
     pcs_worker_t *w = ctx;
     pthread_mutex_lock(&w->mu);
@@ -183,10 +182,10 @@ pcs_status_t pcs_worker_join(const pcs_worker_options_t *opt, pcs_worker_t **out
     int joined = w->joined;
     pthread_mutex_unlock(&w->mu);
     if (!joined) {
-        st = w->agent_done ? pcs_set_error(PCS_ERR_REMOTE, "pcs_worker_join: %s", w->error)
-                           : pcs_set_error(PCS_ERR_TIMEOUT,
-                                           "pcs_worker_join: no assignment within %u ms",
-                                           opt->join_timeout_ms);
+        st = w->agent_done
+                 ? pcs_set_error(PCS_ERR_REMOTE, "pcs_worker_join: %s", w->error)
+                 : pcs_set_error(PCS_ERR_TIMEOUT, "pcs_worker_join: no assignment within %u ms",
+                                 opt->join_timeout_ms);
         goto fail;
     }
     const Pcs__V1__Assignment *as = w->as;
@@ -371,9 +370,9 @@ pcs_status_t pcs_worker_unit(const pcs_worker_t *w, uint32_t unit, pcs_worker_un
     out->path = u->path;
     out->n_params = u->n_params;
     out->padded_numel = u->padded_numel;
-    out->param_dtype = u->param_dtype ? (pcs_dtype_t)u->param_dtype
-                                      : (u->master_dtype ? (pcs_dtype_t)u->master_dtype
-                                                         : PCS_DTYPE_FP32);
+    out->param_dtype = u->param_dtype
+                           ? (pcs_dtype_t)u->param_dtype
+                           : (u->master_dtype ? (pcs_dtype_t)u->master_dtype : PCS_DTYPE_FP32);
     out->is_root = u->is_root;
     return PCS_OK;
 }
@@ -394,8 +393,7 @@ pcs_status_t pcs_worker_param(const pcs_worker_t *w, uint32_t unit, size_t k,
                               pcs_worker_param_info_t *out)
 {
     if (unit >= w->as->plan->n_units || k >= w->as->plan->units[unit]->n_params)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "parameter %zu of unit %u out of range", k,
-                             unit);
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "parameter %zu of unit %u out of range", k, unit);
     fill_param(w->as->plan->units[unit]->params[k], unit, out);
     return PCS_OK;
 }

@@ -61,8 +61,12 @@ static void test_c_api_example_trains_an_explicit_model(void **state)
         char log[1100], ident[64];
         snprintf(log, sizeof log, "%s/example%d.log", g_c.dir, i);
         snprintf(ident, sizeof ident, "capi-%d-%d", (int)getpid(), i);
-        const char *argv[] = {pcs_test_bin("pcs-c-api-example"), "--coordinator", g_c.addr,
-                              "--identity", ident, NULL};
+        const char *argv[] = {pcs_test_bin("pcs-c-api-example"),
+                              "--coordinator",
+                              g_c.addr,
+                              "--identity",
+                              ident,
+                              NULL};
         pids[i] = pcs_test_spawn((char *const *)argv, log);
         assert_true(pids[i] > 0);
         g_c.workers[g_c.n_workers++] = pids[i];

@@ -29,25 +29,25 @@
 #include "plan.h"
 #include "test_e2e_util.h"
 
-#define K_JOB_FMT \
-    "name: e2e\n" \
-    "model:\n" \
-    "  mlp: {input_dim: 16, hidden_dims: [32, 32], output_dim: 4, activation: gelu,\n" \
-    "        norm: layernorm, bias: true, residual: true}\n" \
-    "wrap:\n" \
-    "  module_class: [MLPBlock]\n" \
-    "precision: {param_dtype: bf16, reduce_dtype: fp32}\n" \
-    "strategy: full_shard\n" \
-    "mesh:\n" \
-    "  - {dim: dp_shard, size: %d}\n" \
-    "training:\n" \
-    "  steps: %d\n" \
-    "  micro_batch_size: 4\n" \
-    "  micro_batches: 2\n" \
-    "  optimizer: {adamw: {lr: 1.0e-2}}\n" \
-    "  clip_grad_norm: 1.0\n" \
-    "  loss: mse\n" \
-    "data: {synthetic: {task: regression, seed: 7}}\n" \
+#define K_JOB_FMT                                                                                  \
+    "name: e2e\n"                                                                                  \
+    "model:\n"                                                                                     \
+    "  mlp: {input_dim: 16, hidden_dims: [32, 32], output_dim: 4, activation: gelu,\n"             \
+    "        norm: layernorm, bias: true, residual: true}\n"                                       \
+    "wrap:\n"                                                                                      \
+    "  module_class: [MLPBlock]\n"                                                                 \
+    "precision: {param_dtype: bf16, reduce_dtype: fp32}\n"                                         \
+    "strategy: full_shard\n"                                                                       \
+    "mesh:\n"                                                                                      \
+    "  - {dim: dp_shard, size: %d}\n"                                                              \
+    "training:\n"                                                                                  \
+    "  steps: %d\n"                                                                                \
+    "  micro_batch_size: 4\n"                                                                      \
+    "  micro_batches: 2\n"                                                                         \
+    "  optimizer: {adamw: {lr: 1.0e-2}}\n"                                                         \
+    "  clip_grad_norm: 1.0\n"                                                                      \
+    "  loss: mse\n"                                                                                \
+    "data: {synthetic: {task: regression, seed: 7}}\n"                                             \
     "init: {seed: 13}\n"
 
 /* FSDP1 FULL_SHARD with M micro-batches and U units (one root): per micro-batch every unit is
@@ -80,8 +80,9 @@ static void check_collectives(const e2e_job_t *job, uint32_t n_units, uint32_t M
                 }
             }
             if (ag != want_ag || rs != n_units || ar != 1)
-                fprintf(stderr, "rank %d step %llu: AG %llu (want %llu) RS %llu (want %u) AR %llu\n",
-                        r, (unsigned long long)rep->step, (unsigned long long)ag,
+                fprintf(stderr,
+                        "rank %d step %llu: AG %llu (want %llu) RS %llu (want %u) AR %llu\n", r,
+                        (unsigned long long)rep->step, (unsigned long long)ag,
                         (unsigned long long)want_ag, (unsigned long long)rs, n_units,
                         (unsigned long long)ar);
             assert_int_equal(ag, want_ag);
@@ -230,8 +231,14 @@ static pid_t start_coord_at(const char *dir, int port)
     snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
     snprintf(db, sizeof db, "%s/coordinator.db", dir);
     snprintf(log, sizeof log, "%s/coord-restart.log", dir);
-    const char *argv[] = {pcs_test_bin("pcs-coordinator"), "--listen", listen, "--db", db,
-                          "--lease-ms", "20000", NULL};
+    const char *argv[] = {pcs_test_bin("pcs-coordinator"),
+                          "--listen",
+                          listen,
+                          "--db",
+                          db,
+                          "--lease-ms",
+                          "20000",
+                          NULL};
     return pcs_test_spawn((char *const *)argv, log);
 }
 

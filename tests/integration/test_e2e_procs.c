@@ -68,8 +68,9 @@ static void run_parity(const job_params_t *p, double atol, double rtol, double l
     assert_int_equal(job.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
     double max_abs = 0;
     int fails = e2e_check_parity(&job, yaml, atol, rtol, loss_rtol, &max_abs);
-    fprintf(stderr, "%s W=%d %s: max |d| %.3g in %.1f s\n", p->strategy ? p->strategy : "full_shard",
-            p->world, p->precision ? p->precision : "bf16/fp32", max_abs, job.wall_s);
+    fprintf(stderr, "%s W=%d %s: max |d| %.3g in %.1f s\n",
+            p->strategy ? p->strategy : "full_shard", p->world,
+            p->precision ? p->precision : "bf16/fp32", max_abs, job.wall_s);
     e2e_job_free(&job);
     if (fails == 0 && !getenv("PCS_TEST_KEEP"))
         pcs_test_rmtree(dir);
@@ -88,7 +89,6 @@ static void test_full_shard_bf16_w2_matches_reference(void **state)
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
 }
 
-
 static void test_full_shard_bf16_w4_matches_reference(void **state)
 {
     (void)state;
@@ -101,8 +101,7 @@ static void test_full_shard_bf16_w4_matches_reference(void **state)
 static void test_shard_grad_op_w2_matches_reference(void **state)
 {
     (void)state;
-    job_params_t p = {.strategy = "shard_grad_op", .mesh = "{dim: dp_shard, size: 2}",
-                      .world = 2};
+    job_params_t p = {.strategy = "shard_grad_op", .mesh = "{dim: dp_shard, size: 2}", .world = 2};
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
 }
 
@@ -142,7 +141,8 @@ static void test_bf16_reduce_w2_matches_reference(void **state)
 {
     (void)state;
     job_params_t p = {.precision = "param_dtype: bf16, reduce_dtype: bf16",
-                      .mesh = "{dim: dp_shard, size: 2}", .world = 2};
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2};
     run_parity(&p, 2e-3, 1.6e-2, 1.6e-2);
 }
 
@@ -150,8 +150,8 @@ static void test_bf16_reduce_w2_matches_reference(void **state)
 static void test_fp32_w4_matches_reference(void **state)
 {
     (void)state;
-    job_params_t p = {.precision = "param_dtype: fp32", .mesh = "{dim: dp_shard, size: 4}",
-                      .world = 4};
+    job_params_t p = {
+        .precision = "param_dtype: fp32", .mesh = "{dim: dp_shard, size: 4}", .world = 4};
     run_parity(&p, 1e-5, 1.3e-6, 1.3e-6);
 }
 
@@ -161,8 +161,10 @@ static void test_fp32_w4_matches_reference(void **state)
 static void test_fp16_grad_scaler_w2_matches_reference(void **state)
 {
     (void)state;
-    job_params_t p = {.precision = "param_dtype: fp16", .scaler = "true",
-                      .mesh = "{dim: dp_shard, size: 2}", .world = 2};
+    job_params_t p = {.precision = "param_dtype: fp16",
+                      .scaler = "true",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2};
     run_parity(&p, 2e-3, 1e-3, 1e-2);
 }
 
@@ -172,7 +174,9 @@ static void test_keep_low_precision_grads_w2_matches_reference(void **state)
     (void)state;
     job_params_t p = {.precision = "param_dtype: fp16, reduce_dtype: fp16, "
                                    "keep_low_precision_grads: true",
-                      .scaler = "true", .mesh = "{dim: dp_shard, size: 2}", .world = 2};
+                      .scaler = "true",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2};
     run_parity(&p, 2e-3, 1e-3, 1e-2);
 }
 
@@ -186,7 +190,8 @@ static void test_layernorm_override_w2_matches_reference(void **state)
     job_params_t p = {.precision = "param_dtype: bf16, reduce_dtype: fp32, overrides: "
                                    "[{match: {module_class: LayerNorm}, param_dtype: fp32, "
                                    "output_dtype: bf16}]",
-                      .mesh = "{dim: dp_shard, size: 2}", .world = 2};
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2};
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
 }
 
@@ -209,8 +214,11 @@ static void test_four_micro_batches_w2_matches_reference(void **state)
 static void test_sgd_without_clipping_w4_matches_reference(void **state)
 {
     (void)state;
-    job_params_t p = {.optimizer = "sgd: {lr: 5.0e-2, momentum: 0.9}", .clip = "0",
-                      .micro = 1, .mesh = "{dim: dp_shard, size: 4}", .world = 4};
+    job_params_t p = {.optimizer = "sgd: {lr: 5.0e-2, momentum: 0.9}",
+                      .clip = "0",
+                      .micro = 1,
+                      .mesh = "{dim: dp_shard, size: 4}",
+                      .world = 4};
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
 }
 
@@ -219,8 +227,11 @@ static void test_sgd_without_clipping_w4_matches_reference(void **state)
 static void test_injected_inf_makes_every_rank_skip_the_step(void **state)
 {
     (void)state;
-    job_params_t p = {.precision = "param_dtype: fp16", .scaler = "true",
-                      .mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 4};
+    job_params_t p = {.precision = "param_dtype: fp16",
+                      .scaler = "true",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .steps = 4};
     char yaml[4096];
     make_yaml(&p, yaml, sizeof yaml);
     e2e_job_t job;
@@ -250,16 +261,18 @@ static void test_injected_inf_makes_every_rank_skip_the_step(void **state)
 static void test_eval_losses_match_reference(void **state)
 {
     (void)state;
-    job_params_t p = {.mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 4,
-                      .eval_every = 2};
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 4, .eval_every = 2};
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
 }
 
 static void test_full_precision_eval_matches_reference(void **state)
 {
     (void)state;
-    job_params_t p = {.mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 4,
-                      .eval_every = 2, .full_eval = "true"};
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .steps = 4,
+                      .eval_every = 2,
+                      .full_eval = "true"};
     run_parity(&p, 1e-4, 1e-3, 1e-4);
 }
 
@@ -270,8 +283,11 @@ static void test_full_precision_eval_matches_reference(void **state)
 static void test_pure_fp16_w2_matches_reference(void **state)
 {
     (void)state;
-    job_params_t p = {.precision = "master_dtype: fp16", .scaler = "true", .steps = 3,
-                      .mesh = "{dim: dp_shard, size: 2}", .world = 2};
+    job_params_t p = {.precision = "master_dtype: fp16",
+                      .scaler = "true",
+                      .steps = 3,
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2};
     run_parity(&p, 2e-3, 1e-3, 1e-3);
 }
 
@@ -281,7 +297,9 @@ static void test_pure_fp16_fp32_reduce_w4_matches_reference(void **state)
 {
     (void)state;
     job_params_t p = {.precision = "master_dtype: fp16, param_dtype: fp16, reduce_dtype: fp32",
-                      .scaler = "true", .steps = 3, .mesh = "{dim: dp_shard, size: 4}",
+                      .scaler = "true",
+                      .steps = 3,
+                      .mesh = "{dim: dp_shard, size: 4}",
                       .world = 4};
     run_parity(&p, 2e-3, 1e-3, 1e-3);
 }
@@ -290,8 +308,7 @@ static void test_pure_fp16_fp32_reduce_w4_matches_reference(void **state)
 static void test_shard_grad_op_w4_matches_reference(void **state)
 {
     (void)state;
-    job_params_t p = {.strategy = "shard_grad_op", .mesh = "{dim: dp_shard, size: 4}",
-                      .world = 4};
+    job_params_t p = {.strategy = "shard_grad_op", .mesh = "{dim: dp_shard, size: 4}", .world = 4};
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
 }
 

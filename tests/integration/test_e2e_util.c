@@ -176,8 +176,8 @@ int e2e_wait_job(e2e_cluster_t *c, e2e_job_t *job, int timeout_ms)
         Pcs__V1__GetJobRequest req = PCS__V1__GET_JOB_REQUEST__INIT;
         req.job_id = job->job_id;
         ProtobufCMessage *resp = NULL;
-        if (pcs_rpc_call(cl, PCS_M_GET_JOB, &req.base, &pcs__v1__get_job_response__descriptor,
-                         5000, &resp, NULL) == PCS_OK) {
+        if (pcs_rpc_call(cl, PCS_M_GET_JOB, &req.base, &pcs__v1__get_job_response__descriptor, 5000,
+                         &resp, NULL) == PCS_OK) {
             Pcs__V1__GetJobResponse *r = (Pcs__V1__GetJobResponse *)resp;
             int state = r->job ? (int)r->job->state : 0;
             if (state == PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED ||
@@ -220,8 +220,7 @@ int e2e_wait_job(e2e_cluster_t *c, e2e_job_t *job, int timeout_ms)
     return 0;
 }
 
-int e2e_run_job(e2e_cluster_t *c, const char *yaml, const char *tag, int timeout_ms,
-                e2e_job_t *job)
+int e2e_run_job(e2e_cluster_t *c, const char *yaml, const char *tag, int timeout_ms, e2e_job_t *job)
 {
     if (e2e_submit(c, yaml, tag, job) != 0)
         return -1;
@@ -334,8 +333,8 @@ int e2e_check_parity(const e2e_job_t *job, const char *yaml, double atol, double
             }
         }
     }
-    fprintf(stderr, "parity: max |sharded - reference| = %.3g (%s), worst d/limit %.3f\n",
-            *max_abs, worst, worst_rel);
+    fprintf(stderr, "parity: max |sharded - reference| = %.3g (%s), worst d/limit %.3f\n", *max_abs,
+            worst, worst_rel);
     size_t nl = 0;
     const double *ls = pcs_ref_losses(ref, &nl);
     for (size_t i = 0; i < job->n_reports[0]; i++) {
@@ -403,8 +402,8 @@ static void local_report(void *ctx, const Pcs__V1__StepReport *rep)
     free(b);
 }
 
-static int local_rank_main(const char *yaml, const char *dir, const char *ckpt, int world,
-                           int rank, uint64_t inj_step, uint32_t inj_rank)
+static int local_rank_main(const char *yaml, const char *dir, const char *ckpt, int world, int rank,
+                           uint64_t inj_step, uint32_t inj_rank)
 {
     Pcs__V1__JobSpec *spec = e2e_parse_spec(yaml);
     if (!spec)
@@ -505,7 +504,8 @@ int e2e_run_local(const char *yaml, const char *tag, int world, uint64_t inject_
     memset(&c, 0, sizeof c);
     c.dir = dir;
     e2e_load_reports(&c, job);
-    job->state = ok ? PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED : PCS__V1__JOB_STATE__JOB_STATE_FAILED;
+    job->state =
+        ok ? PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED : PCS__V1__JOB_STATE__JOB_STATE_FAILED;
     for (int r = 0; r < world && !job->reason[0]; r++)
         for (size_t i = 0; i < job->n_reports[r]; i++)
             if (job->reports[r][i]->error && job->reports[r][i]->error[0]) {

@@ -24,7 +24,7 @@ typedef struct e2e_cluster {
 
 typedef struct e2e_job {
     char job_id[64];
-    int state;                 /* PCS__V1__JOB_STATE__* at the end */
+    int state; /* PCS__V1__JOB_STATE__* at the end */
     char reason[1024];
     int world;
     /* reports[rank][i], n_reports[rank]: the last E2E_MAX_STEPS + 2 of each rank */

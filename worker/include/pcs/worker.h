@@ -27,11 +27,11 @@ typedef pcs_status_t (*pcs_worker_init_fn)(void *ctx, const char *fqn, uint64_t 
                                            float *out);
 
 typedef struct pcs_worker_options {
-    const char *coordinator;   /* "127.0.0.1:7070" (required) */
-    const char *identity;      /* NULL = "<host>:<pid>" */
-    const char *hostname;      /* transport address, NULL = 127.0.0.1 */
-    uint32_t join_timeout_ms;  /* wait for an assignment; 0 = wait forever */
-    uint32_t coll_timeout_ms;  /* 0 = 30000 */
+    const char *coordinator;  /* "127.0.0.1:7070" (required) */
+    const char *identity;     /* NULL = "<host>:<pid>" */
+    const char *hostname;     /* transport address, NULL = 127.0.0.1 */
+    uint32_t join_timeout_ms; /* wait for an assignment; 0 = wait forever */
+    uint32_t coll_timeout_ms; /* 0 = 30000 */
     /* NULL = U(-1/sqrt(fan_in), 1/sqrt(fan_in)) from (init seed, FQN) for tensors of 2+ dims and
      * vectors sharing a module with one (Linear), ones for other "weight" vectors, zeros
      * otherwise (LayerNorm-style). */
@@ -58,17 +58,17 @@ uint32_t pcs_worker_micro_batch_size(const pcs_worker_t *w);
 const char *pcs_worker_job_id(const pcs_worker_t *w);
 
 typedef struct pcs_worker_unit_info {
-    const char *path;          /* module that roots the unit ("" = root) */
+    const char *path; /* module that roots the unit ("" = root) */
     size_t n_params;
-    uint64_t padded_numel;     /* length of the flat (unsharded) buffer */
-    pcs_dtype_t param_dtype;   /* dtype of the unsharded parameters and of the gradient buffer */
+    uint64_t padded_numel;   /* length of the flat (unsharded) buffer */
+    pcs_dtype_t param_dtype; /* dtype of the unsharded parameters and of the gradient buffer */
     int is_root;
 } pcs_worker_unit_info_t;
 
 typedef struct pcs_worker_param_info {
     const char *fqn;
     uint32_t unit;
-    uint64_t offset;           /* element offset in the unit's flat buffer */
+    uint64_t offset; /* element offset in the unit's flat buffer */
     uint64_t numel;
     uint32_t ndim;
     uint64_t shape[8];
@@ -100,12 +100,12 @@ pcs_status_t pcs_worker_grad_buffer(pcs_worker_t *w, uint32_t unit, void **grads
 pcs_status_t pcs_worker_hand_in_grads(pcs_worker_t *w, uint32_t unit, int sync);
 
 typedef struct pcs_worker_step_result {
-    uint64_t step;             /* 1-based step just finished */
-    double loss;               /* mean over data-parallel ranks of the loss handed in */
+    uint64_t step; /* 1-based step just finished */
+    double loss;   /* mean over data-parallel ranks of the loss handed in */
     double grad_norm;
-    int skipped;               /* grad scaler found Inf/NaN on some rank */
-    double loss_scale;         /* the scale to multiply the next step's loss gradient by */
-    int done;                  /* this was the job's last step */
+    int skipped;       /* grad scaler found Inf/NaN on some rank */
+    double loss_scale; /* the scale to multiply the next step's loss gradient by */
+    int done;          /* this was the job's last step */
 } pcs_worker_step_result_t;
 
 /* Optimizer step on the shards (the job's optimizer, clipping and grad scaler), then a step
