@@ -46,6 +46,9 @@ typedef struct rt_unit {
     char ag_errmsg[512]; /* the prefetch thread's error text (its pcs_last_error is its own) */
     /* the plan's collectives for this unit */
     const Pcs__V1__CollectiveSpec *ag, *rs, *ar;
+    const Pcs__V1__CollectiveSpec *ag_bwd; /* backward all-gather over the reshard group */
+    uint32_t rg; /* reshard_after_forward=int group size (1 < rg < shard group), else 0 */
+    int partial; /* resharded to the reshard group: only my 1/rg slice of unsharded is valid */
     pcs_coll_t *ar_comm;
 } rt_unit_t;
 
@@ -64,7 +67,8 @@ struct pcs_runtime {
     size_t n_units;
 
     /* communicators (NULL when the group has one rank) */
-    pcs_coll_t *world_c, *shard_ag, *shard_rs, *rep_c, *dp_c;
+    pcs_coll_t *world_c, *shard_ag, *shard_rs, *rep_c, *dp_c, *reshard_c;
+    uint32_t reshard_n, reshard_index; /* FSDP2 reshard_after_forward=int groups */
     uint32_t shard_size, shard_index, rep_size, rep_index, dp_size, dp_index;
 
     /* prefetch thread */
@@ -171,6 +175,14 @@ static const Pcs__V1__CollectiveSpec *find_coll(const Pcs__V1__Unit *u, int kind
 {
     for (size_t i = 0; i < u->n_collectives; i++)
         if ((int)u->collectives[i]->kind == kind)
+            return u->collectives[i];
+    return NULL;
+}
+
+static const Pcs__V1__CollectiveSpec *find_coll_phase(const Pcs__V1__Unit *u, int kind, int phase)
+{
+    for (size_t i = 0; i < u->n_collectives; i++)
+        if ((int)u->collectives[i]->kind == kind && (int)u->collectives[i]->phase == phase)
             return u->collectives[i];
     return NULL;
 }
@@ -289,6 +301,26 @@ static pcs_status_t make_comm(const pcs_runtime_config_t *cfg, const char *name,
 
 static pcs_status_t do_unshard(pcs_runtime_t *rt, rt_unit_t *u, int full)
 {
+    if (u->partial && !full) {
+        /* Re-gather from the reshard group (FSDP2 reshard_after_forward=int): each member kept
+         * its 1/rg slice of the unsharded buffer after forward. */
+        uint64_t chunk = u->padded / u->rg;
+        size_t pe = pcs_dtype_size(u->param);
+        uint64_t t1 = pcs_now_us();
+        pcs_status_t st = pcs_coll_all_gather(
+            rt->reshard_c, (uint8_t *)u->unsharded + (size_t)(rt->reshard_index * chunk) * pe,
+            u->unsharded, chunk, u->param, NULL);
+        pthread_mutex_lock(&rt->mu);
+        rt->ag_ms += ms_since(t1);
+        rt->ag_bytes += chunk * u->rg * pe;
+        record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER, u->index, u->param, chunk, u->rg,
+               u->ag_bwd, 1);
+        pthread_mutex_unlock(&rt->mu);
+        if (st != PCS_OK)
+            return wrap_err(st, "reshard-group all-gather of unit %u", u->index);
+        u->partial = 0;
+        return PCS_OK;
+    }
     pcs_dtype_t dt = full ? PCS_DTYPE_FP32 : u->param;
     void *dst = full ? u->full : u->unsharded;
     size_t esz = pcs_dtype_size(dt);
@@ -412,6 +444,11 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         u->ag = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER);
         u->rs = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER);
         u->ar = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE);
+        if (pu->reshard_group_size > 1 && pu->reshard_group_size == rt->reshard_n) {
+            u->rg = pu->reshard_group_size;
+            u->ag_bwd = find_coll_phase(pu, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER,
+                                        PCS__V1__PHASE__PHASE_BACKWARD);
+        }
         if (u->ar) {
             int g = (int)u->ar->group;
             u->ar_comm = g == PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE ? rt->rep_c
@@ -528,6 +565,19 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
     }
     PCS_CHECK_GOTO(make_comm(cfg, "replicate", rep_id, rt->rep_index, rt->rep_size, &rt->rep_c), st,
                    fail);
+    for (size_t i = 0; i < cfg->plan->n_units; i++) {
+        uint32_t n = cfg->plan->units[i]->reshard_group_size;
+        if (n > 1 && n < rt->shard_size && rt->shard_size % n == 0)
+            rt->reshard_n = n;
+    }
+    if (rt->reshard_n) {
+        /* n consecutive ranks of the shard group (mesh.view(-1, n)) */
+        rt->reshard_index = rt->shard_index % rt->reshard_n;
+        uint32_t rid = shard_id * 65536u + rt->shard_index / rt->reshard_n;
+        PCS_CHECK_GOTO(
+            make_comm(cfg, "reshard", rid, rt->reshard_index, rt->reshard_n, &rt->reshard_c), st,
+            fail);
+    }
     if (any_rep)
         PCS_CHECK_GOTO(make_comm(cfg, "dp", dp_id, dp_index, rt->dp_size, &rt->dp_c), st, fail);
 
@@ -556,7 +606,8 @@ void pcs_runtime_abort(pcs_runtime_t *rt, const char *reason)
     if (!rt)
         return;
     atomic_store(&rt->aborted, 1);
-    pcs_coll_t *cs[] = {rt->world_c, rt->shard_ag, rt->shard_rs, rt->rep_c, rt->dp_c};
+    pcs_coll_t *cs[] = {rt->world_c, rt->shard_ag, rt->shard_rs,
+                        rt->rep_c,   rt->dp_c,     rt->reshard_c};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
         if (cs[i])
             pcs_coll_abort(cs[i], reason);
@@ -594,6 +645,7 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
     pcs_coll_destroy(rt->shard_rs);
     pcs_coll_destroy(rt->rep_c);
     pcs_coll_destroy(rt->dp_c);
+    pcs_coll_destroy(rt->reshard_c);
     for (size_t i = 0; i < rt->n_units; i++) {
         rt_unit_t *u = &rt->units[i];
         free(u->master_shard);
@@ -730,6 +782,33 @@ pcs_status_t pcs_runtime_reshard(pcs_runtime_t *rt, uint32_t unit)
     while (u->state == U_QUEUED || u->state == U_RUNNING)
         pthread_cond_wait(&rt->cv, &rt->mu);
     if (u->state == U_UNSHARDED) {
+        u->state = U_SHARDED;
+        rt->n_unsharded--;
+    }
+    u->partial = 0;
+    pthread_mutex_unlock(&rt->mu);
+    return PCS_OK;
+}
+
+pcs_status_t pcs_runtime_reshard_partial(pcs_runtime_t *rt, uint32_t unit)
+{
+    PCS_CHECK(check_unit(rt, unit));
+    rt_unit_t *u = &rt->units[unit];
+    if (!u->rg || !rt->reshard_c)
+        return pcs_runtime_reshard(rt, unit);
+    pthread_mutex_lock(&rt->mu);
+    while (u->state == U_QUEUED || u->state == U_RUNNING)
+        pthread_cond_wait(&rt->cv, &rt->mu);
+    if (u->state == U_UNSHARDED) {
+        /* Keep only my slice; the rest is zeroed so that nothing but the backward all-gather
+         * over the reshard group can restore it. */
+        uint64_t chunk = u->padded / u->rg;
+        size_t pe = pcs_dtype_size(u->param);
+        uint8_t *b = u->unsharded;
+        uint64_t lo = rt->reshard_index * chunk;
+        memset(b, 0, (size_t)lo * pe);
+        memset(b + (size_t)(lo + chunk) * pe, 0, (size_t)(u->padded - lo - chunk) * pe);
+        u->partial = 1;
         u->state = U_SHARDED;
         rt->n_unsharded--;
     }

@@ -87,6 +87,10 @@ pcs_status_t pcs_runtime_prefetch(pcs_runtime_t *rt, uint32_t unit);
 pcs_status_t pcs_runtime_unshard(pcs_runtime_t *rt, uint32_t unit, int full_precision,
                                  const void **params, pcs_dtype_t *dtype);
 pcs_status_t pcs_runtime_reshard(pcs_runtime_t *rt, uint32_t unit);
+/* FSDP2 reshard_after_forward=int: keep only this rank's 1/n slice of the unsharded buffer; the
+ * next unshard all-gathers over the n-rank reshard group instead of the shard group. Same as
+ * reshard() for units without a reshard group. */
+pcs_status_t pcs_runtime_reshard_partial(pcs_runtime_t *rt, uint32_t unit);
 /* The unit's compute-dtype unsharded buffer (stable address; contents valid only while
  * unsharded): models bind their parameter views to it once. */
 pcs_status_t pcs_runtime_param_buffer(pcs_runtime_t *rt, uint32_t unit, const void **params,

@@ -113,8 +113,11 @@ static pcs_status_t hook_post_forward(void *ctx, uint32_t mod)
     const Pcs__V1__Unit *u = t->plan->units[unit];
     /* Eval: nothing follows, free everything. Training: FSDP keeps the root unit and whatever
      * the strategy keeps (reshard_after_forward false: SHARD_GRAD_OP, ZeRO-2). */
-    if (!t->training || ((uint32_t)unit != t->root_unit && u->reshard_after_forward))
+    if (!t->training)
         PCS_CHECK(pcs_runtime_reshard(t->rt, (uint32_t)unit));
+    else if ((uint32_t)unit != t->root_unit && u->reshard_after_forward)
+        PCS_CHECK(u->reshard_group_size > 1 ? pcs_runtime_reshard_partial(t->rt, (uint32_t)unit)
+                                            : pcs_runtime_reshard(t->rt, (uint32_t)unit));
     return PCS_OK;
 }
 

@@ -27,6 +27,7 @@
     "  module_class: [MLPBlock]\n"                                                                 \
     "precision: {%s}\n"                                                                            \
     "strategy: %s\n"                                                                               \
+    "reshard_after_forward: %s\n"                                                                  \
     "mesh: [%s]\n"                                                                                 \
     "training:\n"                                                                                  \
     "  steps: %d\n"                                                                                \
@@ -43,6 +44,7 @@
 
 typedef struct job_params {
     const char *norm, *precision, *strategy, *mesh, *optimizer, *clip, *scaler, *full_eval;
+    const char *raf; /* reshard_after_forward */
     int steps, micro, world, eval_every;
 } job_params_t;
 
@@ -50,10 +52,10 @@ static void make_yaml(const job_params_t *p, char *buf, size_t n)
 {
     snprintf(buf, n, JOB_FMT, p->norm ? p->norm : "layernorm",
              p->precision ? p->precision : "param_dtype: bf16, reduce_dtype: fp32",
-             p->strategy ? p->strategy : "full_shard", p->mesh, p->steps ? p->steps : 5,
-             p->micro ? p->micro : 2, p->optimizer ? p->optimizer : "adamw: {lr: 1.0e-2}",
-             p->clip ? p->clip : "1.0", p->scaler ? p->scaler : "false", p->eval_every,
-             p->full_eval ? p->full_eval : "false");
+             p->strategy ? p->strategy : "full_shard", p->raf ? p->raf : "default", p->mesh,
+             p->steps ? p->steps : 5, p->micro ? p->micro : 2,
+             p->optimizer ? p->optimizer : "adamw: {lr: 1.0e-2}", p->clip ? p->clip : "1.0",
+             p->scaler ? p->scaler : "false", p->eval_every, p->full_eval ? p->full_eval : "false");
 }
 
 static void run_parity(const job_params_t *p, double atol, double rtol, double loss_rtol)
@@ -377,6 +379,24 @@ static void test_bad_assignments_are_refused_with_a_reason(void **state)
     assert_non_null(strstr(pcs_last_error(), "C API"));
 }
 
+/* FSDP2 reshard_after_forward=2 at W = 4 (case 22): after forward each rank keeps half of each
+ * non-root unit (the rest of the buffer is zeroed) and the backward all-gather runs over pairs
+ * {0,1}, {2,3}; any mistake there corrupts the gradients, so parity checks it. Also =false
+ * (kept unsharded like SHARD_GRAD_OP). Tolerances as FULL_SHARD. */
+static void test_reshard_after_forward_2_w4_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.raf = "2", .mesh = "{dim: dp_shard, size: 4}", .world = 4};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
+static void test_reshard_after_forward_false_w2_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.raf = "false", .mesh = "{dim: dp_shard, size: 2}", .world = 2};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -403,6 +423,8 @@ int main(void)
         cmocka_unit_test(test_shard_grad_op_w4_matches_reference),
         cmocka_unit_test(test_no_shard_w4_matches_reference),
         cmocka_unit_test(test_hybrid_shard_w2_two_replicas_matches_reference),
+        cmocka_unit_test(test_reshard_after_forward_2_w4_matches_reference),
+        cmocka_unit_test(test_reshard_after_forward_false_w2_matches_reference),
     };
     return cmocka_run_group_tests_name("e2e_procs", tests, NULL, NULL);
 }
