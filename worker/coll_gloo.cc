@@ -6,14 +6,17 @@
 // ReduceScatterHalvingDoubling is NOT used: wrong offsets, and later ops on its context stall.
 // No C++ exception crosses the extern "C" boundary.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <set>
+#include <map>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <signal.h>
@@ -28,6 +31,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include "coll.h"
+#include "pcs/clock.h"
 #include "pcs/log.h"
 
 namespace {
@@ -39,13 +43,19 @@ using UBuf = gloo::transport::UnboundBuffer;
 constexpr uint64_t kCollSlot = 0xA0ull << 56;
 constexpr uint64_t kP2PSlot = 0xA1ull << 56;
 
+// The watchdog looks for failure notes of other ranks while a call has run this long.
+constexpr uint64_t kWatchAfterMs = 200;
+constexpr int kWatchPeriodMs = 100;
+
 // ---- errors ----
 
 // A failure while talking to one peer; `timeout` when no progress came in time.
 struct PeerError : std::runtime_error {
     int peer;
     bool timeout;
-    PeerError(int p, bool t, const std::string &m) : std::runtime_error(m), peer(p), timeout(t) {}
+    int reported_by; // >= 0: another rank's failure note named `peer`
+    PeerError(int p, bool t, const std::string &m, int by = -1)
+        : std::runtime_error(m), peer(p), timeout(t), reported_by(by) {}
 };
 struct Cancelled : std::runtime_error {
     Cancelled() : std::runtime_error("aborted") {}
@@ -148,10 +158,23 @@ struct GlooComm {
     uint64_t seq = 0; // collective sequence number: slot of the next collective
     uint32_t raw_tag = 1;
 
-    std::mutex mu; // guards live, aborted, abort_reason
-    std::set<UBuf *> live;
+    std::mutex mu; // guards live, aborted, abort_reason, peer_failed, peer_msg, noted
+    std::map<UBuf *, int> live; // registered buffers -> peer of their pending operation (-1: none)
     bool aborted = false;
     std::string abort_reason;
+    int peer_failed = -1; // culprit named by another rank's failure note (watchdog)
+    int peer_reporter = -1;
+    std::string peer_msg;
+
+    // Watchdog: Gloo does not fail an unbound send whose data was partly written when the peer
+    // died (its TCP pair signals only bound buffers of queued writes), so such a send would wait
+    // for the full timeout. While a call runs longer than kWatchAfterMs, this thread polls the
+    // "fail/any" note that every failing rank leaves in the KV store and wakes the call.
+    std::thread watchdog;
+    std::mutex wmu;
+    std::condition_variable wcv;
+    bool wstop = false;
+    std::atomic<uint64_t> op_start_ms{0};
 
     bool noted = false; // this rank already left its failure note (the first cause wins)
 
@@ -173,7 +196,25 @@ Buf::Buf(GlooComm *g, void *ptr, size_t bytes) : g_(g)
     std::lock_guard<std::mutex> lk(g->mu);
     if (g->aborted)
         throw Cancelled();
-    g->live.insert(b_.get());
+    if (g->peer_failed >= 0)
+        throw PeerError(g->peer_failed, false, g->peer_msg, g->peer_reporter);
+    g->live[b_.get()] = -1;
+}
+
+// Remember which peer the buffer's pending operation involves (for the watchdog).
+static void set_pending(GlooComm *g, UBuf *b, int peer)
+{
+    std::lock_guard<std::mutex> lk(g->mu);
+    g->live[b] = peer;
+}
+
+// A wait returned false: abort() or the watchdog woke it.
+[[noreturn]] static void woken(GlooComm *g)
+{
+    std::lock_guard<std::mutex> lk(g->mu);
+    if (!g->aborted && g->peer_failed >= 0)
+        throw PeerError(g->peer_failed, false, g->peer_msg, g->peer_reporter);
+    throw Cancelled();
 }
 
 Buf::~Buf()
@@ -184,6 +225,7 @@ Buf::~Buf()
 
 void Buf::send(int peer, uint64_t slot, size_t off, size_t n)
 {
+    set_pending(g_, b_.get(), peer);
     try {
         b_->send(peer, slot, off, n);
     } catch (const std::exception &e) {
@@ -193,6 +235,7 @@ void Buf::send(int peer, uint64_t slot, size_t off, size_t n)
 
 void Buf::recv(int peer, uint64_t slot, size_t off, size_t n)
 {
+    set_pending(g_, b_.get(), peer);
     try {
         b_->recv(peer, slot, off, n);
     } catch (const std::exception &e) {
@@ -209,7 +252,8 @@ void Buf::wait_send(int peer)
         throw PeerError(peer, looks_like_timeout(e.what()), e.what());
     }
     if (!ok)
-        throw Cancelled();
+        woken(g_);
+    set_pending(g_, b_.get(), -1);
 }
 
 void Buf::wait_recv(int peer)
@@ -221,7 +265,8 @@ void Buf::wait_recv(int peer)
         throw PeerError(peer, looks_like_timeout(e.what()), e.what());
     }
     if (!ok)
-        throw Cancelled();
+        woken(g_);
+    set_pending(g_, b_.get(), -1);
 }
 
 // ---- failure reporting ----
@@ -233,7 +278,14 @@ std::string note_key(const GlooComm *g, int rank)
     return g->prefix + "fail/" + std::to_string(rank);
 }
 
-void write_note(GlooComm *g, int culprit, const std::string &msg)
+std::string any_note_key(const GlooComm *g)
+{
+    return g->prefix + "fail/any";
+}
+
+// `failure`: also publish under fail/any for the other ranks' watchdogs (an abort is local and
+// only explains this rank's dropped connections).
+void write_note(GlooComm *g, int culprit, const std::string &msg, bool failure)
 {
     {
         std::lock_guard<std::mutex> lk(g->mu);
@@ -243,6 +295,10 @@ void write_note(GlooComm *g, int culprit, const std::string &msg)
     }
     std::string v = std::to_string(culprit) + "\n" + msg;
     (void)pcs_kv_set(g->kv, note_key(g, g->rank).c_str(), v.data(), v.size());
+    if (failure && culprit >= 0) {
+        std::string a = std::to_string(culprit) + "\n" + std::to_string(g->rank) + "\n" + msg;
+        (void)pcs_kv_set(g->kv, any_note_key(g).c_str(), a.data(), a.size());
+    }
 }
 
 // Peer p dropped its connection: did it die, or did it give up because of someone else?
@@ -264,6 +320,47 @@ bool read_note(GlooComm *g, int p, int *culprit, std::string *msg)
     return true;
 }
 
+// ---- watchdog ----
+
+void watchdog_loop(GlooComm *g)
+{
+    std::unique_lock<std::mutex> wl(g->wmu);
+    while (!g->wstop) {
+        g->wcv.wait_for(wl, ms(kWatchPeriodMs));
+        uint64_t start = g->op_start_ms.load();
+        if (g->wstop || start == 0 || pcs_now_ms() - start < kWatchAfterMs)
+            continue;
+        {
+            std::lock_guard<std::mutex> lk(g->mu);
+            if (g->aborted || g->peer_failed >= 0 || g->noted)
+                continue;
+        }
+        void *val = nullptr;
+        size_t len = 0;
+        if (pcs_kv_get(g->kv, any_note_key(g).c_str(), 0, &val, &len) != PCS_OK)
+            continue;
+        std::string v((char *)val, len);
+        free(val);
+        // "<culprit>\n<reporter>\n<message>"
+        size_t a = v.find('\n'), b = a == std::string::npos ? a : v.find('\n', a + 1);
+        if (b == std::string::npos)
+            continue;
+        int culprit = atoi(v.c_str()), reporter = atoi(v.c_str() + a + 1);
+        if (reporter == g->rank)
+            continue;
+        std::lock_guard<std::mutex> lk(g->mu);
+        if (g->aborted || g->peer_failed >= 0)
+            continue;
+        g->peer_failed = culprit;
+        g->peer_reporter = reporter;
+        g->peer_msg = v.substr(b + 1);
+        for (const auto &kv : g->live) {
+            kv.first->abortWaitRecv();
+            kv.first->abortWaitSend();
+        }
+    }
+}
+
 // Turn a caught failure into a status + message naming the peer, leave a note for the others
 // and close every connection so that ranks blocked on us fail now instead of at their timeout.
 pcs_status_t fail_peer(GlooComm *g, const char *op, const PeerError &e)
@@ -280,6 +377,10 @@ pcs_status_t fail_peer(GlooComm *g, const char *op, const PeerError &e)
     if (e.peer < 0) {
         st = e.timeout ? PCS_ERR_TIMEOUT : PCS_ERR_REMOTE;
         msg = e.what();
+    } else if (e.reported_by >= 0) {
+        st = PCS_ERR_REMOTE;
+        msg = "peer rank " + std::to_string(e.peer) + " failed (reported by rank " +
+              std::to_string(e.reported_by) + ": " + e.what() + ")";
     } else if (read_note(g, e.peer, &ncul, &nmsg)) {
         // The peer failed first and said why; its culprit is the root cause.
         st = PCS_ERR_REMOTE;
@@ -294,7 +395,7 @@ pcs_status_t fail_peer(GlooComm *g, const char *op, const PeerError &e)
         msg = "peer rank " + std::to_string(e.peer) +
               " closed the connection (process died?): " + e.what();
     }
-    write_note(g, culprit, msg);
+    write_note(g, culprit, msg, true);
     try {
         g->ctx->closeConnections();
     } catch (...) {
@@ -311,8 +412,16 @@ pcs_status_t fail_cancelled(GlooComm *g, const char *op)
 }
 
 // Run `body`, mapping every exception to a status.
+// Marks the call as running for the watchdog while in scope.
+struct OpScope {
+    GlooComm *g;
+    explicit OpScope(GlooComm *gc) : g(gc) { g->op_start_ms.store(std::max<uint64_t>(1, pcs_now_ms())); }
+    ~OpScope() { g->op_start_ms.store(0); }
+};
+
 template <typename F> pcs_status_t guarded(GlooComm *g, const char *op, F body)
 {
+    OpScope scope(g);
     try {
         body();
         return PCS_OK;
@@ -358,29 +467,6 @@ void prepare(void *dst, const void *src, size_t n, pcs_dtype_t dt, float f_pre, 
         memcpy(dst, src, n * pcs_dtype_size(dt));
 }
 
-void ring_all_gather(GlooComm *g, const void *in, void *out, size_t count, pcs_dtype_t dt)
-{
-    const size_t bytes = count * pcs_dtype_size(dt);
-    const int P = g->size, r = g->rank;
-    char *o = (char *)out;
-    if (bytes == 0)
-        return;
-    if (in != o + (size_t)r * bytes)
-        memmove(o + (size_t)r * bytes, in, bytes);
-    if (P == 1)
-        return;
-    const int right = mod(r + 1, P), left = mod(r - 1, P);
-    const uint64_t slot = g->next_slot();
-    Buf sb(g, o, bytes * (size_t)P), rb(g, o, bytes * (size_t)P);
-    for (int s = 0; s < P - 1; s++) {
-        size_t send_idx = (size_t)mod(r - s, P), recv_idx = (size_t)mod(r - s - 1, P);
-        sb.send(right, slot, send_idx * bytes, bytes);
-        rb.recv(left, slot, recv_idx * bytes, bytes);
-        rb.wait_recv(left);
-        sb.wait_send(right);
-    }
-}
-
 // Each ring chunk travels in up to kMaxSegs segments of >= kSegBytes so that the receiver
 // reduces segment j while segment j+1 is on the wire and forwards it at once (a pipelined
 // ring). Both sides derive the same boundaries from the chunk size; the element-wise reduction
@@ -394,6 +480,65 @@ int n_segments(size_t n, size_t es)
     return (int)std::max<size_t>(1, std::min(s, kMaxSegs));
 }
 
+// Ring all-gather of P chunks of `data` (chunk k = elements `chunk(k)`, chunk r already in place):
+// at step s a rank receives chunk r-s from the left and, segment by segment as it arrives,
+// forwards it to the right (pipelined like ring_reduce). Every receive is posted up front (the
+// regions are disjoint), so data never waits for a receive to be posted: Gloo's TCP transport
+// would otherwise add a ready-notification round trip per message.
+template <typename ChunkFn> void ring_gather(GlooComm *g, char *data, size_t es, ChunkFn chunk)
+{
+    const int P = g->size, r = g->rank;
+    const int right = mod(r + 1, P), left = mod(r - 1, P);
+    const uint64_t slot = g->next_slot();
+    std::vector<std::unique_ptr<Buf>> sends, recvs;
+    size_t off, n, so, sn;
+    for (int s = 1; s < P; s++) {
+        chunk(mod(r - s, P), &off, &n);
+        for (int j = 0, ns = n ? n_segments(n, es) : 0; j < ns; j++) {
+            pcs_coll_chunk(n, ns, j, &so, &sn);
+            recvs.emplace_back(new Buf(g, data + (off + so) * es, sn * es));
+            recvs.back()->recv(left, slot, 0, sn * es);
+        }
+    }
+    chunk(r, &off, &n);
+    for (int j = 0, ns = n ? n_segments(n, es) : 0; j < ns; j++) {
+        pcs_coll_chunk(n, ns, j, &so, &sn);
+        sends.emplace_back(new Buf(g, data + (off + so) * es, sn * es));
+        sends.back()->send(right, slot, 0, sn * es);
+    }
+    size_t ri = 0;
+    for (int s = 1; s < P; s++) {
+        chunk(mod(r - s, P), &off, &n);
+        for (int j = 0, ns = n ? n_segments(n, es) : 0; j < ns; j++) {
+            pcs_coll_chunk(n, ns, j, &so, &sn);
+            recvs[ri++]->wait_recv(left);
+            if (s < P - 1) {
+                sends.emplace_back(new Buf(g, data + (off + so) * es, sn * es));
+                sends.back()->send(right, slot, 0, sn * es);
+            }
+        }
+    }
+    for (auto &b : sends)
+        b->wait_send(right);
+}
+
+void ring_all_gather(GlooComm *g, const void *in, void *out, size_t count, pcs_dtype_t dt)
+{
+    const size_t es = pcs_dtype_size(dt), bytes = count * es;
+    const int P = g->size, r = g->rank;
+    char *o = (char *)out;
+    if (bytes == 0)
+        return;
+    if (in != o + (size_t)r * bytes)
+        memmove(o + (size_t)r * bytes, in, bytes);
+    if (P == 1)
+        return;
+    ring_gather(g, o, es, [count](int k, size_t *off, size_t *n) {
+        *off = (size_t)k * count;
+        *n = count;
+    });
+}
+
 // Ring reduce-scatter with chunk k of `data` (k = 0..P-1, element range given by `chunk`)
 // reduced along r+1, r+2, ..., r and left in `data` chunk r. `data` already holds this rank's
 // prepared contribution. Used by all_reduce (in place) and reduce_scatter.
@@ -405,43 +550,50 @@ void ring_reduce(GlooComm *g, char *data, size_t max_chunk, pcs_dtype_t dt, pcs_
     const size_t es = pcs_dtype_size(dt);
     const int right = mod(r + 1, P), left = mod(r - 1, P);
     const uint64_t slot = g->next_slot();
-    char *tmp = grow(g->tmp, max_chunk * es);
-    std::vector<std::unique_ptr<Buf>> sends, next_sends, recvs;
-    auto wait_sends = [&] {
-        for (auto &b : sends)
-            b->wait_send(right);
-        sends.clear();
-    };
+    // Two receive areas: step s+1's receives are posted into one before step s is reduced out
+    // of the other (see ring_gather for why receives should be posted early).
+    char *tmp = grow(g->tmp, 2 * max_chunk * es);
+    std::vector<std::unique_ptr<Buf>> sends, next_sends, recvs[2];
     size_t off, n, so, sn;
+    auto post_recvs = [&](int s) {
+        char *area = tmp + (size_t)(s % 2) * max_chunk * es;
+        recvs[s % 2].clear();
+        chunk(mod(r - s - 1, P), &off, &n);
+        for (int j = 0, ns = n ? n_segments(n, es) : 0; j < ns; j++) {
+            pcs_coll_chunk(n, ns, j, &so, &sn);
+            recvs[s % 2].emplace_back(new Buf(g, area + so * es, sn * es));
+            recvs[s % 2].back()->recv(left, slot, 0, sn * es);
+        }
+    };
+    post_recvs(1);
     chunk(mod(r - 1, P), &off, &n);
-    for (int j = 0, ns = n_segments(n, es); n > 0 && j < ns; j++) {
+    for (int j = 0, ns = n ? n_segments(n, es) : 0; j < ns; j++) {
         pcs_coll_chunk(n, ns, j, &so, &sn);
         sends.emplace_back(new Buf(g, data + (off + so) * es, sn * es));
         sends.back()->send(right, slot, 0, sn * es);
     }
     for (int s = 1; s < P; s++) {
+        if (s + 1 < P)
+            post_recvs(s + 1);
+        char *area = tmp + (size_t)(s % 2) * max_chunk * es;
         chunk(mod(r - s - 1, P), &off, &n);
-        const int ns = n ? n_segments(n, es) : 0;
-        recvs.clear();
-        for (int j = 0; j < ns; j++) {
+        for (int j = 0, ns = n ? n_segments(n, es) : 0; j < ns; j++) {
             pcs_coll_chunk(n, ns, j, &so, &sn);
-            recvs.emplace_back(new Buf(g, tmp + so * es, sn * es));
-            recvs.back()->recv(left, slot, 0, sn * es);
-        }
-        for (int j = 0; j < ns; j++) {
-            pcs_coll_chunk(n, ns, j, &so, &sn);
-            recvs[(size_t)j]->wait_recv(left);
-            pcs_coll_reduce_into(data + (off + so) * es, tmp + so * es, sn, dt, op);
+            recvs[s % 2][(size_t)j]->wait_recv(left);
+            pcs_coll_reduce_into(data + (off + so) * es, area + so * es, sn, dt, op);
             if (s < P - 1) {
                 next_sends.emplace_back(new Buf(g, data + (off + so) * es, sn * es));
                 next_sends.back()->send(right, slot, 0, sn * es);
             }
         }
         // The previous step's sends read another chunk, which nothing here writes any more.
-        wait_sends();
+        for (auto &b : sends)
+            b->wait_send(right);
+        sends.clear();
         sends.swap(next_sends);
     }
-    wait_sends();
+    for (auto &b : sends)
+        b->wait_send(right);
 }
 
 void do_reduce_scatter(GlooComm *g, const void *in, void *out, size_t rc, pcs_dtype_t dt,
@@ -498,22 +650,7 @@ void do_all_reduce(GlooComm *g, const void *in, void *out, size_t count, pcs_dty
     if (f_post != 1.0f)
         pcs_coll_scale(o + off * es, o + off * es, n, dt, f_post);
     // All-gather the owned chunks (uneven sizes) along the same ring.
-    const int right = mod(r + 1, P), left = mod(r - 1, P);
-    const uint64_t slot = g->next_slot();
-    Buf sb(g, o, count * es), rb(g, o, count * es);
-    for (int s = 0; s < P - 1; s++) {
-        size_t soff, sn, roff, rn;
-        chunk(mod(r - s, P), &soff, &sn);
-        chunk(mod(r - s - 1, P), &roff, &rn);
-        if (sn)
-            sb.send(right, slot, soff * es, sn * es);
-        if (rn) {
-            rb.recv(left, slot, roff * es, rn * es);
-            rb.wait_recv(left);
-        }
-        if (sn)
-            sb.wait_send(right);
-    }
+    ring_gather(g, o, es, chunk);
 }
 
 void do_broadcast(GlooComm *g, void *buf, size_t count, pcs_dtype_t dt, int root)
@@ -706,12 +843,12 @@ extern "C" void g_abort(void *impl, const char *reason)
             return;
         g->aborted = true;
         g->abort_reason = reason;
-        for (UBuf *b : g->live) {
-            b->abortWaitRecv();
-            b->abortWaitSend();
+        for (const auto &kv : g->live) {
+            kv.first->abortWaitRecv();
+            kv.first->abortWaitSend();
         }
     }
-    write_note(g, g->rank, std::string("rank ") + std::to_string(g->rank) + " aborted: " + reason);
+    write_note(g, g->rank, std::string("rank ") + std::to_string(g->rank) + " aborted: " + reason, false);
     try {
         if (g->ctx)
             g->ctx->closeConnections();
@@ -719,8 +856,21 @@ extern "C" void g_abort(void *impl, const char *reason)
     }
 }
 
+void stop_watchdog(GlooComm *g)
+{
+    if (!g->watchdog.joinable())
+        return;
+    {
+        std::lock_guard<std::mutex> wl(g->wmu);
+        g->wstop = true;
+    }
+    g->wcv.notify_all();
+    g->watchdog.join();
+}
+
 extern "C" void g_destroy(void *impl)
 {
+    stop_watchdog(G(impl));
     delete G(impl);
 }
 
@@ -771,6 +921,7 @@ extern "C" pcs_status_t pcs_coll_gloo_create(const pcs_coll_config_t *cfg, const
         if (cfg->size > 1) {
             KvStore store(cfg->kv, g->prefix + "gloo/", g->timeout);
             g->ctx->connectFullMesh(store, g->dev);
+            g->watchdog = std::thread(watchdog_loop, g);
         }
     } catch (const PeerError &e) {
         delete g;
