@@ -166,14 +166,21 @@ static void test_full_shard_bf16_fp32_reduce_w4_matches_reference(void **state)
 }
 
 /* A worker killed with SIGKILL mid-job: the survivor's next collective fails with an error that
- * names the dead rank within the collective timeout (8 s here), the survivor reports it and the
- * job ends FAILED (recovery is a later issue). */
+ * names the dead rank within the collective timeout (8 s here; usually at once, when the dead
+ * peer's socket closes, at worst when Gloo's partly-written send times out), the survivor
+ * reports it and the job ends FAILED (recovery is a later issue). */
 static void test_killed_worker_fails_the_job_naming_it(void **state)
 {
     (void)state;
     char yaml2[4096];
     snprintf(yaml2, sizeof yaml2, K_JOB_FMT, 2, 100000); /* running when the kill lands */
     e2e_cluster_t *cl = &g_cluster;
+    /* A lease longer than the collective timeout: the survivor's collective, not the
+     * coordinator's lease expiry, must be what fails the job. */
+    pcs_test_stop(cl->coord, 5000);
+    const char *args[] = {"--db", ":memory:", "--lease-ms", "30000", NULL};
+    cl->coord = pcs_test_start_coordinator(cl->dir, args, cl->addr, sizeof cl->addr);
+    assert_true(cl->coord > 0);
     assert_int_equal(e2e_spawn_workers(cl, 2, NULL), 0);
     assert_int_equal(e2e_submit(cl, yaml2, "kill", &g_job), 0);
     /* wait until rank 1 has reported a few steps */
