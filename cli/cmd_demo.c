@@ -29,9 +29,9 @@
 
 #define DEMO_MAX_WORKERS 16
 
-/* The example job (examples/demo-job.yaml) with the LayerNorm override's output cast to bf16 so
- * the next bf16 Linear gets bf16 inputs (FSDP2's fix for a full-precision unit inside a
- * low-precision model; without it the head fails "mat1 and mat2 must have the same dtype"). */
+/* The example job, examples/demo-job.yaml (the mesh and steps come from --workers / --steps, the
+ * checkpoint directory is the demo's). The planner casts the fp32 LayerNorm units' outputs back
+ * to the blocks' bf16, so the override runs as written. */
 static const char k_demo_job[] =
     "name: mlp-demo\n"
     "model:\n"
@@ -46,7 +46,7 @@ static const char k_demo_job[] =
     "  buffer_dtype: fp32\n"
     "  cast_forward_inputs: true\n"
     "  overrides:\n"
-    "    - {match: {module_class: LayerNorm}, param_dtype: fp32, output_dtype: bf16}\n"
+    "    - {match: {module_class: LayerNorm}, param_dtype: fp32}\n"
     "strategy: full_shard\n"
     "training:\n"
     "  micro_batch_size: 32\n"
@@ -54,6 +54,7 @@ static const char k_demo_job[] =
     "  optimizer: {adamw: {lr: 1.0e-3, betas: [0.9, 0.999], eps: 1.0e-8, weight_decay: 0.01}}\n"
     "  clip_grad_norm: 1.0\n"
     "  loss: mse\n"
+    "  grad_scaler: {enabled: false}\n"
     "  eval_every: 10\n"
     "data: {synthetic: {task: regression, seed: 7}}\n"
     "init: {seed: 13}\n";

@@ -183,9 +183,9 @@ static void test_keep_low_precision_grads_w2_matches_reference(void **state)
 }
 
 /* Per-module override (LayerNorm in fp32 inside bf16 blocks; the planner makes each LayerNorm a
- * unit of its own) with output_dtype bf16 so the next bf16 Linear gets bf16 inputs (without it
- * the head fails with "mat1 and mat2 must have the same dtype", as PyTorch does), and BatchNorm
- * as a full-precision unit of its own (FSDP1 _module_classes_to_ignore); tolerances as bf16. */
+ * unit of its own) with an explicit output_dtype bf16, the same without (the planner then casts
+ * the outputs back itself, as the demo job relies on), and BatchNorm as a full-precision unit of
+ * its own (FSDP1 _module_classes_to_ignore); tolerances as bf16. */
 static void test_layernorm_override_w2_matches_reference(void **state)
 {
     (void)state;
@@ -194,6 +194,16 @@ static void test_layernorm_override_w2_matches_reference(void **state)
                                    "output_dtype: bf16}]",
                       .mesh = "{dim: dp_shard, size: 2}",
                       .world = 2};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
+static void test_layernorm_override_without_output_dtype_w4_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "param_dtype: bf16, reduce_dtype: fp32, overrides: "
+                                   "[{match: {module_class: LayerNorm}, param_dtype: fp32}]",
+                      .mesh = "{dim: dp_shard, size: 4}",
+                      .world = 4};
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
 }
 
@@ -412,6 +422,7 @@ int main(void)
         cmocka_unit_test(test_fp16_grad_scaler_w2_matches_reference),
         cmocka_unit_test(test_keep_low_precision_grads_w2_matches_reference),
         cmocka_unit_test(test_layernorm_override_w2_matches_reference),
+        cmocka_unit_test(test_layernorm_override_without_output_dtype_w4_matches_reference),
         cmocka_unit_test(test_batchnorm_full_precision_unit_w2_matches_reference),
         cmocka_unit_test(test_four_micro_batches_w2_matches_reference),
         cmocka_unit_test(test_sgd_without_clipping_w4_matches_reference),
