@@ -54,6 +54,7 @@ struct pcs_train {
     /* step state */
     int sync, training, full_eval;
     uint32_t M, b, D, dp_rank, in_dim;
+    uint32_t depth;         /* units all-gathered ahead (plan.prefetch; 0 = inline) */
     pcs_dtype_t feed_dtype; /* dtype the inputs are fed in (pure low precision: the model's) */
     float *x;
     void *y;
@@ -98,9 +99,11 @@ static pcs_status_t hook_pre_forward(void *ctx, uint32_t mod)
     PCS_CHECK(pcs_runtime_unshard(t->rt, (uint32_t)unit, full, &p, &dt));
     if (full)
         PCS_CHECK(bind_unit(t, (uint32_t)unit, p, dt));
+    /* Keep `depth` units gathered ahead in forward order (bounded memory: root + current +
+     * depth). */
     uint32_t pos = t->unit_pos[unit];
-    if (!full && pos + 1 < t->n_units)
-        PCS_CHECK(pcs_runtime_prefetch(t->rt, t->fwd_order[pos + 1]));
+    for (uint32_t k = 1; !full && k <= t->depth && pos + k < t->n_units; k++)
+        PCS_CHECK(pcs_runtime_prefetch(t->rt, t->fwd_order[pos + k]));
     return PCS_OK;
 }
 
@@ -133,8 +136,8 @@ static pcs_status_t hook_pre_backward(void *ctx, uint32_t mod)
     pcs_dtype_t dt;
     PCS_CHECK(pcs_runtime_unshard(t->rt, (uint32_t)unit, 0, &p, &dt));
     uint32_t pos = t->unit_pos[unit];
-    if (pos > 0)
-        PCS_CHECK(pcs_runtime_prefetch(t->rt, t->fwd_order[pos - 1]));
+    for (uint32_t k = 1; k <= t->depth && k <= pos; k++)
+        PCS_CHECK(pcs_runtime_prefetch(t->rt, t->fwd_order[pos - k]));
     return PCS_OK;
 }
 
@@ -365,6 +368,7 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     rc.init_ctx = t;
     rc.prefetch =
         cfg->prefetch >= 0 ? cfg->prefetch : (int)(t->plan->prefetch ? t->plan->prefetch : 1);
+    t->depth = rc.prefetch > 0 ? (uint32_t)rc.prefetch : 0;
     opt_from_spec(tr, &rc);
     PCS_CHECK_GOTO(pcs_runtime_create(&rc, &t->rt), st, fail);
 

@@ -39,13 +39,14 @@
     "  loss: mse\n"                                                                                \
     "  eval_every: %d\n"                                                                           \
     "  full_precision_eval: %s\n"                                                                  \
+    "  prefetch: %d\n"                                                                             \
     "data: {synthetic: {task: regression, seed: 7}}\n"                                             \
     "init: {seed: 13}\n"
 
 typedef struct job_params {
     const char *norm, *precision, *strategy, *mesh, *optimizer, *clip, *scaler, *full_eval;
     const char *raf; /* reshard_after_forward */
-    int steps, micro, world, eval_every;
+    int steps, micro, world, eval_every, prefetch;
 } job_params_t;
 
 static void make_yaml(const job_params_t *p, char *buf, size_t n)
@@ -55,7 +56,8 @@ static void make_yaml(const job_params_t *p, char *buf, size_t n)
              p->strategy ? p->strategy : "full_shard", p->raf ? p->raf : "default", p->mesh,
              p->steps ? p->steps : 5, p->micro ? p->micro : 2,
              p->optimizer ? p->optimizer : "adamw: {lr: 1.0e-2}", p->clip ? p->clip : "1.0",
-             p->scaler ? p->scaler : "false", p->eval_every, p->full_eval ? p->full_eval : "false");
+             p->scaler ? p->scaler : "false", p->eval_every, p->full_eval ? p->full_eval : "false",
+             p->prefetch ? p->prefetch : 1);
 }
 
 static void run_parity(const job_params_t *p, double atol, double rtol, double loss_rtol)
@@ -407,6 +409,33 @@ static void test_reshard_after_forward_false_w2_matches_reference(void **state)
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
 }
 
+/* training.prefetch 2: two units gathered ahead; memory stays bounded at root + current + 2
+ * unsharded units (reported per step), numerics unchanged. */
+static void test_prefetch_depth_2_is_bounded_and_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 2}", .world = 2, .prefetch = 2};
+    char yaml[4096];
+    make_yaml(&p, yaml, sizeof yaml);
+    e2e_job_t job;
+    char *dir = NULL;
+    assert_int_equal(e2e_run_local(yaml, "pf2", 2, 0, 0, &job, &dir), 0);
+    assert_int_equal(job.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+    uint32_t most = 0;
+    for (int r = 0; r < 2; r++)
+        for (size_t i = 0; i < job.n_reports[r]; i++) {
+            uint32_t m = job.reports[r][i]->max_unsharded_units;
+            assert_true(m <= 4);
+            most = m > most ? m : most;
+        }
+    assert_true(most >= 3); /* the deeper prefetch was used */
+    double max_abs = 0;
+    assert_int_equal(e2e_check_parity(&job, yaml, 1e-4, 1e-3, 1.6e-2, &max_abs), 0);
+    e2e_job_free(&job);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -436,6 +465,7 @@ int main(void)
         cmocka_unit_test(test_hybrid_shard_w2_two_replicas_matches_reference),
         cmocka_unit_test(test_reshard_after_forward_2_w4_matches_reference),
         cmocka_unit_test(test_reshard_after_forward_false_w2_matches_reference),
+        cmocka_unit_test(test_prefetch_depth_2_is_bounded_and_matches_reference),
     };
     return cmocka_run_group_tests_name("e2e_procs", tests, NULL, NULL);
 }
