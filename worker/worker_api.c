@@ -38,6 +38,7 @@ struct pcs_worker {
     const pcs_backend_ops_t *be;
     uint32_t dp_rank, dp_size;
     uint64_t step;
+    uint64_t step_t0_us; /* begin_step time, for the report's step time */
     double scale;
     uint32_t growth_tracker;
     uint64_t skipped;
@@ -415,6 +416,7 @@ pcs_status_t pcs_worker_find_param(const pcs_worker_t *w, const char *fqn,
 
 pcs_status_t pcs_worker_begin_step(pcs_worker_t *w)
 {
+    w->step_t0_us = pcs_now_us();
     return pcs_runtime_begin_step(w->rt);
 }
 
@@ -492,6 +494,14 @@ pcs_status_t pcs_worker_step(pcs_worker_t *w, double loss, pcs_worker_step_resul
     r.skipped = sr.skipped;
     r.skipped_steps = w->skipped;
     pcs_train_fill_report(&r, recs, rp, cap, &rs);
+    if (w->step_t0_us) {
+        /* the program's own compute is what is left of the step after communication waits,
+         * casts and the optimizer */
+        r.step_ms = (double)(pcs_now_us() - w->step_t0_us) / 1000.0;
+        double other =
+            rs.compute_thread_comm_ms + rs.reduce_drain_ms + rs.cast_ms + rs.optimizer_ms;
+        r.compute_ms = r.step_ms > other ? r.step_ms - other : 0;
+    }
     r.done = w->step >= tr->steps;
     pcs_agent_report(w->agent, &r);
     free(recs);
