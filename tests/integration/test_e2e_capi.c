@@ -17,24 +17,24 @@
 #include "test_e2e_util.h"
 #include "test_util.h"
 
-static const char k_job[] =
-    "name: c-api\n"
-    "model:\n"
-    "  explicit:\n"
-    "    modules:\n"
-    "      - {path: '', class: Regressor}\n"
-    "      - {path: fc, class: Linear, params: [{name: weight, shape: [4, 8]},\n"
-    "                                           {name: bias, shape: [4]}]}\n"
-    "wrap: {explicit: [fc]}\n"
-    "precision: {param_dtype: fp32}\n"
-    "strategy: full_shard\n"
-    "mesh: [{dim: dp_shard, size: 2}]\n"
-    "training:\n"
-    "  steps: 30\n"
-    "  micro_batch_size: 16\n"
-    "  micro_batches: 2\n"
-    "  optimizer: {adamw: {lr: 2.0e-2}}\n"
-    "  clip_grad_norm: 5.0\n";
+#define K_JOB                                                                                      \
+    "name: c-api\n"                                                                                \
+    "model:\n"                                                                                     \
+    "  explicit:\n"                                                                                \
+    "    modules:\n"                                                                               \
+    "      - {path: '', class: Regressor}\n"                                                       \
+    "      - {path: fc, class: Linear, params: [{name: weight, shape: [4, 8]},\n"                  \
+    "                                           {name: bias, shape: [4]}]}\n"                      \
+    "wrap: {explicit: [fc]}\n"                                                                     \
+    "precision: {%s}\n"                                                                            \
+    "strategy: full_shard\n"                                                                       \
+    "mesh: [{dim: dp_shard, size: 2}]\n"                                                           \
+    "training:\n"                                                                                  \
+    "  steps: 30\n"                                                                                \
+    "  micro_batch_size: 16\n"                                                                     \
+    "  micro_batches: 2\n"                                                                         \
+    "  optimizer: {adamw: {lr: 2.0e-2}}\n"                                                         \
+    "  clip_grad_norm: 5.0\n"
 
 static e2e_cluster_t g_c;
 static e2e_job_t g_job;
@@ -53,9 +53,10 @@ static int teardown(void **state)
     return 0;
 }
 
-static void test_c_api_example_trains_an_explicit_model(void **state)
+static void run_example(const char *precision)
 {
-    (void)state;
+    char job[2048];
+    snprintf(job, sizeof job, K_JOB, precision);
     pid_t pids[2];
     for (int i = 0; i < 2; i++) {
         char log[1100], ident[64];
@@ -71,7 +72,7 @@ static void test_c_api_example_trains_an_explicit_model(void **state)
         assert_true(pids[i] > 0);
         g_c.workers[g_c.n_workers++] = pids[i];
     }
-    assert_int_equal(e2e_submit(&g_c, k_job, "capi", &g_job), 0);
+    assert_int_equal(e2e_submit(&g_c, job, "capi", &g_job), 0);
     /* the examples exit on their own after the job: their exit code is their verdict */
     int codes[2];
     for (int i = 0; i < 2; i++) {
@@ -91,10 +92,25 @@ static void test_c_api_example_trains_an_explicit_model(void **state)
     assert_int_equal(g_job.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
 }
 
+static void test_c_api_example_trains_an_explicit_model(void **state)
+{
+    (void)state;
+    run_example("param_dtype: fp32");
+}
+
+/* bf16 unsharded parameters and gradient buffers (the program converts), fp32 reduce. */
+static void test_c_api_example_trains_with_bf16_params(void **state)
+{
+    (void)state;
+    run_example("param_dtype: bf16, reduce_dtype: fp32");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_c_api_example_trains_an_explicit_model, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_c_api_example_trains_with_bf16_params, setup,
                                         teardown),
     };
     return cmocka_run_group_tests_name("e2e_capi", tests, NULL, NULL);
