@@ -786,6 +786,9 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
             result->mean_step_ms = sum_ms / (double)s;
         }
     }
+    /* Leave together (see pcs_worker_finish): no rank tears down its connections while a peer
+     * still uses them. */
+    PCS_CHECK_GOTO(pcs_runtime_barrier(t->rt), st, fail);
     st = PCS_OK;
     goto out;
 fail:

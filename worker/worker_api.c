@@ -275,6 +275,10 @@ pcs_status_t pcs_worker_finish(pcs_worker_t *w, const char *error)
     pcs_runtime_t *rt = w->rt;
     w->rt = NULL;
     pthread_mutex_unlock(&w->mu);
+    /* Leave together: a rank that tears its connections down while a peer still uses them makes
+     * that peer see a failure. */
+    if (rt && !(error && error[0]) && pcs_runtime_barrier(rt) != PCS_OK)
+        PCS_DEBUG(PCS_SUB_WORKER, "final barrier: %s", pcs_last_error());
     pcs_runtime_destroy(rt);
     pthread_mutex_lock(&w->mu);
     if (error && error[0] && !w->error[0])
