@@ -1014,6 +1014,11 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
         pthread_mutex_unlock(&rt->mu);
         return pcs_set_error(st, "%s", msg);
     }
+    if (rt->rs_len >= rt->n_units) { /* API misuse: more than one synced hand-in per unit */
+        pthread_mutex_unlock(&rt->mu);
+        return pcs_set_error(
+            PCS_ERR_STATE, "unit %u: gradients handed in with sync more than once per step", unit);
+    }
     rt->rs_queue[(rt->rs_head + rt->rs_len) % rt->n_units] = unit;
     rt->rs_len++;
     pthread_cond_broadcast(&rt->cv);
