@@ -22,7 +22,8 @@ endif()
 if(TARGET pcsctl AND TARGET pcs-worker AND TARGET pcs-coordinator)
   pcs_add_test(NAME test_e2e_cli
     SOURCES ${PROJECT_SOURCE_DIR}/tests/integration/test_e2e_cli.c
-    LIBS pcs_worker_core LABELS integration TIMEOUT 300)
+            ${PROJECT_SOURCE_DIR}/tests/integration/test_e2e_util.c
+    LIBS pcs_worker_core pcs_plan LABELS integration TIMEOUT 300)
   set_target_properties(test_e2e_cli PROPERTIES LINKER_LANGUAGE CXX)
   add_dependencies(test_e2e_cli pcsctl pcs-worker pcs-coordinator)
 endif()

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "safetensors.h"
+#include "test_e2e_util.h"
 #include "test_util.h"
 
 static void test_demo_trains_exports_and_matches_reference(void **state)
@@ -78,11 +79,60 @@ static void test_export_of_a_non_checkpoint_fails_with_a_clear_error(void **stat
     free(dir);
 }
 
+/* `pcsctl export JOB out.safetensors`: the checkpoint directory comes from the job's spec on the
+ * coordinator; the exported parameters equal the ones assembled directly from the checkpoint. */
+static void test_export_by_job_id_reads_the_jobs_checkpoint(void **state)
+{
+    (void)state;
+    static const char job[] = "name: exp\n"
+                              "model: {mlp: {input_dim: 8, hidden_dims: [16], output_dim: 2}}\n"
+                              "wrap: {module_class: [MLPBlock]}\n"
+                              "mesh: [{dim: dp_shard, size: 2}]\n"
+                              "training: {steps: 3, micro_batch_size: 4, optimizer: {adamw: "
+                              "{lr: 1.0e-2}}}\n";
+    e2e_cluster_t c;
+    assert_int_equal(e2e_start(&c, "export"), 0);
+    assert_int_equal(e2e_spawn_workers(&c, 2, NULL), 0);
+    e2e_job_t j;
+    assert_int_equal(e2e_run_job(&c, job, "exp", 60000, &j), 0);
+    assert_int_equal(j.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+    char cmd[2048], out[1200];
+    snprintf(out, sizeof out, "%s/by-id.safetensors", c.dir);
+    snprintf(cmd, sizeof cmd, "%s --coordinator %s export %s %s 2>&1", pcs_test_bin("pcsctl"),
+             c.addr, j.job_id, out);
+    int status = -1;
+    char *txt = pcs_test_run(cmd, &status);
+    assert_non_null(txt);
+    fprintf(stderr, "%s", txt);
+    assert_int_equal(status, 0);
+    assert_non_null(strstr(txt, "of step 3"));
+    free(txt);
+    /* byte-identical to the export the test helper made from the same checkpoint */
+    size_t la = 0, lb = 0;
+    char *a = pcs_test_read_file(out, &la), *b = pcs_test_read_file(j.export_path, &lb);
+    assert_non_null(a);
+    assert_non_null(b);
+    assert_int_equal(la, lb);
+    assert_memory_equal(a, b, la);
+    free(a);
+    free(b);
+    /* an unknown job is a clear error */
+    snprintf(cmd, sizeof cmd, "%s --coordinator %s export job-999 %s 2>&1", pcs_test_bin("pcsctl"),
+             c.addr, out);
+    txt = pcs_test_run(cmd, &status);
+    assert_int_equal(status, 1);
+    assert_non_null(strstr(txt, "NOT_FOUND"));
+    free(txt);
+    e2e_job_free(&j);
+    e2e_stop(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_demo_trains_exports_and_matches_reference),
         cmocka_unit_test(test_export_of_a_non_checkpoint_fails_with_a_clear_error),
+        cmocka_unit_test(test_export_by_job_id_reads_the_jobs_checkpoint),
     };
     return cmocka_run_group_tests_name("e2e_cli", tests, NULL, NULL);
 }
