@@ -41,7 +41,7 @@ static void usage(void)
     fprintf(stderr,
             "usage: pcs-coll-bench [-g ranks] [-b min_bytes] [-e max_bytes] [-f factor] [-n iters]\n"
             "                      [-w warmup] [-d fp32|bf16|fp16] [-o sum|avg|max] [-c 0|1]\n"
-            "                      [-C ag,rs,ar] [-B gloo|nccl] [-F out.csv]\n"
+            "                      [-C ag,rs,ar] [-B|--coll gloo|nccl] [-F out.csv]\n"
             "  sizes take K/M/G suffixes; size = total bytes (count_per_rank * ranks * elem for\n"
             "  AG/RS, count * elem for AR) as in nccl-tests.\n");
 }
@@ -300,7 +300,7 @@ static void print_row(FILE *csv, const opts_t *o, const double rec[4], const dou
     int coll = (int)rec[0];
     size_t bytes = (size_t)rec[1];
     double t = rec[2], raw = rec[3];
-    double alg = (double)bytes / 1e3 / t, bus = alg * busbw_factor(coll, o->ranks);
+    double alg = t > 0 ? (double)bytes / 1e3 / t : 0.0, bus = alg * busbw_factor(coll, o->ranks);
     const char *redop = coll == AG ? "-" : o->op == PCS_RED_SUM ? "sum"
                                          : o->op == PCS_RED_AVG ? "avg"
                                                                 : "max";
@@ -308,8 +308,9 @@ static void print_row(FILE *csv, const opts_t *o, const double rec[4], const dou
     printf(" %11zu %12zu %5s %3s %5s %10.1f %7.3f %7.3f %6ld", bytes, elems,
            pcs_dtype_name(o->dt), coll_name[coll], redop, t, alg, bus, (long)rec2[0]);
     if (raw >= 0) {
-        double ralg = (double)bytes / 1e3 / raw, rbus = ralg * busbw_factor(coll, o->ranks);
-        printf(" %10.1f %7.3f %7.3f %6.2f\n", raw, ralg, rbus, t / raw);
+        double ralg = raw > 0 ? (double)bytes / 1e3 / raw : 0.0;
+        double rbus = ralg * busbw_factor(coll, o->ranks);
+        printf(" %10.1f %7.3f %7.3f %6.2f\n", raw, ralg, rbus, raw > 0 ? t / raw : 0.0);
     } else {
         printf(" %10s %7s %7s %6s\n", "-", "-", "-", "-");
     }
@@ -328,8 +329,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < argc && used + 2 < sizeof o.cmd; i++)
         used += (size_t)snprintf(o.cmd + used, sizeof o.cmd - used, "%s%s", i ? " " : "",
                                  argv[i]);
+    static const struct option longopts[] = {{"coll", required_argument, NULL, 'B'},
+                                              {"help", no_argument, NULL, 'h'},
+                                              {NULL, 0, NULL, 0}};
     int ch;
-    while ((ch = getopt(argc, argv, "g:b:e:f:n:w:d:o:c:C:B:F:h")) != -1) {
+    while ((ch = getopt_long(argc, argv, "g:b:e:f:n:w:d:o:c:C:B:F:h", longopts, NULL)) != -1) {
         switch (ch) {
         case 'g': o.ranks = atoi(optarg); break;
         case 'b': if (parse_size(optarg, &o.min_bytes)) { usage(); return 2; } break;

@@ -155,6 +155,25 @@ static void test_bad_keys_and_values_are_invalid_arg(void **s)
     free(dir);
 }
 
+/* No coordinator listening: every call fails with a clear status within the RPC deadline. */
+static void test_coord_store_unreachable_is_an_error_not_a_hang(void **s)
+{
+    (void)s;
+    pcs_kv_t *kv = NULL;
+    assert_int_equal(pcs_kv_coord_create("127.0.0.1:1", "job-1", 1, 300, &kv), PCS_OK);
+    uint64_t t0 = pcs_now_ms();
+    pcs_status_t rc = pcs_kv_set(kv, "k", "v", 1);
+    assert_true(rc == PCS_ERR_REMOTE || rc == PCS_ERR_TIMEOUT);
+    void *v = NULL;
+    size_t n = 0;
+    rc = pcs_kv_get(kv, "k", 200, &v, &n);
+    assert_true(rc == PCS_ERR_REMOTE || rc == PCS_ERR_TIMEOUT);
+    assert_null(v);
+    assert_true(pcs_now_ms() - t0 < 5000);
+    assert_int_equal(pcs_kv_coord_create(NULL, "job-1", 1, 300, &kv), PCS_ERR_INVALID_ARG);
+    pcs_kv_destroy(kv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -163,6 +182,7 @@ int main(void)
         cmocka_unit_test(test_file_missing_key_is_not_found_after_the_wait),
         cmocka_unit_test(test_file_get_waits_for_a_later_set),
         cmocka_unit_test(test_bad_keys_and_values_are_invalid_arg),
+        cmocka_unit_test(test_coord_store_unreachable_is_an_error_not_a_hang),
     };
     return cmocka_run_group_tests_name("coll_kv", tests, NULL, NULL);
 }
