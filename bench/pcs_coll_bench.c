@@ -38,12 +38,13 @@ static const char *coll_name[NCOLL] = {"AG", "RS", "AR"};
 
 static void usage(void)
 {
-    fprintf(stderr,
-            "usage: pcs-coll-bench [-g ranks] [-b min_bytes] [-e max_bytes] [-f factor] [-n iters]\n"
-            "                      [-w warmup] [-d fp32|bf16|fp16] [-o sum|avg|max] [-c 0|1]\n"
-            "                      [-C ag,rs,ar] [-B|--coll gloo|nccl] [-F out.csv]\n"
-            "  sizes take K/M/G suffixes; size = total bytes (count_per_rank * ranks * elem for\n"
-            "  AG/RS, count * elem for AR) as in nccl-tests.\n");
+    fprintf(
+        stderr,
+        "usage: pcs-coll-bench [-g ranks] [-b min_bytes] [-e max_bytes] [-f factor] [-n iters]\n"
+        "                      [-w warmup] [-d fp32|bf16|fp16] [-o sum|avg|max] [-c 0|1]\n"
+        "                      [-C ag,rs,ar] [-B|--coll gloo|nccl] [-F out.csv]\n"
+        "  sizes take K/M/G suffixes; size = total bytes (count_per_rank * ranks * elem for\n"
+        "  AG/RS, count * elem for AR) as in nccl-tests.\n");
 }
 
 static int parse_size(const char *s, size_t *out)
@@ -260,9 +261,9 @@ static int rank_main(int rank, const opts_t *o, const char *dir, int out_fd)
             /* timed passes */
             if (rc == PCS_OK)
                 res.t_us = time_loop(c, coll, 0, in, out, count, o, &red, &rc);
-            int raw_ok = !nccl && P > 1 &&
-                         (coll == AG || (coll == AR && o->dt == PCS_DTYPE_FP32 &&
-                                         o->op == PCS_RED_SUM));
+            int raw_ok =
+                !nccl && P > 1 &&
+                (coll == AG || (coll == AR && o->dt == PCS_DTYPE_FP32 && o->op == PCS_RED_SUM));
             if (rc == PCS_OK && raw_ok)
                 res.raw_us = time_loop(c, coll, 1, hin, hout, count, o, &red, &rc);
             if (rank == 0 && rc == PCS_OK) {
@@ -301,12 +302,13 @@ static void print_row(FILE *csv, const opts_t *o, const double rec[4], const dou
     size_t bytes = (size_t)rec[1];
     double t = rec[2], raw = rec[3];
     double alg = t > 0 ? (double)bytes / 1e3 / t : 0.0, bus = alg * busbw_factor(coll, o->ranks);
-    const char *redop = coll == AG ? "-" : o->op == PCS_RED_SUM ? "sum"
-                                         : o->op == PCS_RED_AVG ? "avg"
-                                                                : "max";
+    const char *redop = coll == AG             ? "-"
+                        : o->op == PCS_RED_SUM ? "sum"
+                        : o->op == PCS_RED_AVG ? "avg"
+                                               : "max";
     size_t elems = bytes / pcs_dtype_size(o->dt);
-    printf(" %11zu %12zu %5s %3s %5s %10.1f %7.3f %7.3f %6ld", bytes, elems,
-           pcs_dtype_name(o->dt), coll_name[coll], redop, t, alg, bus, (long)rec2[0]);
+    printf(" %11zu %12zu %5s %3s %5s %10.1f %7.3f %7.3f %6ld", bytes, elems, pcs_dtype_name(o->dt),
+           coll_name[coll], redop, t, alg, bus, (long)rec2[0]);
     if (raw >= 0) {
         double ralg = raw > 0 ? (double)bytes / 1e3 / raw : 0.0;
         double rbus = ralg * busbw_factor(coll, o->ranks);
@@ -323,24 +325,41 @@ static void print_row(FILE *csv, const opts_t *o, const double rec[4], const dou
 
 int main(int argc, char **argv)
 {
-    opts_t o = {8, 1 << 20, 2.0, 20, 5, 2, 1, PCS_DTYPE_FP32, PCS_RED_SUM, "ag,rs,ar", NULL,
-                PCS_COLL_GLOO, ""};
+    opts_t o = {8,          1 << 20, 2.0,           20, 5, 2, 1, PCS_DTYPE_FP32, PCS_RED_SUM,
+                "ag,rs,ar", NULL,    PCS_COLL_GLOO, ""};
     size_t used = 0;
     for (int i = 0; i < argc && used + 2 < sizeof o.cmd; i++)
-        used += (size_t)snprintf(o.cmd + used, sizeof o.cmd - used, "%s%s", i ? " " : "",
-                                 argv[i]);
+        used += (size_t)snprintf(o.cmd + used, sizeof o.cmd - used, "%s%s", i ? " " : "", argv[i]);
     static const struct option longopts[] = {{"coll", required_argument, NULL, 'B'},
-                                              {"help", no_argument, NULL, 'h'},
-                                              {NULL, 0, NULL, 0}};
+                                             {"help", no_argument, NULL, 'h'},
+                                             {NULL, 0, NULL, 0}};
     int ch;
     while ((ch = getopt_long(argc, argv, "g:b:e:f:n:w:d:o:c:C:B:F:h", longopts, NULL)) != -1) {
         switch (ch) {
-        case 'g': o.ranks = atoi(optarg); break;
-        case 'b': if (parse_size(optarg, &o.min_bytes)) { usage(); return 2; } break;
-        case 'e': if (parse_size(optarg, &o.max_bytes)) { usage(); return 2; } break;
-        case 'f': o.factor = atof(optarg); break;
-        case 'n': o.iters = atoi(optarg); break;
-        case 'w': o.warmup = atoi(optarg); break;
+        case 'g':
+            o.ranks = atoi(optarg);
+            break;
+        case 'b':
+            if (parse_size(optarg, &o.min_bytes)) {
+                usage();
+                return 2;
+            }
+            break;
+        case 'e':
+            if (parse_size(optarg, &o.max_bytes)) {
+                usage();
+                return 2;
+            }
+            break;
+        case 'f':
+            o.factor = atof(optarg);
+            break;
+        case 'n':
+            o.iters = atoi(optarg);
+            break;
+        case 'w':
+            o.warmup = atoi(optarg);
+            break;
         case 'd': {
             int d = pcs_dtype_parse(optarg);
             if (d != PCS_DTYPE_FP32 && d != PCS_DTYPE_BF16 && d != PCS_DTYPE_FP16) {
@@ -351,20 +370,39 @@ int main(int argc, char **argv)
             break;
         }
         case 'o':
-            if (!strcmp(optarg, "sum")) o.op = PCS_RED_SUM;
-            else if (!strcmp(optarg, "avg")) o.op = PCS_RED_AVG;
-            else if (!strcmp(optarg, "max")) o.op = PCS_RED_MAX;
-            else { usage(); return 2; }
+            if (!strcmp(optarg, "sum"))
+                o.op = PCS_RED_SUM;
+            else if (!strcmp(optarg, "avg"))
+                o.op = PCS_RED_AVG;
+            else if (!strcmp(optarg, "max"))
+                o.op = PCS_RED_MAX;
+            else {
+                usage();
+                return 2;
+            }
             break;
-        case 'c': o.check = atoi(optarg); break;
-        case 'C': o.colls = optarg; break;
+        case 'c':
+            o.check = atoi(optarg);
+            break;
+        case 'C':
+            o.colls = optarg;
+            break;
         case 'B':
-            if (!strcmp(optarg, "gloo")) o.backend = PCS_COLL_GLOO;
-            else if (!strcmp(optarg, "nccl")) o.backend = PCS_COLL_NCCL;
-            else { usage(); return 2; }
+            if (!strcmp(optarg, "gloo"))
+                o.backend = PCS_COLL_GLOO;
+            else if (!strcmp(optarg, "nccl"))
+                o.backend = PCS_COLL_NCCL;
+            else {
+                usage();
+                return 2;
+            }
             break;
-        case 'F': o.csv = optarg; break;
-        default: usage(); return 2;
+        case 'F':
+            o.csv = optarg;
+            break;
+        default:
+            usage();
+            return 2;
         }
     }
     if (o.ranks < 1 || o.ranks > 64 || o.factor <= 1.0 || o.iters < 1 || o.warmup < 0 ||
@@ -381,7 +419,8 @@ int main(int argc, char **argv)
            o.backend == PCS_COLL_GLOO ? "gloo" : "nccl", o.ranks, sysconf(_SC_NPROCESSORS_ONLN));
     printf("# warmup %d iters %d validation 1 timing max-over-ranks of the mean; raw = plain Gloo "
            "library call on the same context (AG: gloo::allgather; AR: gloo::allreduce fp32 sum; "
-           "RS: none in Gloo 2022-05)\n", o.warmup, o.iters);
+           "RS: none in Gloo 2022-05)\n",
+           o.warmup, o.iters);
     printf("#%11s %12s %5s %3s %5s %10s %7s %7s %6s %10s %7s %7s %6s\n", "size", "count", "type",
            "op", "redop", "time", "algbw", "busbw", "#wrong", "raw time", "algbw", "busbw",
            "ratio");

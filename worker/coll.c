@@ -20,8 +20,8 @@ struct pcs_coll {
     void *impl;
     int rank, size;
     int group_depth;
-    pthread_mutex_t mu;    /* guards failed/err (abort may come from another thread) */
-    pcs_status_t failed;   /* first error; PCS_OK while healthy */
+    pthread_mutex_t mu;  /* guards failed/err (abort may come from another thread) */
+    pcs_status_t failed; /* first error; PCS_OK while healthy */
     char err[512];
 };
 
@@ -46,8 +46,8 @@ int pcs_coll_dtype_reducible(pcs_dtype_t dt)
 }
 
 /* One loop per dtype (no per-element switch) so the compiler can vectorize the bf16 path. */
-#define PCS_COLL_LOOP16(name, to_f, from_f, expr)                                                 \
-    static void name(uint16_t *d, const uint16_t *s, size_t n, float f)                           \
+#define PCS_COLL_LOOP16(name, to_f, from_f, expr)                                                  \
+    static void name(uint16_t *d, const uint16_t *s, size_t n, float f)                            \
     {                                                                                              \
         (void)f;                                                                                   \
         for (size_t i = 0; i < n; i++) {                                                           \
@@ -60,8 +60,8 @@ PCS_COLL_LOOP16(add_bf16, pcs_bf16_to_f32, pcs_f32_to_bf16, a + b)
 PCS_COLL_LOOP16(add_fp16, pcs_fp16_to_f32, pcs_f32_to_fp16, a + b)
 PCS_COLL_LOOP16(max_bf16, pcs_bf16_to_f32, pcs_f32_to_bf16, fmaxf(a, b))
 PCS_COLL_LOOP16(max_fp16, pcs_fp16_to_f32, pcs_f32_to_fp16, fmaxf(a, b))
-PCS_COLL_LOOP16(mul_bf16, pcs_bf16_to_f32, pcs_f32_to_bf16, b * f)
-PCS_COLL_LOOP16(mul_fp16, pcs_fp16_to_f32, pcs_f32_to_fp16, b * f)
+PCS_COLL_LOOP16(mul_bf16, pcs_bf16_to_f32, pcs_f32_to_bf16, b *f)
+PCS_COLL_LOOP16(mul_fp16, pcs_fp16_to_f32, pcs_f32_to_fp16, b *f)
 
 /* The sum of two bf16/fp16 values is computed in fp32 and rounded once: the fp32 sum of two
  * 11-bit (or 8-bit) significands is exact unless the exponents differ by more than ~13 bits, in
@@ -142,7 +142,8 @@ void pcs_coll_scale(void *dst, const void *src, size_t n, pcs_dtype_t dt, float 
         float fa[BLOCK];
         for (size_t o = 0; o < n; o += BLOCK) {
             size_t m = n - o < BLOCK ? n - o : BLOCK;
-            pcs_status_t rc = pcs_cpu_cast_array(fa, PCS_DTYPE_FP32, (const uint16_t *)src + o, dt, m);
+            pcs_status_t rc =
+                pcs_cpu_cast_array(fa, PCS_DTYPE_FP32, (const uint16_t *)src + o, dt, m);
             if (rc == PCS_OK) {
                 mul_f32(fa, fa, m, f);
                 rc = pcs_cpu_cast_array((uint16_t *)dst + o, dt, fa, PCS_DTYPE_FP32, m);
@@ -239,8 +240,8 @@ pcs_status_t pcs_coll_create(const pcs_coll_config_t *cfg, pcs_coll_t **out)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "coll create: size %d must be in [1, 65536]",
                              cfg->size);
     if (cfg->rank < 0 || cfg->rank >= cfg->size)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "coll create: rank %d outside [0, %d)",
-                             cfg->rank, cfg->size);
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "coll create: rank %d outside [0, %d)", cfg->rank,
+                             cfg->size);
     if (!name_ok(cfg->group_name))
         return pcs_set_error(PCS_ERR_INVALID_ARG,
                              "coll create: group name must be 1..64 printable bytes without '/'");
@@ -261,8 +262,7 @@ pcs_status_t pcs_coll_create(const pcs_coll_config_t *cfg, pcs_coll_t **out)
         return pcs_set_error(cfg->backend == PCS_COLL_NCCL ? PCS_ERR_UNSUPPORTED
                                                            : PCS_ERR_INVALID_ARG,
                              "coll create: backend %d %s", (int)cfg->backend,
-                             cfg->backend == PCS_COLL_NCCL ? "(nccl) was not built"
-                                                           : "is unknown");
+                             cfg->backend == PCS_COLL_NCCL ? "(nccl) was not built" : "is unknown");
 
     pcs_coll_config_t eff = *cfg;
     if (eff.timeout_ms == 0)
@@ -363,16 +363,16 @@ static pcs_status_t check_red(const char *op, pcs_dtype_t dt, const pcs_coll_red
     if (!red)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: NULL reduction", op);
     if (!pcs_coll_dtype_reducible(dt))
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: dtype %s cannot be reduced (fp32, bf16, fp16)",
-                             op, pcs_dtype_name(dt));
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "%s: dtype %s cannot be reduced (fp32, bf16, fp16)", op,
+                             pcs_dtype_name(dt));
     if (red->op != PCS_RED_SUM && red->op != PCS_RED_AVG && red->op != PCS_RED_MAX)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: unknown reduction op %d", op, (int)red->op);
     if (!isfinite(red->pre_div) || !isfinite(red->post_div) || red->pre_div < 0 ||
         red->post_div < 0)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: divide factors must be finite and >= 0",
-                             op);
-    if (red->op == PCS_RED_MAX && (pcs_coll_div_factor(red->pre_div) != 1.0f ||
-                                   pcs_coll_div_factor(red->post_div) != 1.0f))
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: divide factors must be finite and >= 0", op);
+    if (red->op == PCS_RED_MAX &&
+        (pcs_coll_div_factor(red->pre_div) != 1.0f || pcs_coll_div_factor(red->post_div) != 1.0f))
         return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: divide factors apply to sum/avg only", op);
     return PCS_OK;
 }
@@ -401,8 +401,7 @@ pcs_status_t pcs_coll_all_gather(pcs_coll_t *c, const void *in, void *out, size_
 }
 
 pcs_status_t pcs_coll_reduce_scatter(pcs_coll_t *c, const void *in, void *out, size_t recv_count,
-                                     pcs_dtype_t dt, const pcs_coll_red_t *red,
-                                     pcs_coll_stream_t s)
+                                     pcs_dtype_t dt, const pcs_coll_red_t *red, pcs_coll_stream_t s)
 {
     static const char op[] = "reduce_scatter";
     size_t in_b = 0, out_b = 0;

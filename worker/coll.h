@@ -38,11 +38,7 @@ typedef enum pcs_coll_backend {
     PCS_COLL_NCCL = 2  /* device buffers, CUDA streams */
 } pcs_coll_backend_t;
 
-typedef enum pcs_red_op {
-    PCS_RED_SUM = 0,
-    PCS_RED_AVG = 1,
-    PCS_RED_MAX = 2
-} pcs_red_op_t;
+typedef enum pcs_red_op { PCS_RED_SUM = 0, PCS_RED_AVG = 1, PCS_RED_MAX = 2 } pcs_red_op_t;
 
 /* Reduction: op plus optional pre/post divide factors (0 or 1 = none). */
 typedef struct pcs_coll_red {
@@ -58,10 +54,10 @@ typedef struct pcs_coll_config {
     int group_id;           /* distinguishes several groups of one kind (e.g. shard group 3) */
     int rank;               /* 0 <= rank < size */
     int size;
-    int timeout_ms;         /* every call (and the rendezvous) fails after this; 0 = 30000 */
-    const char *hostname;   /* gloo: address to bind and publish (NULL = "127.0.0.1") */
-    const char *iface;      /* gloo: interface name, overrides hostname when set (multi-host) */
-    int cuda_device;        /* nccl: device ordinal; -1 = the current device */
+    int timeout_ms;       /* every call (and the rendezvous) fails after this; 0 = 30000 */
+    const char *hostname; /* gloo: address to bind and publish (NULL = "127.0.0.1") */
+    const char *iface;    /* gloo: interface name, overrides hostname when set (multi-host) */
+    int cuda_device;      /* nccl: device ordinal; -1 = the current device */
 } pcs_coll_config_t;
 
 typedef struct pcs_coll pcs_coll_t;
@@ -128,8 +124,8 @@ void pcs_coll_destroy(pcs_coll_t *c);
 /* Arguments are already checked by coll.c (dtype, counts, ranks, NULLs, poisoned state). */
 typedef struct pcs_coll_ops {
     const char *name; /* "gloo" | "nccl" */
-    pcs_status_t (*all_gather)(void *impl, const void *in, void *out, size_t count,
-                               pcs_dtype_t dt, pcs_coll_stream_t s);
+    pcs_status_t (*all_gather)(void *impl, const void *in, void *out, size_t count, pcs_dtype_t dt,
+                               pcs_coll_stream_t s);
     pcs_status_t (*reduce_scatter)(void *impl, const void *in, void *out, size_t recv_count,
                                    pcs_dtype_t dt, const pcs_coll_red_t *red, pcs_coll_stream_t s);
     pcs_status_t (*all_reduce)(void *impl, const void *in, void *out, size_t count, pcs_dtype_t dt,

@@ -34,7 +34,8 @@
 #include "pcs/clock.h"
 #include "pcs/log.h"
 
-namespace {
+namespace
+{
 
 using ms = std::chrono::milliseconds;
 using UBuf = gloo::transport::UnboundBuffer;
@@ -55,7 +56,9 @@ struct PeerError : std::runtime_error {
     bool timeout;
     int reported_by; // >= 0: another rank's failure note named `peer`
     PeerError(int p, bool t, const std::string &m, int by = -1)
-        : std::runtime_error(m), peer(p), timeout(t), reported_by(by) {}
+        : std::runtime_error(m), peer(p), timeout(t), reported_by(by)
+    {
+    }
 };
 struct Cancelled : std::runtime_error {
     Cancelled() : std::runtime_error("aborted") {}
@@ -68,10 +71,13 @@ bool looks_like_timeout(const char *what)
 
 // ---- the C KV store seen as a gloo::rendezvous::Store ----
 
-class KvStore : public gloo::rendezvous::Store {
+class KvStore : public gloo::rendezvous::Store
+{
   public:
     KvStore(pcs_kv_t *kv, std::string prefix, ms timeout)
-        : kv_(kv), prefix_(std::move(prefix)), timeout_(timeout) {}
+        : kv_(kv), prefix_(std::move(prefix)), timeout_(timeout)
+    {
+    }
 
     void set(const std::string &key, const std::vector<char> &data) override
     {
@@ -85,7 +91,10 @@ class KvStore : public gloo::rendezvous::Store {
         return fetch(key, timeout_);
     }
 
-    void wait(const std::vector<std::string> &keys) override { wait(keys, timeout_); }
+    void wait(const std::vector<std::string> &keys) override
+    {
+        wait(keys, timeout_);
+    }
 
     void wait(const std::vector<std::string> &keys, const ms &timeout) override
     {
@@ -122,7 +131,8 @@ class KvStore : public gloo::rendezvous::Store {
 struct GlooComm;
 
 // An unbound buffer registered with its communicator so that abort() can wake its waits.
-class Buf {
+class Buf
+{
   public:
     Buf(GlooComm *g, void *ptr, size_t bytes);
     ~Buf();
@@ -158,7 +168,7 @@ struct GlooComm {
     uint64_t seq = 0; // collective sequence number: slot of the next collective
     uint32_t raw_tag = 1;
 
-    std::mutex mu; // guards live, aborted, abort_reason, peer_failed, peer_msg, noted
+    std::mutex mu;              // guards live, aborted, abort_reason, peer_failed, peer_msg, noted
     std::map<UBuf *, int> live; // registered buffers -> peer of their pending operation (-1: none)
     bool aborted = false;
     std::string abort_reason;
@@ -187,7 +197,10 @@ struct GlooComm {
         std::lock_guard<std::mutex> lk(mu);
         return aborted;
     }
-    uint64_t next_slot() { return kCollSlot | (seq++ & 0x00ffffffffffffffull); }
+    uint64_t next_slot()
+    {
+        return kCollSlot | (seq++ & 0x00ffffffffffffffull);
+    }
 };
 
 Buf::Buf(GlooComm *g, void *ptr, size_t bytes) : g_(g)
@@ -415,8 +428,14 @@ pcs_status_t fail_cancelled(GlooComm *g, const char *op)
 // Marks the call as running for the watchdog while in scope.
 struct OpScope {
     GlooComm *g;
-    explicit OpScope(GlooComm *gc) : g(gc) { g->op_start_ms.store(std::max<uint64_t>(1, pcs_now_ms())); }
-    ~OpScope() { g->op_start_ms.store(0); }
+    explicit OpScope(GlooComm *gc) : g(gc)
+    {
+        g->op_start_ms.store(std::max<uint64_t>(1, pcs_now_ms()));
+    }
+    ~OpScope()
+    {
+        g->op_start_ms.store(0);
+    }
 };
 
 template <typename F> pcs_status_t guarded(GlooComm *g, const char *op, F body)
@@ -739,8 +758,8 @@ extern "C" pcs_status_t g_broadcast(void *impl, void *buf, size_t count, pcs_dty
     return guarded(g, "broadcast", [&] { do_broadcast(g, buf, count, dt, root); });
 }
 
-extern "C" pcs_status_t g_send(void *impl, const void *buf, size_t count, pcs_dtype_t dt,
-                               int peer, pcs_coll_stream_t)
+extern "C" pcs_status_t g_send(void *impl, const void *buf, size_t count, pcs_dtype_t dt, int peer,
+                               pcs_coll_stream_t)
 {
     GlooComm *g = G(impl);
     if (g->in_group)
@@ -848,7 +867,8 @@ extern "C" void g_abort(void *impl, const char *reason)
             kv.first->abortWaitSend();
         }
     }
-    write_note(g, g->rank, std::string("rank ") + std::to_string(g->rank) + " aborted: " + reason, false);
+    write_note(g, g->rank, std::string("rank ") + std::to_string(g->rank) + " aborted: " + reason,
+               false);
     try {
         if (g->ctx)
             g->ctx->closeConnections();
@@ -875,8 +895,8 @@ extern "C" void g_destroy(void *impl)
 }
 
 const pcs_coll_ops_t gloo_ops = {
-    "gloo",      g_all_gather, g_reduce_scatter, g_all_reduce, g_broadcast, g_send,
-    g_recv,      g_barrier,    g_group_start,    g_group_end,  g_abort,     g_destroy,
+    "gloo", g_all_gather, g_reduce_scatter, g_all_reduce, g_broadcast, g_send,
+    g_recv, g_barrier,    g_group_start,    g_group_end,  g_abort,     g_destroy,
 };
 
 } // namespace
@@ -964,8 +984,8 @@ extern "C" pcs_status_t pcs_coll_gloo_raw_all_reduce_f32(pcs_coll_t *c, float *b
     return guarded(g, "raw allreduce", [&] {
         gloo::AllreduceOptions o(g->ctx);
         o.setOutput(buf, count);
-        o.setReduceFunction(static_cast<void (*)(void *, const void *, const void *, size_t)>(
-            &gloo::sum<float>));
+        o.setReduceFunction(
+            static_cast<void (*)(void *, const void *, const void *, size_t)>(&gloo::sum<float>));
         o.setTag(g->raw_tag++);
         o.setTimeout(g->timeout);
         gloo::allreduce(o);

@@ -23,17 +23,18 @@
 
 typedef struct nccl_comm {
     ncclComm_t comm;
-    cudaStream_t stream;  /* dedicated collective stream */
-    cudaEvent_t ev_in;    /* caller stream -> collective stream */
-    cudaEvent_t ev_out;   /* collective stream -> caller stream */
+    cudaStream_t stream; /* dedicated collective stream */
+    cudaEvent_t ev_in;   /* caller stream -> collective stream */
+    cudaEvent_t ev_out;  /* collective stream -> caller stream */
     int rank, size, device;
     int timeout_ms;
     int in_group;
     cudaStream_t group_streams[MAX_GROUP_STREAMS];
     int n_group_streams;
     const pcs_backend_ops_t *kernels; /* "cuda" backend, for the post-divide scale */
-    pthread_mutex_t mu;
+    pthread_mutex_t mu;               /* guards aborted, busy and the comm handle against abort() */
     int aborted;
+    int busy; /* an operation is inside NCCL: abort() leaves ncclCommAbort to it */
 } nccl_comm_t;
 
 // ---- error helpers ----
@@ -78,11 +79,14 @@ static pcs_status_t settle(nccl_comm_t *n, ncclResult_t r, const char *what)
         if (is_aborted(n))
             return pcs_set_error(PCS_ERR_CANCELLED, "%s: aborted", what);
         if (pcs_now_ms() > deadline) {
-            ncclCommAbort(n->comm);
-            n->comm = NULL;
-            return pcs_set_error(PCS_ERR_TIMEOUT, "%s: no progress within %d ms (a peer rank "
-                                 "is missing or dead; NCCL does not say which)", what,
-                                 n->timeout_ms);
+            /* leave() aborts the communicator: NCCL has no other way to give up */
+            pthread_mutex_lock(&n->mu);
+            n->aborted = 1;
+            pthread_mutex_unlock(&n->mu);
+            return pcs_set_error(PCS_ERR_TIMEOUT,
+                                 "%s: no progress within %d ms (a peer rank "
+                                 "is missing or dead; NCCL does not say which)",
+                                 what, n->timeout_ms);
         }
         usleep(100);
         ncclResult_t q = ncclCommGetAsyncError(n->comm, &r);
@@ -105,6 +109,28 @@ static pcs_status_t check_async(nccl_comm_t *n, const char *what)
     if (a != ncclSuccess && a != ncclInProgress)
         return nccl_fail(n, a, what);
     return PCS_OK;
+}
+
+static void enter(nccl_comm_t *n)
+{
+    pthread_mutex_lock(&n->mu);
+    n->busy++;
+    pthread_mutex_unlock(&n->mu);
+}
+
+static pcs_status_t leave(nccl_comm_t *n, pcs_status_t rc)
+{
+    ncclComm_t dead = NULL;
+    pthread_mutex_lock(&n->mu);
+    n->busy--;
+    if (n->aborted && n->busy == 0) {
+        dead = n->comm;
+        n->comm = NULL;
+    }
+    pthread_mutex_unlock(&n->mu);
+    if (dead)
+        ncclCommAbort(dead);
+    return rc;
 }
 
 static ncclDataType_t nccl_dtype(pcs_dtype_t dt)
@@ -214,8 +240,8 @@ static pcs_status_t post_divide(nccl_comm_t *n, void *buf, size_t count, pcs_dty
 
 // ---- ops ----
 
-static pcs_status_t n_all_gather(void *impl, const void *in, void *out, size_t count,
-                                 pcs_dtype_t dt, pcs_coll_stream_t s)
+static pcs_status_t n_all_gather_body(void *impl, const void *in, void *out, size_t count,
+                                      pcs_dtype_t dt, pcs_coll_stream_t s)
 {
     nccl_comm_t *n = impl;
     PCS_CHECK(check_async(n, "all_gather"));
@@ -223,14 +249,14 @@ static pcs_status_t n_all_gather(void *impl, const void *in, void *out, size_t c
         return PCS_OK;
     PCS_CHECK(order_in(n, s));
     /* moved as bytes so that every dtype works */
-    ncclResult_t r = ncclAllGather(in, out, count * pcs_dtype_size(dt), ncclUint8, n->comm,
-                                   n->stream);
+    ncclResult_t r =
+        ncclAllGather(in, out, count * pcs_dtype_size(dt), ncclUint8, n->comm, n->stream);
     return after_op(n, r, s, "ncclAllGather");
 }
 
-static pcs_status_t n_reduce_scatter(void *impl, const void *in, void *out, size_t rc,
-                                     pcs_dtype_t dt, const pcs_coll_red_t *red,
-                                     pcs_coll_stream_t s)
+static pcs_status_t n_reduce_scatter_body(void *impl, const void *in, void *out, size_t rc,
+                                          pcs_dtype_t dt, const pcs_coll_red_t *red,
+                                          pcs_coll_stream_t s)
 {
     nccl_comm_t *n = impl;
     PCS_CHECK(check_async(n, "reduce_scatter"));
@@ -248,8 +274,9 @@ static pcs_status_t n_reduce_scatter(void *impl, const void *in, void *out, size
     return n->in_group ? PCS_OK : order_out(n, (cudaStream_t)s);
 }
 
-static pcs_status_t n_all_reduce(void *impl, const void *in, void *out, size_t count,
-                                 pcs_dtype_t dt, const pcs_coll_red_t *red, pcs_coll_stream_t s)
+static pcs_status_t n_all_reduce_body(void *impl, const void *in, void *out, size_t count,
+                                      pcs_dtype_t dt, const pcs_coll_red_t *red,
+                                      pcs_coll_stream_t s)
 {
     nccl_comm_t *n = impl;
     PCS_CHECK(check_async(n, "all_reduce"));
@@ -267,21 +294,21 @@ static pcs_status_t n_all_reduce(void *impl, const void *in, void *out, size_t c
     return n->in_group ? PCS_OK : order_out(n, (cudaStream_t)s);
 }
 
-static pcs_status_t n_broadcast(void *impl, void *buf, size_t count, pcs_dtype_t dt, int root,
-                                pcs_coll_stream_t s)
+static pcs_status_t n_broadcast_body(void *impl, void *buf, size_t count, pcs_dtype_t dt, int root,
+                                     pcs_coll_stream_t s)
 {
     nccl_comm_t *n = impl;
     PCS_CHECK(check_async(n, "broadcast"));
     if (count == 0)
         return PCS_OK;
     PCS_CHECK(order_in(n, s));
-    ncclResult_t r = ncclBroadcast(buf, buf, count * pcs_dtype_size(dt), ncclUint8, root, n->comm,
-                                   n->stream);
+    ncclResult_t r =
+        ncclBroadcast(buf, buf, count * pcs_dtype_size(dt), ncclUint8, root, n->comm, n->stream);
     return after_op(n, r, s, "ncclBroadcast");
 }
 
-static pcs_status_t n_send(void *impl, const void *buf, size_t count, pcs_dtype_t dt, int peer,
-                           pcs_coll_stream_t s)
+static pcs_status_t n_send_body(void *impl, const void *buf, size_t count, pcs_dtype_t dt, int peer,
+                                pcs_coll_stream_t s)
 {
     nccl_comm_t *n = impl;
     PCS_CHECK(check_async(n, "send"));
@@ -292,8 +319,8 @@ static pcs_status_t n_send(void *impl, const void *buf, size_t count, pcs_dtype_
     return after_op(n, r, s, "ncclSend");
 }
 
-static pcs_status_t n_recv(void *impl, void *buf, size_t count, pcs_dtype_t dt, int peer,
-                           pcs_coll_stream_t s)
+static pcs_status_t n_recv_body(void *impl, void *buf, size_t count, pcs_dtype_t dt, int peer,
+                                pcs_coll_stream_t s)
 {
     nccl_comm_t *n = impl;
     PCS_CHECK(check_async(n, "recv"));
@@ -306,7 +333,7 @@ static pcs_status_t n_recv(void *impl, void *buf, size_t count, pcs_dtype_t dt, 
 
 /* A one-element all-reduce on the collective stream, then a bounded host wait for it: the only
  * NCCL call that synchronizes the host, and it fails after the timeout instead of hanging. */
-static pcs_status_t n_barrier(void *impl)
+static pcs_status_t n_barrier_body(void *impl)
 {
     nccl_comm_t *n = impl;
     PCS_CHECK(check_async(n, "barrier"));
@@ -326,8 +353,10 @@ static pcs_status_t n_barrier(void *impl)
             return cuda_fail(e, "barrier: cudaStreamQuery");
         PCS_CHECK(check_async(n, "barrier"));
         if (pcs_now_ms() > deadline)
-            return pcs_set_error(PCS_ERR_TIMEOUT, "barrier: not complete within %d ms (a peer "
-                                 "rank is missing or dead)", n->timeout_ms);
+            return pcs_set_error(PCS_ERR_TIMEOUT,
+                                 "barrier: not complete within %d ms (a peer "
+                                 "rank is missing or dead)",
+                                 n->timeout_ms);
         usleep(200);
     }
 }
@@ -343,7 +372,7 @@ static pcs_status_t n_group_start(void *impl)
     return PCS_OK;
 }
 
-static pcs_status_t n_group_end(void *impl)
+static pcs_status_t n_group_end_body(void *impl)
 {
     nccl_comm_t *n = impl;
     n->in_group = 0;
@@ -355,19 +384,81 @@ static pcs_status_t n_group_end(void *impl)
     return PCS_OK;
 }
 
-/* ncclCommAbort is documented as callable from another thread to stop a hung communicator. */
+// ---- entry points: every operation is bracketed by enter/leave (see n_abort) ----
+
+static pcs_status_t n_all_gather(void *impl, const void *in, void *out, size_t count,
+                                 pcs_dtype_t dt, pcs_coll_stream_t s)
+{
+    enter(impl);
+    return leave(impl, n_all_gather_body(impl, in, out, count, dt, s));
+}
+
+static pcs_status_t n_reduce_scatter(void *impl, const void *in, void *out, size_t rc,
+                                     pcs_dtype_t dt, const pcs_coll_red_t *red, pcs_coll_stream_t s)
+{
+    enter(impl);
+    return leave(impl, n_reduce_scatter_body(impl, in, out, rc, dt, red, s));
+}
+
+static pcs_status_t n_all_reduce(void *impl, const void *in, void *out, size_t count,
+                                 pcs_dtype_t dt, const pcs_coll_red_t *red, pcs_coll_stream_t s)
+{
+    enter(impl);
+    return leave(impl, n_all_reduce_body(impl, in, out, count, dt, red, s));
+}
+
+static pcs_status_t n_broadcast(void *impl, void *buf, size_t count, pcs_dtype_t dt, int root,
+                                pcs_coll_stream_t s)
+{
+    enter(impl);
+    return leave(impl, n_broadcast_body(impl, buf, count, dt, root, s));
+}
+
+static pcs_status_t n_send(void *impl, const void *buf, size_t count, pcs_dtype_t dt, int peer,
+                           pcs_coll_stream_t s)
+{
+    enter(impl);
+    return leave(impl, n_send_body(impl, buf, count, dt, peer, s));
+}
+
+static pcs_status_t n_recv(void *impl, void *buf, size_t count, pcs_dtype_t dt, int peer,
+                           pcs_coll_stream_t s)
+{
+    enter(impl);
+    return leave(impl, n_recv_body(impl, buf, count, dt, peer, s));
+}
+
+static pcs_status_t n_barrier(void *impl)
+{
+    enter(impl);
+    return leave(impl, n_barrier_body(impl));
+}
+
+static pcs_status_t n_group_end(void *impl)
+{
+    enter(impl);
+    return leave(impl, n_group_end_body(impl));
+}
+
+/* abort() may come from any thread while an operation polls the communicator: if one is inside
+ * NCCL it sees `aborted` within ~100 us and leave() calls ncclCommAbort once it is out, so the
+ * handle is never freed under a running call; otherwise abort() calls it here. */
 static void n_abort(void *impl, const char *reason)
 {
     nccl_comm_t *n = impl;
+    ncclComm_t dead = NULL;
     pthread_mutex_lock(&n->mu);
     int first = !n->aborted;
     n->aborted = 1;
-    pthread_mutex_unlock(&n->mu);
-    if (first && n->comm) {
-        PCS_INFO(PCS_SUB_COLL, "nccl rank %d/%d abort: %s", n->rank, n->size, reason);
-        ncclCommAbort(n->comm);
+    if (!n->busy) {
+        dead = n->comm;
         n->comm = NULL;
     }
+    pthread_mutex_unlock(&n->mu);
+    if (first)
+        PCS_INFO(PCS_SUB_COLL, "nccl rank %d/%d abort: %s", n->rank, n->size, reason);
+    if (dead)
+        ncclCommAbort(dead);
 }
 
 static void n_destroy(void *impl)
@@ -401,16 +492,15 @@ static void n_destroy(void *impl)
 }
 
 static const pcs_coll_ops_t nccl_ops = {
-    "nccl",   n_all_gather, n_reduce_scatter, n_all_reduce, n_broadcast, n_send,
-    n_recv,   n_barrier,    n_group_start,    n_group_end,  n_abort,     n_destroy,
+    "nccl", n_all_gather, n_reduce_scatter, n_all_reduce, n_broadcast, n_send,
+    n_recv, n_barrier,    n_group_start,    n_group_end,  n_abort,     n_destroy,
 };
 
 // ---- create ----
 
 /* Rank 0 makes the id (its process hosts NCCL's bootstrap root until init completes) and
  * publishes it; the others wait for it for up to the timeout. */
-static pcs_status_t exchange_id(const pcs_coll_config_t *cfg, const char *prefix,
-                                ncclUniqueId *id)
+static pcs_status_t exchange_id(const pcs_coll_config_t *cfg, const char *prefix, ncclUniqueId *id)
 {
     char key[160];
     snprintf(key, sizeof key, "%snccl/unique_id", prefix);
@@ -424,8 +514,10 @@ static pcs_status_t exchange_id(const pcs_coll_config_t *cfg, const char *prefix
     size_t len = 0;
     pcs_status_t rc = pcs_kv_get(cfg->kv, key, cfg->timeout_ms, &val, &len);
     if (rc == PCS_ERR_NOT_FOUND)
-        return pcs_set_error(PCS_ERR_TIMEOUT, "nccl: rank 0 did not publish the unique id under "
-                             "'%s' within %d ms", key, cfg->timeout_ms);
+        return pcs_set_error(PCS_ERR_TIMEOUT,
+                             "nccl: rank 0 did not publish the unique id under "
+                             "'%s' within %d ms",
+                             key, cfg->timeout_ms);
     PCS_CHECK(rc);
     if (len != sizeof *id) {
         free(val);

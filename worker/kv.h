@@ -14,7 +14,7 @@
 extern "C" {
 #endif
 
-#define PCS_KV_MAX_KEY 256
+#define PCS_KV_MAX_KEY   256
 #define PCS_KV_MAX_VALUE (64u * 1024u) /* the coordinator's default kv-max-value-bytes */
 
 typedef struct pcs_kv pcs_kv_t;

@@ -33,9 +33,9 @@ static pcs_status_t coord_set(pcs_kv_t *kv, const char *key, const void *val, si
     req.value.data = (uint8_t *)val;
     req.value.len = len;
     ProtobufCMessage *resp = NULL;
-    pcs_status_t rc = pcs_rpc_call(c->client, PCS_M_KV_SET, &req.base,
-                                   &pcs__v1__kv_set_response__descriptor, c->rpc_timeout_ms,
-                                   &resp, NULL);
+    pcs_status_t rc =
+        pcs_rpc_call(c->client, PCS_M_KV_SET, &req.base, &pcs__v1__kv_set_response__descriptor,
+                     c->rpc_timeout_ms, &resp, NULL);
     if (rc != PCS_OK) {
         PCS_WARN(PCS_SUB_BOOTSTRAP, "KvSet '%s' (job %s gen %llu) failed: %s", key, c->job_id,
                  (unsigned long long)c->generation, pcs_last_error());
@@ -60,9 +60,9 @@ static pcs_status_t coord_get(pcs_kv_t *kv, const char *key, int wait_ms, void *
         req.key = (char *)key;
         req.wait_ms = (uint32_t)left;
         ProtobufCMessage *m = NULL;
-        pcs_status_t rc = pcs_rpc_call(c->client, PCS_M_KV_GET, &req.base,
-                                       &pcs__v1__kv_get_response__descriptor,
-                                       (int)left + c->rpc_timeout_ms, &m, NULL);
+        pcs_status_t rc =
+            pcs_rpc_call(c->client, PCS_M_KV_GET, &req.base, &pcs__v1__kv_get_response__descriptor,
+                         (int)left + c->rpc_timeout_ms, &m, NULL);
         if (rc != PCS_OK) {
             PCS_WARN(PCS_SUB_BOOTSTRAP, "KvGet '%s' (job %s gen %llu) failed: %s", key, c->job_id,
                      (unsigned long long)c->generation, pcs_last_error());
@@ -83,8 +83,8 @@ static pcs_status_t coord_get(pcs_kv_t *kv, const char *key, int wait_ms, void *
         }
         protobuf_c_message_free_unpacked(m, NULL);
         if (pcs_now_ms() >= deadline)
-            return pcs_set_error(PCS_ERR_NOT_FOUND, "kv coord: key '%s' not set within %d ms",
-                                 key, wait_ms);
+            return pcs_set_error(PCS_ERR_NOT_FOUND, "kv coord: key '%s' not set within %d ms", key,
+                                 wait_ms);
     }
 }
 

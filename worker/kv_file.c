@@ -38,8 +38,8 @@ pcs_status_t pcs_kv_set(pcs_kv_t *kv, const char *key, const void *val, size_t l
         return pcs_set_error(PCS_ERR_INVALID_ARG, "kv: NULL store");
     PCS_CHECK(pcs_kv_check_key(key));
     if (len > PCS_KV_MAX_VALUE)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "kv: value of %zu bytes for '%s' exceeds %u",
-                             len, key, PCS_KV_MAX_VALUE);
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "kv: value of %zu bytes for '%s' exceeds %u", len,
+                             key, PCS_KV_MAX_VALUE);
     if (len > 0 && !val)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "kv: NULL value with length %zu", len);
     return kv->ops->set(kv, key, val, len);

@@ -155,8 +155,8 @@ static int check_vals(const char *what, const void *got, size_t n, pcs_dtype_t d
     for (size_t i = 0; i < n; i++) {
         float e = rnd(expect(i, arg), dt), g = ld(got, i, dt);
         if (!same_bits(e, g))
-            CHILD_FAIL("%s %s: element %zu of %zu: got %.9g want %.9g", what, pcs_dtype_name(dt),
-                       i, n, (double)g, (double)e);
+            CHILD_FAIL("%s %s: element %zu of %zu: got %.9g want %.9g", what, pcs_dtype_name(dt), i,
+                       n, (double)g, (double)e);
     }
     return 0;
 }

@@ -29,7 +29,7 @@ static uint16_t ref_add16(uint16_t a, uint16_t b, pcs_dtype_t dt)
     if (s == 0.0 || isinf(s) || isnan(s))
         return dt == PCS_DTYPE_BF16 ? pcs_f32_to_bf16((float)s) : pcs_f32_to_fp16((float)s);
     int e;
-    frexp(s, &e); /* s = m * 2^e, 0.5 <= |m| < 1 */
+    frexp(s, &e);                                  /* s = m * 2^e, 0.5 <= |m| < 1 */
     int min_e = dt == PCS_DTYPE_BF16 ? -125 : -13; /* smallest normal exponent (frexp form) */
     if (e < min_e)
         e = min_e; /* subnormal: fixed quantum */
@@ -48,9 +48,11 @@ static void test_reduce_into_bf16_fp16_sum_is_correctly_rounded_per_step(void **
         uint16_t *a = malloc(N * 2), *b = malloc(N * 2), *want = malloc(N * 2);
         for (int i = 0; i < N; i++) {
             seed = seed * 1664525u + 1013904223u;
-            float x = ldexpf((float)((int)(seed >> 8) % 4000 - 2000) / 1000.0f, (int)(seed % 7) - 3);
+            float x =
+                ldexpf((float)((int)(seed >> 8) % 4000 - 2000) / 1000.0f, (int)(seed % 7) - 3);
             seed = seed * 1664525u + 1013904223u;
-            float y = ldexpf((float)((int)(seed >> 8) % 4000 - 2000) / 1000.0f, (int)(seed % 9) - 4);
+            float y =
+                ldexpf((float)((int)(seed >> 8) % 4000 - 2000) / 1000.0f, (int)(seed % 9) - 4);
             a[i] = dts[d] == PCS_DTYPE_BF16 ? pcs_f32_to_bf16(x) : pcs_f32_to_fp16(x);
             b[i] = dts[d] == PCS_DTYPE_BF16 ? pcs_f32_to_bf16(y) : pcs_f32_to_fp16(y);
             want[i] = ref_add16(a[i], b[i], dts[d]);
