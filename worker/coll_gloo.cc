@@ -338,8 +338,9 @@ bool read_note(GlooComm *g, int p, int *culprit, std::string *msg)
 void watchdog_loop(GlooComm *g)
 {
     std::unique_lock<std::mutex> wl(g->wmu);
+    int period_ms = kWatchPeriodMs;
     while (!g->wstop) {
-        g->wcv.wait_for(wl, ms(kWatchPeriodMs));
+        g->wcv.wait_for(wl, ms(period_ms));
         uint64_t start = g->op_start_ms.load();
         if (g->wstop || start == 0 || pcs_now_ms() - start < kWatchAfterMs)
             continue;
@@ -350,7 +351,11 @@ void watchdog_loop(GlooComm *g)
         }
         void *val = nullptr;
         size_t len = 0;
-        if (pcs_kv_get(g->kv, any_note_key(g).c_str(), 0, &val, &len) != PCS_OK)
+        pcs_status_t rc = pcs_kv_get(g->kv, any_note_key(g).c_str(), 0, &val, &len);
+        // An unreachable store (coordinator restarting) must not be polled 10 times a second.
+        period_ms = rc == PCS_OK || rc == PCS_ERR_NOT_FOUND ? kWatchPeriodMs
+                                                            : std::min(2000, period_ms * 2);
+        if (rc != PCS_OK)
             continue;
         std::string v((char *)val, len);
         free(val);
