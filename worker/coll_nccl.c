@@ -466,17 +466,20 @@ static void n_destroy(void *impl)
     nccl_comm_t *n = impl;
     if (!n)
         return;
-    if (n->comm) {
-        /* A healthy communicator is finalized (flushes queued work); a failed one aborted. */
+    if (n->comm && n->aborted) {
+        ncclCommAbort(n->comm); /* timed out or aborted (also during init) */
+    } else if (n->comm) {
+        /* A healthy communicator is finalized (flushes queued work; non-blocking, so poll),
+         * then destroyed; if that fails or hangs it is aborted. */
         ncclResult_t r = ncclCommFinalize(n->comm);
-        ncclResult_t a = ncclInProgress;
+        ncclResult_t a = r;
         uint64_t deadline = pcs_now_ms() + (uint64_t)n->timeout_ms;
-        while (r == ncclSuccess && a == ncclInProgress && pcs_now_ms() < deadline) {
+        while (a == ncclInProgress && pcs_now_ms() < deadline) {
+            usleep(100);
             if (ncclCommGetAsyncError(n->comm, &a) != ncclSuccess)
                 break;
-            usleep(100);
         }
-        if (r == ncclSuccess && a == ncclSuccess)
+        if (a == ncclSuccess)
             ncclCommDestroy(n->comm);
         else
             ncclCommAbort(n->comm);
