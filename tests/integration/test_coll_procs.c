@@ -1,8 +1,8 @@
-/* The Gloo collectives with real processes on loopback: 1-4 ranks forked from this test (Gloo is
- * only ever initialized in the children), rendezvous through a file KV store in a temp dir.
- * Every op x dtype x count {0, 1, 7, 1000, 65537} is compared element-wise and bit-exactly with
- * a reference computed here in the documented ring order (coll.h). Failure tests: SIGKILL of a
- * rank mid-collective, a silent peer (timeout) and abort from another thread. */
+/* The Gloo collectives with real processes on loopback: 1-4 ranks forked from this test (Gloo and
+ * gRPC are only ever initialized in the children), rendezvous through a file KV store in a temp
+ * dir or through a real pcs-coordinator's KV. Every op x dtype x count {0, 1, 7, 1000, 65537} is
+ * compared bit-exactly with a reference computed here in the documented ring order (coll.h).
+ * Failures: SIGKILL of a rank mid-collective, a silent peer (timeout), abort from a thread. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -263,6 +263,26 @@ static int child_matrix(int rank, int P, const char *dir)
                 CHILD_FAIL("broadcast: %s", pcs_last_error());
             if (check_vals("broadcast", out, n, dt, exp_bcast, &x))
                 return 1;
+
+            /* plain point-to-point, as between pipeline stages: rank 0 -> rank P-1 */
+            if (P > 1 && (rank == 0 || rank == P - 1)) {
+                x.tc = ++tc;
+                x.owner = 0;
+                pcs_status_t rc;
+                if (rank == 0) {
+                    fill_input(in, n, dt, x.tc, 0);
+                    rc = pcs_coll_send(c, in, n, dt, P - 1, NULL);
+                } else {
+                    memset(out, 0xff, n * es);
+                    rc = pcs_coll_recv(c, out, n, dt, 0, NULL);
+                }
+                if (rc != PCS_OK)
+                    CHILD_FAIL("send/recv: %s", pcs_last_error());
+                if (rank == P - 1 && check_vals("recv", out, n, dt, exp_bcast, &x))
+                    return 1;
+            } else if (P > 1) {
+                ++tc; /* keep the case numbering identical on every rank */
+            }
 
             /* group: send right + recv left (a ring shift) + an all_gather, issued as one */
             if (P > 1) {
