@@ -969,9 +969,18 @@ extern "C" pcs_status_t pcs_coll_gloo_create(const pcs_coll_config_t *cfg, const
 
 // ---- raw Gloo calls for the benchmark's baseline (same context, no shim work) ----
 
+static pcs_status_t raw_check(pcs_coll_t *c)
+{
+    if (!c || strcmp(pcs_coll_backend_name(c), "gloo") != 0 || pcs_coll_size(c) < 2)
+        return pcs_set_error(PCS_ERR_UNSUPPORTED, "raw gloo calls need a gloo communicator of 2+ "
+                                                  "ranks");
+    return PCS_OK;
+}
+
 extern "C" pcs_status_t pcs_coll_gloo_raw_all_gather(pcs_coll_t *c, const void *in, void *out,
                                                      size_t bytes)
 {
+    PCS_CHECK(raw_check(c));
     GlooComm *g = G(pcs_coll_backend_impl(c));
     return guarded(g, "raw allgather", [&] {
         gloo::AllgatherOptions o(g->ctx);
@@ -985,6 +994,7 @@ extern "C" pcs_status_t pcs_coll_gloo_raw_all_gather(pcs_coll_t *c, const void *
 
 extern "C" pcs_status_t pcs_coll_gloo_raw_all_reduce_f32(pcs_coll_t *c, float *buf, size_t count)
 {
+    PCS_CHECK(raw_check(c));
     GlooComm *g = G(pcs_coll_backend_impl(c));
     return guarded(g, "raw allreduce", [&] {
         gloo::AllreduceOptions o(g->ctx);

@@ -236,6 +236,10 @@ static void test_single_rank_ops_apply_factors_and_copy(void **s)
     assert_memory_equal(in, out, sizeof in);
     assert_string_equal(pcs_coll_backend_name(c), "gloo");
     assert_int_equal(pcs_coll_size(c), 1);
+    /* the bench-only raw Gloo calls refuse a single rank instead of touching an unconnected
+     * context */
+    assert_int_equal(pcs_coll_gloo_raw_all_gather(c, in, out, sizeof in), PCS_ERR_UNSUPPORTED);
+    assert_int_equal(pcs_coll_gloo_raw_all_reduce_f32(NULL, out, 3), PCS_ERR_UNSUPPORTED);
     pcs_coll_destroy(c);
 }
 
