@@ -15,6 +15,9 @@
  *  - pre_div / post_div (spec §4.2): x = rnd(x * (float)(1/pre)) on each input before the
  *    reduction, y = rnd(y * (float)(1/post)) on the result (PyTorch's CUDA div_ by a scalar
  *    multiplies by the fp32 reciprocal). Applied only when the factor is not 0 or 1.
+ *    FSDP2's PREMUL_SUM(1/f) is {SUM, pre_div = f}: NCCL's ncclRedOpCreatePreMulSum computes the
+ *    same per-contribution product rounded to the dtype. The NCCL backend folds AVG and pre_div
+ *    into one pre-multiply by 1/(pre*size), rounding once instead of twice.
  *
  * Thread-safety: one thread issues operations on a communicator; pcs_coll_abort() may be called
  * from any thread at any time and wakes a blocked call with PCS_ERR_CANCELLED. */
