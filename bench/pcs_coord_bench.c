@@ -31,22 +31,24 @@
 #define T_MS      30000
 #define MAX_SIZES 16
 
-static const char *const spec_fmt = "name: bench-%u\n"
-                                    "model:\n"
-                                    "  mlp: {input_dim: 256, hidden_dims: [1024, 1024, 1024, "
-                                    "1024], output_dim: 16, norm: layernorm}\n"
-                                    "wrap:\n"
-                                    "  module_class: [MLPBlock]\n"
-                                    "precision: {param_dtype: bf16, reduce_dtype: fp32}\n"
-                                    "mesh:\n"
-                                    "  - {dim: dp_shard, size: %u}\n"
-                                    "training:\n"
-                                    "  steps: 10\n"
-                                    "  micro_batch_size: 4\n"
-                                    "  optimizer:\n"
-                                    "    adamw: {lr: 1.0e-3}\n"
-                                    "data:\n"
-                                    "  synthetic: {seed: 1}\n";
+/* a macro, not a variable: -Wformat-nonliteral checks the arguments in every build type */
+#define SPEC_FMT                                                                                   \
+    "name: bench-%u\n"                                                                             \
+    "model:\n"                                                                                     \
+    "  mlp: {input_dim: 256, hidden_dims: [1024, 1024, 1024, "                                     \
+    "1024], output_dim: 16, norm: layernorm}\n"                                                    \
+    "wrap:\n"                                                                                      \
+    "  module_class: [MLPBlock]\n"                                                                 \
+    "precision: {param_dtype: bf16, reduce_dtype: fp32}\n"                                         \
+    "mesh:\n"                                                                                      \
+    "  - {dim: dp_shard, size: %u}\n"                                                              \
+    "training:\n"                                                                                  \
+    "  steps: 10\n"                                                                                \
+    "  micro_batch_size: 4\n"                                                                      \
+    "  optimizer:\n"                                                                               \
+    "    adamw: {lr: 1.0e-3}\n"                                                                    \
+    "data:\n"                                                                                      \
+    "  synthetic: {seed: 1}\n"
 
 typedef struct row {
     unsigned w;
@@ -173,7 +175,7 @@ static int gang_start(pcs_rpc_client_t *c, unsigned w, row_t *r, row_t *submit_r
             rc = -1;
     }
     char yaml[2048];
-    snprintf(yaml, sizeof yaml, spec_fmt, w, w);
+    snprintf(yaml, sizeof yaml, SPEC_FMT, w, w);
     ProtobufCMessage *spec = NULL;
     if (rc == 0 &&
         pcs_pb_from_yaml(yaml, strlen(yaml), &pcs__v1__job_spec__descriptor, &spec) != PCS_OK)
