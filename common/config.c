@@ -586,8 +586,19 @@ void pcs_config_print_markdown(const pcs_opt_t *table, size_t n)
         char env[160], bounds[96];
         env_name(o->key, env, sizeof env);
         format_bounds(o, bounds, sizeof bounds);
-        printf("| `%s` | `%s` | %s | `%s` | %s | %s |\n", o->key, env, type_names[o->type], o->def,
-               has_bounds(o) ? bounds : "", o->help ? o->help : "");
+        char def[256] = "";
+        if (o->def && *o->def)
+            snprintf(def, sizeof def, "`%s`", o->def);
+        printf("| `%s` | `%s` | %s | %s | %s | ", o->key, env, type_names[o->type], def,
+               has_bounds(o) ? bounds : "");
+        /* a '|' in the help text would end the table cell */
+        for (const char *h = o->help ? o->help : ""; *h; h++) {
+            if (*h == '|')
+                fputs("\\|", stdout);
+            else
+                putchar(*h);
+        }
+        printf(" |\n");
     }
 }
 

@@ -40,11 +40,13 @@ static const char *env_nonempty(const char *name)
 
 /* Every pcs client (pcsctl, workers, their KV store, benches) is created here, so the TLS and
  * token settings of DESIGN.md §10 come from one place: PCS_TLS_CA (verify the coordinator),
- * PCS_TLS_CERT + PCS_TLS_KEY (client certificate for mTLS), PCS_TOKEN (bearer token). */
+ * PCS_TLS_CLIENT_CERT + PCS_TLS_CLIENT_KEY (client certificate for mTLS), PCS_TOKEN (bearer
+ * token). The names differ from the coordinator's own --tls-cert/--tls-key (env PCS_TLS_CERT,
+ * PCS_TLS_KEY) so that one shell can run both. */
 pcs_status_t pcs_rpc_client_create(const char *target, pcs_rpc_client_t **out)
 {
-    pcs_rpc_tls_t tls = {.cert_file = env_nonempty("PCS_TLS_CERT"),
-                         .key_file = env_nonempty("PCS_TLS_KEY"),
+    pcs_rpc_tls_t tls = {.cert_file = env_nonempty("PCS_TLS_CLIENT_CERT"),
+                         .key_file = env_nonempty("PCS_TLS_CLIENT_KEY"),
                          .ca_file = env_nonempty("PCS_TLS_CA"),
                          .target_name_override = env_nonempty("PCS_TLS_TARGET_NAME")};
     int use_tls = tls.ca_file || tls.cert_file;

@@ -1,6 +1,7 @@
 /* The real pcs-coordinator served over TLS (and mTLS) with pcsctl as the client: the client's TLS
- * settings come from PCS_TLS_CA / PCS_TLS_CERT / PCS_TLS_KEY (common/rpc_client.c), a plaintext
- * or unverified client is refused, and a non-loopback listen without TLS needs --insecure. */
+ * settings come from PCS_TLS_CA / PCS_TLS_CLIENT_CERT / PCS_TLS_CLIENT_KEY (common/rpc_client.c),
+ * a plaintext or unverified client is refused, and a non-loopback listen without TLS needs
+ * --insecure. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -111,7 +112,7 @@ static void test_mtls_coordinator_requires_a_client_certificate(void **state)
     char *out = NULL;
     assert_int_equal(ctl_health(f,
                                 "PCS_TLS_CA=ca.pem PCS_TLS_TARGET_NAME=localhost "
-                                "PCS_TLS_CERT=cli.pem PCS_TLS_KEY=cli.key",
+                                "PCS_TLS_CLIENT_CERT=cli.pem PCS_TLS_CLIENT_KEY=cli.key",
                                 &out),
                      0);
     assert_non_null(strstr(out, "SERVING"));
