@@ -62,6 +62,16 @@ int pcs_cli_call(const char *cmd, const char *method, const ProtobufCMessage *re
 /* Print `m` as indented JSON on stdout. Returns PCS_CLI_OK or PCS_CLI_FAIL. */
 int pcs_cli_print_json(const ProtobufCMessage *m);
 
+/* pcs_cli_call, and in --json mode print the reply and free it: on PCS_CLI_OK *resp is NULL when
+ * the JSON was printed, so callers render their table only when *resp is set. */
+int pcs_cli_query(const char *cmd, const char *method, const ProtobufCMessage *req,
+                  const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp);
+
+/* Arguments of a list command: global flags and `--state S` (a short name of an enum value of
+ * `d`; "all" = 0). Returns PCS_CLI_OK with *state set, or the usage exit code after printing. */
+int pcs_cli_state_args(const char *cmd, const char *usage, int argc, char **argv,
+                       const ProtobufCEnumDescriptor *d, int *state);
+
 /* Lower-case short name of an enum value ("running", "idle"). Static buffer per call site is not
  * needed: the result lives in `buf`. */
 const char *pcs_cli_enum(const ProtobufCEnumDescriptor *d, int value, char *buf, size_t n);

@@ -10,34 +10,16 @@ static const char usage[] = "pcsctl jobs [--state pending|running|succeeded|fail
 int pcs_cli_jobs(int argc, char **argv)
 {
     Pcs__V1__ListJobsRequest req = PCS__V1__LIST_JOBS_REQUEST__INIT;
-    for (int i = 1; i < argc; i++) {
-        int g = pcs_cli_global_flag(argc, argv, &i);
-        if (g < 0)
-            return PCS_CLI_USAGE;
-        if (g > 0)
-            continue;
-        const char *val = NULL;
-        if (!strcmp(argv[i], "--state") && i + 1 < argc)
-            val = argv[++i];
-        else if (!strncmp(argv[i], "--state=", 8))
-            val = argv[i] + 8;
-        else
-            return pcs_cli_usage("jobs", usage, "unexpected argument '%s'", argv[i]);
-        int v = pcs_cli_enum_parse(&pcs__v1__job_state__descriptor, val);
-        if (v < 0)
-            return pcs_cli_usage("jobs", usage, "unknown job state '%s'", val);
-        req.state = (Pcs__V1__JobState)v;
-    }
-    ProtobufCMessage *r = NULL;
-    int rc = pcs_cli_call("jobs", PCS_M_LIST_JOBS, &req.base,
-                          &pcs__v1__list_jobs_response__descriptor, &r);
+    int state = 0;
+    int rc = pcs_cli_state_args("jobs", usage, argc, argv, &pcs__v1__job_state__descriptor, &state);
     if (rc != PCS_CLI_OK)
         return rc;
-    if (pcs_cli()->json) {
-        rc = pcs_cli_print_json(r);
-        protobuf_c_message_free_unpacked(r, NULL);
+    req.state = (Pcs__V1__JobState)state;
+    ProtobufCMessage *r = NULL;
+    rc = pcs_cli_query("jobs", PCS_M_LIST_JOBS, &req.base, &pcs__v1__list_jobs_response__descriptor,
+                       &r);
+    if (rc != PCS_CLI_OK || !r)
         return rc;
-    }
     Pcs__V1__ListJobsResponse *resp = (Pcs__V1__ListJobsResponse *)r;
     const char *hdr[] = {"JOB", "NAME", "STATE", "WORLD", "GEN", "STEP", "LOSS", "AGE", "REASON"};
     pcs_cli_table_t *t = pcs_cli_table_new(9, hdr);

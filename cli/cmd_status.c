@@ -27,15 +27,10 @@ static int cluster_status(int full)
 {
     Pcs__V1__GetStatusRequest req = PCS__V1__GET_STATUS_REQUEST__INIT;
     ProtobufCMessage *r = NULL;
-    int rc = pcs_cli_call("status", PCS_M_GET_STATUS, &req.base,
-                          &pcs__v1__get_status_response__descriptor, &r);
-    if (rc != PCS_CLI_OK)
+    int rc = pcs_cli_query("status", PCS_M_GET_STATUS, &req.base,
+                           &pcs__v1__get_status_response__descriptor, &r);
+    if (rc != PCS_CLI_OK || !r)
         return rc;
-    if (pcs_cli()->json) {
-        rc = pcs_cli_print_json(r);
-        protobuf_c_message_free_unpacked(r, NULL);
-        return rc;
-    }
     Pcs__V1__GetStatusResponse *s = (Pcs__V1__GetStatusResponse *)r;
     printf("coordinator  %s  version %s  up ", pcs_cli()->addr, *s->version ? s->version : "?");
     print_duration(s->uptime_ms);

@@ -41,34 +41,17 @@ static void join(char **items, size_t count, char *buf, size_t n)
 int pcs_cli_workers(int argc, char **argv)
 {
     Pcs__V1__ListWorkersRequest req = PCS__V1__LIST_WORKERS_REQUEST__INIT;
-    for (int i = 1; i < argc; i++) {
-        int g = pcs_cli_global_flag(argc, argv, &i);
-        if (g < 0)
-            return PCS_CLI_USAGE;
-        if (g > 0)
-            continue;
-        const char *val = NULL;
-        if (!strcmp(argv[i], "--state") && i + 1 < argc)
-            val = argv[++i];
-        else if (!strncmp(argv[i], "--state=", 8))
-            val = argv[i] + 8;
-        else
-            return pcs_cli_usage("workers", usage, "unexpected argument '%s'", argv[i]);
-        int v = pcs_cli_enum_parse(&pcs__v1__worker_state__descriptor, val);
-        if (v < 0)
-            return pcs_cli_usage("workers", usage, "unknown worker state '%s'", val);
-        req.state = (Pcs__V1__WorkerState)v;
-    }
-    ProtobufCMessage *r = NULL;
-    int rc = pcs_cli_call("workers", PCS_M_LIST_WORKERS, &req.base,
-                          &pcs__v1__list_workers_response__descriptor, &r);
+    int state = 0;
+    int rc = pcs_cli_state_args("workers", usage, argc, argv, &pcs__v1__worker_state__descriptor,
+                                &state);
     if (rc != PCS_CLI_OK)
         return rc;
-    if (pcs_cli()->json) {
-        rc = pcs_cli_print_json(r);
-        protobuf_c_message_free_unpacked(r, NULL);
+    req.state = (Pcs__V1__WorkerState)state;
+    ProtobufCMessage *r = NULL;
+    rc = pcs_cli_query("workers", PCS_M_LIST_WORKERS, &req.base,
+                       &pcs__v1__list_workers_response__descriptor, &r);
+    if (rc != PCS_CLI_OK || !r)
         return rc;
-    }
     Pcs__V1__ListWorkersResponse *resp = (Pcs__V1__ListWorkersResponse *)r;
     const char *hdr[] = {"WORKER", "STATE",    "HOST",    "PID",      "JOB",
                          "RANK",   "BACKENDS", "DEVICES", "HEARTBEAT"};
