@@ -168,6 +168,18 @@ static pcs_status_t read_whole(const char *path, uint8_t **out, size_t *len)
     return PCS_OK;
 }
 
+/* Product of a plan shape (1 for a scalar); UINT64_MAX when it overflows. */
+static uint64_t shape_numel(const uint64_t *shape, size_t n)
+{
+    uint64_t p = 1;
+    for (size_t d = 0; d < n; d++) {
+        if (shape[d] && p > UINT64_MAX / shape[d])
+            return UINT64_MAX;
+        p *= shape[d];
+    }
+    return p;
+}
+
 static uint32_t meta_u32(pcs_st_file_t *f, const char *key, uint32_t def)
 {
     const char *v = pcs_st_metadata(f, key);
@@ -261,9 +273,18 @@ pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_pat
         }
         for (size_t p = 0; p < un->n_params; p++) {
             const Pcs__V1__ParamSlot *ps = un->params[p];
-            if (ps->offset + ps->numel > c * sg || ps->n_shape > PCS_ST_MAX_DIMS) {
+            if (ps->numel > c * sg || ps->offset > c * sg - ps->numel ||
+                ps->n_shape > PCS_ST_MAX_DIMS) {
                 st = pcs_set_error(PCS_ERR_INVALID_ARG, "plan: param %s outside unit %zu", ps->fqn,
                                    u);
+                goto out;
+            }
+            /* the output writes shape-product elements from the flat buffer */
+            if (shape_numel(ps->shape, ps->n_shape) != ps->numel) {
+                st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                                   "plan: param %s has %llu elements but its shape holds more or "
+                                   "fewer",
+                                   ps->fqn, (unsigned long long)ps->numel);
                 goto out;
             }
             pcs_st_entry_t *e = &ents[n_ent];
@@ -293,6 +314,14 @@ pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_pat
             }
             const pcs_st_tensor_t *t = pcs_st_find(src, bkey);
             uint64_t nb = t->end - t->begin;
+            uint64_t want = shape_numel(bs->shape, bs->n_shape);
+            if (want == UINT64_MAX || want * pcs_dtype_size(t->dtype) != nb) {
+                st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                                   "%s: buffer %s holds %llu bytes of %s, its plan shape does not "
+                                   "match",
+                                   sdir, bs->fqn, (unsigned long long)nb, t->dtype_str);
+                goto out;
+            }
             PCS_CHECK_GOTO(pcs_calloc(nb ? nb : 1, 1, (void **)&bufdata[n_bufdata]), st, out);
             PCS_CHECK_GOTO(pcs_st_read_raw(src, t, 0, nb, bufdata[n_bufdata]), st, out);
             pcs_st_entry_t *e = &ents[n_ent];

@@ -180,12 +180,94 @@ static void test_export_names_a_missing_or_inconsistent_shard(void **state)
     free(dir);
 }
 
+/* A plan.pb whose slots disagree with themselves (a shape holding more elements than numel, an
+ * offset that wraps around, a buffer shape larger than the saved tensor) must be refused: the
+ * export writes shape-product elements from its buffers, so trusting such a plan reads past them.
+ */
+static void export_expect(fixture_t *f, pcs_status_t expect, const char *want, int with_buffer,
+                          uint64_t buf_numel)
+{
+    char *dir = pcs_test_tmpdir("ckpt");
+    char out[1200];
+    snprintf(out, sizeof out, "%s/full.safetensors", dir);
+    write_rank(dir, f, 0, 2, 0, 0);
+    write_rank(dir, f, 1, 2, 0, 0);
+    Pcs__V1__BufferSlot bs, *bsp[1] = {&bs};
+    uint64_t bshape[1] = {buf_numel};
+    if (with_buffer) {
+        /* rank 0 (shard 0 of replica 0) also holds a 3-element buffer */
+        float bv[3] = {1, 2, 3};
+        uint64_t s3[1] = {3};
+        char n0[32], n1[32];
+        pcs_ckpt_unit_key(0, "param", n0, sizeof n0);
+        pcs_ckpt_unit_key(1, "param", n1, sizeof n1);
+        uint64_t s0[1] = {6}, s1[1] = {3};
+        pcs_st_entry_t e[3] = {{n0, PCS_DTYPE_FP32, 1, s0, f->flat0},
+                               {n1, PCS_DTYPE_FP32, 1, s1, f->flat1},
+                               {"buffer.bn.running_mean", PCS_DTYPE_FP32, 1, s3, bv}};
+        pcs_ckpt_rank_meta_t m;
+        memset(&m, 0, sizeof m);
+        m.step = 2;
+        m.world_size = 2;
+        assert_int_equal(pcs_ckpt_write_rank(dir, &m, e, 3), PCS_OK);
+        pcs__v1__buffer_slot__init(&bs);
+        bs.fqn = "bn.running_mean";
+        bs.n_shape = 1;
+        bs.shape = bshape;
+        bs.numel = bshape[0];
+        bs.dtype = PCS__V1__DTYPE__DTYPE_FP32;
+        f->u[0].n_buffers = 1;
+        f->u[0].buffers = bsp;
+    }
+    assert_int_equal(pcs_ckpt_commit(dir, 2, &f->plan), PCS_OK);
+    f->u[0].n_buffers = 0;
+    f->u[0].buffers = NULL;
+    assert_int_equal(pcs_ckpt_export(dir, 2, out, NULL), expect);
+    if (expect != PCS_OK) {
+        assert_non_null(strstr(pcs_last_error(), want));
+        assert_int_equal(access(out, F_OK), -1);
+    } else {
+        pcs_st_file_t *st = NULL;
+        assert_int_equal(pcs_st_open(out, &st), PCS_OK);
+        const pcs_st_tensor_t *t = pcs_st_find(st, want);
+        assert_non_null(t);
+        float v[3];
+        assert_int_equal(t->numel, 3);
+        assert_int_equal(pcs_st_read_f32(st, t, 0, 3, v), PCS_OK);
+        assert_true(v[0] == 1.0f && v[1] == 2.0f && v[2] == 3.0f);
+        pcs_st_close(st);
+    }
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_export_refuses_a_plan_inconsistent_with_itself_or_the_files(void **state)
+{
+    (void)state;
+    fixture_t f;
+    make_plan(&f);
+    uint64_t big[1] = {1000};
+    f.p[1].shape = big; /* enc.b: numel 3, shape [1000] */
+    export_expect(&f, PCS_ERR_INVALID_ARG, "enc.b", 0, 0);
+
+    make_plan(&f);
+    f.p[2].offset = UINT64_MAX - 1; /* offset + numel wraps to 3 */
+    export_expect(&f, PCS_ERR_INVALID_ARG, "param c outside unit 1", 0, 0);
+
+    make_plan(&f);
+    export_expect(&f, PCS_ERR_INVALID_ARG, "bn.running_mean", 1, 1000); /* file holds 3 */
+
+    make_plan(&f);
+    export_expect(&f, PCS_OK, "bn.running_mean", 1, 3); /* consistent: exported as saved */
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_export_rebuilds_full_parameters_from_uneven_shards),
         cmocka_unit_test(test_export_without_a_complete_checkpoint_is_not_found),
         cmocka_unit_test(test_export_names_a_missing_or_inconsistent_shard),
+        cmocka_unit_test(test_export_refuses_a_plan_inconsistent_with_itself_or_the_files),
     };
     return cmocka_run_group_tests_name("checkpoint", tests, NULL, NULL);
 }
