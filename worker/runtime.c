@@ -41,7 +41,8 @@ typedef struct rt_unit {
     void *rs_out;         /* c, reduce dtype */
     void *ag_in;          /* c, param dtype */
     int accum_valid;
-    int state; /* under mu */
+    int state;           /* under mu */
+    uint32_t rs_pending; /* queued or running reductions reading rs_in (under mu) */
     pcs_status_t ag_err;
     char ag_errmsg[512]; /* the prefetch thread's error text (its pcs_last_error is its own) */
     /* the plan's collectives for this unit */
@@ -856,7 +857,10 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
         memcpy(u->rs_in, src, u->padded * pcs_dtype_size(sdt));
     else
         PCS_CHECK(pcs_kernel_cast(rt->be, u->rs_in, u->reduce, src, sdt, u->padded, NULL));
-    rt->cast_ms += ms_since(t0);
+    double ms = ms_since(t0);
+    pthread_mutex_lock(&rt->mu); /* the prefetch thread adds its cast time too */
+    rt->cast_ms += ms;
+    pthread_mutex_unlock(&rt->mu);
     return PCS_OK;
 }
 
@@ -948,6 +952,7 @@ static void *rs_main(void *arg)
             rt->rs_err = st;
             snprintf(rt->rs_errmsg, sizeof rt->rs_errmsg, "%s", err);
         }
+        rt->units[ui].rs_pending--;
         rt->rs_busy = 0;
         pthread_cond_broadcast(&rt->cv);
     }
@@ -990,10 +995,21 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
             PCS_CHECK(pcs_kernel_accumulate(rt->be, u->accum_buf, u->accum, u->grads, u->param,
                                             u->padded, NULL));
         }
-        rt->cast_ms += ms_since(t0);
+        double ms = ms_since(t0);
+        pthread_mutex_lock(&rt->mu);
+        rt->cast_ms += ms;
+        pthread_mutex_unlock(&rt->mu);
     }
     if (!sync)
         return PCS_OK;
+    if (rt->rs_started) {
+        /* A unit synced again in the same step (sync on every micro-batch, FSDP2 without
+         * no-sync): its previous reduction still reads rs_in, so the copy-in waits for it. */
+        pthread_mutex_lock(&rt->mu);
+        while (u->rs_pending)
+            pthread_cond_wait(&rt->cv, &rt->mu);
+        pthread_mutex_unlock(&rt->mu);
+    }
     pcs_status_t st = reduce_copy_in(rt, u);
     u->accum_valid = 0;
     if (st != PCS_OK)
@@ -1014,13 +1030,13 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
         pthread_mutex_unlock(&rt->mu);
         return pcs_set_error(st, "%s", msg);
     }
-    if (rt->rs_len >= rt->n_units) { /* API misuse: more than one synced hand-in per unit */
+    if (rt->rs_len >= rt->n_units) { /* cannot happen: a unit is queued at most once */
         pthread_mutex_unlock(&rt->mu);
-        return pcs_set_error(
-            PCS_ERR_STATE, "unit %u: gradients handed in with sync more than once per step", unit);
+        return pcs_set_error(PCS_ERR_STATE, "unit %u: reduction queue full", unit);
     }
     rt->rs_queue[(rt->rs_head + rt->rs_len) % rt->n_units] = unit;
     rt->rs_len++;
+    u->rs_pending++;
     pthread_cond_broadcast(&rt->cv);
     pthread_mutex_unlock(&rt->mu);
     return PCS_OK;

@@ -51,3 +51,11 @@ if(TARGET pcs_worker_core)
     LIBS pcs_worker_core LABELS unit TIMEOUT 60)
   set_target_properties(test_checkpoint PROPERTIES LINKER_LANGUAGE CXX)
 endif()
+
+# Unit runtime of a world of one (threads, no communicators).
+if(TARGET pcs_worker_core)
+  pcs_add_test(NAME test_runtime
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/unit/test_runtime.c
+    LIBS pcs_worker_core LABELS unit TIMEOUT 60)
+  set_target_properties(test_runtime PROPERTIES LINKER_LANGUAGE CXX)
+endif()
