@@ -357,6 +357,15 @@ static pcs_status_t do_unshard(pcs_runtime_t *rt, rt_unit_t *u, int full)
     return PCS_OK;
 }
 
+/* Whether the prefetch thread is running an all-gather (under mu). */
+static int ag_in_flight(const pcs_runtime_t *rt)
+{
+    for (size_t i = 0; i < rt->n_units; i++)
+        if (rt->units[i].state == U_RUNNING)
+            return 1;
+    return 0;
+}
+
 static void *ag_main(void *arg)
 {
     pcs_runtime_t *rt = arg;
@@ -730,10 +739,11 @@ pcs_status_t pcs_runtime_unshard(pcs_runtime_t *rt, uint32_t unit, int full_prec
     if (atomic_load(&rt->aborted))
         return pcs_set_error(PCS_ERR_CANCELLED, "runtime aborted");
     if (full_precision && u->param != u->master) {
-        /* Eval path: wait until the prefetch thread is idle, then gather the master dtype inline
-         * on the all-gather communicator. */
+        /* Eval path: wait until the prefetch thread is idle (nothing queued and no all-gather of
+         * any unit in flight: both would use the same communicator at once), then gather the
+         * master dtype inline on the all-gather communicator. */
         pthread_mutex_lock(&rt->mu);
-        while (rt->q_len || u->state == U_RUNNING)
+        while (rt->q_len || ag_in_flight(rt))
             pthread_cond_wait(&rt->cv, &rt->mu);
         pthread_mutex_unlock(&rt->mu);
         if (!u->full)
