@@ -635,9 +635,12 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
             busy |= rt->units[i].state == U_RUNNING;
         pthread_cond_broadcast(&rt->cv);
         pthread_mutex_unlock(&rt->mu);
-        /* A prefetch blocked in a collective returns only when its communicator is aborted. */
+        /* A prefetch blocked in a collective returns only when its communicator is aborted (the
+         * shard group's, or the reshard group's for a partially resharded unit). */
         if (busy && rt->shard_ag)
             pcs_coll_abort(rt->shard_ag, "runtime destroyed");
+        if (busy && rt->reshard_c)
+            pcs_coll_abort(rt->reshard_c, "runtime destroyed");
         pthread_join(rt->ag_thread, NULL);
     }
     if (rt->rs_started) {
