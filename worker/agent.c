@@ -51,6 +51,7 @@ struct pcs_agent {
     uint64_t generation;
     uint32_t rank;
     pcs_train_t *train;                     /* under mu while running, for abort */
+    int finished; /* under mu: the running job reported its last step (done) without error */
     void (*abort_fn)(void *, const char *); /* under mu: custom job's abort */
     void *abort_ctx;
     pcs_agent_job_fn job_fn;
@@ -149,7 +150,12 @@ static void copy_worker_id(pcs_agent_t *a, char *buf, size_t n)
 static void abort_running(pcs_agent_t *a, const char *job_id, const char *reason)
 {
     pthread_mutex_lock(&a->mu);
-    if ((a->train || a->abort_fn) && (!job_id || strcmp(job_id, a->job_id) == 0)) {
+    int same = !job_id || strcmp(job_id, a->job_id) == 0;
+    if (same && a->finished) {
+        /* The STOP that follows a job's success reaches us while the ranks leave together;
+         * aborting then would tear down communicators that are closing cleanly. */
+        PCS_DEBUG(PCS_SUB_WORKER, "job %s already finished: not aborting (%s)", a->job_id, reason);
+    } else if ((a->train || a->abort_fn) && same) {
         PCS_INFO(PCS_SUB_WORKER, "aborting job %s: %s", a->job_id, reason);
         if (a->train)
             pcs_train_abort(a->train, reason);
@@ -414,6 +420,8 @@ static void enqueue_report(pcs_agent_t *a, const Pcs__V1__StepReport *rep)
     else
         a->rq_head = it;
     a->rq_tail = it;
+    if (rep->done && !(rep->error && rep->error[0]))
+        a->finished = 1;
     pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
 }
@@ -473,6 +481,7 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
     a->generation = as->generation;
     a->rank = as->rank;
     a->last_step = 0;
+    a->finished = 0;
     pthread_mutex_unlock(&a->mu);
 
     if (a->report_dir) {
@@ -536,6 +545,7 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
     flush_reports(a, 10000);
     pthread_mutex_lock(&a->mu);
     a->train = NULL;
+    a->finished = 0;
     a->job_id[0] = 0;
     a->generation = 0;
     pthread_mutex_unlock(&a->mu);

@@ -20,6 +20,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -147,6 +148,18 @@ static void run_full_shard(int world)
     pcs_plan_free(plan);
     protobuf_c_message_free_unpacked(&spec->base, NULL);
     check_collectives(job, n_units, 2);
+
+    /* a clean job leaves clean logs: no WARN or ERROR line from any worker (the STOP that
+     * follows success must not abort communicators that are closing) */
+    for (int i = 0; i < world; i++) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/worker%d.log", cl->dir, i);
+        char *log = pcs_test_read_file(path, NULL);
+        assert_non_null(log);
+        if (strstr(log, " W ") || strstr(log, " E "))
+            fail_msg("worker %d logged a warning after a successful job:\n%s", i, log);
+        free(log);
+    }
 
     double max_abs = 0;
     assert_true(job->export_path[0]);
