@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "pcs/half.h"
 #include "pcs/kernels.h"
 #include "pcs/version.h"
@@ -44,37 +45,6 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int parse_size(const char *s, size_t *out)
-{
-    char *end = NULL;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (end == s)
-        return -1;
-    switch (*end) {
-    case 'K':
-    case 'k':
-        v <<= 10;
-        end++;
-        break;
-    case 'M':
-    case 'm':
-        v <<= 20;
-        end++;
-        break;
-    case 'G':
-    case 'g':
-        v <<= 30;
-        end++;
-        break;
-    default:
-        break;
-    }
-    if (*end != '\0' || v == 0)
-        return -1;
-    *out = (size_t)v;
-    return 0;
 }
 
 static void usage(void)
@@ -173,13 +143,13 @@ int main(int argc, char **argv)
             o.dev = optarg;
             break;
         case 'b':
-            if (parse_size(optarg, &o.min_bytes)) {
+            if (pcs_bench_parse_size(optarg, &o.min_bytes)) {
                 usage();
                 return 2;
             }
             break;
         case 'e':
-            if (parse_size(optarg, &o.max_bytes)) {
+            if (pcs_bench_parse_size(optarg, &o.max_bytes)) {
                 usage();
                 return 2;
             }

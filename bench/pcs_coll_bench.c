@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "coll.h"
 #include "kv.h"
 #include "pcs/clock.h"
@@ -45,25 +46,6 @@ static void usage(void)
         "                      [-C ag,rs,ar] [-B|--coll gloo|nccl] [-F out.csv]\n"
         "  sizes take K/M/G suffixes; size = total bytes (count_per_rank * ranks * elem for\n"
         "  AG/RS, count * elem for AR) as in nccl-tests.\n");
-}
-
-static int parse_size(const char *s, size_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s)
-        return -1;
-    if (*end == 'K' || *end == 'k')
-        v <<= 10, end++;
-    else if (*end == 'M' || *end == 'm')
-        v <<= 20, end++;
-    else if (*end == 'G' || *end == 'g')
-        v <<= 30, end++;
-    if (*end)
-        return -1;
-    *out = (size_t)v;
-    return 0;
 }
 
 // ---- data and checks ----
@@ -340,13 +322,13 @@ int main(int argc, char **argv)
             o.ranks = atoi(optarg);
             break;
         case 'b':
-            if (parse_size(optarg, &o.min_bytes)) {
+            if (pcs_bench_parse_size(optarg, &o.min_bytes)) {
                 usage();
                 return 2;
             }
             break;
         case 'e':
-            if (parse_size(optarg, &o.max_bytes)) {
+            if (pcs_bench_parse_size(optarg, &o.max_bytes)) {
                 usage();
                 return 2;
             }

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "pcs/clock.h"
 #include "pcs/log.h"
@@ -317,27 +318,6 @@ static double pct(const lat_vec_t *l, double q)
     return l->v[i];
 }
 
-static void cpu_model(char *buf, size_t n)
-{
-    snprintf(buf, n, "unknown");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f)
-        return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        if (strncmp(line, "model name", 10) == 0) {
-            char *c = strchr(line, ':');
-            if (c) {
-                c += 2;
-                c[strcspn(c, "\n")] = '\0';
-                snprintf(buf, n, "%s", c);
-            }
-            break;
-        }
-    }
-    fclose(f);
-}
-
 static void usage(void)
 {
     fprintf(stderr, "usage: pcs-rpc-bench [-n WORKERS=1000] [-t SECONDS=5] [-j THREADS=2]\n"
@@ -436,7 +416,7 @@ int main(int argc, char **argv)
     char when[64], cpu[256];
     time_t now = time(NULL);
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
-    cpu_model(cpu, sizeof cpu);
+    pcs_bench_cpu_model(cpu, sizeof cpu);
     printf("# pcs-rpc-bench  git %s  %s  cmd: %s\n", PCS_GIT_SHA, when, cmd);
     printf("# machine: nproc %ld  cpu %s\n", sysconf(_SC_NPROCESSORS_ONLN), cpu);
     printf("# coordinator %s (%s)  transport %s insecure\n", addr,

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "checkpoint.h"
 #include "kv.h"
 #include "pcs/clock.h"
@@ -291,18 +292,7 @@ int main(int argc, char **argv)
     }
     char host[64] = "?", cpu[128] = "?";
     gethostname(host, sizeof host);
-    FILE *ci = fopen("/proc/cpuinfo", "r");
-    if (ci) {
-        char line[256];
-        while (fgets(line, sizeof line, ci))
-            if (strncmp(line, "model name", 10) == 0) {
-                char *c = strchr(line, ':');
-                snprintf(cpu, sizeof cpu, "%.120s", c ? c + 2 : line);
-                cpu[strcspn(cpu, "\n")] = 0;
-                break;
-            }
-        fclose(ci);
-    }
+    pcs_bench_cpu_model(cpu, sizeof cpu);
     time_t now = time(NULL);
     char ts[32];
     strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));

@@ -2,7 +2,7 @@
 # call at the same sizes as the baseline (docs/perf/coll.md).
 if(TARGET pcs_coll)
   add_executable(pcs-coll-bench ${PROJECT_SOURCE_DIR}/bench/pcs_coll_bench.c)
-  target_link_libraries(pcs-coll-bench PRIVATE pcs_coll)
+  target_link_libraries(pcs-coll-bench PRIVATE pcs_coll pcs_bench_util)
   set_target_properties(pcs-coll-bench PROPERTIES LINKER_LANGUAGE CXX)
   pcs_target_warnings(pcs-coll-bench)
 

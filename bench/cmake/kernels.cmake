@@ -1,6 +1,6 @@
 # pcs-cast-bench: cast bandwidth vs a copy of the same traffic (docs/perf/kernels.md).
 add_executable(pcs-cast-bench ${PROJECT_SOURCE_DIR}/bench/pcs_cast_bench.c)
-target_link_libraries(pcs-cast-bench PRIVATE pcs_kernels)
+target_link_libraries(pcs-cast-bench PRIVATE pcs_kernels pcs_bench_util)
 pcs_target_warnings(pcs-cast-bench)
 
 # bench-smoke: tiny sizes on the cpu backend; fails if any element is wrong.

@@ -1,7 +1,7 @@
 # pcs-rpc-bench: register/heartbeat load on a coordinator vs the health Check baseline
 # (docs/perf/rpc.md). It spawns bin/pcs-coordinator unless --coordinator is given.
 add_executable(pcs-rpc-bench ${PROJECT_SOURCE_DIR}/bench/pcs_rpc_bench.c)
-target_link_libraries(pcs-rpc-bench PRIVATE pcs_common)
+target_link_libraries(pcs-rpc-bench PRIVATE pcs_common pcs_bench_util)
 pcs_target_warnings(pcs-rpc-bench)
 
 # bench-smoke: 50 workers for 1 s against a spawned coordinator; fails on any error or wrong reply.

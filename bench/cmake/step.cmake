@@ -2,7 +2,7 @@
 # ranks), overlap efficiency with and without prefetch (docs/perf/step.md).
 if(TARGET pcs_worker_core AND TARGET pcs_plan)
   add_executable(pcs-step-bench ${PROJECT_SOURCE_DIR}/bench/pcs_step_bench.c)
-  target_link_libraries(pcs-step-bench PRIVATE pcs_worker_core pcs_plan)
+  target_link_libraries(pcs-step-bench PRIVATE pcs_worker_core pcs_plan pcs_bench_util)
   target_include_directories(pcs-step-bench PRIVATE ${CMAKE_BINARY_DIR}/include)
   set_target_properties(pcs-step-bench PROPERTIES LINKER_LANGUAGE CXX)
   pcs_target_warnings(pcs-step-bench)
