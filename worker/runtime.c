@@ -36,7 +36,7 @@ typedef struct rt_unit {
     void *unsharded;      /* padded, param dtype */
     void *full;           /* padded, master dtype (full-precision eval), lazily */
     void *grads;          /* padded, param (compute) dtype */
-    void *accum_buf;      /* padded, accum dtype (micro_batches > 1) */
+    void *accum_buf;      /* padded, accum dtype (micro_batches > 1, else on first no-sync) */
     void *rs_in;          /* padded, reduce dtype */
     void *rs_out;         /* c, reduce dtype */
     void *ag_in;          /* c, param dtype */
@@ -998,7 +998,10 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
     if (atomic_load(&rt->aborted))
         return pcs_set_error(PCS_ERR_CANCELLED, "runtime aborted");
     rt_unit_t *u = &rt->units[unit];
-    if (rt->micro_batches > 1 && (!sync || u->accum_valid)) {
+    if (!sync || u->accum_valid) {
+        if (!u->accum_buf) /* no-sync hand-in with micro_batches 1 (C API): allocate on use */
+            PCS_CHECK(
+                pcs_calloc(u->padded ? u->padded : 1, pcs_dtype_size(u->accum), &u->accum_buf));
         uint64_t t0 = pcs_now_us();
         if (!u->accum_valid) {
             PCS_CHECK(pcs_kernel_cast(rt->be, u->accum_buf, u->accum, u->grads, u->param, u->padded,
