@@ -604,8 +604,9 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
         snprintf(names[k], sizeof names[k], "buffer.%s", b->slot->fqn);
         e[k].name = names[k];
         e[k].dtype = orig;
-        e[k].ndim = (uint32_t)(b->slot->n_shape > 1 ? 1 : b->slot->n_shape);
-        shapes[k][0] = b->slot->n_shape ? b->slot->shape[0] : 1;
+        /* saved flat (all numel elements); export restores the plan's shape */
+        e[k].ndim = b->slot->n_shape ? 1 : 0;
+        shapes[k][0] = numel;
         e[k].shape = shapes[k];
         e[k].data = data;
         k++;
