@@ -101,6 +101,9 @@ static pcs_status_t strmap_put(strmap_t *m, const char *key, uint32_t val)
 // ---------------------------------------------------------------------------------------------
 
 #define FP_RING 16 /* steps remembered per pipeline stage */
+/* Ids are handed out one after another, so a store row numbered past this is corrupt: restoring
+ * it would grow the id tables to that size (a 4e9 id asked for 32 GiB). */
+#define MAX_RESTORED_NUMBER (1u << 24)
 
 typedef struct pcs_coord_fp_slot {
     uint64_t step, fp;
@@ -1137,6 +1140,10 @@ pcs_status_t pcs_coord_restore_worker(pcs_coord_t *c, uint32_t number, const cha
 {
     if (number == 0 || !identity || !*identity)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "restore: worker number and identity required");
+    if (number > MAX_RESTORED_NUMBER)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "restore: worker number %" PRIu32 " exceeds %u (corrupt store row)",
+                             number, MAX_RESTORED_NUMBER);
     uint32_t n;
     if (pcs_coord_worker_by_number(c, number) || strmap_get(&c->by_identity, identity, &n))
         return pcs_set_error(PCS_ERR_EXISTS, "restore: worker %" PRIu32 " / %s already known",
@@ -1153,9 +1160,14 @@ pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_co
                                    uint64_t created_wall_ms, uint64_t started_wall_ms,
                                    uint64_t finished_wall_ms, uint64_t generation)
 {
-    if (number == 0 || pcs_coord_job_by_number(c, number)) {
+    if (number == 0 || number > MAX_RESTORED_NUMBER || pcs_coord_job_by_number(c, number)) {
         if (c->cfg.free_payload && (d->spec || d->plan))
             c->cfg.free_payload(c->cfg.user, d->spec, d->plan);
+        if (number == 0 || number > MAX_RESTORED_NUMBER)
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "restore: job number %" PRIu32
+                                 " not in [1, %u] (corrupt store row)",
+                                 number, MAX_RESTORED_NUMBER);
         return pcs_set_error(PCS_ERR_EXISTS, "restore: job %" PRIu32 " already known", number);
     }
     pcs_coord_job_t *j;

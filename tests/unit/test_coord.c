@@ -841,6 +841,28 @@ static void test_restore_keeps_ids_and_new_ids_continue_after_them(void **state)
     assert_int_equal(k->state, PCS_JOB_RUNNING);
 }
 
+/* A corrupt store row with a huge id is refused (with its payload freed) instead of growing the
+ * id tables to that size. */
+static void test_restore_refuses_absurd_ids(void **state)
+{
+    fixture_t *f = *state;
+    assert_int_equal(pcs_coord_restore_worker(f->c, UINT32_MAX, "pod-big", "h"),
+                     PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "corrupt store row"));
+    assert_int_equal(pcs_coord_max_worker(f->c), 0);
+    uint32_t names[1] = {PCS_MESH_DP_SHARD}, sizes[1] = {2};
+    pcs_coord_job_desc_t d = {.n_dims = 1, .dim_name = names, .dim_size = sizes, .spec = malloc(4)};
+    assert_int_equal(
+        pcs_coord_restore_job(f->c, UINT32_MAX, &d, PCS_JOB_SUCCEEDED, NULL, 1, 2, 3, 1),
+        PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "job number"));
+    assert_int_equal(f->payload_frees, 1);
+    assert_int_equal(pcs_coord_max_job(f->c), 0);
+    /* the store's ids stay usable: a sane row after it restores */
+    assert_int_equal(pcs_coord_restore_worker(f->c, 2, "pod-2", "h"), PCS_OK);
+    assert_int_equal(pcs_coord_max_worker(f->c), 2);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -877,6 +899,7 @@ int main(void)
         T(test_kv_parked_get_is_woken_by_set_or_expires_in_tick),
         T(test_kv_parked_get_fails_when_job_ends),
         T(test_restore_keeps_ids_and_new_ids_continue_after_them),
+        T(test_restore_refuses_absurd_ids),
 #undef T
     };
     return cmocka_run_group_tests_name("coord", tests, NULL, NULL);
