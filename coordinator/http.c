@@ -94,8 +94,10 @@ pcs_status_t pcs_http_start(const char *listen, pcs_http_t **out)
     if (!h->d) {
         pthread_mutex_destroy(&h->mu);
         free(h);
-        PCS_WARN(PCS_SUB_INIT, "cannot serve metrics on %s (port in use?)", listen);
-        return PCS_ERR_SYSTEM;
+        pcs_status_t st = pcs_set_error(PCS_ERR_SYSTEM,
+                                        "metrics-listen '%s': cannot serve (port in use?)", listen);
+        PCS_WARN(PCS_SUB_INIT, "%s", pcs_last_error());
+        return st;
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
     h->port = di ? (int)di->port : (int)port;

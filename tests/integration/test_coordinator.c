@@ -845,6 +845,16 @@ static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
     m = http_get(port, "/nope");
     assert_non_null(strstr(m, "404"));
     free(m);
+    /* A second coordinator on the same metrics port exits 1 naming the flag, not a stale error. */
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:%d 2>&1",
+             pcs_test_bin("pcs-coordinator"), port);
+    int status = -1;
+    m = pcs_test_run(cmd, &status);
+    assert_int_equal(status, 1);
+    assert_non_null(m);
+    assert_non_null(strstr(m, "pcs-coordinator: metrics-listen '127.0.0.1:"));
+    free(m);
     for (int i = 0; i < 5; i++)
         free(ids[i]);
     stop(p);
