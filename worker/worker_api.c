@@ -47,14 +47,28 @@ struct pcs_worker {
 
 // ---- agent side ----
 
+/* Any thread (the agent's on a STOP directive, the program's): the runtime is aborted under mu,
+ * so pcs_worker_finish/destroy, which take it out under mu before destroying it, never free it
+ * under a running abort. */
 static void api_abort(void *ctx, const char *reason)
 {
     pcs_worker_t *w = ctx;
     pthread_mutex_lock(&w->mu);
-    pcs_runtime_t *rt = w->rt;
+    if (w->rt)
+        pcs_runtime_abort(w->rt, reason);
     pthread_mutex_unlock(&w->mu);
-    if (rt)
-        pcs_runtime_abort(rt, reason);
+}
+
+/* Take the runtime out (under mu: no abort is using it afterwards); abort it first if asked. */
+static pcs_runtime_t *take_runtime(pcs_worker_t *w, const char *abort_reason)
+{
+    pthread_mutex_lock(&w->mu);
+    pcs_runtime_t *rt = w->rt;
+    w->rt = NULL;
+    if (rt && abort_reason)
+        pcs_runtime_abort(rt, abort_reason);
+    pthread_mutex_unlock(&w->mu);
+    return rt;
 }
 
 static pcs_status_t api_job(void *ctx, pcs_agent_t *a, const Pcs__V1__Assignment *as, pcs_kv_t *kv)
@@ -269,17 +283,14 @@ pcs_status_t pcs_worker_finish(pcs_worker_t *w, const char *error)
 {
     if (!w)
         return PCS_ERR_INVALID_ARG;
+    /* Leave together: a rank that tears its connections down while a peer still uses them makes
+     * that peer see a failure. The runtime stays reachable for an abort (a STOP, a dead peer's
+     * job failing) while the barrier waits. */
+    if (w->rt && !(error && error[0]) && pcs_runtime_barrier(w->rt) != PCS_OK)
+        PCS_DEBUG(PCS_SUB_WORKER, "final barrier: %s", pcs_last_error());
     /* The communicators use the job's KV store and plan, which the agent frees when the job
      * function returns: release them first. */
-    pthread_mutex_lock(&w->mu);
-    pcs_runtime_t *rt = w->rt;
-    w->rt = NULL;
-    pthread_mutex_unlock(&w->mu);
-    /* Leave together: a rank that tears its connections down while a peer still uses them makes
-     * that peer see a failure. */
-    if (rt && !(error && error[0]) && pcs_runtime_barrier(rt) != PCS_OK)
-        PCS_DEBUG(PCS_SUB_WORKER, "final barrier: %s", pcs_last_error());
-    pcs_runtime_destroy(rt);
+    pcs_runtime_destroy(take_runtime(w, NULL));
     pthread_mutex_lock(&w->mu);
     if (error && error[0] && !w->error[0])
         snprintf(w->error, sizeof w->error, "%s", error);
@@ -304,9 +315,7 @@ void pcs_worker_destroy(pcs_worker_t *w)
     if (!w)
         return;
     if (w->thread_started) {
-        pcs_runtime_abort(w->rt, "pcs_worker_destroy");
-        pcs_runtime_destroy(w->rt);
-        w->rt = NULL;
+        pcs_runtime_destroy(take_runtime(w, "pcs_worker_destroy"));
         pcs_agent_stop(w->agent);
         pthread_mutex_lock(&w->mu);
         w->finished = 1;
