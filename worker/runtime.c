@@ -208,6 +208,12 @@ static pcs_coll_red_t red_of(const Pcs__V1__CollectiveSpec *c, int use_pre, int 
         r.pre_div = c->reduction->pre_divide;
     if (use_post)
         r.post_div = c->reduction->post_divide;
+    if (c->reduction->op == PCS__V1__REDUCE_OP__REDUCE_OP_PREMUL_SUM && c->reduction->premul > 0) {
+        /* PREMUL_SUM(f) = SUM of inputs multiplied by f (spec §4.2, a custom divide factor):
+         * a pre-divide by 1/f on the way in */
+        double pre = r.pre_div > 0 ? r.pre_div : 1.0;
+        r.pre_div = pre / c->reduction->premul;
+    }
     return r;
 }
 

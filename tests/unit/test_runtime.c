@@ -8,11 +8,16 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include "kv.h"
 #include "pcs/kernels.h"
 #include "runtime.h"
+#include "test_util.h"
 
 #define N (1u << 20)
 
@@ -150,11 +155,135 @@ static void test_no_sync_hand_in_with_one_micro_batch_is_accumulated(void **stat
     }
 }
 
+/* Rank `r` of 2 (forked): one unit sharded over both ranks whose reduce-scatter is
+ * PREMUL_SUM(0.25) (FSDP2 with a custom gradient divide factor of 4, spec §4.2). Every rank hands
+ * in gradients of 1, so each shard element is 0.25 + 0.25; SGD with lr 1 from zero gives -0.5.
+ * Exit status 0 when it does. */
+static int premul_rank(const char *kvdir, uint32_t r)
+{
+    Pcs__V1__Plan plan = PCS__V1__PLAN__INIT;
+    Pcs__V1__MeshDim md = PCS__V1__MESH_DIM__INIT, *mdp[1] = {&md};
+    Pcs__V1__Unit unit = PCS__V1__UNIT__INIT, *up[1] = {&unit};
+    Pcs__V1__ParamSlot ps = PCS__V1__PARAM_SLOT__INIT, *psp[1] = {&ps};
+    Pcs__V1__Reduction red = PCS__V1__REDUCTION__INIT;
+    Pcs__V1__CollectiveSpec rs = PCS__V1__COLLECTIVE_SPEC__INIT, *csp[1] = {&rs};
+    uint64_t shape[1] = {8};
+    ps.fqn = "w";
+    ps.n_shape = 1;
+    ps.shape = shape;
+    ps.numel = 8;
+    red.op = PCS__V1__REDUCE_OP__REDUCE_OP_PREMUL_SUM;
+    red.premul = 0.25;
+    rs.kind = PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER;
+    rs.dtype = PCS__V1__DTYPE__DTYPE_FP32;
+    rs.reduction = &red;
+    rs.group = PCS__V1__GROUP_KIND__GROUP_KIND_SHARD;
+    rs.group_size = 2;
+    rs.count = 4;
+    unit.master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
+    unit.shard_group_size = 2;
+    unit.padded_numel = 8;
+    unit.shard_numel = 4;
+    unit.n_params = 1;
+    unit.params = psp;
+    unit.n_collectives = 1;
+    unit.collectives = csp;
+    md.dim = PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_SHARD;
+    md.size = 2;
+    plan.world_size = 2;
+    plan.n_mesh = 1;
+    plan.mesh = mdp;
+    plan.shard_size = 2;
+    plan.dp_size = 2;
+    plan.n_units = 1;
+    plan.units = up;
+
+    pcs_kv_t *kv = NULL;
+    if (pcs_kv_file_create(kvdir, &kv) != PCS_OK)
+        return 2;
+    pcs_runtime_config_t rc;
+    memset(&rc, 0, sizeof rc);
+    rc.plan = &plan;
+    rc.rank = r;
+    rc.kv = kv;
+    rc.hostname = "127.0.0.1";
+    rc.coll_timeout_ms = 20000;
+    if (pcs_backend_get("cpu", &rc.be) != PCS_OK)
+        return 3;
+    rc.micro_batches = 1;
+    rc.init_param = init_zero;
+    rc.opt = PCS_OPT_SGD;
+    pcs_sgd_config_default(&rc.sgd);
+    rc.sgd.lr = 1.0;
+    rc.sgd.momentum = 0;
+    rc.prefetch = 1;
+    pcs_runtime_t *rt = NULL;
+    int bad = 4;
+    if (pcs_runtime_create(&rc, &rt) == PCS_OK) {
+        void *g;
+        pcs_dtype_t dt;
+        pcs_rt_step_opts_t o;
+        memset(&o, 0, sizeof o);
+        pcs_rt_step_result_t res;
+        pcs_rt_shard_t sh;
+        if (pcs_runtime_begin_step(rt) == PCS_OK &&
+            pcs_runtime_grad_buffer(rt, 0, &g, &dt) == PCS_OK) {
+            for (int i = 0; i < 8; i++)
+                ((float *)g)[i] = 1.0f;
+            if (pcs_runtime_post_backward(rt, 0, 1) == PCS_OK &&
+                pcs_runtime_optimizer_step(rt, &o, &res) == PCS_OK &&
+                pcs_runtime_shard(rt, 0, &sh) == PCS_OK && sh.numel == 4) {
+                bad = 0;
+                for (int i = 0; i < 4; i++)
+                    if (((const float *)sh.master)[i] != -0.5f) {
+                        fprintf(stderr, "rank %u: element %d is %g, want -0.5\n", r, i,
+                                (double)((const float *)sh.master)[i]);
+                        bad = 1;
+                    }
+            }
+        }
+        if (bad == 4)
+            fprintf(stderr, "rank %u: %s\n", r, pcs_last_error());
+        if (pcs_runtime_barrier(rt) != PCS_OK && !bad)
+            bad = 5;
+        pcs_runtime_destroy(rt);
+    } else {
+        fprintf(stderr, "rank %u: create: %s\n", r, pcs_last_error());
+    }
+    pcs_kv_destroy(kv);
+    return bad;
+}
+
+static void test_premul_sum_reduce_scatter_multiplies_every_input(void **state)
+{
+    (void)state;
+    char *dir = pcs_test_tmpdir("rt-premul");
+    char kvdir[1024];
+    snprintf(kvdir, sizeof kvdir, "%s/kv", dir);
+    pid_t pids[2];
+    for (uint32_t r = 0; r < 2; r++) {
+        fflush(NULL);
+        pids[r] = fork();
+        assert_true(pids[r] >= 0);
+        if (pids[r] == 0)
+            _exit(premul_rank(kvdir, r));
+    }
+    for (int r = 0; r < 2; r++) {
+        int ws = 0;
+        assert_int_equal(waitpid(pids[r], &ws, 0), pids[r]);
+        assert_true(WIFEXITED(ws));
+        assert_int_equal(WEXITSTATUS(ws), 0);
+    }
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sync_on_every_micro_batch_reduces_each_hand_in_once),
         cmocka_unit_test(test_no_sync_hand_in_with_one_micro_batch_is_accumulated),
+        cmocka_unit_test(test_premul_sum_reduce_scatter_multiplies_every_input),
     };
     return cmocka_run_group_tests_name("runtime", tests, NULL, NULL);
 }
