@@ -923,6 +923,8 @@ static pcs_status_t reduce_comm(pcs_runtime_t *rt, rt_unit_t *u)
         }
     } else if (u->ar_comm) {
         pcs_coll_red_t red = red_of(u->ar, 1, 1);
+        if (!u->ar) /* replicated unit without a planned collective: average over the ranks */
+            red.op = PCS_RED_AVG;
         uint64_t t1 = pcs_now_us();
         st = pcs_coll_all_reduce(u->ar_comm, u->rs_in, u->rs_in, u->padded, u->reduce, &red, NULL);
         pthread_mutex_lock(&rt->mu);

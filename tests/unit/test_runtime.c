@@ -155,11 +155,16 @@ static void test_no_sync_hand_in_with_one_micro_batch_is_accumulated(void **stat
     }
 }
 
-/* Rank `r` of 2 (forked): one unit sharded over both ranks whose reduce-scatter is
- * PREMUL_SUM(0.25) (FSDP2 with a custom gradient divide factor of 4, spec §4.2). Every rank hands
- * in gradients of 1, so each shard element is 0.25 + 0.25; SGD with lr 1 from zero gives -0.5.
- * Exit status 0 when it does. */
-static int premul_rank(const char *kvdir, uint32_t r)
+enum { TWO_PREMUL = 0, TWO_UNPLANNED_REPLICATED = 1 };
+
+/* Rank `r` of 2 (forked), SGD with lr 1 from zero, exit status 0 when every element of the
+ * rank's shard is `want`.
+ * TWO_PREMUL: one unit sharded over both ranks whose reduce-scatter is PREMUL_SUM(0.25) (FSDP2
+ * with a custom gradient divide factor of 4, spec §4.2); gradients of 1 on every rank make each
+ * shard element 0.25 + 0.25, so -0.5.
+ * TWO_UNPLANNED_REPLICATED: a replicated unit (2 data-parallel replicas) without a planned
+ * collective is averaged: gradients 1 and 3 give 2, so -2 (a plain sum would give -4). */
+static int two_rank_main(const char *kvdir, uint32_t r, int mode)
 {
     Pcs__V1__Plan plan = PCS__V1__PLAN__INIT;
     Pcs__V1__MeshDim md = PCS__V1__MESH_DIM__INIT, *mdp[1] = {&md};
@@ -197,6 +202,19 @@ static int premul_rank(const char *kvdir, uint32_t r)
     plan.dp_size = 2;
     plan.n_units = 1;
     plan.units = up;
+    float grad = 1.0f, want = -0.5f;
+    uint64_t shard = 4;
+    if (mode == TWO_UNPLANNED_REPLICATED) {
+        md.dim = PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE;
+        plan.shard_size = 1;
+        plan.replicate_size = 2;
+        unit.shard_group_size = 1;
+        unit.shard_numel = 8;
+        unit.n_collectives = 0;
+        shard = 8;
+        grad = r == 0 ? 1.0f : 3.0f;
+        want = -2.0f;
+    }
 
     pcs_kv_t *kv = NULL;
     if (pcs_kv_file_create(kvdir, &kv) != PCS_OK)
@@ -229,15 +247,16 @@ static int premul_rank(const char *kvdir, uint32_t r)
         if (pcs_runtime_begin_step(rt) == PCS_OK &&
             pcs_runtime_grad_buffer(rt, 0, &g, &dt) == PCS_OK) {
             for (int i = 0; i < 8; i++)
-                ((float *)g)[i] = 1.0f;
+                ((float *)g)[i] = grad;
             if (pcs_runtime_post_backward(rt, 0, 1) == PCS_OK &&
                 pcs_runtime_optimizer_step(rt, &o, &res) == PCS_OK &&
-                pcs_runtime_shard(rt, 0, &sh) == PCS_OK && sh.numel == 4) {
+                pcs_runtime_shard(rt, 0, &sh) == PCS_OK && sh.numel == shard) {
                 bad = 0;
-                for (int i = 0; i < 4; i++)
-                    if (((const float *)sh.master)[i] != -0.5f) {
-                        fprintf(stderr, "rank %u: element %d is %g, want -0.5\n", r, i,
-                                (double)((const float *)sh.master)[i]);
+                for (uint64_t i = 0; i < shard; i++)
+                    if (((const float *)sh.master)[i] != want) {
+                        fprintf(stderr, "rank %u: element %llu is %g, want %g\n", r,
+                                (unsigned long long)i, (double)((const float *)sh.master)[i],
+                                (double)want);
                         bad = 1;
                     }
             }
@@ -254,10 +273,9 @@ static int premul_rank(const char *kvdir, uint32_t r)
     return bad;
 }
 
-static void test_premul_sum_reduce_scatter_multiplies_every_input(void **state)
+static void run_two_ranks(int mode)
 {
-    (void)state;
-    char *dir = pcs_test_tmpdir("rt-premul");
+    char *dir = pcs_test_tmpdir("rt-two");
     char kvdir[1024];
     snprintf(kvdir, sizeof kvdir, "%s/kv", dir);
     pid_t pids[2];
@@ -266,7 +284,7 @@ static void test_premul_sum_reduce_scatter_multiplies_every_input(void **state)
         pids[r] = fork();
         assert_true(pids[r] >= 0);
         if (pids[r] == 0)
-            _exit(premul_rank(kvdir, r));
+            _exit(two_rank_main(kvdir, r, mode));
     }
     for (int r = 0; r < 2; r++) {
         int ws = 0;
@@ -278,12 +296,25 @@ static void test_premul_sum_reduce_scatter_multiplies_every_input(void **state)
     free(dir);
 }
 
+static void test_premul_sum_reduce_scatter_multiplies_every_input(void **state)
+{
+    (void)state;
+    run_two_ranks(TWO_PREMUL);
+}
+
+static void test_replicated_unit_without_a_planned_all_reduce_is_averaged(void **state)
+{
+    (void)state;
+    run_two_ranks(TWO_UNPLANNED_REPLICATED);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sync_on_every_micro_batch_reduces_each_hand_in_once),
         cmocka_unit_test(test_no_sync_hand_in_with_one_micro_batch_is_accumulated),
         cmocka_unit_test(test_premul_sum_reduce_scatter_multiplies_every_input),
+        cmocka_unit_test(test_replicated_unit_without_a_planned_all_reduce_is_averaged),
     };
     return cmocka_run_group_tests_name("runtime", tests, NULL, NULL);
 }
