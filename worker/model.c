@@ -1227,8 +1227,9 @@ static pcs_status_t elementwise_bwd(pcs_mlp_t *m, const op_t *op)
     if (op->kind == OP_CAST) {
         memcpy(dX, dY, n * sizeof(float));
     } else if (op->kind == OP_RELU) {
+        /* threshold_backward(grad, result, 0): NaN results pass the gradient, like PyTorch */
         for (size_t i = 0; i < n; i++)
-            dX[i] = Y[i] > 0.0f ? dY[i] : 0.0f;
+            dX[i] = Y[i] <= 0.0f ? 0.0f : dY[i];
     } else {
         for (size_t i = 0; i < n; i++) {
             float x = X[i];

@@ -567,6 +567,39 @@ static void test_head_only_model_matches_fp64_reference(void **state)
     check_against_reference(&cfg, 3);
 }
 
+/* ReLU backward is threshold_backward(grad, result, 0): the gradient is dropped where the result
+ * is <= 0, so a NaN activation (NaN <= 0 is false) passes its gradient on, as in PyTorch. */
+static void test_relu_backward_passes_gradient_through_nan(void **state)
+{
+    (void)state;
+    uint32_t h[1] = {2};
+    pcs_mlp_config_t cfg = mkcfg(1, h, 1, 1, PCS_ACT_RELU, PCS_NORM_NONE, 1, 0);
+    fix_t f;
+    fix_init(&f, &cfg, 1);
+    /* layers.0.linear: weight [1, 1]^T = {1, -1}, bias 0; head: weight {2, 3}, bias 0 */
+    const float w0[2] = {1.0f, -1.0f}, w1[2] = {2.0f, 3.0f};
+    memcpy(f.pv[0], w0, sizeof w0);
+    memset(f.pv[1], 0, 2 * sizeof(float));
+    memcpy(f.pv[2], w1, sizeof w1);
+    f.pv[3][0] = 0.0f;
+    const float *out;
+    pcs_dtype_t odt;
+    float x = NAN, g = 1.0f;
+    assert_int_equal(pcs_mlp_forward(f.m, &x, PCS_DTYPE_FP32, 1, 1, NULL, &out, &odt), PCS_OK);
+    assert_true(isnan(out[0]));
+    assert_int_equal(pcs_mlp_backward(f.m, &g, NULL), PCS_OK);
+    /* d(out)/d(relu) = head.weight, passed through both NaN activations */
+    assert_true(f.gv[1][0] == 2.0f);
+    assert_true(f.gv[1][1] == 3.0f);
+    /* a finite negative pre-activation still blocks its gradient */
+    x = 1.0f;
+    assert_int_equal(pcs_mlp_forward(f.m, &x, PCS_DTYPE_FP32, 1, 1, NULL, &out, &odt), PCS_OK);
+    assert_int_equal(pcs_mlp_backward(f.m, &g, NULL), PCS_OK);
+    assert_true(f.gv[1][0] == 2.0f);
+    assert_true(f.gv[1][1] == 0.0f);
+    fix_free(&f);
+}
+
 /* Central finite differences of L = sum(out * R) on the C model itself (no reference). */
 static void test_gradients_match_finite_differences(void **state)
 {
@@ -1110,6 +1143,7 @@ int main(void)
         cmocka_unit_test(test_fp32_batchnorm_matches_fp64_reference_and_running_stats),
         cmocka_unit_test(test_fp32_no_bias_gelu_batchnorm_matches_fp64_reference),
         cmocka_unit_test(test_head_only_model_matches_fp64_reference),
+        cmocka_unit_test(test_relu_backward_passes_gradient_through_nan),
         cmocka_unit_test(test_gradients_match_finite_differences),
         cmocka_unit_test(test_bf16_linear_output_is_fp32_sum_rounded_once),
         cmocka_unit_test(test_fp16_linear_rounds_once_and_overflows_to_inf),
