@@ -104,10 +104,13 @@ static void test_chunk_layout_matches_spec_table(void **state)
         uint32_t ws;
         uint64_t c;
         uint64_t sizes[8];
+        uint64_t pads[8];
     } rows[] = {
-        {10, 4, 3, {3, 3, 3, 1}},   {9, 4, 3, {3, 3, 3, 0}},
-        {5, 4, 2, {2, 2, 1, 0}},    {17, 8, 3, {3, 3, 3, 3, 3, 2, 0, 0}},
-        {100, 3, 34, {34, 34, 32}},
+        {10, 4, 3, {3, 3, 3, 1}, {0, 0, 0, 2}},
+        {9, 4, 3, {3, 3, 3, 0}, {0, 0, 0, 3}},
+        {5, 4, 2, {2, 2, 1, 0}, {0, 0, 1, 2}},
+        {17, 8, 3, {3, 3, 3, 3, 3, 2, 0, 0}, {0, 0, 0, 0, 0, 1, 3, 3}},
+        {100, 3, 34, {34, 34, 32}, {0, 0, 2}},
     };
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
         Pcs__V1__Plan *p = flat_plan(&rows[i].n, 1, rows[i].ws, NULL);
@@ -119,8 +122,8 @@ static void test_chunk_layout_matches_spec_table(void **state)
             uint64_t b, e;
             pcs_plan_shard_range(u, r, &b, &e);
             assert_int_equal(e - b, rows[i].sizes[r]);
-            /* pad per rank = c - unpadded size */
-            assert_int_equal(rows[i].c - (e - b), rows[i].c - rows[i].sizes[r]);
+            /* pad per rank = c - unpadded size, the table's last column */
+            assert_int_equal(u->shard_numel - (e - b), rows[i].pads[r]);
             if (e > b)
                 assert_int_equal(b, r * rows[i].c);
         }
