@@ -1,5 +1,6 @@
 /* pcs-coordinator: option table -> pcs_server_create -> serve until SIGTERM/SIGINT -> graceful
  * exit 0. Everything else lives in server.c (handlers) and coord.c (state machine). */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -51,12 +52,23 @@ static void on_signal(int sig)
     pcs_server_request_stop(g_server); /* sets a sig_atomic_t flag only */
 }
 
+/* The host must be a loopback literal: a prefix test let "127.example.com:7070", a name that
+ * resolves anywhere, serve plaintext without --insecure. */
 static int loopback(const char *listen)
 {
     if (strncmp(listen, "unix:", 5) == 0)
         return 1;
-    return strncmp(listen, "127.", 4) == 0 || strncmp(listen, "localhost:", 10) == 0 ||
-           strncmp(listen, "[::1]:", 6) == 0;
+    if (strncmp(listen, "localhost:", 10) == 0 || strncmp(listen, "[::1]:", 6) == 0)
+        return 1;
+    const char *colon = strrchr(listen, ':');
+    size_t n = colon ? (size_t)(colon - listen) : strlen(listen);
+    char host[64];
+    struct in_addr a;
+    if (n >= sizeof host)
+        return 0;
+    memcpy(host, listen, n);
+    host[n] = '\0';
+    return inet_aton(host, &a) != 0 && (ntohl(a.s_addr) >> 24) == 127;
 }
 
 static pcs_status_t write_port_file(const char *path, int port)

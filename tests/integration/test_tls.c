@@ -131,6 +131,13 @@ static void test_non_loopback_plaintext_listen_needs_insecure(void **state)
     assert_int_equal(status, 2);
     assert_non_null(strstr(out, "--insecure"));
     free(out);
+    /* a host name that merely starts like a loopback address is not one */
+    snprintf(cmd, sizeof cmd, "timeout 20 %s --listen 127.example.invalid:0 2>&1",
+             pcs_test_bin("pcs-coordinator"));
+    out = pcs_test_run(cmd, &status);
+    assert_int_equal(status, 2);
+    assert_non_null(strstr(out, "--insecure"));
+    free(out);
     /* a key without its certificate is a usage error naming both flags */
     snprintf(cmd, sizeof cmd, "%s --tls-key %s/srv.key 2>&1", pcs_test_bin("pcs-coordinator"),
              f->dir);
