@@ -847,7 +847,8 @@ static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
     free(m);
     /* A second coordinator on the same metrics port exits 1 naming the flag, not a stale error. */
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:%d 2>&1",
+    snprintf(cmd, sizeof cmd,
+             "timeout 20 %s --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:%d 2>&1",
              pcs_test_bin("pcs-coordinator"), port);
     int status = -1;
     m = pcs_test_run(cmd, &status);
