@@ -797,13 +797,15 @@ pcs_status_t pcs_st_write(const char *path, const pcs_st_entry_t *e, size_t n,
         }
         PCS_CHECK_GOTO(write_all(fd, e[i].data, bytes, path), rc, out);
     }
-    if (fsync(fd) != 0 || close(fd) != 0) {
-        fd = -1;
-        rc = pcs_set_error(PCS_ERR_SYSTEM, "safetensors %s: close failed: %s", path,
-                           strerror(errno));
+    /* close even when fsync fails, so that the descriptor is not leaked */
+    int sync_err = fsync(fd) != 0 ? errno : 0;
+    int close_err = close(fd) != 0 ? errno : 0;
+    fd = -1;
+    if (sync_err || close_err) {
+        rc = pcs_set_error(PCS_ERR_SYSTEM, "safetensors %s: %s failed: %s", path,
+                           sync_err ? "fsync" : "close", strerror(sync_err ? sync_err : close_err));
         goto out;
     }
-    fd = -1;
     if (rename(tmp, path) != 0) {
         rc = pcs_set_error(PCS_ERR_SYSTEM, "safetensors %s: rename failed: %s", path,
                            strerror(errno));
