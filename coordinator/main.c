@@ -71,21 +71,6 @@ static int loopback(const char *listen)
     return inet_aton(host, &a) != 0 && (ntohl(a.s_addr) >> 24) == 127;
 }
 
-static pcs_status_t write_port_file(const char *path, int port)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "port-file: path too long");
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return pcs_set_error(PCS_ERR_SYSTEM, "port-file: cannot write %s", tmp);
-    fprintf(f, "%d\n", port);
-    /* rename makes the file appear complete: tests poll for it */
-    if (fclose(f) != 0 || rename(tmp, path) != 0)
-        return pcs_set_error(PCS_ERR_SYSTEM, "port-file: cannot write %s", path);
-    return PCS_OK;
-}
-
 int main(int argc, char **argv)
 {
     pcs_log_init(PCS_LOG_INFO);
@@ -188,7 +173,8 @@ int main(int argc, char **argv)
 
     int port = pcs_server_port(srv);
     const char *port_file = pcs_config_str(cfg, "port-file");
-    if (port_file && *port_file && write_port_file(port_file, port) != PCS_OK) {
+    if (port_file && *port_file &&
+        pcs_server_write_port_file("port-file", port_file, port) != PCS_OK) {
         fprintf(stderr, "pcs-coordinator: %s\n", pcs_last_error());
         pcs_server_destroy(srv);
         pcs_config_free(cfg);

@@ -1102,17 +1102,20 @@ static void tick(void *user, uint64_t now)
     }
 }
 
-static pcs_status_t write_port_file(const char *path, int port)
+pcs_status_t pcs_server_write_port_file(const char *flag, const char *path, int port)
 {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "port file path too long");
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: path too long", flag);
     FILE *f = fopen(tmp, "w");
     if (!f)
-        return pcs_set_error(PCS_ERR_SYSTEM, "cannot write %s", tmp);
+        return pcs_set_error(PCS_ERR_SYSTEM, "%s: cannot write %s", flag, tmp);
     fprintf(f, "%d\n", port);
-    if (fclose(f) != 0 || rename(tmp, path) != 0)
-        return pcs_set_error(PCS_ERR_SYSTEM, "cannot write %s", path);
+    /* rename makes the file appear complete: tests poll for it */
+    if (fclose(f) != 0 || rename(tmp, path) != 0) {
+        (void)remove(tmp);
+        return pcs_set_error(PCS_ERR_SYSTEM, "%s: cannot write %s", flag, path);
+    }
     return PCS_OK;
 }
 
@@ -1165,9 +1168,11 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
     PCS_CHECK_GOTO(pcs_rpc_server_create(&rc, &s->rpc), st, fail);
     if (cfg->metrics_listen && *cfg->metrics_listen) {
         PCS_CHECK_GOTO(pcs_http_start(cfg->metrics_listen, &s->http), st, fail);
-        if (cfg->metrics_port_file && *cfg->metrics_port_file)
-            PCS_CHECK_GOTO(write_port_file(cfg->metrics_port_file, pcs_http_port(s->http)), st,
-                           fail);
+        const char *mpf = cfg->metrics_port_file;
+        if (mpf && *mpf)
+            PCS_CHECK_GOTO(
+                pcs_server_write_port_file("metrics-port-file", mpf, pcs_http_port(s->http)), st,
+                fail);
         publish_metrics(s);
     }
     *out = s;

@@ -856,6 +856,16 @@ static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
     assert_non_null(m);
     assert_non_null(strstr(m, "pcs-coordinator: metrics-listen '127.0.0.1:"));
     free(m);
+    /* an unwritable port file is named by its flag */
+    snprintf(cmd, sizeof cmd,
+             "timeout 20 %s --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 "
+             "--metrics-port-file %s/no/such/dir/m.port 2>&1",
+             pcs_test_bin("pcs-coordinator"), dir);
+    m = pcs_test_run(cmd, &status);
+    assert_int_equal(status, 1);
+    assert_non_null(m);
+    assert_non_null(strstr(m, "pcs-coordinator: metrics-port-file: cannot write"));
+    free(m);
     for (int i = 0; i < 5; i++)
         free(ids[i]);
     stop(p);
