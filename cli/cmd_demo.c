@@ -434,6 +434,13 @@ int pcs_cli_demo(int argc, char **argv)
         }
         if (pcs_now_ms() - last_poll > 500) {
             last_poll = pcs_now_ms();
+            if (waitpid(coord, NULL, WNOHANG) == coord) {
+                /* nobody is left to tell us the job's end: do not poll forever */
+                coord = -1;
+                printf("the coordinator exited before job %s finished (see %s/coordinator.log)\n",
+                       job_id, dir);
+                goto out;
+            }
             state = job_state(cl, job_id, reason, sizeof reason);
             if (state == PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED ||
                 state == PCS__V1__JOB_STATE__JOB_STATE_FAILED ||

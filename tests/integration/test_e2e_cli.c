@@ -8,8 +8,11 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <stdio.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "safetensors.h"
 #include "test_e2e_util.h"
@@ -127,12 +130,55 @@ static void test_export_by_job_id_reads_the_jobs_checkpoint(void **state)
     e2e_stop(&c);
 }
 
+/* A coordinator that dies while the demo runs must end the demo with an error naming it, not leave
+ * it polling a job state nobody can answer. */
+static void test_demo_ends_when_its_coordinator_dies(void **state)
+{
+    (void)state;
+    char *dir = pcs_test_tmpdir("demo-dead");
+    char run[1100], log[1100];
+    snprintf(run, sizeof run, "%s/run", dir);
+    snprintf(log, sizeof log, "%s/pcsctl.log", dir);
+    const char *argv[] = {pcs_test_bin("pcsctl"), "demo",  "--workers", "2", "--steps", "100000",
+                          "--no-reference",       "--dir", run,         NULL};
+    pid_t pid = pcs_test_spawn((char *const *)argv, log);
+    assert_true(pid > 0);
+    /* "pcs demo: coordinator 127.0.0.1:P (pid N), ..." */
+    int coord = -1;
+    for (int waited = 0; waited < 20000 && coord < 0; waited += 50) {
+        char *txt = pcs_test_read_file(log, NULL);
+        const char *p = txt ? strstr(txt, "(pid ") : NULL;
+        if (p && strstr(txt, "step "))
+            coord = atoi(p + 5);
+        free(txt);
+        if (coord < 0)
+            pcs_test_sleep_ms(50);
+    }
+    assert_true(coord > 0);
+    assert_int_equal(kill(coord, SIGKILL), 0);
+    int ws = pcs_test_wait(pid, 20000);
+    if (ws == -1) { /* still polling: stop it (it stops its workers) before failing */
+        kill(pid, SIGTERM);
+        pcs_test_wait(pid, 20000);
+    }
+    char *txt = pcs_test_read_file(log, NULL);
+    fprintf(stderr, "%s", txt ? txt : "");
+    assert_true(ws != -1);
+    assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) != 0);
+    assert_non_null(txt);
+    assert_non_null(strstr(txt, "the coordinator exited before job"));
+    free(txt);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_demo_trains_exports_and_matches_reference),
         cmocka_unit_test(test_export_of_a_non_checkpoint_fails_with_a_clear_error),
         cmocka_unit_test(test_export_by_job_id_reads_the_jobs_checkpoint),
+        cmocka_unit_test(test_demo_ends_when_its_coordinator_dies),
     };
     return cmocka_run_group_tests_name("e2e_cli", tests, NULL, NULL);
 }
