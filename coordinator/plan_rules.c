@@ -168,16 +168,23 @@ static bool mesh_of(const Pcs__V1__Plan *p, mesh_t *m)
     return s == p->world_size;
 }
 
-pcs_status_t pcs_plan_rank_coords(const Pcs__V1__Plan *p, uint32_t rank, Pcs__V1__MeshCoords *out)
+/* The plan's mesh, checked, for a rank that must be inside it. */
+static pcs_status_t mesh_for_rank(const Pcs__V1__Plan *p, uint32_t rank, mesh_t *m)
 {
-    pcs__v1__mesh_coords__init(out);
-    mesh_t m;
-    if (!mesh_of(p, &m))
+    if (!mesh_of(p, m))
         return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: mesh does not match world size %u",
                              p->world_size);
     if (rank >= p->world_size)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "rank %u: must be < world size %u", rank,
                              p->world_size);
+    return PCS_OK;
+}
+
+pcs_status_t pcs_plan_rank_coords(const Pcs__V1__Plan *p, uint32_t rank, Pcs__V1__MeshCoords *out)
+{
+    pcs__v1__mesh_coords__init(out);
+    mesh_t m;
+    PCS_CHECK(mesh_for_rank(p, rank, &m));
     for (uint32_t i = 0; i < m.n; i++) {
         uint32_t c = (uint32_t)((rank / m.stride[i]) % m.size[i]);
         if (m.dim[i] == PCS__V1__MESH_DIM_NAME__MESH_DIM_PP)
@@ -233,12 +240,7 @@ pcs_status_t pcs_plan_group_ranks(const Pcs__V1__Plan *p, Pcs__V1__GroupKind k, 
     uint32_t cap = *n;
     *n = 0;
     mesh_t m;
-    if (!mesh_of(p, &m))
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: mesh does not match world size %u",
-                             p->world_size);
-    if (rank >= p->world_size)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "rank %u: must be < world size %u", rank,
-                             p->world_size);
+    PCS_CHECK(mesh_for_rank(p, rank, &m));
     bool vary[4] = {false, false, false, false}; /* indexed by MeshDimName */
     uint32_t rsz = 0;
     switch (k) {
