@@ -163,7 +163,10 @@ static bool mesh_of(const Pcs__V1__Plan *p, mesh_t *m)
     uint64_t s = 1;
     for (uint32_t i = m->n; i-- > 0;) {
         m->stride[i] = s;
-        s *= m->size[i];
+        /* three uint32 sizes can wrap uint64 (to a plausible world size): a plan from the wire
+         * with such a mesh is rejected, not read with wrapped strides */
+        if (__builtin_mul_overflow(s, (uint64_t)m->size[i], &s))
+            return false;
     }
     return s == p->world_size;
 }

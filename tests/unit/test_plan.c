@@ -841,6 +841,35 @@ static void test_hash_is_stable_and_covers_the_plan(void **state)
     pcs_plan_free(d);
 }
 
+/* A plan read from the wire whose mesh product wraps uint64 onto its world size is rejected:
+ * (2^32-1) x (2^32-1) x 2^31 = 2^31 mod 2^64. */
+static void test_mesh_product_overflow_is_rejected(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *p = plan_of("model: {mlp: {input_dim: 8, hidden_dims: [16], output_dim: 4}}\n"
+                               "mesh: [{dim: dp_shard, size: 2}]",
+                               0);
+    assert_int_equal(p->n_mesh, 3);
+    Pcs__V1__MeshCoords c;
+    assert_int_equal(pcs_plan_rank_coords(p, 1, &c), PCS_OK);
+    uint32_t saved[3], saved_ws = p->world_size;
+    for (int i = 0; i < 3; i++)
+        saved[i] = p->mesh[i]->size;
+    p->mesh[0]->size = UINT32_MAX;
+    p->mesh[1]->size = UINT32_MAX;
+    p->mesh[2]->size = 1u << 31;
+    p->world_size = 1u << 31;
+    assert_int_equal(pcs_plan_rank_coords(p, 1, &c), PCS_ERR_INVALID_ARG);
+    uint32_t n = 0, me = 0;
+    assert_int_equal(pcs_plan_group_ranks(p, GK(WORLD), 1, NULL, &n, &me), PCS_ERR_INVALID_ARG);
+    c.pp = c.dp_replicate = c.dp_shard = 0;
+    assert_int_equal(pcs_plan_rank_of(p, &c), UINT32_MAX);
+    for (int i = 0; i < 3; i++)
+        p->mesh[i]->size = saved[i];
+    p->world_size = saved_ws;
+    pcs_plan_free(p);
+}
+
 static void test_plan_size_does_not_grow_with_world_size(void **state)
 {
     (void)state;
@@ -923,6 +952,7 @@ int main(void)
         cmocka_unit_test(test_override_unit_keeps_an_explicit_output_dtype),
         cmocka_unit_test(test_world_size_rescales_dp_shard),
         cmocka_unit_test(test_hash_is_stable_and_covers_the_plan),
+        cmocka_unit_test(test_mesh_product_overflow_is_rejected),
         cmocka_unit_test(test_plan_size_does_not_grow_with_world_size),
         cmocka_unit_test(test_rank_estimate_matches_hand_count),
         cmocka_unit_test(test_size_based_wrap_follows_recursive_wrap),
