@@ -511,6 +511,39 @@ static void run_adamw(const pcs_adamw_config_t *cfg)
     }
 }
 
+/* Spec §9 case 10 with the ops a fp16 reduction runs (scale, accumulate, cast): ws = 4, pre 2,
+ * post 2, every rank's grad 30000: 15000 each, SUM 60000 (<= 65504), / 2 -> 30000.0f exactly;
+ * a SUM without the pre-divide (120000) overflows fp16 to inf. */
+static void test_fp16_pre_post_divide_keeps_the_sum_finite_case10(void **state)
+{
+    enum { WS = 4, N = 3 };
+    uint16_t g[WS][N], sum[N], plain[N];
+    for (int r = 0; r < WS; r++)
+        for (int i = 0; i < N; i++)
+            g[r][i] = pcs_f32_to_fp16(30000.0f);
+    memcpy(plain, g[0], sizeof plain);
+    for (int r = 1; r < WS; r++)
+        assert_int_equal(
+            pcs_kernel_accumulate(cpu, plain, PCS_DTYPE_FP16, g[r], PCS_DTYPE_FP16, N, NULL),
+            PCS_OK);
+    for (int r = 0; r < WS; r++)
+        assert_int_equal(pcs_kernel_scale(cpu, g[r], PCS_DTYPE_FP16, N, 0.5f, NULL), PCS_OK);
+    assert_true(pcs_fp16_to_f32(g[0][0]) == 15000.0f);
+    memcpy(sum, g[0], sizeof sum);
+    for (int r = 1; r < WS; r++)
+        assert_int_equal(
+            pcs_kernel_accumulate(cpu, sum, PCS_DTYPE_FP16, g[r], PCS_DTYPE_FP16, N, NULL), PCS_OK);
+    assert_true(pcs_fp16_to_f32(sum[0]) == 60000.0f);
+    assert_int_equal(pcs_kernel_scale(cpu, sum, PCS_DTYPE_FP16, N, 0.5f, NULL), PCS_OK);
+    float out[N];
+    assert_int_equal(pcs_kernel_cast(cpu, out, PCS_DTYPE_FP32, sum, PCS_DTYPE_FP16, N, NULL),
+                     PCS_OK);
+    for (int i = 0; i < N; i++) {
+        assert_true(out[i] == 30000.0f);
+        assert_true(isinf(pcs_fp16_to_f32(plain[i])));
+    }
+}
+
 static void test_adamw_defaults_are_pytorchs(void **state)
 {
     pcs_adamw_config_t c;
@@ -801,6 +834,7 @@ int main(void)
         cmocka_unit_test(test_nonfinite_check_sets_flag_and_unscales_every_tensor),
         cmocka_unit_test(test_nonfinite_check_never_clears_flag_and_skips_multiply_when_inv_is_one),
         cmocka_unit_test(test_sum_squares_over_list_matches_long_double_reference),
+        cmocka_unit_test(test_fp16_pre_post_divide_keeps_the_sum_finite_case10),
         cmocka_unit_test(test_adamw_defaults_are_pytorchs),
         cmocka_unit_test(test_adamw_matches_double_reference_with_bias_correction),
         cmocka_unit_test(test_adamw_first_step_moves_each_param_by_about_lr),
