@@ -114,18 +114,21 @@ static pcs_status_t file_set(pcs_kv_t *kv, const char *key, const void *val, siz
     key_to_path(f, key, path, sizeof path);
     snprintf(tmp, sizeof tmp, "%s/.tmp.%ld.XXXXXX", f->dir, (long)getpid());
     int fd = mkstemp(tmp);
-    if (fd < 0) {
-        PCS_WARN(PCS_SUB_BOOTSTRAP, "kv file: mkstemp in %s: %s", f->dir, strerror(errno));
-        return PCS_ERR_SYSTEM;
-    }
+    if (fd < 0)
+        return pcs_set_error(PCS_ERR_SYSTEM, "kv file: mkstemp in %s: %s", f->dir, strerror(errno));
     pcs_status_t rc = write_all(fd, val, len);
-    if (close(fd) != 0 && rc == PCS_OK)
+    int err = rc != PCS_OK ? errno : 0;
+    if (close(fd) != 0 && rc == PCS_OK) {
         rc = PCS_ERR_SYSTEM;
-    if (rc == PCS_OK && rename(tmp, path) != 0)
+        err = errno;
+    }
+    if (rc == PCS_OK && rename(tmp, path) != 0) {
         rc = PCS_ERR_SYSTEM;
+        err = errno;
+    }
     if (rc != PCS_OK) {
-        PCS_WARN(PCS_SUB_BOOTSTRAP, "kv file: writing '%s' to %s: %s", key, path, strerror(errno));
         unlink(tmp);
+        return pcs_set_error(rc, "kv file: writing '%s' to %s: %s", key, path, strerror(err));
     }
     return rc;
 }
@@ -134,8 +137,10 @@ static pcs_status_t file_set(pcs_kv_t *kv, const char *key, const void *val, siz
 static pcs_status_t read_file(const char *path, void **val, size_t *len)
 {
     int fd = open(path, O_RDONLY);
+    if (fd < 0 && errno == ENOENT)
+        return PCS_ERR_NOT_FOUND;
     if (fd < 0)
-        return errno == ENOENT ? PCS_ERR_NOT_FOUND : PCS_ERR_SYSTEM;
+        return pcs_set_error(PCS_ERR_SYSTEM, "kv file: open %s: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || st.st_size < 0 || (size_t)st.st_size > PCS_KV_MAX_VALUE) {
         close(fd);
@@ -199,10 +204,8 @@ pcs_status_t pcs_kv_file_create(const char *dir, pcs_kv_t **out)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "kv file: NULL or empty directory");
     if (strlen(dir) > 256)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "kv file: directory path too long");
-    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-        PCS_WARN(PCS_SUB_BOOTSTRAP, "kv file: mkdir %s: %s", dir, strerror(errno));
-        return PCS_ERR_SYSTEM;
-    }
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+        return pcs_set_error(PCS_ERR_SYSTEM, "kv file: mkdir %s: %s", dir, strerror(errno));
     kv_file_t *f = NULL;
     PCS_CHECK(pcs_calloc(1, sizeof *f, (void **)&f));
     pcs_status_t rc = pcs_strdup(dir, &f->dir);

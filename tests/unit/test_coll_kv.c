@@ -7,8 +7,10 @@
 #include <cmocka.h>
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kv.h"
 #include "pcs/clock.h"
@@ -174,6 +176,40 @@ static void test_coord_store_unreachable_is_an_error_not_a_hang(void **s)
     pcs_kv_destroy(kv);
 }
 
+/* A store whose directory went away (or was replaced by a file) fails with an error that names
+ * the store and the path, not with a bare status and someone else's last error. */
+static void test_file_store_errors_say_what_failed(void **s)
+{
+    (void)s;
+    char *dir = pcs_test_tmpdir("kv");
+    char sub[1100];
+    snprintf(sub, sizeof sub, "%s/store", dir);
+    pcs_kv_t *kv = NULL;
+    assert_int_equal(pcs_kv_file_create(sub, &kv), PCS_OK);
+    assert_int_equal(rmdir(sub), 0);
+    pcs_set_error(PCS_ERR_INTERNAL, "stale");
+    assert_int_equal(pcs_kv_set(kv, "k", "x", 1), PCS_ERR_SYSTEM);
+    assert_non_null(strstr(pcs_last_error(), "kv file"));
+    assert_non_null(strstr(pcs_last_error(), sub));
+    FILE *f = fopen(sub, "w"); /* the directory is now a file: open fails with ENOTDIR */
+    assert_non_null(f);
+    fclose(f);
+    pcs_set_error(PCS_ERR_INTERNAL, "stale");
+    void *v = NULL;
+    size_t n = 0;
+    assert_int_equal(pcs_kv_get(kv, "k", 0, &v, &n), PCS_ERR_SYSTEM);
+    assert_null(v);
+    assert_non_null(strstr(pcs_last_error(), "kv file"));
+    pcs_kv_destroy(kv);
+    char sub2[1200];
+    snprintf(sub2, sizeof sub2, "%s/x", sub); /* parent is a file */
+    pcs_set_error(PCS_ERR_INTERNAL, "stale");
+    assert_int_equal(pcs_kv_file_create(sub2, &kv), PCS_ERR_SYSTEM);
+    assert_non_null(strstr(pcs_last_error(), "kv file: mkdir"));
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -183,6 +219,7 @@ int main(void)
         cmocka_unit_test(test_file_get_waits_for_a_later_set),
         cmocka_unit_test(test_bad_keys_and_values_are_invalid_arg),
         cmocka_unit_test(test_coord_store_unreachable_is_an_error_not_a_hang),
+        cmocka_unit_test(test_file_store_errors_say_what_failed),
     };
     return cmocka_run_group_tests_name("coll_kv", tests, NULL, NULL);
 }
