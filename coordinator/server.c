@@ -899,13 +899,29 @@ static void restore_job(void *user, const pcs_store_job_t *r)
     if (r->spec_len)
         spec = pcs__v1__job_spec__unpack(NULL, r->spec_len, r->spec);
     uint32_t names[PCS_COORD_MAX_MESH_DIMS], sizes[PCS_COORD_MAX_MESH_DIMS], nd = 0, world;
+    pcs_job_state_t state = (pcs_job_state_t)r->state;
+    uint64_t finished_ms = r->finished_ms;
+    const char *reason = r->reason;
+    char why[700];
     if (spec) {
         nd = spec_dims(spec, names, sizes);
         /* The plan is a pure function of the spec: rebuild it (for jobs that can still start)
          * rather than store it. */
-        if (r->state == PCS_JOB_PENDING && spec_world(spec, &world) == PCS_OK &&
-            pcs_plan_build(spec, world, &plan) != PCS_OK)
+        if (state == PCS_JOB_PENDING &&
+            (spec_world(spec, &world) != PCS_OK || pcs_plan_build(spec, world, &plan) != PCS_OK)) {
+            snprintf(why, sizeof why, "not started after a coordinator restart: %s",
+                     pcs_last_error());
             plan = NULL;
+        }
+    } else {
+        snprintf(why, sizeof why,
+                 "not started after a coordinator restart: stored spec unreadable");
+    }
+    /* A pending job without a plan would start and hand its workers no plan: fail it instead. */
+    if (state == PCS_JOB_PENDING && !plan) {
+        state = PCS_JOB_FAILED;
+        reason = why;
+        finished_ms = pcs_wall_ms();
     }
     if (!nd) { /* unreadable spec: keep the history row with a 1-rank mesh */
         names[0] = PCS_MESH_DP_SHARD;
@@ -921,9 +937,8 @@ static void restore_job(void *user, const pcs_store_job_t *r)
                               .spec = spec,
                               .plan = plan,
                               .plan_hash = r->plan_hash};
-    if (pcs_coord_restore_job(s->coord, r->number, &d, (pcs_job_state_t)r->state, r->reason,
-                              r->created_ms, r->started_ms, r->finished_ms,
-                              r->generation) != PCS_OK)
+    if (pcs_coord_restore_job(s->coord, r->number, &d, state, reason, r->created_ms, r->started_ms,
+                              finished_ms, r->generation) != PCS_OK)
         PCS_WARN(PCS_SUB_STORE, "store: job %" PRIu32 " not restored: %s", r->number,
                  pcs_last_error());
 }

@@ -755,6 +755,48 @@ static void test_restart_with_same_db_keeps_worker_ids_and_job_history(void **st
     free(dbdir);
 }
 
+/* Pending jobs whose stored spec cannot be planned again (unreadable, or without a mesh) are
+ * restored FAILED with the cause, instead of gang-starting with no plan for their workers. */
+static void test_restart_fails_pending_jobs_whose_spec_cannot_be_planned(void **state)
+{
+    (void)state;
+    char *dbdir = pcs_test_tmpdir("coord-db-bad");
+    char db[1024], cmd[2048];
+    snprintf(db, sizeof db, "%s/state.db", dbdir);
+    const char *args[] = {"--db", db, NULL};
+    coord_proc_t *p = start("coord-db-bad1", args); /* creates the schema */
+    stop(p);
+    /* job-1: a spec blob that does not decode; job-2: a spec with a name only (no mesh) */
+    snprintf(cmd, sizeof cmd,
+             "sqlite3 %s \"INSERT INTO jobs(number, name, state, created_ms, spec) VALUES"
+             " (1, 'garbage', 1, 1, X'ff'), (2, 'nomesh', 1, 1, X'0a03616263')\" 2>&1",
+             db);
+    int status = -1;
+    char *out = pcs_test_run(cmd, &status);
+    if (status != 0) { /* no sqlite3 shell on this machine */
+        free(out);
+        pcs_test_rmtree(dbdir);
+        free(dbdir);
+        skip();
+    }
+    free(out);
+    p = start("coord-db-bad2", args);
+    char *w = reg(p, "restore-bad-spec", NULL); /* an idle worker a 1-rank job could take */
+    for (int k = 0; k < 2; k++) {
+        Pcs__V1__GetJobResponse *gj = NULL;
+        Pcs__V1__Job *j = get_job(p, k == 0 ? "job-1" : "job-2", &gj);
+        assert_int_equal(j->state, PCS__V1__JOB_STATE__JOB_STATE_FAILED);
+        assert_non_null(strstr(j->reason, "not started after a coordinator restart"));
+        assert_non_null(strstr(j->reason, k == 0 ? "stored spec unreadable" : "mesh"));
+        protobuf_c_message_free_unpacked(&gj->base, NULL);
+    }
+    assert_int_equal(heartbeat(p, w), 0);
+    stop(p);
+    free(w);
+    pcs_test_rmtree(dbdir);
+    free(dbdir);
+}
+
 /* Minimal HTTP/1.0 GET over a socket; returns the whole response (caller frees). */
 static char *http_get(int port, const char *path)
 {
@@ -926,6 +968,7 @@ int main(void)
     const struct CMUnitTest others[] = {
         cmocka_unit_test(test_lease_expiry_marks_worker_lost_and_fails_its_job),
         cmocka_unit_test(test_restart_with_same_db_keeps_worker_ids_and_job_history),
+        cmocka_unit_test(test_restart_fails_pending_jobs_whose_spec_cannot_be_planned),
         cmocka_unit_test(test_metrics_endpoint_reports_workers_jobs_and_rpcs),
         cmocka_unit_test(test_sigterm_ends_open_streams_with_unavailable_and_exits_zero),
     };
