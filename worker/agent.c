@@ -50,8 +50,8 @@ struct pcs_agent {
     char job_id[64];              /* under mu: the running job ("" if idle) */
     uint64_t generation;
     uint32_t rank;
-    pcs_train_t *train;                     /* under mu while running, for abort */
-    int finished; /* under mu: the running job reported its last step (done) without error */
+    pcs_train_t *train; /* under mu while running, for abort */
+    int finished;       /* under mu: the running job reported its last step (done) without error */
     void (*abort_fn)(void *, const char *); /* under mu: custom job's abort */
     void *abort_ctx;
     pcs_agent_job_fn job_fn;
@@ -62,7 +62,7 @@ struct pcs_agent {
     int rq_busy;
 
     pthread_t hb_thread, watch_thread, report_thread;
-    int threads_started;
+    int threads_started; /* bit 0 heartbeat, 1 watch, 2 reporter: joined in destroy */
 };
 
 // ---- helpers ----
@@ -632,15 +632,17 @@ pcs_status_t pcs_agent_run(pcs_agent_t *a)
         nap(a, backoff);
         backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
     }
-    if (pthread_create(&a->hb_thread, NULL, heartbeat_main, a) != 0 ||
-        pthread_create(&a->watch_thread, NULL, watch_main, a) != 0 ||
-        pthread_create(&a->report_thread, NULL, report_main, a) != 0) {
-        /* Threads that did start are joined in destroy via quit; keep it simple: fail hard. */
-        PCS_WARN(PCS_SUB_WORKER, "cannot start agent threads");
+    if (pthread_create(&a->hb_thread, NULL, heartbeat_main, a) == 0)
+        a->threads_started |= 1;
+    if (pthread_create(&a->watch_thread, NULL, watch_main, a) == 0)
+        a->threads_started |= 2;
+    if (pthread_create(&a->report_thread, NULL, report_main, a) == 0)
+        a->threads_started |= 4;
+    if (a->threads_started != 7) {
+        /* The threads that did start end on quit and are joined in destroy (they use `a`). */
         atomic_store(&a->quit, 1);
-        return PCS_ERR_SYSTEM;
+        return pcs_set_error(PCS_ERR_SYSTEM, "agent: cannot start its threads");
     }
-    a->threads_started = 1;
 
     uint32_t jobs = 0;
     while (!atomic_load(&a->stop) && (a->max_jobs == 0 || jobs < a->max_jobs)) {
@@ -688,9 +690,12 @@ void pcs_agent_destroy(pcs_agent_t *a)
         pthread_mutex_lock(&a->mu);
         pthread_cond_broadcast(&a->cv);
         pthread_mutex_unlock(&a->mu);
-        pthread_join(a->hb_thread, NULL);
-        pthread_join(a->watch_thread, NULL);
-        pthread_join(a->report_thread, NULL);
+        if (a->threads_started & 1)
+            pthread_join(a->hb_thread, NULL);
+        if (a->threads_started & 2)
+            pthread_join(a->watch_thread, NULL);
+        if (a->threads_started & 4)
+            pthread_join(a->report_thread, NULL);
     }
     while (a->rq_head) {
         report_item_t *it = a->rq_head;
