@@ -87,8 +87,9 @@ int main(int argc, char **argv)
     PCS_INFO(PCS_SUB_INIT, "pcs-worker starting: coordinator %s backend %s coll %s", ac.coordinator,
              ac.backend, ac.coll);
     pcs_status_t st = pcs_agent_run(g_agent);
-    pcs_agent_destroy(g_agent);
-    g_agent = NULL;
+    pcs_agent_t *a = g_agent;
+    g_agent = NULL; /* a late signal must not touch the agent being freed */
+    pcs_agent_destroy(a);
     pcs_config_free(cfg);
     if (st != PCS_OK) {
         fprintf(stderr, "pcs-worker: %s\n", pcs_last_error());
