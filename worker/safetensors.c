@@ -421,12 +421,19 @@ static pcs_status_t file_new(const char *origin, pcs_st_file_t **out)
     return PCS_OK;
 }
 
-static uint64_t le64(const uint8_t *b)
+/* The 8-byte little-endian header length, checked against the limit and the file size. */
+static pcs_status_t header_len(const pcs_st_file_t *f, const uint8_t *b, uint64_t size,
+                               uint64_t *out)
 {
-    uint64_t v = 0;
+    uint64_t n = 0;
     for (int i = 7; i >= 0; i--)
-        v = (v << 8) | b[i];
-    return v;
+        n = (n << 8) | b[i];
+    if (n > PCS_ST_MAX_HEADER || n > size - 8)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "safetensors %s: header length %llu does not fit the %llu-byte file",
+                             f->origin, (unsigned long long)n, (unsigned long long)size);
+    *out = n;
+    return PCS_OK;
 }
 
 pcs_status_t pcs_st_open_mem(const void *buf, size_t len, pcs_st_file_t **out)
@@ -445,14 +452,8 @@ pcs_status_t pcs_st_open_mem(const void *buf, size_t len, pcs_st_file_t **out)
                            len);
         goto fail;
     }
-    uint64_t n = le64(b);
-    if (n > PCS_ST_MAX_HEADER || n > len - 8) {
-        rc = pcs_set_error(PCS_ERR_INVALID_ARG,
-                           "safetensors <memory>: header length %llu does "
-                           "not fit the %zu-byte file",
-                           (unsigned long long)n, len);
-        goto fail;
-    }
+    uint64_t n = 0;
+    PCS_CHECK_GOTO(header_len(f, b, len, &n), rc, fail);
     f->data_start = 8 + n;
     f->data_len = len - f->data_start;
     PCS_CHECK_GOTO(parse_header(f, b + 8, (size_t)n), rc, fail);
@@ -496,14 +497,8 @@ pcs_status_t pcs_st_open(const char *path, pcs_st_file_t **out)
                            path);
         goto fail;
     }
-    uint64_t n = le64(lenb);
-    if (n > PCS_ST_MAX_HEADER || n > size - 8) {
-        rc = pcs_set_error(PCS_ERR_INVALID_ARG,
-                           "safetensors %s: header length %llu does not fit "
-                           "the %llu-byte file",
-                           path, (unsigned long long)n, (unsigned long long)size);
-        goto fail;
-    }
+    uint64_t n = 0;
+    PCS_CHECK_GOTO(header_len(f, lenb, size, &n), rc, fail);
     PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, 1, (void **)&hdr), rc, fail);
     if (n && pread(f->fd, hdr, n, 8) != (ssize_t)n) {
         rc = pcs_set_error(PCS_ERR_SYSTEM, "safetensors %s: short read of the header", path);
