@@ -234,6 +234,15 @@ static pcs_status_t load_file(pcs_config_t *c, const char *path)
                                    k, origin);
                 break;
             }
+            /* only blanks or a comment may follow: `key "a"b` is a typo, not "a" */
+            const char *rest = q + 1;
+            while (isspace((unsigned char)*rest))
+                rest++;
+            if (*rest && *rest != '#') {
+                st = pcs_set_error(PCS_ERR_INVALID_ARG, "%.*s (%s): text after the closing quote",
+                                   (int)klen, k, origin);
+                break;
+            }
             *q = '\0';
             val++;
         } else {

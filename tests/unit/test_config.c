@@ -217,6 +217,17 @@ static void test_unknown_keys_are_errors_in_file_and_flags(void **state)
     char **argv4 = ARGV("--config", "/nonexistent/pcs.conf");
     assert_int_equal(load(3, argv4, &c), PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "/nonexistent/pcs.conf"));
+    /* a quoted value is the whole value: text after the quote (other than a comment) is an error,
+     * and so is a quote that never closes */
+    write_file(f->path, "listen \"10.0.0.1:7070\"   # ok\nlisten \"10.0.0.1\":7070\n");
+    char **argv6 = ARGV("--config", f->path);
+    assert_int_equal(load(3, argv6, &c), PCS_ERR_INVALID_ARG);
+    snprintf(want, sizeof want, "listen (file %s:2): text after the closing quote", f->path);
+    assert_string_equal(pcs_last_error(), want);
+    write_file(f->path, "listen \"10.0.0.1:7070\n");
+    assert_int_equal(load(3, argv6, &c), PCS_ERR_INVALID_ARG);
+    snprintf(want, sizeof want, "listen (file %s:1): unterminated quote", f->path);
+    assert_string_equal(pcs_last_error(), want);
     char **argv5 = ARGV("--listen");
     assert_int_equal(load(2, argv5, &c), PCS_ERR_INVALID_ARG);
     assert_string_equal(pcs_last_error(), "--listen needs a value (flag)");
