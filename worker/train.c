@@ -215,7 +215,7 @@ static pcs_status_t setup_buffers(pcs_train_t *t)
     return PCS_OK;
 }
 
-static void opt_from_spec(const Pcs__V1__TrainingSpec *tr, pcs_runtime_config_t *rc)
+void pcs_train_opt_from_spec(const Pcs__V1__TrainingSpec *tr, pcs_runtime_config_t *rc)
 {
     pcs_adamw_config_default(&rc->adamw);
     pcs_sgd_config_default(&rc->sgd);
@@ -369,7 +369,7 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     rc.prefetch =
         cfg->prefetch >= 0 ? cfg->prefetch : (int)(t->plan->prefetch ? t->plan->prefetch : 1);
     t->depth = rc.prefetch > 0 ? (uint32_t)rc.prefetch : 0;
-    opt_from_spec(tr, &rc);
+    pcs_train_opt_from_spec(tr, &rc);
     PCS_CHECK_GOTO(pcs_runtime_create(&rc, &t->rt), st, fail);
 
     /* Bind every parameter to its unit's unsharded buffer and grad buffer once: the buffers live
@@ -514,20 +514,20 @@ static pcs_status_t run_eval(pcs_train_t *t, double *eval_loss)
     return st;
 }
 
-static void scaler_update(pcs_train_t *t, int found_inf)
+void pcs_train_scaler_update(const Pcs__V1__GradScalerSpec *g, int found_inf, double *scale,
+                             uint32_t *growth_tracker)
 {
-    const Pcs__V1__GradScalerSpec *g = t->spec->training->grad_scaler;
     double growth = g->growth_factor ? g->growth_factor->value : 2.0;
     double backoff = g->backoff_factor ? g->backoff_factor->value : 0.5;
     uint32_t interval = g->growth_interval ? g->growth_interval->value : 2000;
     if (found_inf) {
-        t->scale *= backoff;
-        t->growth_tracker = 0;
-    } else if (++t->growth_tracker >= interval) {
-        double ns = t->scale * growth;
+        *scale *= backoff;
+        *growth_tracker = 0;
+    } else if (++*growth_tracker >= interval) {
+        double ns = *scale * growth;
         if (isfinite((float)ns)) /* ATen skips growth that would overflow fp32 */
-            t->scale = ns;
-        t->growth_tracker = 0;
+            *scale = ns;
+        *growth_tracker = 0;
     }
 }
 
@@ -745,7 +745,7 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
         PCS_CHECK_GOTO(pcs_runtime_optimizer_step(t->rt, &so, &sr), st, fail);
         double reported_scale = t->scale;
         if (scaler)
-            scaler_update(t, sr.found_inf);
+            pcs_train_scaler_update(tr->grad_scaler, sr.found_inf, &t->scale, &t->growth_tracker);
         if (sr.skipped)
             t->skipped++;
         double loss = loss_sum / (double)t->M;

@@ -66,6 +66,15 @@ void pcs_train_fill_report(Pcs__V1__StepReport *r, Pcs__V1__CollectiveRecord *re
                            Pcs__V1__CollectiveRecord **rp, size_t cap,
                            const struct pcs_rt_stats *s);
 
+/* The training spec's optimizer as runtime settings (kind, AdamW / SGD hyper-parameters; AdamW
+ * with PyTorch's defaults when unset). Shared by pcs-worker and the C API. */
+struct pcs_runtime_config;
+void pcs_train_opt_from_spec(const Pcs__V1__TrainingSpec *tr, struct pcs_runtime_config *rc);
+/* ShardedGradScaler.update (spec §5): back off on found_inf, else grow every growth_interval
+ * clean steps unless the grown scale overflows fp32. */
+void pcs_train_scaler_update(const Pcs__V1__GradScalerSpec *g, int found_inf, double *scale,
+                             uint32_t *growth_tracker);
+
 #ifdef __cplusplus
 }
 #endif

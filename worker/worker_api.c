@@ -233,29 +233,7 @@ pcs_status_t pcs_worker_join(const pcs_worker_options_t *opt, pcs_worker_t **out
     rc.init_param = api_init_param;
     rc.init_ctx = w;
     rc.prefetch = (int)(plan->prefetch ? plan->prefetch : 1);
-    pcs_adamw_config_default(&rc.adamw);
-    pcs_sgd_config_default(&rc.sgd);
-    rc.opt = PCS_OPT_ADAMW;
-    if (tr->optimizer && tr->optimizer->kind_case == PCS__V1__OPTIMIZER_SPEC__KIND_SGD) {
-        const Pcs__V1__SgdOptimizer *o = tr->optimizer->sgd;
-        rc.opt = PCS_OPT_SGD;
-        rc.sgd.lr = o->lr > 0 ? o->lr : rc.sgd.lr;
-        rc.sgd.momentum = o->momentum ? o->momentum->value : 0.9;
-        rc.sgd.dampening = o->dampening ? o->dampening->value : 0;
-        rc.sgd.weight_decay = o->weight_decay ? o->weight_decay->value : 0;
-        rc.sgd.nesterov = o->nesterov;
-    } else if (tr->optimizer && tr->optimizer->kind_case == PCS__V1__OPTIMIZER_SPEC__KIND_ADAMW) {
-        const Pcs__V1__AdamWOptimizer *o = tr->optimizer->adamw;
-        rc.adamw.lr = o->lr > 0 ? o->lr : rc.adamw.lr;
-        if (o->n_betas >= 2) {
-            rc.adamw.beta1 = o->betas[0];
-            rc.adamw.beta2 = o->betas[1];
-        }
-        if (o->eps)
-            rc.adamw.eps = o->eps->value;
-        if (o->weight_decay)
-            rc.adamw.weight_decay = o->weight_decay->value;
-    }
+    pcs_train_opt_from_spec(tr, &rc);
     {
         pcs_runtime_t *rt = NULL;
         st = pcs_runtime_create(&rc, &rt);
@@ -472,19 +450,8 @@ pcs_status_t pcs_worker_step(pcs_worker_t *w, double loss, pcs_worker_step_resul
     pcs_rt_step_result_t sr;
     PCS_CHECK(pcs_runtime_optimizer_step(w->rt, &so, &sr));
     double used_scale = w->scale;
-    if (scaler) {
-        const Pcs__V1__GradScalerSpec *g = tr->grad_scaler;
-        if (sr.found_inf) {
-            w->scale *= g->backoff_factor ? g->backoff_factor->value : 0.5;
-            w->growth_tracker = 0;
-        } else if (++w->growth_tracker >=
-                   (g->growth_interval ? g->growth_interval->value : 2000u)) {
-            double ns = w->scale * (g->growth_factor ? g->growth_factor->value : 2.0);
-            if (isfinite((float)ns))
-                w->scale = ns;
-            w->growth_tracker = 0;
-        }
-    }
+    if (scaler)
+        pcs_train_scaler_update(tr->grad_scaler, sr.found_inf, &w->scale, &w->growth_tracker);
     if (sr.skipped)
         w->skipped++;
     PCS_CHECK(pcs_runtime_mean_over_dp(w->rt, &loss));
