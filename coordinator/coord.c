@@ -561,6 +561,41 @@ pcs_status_t pcs_coord_heartbeat(pcs_coord_t *c, const char *worker_id, pcs_coor
 // ---------------------------------------------------------------------------------------------
 // jobs
 
+/* Make `s` one line of valid UTF-8 in place: control characters become ' ', bytes that are not
+ * part of a well-formed UTF-8 sequence (foreign input, or a character cut by a "%.300s"
+ * truncation) become '?'. A reason is logged as one line, printed in the GetStatus text and sent
+ * as a proto3 string, which clients such as grpcio refuse to decode when it is not UTF-8. */
+static void one_line_utf8(char *s)
+{
+    unsigned char *p = (unsigned char *)s;
+    while (*p) {
+        if (*p < 0x20 || *p == 0x7f) {
+            *p++ = ' ';
+            continue;
+        }
+        if (*p < 0x80) {
+            p++;
+            continue;
+        }
+        int n = (*p >= 0xc2 && *p <= 0xdf)   ? 1
+                : (*p >= 0xe0 && *p <= 0xef) ? 2
+                : (*p >= 0xf0 && *p <= 0xf4) ? 3
+                                             : 0;
+        bool ok = n > 0;
+        for (int i = 1; ok && i <= n; i++) /* stops at the NUL: (0 & 0xc0) != 0x80 */
+            ok = (p[i] & 0xc0) == 0x80;
+        /* no overlong forms, no surrogates, nothing above U+10FFFF */
+        if (ok && ((*p == 0xe0 && p[1] < 0xa0) || (*p == 0xed && p[1] > 0x9f) ||
+                   (*p == 0xf0 && p[1] < 0x90) || (*p == 0xf4 && p[1] > 0x8f)))
+            ok = false;
+        if (!ok) {
+            *p++ = '?';
+            continue;
+        }
+        p += n + 1;
+    }
+}
+
 static void job_set_reason(pcs_coord_job_t *j, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void job_set_reason(pcs_coord_job_t *j, const char *fmt, ...)
@@ -570,6 +605,7 @@ static void job_set_reason(pcs_coord_job_t *j, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    one_line_utf8(buf);
     char *s = NULL;
     if (pcs_strdup(buf, &s) == PCS_OK) {
         free(j->reason);

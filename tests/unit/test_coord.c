@@ -637,6 +637,42 @@ static void test_report_with_error_fails_the_job_with_reason(void **state)
     assert_string_equal(j->reason, "rank 1 (worker w-2) failed at step 7: NaN in loss");
 }
 
+/* A reason is one line of valid UTF-8 whatever the worker sent: newlines become spaces, stray
+ * bytes and a multi-byte character cut by the 300-byte truncation become '?'. */
+static void test_failure_reason_is_one_line_of_valid_utf8(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 2);
+    pcs_coord_job_t *j = submit_shard(f, 2, NULL);
+    int dir;
+    char why[512];
+    char err[400];
+    memset(err, 'x', 299);
+    memcpy(err + 299, "\xc3\xa9", 3); /* U+00E9 across the 300-byte cut: keeps only 0xc3 */
+    pcs_coord_report_t r = {
+        .worker_id = "w-2", .job_id = j->id, .generation = 1, .rank = 1, .step = 7, .error = err};
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    size_t n = strlen(j->reason);
+    assert_true(n > 2);
+    assert_int_equal(j->reason[n - 1], '?');
+    assert_int_equal(j->reason[n - 2], 'x');
+
+    pcs_coord_job_t *k = submit_shard(f, 2, NULL);
+    pcs_coord_report_t r2 = {
+        .worker_id = "w-2",
+        .job_id = k->id,
+        .generation = 1,
+        .rank = 1,
+        .step = 3,
+        .error = "gloo:\n  read \xff\xfe failed\tcaf\xc3\xa9 \xe2\x82\xac \xed\xa0\x80"};
+    assert_int_equal(pcs_coord_report_step(f->c, &r2, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(k->state, PCS_JOB_FAILED);
+    assert_string_equal(k->reason, "rank 1 (worker w-2) failed at step 3: gloo:   read ?? failed "
+                                   "caf\xc3\xa9 \xe2\x82\xac ???");
+    assert_string_equal(why, k->reason); /* the directive's reason is the same line */
+}
+
 static void test_report_with_wrong_rank_or_generation_is_rejected_or_stopped(void **state)
 {
     fixture_t *f = *state;
@@ -891,6 +927,7 @@ int main(void)
         T(test_event_queue_drops_oldest_when_full),
         T(test_reports_done_from_all_ranks_succeed_the_job),
         T(test_report_with_error_fails_the_job_with_reason),
+        T(test_failure_reason_is_one_line_of_valid_utf8),
         T(test_report_with_wrong_rank_or_generation_is_rejected_or_stopped),
         T(test_diverging_fingerprints_in_one_stage_fail_the_job_naming_both_ranks),
         T(test_kv_set_get_roundtrip_and_overwrite),
