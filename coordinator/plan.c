@@ -765,9 +765,10 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
         ps2->frozen = t->frozen;
         trainable |= !t->frozen;
         u->params[u->n_params++] = ps2;
-        off += t->numel;
-        numel += t->numel;
-        if (off > (1ull << 62)) {
+        numel += t->numel; /* <= off, so it wraps only when off does (an error) */
+        /* the validator caps sizes, but the planner does not rely on it (unvalidated specs,
+         * mlp weights up to (2^32-1)^2): a wrapping offset is an error, not a small layout */
+        if (__builtin_add_overflow(off, t->numel, &off) || off > (1ull << 62)) {
             pcs_errlist_add(&c->errs, "model: unit '%s' has more than 2^62 elements", root->path);
             break;
         }
@@ -997,8 +998,9 @@ static pcs_status_t assemble(ctx_t *c, Pcs__V1__Plan *p)
         const Pcs__V1__Unit *pu = p->units[c->unit_of[parent]];
         if (pu->param_dtype != u->param_dtype) {
             u->output_dtype = pu->param_dtype;
-            note(c, "unit %u '%s' computes in %s inside %s unit '%s': its outputs are cast to %s "
-                    "(set output_dtype to override)",
+            note(c,
+                 "unit %u '%s' computes in %s inside %s unit '%s': its outputs are cast to %s "
+                 "(set output_dtype to override)",
                  k, u->path, pcs_dtype_name((pcs_dtype_t)u->param_dtype),
                  pcs_dtype_name((pcs_dtype_t)pu->param_dtype), pu->path,
                  pcs_dtype_name((pcs_dtype_t)pu->param_dtype));

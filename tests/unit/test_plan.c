@@ -870,6 +870,17 @@ static void test_mesh_product_overflow_is_rejected(void **state)
     pcs_plan_free(p);
 }
 
+/* pcs_plan_build does not rely on the validator's size caps: a unit whose running flat offset
+ * would wrap uint64 (4(2^32-1) + (2^32-1) elements, then a (2^32-1)^2 weight) is an error, not
+ * a plan with a wrapped flat_numel. */
+static void test_flat_offset_overflow_is_an_error(void **state)
+{
+    (void)state;
+    expect_error("model: {mlp: {input_dim: 4, hidden_dims: [4294967295, 4294967295], "
+                 "output_dim: 1}}\nmesh: [{dim: dp_shard, size: 2}]",
+                 0, "model: unit '' has more than 2^62 elements");
+}
+
 static void test_plan_size_does_not_grow_with_world_size(void **state)
 {
     (void)state;
@@ -953,6 +964,7 @@ int main(void)
         cmocka_unit_test(test_world_size_rescales_dp_shard),
         cmocka_unit_test(test_hash_is_stable_and_covers_the_plan),
         cmocka_unit_test(test_mesh_product_overflow_is_rejected),
+        cmocka_unit_test(test_flat_offset_overflow_is_an_error),
         cmocka_unit_test(test_plan_size_does_not_grow_with_world_size),
         cmocka_unit_test(test_rank_estimate_matches_hand_count),
         cmocka_unit_test(test_size_based_wrap_follows_recursive_wrap),
