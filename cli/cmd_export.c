@@ -4,6 +4,7 @@
  * that PyTorch (safetensors.torch.load_file + load_state_dict) and Hugging Face tools load
  * directly. With a JOB id the checkpoint directory comes from the job's spec (GetJob); no worker
  * needs to be alive. */
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +32,8 @@ int pcs_cli_export(int argc, char **argv)
         } else if (strcmp(argv[i], "--step") == 0 && i + 1 < argc) {
             char *end = NULL;
             step = strtoull(argv[++i], &end, 10);
-            if (!end || *end)
+            /* digits only: strtoull takes "" as 0 (the latest) and "-1" as 2^64 - 1 */
+            if (!end || *end || !isdigit((unsigned char)argv[i][0]))
                 return pcs_cli_usage("export", EXPORT_USAGE, "--step: not a number: %s", argv[i]);
         } else if (argv[i][0] == '-' && argv[i][1]) {
             return pcs_cli_usage("export", EXPORT_USAGE, "unknown option %s", argv[i]);

@@ -78,6 +78,18 @@ static void test_export_of_a_non_checkpoint_fails_with_a_clear_error(void **stat
     out = pcs_test_run(cmd, &status);
     assert_int_equal(status, 2);
     free(out);
+    /* --step must be a step number: not empty (it read as 0, the latest), not negative */
+    const char *bad_steps[] = {"''", "-1", "3x", "+2"};
+    for (size_t i = 0; i < sizeof bad_steps / sizeof bad_steps[0]; i++) {
+        snprintf(cmd, sizeof cmd, "%s export --checkpoint %s %s/x.safetensors --step %s 2>&1",
+                 pcs_test_bin("pcsctl"), dir, dir, bad_steps[i]);
+        out = pcs_test_run(cmd, &status);
+        assert_non_null(out);
+        if (status != 2)
+            fail_msg("--step %s: exit %d: %s", bad_steps[i], status, out);
+        assert_non_null(strstr(out, "--step: not a number"));
+        free(out);
+    }
     pcs_test_rmtree(dir);
     free(dir);
 }
