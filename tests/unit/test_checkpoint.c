@@ -261,6 +261,60 @@ static void test_export_refuses_a_plan_inconsistent_with_itself_or_the_files(voi
     export_expect(&f, PCS_OK, "bn.running_mean", 1, 3); /* consistent: exported as saved */
 }
 
+/* Rank files cut short (a crash while writing, a full disk) or replaced by garbage: export fails
+ * with an error naming the file and writes nothing. */
+static void test_export_of_a_truncated_or_garbage_rank_file_fails_cleanly(void **state)
+{
+    (void)state;
+    fixture_t f;
+    make_plan(&f);
+    char *dir = pcs_test_tmpdir("ckpt");
+    char out[1200], path[1200];
+    snprintf(out, sizeof out, "%s/full.safetensors", dir);
+    write_rank(dir, &f, 0, 4, 0, 0);
+    write_rank(dir, &f, 1, 4, 0, 0);
+    assert_int_equal(pcs_ckpt_commit(dir, 4, &f.plan), PCS_OK);
+    snprintf(path, sizeof path, "%s/step-00000004/rank-00001.safetensors", dir);
+    size_t len = 0;
+    char *whole = pcs_test_read_file(path, &len);
+    assert_non_null(whole);
+    for (size_t cut = 0; cut < len; cut += len / 7 + 1) {
+        FILE *w = fopen(path, "wb");
+        assert_non_null(w);
+        assert_int_equal(fwrite(whole, 1, cut, w), cut);
+        fclose(w);
+        assert_int_not_equal(pcs_ckpt_export(dir, 4, out, NULL), PCS_OK);
+        assert_non_null(strstr(pcs_last_error(), "rank-00001"));
+        assert_int_equal(access(out, F_OK), -1);
+    }
+    /* same length, garbage bytes */
+    FILE *w = fopen(path, "wb");
+    assert_non_null(w);
+    for (size_t i = 0; i < len; i++)
+        fputc((int)((i * 131u + 7u) & 0xff), w);
+    fclose(w);
+    assert_int_not_equal(pcs_ckpt_export(dir, 4, out, NULL), PCS_OK);
+    assert_int_equal(access(out, F_OK), -1);
+    /* a plan.pb that is not a plan */
+    w = fopen(path, "wb");
+    assert_non_null(w);
+    assert_int_equal(fwrite(whole, 1, len, w), len);
+    fclose(w);
+    assert_int_equal(pcs_ckpt_export(dir, 4, out, NULL), PCS_OK); /* restored: exports again */
+    assert_int_equal(unlink(out), 0);
+    snprintf(path, sizeof path, "%s/step-00000004/plan.pb", dir);
+    w = fopen(path, "wb");
+    assert_non_null(w);
+    fputs("\xff\xff\xff not protobuf", w);
+    fclose(w);
+    assert_int_equal(pcs_ckpt_export(dir, 4, out, NULL), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "plan.pb"));
+    assert_int_equal(access(out, F_OK), -1);
+    free(whole);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -268,6 +322,7 @@ int main(void)
         cmocka_unit_test(test_export_without_a_complete_checkpoint_is_not_found),
         cmocka_unit_test(test_export_names_a_missing_or_inconsistent_shard),
         cmocka_unit_test(test_export_refuses_a_plan_inconsistent_with_itself_or_the_files),
+        cmocka_unit_test(test_export_of_a_truncated_or_garbage_rank_file_fails_cleanly),
     };
     return cmocka_run_group_tests_name("checkpoint", tests, NULL, NULL);
 }
