@@ -295,7 +295,7 @@ static void test_export_of_a_truncated_or_garbage_rank_file_fails_cleanly(void *
     fclose(w);
     assert_int_not_equal(pcs_ckpt_export(dir, 4, out, NULL), PCS_OK);
     assert_int_equal(access(out, F_OK), -1);
-    /* a plan.pb that is not a plan */
+    /* the rank file restored, the checkpoint exports again; then a plan.pb that is not a plan */
     w = fopen(path, "wb");
     assert_non_null(w);
     assert_int_equal(fwrite(whole, 1, len, w), len);
