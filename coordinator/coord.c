@@ -637,6 +637,7 @@ static void job_finish(pcs_coord_t *c, pcs_coord_job_t *j, pcs_job_state_t state
     pcs_job_state_t prev = j->state;
     if (prev == PCS_JOB_PENDING)
         c->n_pending--;
+    j->n_unclaimed = 0;
     j->state = state;
     j->finished_wall_ms = wall_ms(c);
     if (prev == PCS_JOB_RUNNING) {
@@ -893,6 +894,19 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
     if (w->state == PCS_WORKER_LOST || w->state == PCS_WORKER_GONE)
         return pcs_set_error(PCS_ERR_STATE, "worker %s is %s: re-register", w->id,
                              pcs_worker_state_name(w->state));
+    if (j->state == PCS_JOB_RUNNING && j->n_unclaimed && r->generation == j->generation &&
+        r->rank < j->world_size && !j->rank_worker[r->rank] && !w->job &&
+        w->state == PCS_WORKER_IDLE) {
+        /* a rank of a job restored from the store comes back */
+        j->rank_worker[r->rank] = w->number;
+        w->job = j;
+        w->rank = r->rank;
+        set_worker_state(c, w, PCS_WORKER_ASSIGNED);
+        j->n_unclaimed--;
+        PCS_INFO(PCS_SUB_COORD,
+                 "job %s: worker %s took rank %" PRIu32 " back (%" PRIu32 " ranks still away)",
+                 j->id, w->id, r->rank, j->n_unclaimed);
+    }
     if (j->state != PCS_JOB_RUNNING || w->job != j || r->generation != j->generation) {
         /* Not an error: the worker is behind. Tell it to stop. */
         *directive = PCS_EV_STOP;
@@ -1141,6 +1155,21 @@ void pcs_coord_tick(pcs_coord_t *c)
     }
     for (size_t i = 0; i < c->n_jobs; i++) {
         pcs_coord_job_t *j = c->jobs[i];
+        if (!j || j->state != PCS_JOB_RUNNING || !j->n_unclaimed || now < j->reclaim_by_ms)
+            continue;
+        uint32_t r = 0;
+        while (r + 1 < j->world_size && j->rank_worker[r])
+            r++;
+        job_set_reason(j,
+                       "%" PRIu32 " of %" PRIu32 " ranks (first: rank %" PRIu32 ") did not come "
+                       "back within the lease (%" PRIu32 " ms) after a coordinator restart",
+                       j->n_unclaimed, j->world_size, r, c->cfg.lease_ms);
+        PCS_WARN(PCS_SUB_COORD, "job %s: %s", j->id, j->reason);
+        j->n_unclaimed = 0;
+        job_finish(c, j, PCS_JOB_FAILED);
+    }
+    for (size_t i = 0; i < c->n_jobs; i++) {
+        pcs_coord_job_t *j = c->jobs[i];
         if (!j || !j->n_waiters)
             continue;
         for (size_t k = 0; k < j->n_waiters;) {
@@ -1215,10 +1244,10 @@ pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_co
     if (reason && *reason)
         job_set_reason(j, "%s", reason);
     if (state == PCS_JOB_RUNNING) {
-        /* Its workers' communicators died with the previous coordinator's view of them. */
-        state = PCS_JOB_FAILED;
-        job_set_reason(j, "coordinator restarted while the job was running");
-        j->finished_wall_ms = wall_ms(c);
+        /* Its workers train on (collectives never go through the coordinator): wait a lease
+         * for each rank to come back through its step reports. */
+        j->n_unclaimed = j->world_size;
+        j->reclaim_by_ms = now_ms(c) + c->cfg.lease_ms;
     }
     j->state = state;
     if (state == PCS_JOB_PENDING) {

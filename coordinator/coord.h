@@ -124,6 +124,10 @@ typedef struct pcs_coord_job {
     uint64_t plan_hash;
     uint32_t restarts;
     uint32_t *rank_worker; /* worker number of each rank (world_size entries, RUNNING) */
+    /* RUNNING job restored from the store: its ranks are re-adopted from the workers' step
+     * reports (rank_worker 0 = not back yet) until every rank is back or reclaim_by_ms passes */
+    uint32_t n_unclaimed;
+    uint64_t reclaim_by_ms;
     uint8_t *rank_done;
     uint32_t n_done;
     pcs_coord_progress_t progress;
@@ -286,8 +290,9 @@ bool pcs_job_state_terminal(pcs_job_state_t s);
 /* Recreate a known identity -> id mapping as a GONE worker (it revives on re-register). */
 pcs_status_t pcs_coord_restore_worker(pcs_coord_t *c, uint32_t number, const char *identity,
                                       const char *host);
-/* Recreate a finished job (history). Running/pending jobs of a previous life are restored as
- * FAILED with reason "coordinator restarted" by the caller; payload ownership passes. */
+/* Recreate a job of a previous life; payload ownership passes. A RUNNING job stays RUNNING in
+ * its generation: each worker that re-registers and reports a step of it takes its rank back
+ * (training never waits on the coordinator); ranks not back within lease_ms fail the job. */
 pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job_desc_t *d,
                                    pcs_job_state_t state, const char *reason,
                                    uint64_t created_wall_ms, uint64_t started_wall_ms,

@@ -903,22 +903,24 @@ static void restore_job(void *user, const pcs_store_job_t *r)
     uint64_t finished_ms = r->finished_ms;
     const char *reason = r->reason;
     char why[700];
+    bool live = state == PCS_JOB_PENDING || state == PCS_JOB_RUNNING;
+    const char *resumed = state == PCS_JOB_RUNNING ? "resumed" : "started";
     if (spec) {
         nd = spec_dims(spec, names, sizes);
-        /* The plan is a pure function of the spec: rebuild it (for jobs that can still start)
-         * rather than store it. */
-        if (state == PCS_JOB_PENDING &&
+        /* The plan is a pure function of the spec: rebuild it (for jobs that can still start
+         * or run on) rather than store it. */
+        if (live &&
             (spec_world(spec, &world) != PCS_OK || pcs_plan_build(spec, world, &plan) != PCS_OK)) {
-            snprintf(why, sizeof why, "not started after a coordinator restart: %s",
+            snprintf(why, sizeof why, "not %s after a coordinator restart: %s", resumed,
                      pcs_last_error());
             plan = NULL;
         }
     } else {
-        snprintf(why, sizeof why,
-                 "not started after a coordinator restart: stored spec unreadable");
+        snprintf(why, sizeof why, "not %s after a coordinator restart: stored spec unreadable",
+                 resumed);
     }
-    /* A pending job without a plan would start and hand its workers no plan: fail it instead. */
-    if (state == PCS_JOB_PENDING && !plan) {
+    /* A live job without a plan would hand its workers no plan: fail it instead. */
+    if (live && !plan) {
         state = PCS_JOB_FAILED;
         reason = why;
         finished_ms = pcs_wall_ms();

@@ -867,14 +867,92 @@ static void test_restore_keeps_ids_and_new_ids_continue_after_them(void **state)
     uint32_t names[1] = {PCS_MESH_DP_SHARD}, sizes[1] = {2};
     pcs_coord_job_desc_t d = {
         .n_dims = 1, .dim_name = names, .dim_size = sizes, .request_id = "r9", .spec = malloc(4)};
-    assert_int_equal(pcs_coord_restore_job(f->c, 3, &d, PCS_JOB_RUNNING, NULL, 1, 2, 0, 1), PCS_OK);
+    assert_int_equal(
+        pcs_coord_restore_job(f->c, 3, &d, PCS_JOB_CANCELLED, "cancelled: x", 1, 2, 3, 1), PCS_OK);
     pcs_coord_job_t *j = pcs_coord_job_by_number(f->c, 3);
-    assert_int_equal(j->state, PCS_JOB_FAILED);
-    assert_non_null(strstr(j->reason, "coordinator restarted"));
+    assert_int_equal(j->state, PCS_JOB_CANCELLED);
+    assert_string_equal(j->reason, "cancelled: x");
     assert_ptr_equal(pcs_coord_job_by_request(f->c, "r9"), j);
     pcs_coord_job_t *k = submit_shard(f, 2, NULL);
     assert_string_equal(k->id, "job-4");
     assert_int_equal(k->state, PCS_JOB_RUNNING);
+}
+
+/* Restore job-1 RUNNING (world 2, generation 3) with workers w-1, w-2 known from the store, and
+ * re-register both (a coordinator restart while the job trains). */
+static pcs_coord_job_t *restore_running(fixture_t *f)
+{
+    assert_int_equal(pcs_coord_restore_worker(f->c, 1, "pod-a", "h"), PCS_OK);
+    assert_int_equal(pcs_coord_restore_worker(f->c, 2, "pod-b", "h"), PCS_OK);
+    uint32_t names[1] = {PCS_MESH_DP_SHARD}, sizes[1] = {2};
+    pcs_coord_job_desc_t d = {.n_dims = 1, .dim_name = names, .dim_size = sizes};
+    assert_int_equal(pcs_coord_restore_job(f->c, 1, &d, PCS_JOB_RUNNING, NULL, 1, 2, 0, 3), PCS_OK);
+    pcs_coord_job_t *j = pcs_coord_job_by_number(f->c, 1);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    assert_int_equal(j->generation, 3);
+    reg(f, "pod-a", NULL);
+    reg(f, "pod-b", NULL);
+    assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
+    return j;
+}
+
+static int report(fixture_t *f, const char *worker_id, uint32_t rank, uint64_t step, bool done)
+{
+    pcs_coord_report_t r = {.worker_id = worker_id,
+                            .job_id = "job-1",
+                            .generation = 3,
+                            .rank = rank,
+                            .step = step,
+                            .done = done};
+    int dir = -1;
+    char why[256];
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK);
+    return dir;
+}
+
+/* DESIGN.md: after a coordinator restart, workers reconnect and carry on without losing a step. */
+static void test_restored_running_job_takes_its_ranks_back_from_reports(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_job_t *j = restore_running(f);
+    assert_int_equal(report(f, "w-2", 0, 40, false), 0); /* no STOP: the rank is taken back */
+    assert_int_equal(worker(f, 2)->state, PCS_WORKER_ASSIGNED);
+    assert_ptr_equal(worker(f, 2)->job, j);
+    assert_int_equal(worker(f, 2)->rank, 0);
+    /* a rank already taken is not given to another worker */
+    reg(f, "pod-c", NULL);
+    assert_int_equal(report(f, "w-3", 0, 40, false), PCS_EV_STOP);
+    assert_null(worker(f, 3)->job);
+    assert_int_equal(report(f, "w-1", 1, 41, false), 0);
+    assert_int_equal(worker(f, 1)->rank, 1);
+    f->clock.now += 20000; /* past the lease: every rank is back, nothing fails */
+    pcs_coord_heartbeat(f->c, "w-1", &(pcs_coord_worker_t *){NULL});
+    pcs_coord_heartbeat(f->c, "w-2", &(pcs_coord_worker_t *){NULL});
+    pcs_coord_tick(f->c);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    assert_int_equal(report(f, "w-1", 1, 100, true), 0);
+    assert_int_equal(report(f, "w-2", 0, 100, true), 0);
+    assert_int_equal(j->state, PCS_JOB_SUCCEEDED);
+    assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
+}
+
+static void test_restored_running_job_fails_when_a_rank_stays_away_a_lease(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_job_t *j = restore_running(f);
+    assert_int_equal(report(f, "w-1", 1, 7, false), 0);
+    f->clock.now += 9999;
+    pcs_coord_heartbeat(f->c, "w-1", &(pcs_coord_worker_t *){NULL});
+    pcs_coord_tick(f->c);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    f->clock.now += 1;
+    pcs_coord_tick(f->c);
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    assert_string_equal(j->reason, "1 of 2 ranks (first: rank 0) did not come back within the "
+                                   "lease (10000 ms) after a coordinator restart");
+    assert_null(worker(f, 1)->job); /* the rank that came back is freed with a STOP */
+    assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
+    assert_int_equal(report(f, "w-2", 0, 8, false), PCS_EV_STOP);
 }
 
 /* A corrupt store row with a huge id is refused (with its payload freed) instead of growing the
@@ -937,6 +1015,8 @@ int main(void)
         T(test_kv_parked_get_fails_when_job_ends),
         T(test_restore_keeps_ids_and_new_ids_continue_after_them),
         T(test_restore_refuses_absurd_ids),
+        T(test_restored_running_job_takes_its_ranks_back_from_reports),
+        T(test_restored_running_job_fails_when_a_rank_stays_away_a_lease),
 #undef T
     };
     return cmocka_run_group_tests_name("coord", tests, NULL, NULL);
