@@ -387,7 +387,10 @@ static void *ag_main(void *arg)
         rt_unit_t *u = &rt->units[ui];
         u->state = U_RUNNING;
         pthread_mutex_unlock(&rt->mu);
-        pcs_status_t st = atomic_load(&rt->aborted) ? PCS_ERR_CANCELLED : do_unshard(rt, u, 0);
+        pcs_status_t st =
+            atomic_load(&rt->aborted)
+                ? pcs_set_error(PCS_ERR_CANCELLED, "all-gather of unit %u: runtime aborted", ui)
+                : do_unshard(rt, u, 0);
         char err[512];
         if (st != PCS_OK)
             snprintf(err, sizeof err, "%s", pcs_last_error());
