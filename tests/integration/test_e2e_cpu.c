@@ -149,15 +149,18 @@ static void run_full_shard(int world)
     protobuf_c_message_free_unpacked(&spec->base, NULL);
     check_collectives(job, n_units, 2);
 
-    /* a clean job leaves clean logs: no WARN or ERROR line from any worker (the STOP that
-     * follows success must not abort communicators that are closing) */
+    /* a clean job tears down cleanly: the STOP that follows success must not abort the
+     * communicators that are closing (which logged failed KvSet notes), and nothing logs an
+     * ERROR. RPC retry warnings are allowed: they depend on the machine's load. */
     for (int i = 0; i < world; i++) {
         char path[1200];
         snprintf(path, sizeof path, "%s/worker%d.log", cl->dir, i);
         char *log = pcs_test_read_file(path, NULL);
         assert_non_null(log);
-        if (strstr(log, " W ") || strstr(log, " E "))
-            fail_msg("worker %d logged a warning after a successful job:\n%s", i, log);
+        if (strstr(log, " W BOOTSTRAP ") || strstr(log, " W COLL ") || strstr(log, " E ") ||
+            strstr(log, "aborting job"))
+            fail_msg("worker %d aborted or logged a teardown warning after a successful job:\n%s",
+                     i, log);
         free(log);
     }
 
