@@ -479,8 +479,8 @@ int pcs_cli_demo(int argc, char **argv)
         fprintf(stderr, "pcsctl demo: export: %s\n", pcs_last_error());
         goto out;
     }
-    printf("exported model: %s (%zu tensors, %llu parameters, step %llu; loads with "
-           "safetensors.torch.load_file)\n",
+    printf("exported model: %s (%zu tensors, %llu parameters, step %llu; safetensors keyed by "
+           "module FQN, metadata format=pt)\n",
            out_path, info.n_params + info.n_buffers, (unsigned long long)info.numel,
            (unsigned long long)info.step);
     rc = PCS_CLI_OK;
