@@ -79,6 +79,7 @@ struct pcs_rpc_server {
     size_t max_message_bytes;
     int tick_ms;
     void (*tick)(void *user, uint64_t now_ms);
+    pcs_status_t (*authorize)(void *user, const pcs_rpc_method_t *m, const pcs_rpc_call_t *call);
     int port;
     volatile sig_atomic_t stop;
     bool started, shutting_down, shutdown_seen, cq_shut, torn_down;
@@ -510,6 +511,18 @@ static void recv_done(pcs_rpc_tag_t *tag, bool ok)
         end_with_status(c, (grpc_status_code)pcs_status_to_grpc(st), msg);
         return;
     }
+    if (s->authorize) {
+        pcs_clear_error();
+        st = s->authorize(s->user, m, c);
+        if (st != PCS_OK) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", pcs_last_error());
+            PCS_DEBUG(PCS_SUB_RPC, "%s from %s refused: %s", m->path, pcs_rpc_call_peer(c), msg);
+            protobuf_c_message_free_unpacked(req, NULL);
+            end_with_status(c, (grpc_status_code)pcs_status_to_grpc(st), msg);
+            return;
+        }
+    }
     m->handler(c, req, s->user);
     protobuf_c_message_free_unpacked(req, NULL);
 }
@@ -577,6 +590,7 @@ pcs_status_t pcs_rpc_server_create(const pcs_rpc_server_config_t *cfg, pcs_rpc_s
         cfg->max_message_bytes ? cfg->max_message_bytes : PCS_RPC_DEFAULT_MAX_MESSAGE;
     s->tick_ms = cfg->tick_ms > 0 ? cfg->tick_ms : 100;
     s->tick = cfg->tick;
+    s->authorize = cfg->authorize;
     s->n_methods = cfg->n_methods;
     s->shutdown_tag.on_done = shutdown_done;
     PCS_CHECK_GOTO(pcs_calloc(cfg->n_methods + 1, sizeof *s->methods, (void **)&s->methods), st,

@@ -24,6 +24,8 @@ static const struct {
     [PCS_ERR_NCCL] = {"nccl", 13},
     [PCS_ERR_INTERNAL] = {"internal", 13},
     [PCS_ERR_UNSUPPORTED] = {"unsupported", 12},
+    [PCS_ERR_UNAUTHENTICATED] = {"unauthenticated", 16},
+    [PCS_ERR_PERMISSION] = {"permission", 7},
 };
 
 const char *pcs_status_str(pcs_status_t s)

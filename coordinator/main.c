@@ -23,6 +23,8 @@ static const pcs_opt_t options[] = {
     {"tls-key", PCS_OPT_STRING, "", 0, 0, "private key of --tls-cert (PEM)"},
     {"tls-client-ca", PCS_OPT_STRING, "", 0, 0,
      "CA bundle (PEM): require and verify worker/client certificates (mTLS)"},
+    {"token-file", PCS_OPT_STRING, "", 0, 0,
+     "bearer tokens by role: `role token` lines (viewer|submitter|worker|admin); empty: none"},
     {"port-file", PCS_OPT_STRING, "", 0, 0, "write the bound gRPC port to this file"},
     {"heartbeat-interval-ms", PCS_OPT_U32, "1000", 10, 60000, "worker heartbeat period"},
     {"lease-ms", PCS_OPT_U32, "10000", 50, 600000,
@@ -155,7 +157,8 @@ int main(int argc, char **argv)
                               .metrics_listen = pcs_config_str(cfg, "metrics-listen"),
                               .metrics_port_file = pcs_config_str(cfg, "metrics-port-file"),
                               .config = cfg,
-                              .tls = *tls_cert ? &tls : NULL};
+                              .tls = *tls_cert ? &tls : NULL,
+                              .token_file = pcs_config_str(cfg, "token-file")};
     pcs_server_t *srv = NULL;
     if (pcs_server_create(&sc, &srv) != PCS_OK) {
         fprintf(stderr, "pcs-coordinator: %s\n", pcs_last_error());

@@ -2,6 +2,7 @@
  * conversion around coord.c, watch streams, parked KvGets, grpc.health.v1, two-phase graceful
  * shutdown, and the once-a-tick side jobs (lease expiry, store flush, metrics snapshot).
  * Everything here runs on the RPC loop thread; handlers never block. */
+#include "auth.h"
 #include "server.h"
 
 #include <inttypes.h>
@@ -50,6 +51,7 @@ struct pcs_server {
     health_watch_t *hw;
     size_t n_hw, cap_hw;
     bool restoring; /* store callbacks off while replaying the store */
+    pcs_auth_t *auth; /* NULL: no token checks */
 };
 
 static const char *const health_services[] = {"", "pcs.v1.WorkerService", "pcs.v1.JobService",
@@ -814,6 +816,15 @@ static void h_health_watch(pcs_rpc_call_t *call, const ProtobufCMessage *m, void
     {                                                                                              \
         path, &req##__descriptor, &resp##__descriptor, stream, fn                                  \
     }
+/* Bearer tokens by role (auth.h): runs before every handler when a token file is loaded. */
+static pcs_status_t authorize(void *user, const pcs_rpc_method_t *m, const pcs_rpc_call_t *call)
+{
+    pcs_server_t *s = user;
+    char value[1100];
+    long n = pcs_rpc_call_metadata(call, "authorization", value, sizeof value);
+    return pcs_auth_check(s->auth, m->path, n >= 0 ? value : NULL);
+}
+
 static const pcs_rpc_method_t methods[] = {
     M(PCS_M_REGISTER, pcs__v1__register_request, pcs__v1__register_response, 0, h_register),
     M(PCS_M_HEARTBEAT, pcs__v1__heartbeat_request, pcs__v1__heartbeat_response, 0, h_heartbeat),
@@ -1144,6 +1155,11 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
     PCS_CHECK(pcs_calloc(1, sizeof *s, (void **)&s));
     s->cfg = *cfg;
     s->start_ms = pcs_now_ms();
+    if (cfg->token_file && *cfg->token_file) {
+        PCS_CHECK_GOTO(pcs_auth_load(cfg->token_file, &s->auth), st, fail);
+        PCS_INFO(PCS_SUB_INIT, "bearer tokens required: %zu tokens from %s",
+                 pcs_auth_count(s->auth), cfg->token_file);
+    }
     pcs_coord_config_t cc = {.clock = pcs_clock_real(),
                              .heartbeat_interval_ms = cfg->heartbeat_interval_ms,
                              .lease_ms = cfg->lease_ms,
@@ -1181,7 +1197,8 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
                                   .max_message_bytes = cfg->max_message_bytes,
                                   .tick_ms = 50,
                                   .tick = tick,
-                                  .tls = cfg->tls};
+                                  .tls = cfg->tls,
+                                  .authorize = s->auth ? authorize : NULL};
     PCS_CHECK_GOTO(pcs_rpc_server_create(&rc, &s->rpc), st, fail);
     if (cfg->metrics_listen && *cfg->metrics_listen) {
         PCS_CHECK_GOTO(pcs_http_start(cfg->metrics_listen, &s->http), st, fail);
@@ -1229,6 +1246,7 @@ void pcs_server_destroy(pcs_server_t *s)
     pcs_http_stop(s->http);
     pcs_coord_destroy(s->coord);
     pcs_store_close(s->store);
+    pcs_auth_free(s->auth);
     free(s->hw);
     free(s);
 }

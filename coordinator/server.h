@@ -29,6 +29,7 @@ typedef struct pcs_server_config {
     const char *metrics_port_file; /* written with the bound metrics port (may be NULL) */
     const pcs_config_t *config;    /* borrowed, for GetStatus "# Config" (may be NULL) */
     const pcs_rpc_tls_t *tls;      /* NULL: plaintext; borrowed for pcs_server_create only */
+    const char *token_file;        /* `role token` lines; NULL or "": no token checks */
 } pcs_server_config_t;
 
 typedef struct pcs_server pcs_server_t;

@@ -154,6 +154,10 @@ typedef struct pcs_rpc_server_config {
     int tick_ms;              /* tick() runs at least this often (0 = 100 ms) */
     void (*tick)(void *user, uint64_t now_ms);
     const pcs_rpc_tls_t *tls; /* NULL: insecure (plaintext HTTP/2) */
+    /* Optional: runs after the request decoded and before the handler. A non-OK status ends the
+     * call with its gRPC code and pcs_last_error() as the message (UNAUTHENTICATED,
+     * PERMISSION_DENIED); the handler does not run. */
+    pcs_status_t (*authorize)(void *user, const pcs_rpc_method_t *m, const pcs_rpc_call_t *call);
 } pcs_rpc_server_config_t;
 
 /* Bind and start listening (the port is bound when this returns). Requests larger than

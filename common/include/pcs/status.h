@@ -25,6 +25,8 @@ typedef enum pcs_status {
     PCS_ERR_NCCL,          /* INTERNAL */
     PCS_ERR_INTERNAL,      /* INTERNAL: a bug in pcs */
     PCS_ERR_UNSUPPORTED,   /* UNIMPLEMENTED: e.g. the cuda backend was not built */
+    PCS_ERR_UNAUTHENTICATED, /* UNAUTHENTICATED: no or unknown credentials */
+    PCS_ERR_PERMISSION,    /* PERMISSION_DENIED: known caller, role may not do this */
     PCS_STATUS_COUNT
 } pcs_status_t;
 

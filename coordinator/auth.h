@@ -1,0 +1,38 @@
+/* Bearer tokens by role (DESIGN.md §10): a token file of `role token` lines maps each token to a
+ * role; each RPC needs a role. Pure C (no gRPC): server.c reads the `authorization` metadata and
+ * asks pcs_auth_check. */
+#ifndef PCS_AUTH_H
+#define PCS_AUTH_H
+
+#include <stddef.h>
+
+#include "pcs/status.h"
+
+typedef enum pcs_role {
+    PCS_ROLE_NONE = 0,
+    PCS_ROLE_VIEWER = 1u << 0,    /* Get/List/Status/GetPlan/DryRunPlan */
+    PCS_ROLE_SUBMITTER = 1u << 1, /* + SubmitJob, CancelJob */
+    PCS_ROLE_WORKER = 1u << 2,    /* + WorkerService */
+    PCS_ROLE_ADMIN = 0x7,         /* everything */
+} pcs_role_t;
+
+typedef struct pcs_auth pcs_auth_t;
+
+/* Load a token file: `role token` per line (roles: viewer, submitter, worker, admin), `#`
+ * comments, blank lines. Errors name the file and line (INVALID_ARG). Caller frees. */
+pcs_status_t pcs_auth_load(const char *path, pcs_auth_t **out);
+/* The same from text (tests); `name` is used in error messages. */
+pcs_status_t pcs_auth_parse(const char *text, const char *name, pcs_auth_t **out);
+void pcs_auth_free(pcs_auth_t *a);
+size_t pcs_auth_count(const pcs_auth_t *a);
+
+/* The role a method needs: NONE for the health service (probes carry no token). */
+pcs_role_t pcs_auth_method_role(const char *method_path);
+
+/* Check an `authorization` metadata value ("Bearer <token>", NULL if absent) for `method`.
+ * PCS_OK, PCS_ERR_UNAUTHENTICATED (missing or unknown token) or PCS_ERR_PERMISSION (the token's
+ * role may not call the method); the reason is in pcs_last_error() and never echoes the token. */
+pcs_status_t pcs_auth_check(const pcs_auth_t *a, const char *method_path,
+                            const char *authorization);
+
+#endif
