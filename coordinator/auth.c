@@ -88,8 +88,8 @@ pcs_status_t pcs_auth_parse(const char *text, const char *name, pcs_auth_t **out
             break;
         }
         if (strlen(token) < 16) {
-            st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s:%d: token shorter than 16 characters",
-                               name, lineno);
+            st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s:%d: token shorter than 16 characters", name,
+                               lineno);
             break;
         }
         for (size_t i = 0; i < a->n; i++)
@@ -187,8 +187,7 @@ pcs_status_t pcs_auth_check(const pcs_auth_t *a, const char *method, const char 
         return PCS_OK;
     if (!authorization || !*authorization)
         return pcs_set_error(PCS_ERR_UNAUTHENTICATED,
-                             "%s needs a bearer token (authorization metadata; PCS_TOKEN)",
-                             method);
+                             "%s needs a bearer token (authorization metadata; PCS_TOKEN)", method);
     if (strncmp(authorization, "Bearer ", 7) != 0)
         return pcs_set_error(PCS_ERR_UNAUTHENTICATED,
                              "authorization metadata must be 'Bearer <token>'");

@@ -82,8 +82,7 @@ static void test_each_role_reaches_exactly_its_rpcs(void **state)
     fx_t *f = *state;
     char job[1100];
     char src[1024];
-    snprintf(job, sizeof job, "submit %s",
-             pcs_test_src("examples/tiny-job.yaml", src, sizeof src));
+    snprintf(job, sizeof job, "submit %s", pcs_test_src("examples/tiny-job.yaml", src, sizeof src));
     expect(f, NULL, "health", 0, "SERVING");
     expect(f, NULL, "jobs", 1, "UNAUTHENTICATED");
     expect(f, "not-a-known-token-at-all", "jobs", 1, "UNAUTHENTICATED: unknown bearer token");

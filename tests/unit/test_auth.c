@@ -75,7 +75,7 @@ static void test_each_role_may_call_exactly_its_methods(void **state)
         {"Bearer wrk-0123456789abcdef", PCS_M_CANCEL_JOB, PCS_ERR_PERMISSION},
         {"Bearer adm-0123456789abcdef", PCS_M_CANCEL_JOB, PCS_OK},
         {"Bearer adm-0123456789abcdef", PCS_M_REPORT_STEP, PCS_OK},
-        {"Bearer adm-0123456789abcde", PCS_M_LIST_JOBS, PCS_ERR_UNAUTHENTICATED},  /* prefix */
+        {"Bearer adm-0123456789abcde", PCS_M_LIST_JOBS, PCS_ERR_UNAUTHENTICATED},   /* prefix */
         {"Bearer adm-0123456789abcdefX", PCS_M_LIST_JOBS, PCS_ERR_UNAUTHENTICATED}, /* longer */
         {"adm-0123456789abcdef", PCS_M_LIST_JOBS, PCS_ERR_UNAUTHENTICATED},         /* no scheme */
         {NULL, PCS_M_LIST_JOBS, PCS_ERR_UNAUTHENTICATED},
