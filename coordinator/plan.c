@@ -11,7 +11,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "model.h"
+#include "model_tree.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
 

@@ -332,7 +332,7 @@ static pcs_status_t tree_add(vctx_t *v, const char *path)
     }
 }
 
-/* The module paths wrap and precision may name: the MLP scheme of coordinator/model.h, or the
+/* The module paths wrap and precision may name: the MLP scheme of coordinator/model_tree.h, or the
  * explicit modules with their implicit ancestors. Called on a valid model. */
 static pcs_status_t build_tree(vctx_t *v, const Pcs__V1__ModelSpec *m)
 {

@@ -5,7 +5,7 @@
  * runtime can all-gather a unit in its pre-forward hook, reshard after, and reduce-scatter in its
  * post-backward hook; the single-process reference binds everything once and passes no hooks.
  *
- * Module tree and FQNs (planner's scheme, coordinator/model.c): "" MLP; "layers" ModuleList;
+ * Module tree and FQNs (planner's scheme, coordinator/model_tree.c): "" MLP; "layers" ModuleList;
  * "layers.{i}" MLPBlock = "layers.{i}.linear" Linear [+ "layers.{i}.norm" LayerNorm|BatchNorm1d]
  * + "layers.{i}.act" ReLU|GELU (+ input if residual and in == out); "head" Linear.
  * Numerics, mixed precision and memory: see model.c's header. Not thread-safe per model. */

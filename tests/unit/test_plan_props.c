@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
+#include "model_tree.h"
 #include "pcs/pbtext.h"
 #include "plan.h"
 

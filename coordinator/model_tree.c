@@ -1,7 +1,7 @@
 /* Module-tree expansion (model.h): the built-in mlp into its fixed FQN scheme, explicit module
  * lists into a preorder tree with synthesized ancestors and resolved shared parameters. Also the
  * small error list the planner shares, so one submit reports every problem at once. */
-#include "model.h"
+#include "model_tree.h"
 
 #include <stdarg.h>
 #include <stdio.h>
