@@ -184,6 +184,56 @@ static void test_demo_ends_when_its_coordinator_dies(void **state)
     free(dir);
 }
 
+/* Ctrl-C on the demo stops everything it started: pcsctl ends within seconds and neither its
+ * coordinator nor any of its workers is left running. */
+static void test_demo_ctrl_c_stops_coordinator_and_workers(void **state)
+{
+    (void)state;
+    char *dir = pcs_test_tmpdir("demo-int");
+    char run[1100], log[1100];
+    snprintf(run, sizeof run, "%s/run", dir);
+    snprintf(log, sizeof log, "%s/pcsctl.log", dir);
+    const char *argv[] = {pcs_test_bin("pcsctl"), "demo",  "--workers", "2", "--steps", "100000",
+                          "--no-reference",       "--dir", run,         NULL};
+    pid_t pid = pcs_test_spawn((char *const *)argv, log);
+    assert_true(pid > 0);
+    int coord = -1;
+    char addr[64] = "";
+    for (int waited = 0; waited < 20000 && coord < 0; waited += 50) {
+        char *txt = pcs_test_read_file(log, NULL);
+        const char *a = txt ? strstr(txt, "coordinator 127.0.0.1:") : NULL;
+        const char *p = txt ? strstr(txt, "(pid ") : NULL;
+        if (a && p && strstr(txt, "step ")) {
+            sscanf(a + strlen("coordinator "), "%63s", addr);
+            coord = atoi(p + 5);
+        }
+        free(txt);
+        if (coord < 0)
+            pcs_test_sleep_ms(50);
+    }
+    assert_true(coord > 0);
+    assert_true(addr[0]);
+    assert_int_equal(kill(pid, SIGINT), 0);
+    int ws = pcs_test_wait(pid, 20000);
+    if (ws == -1) {
+        kill(pid, SIGKILL);
+        pcs_test_wait(pid, 5000);
+    }
+    assert_true(ws != -1);
+    /* the coordinator (the demo's child, reaped by it) and every worker pointed at it are gone */
+    assert_true(kill(coord, 0) == -1);
+    /* "127[.]0.0.1": the pattern must not match the shell that runs pgrep */
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "pgrep -f -- '--coordinator 127[.]%s' | wc -l", addr + 4);
+    int status = -1;
+    char *n = pcs_test_run(cmd, &status);
+    assert_non_null(n);
+    assert_int_equal(atoi(n), 0);
+    free(n);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -191,6 +241,7 @@ int main(void)
         cmocka_unit_test(test_export_of_a_non_checkpoint_fails_with_a_clear_error),
         cmocka_unit_test(test_export_by_job_id_reads_the_jobs_checkpoint),
         cmocka_unit_test(test_demo_ends_when_its_coordinator_dies),
+        cmocka_unit_test(test_demo_ctrl_c_stops_coordinator_and_workers),
     };
     return cmocka_run_group_tests_name("e2e_cli", tests, NULL, NULL);
 }
