@@ -1099,6 +1099,14 @@ pcs_status_t pcs_coord_kv_get(pcs_coord_t *c, const char *job_id, uint64_t gener
     }
     if (wait_ms == 0 || !waiter)
         return PCS_OK;
+    /* Rendezvous parks a few gets per rank at a time; a client that parks without bound would
+     * hold coordinator memory until the job ends. */
+    size_t limit = (size_t)PCS_COORD_KV_WAITERS_PER_RANK * j->world_size + 1024;
+    if (j->n_waiters >= limit)
+        return pcs_set_error(PCS_ERR_LIMIT,
+                             "KvGet: job %s already has %zu parked gets (limit %zu = %u per rank "
+                             "+ 1024): retry later",
+                             j->id, j->n_waiters, limit, PCS_COORD_KV_WAITERS_PER_RANK);
     PCS_CHECK(
         pcs_grow((void **)&j->waiters, &j->cap_waiters, j->n_waiters + 1, sizeof *j->waiters));
     kv_waiter_t *wt = &j->waiters[j->n_waiters];

@@ -256,6 +256,9 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
 // ---- rendezvous KV ----
 pcs_status_t pcs_coord_kv_set(pcs_coord_t *c, const char *job_id, uint64_t generation,
                               const char *key, const void *value, size_t len);
+/* Parked KvGets a job may hold: this many per rank, plus 1024 (RESOURCE_EXHAUSTED above). */
+#define PCS_COORD_KV_WAITERS_PER_RANK 64
+
 /* *found = 1 with value and len borrowed (valid until the next KV call), 0 not found, or -1 parked
  * (wait_ms > 0 and `waiter` != NULL): on_kv_wake(waiter, ...) runs later from kv_set or tick. */
 pcs_status_t pcs_coord_kv_get(pcs_coord_t *c, const char *job_id, uint64_t generation,

@@ -836,6 +836,43 @@ static void test_kv_parked_get_is_woken_by_set_or_expires_in_tick(void **state)
     assert_int_equal(f->n_wakes, 2); /* t3 was cancelled */
 }
 
+static void test_kv_parked_gets_are_capped_per_job(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 2);
+    pcs_coord_job_t *j = submit_shard(f, 2, NULL);
+    size_t limit = (size_t)PCS_COORD_KV_WAITERS_PER_RANK * 2 + 1024;
+    char *tokens = calloc(limit + 1, 1);
+    assert_non_null(tokens);
+    int found;
+    const void *v;
+    size_t len;
+    char key[32];
+    for (size_t i = 0; i < limit; i++) {
+        snprintf(key, sizeof key, "k%zu", i);
+        assert_int_equal(pcs_coord_kv_get(f->c, j->id, 1, key, 1000, &tokens[i], &found, &v, &len),
+                         PCS_OK);
+        assert_int_equal(found, -1);
+    }
+    assert_int_equal(
+        pcs_coord_kv_get(f->c, j->id, 1, "one-more", 1000, &tokens[limit], &found, &v, &len),
+        PCS_ERR_LIMIT);
+    assert_non_null(strstr(pcs_last_error(), "parked gets"));
+    /* a key that exists is still answered at once, and a non-waiting get is never refused */
+    assert_int_equal(pcs_coord_kv_set(f->c, j->id, 1, "k0", "x", 1), PCS_OK);
+    assert_int_equal(pcs_coord_kv_get(f->c, j->id, 1, "absent", 0, NULL, &found, &v, &len),
+                     PCS_OK);
+    assert_int_equal(found, 0);
+    /* the woken get freed a slot */
+    assert_int_equal(
+        pcs_coord_kv_get(f->c, j->id, 1, "one-more", 1000, &tokens[limit], &found, &v, &len),
+        PCS_OK);
+    assert_int_equal(found, -1);
+    for (size_t i = 1; i <= limit; i++)
+        pcs_coord_kv_cancel(f->c, &tokens[i]);
+    free(tokens);
+}
+
 static void test_kv_parked_get_fails_when_job_ends(void **state)
 {
     fixture_t *f = *state;
@@ -1012,6 +1049,7 @@ int main(void)
         T(test_kv_limits_on_key_value_and_job_total),
         T(test_kv_stale_generation_or_finished_job_is_failed_precondition),
         T(test_kv_parked_get_is_woken_by_set_or_expires_in_tick),
+        T(test_kv_parked_gets_are_capped_per_job),
         T(test_kv_parked_get_fails_when_job_ends),
         T(test_restore_keeps_ids_and_new_ids_continue_after_them),
         T(test_restore_refuses_absurd_ids),
