@@ -860,8 +860,7 @@ static void test_kv_parked_gets_are_capped_per_job(void **state)
     assert_non_null(strstr(pcs_last_error(), "parked gets"));
     /* a key that exists is still answered at once, and a non-waiting get is never refused */
     assert_int_equal(pcs_coord_kv_set(f->c, j->id, 1, "k0", "x", 1), PCS_OK);
-    assert_int_equal(pcs_coord_kv_get(f->c, j->id, 1, "absent", 0, NULL, &found, &v, &len),
-                     PCS_OK);
+    assert_int_equal(pcs_coord_kv_get(f->c, j->id, 1, "absent", 0, NULL, &found, &v, &len), PCS_OK);
     assert_int_equal(found, 0);
     /* the woken get freed a slot */
     assert_int_equal(
