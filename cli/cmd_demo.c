@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -76,11 +77,17 @@ static void sleep_ms(int ms)
 static pid_t spawn(char *const argv[], const char *log)
 {
     fflush(NULL);
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid == 0) {
         /* Own process group: the terminal's Ctrl-C reaches only pcsctl, which stops the children
          * in order (workers first, then the coordinator). */
         setpgid(0, 0);
+        /* If pcsctl itself dies (SIGKILL, a closed pipe), the children get SIGTERM instead of
+         * living on; the getppid() check covers a parent that died before prctl. */
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent)
+            _exit(1);
         FILE *f = freopen(log, "a", stdout);
         if (f)
             dup2(fileno(stdout), 2);

@@ -234,6 +234,62 @@ static void test_demo_ctrl_c_stops_coordinator_and_workers(void **state)
     free(dir);
 }
 
+/* pcsctl demo killed outright (SIGKILL, or SIGPIPE from `pcsctl demo | head`) cannot clean up
+ * itself: its coordinator and workers must still go away on their own. */
+static void test_demo_killed_leaves_no_children(void **state)
+{
+    (void)state;
+    char *dir = pcs_test_tmpdir("demo-kill");
+    char run[1100], log[1100];
+    snprintf(run, sizeof run, "%s/run", dir);
+    snprintf(log, sizeof log, "%s/pcsctl.log", dir);
+    const char *argv[] = {pcs_test_bin("pcsctl"), "demo",  "--workers", "2", "--steps", "100000",
+                          "--no-reference",       "--dir", run,         NULL};
+    pid_t pid = pcs_test_spawn((char *const *)argv, log);
+    assert_true(pid > 0);
+    char addr[64] = "";
+    int coord = -1;
+    for (int waited = 0; waited < 20000 && !addr[0]; waited += 50) {
+        char *txt = pcs_test_read_file(log, NULL);
+        const char *a = txt ? strstr(txt, "coordinator 127.0.0.1:") : NULL;
+        const char *p = txt ? strstr(txt, "(pid ") : NULL;
+        if (a && p && strstr(txt, "step ")) {
+            sscanf(a + strlen("coordinator "), "%63s", addr);
+            coord = atoi(p + 5);
+        }
+        free(txt);
+        if (!addr[0])
+            pcs_test_sleep_ms(50);
+    }
+    assert_true(addr[0]);
+    assert_true(coord > 0);
+    char cmd[256];
+    /* "127[.]0.0.1": the pattern must not match the shell that runs pgrep */
+    snprintf(cmd, sizeof cmd, "pgrep -f -- '127[.]%s' | wc -l", addr + 4);
+    int status = -1;
+    char *n = pcs_test_run(cmd, &status);
+    assert_true(n && atoi(n) == 2); /* the two workers point at the coordinator's address */
+    free(n);
+    assert_int_equal(kill(pid, SIGKILL), 0);
+    pcs_test_wait(pid, 5000);
+    int left = -1;
+    for (int waited = 0; waited < 10000 && left != 0; waited += 100) {
+        n = pcs_test_run(cmd, &status);
+        left = (n ? atoi(n) : 1) + (kill(coord, 0) == 0);
+        free(n);
+        if (left != 0)
+            pcs_test_sleep_ms(100);
+    }
+    if (left != 0) { /* do not leave them running for the rest of the suite */
+        snprintf(cmd, sizeof cmd, "pkill -KILL -f -- '127[.]%s'", addr + 4);
+        free(pcs_test_run(cmd, &status));
+        kill(coord, SIGKILL);
+    }
+    assert_int_equal(left, 0); /* neither worker nor the coordinator outlived pcsctl */
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -242,6 +298,7 @@ int main(void)
         cmocka_unit_test(test_export_by_job_id_reads_the_jobs_checkpoint),
         cmocka_unit_test(test_demo_ends_when_its_coordinator_dies),
         cmocka_unit_test(test_demo_ctrl_c_stops_coordinator_and_workers),
+        cmocka_unit_test(test_demo_killed_leaves_no_children),
     };
     return cmocka_run_group_tests_name("e2e_cli", tests, NULL, NULL);
 }
