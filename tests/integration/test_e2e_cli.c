@@ -142,46 +142,86 @@ static void test_export_by_job_id_reads_the_jobs_checkpoint(void **state)
     e2e_stop(&c);
 }
 
+/* A long demo (2 workers, no reference run) started in the background, once its table has begun:
+ * pcsctl's pid, the coordinator's pid and address from "pcs demo: coordinator 127.0.0.1:P (pid
+ * N), ...", and the pgrep command that counts the workers pointed at that address. */
+typedef struct demo_run {
+    char *dir;
+    char log[1100];
+    pid_t pid;
+    int coord;
+    char addr[64];
+    char pgrep[256];
+} demo_run_t;
+
+static void demo_start(demo_run_t *d, const char *tag)
+{
+    memset(d, 0, sizeof *d);
+    d->coord = -1;
+    d->dir = pcs_test_tmpdir(tag);
+    char run[1100];
+    snprintf(run, sizeof run, "%s/run", d->dir);
+    snprintf(d->log, sizeof d->log, "%s/pcsctl.log", d->dir);
+    const char *argv[] = {pcs_test_bin("pcsctl"), "demo",  "--workers", "2", "--steps", "100000",
+                          "--no-reference",       "--dir", run,         NULL};
+    d->pid = pcs_test_spawn((char *const *)argv, d->log);
+    assert_true(d->pid > 0);
+    for (int waited = 0; waited < 20000 && d->coord < 0; waited += 50) {
+        char *txt = pcs_test_read_file(d->log, NULL);
+        const char *a = txt ? strstr(txt, "coordinator 127.0.0.1:") : NULL;
+        const char *p = txt ? strstr(txt, "(pid ") : NULL;
+        if (a && p && strstr(txt, "step ")) {
+            sscanf(a + strlen("coordinator "), "%63s", d->addr);
+            d->coord = atoi(p + 5);
+        }
+        free(txt);
+        if (d->coord < 0)
+            pcs_test_sleep_ms(50);
+    }
+    assert_true(d->coord > 0);
+    assert_true(d->addr[0]);
+    /* "127[.]0.0.1": the pattern must not match the shell that runs pgrep */
+    snprintf(d->pgrep, sizeof d->pgrep, "pgrep -f -- '--coordinator 127[.]%s' | wc -l",
+             d->addr + 4);
+}
+
+/* Workers still pointed at the demo's coordinator. */
+static int demo_workers_left(const demo_run_t *d)
+{
+    int status = -1;
+    char *n = pcs_test_run(d->pgrep, &status);
+    int left = n ? atoi(n) : -1;
+    free(n);
+    return left;
+}
+
+static void demo_finish(demo_run_t *d)
+{
+    pcs_test_rmtree(d->dir);
+    free(d->dir);
+}
+
 /* A coordinator that dies while the demo runs must end the demo with an error naming it, not leave
  * it polling a job state nobody can answer. */
 static void test_demo_ends_when_its_coordinator_dies(void **state)
 {
     (void)state;
-    char *dir = pcs_test_tmpdir("demo-dead");
-    char run[1100], log[1100];
-    snprintf(run, sizeof run, "%s/run", dir);
-    snprintf(log, sizeof log, "%s/pcsctl.log", dir);
-    const char *argv[] = {pcs_test_bin("pcsctl"), "demo",  "--workers", "2", "--steps", "100000",
-                          "--no-reference",       "--dir", run,         NULL};
-    pid_t pid = pcs_test_spawn((char *const *)argv, log);
-    assert_true(pid > 0);
-    /* "pcs demo: coordinator 127.0.0.1:P (pid N), ..." */
-    int coord = -1;
-    for (int waited = 0; waited < 20000 && coord < 0; waited += 50) {
-        char *txt = pcs_test_read_file(log, NULL);
-        const char *p = txt ? strstr(txt, "(pid ") : NULL;
-        if (p && strstr(txt, "step "))
-            coord = atoi(p + 5);
-        free(txt);
-        if (coord < 0)
-            pcs_test_sleep_ms(50);
-    }
-    assert_true(coord > 0);
-    assert_int_equal(kill(coord, SIGKILL), 0);
-    int ws = pcs_test_wait(pid, 20000);
+    demo_run_t d;
+    demo_start(&d, "demo-dead");
+    assert_int_equal(kill(d.coord, SIGKILL), 0);
+    int ws = pcs_test_wait(d.pid, 20000);
     if (ws == -1) { /* still polling: stop it (it stops its workers) before failing */
-        kill(pid, SIGTERM);
-        pcs_test_wait(pid, 20000);
+        kill(d.pid, SIGTERM);
+        pcs_test_wait(d.pid, 20000);
     }
-    char *txt = pcs_test_read_file(log, NULL);
+    char *txt = pcs_test_read_file(d.log, NULL);
     fprintf(stderr, "%s", txt ? txt : "");
     assert_true(ws != -1);
     assert_true(WIFEXITED(ws) && WEXITSTATUS(ws) != 0);
     assert_non_null(txt);
     assert_non_null(strstr(txt, "the coordinator exited before job"));
     free(txt);
-    pcs_test_rmtree(dir);
-    free(dir);
+    demo_finish(&d);
 }
 
 /* Ctrl-C on the demo stops everything it started: pcsctl ends within seconds and neither its
@@ -189,49 +229,19 @@ static void test_demo_ends_when_its_coordinator_dies(void **state)
 static void test_demo_ctrl_c_stops_coordinator_and_workers(void **state)
 {
     (void)state;
-    char *dir = pcs_test_tmpdir("demo-int");
-    char run[1100], log[1100];
-    snprintf(run, sizeof run, "%s/run", dir);
-    snprintf(log, sizeof log, "%s/pcsctl.log", dir);
-    const char *argv[] = {pcs_test_bin("pcsctl"), "demo",  "--workers", "2", "--steps", "100000",
-                          "--no-reference",       "--dir", run,         NULL};
-    pid_t pid = pcs_test_spawn((char *const *)argv, log);
-    assert_true(pid > 0);
-    int coord = -1;
-    char addr[64] = "";
-    for (int waited = 0; waited < 20000 && coord < 0; waited += 50) {
-        char *txt = pcs_test_read_file(log, NULL);
-        const char *a = txt ? strstr(txt, "coordinator 127.0.0.1:") : NULL;
-        const char *p = txt ? strstr(txt, "(pid ") : NULL;
-        if (a && p && strstr(txt, "step ")) {
-            sscanf(a + strlen("coordinator "), "%63s", addr);
-            coord = atoi(p + 5);
-        }
-        free(txt);
-        if (coord < 0)
-            pcs_test_sleep_ms(50);
-    }
-    assert_true(coord > 0);
-    assert_true(addr[0]);
-    assert_int_equal(kill(pid, SIGINT), 0);
-    int ws = pcs_test_wait(pid, 20000);
+    demo_run_t d;
+    demo_start(&d, "demo-int");
+    assert_int_equal(kill(d.pid, SIGINT), 0);
+    int ws = pcs_test_wait(d.pid, 20000);
     if (ws == -1) {
-        kill(pid, SIGKILL);
-        pcs_test_wait(pid, 5000);
+        kill(d.pid, SIGKILL);
+        pcs_test_wait(d.pid, 5000);
     }
     assert_true(ws != -1);
     /* the coordinator (the demo's child, reaped by it) and every worker pointed at it are gone */
-    assert_true(kill(coord, 0) == -1);
-    /* "127[.]0.0.1": the pattern must not match the shell that runs pgrep */
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "pgrep -f -- '--coordinator 127[.]%s' | wc -l", addr + 4);
-    int status = -1;
-    char *n = pcs_test_run(cmd, &status);
-    assert_non_null(n);
-    assert_int_equal(atoi(n), 0);
-    free(n);
-    pcs_test_rmtree(dir);
-    free(dir);
+    assert_true(kill(d.coord, 0) == -1);
+    assert_int_equal(demo_workers_left(&d), 0);
+    demo_finish(&d);
 }
 
 /* pcsctl demo killed outright (SIGKILL, or SIGPIPE from `pcsctl demo | head`) cannot clean up
@@ -239,55 +249,26 @@ static void test_demo_ctrl_c_stops_coordinator_and_workers(void **state)
 static void test_demo_killed_leaves_no_children(void **state)
 {
     (void)state;
-    char *dir = pcs_test_tmpdir("demo-kill");
-    char run[1100], log[1100];
-    snprintf(run, sizeof run, "%s/run", dir);
-    snprintf(log, sizeof log, "%s/pcsctl.log", dir);
-    const char *argv[] = {pcs_test_bin("pcsctl"), "demo",  "--workers", "2", "--steps", "100000",
-                          "--no-reference",       "--dir", run,         NULL};
-    pid_t pid = pcs_test_spawn((char *const *)argv, log);
-    assert_true(pid > 0);
-    char addr[64] = "";
-    int coord = -1;
-    for (int waited = 0; waited < 20000 && !addr[0]; waited += 50) {
-        char *txt = pcs_test_read_file(log, NULL);
-        const char *a = txt ? strstr(txt, "coordinator 127.0.0.1:") : NULL;
-        const char *p = txt ? strstr(txt, "(pid ") : NULL;
-        if (a && p && strstr(txt, "step ")) {
-            sscanf(a + strlen("coordinator "), "%63s", addr);
-            coord = atoi(p + 5);
-        }
-        free(txt);
-        if (!addr[0])
-            pcs_test_sleep_ms(50);
-    }
-    assert_true(addr[0]);
-    assert_true(coord > 0);
-    char cmd[256];
-    /* "127[.]0.0.1": the pattern must not match the shell that runs pgrep */
-    snprintf(cmd, sizeof cmd, "pgrep -f -- '127[.]%s' | wc -l", addr + 4);
-    int status = -1;
-    char *n = pcs_test_run(cmd, &status);
-    assert_true(n && atoi(n) == 2); /* the two workers point at the coordinator's address */
-    free(n);
-    assert_int_equal(kill(pid, SIGKILL), 0);
-    pcs_test_wait(pid, 5000);
+    demo_run_t d;
+    demo_start(&d, "demo-kill");
+    assert_int_equal(demo_workers_left(&d), 2);
+    assert_int_equal(kill(d.pid, SIGKILL), 0);
+    pcs_test_wait(d.pid, 5000);
     int left = -1;
     for (int waited = 0; waited < 10000 && left != 0; waited += 100) {
-        n = pcs_test_run(cmd, &status);
-        left = (n ? atoi(n) : 1) + (kill(coord, 0) == 0);
-        free(n);
+        left = demo_workers_left(&d) + (kill(d.coord, 0) == 0);
         if (left != 0)
             pcs_test_sleep_ms(100);
     }
     if (left != 0) { /* do not leave them running for the rest of the suite */
-        snprintf(cmd, sizeof cmd, "pkill -KILL -f -- '127[.]%s'", addr + 4);
+        char cmd[512];
+        int status;
+        snprintf(cmd, sizeof cmd, "pkill -KILL -f -- '--coordinator 127[.]%s'", d.addr + 4);
         free(pcs_test_run(cmd, &status));
-        kill(coord, SIGKILL);
+        kill(d.coord, SIGKILL);
     }
     assert_int_equal(left, 0); /* neither worker nor the coordinator outlived pcsctl */
-    pcs_test_rmtree(dir);
-    free(dir);
+    demo_finish(&d);
 }
 
 int main(void)
