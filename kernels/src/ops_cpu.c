@@ -2,8 +2,10 @@
  * plain loop over pcs/half.h and pcs/kernel_math.h. This is the reference twin the CUDA backend
  * is tested against; ops complete before they return, so sync() is a no-op. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels_internal.h"
 #include "pcs/log.h"
@@ -373,6 +375,32 @@ static pcs_status_t cpu_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad,
     return PCS_OK;
 }
 
+static int cpu_device_count(void)
+{
+    return 1;
+}
+
+static pcs_status_t cpu_set_device(int ordinal)
+{
+    if (ordinal != 0)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "set_device: cpu backend has only device 0, not %d",
+                             ordinal);
+    return PCS_OK;
+}
+
+/* The host: its name from /proc/cpuinfo is not worth a parse; memory from sysconf. */
+static pcs_status_t cpu_device_info(int ordinal, char *name, size_t cap, uint64_t *memory_bytes)
+{
+    PCS_CHECK(cpu_set_device(ordinal));
+    if (name != NULL && cap > 0)
+        snprintf(name, cap, "host");
+    if (memory_bytes != NULL) {
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        *memory_bytes = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+    }
+    return PCS_OK;
+}
+
 static const pcs_backend_ops_t cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -396,6 +424,9 @@ static const pcs_backend_ops_t cpu_ops = {
     .sum_squares = cpu_sum_squares,
     .adamw_update = cpu_adamw,
     .sgd_update = cpu_sgd,
+    .device_count = cpu_device_count,
+    .set_device = cpu_set_device,
+    .device_info = cpu_device_info,
 };
 
 const pcs_backend_ops_t *pcs_backend_cpu(void)

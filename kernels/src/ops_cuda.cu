@@ -5,6 +5,7 @@
  * tensors cost one launch; each batch is a 2-D grid: blockIdx.y = tensor, x = grid-stride. */
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "cuda_check.h"
@@ -863,12 +864,42 @@ pcs_status_t cu_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad, const p
     });
 }
 
+int cu_device_count(void)
+{
+    return dev_info().count;
+}
+
+pcs_status_t cu_set_device(int ordinal)
+{
+    int n = dev_info().count;
+    if (ordinal < 0 || ordinal >= n)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "set_device: device %d out of range (%d visible)",
+                             ordinal, n);
+    PCS_CUDA_CHECK(cudaSetDevice(ordinal));
+    return PCS_OK;
+}
+
+pcs_status_t cu_device_info(int ordinal, char *name, size_t cap, uint64_t *memory_bytes)
+{
+    int n = dev_info().count;
+    if (ordinal < 0 || ordinal >= n)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "device_info: device %d out of range (%d visible)",
+                             ordinal, n);
+    cudaDeviceProp p;
+    PCS_CUDA_CHECK(cudaGetDeviceProperties(&p, ordinal));
+    if (name != NULL && cap > 0)
+        snprintf(name, cap, "%s", p.name);
+    if (memory_bytes != NULL)
+        *memory_bytes = (uint64_t)p.totalGlobalMem;
+    return PCS_OK;
+}
+
 const pcs_backend_ops_t cuda_ops = {
     "cuda",          cu_alloc,         cu_free,          cu_host_alloc,        cu_host_free,
     cu_copy,         cu_fill,          cu_stream_create, cu_stream_destroy,    cu_sync,
     cu_event_create, cu_event_destroy, cu_event_record,  cu_stream_wait_event, cu_event_sync,
     cu_cast,         cu_scale,         cu_accumulate,    cu_nonfinite,         cu_sum_squares,
-    cu_adamw,        cu_sgd,
+    cu_adamw,        cu_sgd,           cu_device_count,  cu_set_device,        cu_device_info,
 };
 
 } // namespace

@@ -60,6 +60,22 @@ static void test_cpu_backend_is_always_available_and_named_cpu(void **state)
     assert_true(pcs_backend_built("cpu"));
 }
 
+static void test_cpu_backend_has_exactly_device_zero(void **state)
+{
+    const pcs_backend_ops_t *be = NULL;
+    assert_int_equal(pcs_backend_get("cpu", &be), PCS_OK);
+    assert_int_equal(be->device_count(), 1);
+    assert_int_equal(be->set_device(0), PCS_OK);
+    assert_int_equal(be->set_device(1), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "only device 0"));
+    char name[32];
+    uint64_t mem = 0;
+    assert_int_equal(be->device_info(0, name, sizeof name, &mem), PCS_OK);
+    assert_string_equal(name, "host");
+    assert_true(mem > 0);
+    assert_int_equal(be->device_info(-1, name, sizeof name, &mem), PCS_ERR_INVALID_ARG);
+}
+
 static void test_unknown_backend_is_not_found_with_a_message(void **state)
 {
     const pcs_backend_ops_t *be = (const pcs_backend_ops_t *)1;
@@ -822,6 +838,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cpu_backend_is_always_available_and_named_cpu),
+        cmocka_unit_test(test_cpu_backend_has_exactly_device_zero),
         cmocka_unit_test(test_unknown_backend_is_not_found_with_a_message),
         cmocka_unit_test(test_cuda_backend_without_device_or_build_is_unsupported_not_a_crash),
         cmocka_unit_test(test_cast_special_values_match_ieee_and_the_reference),

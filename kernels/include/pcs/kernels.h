@@ -130,6 +130,16 @@ typedef struct pcs_backend_ops {
     pcs_status_t (*sgd_update)(const pcs_tensor_t *param, const pcs_tensor_t *grad,
                                const pcs_tensor_t *momentum_buf, size_t count,
                                const pcs_sgd_config_t *cfg, int first_step, pcs_stream_t s);
+
+    /* ---- devices ---- */
+    /* Devices this backend can use (cpu: 1). */
+    int (*device_count)(void);
+    /* Make `ordinal` the calling thread's current device (cudaSetDevice: CUDA's current device is
+     * per host thread, so every thread that allocates or launches must call it). cpu: only 0.
+     * Out of range -> PCS_ERR_INVALID_ARG naming the count. */
+    pcs_status_t (*set_device)(int ordinal);
+    /* Name and memory of device `ordinal` (name: NUL-terminated, truncated to cap). */
+    pcs_status_t (*device_info)(int ordinal, char *name, size_t cap, uint64_t *memory_bytes);
 } pcs_backend_ops_t;
 
 /* The backend called `name` ("cpu", "cuda"). PCS_ERR_UNSUPPORTED if it was not built or (cuda)
