@@ -690,6 +690,11 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
     const char *b = s->backend ? s->backend : "";
     if (*b && strcmp(b, "cpu") && strcmp(b, "cuda"))
         return bad(v, "backend: must be cpu or cuda, got '%s'", b);
+    const char *c = s->collectives ? s->collectives : "";
+    if (*c && strcmp(c, "auto") && strcmp(c, "nccl") && strcmp(c, "gloo"))
+        return bad(v, "collectives: must be auto, nccl or gloo, got '%s'", c);
+    if (!strcmp(c, "nccl") && strcmp(b, "cuda"))
+        return bad(v, "collectives: nccl needs backend: cuda (NCCL reduces device buffers)");
     return PCS_OK;
 }
 

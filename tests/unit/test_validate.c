@@ -43,6 +43,7 @@ static const struct {
     {"elastic", "elastic: {min_workers: 8, max_workers: 8, max_restarts: 2}"},
     {"pipeline", "pipeline: {schedule: 1f1b}"},
     {"backend", "backend: cpu"},
+    {"collectives", "collectives: gloo"},
 };
 #define N_BASE (sizeof base / sizeof base[0])
 
@@ -360,6 +361,10 @@ static const row_t rows[] = {
     {"pipeline", "pipeline: {schedule: gpipe, virtual_stages: 2}", NULL, NULL, NULL,
      "pipeline.virtual_stages: gpipe runs one stage per rank"},
     {"backend", "backend: tpu", NULL, NULL, NULL, "backend: must be cpu or cuda, got 'tpu'"},
+    {"collectives", "collectives: mpi", NULL, NULL, NULL,
+     "collectives: must be auto, nccl or gloo, got 'mpi'"},
+    {"collectives", "collectives: nccl", NULL, NULL, NULL,
+     "collectives: nccl needs backend: cuda (NCCL reduces device buffers)"},
 };
 #define N_ROWS (sizeof rows / sizeof rows[0])
 
@@ -403,6 +408,15 @@ static void test_base_spec_is_valid(void **state)
         fail_msg("base spec rejected: %s", err);
     assert_string_equal(err, "");
     free_job(j);
+    /* A cuda job may pick either transport (gloo stages through host memory). */
+    const char *colls[] = {"collectives: nccl", "collectives: gloo", "collectives: auto"};
+    for (size_t i = 0; i < 3; i++) {
+        row_t c = {"backend", "backend: cuda", "collectives", colls[i], NULL, NULL};
+        j = build(&c);
+        if (pcs_job_validate(j, err, sizeof err) != PCS_OK)
+            fail_msg("cuda job with %s rejected: %s", colls[i], err);
+        free_job(j);
+    }
     /* The explicit model of the table is valid too. */
     row_t r = {"model", EXPLICIT_MODEL, "wrap", "wrap: {explicit: [enc, head]}", NULL, NULL};
     j = build(&r);
