@@ -5,6 +5,7 @@
  * Not for output: pb_json.c renders messages. */
 #include "pcs/pbtext.h"
 #include "pcs/mem.h"
+#include "pcs/utf8.h"
 
 #include <errno.h>
 #include <float.h>
@@ -79,7 +80,7 @@ static const char *shown(const char *s, char *buf, size_t n)
     size_t len = strlen(s);
     if (len < 41)
         return s;
-    snprintf(buf, n, "%.37s...", s);
+    snprintf(buf, n, "%.*s...", pcs_utf8_prefix(s, 37), s); /* whole characters only */
     return buf;
 }
 

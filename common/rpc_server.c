@@ -17,6 +17,7 @@
 #include "pcs/clock.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
+#include "pcs/utf8.h"
 
 #define GENERIC_PATH "*" /* stats row of calls to unknown methods */
 /* Requests kept armed per method. One (re-armed before the handler runs) is what the loop needs:
@@ -345,6 +346,7 @@ pcs_status_t pcs_rpc_reply(pcs_rpc_call_t *c, const ProtobufCMessage *resp)
     if (st != PCS_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "server cannot encode the reply: %s", pcs_last_error());
+        pcs_utf8_trim_partial(msg);
         PCS_WARN(PCS_SUB_RPC, "%s", msg);
         end_with_status(c, (grpc_status_code)pcs_status_to_grpc(st), msg);
         return st;
@@ -364,6 +366,7 @@ void pcs_rpc_fail(pcs_rpc_call_t *c, pcs_status_t st, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    pcs_utf8_trim_partial(msg); /* a long message cut mid-character would not be UTF-8 */
     end_with_status(c, (grpc_status_code)pcs_status_to_grpc(st), msg);
 }
 
@@ -500,6 +503,15 @@ static void recv_done(pcs_rpc_tag_t *tag, bool ok)
         st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s: request without a message", m->path);
     else
         st = pcs_rpc_decode(m->req_desc, c->req_bb, s->max_message_bytes, &req);
+    if (st == PCS_OK) {
+        /* proto3 strings must be UTF-8; a handler that stored other bytes would echo them to
+         * every client, whose decoders refuse the whole reply */
+        st = pcs_pb_check_utf8(req);
+        if (st != PCS_OK) {
+            protobuf_c_message_free_unpacked(req, NULL);
+            req = NULL;
+        }
+    }
     if (c->req_bb) {
         grpc_byte_buffer_destroy(c->req_bb);
         c->req_bb = NULL;
@@ -517,6 +529,7 @@ static void recv_done(pcs_rpc_tag_t *tag, bool ok)
         if (st != PCS_OK) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", pcs_last_error());
+            pcs_utf8_trim_partial(msg);
             PCS_DEBUG(PCS_SUB_RPC, "%s from %s refused: %s", m->path, pcs_rpc_call_peer(c), msg);
             protobuf_c_message_free_unpacked(req, NULL);
             end_with_status(c, (grpc_status_code)pcs_status_to_grpc(st), msg);

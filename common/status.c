@@ -1,6 +1,7 @@
 /* Status strings, the fixed pcs_status_t -> gRPC code mapping, and the thread-local last error. */
 #include "pcs/status.h"
 #include "pcs/log.h"
+#include "pcs/utf8.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -56,7 +57,9 @@ void pcs_clear_error(void)
 
 pcs_status_t pcs_set_errorv(pcs_status_t s, const char *fmt, va_list ap)
 {
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    /* errors quote user text and reach clients as gRPC details: never end mid-character */
+    if (vsnprintf(last_error, sizeof last_error, fmt, ap) >= (int)sizeof last_error)
+        pcs_utf8_trim_partial(last_error);
     return s;
 }
 

@@ -12,6 +12,7 @@
 
 #include "pcs/log.h"
 #include "pcs/mem.h"
+#include "pcs/utf8.h"
 
 #define MAX_WORLD_SIZE (1u << 20)
 
@@ -385,8 +386,8 @@ pcs_status_t pcs_coord_lookup_worker(pcs_coord_t *c, const char *worker_id,
     if (parse_number(worker_id, "w-", &n) == PCS_OK)
         w = pcs_coord_worker_by_number(c, n);
     if (!w)
-        return pcs_set_error(PCS_ERR_NOT_FOUND, "worker %.64s: unknown worker id (register first)",
-                             worker_id);
+        return pcs_set_error(PCS_ERR_NOT_FOUND, "worker %.*s: unknown worker id (register first)",
+                             pcs_utf8_prefix(worker_id, 64), worker_id);
     *out = w;
     return PCS_OK;
 }
@@ -603,7 +604,8 @@ static void job_set_reason(pcs_coord_job_t *j, const char *fmt, ...)
     char buf[512];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    if (vsnprintf(buf, sizeof buf, fmt, ap) >= (int)sizeof buf)
+        pcs_utf8_trim_partial(buf); /* cut at a character, not inside one */
     va_end(ap);
     one_line_utf8(buf);
     char *s = NULL;
@@ -680,8 +682,8 @@ pcs_status_t pcs_coord_deregister(pcs_coord_t *c, const char *worker_id, const c
     if (w->state == PCS_WORKER_GONE)
         return PCS_OK; /* idempotent */
     char why[256];
-    snprintf(why, sizeof why, "deregistered%s%.200s", reason && *reason ? ": " : "",
-             reason ? reason : "");
+    snprintf(why, sizeof why, "deregistered%s%.*s", reason && *reason ? ": " : "",
+             pcs_utf8_prefix(reason, 200), reason ? reason : "");
     PCS_INFO(PCS_SUB_COORD, "worker %s %s", w->id, why);
     worker_left(c, w, PCS_WORKER_GONE, why);
     return PCS_OK;
@@ -786,7 +788,8 @@ pcs_status_t pcs_coord_lookup_job(pcs_coord_t *c, const char *job_id, pcs_coord_
     if (parse_number(job_id, "job-", &n) == PCS_OK)
         j = pcs_coord_job_by_number(c, n);
     if (!j)
-        return pcs_set_error(PCS_ERR_NOT_FOUND, "job %.64s: no such job", job_id);
+        return pcs_set_error(PCS_ERR_NOT_FOUND, "job %.*s: no such job",
+                             pcs_utf8_prefix(job_id, 64), job_id);
     *out = j;
     return PCS_OK;
 }
@@ -876,7 +879,8 @@ pcs_status_t pcs_coord_cancel(pcs_coord_t *c, const char *job_id, const char *re
     if (pcs_job_state_terminal(j->state))
         return pcs_set_error(PCS_ERR_STATE, "job %s is already %s", j->id,
                              pcs_job_state_name(j->state));
-    job_set_reason(j, "cancelled%s%.400s", reason && *reason ? ": " : "", reason ? reason : "");
+    job_set_reason(j, "cancelled%s%.*s", reason && *reason ? ": " : "",
+                   pcs_utf8_prefix(reason, 400), reason ? reason : "");
     job_finish(c, j, PCS_JOB_CANCELLED);
     return PCS_OK;
 }
@@ -941,8 +945,8 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
     p->reduce_scatter_bytes += r->reduce_scatter_bytes;
     p->all_reduce_bytes += r->all_reduce_bytes;
     if (r->error && *r->error) {
-        job_set_reason(j, "rank %" PRIu32 " (worker %s) failed at step %" PRIu64 ": %.300s",
-                       r->rank, w->id, r->step, r->error);
+        job_set_reason(j, "rank %" PRIu32 " (worker %s) failed at step %" PRIu64 ": %.*s",
+                       r->rank, w->id, r->step, pcs_utf8_prefix(r->error, 300), r->error);
         job_finish(c, j, PCS_JOB_FAILED);
         *directive = PCS_EV_STOP;
         snprintf(reason, reason_len, "%s", j->reason);

@@ -17,6 +17,7 @@
 #include "pcs/log.h"
 #include "pcs/mem.h"
 #include "pcs/rpc.h"
+#include "pcs/utf8.h"
 #include "pcs/v1/coordinator.pb-c.h"
 #include "pcs/v1/job.pb-c.h"
 #include "pcs/v1/plan.pb-c.h"
@@ -140,8 +141,10 @@ static pcs_status_t check_and_plan(const Pcs__V1__JobSpec *spec, uint32_t world_
         return pcs_set_error(PCS_ERR_INVALID_ARG, "spec: required");
     char err[512] = "";
     pcs_status_t st = pcs_job_validate(spec, err, sizeof err);
-    if (st != PCS_OK)
+    if (st != PCS_OK) {
+        pcs_utf8_trim_partial(err); /* the validator quotes user text into a fixed buffer */
         return pcs_set_error(st, "%s", *err ? err : pcs_last_error());
+    }
     PCS_CHECK(spec_world(spec, world));
     if (world_override)
         *world = world_override;
@@ -764,7 +767,8 @@ static void h_health_check(pcs_rpc_call_t *call, const ProtobufCMessage *m, void
     pcs_server_t *s = user;
     const Grpc__Health__V1__HealthCheckRequest *req = (const void *)m;
     if (!health_known(req->service))
-        return pcs_rpc_fail(call, PCS_ERR_NOT_FOUND, "unknown service %.200s", req->service);
+        return pcs_rpc_fail(call, PCS_ERR_NOT_FOUND, "unknown service %.*s",
+                            pcs_utf8_prefix(req->service, 200), req->service);
     Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
     resp.status = health_status(s, 1);
     pcs_rpc_reply(call, &resp.base);
@@ -922,8 +926,8 @@ static void restore_job(void *user, const pcs_store_job_t *r)
          * or run on) rather than store it. */
         if (live &&
             (spec_world(spec, &world) != PCS_OK || pcs_plan_build(spec, world, &plan) != PCS_OK)) {
-            snprintf(why, sizeof why, "not %s after a coordinator restart: %s", resumed,
-                     pcs_last_error());
+            snprintf(why, sizeof why, "not %s after a coordinator restart: %.*s", resumed,
+                     pcs_utf8_prefix(pcs_last_error(), 600), pcs_last_error());
             plan = NULL;
         }
     } else {

@@ -27,3 +27,7 @@ if(PCS_FUZZ AND CMAKE_C_COMPILER_ID MATCHES "Clang")
 elseif(PCS_FUZZ)
   message(STATUS "pcs: PCS_FUZZ needs clang; libFuzzer targets skipped (replay driver still built)")
 endif()
+
+# UTF-8 validation of proto3 strings (owner: coord): byte validator, boundary cuts, request walk.
+pcs_add_test(NAME test_utf8 SOURCES ${PROJECT_SOURCE_DIR}/tests/unit/test_utf8.c
+             LIBS pcs_common LABELS unit TIMEOUT 60)

@@ -21,6 +21,7 @@
 #include "pcs/clock.h"
 #include "pcs/pbtext.h"
 #include "pcs/rpc.h"
+#include "pcs/utf8.h"
 #include "pcs/v1/coordinator.pb-c.h"
 #include "pcs/v1/job.pb-c.h"
 #include "pcs/v1/worker.pb-c.h"
@@ -620,6 +621,75 @@ static void test_unknown_method_malformed_and_oversized_requests_are_rejected(vo
     assert_int_equal(heartbeat(A, "w-100"), 0);
 }
 
+/* protobuf-c does not check proto3 strings: without the server's check these requests would
+ * succeed and a stored identity or job name would make every later ListWorkers/GetJob reply
+ * undecodable for Python/Go/C++ clients. */
+static void test_invalid_utf8_in_any_string_field_is_invalid_argument_naming_it(void **state)
+{
+    (void)state;
+    Pcs__V1__RegisterRequest rr = PCS__V1__REGISTER_REQUEST__INIT;
+    Pcs__V1__RegisterResponse *rresp = NULL;
+    rr.identity = "pod-\xff";
+    rr.pid = 1;
+    assert_int_equal(call(A, PCS_M_REGISTER, &rr, &pcs__v1__register_response__descriptor, &rresp),
+                     3 /* INVALID_ARGUMENT */);
+    assert_non_null(strstr(pcs_last_error(), "identity: not valid UTF-8 at byte 4"));
+    Pcs__V1__Device dev = PCS__V1__DEVICE__INIT;
+    Pcs__V1__Device *devs[1] = {&dev};
+    dev.kind = "cpu";
+    dev.name = "cpu\xed\xa0\x80"; /* a surrogate */
+    rr.identity = "pod-utf8";
+    rr.devices = devs;
+    rr.n_devices = 1;
+    assert_int_equal(call(A, PCS_M_REGISTER, &rr, &pcs__v1__register_response__descriptor, &rresp),
+                     3);
+    assert_non_null(strstr(pcs_last_error(), "devices[0].name: not valid UTF-8 at byte 3"));
+
+    Pcs__V1__JobSpec *spec = spec_new();
+    size_t jobs_before = count_jobs(A);
+    free(spec->name);
+    spec->name = strdup("caf\xc3\xa9-\xc0\xaf"); /* valid é, then an overlong '/' */
+    Pcs__V1__SubmitJobResponse *sr = NULL;
+    assert_int_equal(submit(A, spec, NULL, &sr), 3);
+    assert_non_null(strstr(pcs_last_error(), "spec.name: not valid UTF-8 at byte 6"));
+    assert_int_equal(count_jobs(A), jobs_before);
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+
+    Pcs__V1__KvSetRequest kv = PCS__V1__KV_SET_REQUEST__INIT;
+    kv.job_id = "job-1";
+    kv.key = "rank/\xf4\x90\x80\x80"; /* above U+10FFFF */
+    Pcs__V1__KvSetResponse *kr = NULL;
+    assert_int_equal(call(A, PCS_M_KV_SET, &kv, &pcs__v1__kv_set_response__descriptor, &kr), 3);
+    assert_non_null(strstr(pcs_last_error(), "key: not valid UTF-8 at byte 5"));
+    Grpc__Health__V1__HealthCheckRequest hc = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    hc.service = "pcs\xe2\x82"; /* cut short */
+    Grpc__Health__V1__HealthCheckResponse *hr = NULL;
+    assert_int_equal(
+        call(A, PCS_M_HEALTH_CHECK, &hc, &grpc__health__v1__health_check_response__descriptor, &hr),
+        3);
+    assert_non_null(strstr(pcs_last_error(), "service: not valid UTF-8 at byte 3"));
+
+    /* a valid multi-byte identity is fine, and nothing invalid reached the worker list */
+    rr.identity = "pod-\xe6\x97\xa5\xe6\x9c\xac";
+    dev.name = "cpu0";
+    assert_int_equal(call(A, PCS_M_REGISTER, &rr, &pcs__v1__register_response__descriptor, &rresp),
+                     0);
+    protobuf_c_message_free_unpacked(&rresp->base, NULL);
+    Pcs__V1__ListWorkersRequest lw = PCS__V1__LIST_WORKERS_REQUEST__INIT;
+    Pcs__V1__ListWorkersResponse *ws = NULL;
+    assert_int_equal(
+        call(A, PCS_M_LIST_WORKERS, &lw, &pcs__v1__list_workers_response__descriptor, &ws), 0);
+    int seen = 0;
+    for (size_t i = 0; i < ws->n_workers; i++) {
+        const char *id = ws->workers[i]->identity;
+        assert_true(pcs_utf8_valid(id, strlen(id)));
+        assert_null(strstr(id, "pod-\xff"));
+        seen += strcmp(id, rr.identity) == 0;
+    }
+    assert_int_equal(seen, 1);
+    protobuf_c_message_free_unpacked(&ws->base, NULL);
+}
+
 static void test_get_status_text_has_all_sections(void **state)
 {
     (void)state;
@@ -964,6 +1034,7 @@ int main(void)
         cmocka_unit_test(test_health_check_and_watch_serving_and_unknown_service),
         cmocka_unit_test(test_unknown_method_malformed_and_oversized_requests_are_rejected),
         cmocka_unit_test(test_get_status_text_has_all_sections),
+        cmocka_unit_test(test_invalid_utf8_in_any_string_field_is_invalid_argument_naming_it),
     };
     const struct CMUnitTest others[] = {
         cmocka_unit_test(test_lease_expiry_marks_worker_lost_and_fails_its_job),

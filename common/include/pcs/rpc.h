@@ -118,6 +118,13 @@ const pcs_rpc_method_info_t *pcs_rpc_known_methods(size_t *n);
 /* Row of `path`, or NULL if it is not a known method. */
 const pcs_rpc_method_info_t *pcs_rpc_method_lookup(const char *path);
 
+/* Every string field of `m` (through sub-messages, repeated fields, oneofs and map entries) is
+ * well-formed UTF-8 (RFC 3629), as proto3 requires and protobuf-c does not check. Otherwise
+ * INVALID_ARG with pcs_last_error() naming the field path from `m` and the offset in that
+ * string: "job.name: not valid UTF-8 at byte 7", "devices[1].kind: ...". The RPC server runs it
+ * on every decoded request before the handler (common/rpc_utf8.c). Thread-safe. */
+pcs_status_t pcs_pb_check_utf8(const ProtobufCMessage *m);
+
 /* Name of a gRPC status code ("INVALID_ARGUMENT"). */
 const char *pcs_grpc_code_name(int code);
 /* Map a gRPC status code to pcs_status_t. */
@@ -128,7 +135,8 @@ pcs_status_t pcs_status_from_grpc(int code);
  * and tick run on that thread, so the state behind them needs no locks (DESIGN.md §2). A handler
  * answers at once or keeps the call and answers later (a pending KvGet, a WatchAssignment
  * stream). Requests that do not decode get INVALID_ARGUMENT, larger than max_message_bytes get
- * RESOURCE_EXHAUSTED, unknown methods UNIMPLEMENTED, all before any handler runs. */
+ * RESOURCE_EXHAUSTED, unknown methods UNIMPLEMENTED, requests with a string field that is not
+ * UTF-8 INVALID_ARGUMENT naming the field (pcs_pb_check_utf8), all before any handler runs. */
 #include <stdint.h>
 
 typedef struct pcs_rpc_server pcs_rpc_server_t;
