@@ -88,3 +88,17 @@ size_t pcs_utf8_trim_partial(char *buf)
     }
     return len;
 }
+
+size_t pcs_utf8_sanitize(char *s)
+{
+    size_t len = strlen(s), i = 0, replaced = 0;
+    while (i < len) {
+        size_t bad = i + pcs_utf8_check(s + i, len - i);
+        if (bad == len)
+            break;
+        s[bad] = '?';
+        replaced++;
+        i = bad + 1;
+    }
+    return replaced;
+}

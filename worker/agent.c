@@ -19,6 +19,7 @@
 #include "pcs/log.h"
 #include "pcs/mem.h"
 #include "pcs/rpc.h"
+#include "pcs/utf8.h"
 #include "pcs/v1/worker.pb-c.h"
 #include "train.h"
 
@@ -383,12 +384,25 @@ static void enqueue_report(pcs_agent_t *a, const Pcs__V1__StepReport *rep)
     req.worker_id = wid;
     req.job_id = job;
     req.report = (Pcs__V1__StepReport *)rep;
+    /* The coordinator refuses strings that are not UTF-8 (proto3); error text can quote bytes of
+     * any origin (file names, strerror in another locale), so send it with those bytes as '?'. */
+    Pcs__V1__StepReport clean;
+    char *clean_err = NULL;
+    if (rep->error && !pcs_utf8_valid(rep->error, strlen(rep->error)) &&
+        (clean_err = strdup(rep->error)) != NULL) {
+        pcs_utf8_sanitize(clean_err);
+        clean = *rep;
+        clean.error = clean_err;
+        req.report = &clean;
+        rep = &clean;
+    }
     size_t n = pcs__v1__report_step_request__get_packed_size(&req);
     uint8_t *buf = malloc(n ? n : 1);
     report_item_t *it = calloc(1, sizeof *it);
     if (!buf || !it) {
         free(buf);
         free(it);
+        free(clean_err);
         PCS_WARN(PCS_SUB_WORKER, "out of memory queueing a step report");
         return;
     }
@@ -409,6 +423,7 @@ static void enqueue_report(pcs_agent_t *a, const Pcs__V1__StepReport *rep)
     }
     it->req = pcs__v1__report_step_request__unpack(NULL, n, buf);
     free(buf);
+    free(clean_err);
     if (!it->req) {
         free(it);
         PCS_WARN(PCS_SUB_WORKER, "could not copy a step report");
@@ -531,6 +546,7 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
     if (st != PCS_OK && st != PCS_ERR_CANCELLED) {
         char msg[1024];
         snprintf(msg, sizeof msg, "rank %u: %s", as->rank, pcs_last_error());
+        pcs_utf8_trim_partial(msg); /* the coordinator refuses a report that is not UTF-8 */
         PCS_WARN(PCS_SUB_WORKER, "job %s failed: %s", as->job_id, msg);
         uint64_t step;
         pthread_mutex_lock(&a->mu);

@@ -163,6 +163,18 @@ static void test_trim_partial_drops_only_an_incomplete_tail(void **state)
     assert_string_equal(small, "ab\xe2\x82\xac");
 }
 
+static void test_sanitize_replaces_only_the_bad_bytes(void **state)
+{
+    (void)state;
+    char s[] = "ok caf\xc3\xa9 \xff\xfe x\xed\xa0\x80 \xe2\x82\xac \xe2\x82";
+    assert_int_equal(pcs_utf8_sanitize(s), 7);
+    assert_string_equal(s, "ok caf\xc3\xa9 ?? x??? \xe2\x82\xac ??");
+    assert_true(pcs_utf8_valid(s, strlen(s)));
+    char t[] = "already fine \xe6\x97\xa5";
+    assert_int_equal(pcs_utf8_sanitize(t), 0);
+    assert_string_equal(t, "already fine \xe6\x97\xa5");
+}
+
 // ---- descriptor walk over decoded messages ----
 
 static void test_message_walk_names_a_top_level_field(void **state)
@@ -256,6 +268,7 @@ int main(void)
         cmocka_unit_test(test_validator_agrees_with_reference_decoder_exhaustively),
         cmocka_unit_test(test_prefix_never_cuts_a_character),
         cmocka_unit_test(test_trim_partial_drops_only_an_incomplete_tail),
+        cmocka_unit_test(test_sanitize_replaces_only_the_bad_bytes),
         cmocka_unit_test(test_message_walk_names_a_top_level_field),
         cmocka_unit_test(test_message_walk_names_repeated_and_nested_fields),
         cmocka_unit_test(test_decoded_wire_bytes_with_bad_utf8_are_refused),

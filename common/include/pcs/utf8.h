@@ -30,6 +30,11 @@ int pcs_utf8_prefix(const char *s, int max);
  * sequence at its end. Returns the new length. Complete text is left alone. */
 size_t pcs_utf8_trim_partial(char *buf);
 
+/* Replace, in place, every byte of the NUL-terminated `s` that is not part of a well-formed
+ * sequence with '?', so text of unknown origin (strerror in another locale, file names) can be
+ * sent as a proto3 string. Returns the number of bytes replaced. */
+size_t pcs_utf8_sanitize(char *s);
+
 #ifdef __cplusplus
 }
 #endif
