@@ -4,7 +4,10 @@
  * buffer; no-sync micro-batches accumulate into the plan's accumulation dtype; the synced one casts
  * to the reduce dtype, reduce-scatters with the plan's op and pre-divide (post-divide after the
  * HSDP all-reduce), casts back and accumulates into the sharded grad. All-gathers run on a
- * prefetch thread with its own communicator so the compute thread only waits when it is ahead. */
+ * prefetch thread with its own communicator so the compute thread only waits when it is ahead.
+ * Buffers are backend memory (device memory on cuda): the host only fills them through the
+ * backend and reads back scalars with a D2H copy; streams and events order the compute stream,
+ * the all-gather stream and the reduction stream (runtime.h states the contract). */
 #include "runtime.h"
 
 #include <math.h>
@@ -51,11 +54,31 @@ typedef struct rt_unit {
     uint32_t rg; /* reshard_after_forward=int group size (1 < rg < shard group), else 0 */
     int partial; /* resharded to the reshard group: only my 1/rg slice of unsharded is valid */
     pcs_coll_t *ar_comm;
+    /* events (runtime.h ordering contract) */
+    pcs_event_t ev_ag;     /* all-gather stream: unsharded/full written */
+    pcs_event_t ev_use;    /* compute stream at reshard: reads of unsharded/full enqueued */
+    pcs_event_t ev_rsin;   /* compute stream: rs_in written by the copy-in */
+    pcs_event_t ev_rsdone; /* reduction stream: rs_in read, grad_shard accumulated */
 } rt_unit_t;
 
 struct pcs_runtime {
     const Pcs__V1__Plan *plan;
     const pcs_backend_ops_t *be;
+    int device;
+    pcs_coll_backend_t coll;
+    int stage;              /* collectives on host staging buffers */
+    pcs_stream_t cstream;   /* the caller's compute stream (borrowed) */
+    pcs_stream_t ag_stream; /* all-gathers (prefetch thread, or inline) */
+    pcs_stream_t rs_stream; /* reductions (reduction thread, or inline) */
+    pcs_event_t ev_opt;     /* compute stream: optimizer update of the master shards done */
+    pcs_event_t ev_fence;   /* recorded on an idle side stream, waited by the compute stream */
+    void *stage_ag;         /* host staging of the all-gather stream (padded fp32 of the largest
+                             * unit); NULL without staging */
+    void *stage_rs;         /* host staging of the reduction stream ((padded + c) fp32) */
+    float *d_scal;          /* backend: [0] found_inf, [1] inv_scale, [2] scalar all-reduce,
+                             * [3 + i] sum of squares of unit i */
+    float *h_scal;          /* pinned host: read-back of d_scal, and staged scalar reductions */
+    float *d_tmp;           /* backend: max shard fp32 scratch (grad widening, master rounding) */
     uint32_t rank, world;
     uint32_t micro_batches;
     pcs_opt_kind_t opt;
@@ -289,7 +312,7 @@ static pcs_status_t make_comm(const pcs_runtime_config_t *cfg, const char *name,
     snprintf(gname, sizeof gname, "%s%s", cfg->job_tag ? cfg->job_tag : "", name);
     pcs_coll_config_t cc;
     memset(&cc, 0, sizeof cc);
-    cc.backend = PCS_COLL_GLOO;
+    cc.backend = cfg->coll == PCS_COLL_NCCL ? PCS_COLL_NCCL : PCS_COLL_GLOO;
     cc.kv = cfg->kv;
     cc.group_name = gname;
     cc.group_id = (int)id;
@@ -297,16 +320,103 @@ static pcs_status_t make_comm(const pcs_runtime_config_t *cfg, const char *name,
     cc.size = (int)size;
     cc.timeout_ms = cfg->coll_timeout_ms;
     cc.hostname = cfg->hostname;
-    cc.cuda_device = -1;
+    cc.cuda_device = cfg->coll == PCS_COLL_NCCL ? cfg->device : -1;
     pcs_status_t st = pcs_coll_create(&cc, out);
     if (st != PCS_OK)
         return wrap_err(st, "communicator %s/%u (rank %u of %u)", name, id, index, size);
     return PCS_OK;
 }
 
+// ---- collectives on backend buffers, directly or through host staging ----
+
+/* All-gather `count` elements per rank from `in` into `out` (backend memory) on stream `s`.
+ * Staged: D2H of this rank's part into its slot of `stage`, the collective in place on the
+ * host, one H2D of the whole result; the stream is synced before returning, so the gather is
+ * complete and `stage` free again. */
+static pcs_status_t coll_ag(pcs_runtime_t *rt, pcs_coll_t *c, void *stage, pcs_stream_t s,
+                            const void *in, void *out, size_t count, pcs_dtype_t dt)
+{
+    if (!rt->stage)
+        return pcs_coll_all_gather(c, in, out, count, dt, s);
+    size_t bytes = count * pcs_dtype_size(dt);
+    uint8_t *h = stage, *mine = h + (size_t)pcs_coll_rank(c) * bytes;
+    PCS_CHECK(rt->be->copy(mine, in, bytes, PCS_COPY_D2H, s));
+    PCS_CHECK(rt->be->sync(s));
+    PCS_CHECK(pcs_coll_all_gather(c, mine, h, count, dt, NULL));
+    PCS_CHECK(rt->be->copy(out, h, bytes * (size_t)pcs_coll_size(c), PCS_COPY_H2D, s));
+    return rt->be->sync(s);
+}
+
+/* Reduce-scatter (recv_count per rank) from `in` into `out`, as coll_ag. */
+static pcs_status_t coll_rs(pcs_runtime_t *rt, pcs_coll_t *c, void *stage, pcs_stream_t s,
+                            const void *in, void *out, size_t recv_count, pcs_dtype_t dt,
+                            const pcs_coll_red_t *red)
+{
+    if (!rt->stage)
+        return pcs_coll_reduce_scatter(c, in, out, recv_count, dt, red, s);
+    size_t bytes = recv_count * pcs_dtype_size(dt), in_bytes = bytes * (size_t)pcs_coll_size(c);
+    uint8_t *h = stage;
+    PCS_CHECK(rt->be->copy(h, in, in_bytes, PCS_COPY_D2H, s));
+    PCS_CHECK(rt->be->sync(s));
+    PCS_CHECK(pcs_coll_reduce_scatter(c, h, h + in_bytes, recv_count, dt, red, NULL));
+    PCS_CHECK(rt->be->copy(out, h + in_bytes, bytes, PCS_COPY_H2D, s));
+    return rt->be->sync(s);
+}
+
+/* In-place all-reduce of `buf` (count elements), as coll_ag. */
+static pcs_status_t coll_ar(pcs_runtime_t *rt, pcs_coll_t *c, void *stage, pcs_stream_t s,
+                            void *buf, size_t count, pcs_dtype_t dt, const pcs_coll_red_t *red)
+{
+    if (!rt->stage)
+        return pcs_coll_all_reduce(c, buf, buf, count, dt, red, s);
+    size_t bytes = count * pcs_dtype_size(dt);
+    PCS_CHECK(rt->be->copy(stage, buf, bytes, PCS_COPY_D2H, s));
+    PCS_CHECK(rt->be->sync(s));
+    PCS_CHECK(pcs_coll_all_reduce(c, stage, stage, count, dt, red, NULL));
+    PCS_CHECK(rt->be->copy(buf, stage, bytes, PCS_COPY_H2D, s));
+    return rt->be->sync(s);
+}
+
+/* The fp32 scalar at `dev` (backend memory, written by work on the compute stream) reduced over
+ * `c` (NULL: no reduction) and read back into *out: directly on the device then one D2H, or D2H
+ * then a host collective on the pinned h_scal[0]. Synchronizes the compute stream. */
+static pcs_status_t scalar_reduce(pcs_runtime_t *rt, pcs_coll_t *c, float *dev, pcs_red_op_t op,
+                                  float *out)
+{
+    pcs_coll_red_t red = {op, 0, 0};
+    if (c && !rt->stage)
+        PCS_CHECK(pcs_coll_all_reduce(c, dev, dev, 1, PCS_DTYPE_FP32, &red, rt->cstream));
+    PCS_CHECK(rt->be->copy(rt->h_scal, dev, sizeof(float), PCS_COPY_D2H, rt->cstream));
+    PCS_CHECK(rt->be->sync(rt->cstream));
+    if (c && rt->stage)
+        PCS_CHECK(pcs_coll_all_reduce(c, rt->h_scal, rt->h_scal, 1, PCS_DTYPE_FP32, &red, NULL));
+    *out = rt->h_scal[0];
+    return PCS_OK;
+}
+
+/* The compute stream waits for everything queued so far on side stream `s`, which no other
+ * thread is using right now (its thread is idle). */
+static pcs_status_t fence_compute_after(pcs_runtime_t *rt, pcs_stream_t s)
+{
+    PCS_CHECK(rt->be->event_record(rt->ev_fence, s));
+    return rt->be->stream_wait_event(rt->cstream, rt->ev_fence);
+}
+
 // ---- unshard (runs on the prefetch thread, or inline) ----
 
+static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full);
+
 static pcs_status_t do_unshard(pcs_runtime_t *rt, rt_unit_t *u, int full)
+{
+    /* The buffer may still be read by compute work enqueued before the last reshard, and the
+     * master shard written by the last optimizer update: the all-gather stream waits for both. */
+    PCS_CHECK(rt->be->stream_wait_event(rt->ag_stream, u->ev_use));
+    PCS_CHECK(rt->be->stream_wait_event(rt->ag_stream, rt->ev_opt));
+    PCS_CHECK(do_unshard_comm(rt, u, full));
+    return rt->be->event_record(u->ev_ag, rt->ag_stream);
+}
+
+static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full)
 {
     if (u->partial && !full) {
         /* Re-gather from the reshard group (FSDP2 reshard_after_forward=int): each member kept
@@ -314,9 +424,10 @@ static pcs_status_t do_unshard(pcs_runtime_t *rt, rt_unit_t *u, int full)
         uint64_t chunk = u->padded / u->rg;
         size_t pe = pcs_dtype_size(u->param);
         uint64_t t1 = pcs_now_us();
-        pcs_status_t st = pcs_coll_all_gather(
-            rt->reshard_c, (uint8_t *)u->unsharded + (size_t)(rt->reshard_index * chunk) * pe,
-            u->unsharded, chunk, u->param, NULL);
+        pcs_status_t st =
+            coll_ag(rt, rt->reshard_c, rt->stage_ag, rt->ag_stream,
+                    (uint8_t *)u->unsharded + (size_t)(rt->reshard_index * chunk) * pe,
+                    u->unsharded, chunk, u->param);
         pthread_mutex_lock(&rt->mu);
         rt->ag_ms += ms_since(t1);
         rt->ag_bytes += chunk * u->rg * pe;
@@ -336,20 +447,20 @@ static pcs_status_t do_unshard(pcs_runtime_t *rt, rt_unit_t *u, int full)
     /* Master shards are stored as fp32 holding values of the master dtype (pure fp16 keeps
      * fp16-representable values), so the cast source is always fp32. */
     if (dt != PCS_DTYPE_FP32) {
-        PCS_CHECK(
-            pcs_kernel_cast(rt->be, u->ag_in, dt, u->master_shard, PCS_DTYPE_FP32, u->c, NULL));
+        PCS_CHECK(pcs_kernel_cast(rt->be, u->ag_in, dt, u->master_shard, PCS_DTYPE_FP32, u->c,
+                                  rt->ag_stream));
         src = u->ag_in;
     }
     double cast_ms = dt != PCS_DTYPE_FP32 ? ms_since(t0) : 0;
     if (u->sg <= 1) {
-        memcpy(dst, src, u->c * esz);
+        PCS_CHECK(rt->be->copy(dst, src, u->c * esz, PCS_COPY_D2D, rt->ag_stream));
         pthread_mutex_lock(&rt->mu);
         rt->cast_ms += cast_ms;
         pthread_mutex_unlock(&rt->mu);
         return PCS_OK;
     }
     uint64_t t1 = pcs_now_us();
-    pcs_status_t st = pcs_coll_all_gather(rt->shard_ag, src, dst, u->c, dt, NULL);
+    pcs_status_t st = coll_ag(rt, rt->shard_ag, rt->stage_ag, rt->ag_stream, src, dst, u->c, dt);
     double ag_ms = ms_since(t1);
     pthread_mutex_lock(&rt->mu);
     rt->cast_ms += cast_ms;
@@ -375,6 +486,11 @@ static int ag_in_flight(const pcs_runtime_t *rt)
 static void *ag_main(void *arg)
 {
     pcs_runtime_t *rt = arg;
+    /* CUDA's current device is per host thread: this thread's launches and copies target it. */
+    char dev_err[512] = "";
+    pcs_status_t dev_st = rt->be->set_device(rt->device);
+    if (dev_st != PCS_OK)
+        snprintf(dev_err, sizeof dev_err, "prefetch thread: %s", pcs_last_error());
     pthread_mutex_lock(&rt->mu);
     for (;;) {
         while (!rt->q_len && !rt->quit)
@@ -390,7 +506,8 @@ static void *ag_main(void *arg)
         pcs_status_t st =
             atomic_load(&rt->aborted)
                 ? pcs_set_error(PCS_ERR_CANCELLED, "all-gather of unit %u: runtime aborted", ui)
-                : do_unshard(rt, u, 0);
+            : dev_st != PCS_OK ? pcs_set_error(dev_st, "%s", dev_err)
+                               : do_unshard(rt, u, 0);
         char err[512];
         if (st != PCS_OK)
             snprintf(err, sizeof err, "%s", pcs_last_error());
@@ -416,6 +533,15 @@ static void *ag_main(void *arg)
 // ---- create / destroy ----
 
 static void *rs_main(void *arg);
+static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u);
+
+/* n elements of dt in backend memory, zeroed on the compute stream. */
+static pcs_status_t alloc_zero(pcs_runtime_t *rt, uint64_t n, pcs_dtype_t dt, void **out)
+{
+    *out = NULL;
+    PCS_CHECK(rt->be->alloc((size_t)n * pcs_dtype_size(dt), out));
+    return rt->be->fill(*out, dt, (size_t)n, 0.0, rt->cstream);
+}
 
 static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *cfg)
 {
@@ -425,12 +551,16 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
     PCS_CHECK(pcs_calloc(p->n_units ? p->n_units : 1, sizeof *rt->queue, (void **)&rt->queue));
     PCS_CHECK(
         pcs_calloc(p->n_units ? p->n_units : 1, sizeof *rt->rs_queue, (void **)&rt->rs_queue));
-    float *tmp = NULL;
+    float *tmp = NULL; /* host staging of one master shard's initial values */
     size_t tmp_cap = 0;
     pcs_status_t st = PCS_OK;
     for (size_t i = 0; i < p->n_units; i++) {
         rt_unit_t *u = &rt->units[i];
         const Pcs__V1__Unit *pu = p->units[i];
+        PCS_CHECK_GOTO(rt->be->event_create(&u->ev_ag), st, out);
+        PCS_CHECK_GOTO(rt->be->event_create(&u->ev_use), st, out);
+        PCS_CHECK_GOTO(rt->be->event_create(&u->ev_rsin), st, out);
+        PCS_CHECK_GOTO(rt->be->event_create(&u->ev_rsdone), st, out);
         u->u = pu;
         u->index = (uint32_t)i;
         u->master = dt_or(pu->master_dtype, PCS_DTYPE_FP32);
@@ -478,53 +608,85 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         } else if (u->sg > 1 && rt->rep_size > 1) {
             u->ar_comm = rt->rep_c;
         }
-        size_t pe = pcs_dtype_size(u->param), re = pcs_dtype_size(u->reduce);
-        PCS_CHECK_GOTO(pcs_calloc(u->c, sizeof(float), &u->master_shard), st, out);
-        PCS_CHECK_GOTO(pcs_calloc(u->c, pcs_dtype_size(u->grad), &u->grad_shard), st, out);
-        PCS_CHECK_GOTO(pcs_calloc(u->c, sizeof(float), (void **)&u->opt_a), st, out);
+        /* Every buffer starts zeroed (as calloc did): padding stays 0 and optimizer state
+         * starts at 0. */
+        PCS_CHECK_GOTO(alloc_zero(rt, u->c, PCS_DTYPE_FP32, &u->master_shard), st, out);
+        PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->grad, &u->grad_shard), st, out);
+        PCS_CHECK_GOTO(alloc_zero(rt, u->c, PCS_DTYPE_FP32, (void **)&u->opt_a), st, out);
         if (rt->opt == PCS_OPT_ADAMW)
-            PCS_CHECK_GOTO(pcs_calloc(u->c, sizeof(float), (void **)&u->opt_b), st, out);
-        PCS_CHECK_GOTO(pcs_calloc(u->padded, pe, &u->unsharded), st, out);
-        PCS_CHECK_GOTO(pcs_calloc(u->padded, pe, &u->grads), st, out);
+            PCS_CHECK_GOTO(alloc_zero(rt, u->c, PCS_DTYPE_FP32, (void **)&u->opt_b), st, out);
+        PCS_CHECK_GOTO(alloc_zero(rt, u->padded, u->param, &u->unsharded), st, out);
+        PCS_CHECK_GOTO(alloc_zero(rt, u->padded, u->param, &u->grads), st, out);
         if (rt->micro_batches > 1)
-            PCS_CHECK_GOTO(pcs_calloc(u->padded, pcs_dtype_size(u->accum), &u->accum_buf), st, out);
-        PCS_CHECK_GOTO(pcs_calloc(u->padded, re, &u->rs_in), st, out);
-        PCS_CHECK_GOTO(pcs_calloc(u->c, re, &u->rs_out), st, out);
-        PCS_CHECK_GOTO(pcs_calloc(u->c, pe, &u->ag_in), st, out);
+            PCS_CHECK_GOTO(alloc_zero(rt, u->padded, u->accum, &u->accum_buf), st, out);
+        PCS_CHECK_GOTO(alloc_zero(rt, u->padded, u->reduce, &u->rs_in), st, out);
+        PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->reduce, &u->rs_out), st, out);
+        PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->param, &u->ag_in), st, out);
 
         /* Master shard: elements [shard_index*c, +c) of the flat buffer; parameters overlapping
-         * it are generated only for the overlap (init is a function of element index). */
+         * it are generated only for the overlap (init is a function of element index), into a
+         * zeroed host buffer copied H2D (init_param fills host memory). */
+        if (u->c > tmp_cap) {
+            free(tmp);
+            tmp = NULL;
+            tmp_cap = u->c;
+            PCS_CHECK_GOTO(pcs_calloc(tmp_cap, sizeof(float), (void **)&tmp), st, out);
+        }
+        if (u->c > 0)
+            memset(tmp, 0, u->c * sizeof(float));
         uint64_t b = (uint64_t)u->shard_index * u->c, e = b + u->c;
-        float *ms = u->master_shard;
         for (size_t k = 0; k < pu->n_params; k++) {
             const Pcs__V1__ParamSlot *ps = pu->params[k];
             uint64_t pb = ps->offset, pe2 = ps->offset + ps->numel;
             uint64_t lo = pb > b ? pb : b, hi = pe2 < e ? pe2 : e;
             if (lo >= hi)
                 continue;
-            if (hi - lo > tmp_cap) {
-                free(tmp);
-                tmp_cap = hi - lo;
-                PCS_CHECK_GOTO(pcs_calloc(tmp_cap, sizeof(float), (void **)&tmp), st, out);
-            }
-            PCS_CHECK_GOTO(cfg->init_param(cfg->init_ctx, ps, lo - pb, hi - lo, tmp), st, out);
-            memcpy(ms + (lo - b), tmp, (hi - lo) * sizeof(float));
+            PCS_CHECK_GOTO(cfg->init_param(cfg->init_ctx, ps, lo - pb, hi - lo, tmp + (lo - b)), st,
+                           out);
         }
+        float *ms = u->master_shard;
+        PCS_CHECK_GOTO(rt->be->copy(ms, tmp, u->c * sizeof(float), PCS_COPY_H2D, rt->cstream), st,
+                       out);
+        /* the host buffer is reused for the next unit: the copy must have read it */
+        PCS_CHECK_GOTO(rt->be->sync(rt->cstream), st, out);
         if (u->master != PCS_DTYPE_FP32 && u->c > 0) {
-            /* values of a low-precision master dtype, kept in fp32 storage */
-            uint16_t *h = NULL;
-            PCS_CHECK_GOTO(pcs_calloc(u->c, sizeof *h, (void **)&h), st, out);
-            st = pcs_kernel_cast(rt->be, h, u->master, ms, PCS_DTYPE_FP32, u->c, NULL);
-            if (st == PCS_OK)
-                st = pcs_kernel_cast(rt->be, ms, PCS_DTYPE_FP32, h, u->master, u->c, NULL);
-            free(h);
-            if (st != PCS_OK)
-                goto out;
+            /* values of a low-precision master dtype, kept in fp32 storage (round trip through
+             * the d_tmp scratch) */
+            PCS_CHECK_GOTO(pcs_kernel_cast(rt->be, rt->d_tmp, u->master, ms, PCS_DTYPE_FP32, u->c,
+                                           rt->cstream),
+                           st, out);
+            PCS_CHECK_GOTO(pcs_kernel_cast(rt->be, ms, PCS_DTYPE_FP32, rt->d_tmp, u->master, u->c,
+                                           rt->cstream),
+                           st, out);
         }
     }
+    PCS_CHECK_GOTO(rt->be->sync(rt->cstream), st, out);
 out:
     free(tmp);
     return st;
+}
+
+/* Buffers shared by all units, sized by the largest unit: the fp32 scratch, the read-back
+ * scalars and (staging) the two host staging buffers. */
+static pcs_status_t alloc_shared(pcs_runtime_t *rt)
+{
+    const Pcs__V1__Plan *p = rt->plan;
+    uint64_t max_c = 1, max_stage = 1;
+    for (size_t i = 0; i < p->n_units; i++) {
+        const Pcs__V1__Unit *pu = p->units[i];
+        uint64_t c = pu->shard_numel ? pu->shard_numel : pu->padded_numel;
+        max_c = c > max_c ? c : max_c;
+        max_stage = pu->padded_numel + c > max_stage ? pu->padded_numel + c : max_stage;
+    }
+    PCS_CHECK(alloc_zero(rt, max_c, PCS_DTYPE_FP32, (void **)&rt->d_tmp));
+    PCS_CHECK(alloc_zero(rt, 3 + p->n_units, PCS_DTYPE_FP32, (void **)&rt->d_scal));
+    PCS_CHECK(rt->be->host_alloc((3 + p->n_units) * sizeof(float), (void **)&rt->h_scal));
+    if (rt->stage) {
+        /* fp32 is the widest dtype a collective here moves */
+        PCS_CHECK(rt->be->host_alloc((size_t)max_stage * sizeof(float), &rt->stage_ag));
+        PCS_CHECK(rt->be->host_alloc((size_t)max_stage * sizeof(float), &rt->stage_rs));
+    }
+    return PCS_OK;
 }
 
 pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t **out)
@@ -547,11 +709,33 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
     rt->sgd = cfg->sgd;
     rt->prefetch = cfg->prefetch;
     rt->audit_ok = 1;
+    rt->device = cfg->device;
+    rt->coll = cfg->coll ? cfg->coll : PCS_COLL_GLOO;
+    rt->cstream = cfg->stream;
+    /* Gloo works on host memory: with a device backend it always goes through staging. */
+    int host_be = strcmp(cfg->be->name, "cpu") == 0;
+    rt->stage = cfg->stage_host || (rt->coll == PCS_COLL_GLOO && !host_be);
     if (cfg->rank >= rt->world) {
         st = pcs_set_error(PCS_ERR_INVALID_ARG, "runtime: rank %u >= world %u", cfg->rank,
                            rt->world);
         goto fail;
     }
+    if (rt->coll != PCS_COLL_GLOO && rt->coll != PCS_COLL_NCCL) {
+        st = pcs_set_error(PCS_ERR_INVALID_ARG, "runtime: unknown collective backend %d",
+                           (int)rt->coll);
+        goto fail;
+    }
+    if (rt->coll == PCS_COLL_NCCL && (host_be || cfg->stage_host)) {
+        st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                           "runtime: NCCL needs device buffers (backend %s%s); use gloo",
+                           cfg->be->name, cfg->stage_host ? ", stage_host set" : "");
+        goto fail;
+    }
+    PCS_CHECK_GOTO(rt->be->set_device(rt->device), st, fail);
+    PCS_CHECK_GOTO(rt->be->stream_create(&rt->ag_stream), st, fail);
+    PCS_CHECK_GOTO(rt->be->stream_create(&rt->rs_stream), st, fail);
+    PCS_CHECK_GOTO(rt->be->event_create(&rt->ev_opt), st, fail);
+    PCS_CHECK_GOTO(rt->be->event_create(&rt->ev_fence), st, fail);
     mesh_info_t m;
     mesh_of(cfg->plan, &m);
     uint32_t id, sz, ix;
@@ -600,6 +784,7 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
     if (any_rep)
         PCS_CHECK_GOTO(make_comm(cfg, "dp", dp_id, dp_index, rt->dp_size, &rt->dp_c), st, fail);
 
+    PCS_CHECK_GOTO(alloc_shared(rt), st, fail);
     PCS_CHECK_GOTO(alloc_units(rt, cfg), st, fail);
     if (rt->prefetch > 0) {
         if (pthread_create(&rt->ag_thread, NULL, ag_main, rt) != 0) {
@@ -668,19 +853,44 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
     pcs_coll_destroy(rt->rep_c);
     pcs_coll_destroy(rt->dp_c);
     pcs_coll_destroy(rt->reshard_c);
-    for (size_t i = 0; i < rt->n_units; i++) {
+    /* nothing queued may still use the buffers (errors ignored: we are tearing down) */
+    if (rt->ag_stream)
+        (void)rt->be->sync(rt->ag_stream);
+    if (rt->rs_stream)
+        (void)rt->be->sync(rt->rs_stream);
+    if (rt->be)
+        (void)rt->be->sync(rt->cstream);
+    for (size_t i = 0; rt->units && i < rt->n_units; i++) {
         rt_unit_t *u = &rt->units[i];
-        free(u->master_shard);
-        free(u->grad_shard);
-        free(u->opt_a);
-        free(u->opt_b);
-        free(u->unsharded);
-        free(u->full);
-        free(u->grads);
-        free(u->accum_buf);
-        free(u->rs_in);
-        free(u->rs_out);
-        free(u->ag_in);
+        const pcs_backend_ops_t *be = rt->be;
+        be->free(u->master_shard);
+        be->free(u->grad_shard);
+        be->free(u->opt_a);
+        be->free(u->opt_b);
+        be->free(u->unsharded);
+        be->free(u->full);
+        be->free(u->grads);
+        be->free(u->accum_buf);
+        be->free(u->rs_in);
+        be->free(u->rs_out);
+        be->free(u->ag_in);
+        pcs_event_t evs[] = {u->ev_ag, u->ev_use, u->ev_rsin, u->ev_rsdone};
+        for (size_t k = 0; k < sizeof evs / sizeof evs[0]; k++)
+            if (evs[k])
+                be->event_destroy(evs[k]);
+    }
+    if (rt->be) {
+        rt->be->free(rt->d_tmp);
+        rt->be->free(rt->d_scal);
+        rt->be->host_free(rt->h_scal);
+        rt->be->host_free(rt->stage_ag);
+        rt->be->host_free(rt->stage_rs);
+        if (rt->ev_opt)
+            rt->be->event_destroy(rt->ev_opt);
+        if (rt->ev_fence)
+            rt->be->event_destroy(rt->ev_fence);
+        rt->be->stream_destroy(rt->ag_stream);
+        rt->be->stream_destroy(rt->rs_stream);
     }
     free(rt->units);
     free(rt->queue);
@@ -702,7 +912,9 @@ pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt)
 {
     for (size_t i = 0; i < rt->n_units; i++) {
         rt_unit_t *u = &rt->units[i];
-        memset(u->grad_shard, 0, u->c * pcs_dtype_size(u->grad));
+        /* on the compute stream: the optimizer that read it ran there, and every reduction
+         * waits for a copy-in enqueued after this */
+        PCS_CHECK(rt->be->fill(u->grad_shard, u->grad, u->c, 0.0, rt->cstream));
         u->accum_valid = 0;
     }
     pthread_mutex_lock(&rt->mu);
@@ -759,8 +971,9 @@ pcs_status_t pcs_runtime_unshard(pcs_runtime_t *rt, uint32_t unit, int full_prec
             pthread_cond_wait(&rt->cv, &rt->mu);
         pthread_mutex_unlock(&rt->mu);
         if (!u->full)
-            PCS_CHECK(pcs_calloc(u->padded, sizeof(float), &u->full));
+            PCS_CHECK(alloc_zero(rt, u->padded, PCS_DTYPE_FP32, &u->full));
         PCS_CHECK(do_unshard(rt, u, 1));
+        PCS_CHECK(rt->be->stream_wait_event(rt->cstream, u->ev_ag));
         *params = u->full;
         *dtype = PCS_DTYPE_FP32;
         return PCS_OK;
@@ -791,6 +1004,8 @@ pcs_status_t pcs_runtime_unshard(pcs_runtime_t *rt, uint32_t unit, int full_prec
         rt->wait_ms += ms_since(t0);
         pthread_mutex_unlock(&rt->mu);
     }
+    /* work the caller enqueues on the compute stream from now on sees the gathered buffer */
+    PCS_CHECK(rt->be->stream_wait_event(rt->cstream, u->ev_ag));
     *params = u->unsharded;
     *dtype = u->param;
     return PCS_OK;
@@ -810,7 +1025,8 @@ pcs_status_t pcs_runtime_reshard(pcs_runtime_t *rt, uint32_t unit)
     }
     u->partial = 0;
     pthread_mutex_unlock(&rt->mu);
-    return PCS_OK;
+    /* the next all-gather into the buffer waits for the compute work enqueued so far */
+    return rt->be->event_record(u->ev_use, rt->cstream);
 }
 
 pcs_status_t pcs_runtime_reshard_partial(pcs_runtime_t *rt, uint32_t unit)
@@ -819,6 +1035,7 @@ pcs_status_t pcs_runtime_reshard_partial(pcs_runtime_t *rt, uint32_t unit)
     rt_unit_t *u = &rt->units[unit];
     if (!u->rg || !rt->reshard_c)
         return pcs_runtime_reshard(rt, unit);
+    pcs_status_t st = PCS_OK;
     pthread_mutex_lock(&rt->mu);
     while (u->state == U_QUEUED || u->state == U_RUNNING)
         pthread_cond_wait(&rt->cv, &rt->mu);
@@ -829,14 +1046,18 @@ pcs_status_t pcs_runtime_reshard_partial(pcs_runtime_t *rt, uint32_t unit)
         size_t pe = pcs_dtype_size(u->param);
         uint8_t *b = u->unsharded;
         uint64_t lo = rt->reshard_index * chunk;
-        memset(b, 0, (size_t)lo * pe);
-        memset(b + (size_t)(lo + chunk) * pe, 0, (size_t)(u->padded - lo - chunk) * pe);
+        /* on the compute stream, after the forward work that still reads the buffer */
+        st = rt->be->fill(b, u->param, (size_t)lo, 0.0, rt->cstream);
+        if (st == PCS_OK)
+            st = rt->be->fill(b + (size_t)(lo + chunk) * pe, u->param,
+                              (size_t)(u->padded - lo - chunk), 0.0, rt->cstream);
         u->partial = 1;
         u->state = U_SHARDED;
         rt->n_unsharded--;
     }
     pthread_mutex_unlock(&rt->mu);
-    return PCS_OK;
+    PCS_CHECK(st);
+    return rt->be->event_record(u->ev_use, rt->cstream);
 }
 
 pcs_status_t pcs_runtime_param_buffer(pcs_runtime_t *rt, uint32_t unit, const void **params,
@@ -858,7 +1079,7 @@ pcs_status_t pcs_runtime_grad_buffer(pcs_runtime_t *rt, uint32_t unit, void **gr
 {
     PCS_CHECK(check_unit(rt, unit));
     rt_unit_t *u = &rt->units[unit];
-    memset(u->grads, 0, u->padded * pcs_dtype_size(u->param));
+    PCS_CHECK(rt->be->fill(u->grads, u->param, u->padded, 0.0, rt->cstream));
     *grads = u->grads;
     *dtype = u->param;
     return PCS_OK;
@@ -875,10 +1096,15 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
         sdt = u->accum;
     }
     uint64_t t0 = pcs_now_us();
+    /* On the compute stream, after the backward that wrote the grads; rs_in must no longer be
+     * read by this unit's previous reduction (its event; the host already saw it issued). */
+    PCS_CHECK(rt->be->stream_wait_event(rt->cstream, u->ev_rsdone));
     if (sdt == u->reduce)
-        memcpy(u->rs_in, src, u->padded * pcs_dtype_size(sdt));
+        PCS_CHECK(rt->be->copy(u->rs_in, src, u->padded * pcs_dtype_size(sdt), PCS_COPY_D2D,
+                               rt->cstream));
     else
-        PCS_CHECK(pcs_kernel_cast(rt->be, u->rs_in, u->reduce, src, sdt, u->padded, NULL));
+        PCS_CHECK(pcs_kernel_cast(rt->be, u->rs_in, u->reduce, src, sdt, u->padded, rt->cstream));
+    PCS_CHECK(rt->be->event_record(u->ev_rsin, rt->cstream));
     double ms = ms_since(t0);
     pthread_mutex_lock(&rt->mu); /* the prefetch thread adds its cast time too */
     rt->cast_ms += ms;
@@ -890,14 +1116,21 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
  * reduction thread (stats under mu) or inline. */
 static pcs_status_t reduce_comm(pcs_runtime_t *rt, rt_unit_t *u)
 {
+    PCS_CHECK(rt->be->stream_wait_event(rt->rs_stream, u->ev_rsin));
+    PCS_CHECK(reduce_comm_ops(rt, u));
+    return rt->be->event_record(u->ev_rsdone, rt->rs_stream);
+}
+
+static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
+{
     void *result;
     pcs_status_t st;
     if (u->sg > 1) {
         int hsdp = u->ar_comm != NULL;
         pcs_coll_red_t red = red_of(u->rs, 1, !hsdp);
         uint64_t t1 = pcs_now_us();
-        st =
-            pcs_coll_reduce_scatter(rt->shard_rs, u->rs_in, u->rs_out, u->c, u->reduce, &red, NULL);
+        st = coll_rs(rt, rt->shard_rs, rt->stage_rs, rt->rs_stream, u->rs_in, u->rs_out, u->c,
+                     u->reduce, &red);
         pthread_mutex_lock(&rt->mu);
         rt->rs_ms += ms_since(t1);
         rt->rs_bytes += u->c * u->sg * pcs_dtype_size(u->reduce);
@@ -912,8 +1145,8 @@ static pcs_status_t reduce_comm(pcs_runtime_t *rt, rt_unit_t *u)
             if (!u->ar) /* unplanned HSDP leg: keep the RS op, post-divide after it */
                 ared.pre_div = 0;
             uint64_t t2 = pcs_now_us();
-            st =
-                pcs_coll_all_reduce(u->ar_comm, u->rs_out, u->rs_out, u->c, u->reduce, &ared, NULL);
+            st = coll_ar(rt, u->ar_comm, rt->stage_rs, rt->rs_stream, u->rs_out, u->c, u->reduce,
+                         &ared);
             uint32_t g = (uint32_t)pcs_coll_size(u->ar_comm);
             pthread_mutex_lock(&rt->mu);
             rt->ar_ms += ms_since(t2);
@@ -929,7 +1162,8 @@ static pcs_status_t reduce_comm(pcs_runtime_t *rt, rt_unit_t *u)
         if (!u->ar) /* replicated unit without a planned collective: average over the ranks */
             red.op = PCS_RED_AVG;
         uint64_t t1 = pcs_now_us();
-        st = pcs_coll_all_reduce(u->ar_comm, u->rs_in, u->rs_in, u->padded, u->reduce, &red, NULL);
+        st = coll_ar(rt, u->ar_comm, rt->stage_rs, rt->rs_stream, u->rs_in, u->padded, u->reduce,
+                     &red);
         pthread_mutex_lock(&rt->mu);
         rt->ar_ms += ms_since(t1);
         rt->ar_bytes += u->padded * pcs_dtype_size(u->reduce);
@@ -945,7 +1179,8 @@ static pcs_status_t reduce_comm(pcs_runtime_t *rt, rt_unit_t *u)
     /* Cast back and accumulate into the sharded grad (grad dtype), as FSDP's
      * _saved_grad_shard += grad. */
     uint64_t t3 = pcs_now_us();
-    PCS_CHECK(pcs_kernel_accumulate(rt->be, u->grad_shard, u->grad, result, u->reduce, u->c, NULL));
+    PCS_CHECK(pcs_kernel_accumulate(rt->be, u->grad_shard, u->grad, result, u->reduce, u->c,
+                                    rt->rs_stream));
     pthread_mutex_lock(&rt->mu);
     rt->rs_cast_ms += ms_since(t3);
     pthread_mutex_unlock(&rt->mu);
@@ -955,6 +1190,10 @@ static pcs_status_t reduce_comm(pcs_runtime_t *rt, rt_unit_t *u)
 static void *rs_main(void *arg)
 {
     pcs_runtime_t *rt = arg;
+    char dev_err[512] = "";
+    pcs_status_t dev_st = rt->be->set_device(rt->device);
+    if (dev_st != PCS_OK)
+        snprintf(dev_err, sizeof dev_err, "reduction thread: %s", pcs_last_error());
     pthread_mutex_lock(&rt->mu);
     for (;;) {
         while (!rt->rs_len && !rt->quit)
@@ -967,7 +1206,9 @@ static void *rs_main(void *arg)
         rt->rs_busy = 1;
         int skip = rt->rs_err != PCS_OK || atomic_load(&rt->aborted);
         pthread_mutex_unlock(&rt->mu);
-        pcs_status_t st = skip ? PCS_OK : reduce_comm(rt, &rt->units[ui]);
+        pcs_status_t st = skip               ? PCS_OK
+                          : dev_st != PCS_OK ? pcs_set_error(dev_st, "%s", dev_err)
+                                             : reduce_comm(rt, &rt->units[ui]);
         char err[768];
         if (st != PCS_OK)
             snprintf(err, sizeof err, "%s", pcs_last_error());
@@ -1011,16 +1252,16 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
     rt_unit_t *u = &rt->units[unit];
     if (!sync || u->accum_valid) {
         if (!u->accum_buf) /* no-sync hand-in with micro_batches 1 (C API): allocate on use */
-            PCS_CHECK(
-                pcs_calloc(u->padded ? u->padded : 1, pcs_dtype_size(u->accum), &u->accum_buf));
+            PCS_CHECK(alloc_zero(rt, u->padded, u->accum, &u->accum_buf));
         uint64_t t0 = pcs_now_us();
+        /* on the compute stream, after the backward that wrote the grads */
         if (!u->accum_valid) {
             PCS_CHECK(pcs_kernel_cast(rt->be, u->accum_buf, u->accum, u->grads, u->param, u->padded,
-                                      NULL));
+                                      rt->cstream));
             u->accum_valid = 1;
         } else {
             PCS_CHECK(pcs_kernel_accumulate(rt->be, u->accum_buf, u->accum, u->grads, u->param,
-                                            u->padded, NULL));
+                                            u->padded, rt->cstream));
         }
         double ms = ms_since(t0);
         pthread_mutex_lock(&rt->mu);
@@ -1071,14 +1312,15 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
 
 // ---- optimizer step ----
 
-static pcs_status_t world_all_reduce_f32(pcs_runtime_t *rt, pcs_coll_t *c, float *v,
+/* `dev` (an fp32 scalar in backend memory) reduced over `c` and read back into *v, recorded as a
+ * step-level collective. */
+static pcs_status_t world_all_reduce_f32(pcs_runtime_t *rt, pcs_coll_t *c, float *dev, float *v,
                                          pcs_red_op_t op)
 {
-    if (!c)
-        return PCS_OK;
-    pcs_coll_red_t red = {op, 0, 0};
     uint64_t t0 = pcs_now_us();
-    pcs_status_t st = pcs_coll_all_reduce(c, v, v, 1, PCS_DTYPE_FP32, &red, NULL);
+    pcs_status_t st = scalar_reduce(rt, c, dev, op, v);
+    if (!c)
+        return st;
     rt->ar_ms += ms_since(t0);
     rt->ar_bytes += 4;
     pthread_mutex_lock(&rt->mu);
@@ -1088,32 +1330,52 @@ static pcs_status_t world_all_reduce_f32(pcs_runtime_t *rt, pcs_coll_t *c, float
     return st;
 }
 
+/* The compute stream waits for everything the all-gather and reduction streams hold: the
+ * prefetch thread idle (nothing queued or running), the reductions drained. */
+static pcs_status_t fence_side_streams(pcs_runtime_t *rt)
+{
+    PCS_CHECK(wait_reductions(rt));
+    pthread_mutex_lock(&rt->mu);
+    while (rt->q_len || ag_in_flight(rt))
+        pthread_cond_wait(&rt->cv, &rt->mu);
+    pthread_mutex_unlock(&rt->mu);
+    PCS_CHECK(fence_compute_after(rt, rt->rs_stream));
+    return fence_compute_after(rt, rt->ag_stream);
+}
+
 pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opts_t *o,
                                         pcs_rt_step_result_t *r)
 {
     memset(r, 0, sizeof *r);
     if (atomic_load(&rt->aborted))
         return pcs_set_error(PCS_ERR_CANCELLED, "runtime aborted");
-    PCS_CHECK(wait_reductions(rt));
+    /* Everything below runs on the compute stream: the sharded grads were accumulated on the
+     * reduction stream, and an all-gather still running reads the master shard. */
+    PCS_CHECK(fence_side_streams(rt));
+    const pcs_backend_ops_t *be = rt->be;
+    pcs_stream_t cs = rt->cstream;
     uint64_t t0 = pcs_now_us();
     /* fp32 view of every grad shard (keep_low_precision_grads keeps them in the param dtype:
      * FSDP1 hands those to the optimizer; we widen for the fp32 update). */
     if (o->inject_inf && rt->n_units > 0) {
         rt_unit_t *u = &rt->units[0];
-        float inf = INFINITY;
-        PCS_CHECK(pcs_kernel_cast(rt->be, u->grad_shard, u->grad, &inf, PCS_DTYPE_FP32, 1, NULL));
+        /* fill rounds +Inf once to the grad dtype: the same bits a cast of an fp32 +Inf gives */
+        PCS_CHECK(be->fill(u->grad_shard, u->grad, 1, (double)INFINITY, cs));
         PCS_INFO(PCS_SUB_WORKER, "test hook: injected +Inf into unit 0's gradient");
     }
     if (o->scaler) {
         float found = 0.0f, inv = (float)(1.0 / o->loss_scale);
+        float *d_found = &rt->d_scal[0], *d_inv = &rt->d_scal[1];
+        PCS_CHECK(be->fill(d_found, PCS_DTYPE_FP32, 1, 0.0, cs));
+        PCS_CHECK(be->fill(d_inv, PCS_DTYPE_FP32, 1, (double)inv, cs));
         for (size_t i = 0; i < rt->n_units; i++) {
             rt_unit_t *u = &rt->units[i];
             pcs_tensor_t t = {u->grad_shard, u->grad, u->c};
-            PCS_CHECK(rt->be->nonfinite_check_and_unscale(&t, 1, &found, &inv, NULL));
+            PCS_CHECK(be->nonfinite_check_and_unscale(&t, 1, d_found, d_inv, cs));
         }
         rt->opt_ms += ms_since(t0);
         /* One verdict for the world: every rank skips together (spec §5). */
-        pcs_status_t st = world_all_reduce_f32(rt, rt->world_c, &found, PCS_RED_MAX);
+        pcs_status_t st = world_all_reduce_f32(rt, rt->world_c, d_found, &found, PCS_RED_MAX);
         if (st != PCS_OK)
             return wrap_err(st, "found_inf all-reduce");
         t0 = pcs_now_us();
@@ -1126,12 +1388,22 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         return PCS_OK;
     }
     if (o->clip_norm > 0) {
-        double local_sh = 0, local_rep = 0;
+        /* one sum of squares per unit in d_scal[3 + i], read back together; the host adds them
+         * in fp64 in unit order */
+        float *d_ss = &rt->d_scal[3];
         for (size_t i = 0; i < rt->n_units; i++) {
             rt_unit_t *u = &rt->units[i];
-            float ss = 0;
-            PCS_CHECK(pcs_kernel_sum_squares(rt->be, u->grad_shard, u->grad, u->c, &ss, NULL));
-            if (u->sg > 1)
+            PCS_CHECK(pcs_kernel_sum_squares(be, u->grad_shard, u->grad, u->c, &d_ss[i], cs));
+        }
+        if (rt->n_units > 0) {
+            PCS_CHECK(
+                be->copy(&rt->h_scal[3], d_ss, rt->n_units * sizeof(float), PCS_COPY_D2H, cs));
+            PCS_CHECK(be->sync(cs));
+        }
+        double local_sh = 0, local_rep = 0;
+        for (size_t i = 0; i < rt->n_units; i++) {
+            float ss = rt->h_scal[3 + i];
+            if (rt->units[i].sg > 1)
                 local_sh += ss;
             else
                 local_rep += ss;
@@ -1139,7 +1411,10 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         float tot = (float)local_sh;
         rt->opt_ms += ms_since(t0);
         if (rt->shard_rs) {
-            pcs_status_t st = world_all_reduce_f32(rt, rt->shard_rs, &tot, PCS_RED_SUM);
+            /* fill rounds the double once to fp32: exactly tot */
+            PCS_CHECK(be->fill(&rt->d_scal[2], PCS_DTYPE_FP32, 1, (double)tot, cs));
+            pcs_status_t st =
+                world_all_reduce_f32(rt, rt->shard_rs, &rt->d_scal[2], &tot, PCS_RED_SUM);
             if (st != PCS_OK)
                 return wrap_err(st, "grad-norm all-reduce");
         }
@@ -1150,26 +1425,20 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         if (coef < 1.0f) {
             for (size_t i = 0; i < rt->n_units; i++) {
                 rt_unit_t *u = &rt->units[i];
-                PCS_CHECK(pcs_kernel_scale(rt->be, u->grad_shard, u->grad, u->c, coef, NULL));
+                PCS_CHECK(pcs_kernel_scale(be, u->grad_shard, u->grad, u->c, coef, cs));
             }
         }
     }
     rt->opt_steps++;
-    float *tmp = NULL;
-    size_t tmp_cap = 0;
     pcs_status_t st = PCS_OK;
+    float *tmp = rt->d_tmp; /* max shard fp32 scratch */
     for (size_t i = 0; i < rt->n_units; i++) {
         rt_unit_t *u = &rt->units[i];
         float *g = u->grad_shard;
         if (u->grad != PCS_DTYPE_FP32) {
-            if (u->c > tmp_cap) {
-                free(tmp);
-                tmp_cap = u->c;
-                PCS_CHECK_GOTO(pcs_calloc(tmp_cap, sizeof(float), (void **)&tmp), st, out);
-            }
             PCS_CHECK_GOTO(
-                pcs_kernel_cast(rt->be, tmp, PCS_DTYPE_FP32, u->grad_shard, u->grad, u->c, NULL),
-                st, out);
+                pcs_kernel_cast(be, tmp, PCS_DTYPE_FP32, u->grad_shard, u->grad, u->c, cs), st,
+                out);
             g = tmp;
         }
         pcs_tensor_t p = {u->master_shard, PCS_DTYPE_FP32, u->c};
@@ -1178,32 +1447,28 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         if (rt->opt == PCS_OPT_ADAMW) {
             pcs_tensor_t b = {u->opt_b, PCS_DTYPE_FP32, u->c};
             PCS_CHECK_GOTO(
-                rt->be->adamw_update(&p, &gt, &a, &b, 1, &rt->adamw, (int64_t)rt->opt_steps, NULL),
-                st, out);
+                be->adamw_update(&p, &gt, &a, &b, 1, &rt->adamw, (int64_t)rt->opt_steps, cs), st,
+                out);
         } else {
             int need_buf = rt->sgd.momentum != 0;
-            PCS_CHECK_GOTO(rt->be->sgd_update(&p, &gt, need_buf ? &a : NULL, 1, &rt->sgd,
-                                              rt->opt_steps == 1, NULL),
-                           st, out);
+            PCS_CHECK_GOTO(
+                be->sgd_update(&p, &gt, need_buf ? &a : NULL, 1, &rt->sgd, rt->opt_steps == 1, cs),
+                st, out);
         }
         if (u->master != PCS_DTYPE_FP32) {
             /* Low-precision masters (pure fp16): the fp32 update is rounded back to the master
              * dtype, as a parameter stored in fp16 would be. */
-            if (u->c > tmp_cap) {
-                free(tmp);
-                tmp_cap = u->c;
-                PCS_CHECK_GOTO(pcs_calloc(tmp_cap, sizeof(float), (void **)&tmp), st, out);
-            }
-            PCS_CHECK_GOTO(pcs_kernel_cast(rt->be, tmp, u->master, u->master_shard, PCS_DTYPE_FP32,
-                                           u->c, NULL),
-                           st, out);
-            PCS_CHECK_GOTO(pcs_kernel_cast(rt->be, u->master_shard, PCS_DTYPE_FP32, tmp, u->master,
-                                           u->c, NULL),
-                           st, out);
+            PCS_CHECK_GOTO(
+                pcs_kernel_cast(be, tmp, u->master, u->master_shard, PCS_DTYPE_FP32, u->c, cs), st,
+                out);
+            PCS_CHECK_GOTO(
+                pcs_kernel_cast(be, u->master_shard, PCS_DTYPE_FP32, tmp, u->master, u->c, cs), st,
+                out);
         }
     }
+    /* the next all-gathers read the updated master shards */
+    PCS_CHECK_GOTO(be->event_record(rt->ev_opt, cs), st, out);
 out:
-    free(tmp);
     rt->opt_ms += ms_since(t0);
     return st;
 }
@@ -1220,9 +1485,10 @@ pcs_status_t pcs_runtime_mean_over_dp(pcs_runtime_t *rt, double *v)
     pcs_coll_t *c = rt->dp_c ? rt->dp_c : (rt->dp_size == rt->world ? rt->world_c : NULL);
     if (!c)
         return PCS_OK;
+    /* through the backend scalar (device memory for NCCL), on the compute stream */
     float f = (float)*v;
-    pcs_coll_red_t red = {PCS_RED_SUM, 0, 0};
-    PCS_CHECK(pcs_coll_all_reduce(c, &f, &f, 1, PCS_DTYPE_FP32, &red, NULL));
+    PCS_CHECK(rt->be->fill(&rt->d_scal[2], PCS_DTYPE_FP32, 1, (double)f, rt->cstream));
+    PCS_CHECK(scalar_reduce(rt, c, &rt->d_scal[2], PCS_RED_SUM, &f));
     *v = (double)f / (double)pcs_coll_size(c);
     return PCS_OK;
 }
@@ -1272,6 +1538,25 @@ pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t 
      * replica. */
     out->replicate_index = u->sg > 1 ? rt->rep_index : rt->dp_index;
     return PCS_OK;
+}
+
+pcs_status_t pcs_runtime_shard_to_host(pcs_runtime_t *rt, uint32_t unit, void *master,
+                                       float *state_a, float *state_b)
+{
+    PCS_CHECK(check_unit(rt, unit));
+    rt_unit_t *u = &rt->units[unit];
+    size_t bytes = u->c * sizeof(float);
+    /* the optimizer state the optimizer has (pcs_runtime_shard's exp_avg/exp_avg_sq/momentum) */
+    const float *a = rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0 ? u->opt_a : NULL;
+    const float *b = rt->opt == PCS_OPT_ADAMW ? u->opt_b : NULL;
+    /* ordered after the update on the compute stream; one sync for the three copies */
+    if (master)
+        PCS_CHECK(rt->be->copy(master, u->master_shard, bytes, PCS_COPY_D2H, rt->cstream));
+    if (state_a && a)
+        PCS_CHECK(rt->be->copy(state_a, a, bytes, PCS_COPY_D2H, rt->cstream));
+    if (state_b && b)
+        PCS_CHECK(rt->be->copy(state_b, b, bytes, PCS_COPY_D2H, rt->cstream));
+    return rt->be->sync(rt->cstream);
 }
 
 uint64_t pcs_runtime_opt_steps(const pcs_runtime_t *rt)

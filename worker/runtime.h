@@ -5,13 +5,43 @@
  * all-reduce for NO_SHARD, cast back, accumulate into the sharded grad), no-sync accumulation in
  * the plan's accumulation dtype, and the optimizer step (grad scaler verdict over the world,
  * clipping with one all-reduce, AdamW/SGD on fp32 shards). Every collective is recorded and
- * audited against the dtype the plan gives it. Host buffers (cpu backend). */
+ * audited against the dtype the plan gives it. Every buffer lives in the backend's memory
+ * (cfg->be: host memory on cpu, device memory on cuda); collectives run on those buffers (NCCL)
+ * or on pinned host staging buffers (Gloo with a device backend, or stage_host).
+ *
+ * Device memory and streams: the caller (the model) enqueues its forward/backward work on
+ * cfg->stream (the compute stream; NULL = the backend's default stream). The runtime owns two
+ * more streams, one per thread: the all-gather stream (prefetch thread) and the reduction stream
+ * (reduction thread); inline work (prefetch 0) uses the same two streams from the caller's
+ * thread. Ordering between them is by events, never by a full device sync, except where a
+ * host-staged collective needs its input on the host. The contract for the caller:
+ *  - unshard() returns when the unsharded buffer is ready for work the caller enqueues on
+ *    cfg->stream afterwards: cfg->stream waits on an event recorded after the all-gather (with
+ *    host staging the gather has completed before unshard returns).
+ *  - grad_buffer() enqueues the zeroing on cfg->stream, before any backward the caller enqueues
+ *    there afterwards.
+ *  - post_backward() may be called as soon as the backward work of the unit is enqueued on
+ *    cfg->stream (not complete): the copy-in (cast to the reduce dtype, or the no-sync
+ *    accumulation) is enqueued on cfg->stream after it, and the reduction stream waits on an
+ *    event recorded there before the collective reads the copy.
+ *  - reshard() / reshard_partial() record an event on cfg->stream: the next all-gather into the
+ *    buffer waits on it, so work already enqueued that reads the buffer is not overwritten.
+ *  - optimizer_step() waits (host) for queued reductions, orders cfg->stream after the reduction
+ *    and all-gather streams, runs on cfg->stream, and reads back the few scalars it needs on the
+ *    host (found_inf, the squared norms) with a D2H copy and a sync of cfg->stream. The next
+ *    all-gather of a shard waits for the update on an event.
+ *  - pointers the runtime hands out (unshard, param_buffer, grad_buffer, shard) are backend
+ *    pointers: device memory with a device backend; never dereference them on the host there
+ *    (pcs_runtime_shard_to_host copies a shard out).
+ * On the cpu backend streams and events are ordering tokens and every op completes before it
+ * returns, so the same code runs there (that is what the CPU tests exercise). */
 #ifndef PCS_RUNTIME_H
 #define PCS_RUNTIME_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "coll.h"
 #include "kv.h"
 #include "pcs/dtype.h"
 #include "pcs/kernels.h"
@@ -45,6 +75,18 @@ typedef struct pcs_runtime_config {
     pcs_adamw_config_t adamw;
     pcs_sgd_config_t sgd;
     int prefetch; /* units all-gathered ahead; 0 = issue all-gathers inline */
+    /* Device memory and streams (all zero = today's host behaviour: default stream, device 0,
+     * Gloo on the backend's buffers). */
+    pcs_stream_t stream;     /* compute stream the model enqueues on (NULL = default); borrowed */
+    int device;              /* device ordinal: create and every runtime thread call
+                              * be->set_device(device) first (create changes the calling thread's
+                              * current device; call the other functions from threads on it) */
+    pcs_coll_backend_t coll; /* 0 or PCS_COLL_GLOO (host buffers), PCS_COLL_NCCL (device buffers,
+                              * a non-cpu backend; groups of one rank get no communicator) */
+    int stage_host;          /* 1: collectives run on pinned host staging buffers (be->host_alloc)
+                              * with a D2H copy before and an H2D copy after. Forced on for Gloo
+                              * with a non-cpu backend; settable on cpu so CPU tests run the
+                              * staging code; INVALID_ARG with NCCL. */
 } pcs_runtime_config_t;
 
 /* One collective as issued, for reports and audits. */
@@ -128,7 +170,9 @@ pcs_status_t pcs_runtime_mean_over_dp(pcs_runtime_t *rt, double *v);
 
 void pcs_runtime_stats(const pcs_runtime_t *rt, pcs_rt_stats_t *s);
 
-/* Shard access for checkpoints and the C API. */
+/* Shard access for checkpoints and the C API. The pointers are backend pointers (device memory
+ * with a device backend), valid until destroy; their contents are current once the work queued
+ * on cfg->stream is done (sync it, or use pcs_runtime_shard_to_host). */
 typedef struct pcs_rt_shard {
     uint32_t unit;
     pcs_dtype_t master_dtype;  /* the plan's master dtype */
@@ -140,6 +184,12 @@ typedef struct pcs_rt_shard {
     uint32_t replicate_index;
 } pcs_rt_shard_t;
 pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t *out);
+/* Copy unit's shard into caller host buffers of pcs_rt_shard_t.numel elements each, synchronously
+ * (ordered after all work queued on cfg->stream): master in the storage dtype (fp32), and the
+ * optimizer state (state_a = exp_avg or momentum, state_b = exp_avg_sq). NULL members are
+ * skipped, as is a state the optimizer does not have. INVALID_ARG for a bad unit; CUDA errors. */
+pcs_status_t pcs_runtime_shard_to_host(pcs_runtime_t *rt, uint32_t unit, void *master,
+                                       float *state_a, float *state_b);
 uint64_t pcs_runtime_opt_steps(const pcs_runtime_t *rt);
 
 #ifdef __cplusplus
