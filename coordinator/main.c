@@ -35,6 +35,8 @@ static const pcs_opt_t options[] = {
      "rendezvous KV: keys + values per job"},
     {"max-message-bytes", PCS_OPT_U32, "4194304", 1024, 1073741824,
      "largest request accepted (RESOURCE_EXHAUSTED above)"},
+    {"max-watch-streams", PCS_OPT_U32, "1024", 1, 1000000,
+     "open grpc.health.v1 Health/Watch streams at once (RESOURCE_EXHAUSTED above)"},
     {"db", PCS_OPT_STRING, "", 0, 0,
      "SQLite file for job history and worker ids (empty: --state-dir, else in memory)"},
     {"state-dir", PCS_OPT_STRING, "", 0, 0, "directory for coordinator.db when --db is empty"},
@@ -158,7 +160,8 @@ int main(int argc, char **argv)
                               .metrics_port_file = pcs_config_str(cfg, "metrics-port-file"),
                               .config = cfg,
                               .tls = *tls_cert ? &tls : NULL,
-                              .token_file = pcs_config_str(cfg, "token-file")};
+                              .token_file = pcs_config_str(cfg, "token-file"),
+                              .max_watch_streams = pcs_config_u32(cfg, "max-watch-streams")};
     pcs_server_t *srv = NULL;
     if (pcs_server_create(&sc, &srv) != PCS_OK) {
         fprintf(stderr, "pcs-coordinator: %s\n", pcs_last_error());

@@ -32,6 +32,7 @@
 #define SHUTDOWN_GRACE_MS 150
 #define METRICS_EVERY_MS  500
 #define MAX_KV_WAIT_MS    600000u
+#define DEFAULT_MAX_WATCH_STREAMS 1024u
 
 typedef struct health_watch {
     pcs_rpc_call_t *call;
@@ -51,6 +52,8 @@ struct pcs_server {
     uint64_t next_metrics_ms;
     health_watch_t *hw;
     size_t n_hw, cap_hw;
+    uint32_t max_hw;         /* open Health/Watch streams allowed (--max-watch-streams) */
+    uint64_t hw_refused;     /* Watch calls refused at the cap, for /metrics */
     bool restoring; /* store callbacks off while replaying the store */
     pcs_auth_t *auth; /* NULL: no token checks */
 };
@@ -797,6 +800,18 @@ static void h_health_watch(pcs_rpc_call_t *call, const ProtobufCMessage *m, void
     pcs_server_t *s = user;
     const Grpc__Health__V1__HealthCheckRequest *req = (const void *)m;
     int known = health_known(req->service);
+    /* Each open stream holds a call and its memory until the client leaves: a prober that never
+     * closes its watches (or a flood of them) must not grow the coordinator without bound. The
+     * slot is freed in health_watch_cancelled and at shutdown. */
+    if (!s->stopping && s->n_hw >= s->max_hw) {
+        s->hw_refused++;
+        PCS_DEBUG(PCS_SUB_RPC, "Health/Watch from %s refused: %zu streams open",
+                  pcs_rpc_call_peer(call), s->n_hw);
+        return pcs_rpc_fail(call, PCS_ERR_LIMIT,
+                            "too many open Health/Watch streams: %zu of max-watch-streams %" PRIu32
+                            " (close one, use Health/Check, or raise --max-watch-streams)",
+                            s->n_hw, s->max_hw);
+    }
     /* The health protocol: Watch of an unknown service streams SERVICE_UNKNOWN (not an error). */
     health_send(s, call, known);
     if (s->stopping) {
@@ -985,6 +1000,15 @@ static void publish_metrics(pcs_server_t *s)
     metrics_line(f, "pcs_up", NULL, s->stopping ? 0 : 1);
     fprintf(f, "# HELP pcs_uptime_seconds Seconds since start.\n# TYPE pcs_uptime_seconds gauge\n");
     metrics_line(f, "pcs_uptime_seconds", NULL, (double)(pcs_now_ms() - s->start_ms) / 1000.0);
+    fprintf(f, "# HELP pcs_health_watch_streams Open grpc.health.v1 Health/Watch streams.\n"
+               "# TYPE pcs_health_watch_streams gauge\n");
+    metrics_line(f, "pcs_health_watch_streams", NULL, (double)s->n_hw);
+    fprintf(f, "# HELP pcs_health_watch_streams_max The cap (max-watch-streams).\n"
+               "# TYPE pcs_health_watch_streams_max gauge\n");
+    metrics_line(f, "pcs_health_watch_streams_max", NULL, s->max_hw);
+    fprintf(f, "# HELP pcs_health_watch_refused_total Health/Watch calls refused at the cap.\n"
+               "# TYPE pcs_health_watch_refused_total counter\n");
+    metrics_line(f, "pcs_health_watch_refused_total", NULL, (double)s->hw_refused);
     fprintf(f, "# HELP pcs_workers Workers by state.\n# TYPE pcs_workers gauge\n");
     for (int st = PCS_WORKER_IDLE; st <= PCS_WORKER_GONE; st++) {
         snprintf(lab, sizeof lab, "state=\"%s\"", pcs_worker_state_name((pcs_worker_state_t)st));
@@ -1159,6 +1183,7 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
     PCS_CHECK(pcs_calloc(1, sizeof *s, (void **)&s));
     s->cfg = *cfg;
     s->start_ms = pcs_now_ms();
+    s->max_hw = cfg->max_watch_streams ? cfg->max_watch_streams : DEFAULT_MAX_WATCH_STREAMS;
     if (cfg->token_file && *cfg->token_file) {
         PCS_CHECK_GOTO(pcs_auth_load(cfg->token_file, &s->auth), st, fail);
         PCS_INFO(PCS_SUB_INIT, "bearer tokens required: %zu tokens from %s",

@@ -30,6 +30,9 @@ typedef struct pcs_server_config {
     const pcs_config_t *config;    /* borrowed, for GetStatus "# Config" (may be NULL) */
     const pcs_rpc_tls_t *tls;      /* NULL: plaintext; borrowed for pcs_server_create only */
     const char *token_file;        /* `role token` lines; NULL or "": no token checks */
+    uint32_t max_watch_streams;    /* open Health/Watch streams at once; 0 = 1024. Above it a
+                                    * Watch gets RESOURCE_EXHAUSTED (WatchAssignment is one per
+                                    * worker: a newer one supersedes the older) */
 } pcs_server_config_t;
 
 typedef struct pcs_server pcs_server_t;

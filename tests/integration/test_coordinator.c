@@ -985,6 +985,83 @@ static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
     free(dir);
 }
 
+/* Health/Watch streams are capped (--max-watch-streams): the one above the cap is refused with
+ * RESOURCE_EXHAUSTED, a client closing its stream frees the slot, /metrics shows the count. */
+static void test_health_watch_streams_above_the_cap_are_resource_exhausted(void **state)
+{
+    (void)state;
+    char *dir = pcs_test_tmpdir("coord-hw");
+    char mport_file[1024];
+    snprintf(mport_file, sizeof mport_file, "%s/metrics.port", dir);
+    const char *args[] = {"--max-watch-streams", "3", "--metrics-listen", "127.0.0.1:0",
+                          "--metrics-port-file", mport_file, NULL};
+    coord_proc_t *p = start("coord-hw", args);
+    char *mp = pcs_test_wait_file(mport_file, 5000);
+    assert_non_null(mp);
+    int port = atoi(mp);
+    free(mp);
+    pcs_rpc_stream_t *open_streams[3];
+    for (int i = 0; i < 3; i++) /* unknown services count too: each stream holds a slot */
+        assert_int_equal(health_watch_first(p, i == 2 ? "no.such.Service" : "", &open_streams[i]),
+                         i == 2 ? 3 /* SERVICE_UNKNOWN */ : 1 /* SERVING */);
+
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = "";
+    pcs_rpc_stream_t *extra = NULL;
+    ProtobufCMessage *m = NULL;
+    assert_int_equal(pcs_rpc_stream_open(p->cli, PCS_M_HEALTH_WATCH, &req.base, &extra), PCS_OK);
+    assert_int_equal(
+        pcs_rpc_stream_next(extra, &grpc__health__v1__health_check_response__descriptor, T_MS, &m),
+        PCS_ERR_LIMIT);
+    assert_null(m);
+    assert_int_equal(pcs_rpc_stream_code(extra), 8 /* RESOURCE_EXHAUSTED */);
+    assert_non_null(strstr(pcs_last_error(), "max-watch-streams 3"));
+    pcs_rpc_stream_close(extra);
+    /* unary health checks are not streams: never refused by the cap */
+    assert_int_equal(health_check(p, ""), 1);
+
+    pcs_test_sleep_ms(700); /* the metrics snapshot is refreshed every 500 ms */
+    char *text = http_get(port, "/metrics");
+    assert_non_null(strstr(text, "pcs_health_watch_streams 3\n"));
+    assert_non_null(strstr(text, "pcs_health_watch_streams_max 3\n"));
+    assert_non_null(strstr(text, "pcs_health_watch_refused_total 1\n"));
+    free(text);
+
+    /* closing one (the client cancels) frees its slot: a new watch is served again */
+    pcs_rpc_stream_close(open_streams[1]);
+    int got = -1;
+    for (int tries = 0; tries < 50 && got != 1; tries++) {
+        pcs_rpc_stream_t *again = NULL;
+        assert_int_equal(pcs_rpc_stream_open(p->cli, PCS_M_HEALTH_WATCH, &req.base, &again),
+                         PCS_OK);
+        m = NULL;
+        pcs_status_t st = pcs_rpc_stream_next(
+            again, &grpc__health__v1__health_check_response__descriptor, T_MS, &m);
+        if (st == PCS_OK) {
+            got = (int)((Grpc__Health__V1__HealthCheckResponse *)m)->status;
+            protobuf_c_message_free_unpacked(m, NULL);
+            open_streams[1] = again;
+        } else {
+            assert_int_equal(st, PCS_ERR_LIMIT); /* the cancel has not reached the server yet */
+            pcs_rpc_stream_close(again);
+            pcs_test_sleep_ms(20);
+        }
+    }
+    assert_int_equal(got, 1);
+    /* and the cap holds again with the replacement open */
+    assert_int_equal(pcs_rpc_stream_open(p->cli, PCS_M_HEALTH_WATCH, &req.base, &extra), PCS_OK);
+    m = NULL;
+    assert_int_equal(
+        pcs_rpc_stream_next(extra, &grpc__health__v1__health_check_response__descriptor, T_MS, &m),
+        PCS_ERR_LIMIT);
+    pcs_rpc_stream_close(extra);
+    for (int i = 0; i < 3; i++)
+        pcs_rpc_stream_close(open_streams[i]);
+    stop(p);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
 static void test_sigterm_ends_open_streams_with_unavailable_and_exits_zero(void **state)
 {
     (void)state;
@@ -1042,6 +1119,7 @@ int main(void)
         cmocka_unit_test(test_restart_fails_pending_jobs_whose_spec_cannot_be_planned),
         cmocka_unit_test(test_metrics_endpoint_reports_workers_jobs_and_rpcs),
         cmocka_unit_test(test_sigterm_ends_open_streams_with_unavailable_and_exits_zero),
+        cmocka_unit_test(test_health_watch_streams_above_the_cap_are_resource_exhausted),
     };
     int fails =
         cmocka_run_group_tests_name("coordinator", group_a, group_a_setup, group_a_teardown);
