@@ -368,6 +368,13 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     rc.init_ctx = t;
     rc.prefetch =
         cfg->prefetch >= 0 ? cfg->prefetch : (int)(t->plan->prefetch ? t->plan->prefetch : 1);
+    rc.stream = NULL; /* the model's compute stream once it has one */
+    rc.device = 0;
+    rc.coll = PCS_COLL_GLOO;
+    /* PCS_RUNTIME_STAGE_HOST=1: collectives through host staging buffers on the cpu backend too
+     * (a test switch: the staged path must give the direct path's bits) */
+    const char *stage_env = getenv("PCS_RUNTIME_STAGE_HOST");
+    rc.stage_host = stage_env && strcmp(stage_env, "1") == 0;
     t->depth = rc.prefetch > 0 ? (uint32_t)rc.prefetch : 0;
     pcs_train_opt_from_spec(tr, &rc);
     PCS_CHECK_GOTO(pcs_runtime_create(&rc, &t->rt), st, fail);
@@ -542,8 +549,8 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
     uint64_t(*shapes)[1] = NULL;
     void **conv = NULL, **mconv = NULL;
     pcs_status_t st;
-    PCS_CHECK_GOTO(pcs_calloc(t->n_units ? t->n_units : 1, sizeof *mconv, (void **)&mconv), st,
-                   out);
+    /* per unit: host copies of master (fp32 storage), state a, state b, master in its dtype */
+    PCS_CHECK_GOTO(pcs_calloc(t->n_units * 4 + 1, sizeof *mconv, (void **)&mconv), st, out);
     PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, sizeof *e, (void **)&e), st, out);
     PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, sizeof *names, (void **)&names), st, out);
     PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, sizeof *shapes, (void **)&shapes), st, out);
@@ -552,27 +559,37 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
     size_t k = 0;
     pcs_rt_shard_t sh;
     memset(&sh, 0, sizeof sh);
+    const pcs_backend_ops_t *host_be = NULL; /* host-side conversions of the copied shards */
+    PCS_CHECK_GOTO(pcs_backend_get("cpu", &host_be), st, out);
     for (size_t i = 0; i < t->n_units; i++) {
+        /* the shard's pointers are backend (device) memory: copy it to host buffers */
         PCS_CHECK_GOTO(pcs_runtime_shard(t->rt, (uint32_t)i, &sh), st, out);
-        const void *master = sh.master;
+        void **h = &mconv[i * 4];
+        size_t nb = (sh.numel ? sh.numel : 1) * sizeof(float);
+        PCS_CHECK_GOTO(pcs_calloc(1, nb, &h[0]), st, out);
+        if (sh.exp_avg || sh.momentum)
+            PCS_CHECK_GOTO(pcs_calloc(1, nb, &h[1]), st, out);
+        if (sh.exp_avg_sq)
+            PCS_CHECK_GOTO(pcs_calloc(1, nb, &h[2]), st, out);
+        PCS_CHECK_GOTO(pcs_runtime_shard_to_host(t->rt, (uint32_t)i, h[0], h[1], h[2]), st, out);
+        const void *master = h[0];
         if (sh.master_dtype != sh.storage_dtype) {
             /* checkpoints hold the master dtype (pure fp16: fp16 values) */
             PCS_CHECK_GOTO(
-                pcs_calloc(sh.numel ? sh.numel : 1, pcs_dtype_size(sh.master_dtype), &mconv[i]), st,
+                pcs_calloc(sh.numel ? sh.numel : 1, pcs_dtype_size(sh.master_dtype), &h[3]), st,
                 out);
-            PCS_CHECK_GOTO(pcs_kernel_cast(t->be, mconv[i], sh.master_dtype, sh.master,
-                                           sh.storage_dtype, sh.numel, NULL),
+            PCS_CHECK_GOTO(pcs_kernel_cast(host_be, h[3], sh.master_dtype, h[0], sh.storage_dtype,
+                                           sh.numel, NULL),
                            st, out);
-            master = mconv[i];
+            master = h[3];
         }
         struct {
             const char *what;
             pcs_dtype_t dt;
             const void *p;
         } parts[3] = {{"param", sh.master_dtype, master},
-                      {sh.momentum ? "momentum" : "exp_avg", PCS_DTYPE_FP32,
-                       sh.momentum ? (const void *)sh.momentum : (const void *)sh.exp_avg},
-                      {"exp_avg_sq", PCS_DTYPE_FP32, sh.exp_avg_sq}};
+                      {sh.momentum ? "momentum" : "exp_avg", PCS_DTYPE_FP32, h[1]},
+                      {"exp_avg_sq", PCS_DTYPE_FP32, h[2]}};
         for (int j = 0; j < 3; j++) {
             if (!parts[j].p)
                 continue;
@@ -636,7 +653,7 @@ out:
             free(conv[i]);
     free(conv);
     if (mconv)
-        for (size_t i = 0; i < t->n_units; i++)
+        for (size_t i = 0; i < t->n_units * 4; i++)
             free(mconv[i]);
     free(mconv);
     free(e);
