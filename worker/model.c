@@ -1,11 +1,15 @@
-/* Built-in MLP forward/backward on the CPU with PyTorch-like mixed precision (no autocast):
+/* Built-in MLP forward/backward with PyTorch-like mixed precision (no autocast). This file keeps
+ * the module tree, bindings, FSDP casts, the op tape and the hooks; every numeric operation goes
+ * through the pcs/nn.h vtable: "cpu" (host arrays, OpenBLAS; kernels/src/nn_cpu.c, the reference
+ * twin) or "cuda" (device arrays, cuBLAS + CUDA kernels; kernels/src/nn_cuda.cu). model.c never
+ * dereferences a bound buffer or an activation: on cuda they are device pointers.
  * - Storage: activations and their gradients live in fp32 arrays tagged with a dtype; a tensor
  *   tagged bf16/fp16 only ever holds values exactly representable in that dtype (every op rounds
  *   its result), so the values are bit-identical to bf16/fp16 storage while sgemm reads them
  *   directly. Parameters arrive as real bf16/fp16/fp32 buffers (uint16 storage, common half.h).
- * - Linear: operands converted to fp32, cblas_sgemm (fp32 accumulation), bias added in fp32 and
- *   the result rounded once to the compute dtype (cuBLASLt's bias epilogue). Backward: dX, dW by
- *   sgemm, db summed in fp32, each rounded once to its dtype.
+ * - Linear: fp32 accumulation, bias added in fp32 and the result rounded once to the compute
+ *   dtype (cuBLASLt's bias epilogue). Backward: dX, dW by GEMM, db summed in fp32, each rounded
+ *   once to its dtype.
  * - Elementwise ops (GELU, residual add) compute in fp32 from the low-precision inputs and round
  *   the result (PyTorch's opmath); ReLU is exact. GELU is the exact erf form.
  * - LayerNorm / BatchNorm statistics in fp32 (accumulated in double), output rounded to the input
@@ -16,11 +20,12 @@
  *   PyTorch); FSDP input/output casts are explicit per-module casts (pcs_mlp_set_cast).
  * - Autograd semantics: a tensor used twice (residual input) sums its gradient contributions in
  *   its own dtype; a cast's gradient is cast back to the source dtype.
- * Buffers (slots, scratch) are allocated on the first pass and reused, so steady-state passes do
- * not allocate. A low-precision Linear weight is converted to fp32 once per forward and that copy
- * is reused by the backward (the values autograd saved; memory: 4 bytes per such weight element
- * between forward and backward). Parameters must still be bound during backward (norm weights and
- * fp32 weights are read from the binding), as FSDP re-gathers a unit in its pre-backward hook. */
+ * Buffers (slots, saved statistics, scratch) are allocated in the backend's memory on the first
+ * pass and reused, so steady-state passes do not allocate. A low-precision Linear weight is saved
+ * once per forward (cpu: as fp32) and backward reuses that copy (the values autograd saved;
+ * memory: 4 bytes per such weight element between forward and backward). Parameters must still be
+ * bound during backward (norm weights and fp32 weights are read from the binding), as FSDP
+ * re-gathers a unit in its pre-backward hook. */
 #include "model.h"
 
 #include <cblas.h>
@@ -30,16 +35,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "pcs/half.h"
 #include "pcs/kernels.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
+#include "pcs/nn.h"
 #include "pcs/v1/job.pb-c.h"
 #include "pcs/v1/plan.pb-c.h"
-
-#define LN_EPS      1e-5f
-#define BN_EPS      1e-5f
-#define BN_MOMENTUM 0.1f
 
 typedef struct {
     const void *data;
@@ -54,9 +55,9 @@ typedef struct {
 } bufbind_t;
 
 typedef struct {
-    float *v; /* values (owned unless slot 0) */
+    float *v; /* values (owned unless slot 0), backend memory */
     size_t cap;
-    float *g; /* gradient */
+    float *g; /* gradient, backend memory */
     size_t gcap;
     int gvalid;
     pcs_dtype_t dtype;
@@ -79,7 +80,8 @@ typedef struct {
     op_kind_t kind;
     uint32_t module;
     int in, in2, out;
-    float *save; /* LN: mean, rstd per row; BN: mean, invstd per feature */
+    pcs_dtype_t wdt; /* Linear: the weight dtype forward used (what `saved` holds) */
+    float *save;     /* backend memory. LN: mean, rstd per row; BN: mean, invstd per feature */
     size_t save_cap;
 } op_t;
 
@@ -87,6 +89,9 @@ struct pcs_mlp {
     pcs_mlp_config_t cfg;
     uint32_t *hidden;
     uint32_t max_rows;
+    const pcs_backend_ops_t *be; /* memory of slots and scratch */
+    pcs_nn_t *nn;                /* numerics, on be's stream */
+    const pcs_nn_ops_t *ops;
     pcs_mlp_module_t *mods;
     uint32_t n_mods;
     pcs_named_tensor_t *params;
@@ -102,95 +107,35 @@ struct pcs_mlp {
     /* pass state */
     slot_t *slots;
     size_t n_slots, cap_slots;
-    op_t *ops;
+    op_t *ops_tape;
     size_t n_ops, cap_ops;
     uint32_t rows;
     int trained;      /* last forward was a training forward */
     int out_slot;     /* slot of the last forward's output */
     int want_in_grad; /* backward also computes the gradient of slot 0 (stage input) */
-    /* scratch */
-    float **wcache; /* per Linear module: fp32 copy of a low-precision weight, filled by
-                       forward and reused by backward (the values autograd saved) */
-    size_t *wcache_cap;
-    float *gw32; /* fp32 dW */
-    size_t gw32_cap;
-    float *tmp; /* gradient contribution / misc */
+    /* scratch, backend memory */
+    float **wsave; /* per Linear module: a low-precision weight as forward saved it for backward
+                      (the values autograd saved), pcs_nn_linear_saved_bytes() */
+    size_t *wsave_cap;
+    float *tmp; /* gradient contribution */
     size_t tmp_cap;
-    float *vec; /* bias / norm params as fp32 */
-    size_t vec_cap;
 };
 
 // ---- numeric helpers ----
 
-/* Conversions go through the kernels' CPU cast (AVX2/F16C when present, proven bit-identical to
- * pcs/half.h by the kernels' exhaustive test); the scalar loops are the fallback. */
-static void cast_scalar(void *dst, pcs_dtype_t dt, const void *src, pcs_dtype_t st, size_t n)
-{
-    if (st == PCS_DTYPE_FP32 && dt == PCS_DTYPE_BF16) {
-        const float *s = src;
-        uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = pcs_f32_to_bf16(s[i]);
-    } else if (st == PCS_DTYPE_FP32 && dt == PCS_DTYPE_FP16) {
-        const float *s = src;
-        uint16_t *d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = pcs_f32_to_fp16(s[i]);
-    } else if (st == PCS_DTYPE_BF16 && dt == PCS_DTYPE_FP32) {
-        const uint16_t *s = src;
-        float *d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = pcs_bf16_to_f32(s[i]);
-    } else if (st == PCS_DTYPE_FP16 && dt == PCS_DTYPE_FP32) {
-        const uint16_t *s = src;
-        float *d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = pcs_fp16_to_f32(s[i]);
-    } else if (st == PCS_DTYPE_FP64 && dt == PCS_DTYPE_FP32) {
-        const double *s = src;
-        float *d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = (float)s[i];
-    } else if (st == PCS_DTYPE_FP32 && dt == PCS_DTYPE_FP64) {
-        const float *s = src;
-        double *d = dst;
-        for (size_t i = 0; i < n; i++)
-            d[i] = s[i];
-    }
-}
-
-static void cast_fast(void *dst, pcs_dtype_t dt, const void *src, pcs_dtype_t st, size_t n)
-{
-    if (pcs_cpu_cast_array(dst, dt, src, st, n) != PCS_OK)
-        cast_scalar(dst, dt, src, st, n);
-}
-
 void pcs_round_to(float *v, size_t n, pcs_dtype_t dtype)
 {
-    if (dtype != PCS_DTYPE_BF16 && dtype != PCS_DTYPE_FP16)
-        return;
-    uint16_t tmp[4096];
-    for (size_t i = 0; i < n; i += 4096) {
-        size_t k = n - i < 4096 ? n - i : 4096;
-        cast_fast(tmp, dtype, v + i, PCS_DTYPE_FP32, k);
-        cast_fast(v + i, PCS_DTYPE_FP32, tmp, dtype, k);
-    }
+    pcs_nn_host_round(v, n, dtype);
 }
 
 void pcs_to_f32(const void *src, pcs_dtype_t src_dtype, size_t n, float *dst)
 {
-    if (src_dtype == PCS_DTYPE_FP32)
-        memcpy(dst, src, n * sizeof(float));
-    else
-        cast_fast(dst, PCS_DTYPE_FP32, src, src_dtype, n);
+    pcs_nn_host_to_f32(src, src_dtype, n, dst);
 }
 
 void pcs_from_f32(const float *src, size_t n, pcs_dtype_t dst_dtype, void *dst)
 {
-    if (dst_dtype == PCS_DTYPE_FP32)
-        memmove(dst, src, n * sizeof(float));
-    else
-        cast_fast(dst, dst_dtype, src, PCS_DTYPE_FP32, n);
+    pcs_nn_host_from_f32(src, n, dst_dtype, dst);
 }
 
 static int is_compute_dtype(pcs_dtype_t t)
@@ -206,13 +151,22 @@ static pcs_dtype_t promote(pcs_dtype_t a, pcs_dtype_t b)
     return PCS_DTYPE_FP32;
 }
 
-static pcs_status_t ensure(float **p, size_t *cap, size_t n)
+/* Grow a backend buffer to n floats. Contents are not kept (every user rewrites it). The stream
+ * is synchronized first: on cuda, work already enqueued may still read the old buffer. */
+static pcs_status_t ensure(pcs_mlp_t *m, float **p, size_t *cap, size_t n)
 {
     if (n <= *cap)
         return PCS_OK;
-    float *q = realloc(*p, n * sizeof(float));
-    if (!q)
-        return pcs_set_error(PCS_ERR_NOMEM, "mlp: out of memory (%zu floats)", n);
+    if (*p) {
+        PCS_CHECK(m->be->sync(pcs_nn_stream(m->nn)));
+        m->be->free(*p);
+        *p = NULL;
+        *cap = 0;
+    }
+    void *q = NULL;
+    pcs_status_t rc = m->be->alloc(n * sizeof(float), &q);
+    if (rc != PCS_OK)
+        return pcs_set_error(rc, "mlp: cannot allocate %zu floats on %s", n, m->be->name);
     *p = q;
     *cap = n;
     return PCS_OK;
@@ -331,6 +285,12 @@ pcs_status_t pcs_mlp_config_from_proto(const struct Pcs__V1__MlpModel *spec, pcs
 
 pcs_status_t pcs_mlp_create(const pcs_mlp_config_t *cfg, uint32_t max_rows, pcs_mlp_t **out)
 {
+    return pcs_mlp_create_on(cfg, max_rows, NULL, NULL, out);
+}
+
+pcs_status_t pcs_mlp_create_on(const pcs_mlp_config_t *cfg, uint32_t max_rows,
+                               const pcs_backend_ops_t *be, pcs_stream_t stream, pcs_mlp_t **out)
+{
     pcs_status_t rc;
     pcs_mlp_t *m = NULL;
     if (!cfg || !out || cfg->input_dim == 0 || cfg->output_dim == 0 || max_rows == 0 ||
@@ -340,7 +300,12 @@ pcs_status_t pcs_mlp_create(const pcs_mlp_config_t *cfg, uint32_t max_rows, pcs_
         if (cfg->hidden_dims[i] == 0)
             return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_create: hidden_dims[%u] = 0", i);
     *out = NULL;
+    if (!be)
+        PCS_CHECK(pcs_backend_get("cpu", &be));
     PCS_CHECK(pcs_calloc(1, sizeof *m, (void **)&m));
+    m->be = be;
+    PCS_CHECK_GOTO(pcs_nn_create(be, stream, &m->nn), rc, fail);
+    m->ops = pcs_nn_ops(m->nn);
     m->cfg = *cfg;
     m->max_rows = max_rows;
     uint32_t nh = cfg->n_hidden;
@@ -355,8 +320,8 @@ pcs_status_t pcs_mlp_create(const pcs_mlp_config_t *cfg, uint32_t max_rows, pcs_
     PCS_CHECK_GOTO(pcs_calloc(max_bufs, sizeof *m->bufs, (void **)&m->bufs), rc, fail);
     PCS_CHECK_GOTO(pcs_calloc(max_mods, sizeof *m->cast_in, (void **)&m->cast_in), rc, fail);
     PCS_CHECK_GOTO(pcs_calloc(max_mods, sizeof *m->cast_out, (void **)&m->cast_out), rc, fail);
-    PCS_CHECK_GOTO(pcs_calloc(max_mods, sizeof *m->wcache, (void **)&m->wcache), rc, fail);
-    PCS_CHECK_GOTO(pcs_calloc(max_mods, sizeof *m->wcache_cap, (void **)&m->wcache_cap), rc, fail);
+    PCS_CHECK_GOTO(pcs_calloc(max_mods, sizeof *m->wsave, (void **)&m->wsave), rc, fail);
+    PCS_CHECK_GOTO(pcs_calloc(max_mods, sizeof *m->wsave_cap, (void **)&m->wsave_cap), rc, fail);
 
     uint32_t root, list, idx;
     PCS_CHECK_GOTO(
@@ -427,23 +392,25 @@ void pcs_mlp_destroy(pcs_mlp_t *m)
     for (size_t i = 0; i < m->n_names; i++)
         free(m->names[i]);
     free(m->names);
+    if (m->be && m->nn) /* queued work may still use the buffers below */
+        (void)m->be->sync(pcs_nn_stream(m->nn));
     for (size_t i = 1; i < m->cap_slots; i++) {
-        free(m->slots[i].v);
-        free(m->slots[i].g);
+        m->be->free(m->slots[i].v);
+        m->be->free(m->slots[i].g);
     }
     if (m->cap_slots)
-        free(m->slots[0].g);
+        m->be->free(m->slots[0].g);
     free(m->slots);
     for (size_t i = 0; i < m->cap_ops; i++)
-        free(m->ops[i].save);
-    free(m->ops);
-    for (uint32_t i = 0; m->wcache && i < m->n_mods; i++)
-        free(m->wcache[i]);
-    free(m->wcache);
-    free(m->wcache_cap);
-    free(m->gw32);
-    free(m->tmp);
-    free(m->vec);
+        m->be->free(m->ops_tape[i].save);
+    free(m->ops_tape);
+    for (uint32_t i = 0; m->wsave && i < m->n_mods; i++)
+        m->be->free(m->wsave[i]);
+    free(m->wsave);
+    free(m->wsave_cap);
+    if (m->be)
+        m->be->free(m->tmp);
+    pcs_nn_destroy(m->nn);
     free(m->pb);
     free(m->bb);
     free(m->cast_in);
@@ -454,6 +421,11 @@ void pcs_mlp_destroy(pcs_mlp_t *m)
     free(m->bufs);
     free(m->hidden);
     free(m);
+}
+
+const pcs_backend_ops_t *pcs_mlp_backend(const pcs_mlp_t *m)
+{
+    return m ? m->be : NULL;
 }
 
 // ---- queries ----
@@ -684,7 +656,7 @@ static pcs_status_t new_slot(pcs_mlp_t *m, pcs_dtype_t dtype, uint32_t width, in
         m->cap_slots = nc;
     }
     slot_t *s = &m->slots[m->n_slots];
-    PCS_CHECK(ensure(&s->v, &s->cap, (size_t)m->max_rows * width));
+    PCS_CHECK(ensure(m, &s->v, &s->cap, (size_t)m->max_rows * width));
     s->dtype = dtype;
     s->width = width;
     s->gvalid = 0;
@@ -697,14 +669,14 @@ static pcs_status_t push_op(pcs_mlp_t *m, op_kind_t k, uint32_t mod, int in, int
 {
     if (m->n_ops == m->cap_ops) {
         size_t nc = m->cap_ops ? 2 * m->cap_ops : 64;
-        op_t *o = realloc(m->ops, nc * sizeof *o);
+        op_t *o = realloc(m->ops_tape, nc * sizeof *o);
         if (!o)
             return pcs_set_error(PCS_ERR_NOMEM, "mlp: out of memory");
         memset(o + m->cap_ops, 0, (nc - m->cap_ops) * sizeof *o);
-        m->ops = o;
+        m->ops_tape = o;
         m->cap_ops = nc;
     }
-    op_t *o = &m->ops[m->n_ops++];
+    op_t *o = &m->ops_tape[m->n_ops++];
     o->kind = k;
     o->module = mod;
     o->in = in;
@@ -715,32 +687,19 @@ static pcs_status_t push_op(pcs_mlp_t *m, op_kind_t k, uint32_t mod, int in, int
     return PCS_OK;
 }
 
-/* fp32 view of a bound floating tensor: the binding itself for fp32, else converted into *buf. */
-static pcs_status_t param_f32(pcs_mlp_t *m, uint32_t p, float **buf, size_t *cap, const float **out)
+static pcs_status_t need_bound(const pcs_mlp_t *m, uint32_t p)
 {
-    const binding_t *b = &m->pb[p];
-    if (!b->data)
+    if (!m->pb[p].data)
         return pcs_set_error(PCS_ERR_STATE, "mlp: parameter %s is not bound (unit not gathered?)",
                              m->params[p].fqn);
-    if (b->dtype == PCS_DTYPE_FP32) {
-        *out = b->data;
-        return PCS_OK;
-    }
-    PCS_CHECK(ensure(buf, cap, m->params[p].numel));
-    pcs_to_f32(b->data, b->dtype, m->params[p].numel, *buf);
-    *out = *buf;
     return PCS_OK;
 }
 
-/* Write a gradient: round to the parameter's compute dtype (autograd's dtype), store as grad dtype.
- */
-static void store_grad(pcs_mlp_t *m, uint32_t p, float *g32)
+/* Where parameter p's gradient goes (data NULL = not wanted). */
+static pcs_nn_grad_t grad_dst(const pcs_mlp_t *m, uint32_t p)
 {
-    binding_t *b = &m->pb[p];
-    size_t n = m->params[p].numel;
-    if (b->grad_dtype != b->dtype)
-        pcs_round_to(g32, n, b->dtype);
-    pcs_from_f32(g32, n, b->grad_dtype, b->grad);
+    pcs_nn_grad_t g = {m->pb[p].grad, m->pb[p].grad_dtype, m->pb[p].dtype};
+    return g;
 }
 
 static pcs_status_t cast_op(pcs_mlp_t *m, uint32_t mod, int in, pcs_dtype_t to, int *out)
@@ -753,13 +712,22 @@ static pcs_status_t cast_op(pcs_mlp_t *m, uint32_t mod, int in, pcs_dtype_t to, 
     int o;
     PCS_CHECK(new_slot(m, to, si->width, &o));
     si = &m->slots[in];
-    slot_t *so = &m->slots[o];
     size_t n = (size_t)m->rows * si->width;
-    memcpy(so->v, si->v, n * sizeof(float));
-    pcs_round_to(so->v, n, to);
+    PCS_CHECK(m->ops->copy_round(m->nn, m->slots[o].v, si->v, n, to));
     PCS_CHECK(push_op(m, OP_CAST, mod, in, -1, o, NULL));
     *out = o;
     return PCS_OK;
+}
+
+/* The Linear of module `mod` as the nn ops see it; weight dtype `dt`. */
+static pcs_nn_linear_t linear_desc(const pcs_mlp_t *m, uint32_t mod, pcs_dtype_t dt)
+{
+    const pcs_mlp_module_t *md = &m->mods[mod];
+    uint32_t pw = md->first_param;
+    pcs_nn_linear_t l = {m->rows,      md->in_dim,     md->out_dim,
+                         dt,           m->pb[pw].data, md->n_params > 1 ? m->pb[pw + 1].data : NULL,
+                         m->wsave[mod]};
+    return l;
 }
 
 static pcs_status_t linear_fwd(pcs_mlp_t *m, uint32_t mod, int in, int *out)
@@ -767,9 +735,7 @@ static pcs_status_t linear_fwd(pcs_mlp_t *m, uint32_t mod, int in, int *out)
     const pcs_mlp_module_t *md = &m->mods[mod];
     uint32_t pw = md->first_param, K = md->in_dim, N = md->out_dim;
     const binding_t *bw = &m->pb[pw];
-    if (!bw->data)
-        return pcs_set_error(PCS_ERR_STATE, "mlp: parameter %s is not bound (unit not gathered?)",
-                             m->params[pw].fqn);
+    PCS_CHECK(need_bound(m, pw));
     pcs_dtype_t dt = bw->dtype;
     if (m->slots[in].dtype != dt)
         return pcs_set_error(PCS_ERR_INVALID_ARG,
@@ -779,28 +745,49 @@ static pcs_status_t linear_fwd(pcs_mlp_t *m, uint32_t mod, int in, int *out)
     if (md->n_params > 1 && m->pb[pw + 1].data && m->pb[pw + 1].dtype != dt)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: bias dtype %s differs from weight dtype %s",
                              md->path, pcs_dtype_name(m->pb[pw + 1].dtype), pcs_dtype_name(dt));
-    const float *W;
-    PCS_CHECK(param_f32(m, pw, &m->wcache[mod], &m->wcache_cap[mod], &W));
+    if (md->n_params > 1)
+        PCS_CHECK(need_bound(m, pw + 1));
+    if (dt != PCS_DTYPE_FP32)
+        PCS_CHECK(ensure(m, &m->wsave[mod], &m->wsave_cap[mod],
+                         pcs_nn_linear_saved_bytes(K, N) / sizeof(float)));
     int o;
     PCS_CHECK(new_slot(m, dt, N, &o));
-    float *Y = m->slots[o].v;
-    const float *X = m->slots[in].v;
-    int R = (int)m->rows;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, (int)N, (int)K, 1.0f, X, (int)K, W,
-                (int)K, 0.0f, Y, (int)N);
-    if (md->n_params > 1) {
-        const float *B;
-        PCS_CHECK(param_f32(m, pw + 1, &m->vec, &m->vec_cap, &B));
-        for (int r = 0; r < R; r++) {
-            float *y = Y + (size_t)r * N;
-            for (uint32_t j = 0; j < N; j++)
-                y[j] += B[j];
-        }
-    }
-    pcs_round_to(Y, (size_t)R * N, dt);
-    PCS_CHECK(push_op(m, OP_LINEAR, mod, in, -1, o, NULL));
+    pcs_nn_linear_t l = linear_desc(m, mod, dt);
+    PCS_CHECK(m->ops->linear_fwd(m->nn, &l, m->slots[in].v, m->slots[o].v));
+    op_t *op;
+    PCS_CHECK(push_op(m, OP_LINEAR, mod, in, -1, o, &op));
+    op->wdt = dt;
     *out = o;
     return PCS_OK;
+}
+
+/* The norm of module `mod` as the nn ops see it (input dtype dt, statistics in `save`). */
+static pcs_nn_norm_t norm_desc(const pcs_mlp_t *m, uint32_t mod, pcs_dtype_t dt, float *save,
+                               int training)
+{
+    const pcs_mlp_module_t *md = &m->mods[mod];
+    uint32_t pw = md->first_param;
+    pcs_nn_norm_t p;
+    memset(&p, 0, sizeof p);
+    p.kind = md->kind == PCS_MOD_BATCHNORM ? PCS_NN_BATCHNORM : PCS_NN_LAYERNORM;
+    p.rows = m->rows;
+    p.dim = md->out_dim;
+    p.dtype = dt;
+    p.weight = m->pb[pw].data;
+    p.bias = m->pb[pw + 1].data;
+    p.weight_dtype = m->pb[pw].dtype;
+    p.bias_dtype = m->pb[pw + 1].dtype;
+    p.save = save;
+    p.training = training;
+    if (p.kind == PCS_NN_BATCHNORM) {
+        const bufbind_t *bb = &m->bb[md->first_buffer];
+        p.running_mean = bb[0].data;
+        p.running_var = bb[1].data;
+        p.mean_dtype = bb[0].dtype;
+        p.var_dtype = bb[1].dtype;
+        p.num_batches_tracked = bb[2].data;
+    }
+    return p;
 }
 
 static pcs_status_t norm_fwd(pcs_mlp_t *m, uint32_t mod, int in, int training, int *out)
@@ -810,110 +797,40 @@ static pcs_status_t norm_fwd(pcs_mlp_t *m, uint32_t mod, int in, int training, i
     int bn = md->kind == PCS_MOD_BATCHNORM;
     if (!m->pb[pw].data || !m->pb[pw + 1].data)
         return pcs_set_error(PCS_ERR_STATE, "mlp: parameters of %s are not bound", md->path);
-    PCS_CHECK(ensure(&m->vec, &m->vec_cap, 2 * (size_t)D));
-    float *wb = m->vec;
-    pcs_to_f32(m->pb[pw].data, m->pb[pw].dtype, D, wb);
-    pcs_to_f32(m->pb[pw + 1].data, m->pb[pw + 1].dtype, D, wb + D);
     pcs_dtype_t dt = m->slots[in].dtype;
     int o;
     PCS_CHECK(new_slot(m, dt, D, &o));
     op_t *op;
     PCS_CHECK(push_op(m, bn ? OP_BN : OP_LN, mod, in, -1, o, &op));
-    const float *X = m->slots[in].v;
-    float *Y = m->slots[o].v;
-    if (!bn) {
-        PCS_CHECK(ensure(&op->save, &op->save_cap, 2 * (size_t)R));
-        for (uint32_t r = 0; r < R; r++) {
-            const float *x = X + (size_t)r * D;
-            double s = 0, ss = 0;
-            for (uint32_t j = 0; j < D; j++)
-                s += x[j];
-            double mean = s / D;
-            for (uint32_t j = 0; j < D; j++)
-                ss += (x[j] - mean) * (x[j] - mean);
-            float mf = (float)mean, rstd = (float)(1.0 / sqrt(ss / D + LN_EPS));
-            op->save[2 * r] = mf;
-            op->save[2 * r + 1] = rstd;
-            float *y = Y + (size_t)r * D;
-            for (uint32_t j = 0; j < D; j++)
-                y[j] = (x[j] - mf) * rstd * wb[j] + wb[D + j];
-        }
-    } else {
-        uint32_t rm = md->first_buffer;
-        bufbind_t *bm = &m->bb[rm], *bv = &m->bb[rm + 1], *bc = &m->bb[rm + 2];
-        if (!bm->data || !bv->data)
+    if (bn) {
+        const bufbind_t *bb = &m->bb[md->first_buffer];
+        if (!bb[0].data || !bb[1].data)
             return pcs_set_error(PCS_ERR_STATE, "mlp: running statistics of %s are not bound",
                                  md->path);
-        PCS_CHECK(ensure(&op->save, &op->save_cap, 4 * (size_t)D));
-        float *mean = op->save, *invstd = op->save + D, *run = op->save + 2 * D;
-        pcs_to_f32(bm->data, bm->dtype, D, run);
-        pcs_to_f32(bv->data, bv->dtype, D, run + D);
-        if (training) {
-            if (R < 2)
-                return pcs_set_error(PCS_ERR_INVALID_ARG,
-                                     "%s: expected more than 1 value per "
-                                     "channel when training (batch of %u rows)",
-                                     md->path, R);
-            for (uint32_t j = 0; j < D; j++) {
-                double s = 0, ss = 0;
-                for (uint32_t r = 0; r < R; r++)
-                    s += X[(size_t)r * D + j];
-                double mu = s / R;
-                for (uint32_t r = 0; r < R; r++) {
-                    double d = X[(size_t)r * D + j] - mu;
-                    ss += d * d;
-                }
-                double var = ss / R;
-                mean[j] = (float)mu;
-                invstd[j] = (float)(1.0 / sqrt(var + BN_EPS));
-                run[j] = (1.0f - BN_MOMENTUM) * run[j] + BN_MOMENTUM * (float)mu;
-                run[D + j] =
-                    (1.0f - BN_MOMENTUM) * run[D + j] + BN_MOMENTUM * (float)(ss / (R - 1));
-            }
-            pcs_from_f32(run, D, bm->dtype, bm->data);
-            pcs_from_f32(run + D, D, bv->dtype, bv->data);
-            if (bc->data)
-                (*(int64_t *)bc->data)++;
-        } else {
-            for (uint32_t j = 0; j < D; j++) {
-                mean[j] = run[j];
-                invstd[j] = (float)(1.0 / sqrt((double)run[D + j] + BN_EPS));
-            }
-        }
-        for (uint32_t r = 0; r < R; r++) {
-            const float *x = X + (size_t)r * D;
-            float *y = Y + (size_t)r * D;
-            for (uint32_t j = 0; j < D; j++)
-                y[j] = (x[j] - mean[j]) * invstd[j] * wb[j] + wb[D + j];
-        }
+        if (training && R < 2)
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "%s: expected more than 1 value per "
+                                 "channel when training (batch of %u rows)",
+                                 md->path, R);
     }
-    pcs_round_to(Y, (size_t)R * D, dt);
+    PCS_CHECK(ensure(m, &op->save, &op->save_cap, bn ? 4 * (size_t)D : 2 * (size_t)R));
+    pcs_nn_norm_t p = norm_desc(m, mod, dt, op->save, training);
+    PCS_CHECK(m->ops->norm_fwd(m->nn, &p, m->slots[in].v, m->slots[o].v));
     *out = o;
     return PCS_OK;
 }
 
-static const double k_sqrt1_2 = 0.70710678118654752440;
-static const double k_inv_sqrt_2pi = 0.39894228040143267794;
-
 static pcs_status_t act_fwd(pcs_mlp_t *m, uint32_t mod, int in, int *out)
 {
     const pcs_mlp_module_t *md = &m->mods[mod];
-    slot_t *si = &m->slots[in];
     int o;
-    PCS_CHECK(new_slot(m, si->dtype, si->width, &o));
-    si = &m->slots[in];
+    PCS_CHECK(new_slot(m, m->slots[in].dtype, m->slots[in].width, &o));
+    const slot_t *si = &m->slots[in];
     size_t n = (size_t)m->rows * si->width;
-    const float *X = si->v;
-    float *Y = m->slots[o].v;
-    if (md->kind == PCS_MOD_RELU) {
-        for (size_t i = 0; i < n; i++)
-            Y[i] = X[i] < 0.0f ? 0.0f : X[i]; /* keeps NaN, like torch.relu */
-    } else {
-        for (size_t i = 0; i < n; i++)
-            Y[i] = 0.5f * X[i] * (1.0f + erff(X[i] * (float)k_sqrt1_2));
-        pcs_round_to(Y, n, si->dtype);
-    }
-    PCS_CHECK(push_op(m, md->kind == PCS_MOD_RELU ? OP_RELU : OP_GELU, mod, in, -1, o, NULL));
+    int relu = md->kind == PCS_MOD_RELU;
+    PCS_CHECK(m->ops->act_fwd(m->nn, relu ? PCS_NN_RELU : PCS_NN_GELU, m->slots[o].v, si->v, n,
+                              si->dtype));
+    PCS_CHECK(push_op(m, relu ? OP_RELU : OP_GELU, mod, in, -1, o, NULL));
     *out = o;
     return PCS_OK;
 }
@@ -924,11 +841,7 @@ static pcs_status_t add_fwd(pcs_mlp_t *m, uint32_t mod, int a, int b, int *out)
     int o;
     PCS_CHECK(new_slot(m, dt, m->slots[a].width, &o));
     size_t n = (size_t)m->rows * m->slots[a].width;
-    const float *A = m->slots[a].v, *B = m->slots[b].v;
-    float *Y = m->slots[o].v;
-    for (size_t i = 0; i < n; i++)
-        Y[i] = A[i] + B[i];
-    pcs_round_to(Y, n, dt);
+    PCS_CHECK(m->ops->add(m->nn, m->slots[o].v, m->slots[a].v, m->slots[b].v, n, dt));
     PCS_CHECK(push_op(m, OP_ADD, mod, a, b, o, NULL));
     *out = o;
     return PCS_OK;
@@ -1066,10 +979,10 @@ static pcs_status_t grad_target(pcs_mlp_t *m, int s, float **dst)
     slot_t *sl = &m->slots[s];
     size_t n = (size_t)m->rows * sl->width;
     if (!sl->gvalid) {
-        PCS_CHECK(ensure(&sl->g, &sl->gcap, n));
+        PCS_CHECK(ensure(m, &sl->g, &sl->gcap, n));
         *dst = sl->g;
     } else {
-        PCS_CHECK(ensure(&m->tmp, &m->tmp_cap, n));
+        PCS_CHECK(ensure(m, &m->tmp, &m->tmp_cap, n));
         *dst = m->tmp;
     }
     return PCS_OK;
@@ -1077,130 +990,59 @@ static pcs_status_t grad_target(pcs_mlp_t *m, int s, float **dst)
 
 /* The contribution in `src` (fp32) is first rounded to the slot's dtype (what the producing
  * backward op outputs), then summed into the slot's gradient in that dtype. */
-static void grad_commit(pcs_mlp_t *m, int s, float *src)
+static pcs_status_t grad_commit(pcs_mlp_t *m, int s, float *src)
 {
     slot_t *sl = &m->slots[s];
     size_t n = (size_t)m->rows * sl->width;
-    pcs_round_to(src, n, sl->dtype);
+    PCS_CHECK(m->ops->copy_round(m->nn, src, src, n, sl->dtype));
     if (!sl->gvalid) {
         sl->gvalid = 1;
-        return;
+        return PCS_OK;
     }
-    for (size_t i = 0; i < n; i++)
-        sl->g[i] += src[i];
-    pcs_round_to(sl->g, n, sl->dtype);
+    return m->ops->add(m->nn, sl->g, sl->g, src, n, sl->dtype);
 }
 
 static pcs_status_t linear_bwd(pcs_mlp_t *m, const op_t *op)
 {
     const pcs_mlp_module_t *md = &m->mods[op->module];
-    uint32_t pw = md->first_param, K = md->in_dim, N = md->out_dim;
-    int R = (int)m->rows;
+    uint32_t pw = md->first_param;
     const float *dY = m->slots[op->out].g, *X = m->slots[op->in].v;
-    if (m->pb[pw].grad && m->pb[pw].grad_dtype == PCS_DTYPE_FP32 &&
-        m->pb[pw].dtype == PCS_DTYPE_FP32) {
-        /* fp32 gradient of an fp32 weight: no rounding, so the GEMM writes it in place */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, R, 1.0f, dY, (int)N, X,
-                    (int)K, 0.0f, m->pb[pw].grad, (int)K);
-    } else if (m->pb[pw].grad) {
-        PCS_CHECK(ensure(&m->gw32, &m->gw32_cap, (size_t)N * K));
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, R, 1.0f, dY, (int)N, X,
-                    (int)K, 0.0f, m->gw32, (int)K);
-        store_grad(m, pw, m->gw32);
-    }
-    if (md->n_params > 1 && m->pb[pw + 1].grad) {
-        PCS_CHECK(ensure(&m->gw32, &m->gw32_cap, N));
-        for (uint32_t j = 0; j < N; j++)
-            m->gw32[j] = 0.0f;
-        for (int r = 0; r < R; r++)
-            for (uint32_t j = 0; j < N; j++)
-                m->gw32[j] += dY[(size_t)r * N + j];
-        store_grad(m, pw + 1, m->gw32);
-    }
+    pcs_nn_linear_t l = linear_desc(m, op->module, op->wdt);
+    pcs_nn_grad_t gw = grad_dst(m, pw), gb = {NULL, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
+    if (md->n_params > 1)
+        gb = grad_dst(m, pw + 1);
+    if (gw.data || gb.data)
+        PCS_CHECK(m->ops->linear_bwd_params(m->nn, &l, dY, X, &gw, &gb));
     if (op->in == 0 && !m->want_in_grad)
         return PCS_OK; /* the model input needs no gradient */
-    /* the weight values the forward used: the binding (fp32) or forward's converted copy */
-    const float *W = m->pb[pw].dtype == PCS_DTYPE_FP32 && m->pb[pw].data ? m->pb[pw].data
-                                                                         : m->wcache[op->module];
-    if (!W)
+    /* the weight values the forward used: the fp32 binding or forward's saved copy */
+    l.weight = m->pb[pw].dtype == PCS_DTYPE_FP32 ? m->pb[pw].data : NULL;
+    if (op->wdt == PCS_DTYPE_FP32 && !l.weight)
         return pcs_set_error(PCS_ERR_STATE, "mlp: parameter %s is not bound in backward",
                              m->params[pw].fqn);
     float *dX;
     PCS_CHECK(grad_target(m, op->in, &dX));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, (int)K, (int)N, 1.0f, dY, (int)N, W,
-                (int)K, 0.0f, dX, (int)K);
-    grad_commit(m, op->in, dX);
-    return PCS_OK;
+    PCS_CHECK(m->ops->linear_bwd_input(m->nn, &l, dY, dX));
+    return grad_commit(m, op->in, dX);
 }
 
 static pcs_status_t norm_bwd(pcs_mlp_t *m, const op_t *op)
 {
     const pcs_mlp_module_t *md = &m->mods[op->module];
-    uint32_t D = md->out_dim, R = m->rows, pw = md->first_param;
-    int bn = op->kind == OP_BN;
-    const float *X = m->slots[op->in].v, *dY = m->slots[op->out].g;
+    uint32_t pw = md->first_param;
     if (!m->pb[pw].data)
         return pcs_set_error(PCS_ERR_STATE, "mlp: parameters of %s are not bound in backward",
                              md->path);
-    PCS_CHECK(ensure(&m->vec, &m->vec_cap, 4 * (size_t)D));
-    float *w = m->vec, *dw = m->vec + D, *db = m->vec + 2 * D;
-    pcs_to_f32(m->pb[pw].data, m->pb[pw].dtype, D, w);
-    memset(dw, 0, 2 * (size_t)D * sizeof(float));
+    pcs_nn_norm_t p = norm_desc(m, op->module, m->slots[op->in].dtype, op->save, 1);
+    if (!p.bias) /* backward does not read the bias: any dtype passes validation */
+        p.bias_dtype = p.weight_dtype;
+    pcs_nn_grad_t gw = grad_dst(m, pw), gb = grad_dst(m, pw + 1);
     float *dX = NULL;
     if (op->in != 0 || m->want_in_grad)
         PCS_CHECK(grad_target(m, op->in, &dX));
-    if (!bn) {
-        for (uint32_t r = 0; r < R; r++) {
-            const float *x = X + (size_t)r * D, *dy = dY + (size_t)r * D;
-            float mean = op->save[2 * r], rstd = op->save[2 * r + 1];
-            double c1 = 0, c2 = 0;
-            for (uint32_t j = 0; j < D; j++) {
-                float xh = (x[j] - mean) * rstd, g = dy[j] * w[j];
-                c1 += g;
-                c2 += (double)g * xh;
-                dw[j] += dy[j] * xh;
-                db[j] += dy[j];
-            }
-            c1 /= D;
-            c2 /= D;
-            if (dX) {
-                float *dx = dX + (size_t)r * D;
-                for (uint32_t j = 0; j < D; j++) {
-                    float xh = (x[j] - mean) * rstd;
-                    dx[j] = rstd * (float)(dy[j] * w[j] - c1 - xh * c2);
-                }
-            }
-        }
-    } else {
-        const float *mean = op->save, *invstd = op->save + D;
-        for (uint32_t j = 0; j < D; j++) {
-            double sg = 0, sgx = 0, sdy = 0, sdyx = 0;
-            for (uint32_t r = 0; r < R; r++) {
-                float dy = dY[(size_t)r * D + j];
-                float xh = (X[(size_t)r * D + j] - mean[j]) * invstd[j];
-                sdy += dy;
-                sdyx += (double)dy * xh;
-                sg += dy * w[j];
-                sgx += (double)dy * w[j] * xh;
-            }
-            dw[j] = (float)sdyx;
-            db[j] = (float)sdy;
-            if (dX) {
-                double mg = sg / R, mgx = sgx / R;
-                for (uint32_t r = 0; r < R; r++) {
-                    float xh = (X[(size_t)r * D + j] - mean[j]) * invstd[j];
-                    dX[(size_t)r * D + j] =
-                        invstd[j] * (float)(dY[(size_t)r * D + j] * w[j] - mg - xh * mgx);
-                }
-            }
-        }
-    }
-    if (m->pb[pw].grad)
-        store_grad(m, pw, dw);
-    if (m->pb[pw + 1].grad)
-        store_grad(m, pw + 1, db);
+    PCS_CHECK(m->ops->norm_bwd(m->nn, &p, m->slots[op->in].v, m->slots[op->out].g, dX, &gw, &gb));
     if (dX)
-        grad_commit(m, op->in, dX);
+        PCS_CHECK(grad_commit(m, op->in, dX));
     return PCS_OK;
 }
 
@@ -1217,29 +1059,19 @@ static pcs_status_t elementwise_bwd(pcs_mlp_t *m, const op_t *op)
             if (ins[k] == 0 && !m->want_in_grad)
                 continue;
             PCS_CHECK(grad_target(m, ins[k], &dX));
-            memcpy(dX, dY, n * sizeof(float));
-            grad_commit(m, ins[k], dX);
+            PCS_CHECK(m->ops->copy_round(m->nn, dX, dY, n, PCS_DTYPE_FP32));
+            PCS_CHECK(grad_commit(m, ins[k], dX));
         }
         return PCS_OK;
     }
     PCS_CHECK(grad_target(m, op->in, &dX));
     const float *X = m->slots[op->in].v, *Y = m->slots[op->out].v;
-    if (op->kind == OP_CAST) {
-        memcpy(dX, dY, n * sizeof(float));
-    } else if (op->kind == OP_RELU) {
-        /* threshold_backward(grad, result, 0): NaN results pass the gradient, like PyTorch */
-        for (size_t i = 0; i < n; i++)
-            dX[i] = Y[i] <= 0.0f ? 0.0f : dY[i];
-    } else {
-        for (size_t i = 0; i < n; i++) {
-            float x = X[i];
-            float cdf = 0.5f * (1.0f + erff(x * (float)k_sqrt1_2));
-            float pdf = (float)k_inv_sqrt_2pi * expf(-0.5f * x * x);
-            dX[i] = dY[i] * (cdf + x * pdf);
-        }
-    }
-    grad_commit(m, op->in, dX);
-    return PCS_OK;
+    if (op->kind == OP_CAST)
+        PCS_CHECK(m->ops->copy_round(m->nn, dX, dY, n, PCS_DTYPE_FP32));
+    else
+        PCS_CHECK(m->ops->act_bwd(m->nn, op->kind == OP_RELU ? PCS_NN_RELU : PCS_NN_GELU, dX, X, Y,
+                                  dY, n));
+    return grad_commit(m, op->in, dX);
 }
 
 pcs_status_t pcs_mlp_backward_input(pcs_mlp_t *m, const float *grad_out,
@@ -1253,14 +1085,13 @@ pcs_status_t pcs_mlp_backward_input(pcs_mlp_t *m, const float *grad_out,
     int fin = m->out_slot;
     slot_t *sf = &m->slots[fin];
     size_t n = (size_t)m->rows * sf->width;
-    PCS_CHECK(ensure(&sf->g, &sf->gcap, n));
-    memcpy(sf->g, grad_out, n * sizeof(float));
-    pcs_round_to(sf->g, n, sf->dtype);
+    PCS_CHECK(ensure(m, &sf->g, &sf->gcap, n));
+    PCS_CHECK(m->ops->copy_round(m->nn, sf->g, grad_out, n, sf->dtype));
     sf->gvalid = 1;
     m->trained = 0; /* one backward per forward, like retain_graph=False */
     m->want_in_grad = grad_in != NULL;
     for (size_t k = m->n_ops; k-- > 0;) {
-        const op_t *op = &m->ops[k];
+        const op_t *op = &m->ops_tape[k];
         if (op->kind == OP_EXIT) {
             if (hooks && hooks->pre_backward)
                 PCS_CHECK(hooks->pre_backward(hooks->ctx, op->module));
@@ -1288,10 +1119,12 @@ pcs_status_t pcs_mlp_backward_input(pcs_mlp_t *m, const float *grad_out,
     }
     if (grad_in) {
         size_t n0 = (size_t)m->rows * m->slots[0].width;
+        pcs_stream_t st = pcs_nn_stream(m->nn);
         if (m->slots[0].gvalid)
-            memcpy(grad_in, m->slots[0].g, n0 * sizeof(float));
+            PCS_CHECK(
+                m->be->copy(grad_in, m->slots[0].g, n0 * sizeof(float), PCS_COPY_DEFAULT, st));
         else
-            memset(grad_in, 0, n0 * sizeof(float));
+            PCS_CHECK(m->be->fill(grad_in, PCS_DTYPE_FP32, n0, 0.0, st));
     }
     return PCS_OK;
 }

@@ -8,7 +8,8 @@
  * Module tree and FQNs (planner's scheme, coordinator/model_tree.c): "" MLP; "layers" ModuleList;
  * "layers.{i}" MLPBlock = "layers.{i}.linear" Linear [+ "layers.{i}.norm" LayerNorm|BatchNorm1d]
  * + "layers.{i}.act" ReLU|GELU (+ input if residual and in == out); "head" Linear.
- * Numerics, mixed precision and memory: see model.c's header. Not thread-safe per model. */
+ * Numerics, mixed precision and memory: see model.c's header; the numerics run through pcs/nn.h
+ * on the host ("cpu") or the GPU ("cuda", pcs_mlp_create_on). Not thread-safe per model. */
 #ifndef PCS_WORKER_MODEL_H
 #define PCS_WORKER_MODEL_H
 
@@ -17,6 +18,7 @@
 
 #include "init.h"
 #include "pcs/dtype.h"
+#include "pcs/kernels.h"
 #include "pcs/status.h"
 
 #ifdef __cplusplus
@@ -84,6 +86,16 @@ pcs_status_t pcs_mlp_config_from_proto(const struct Pcs__V1__MlpModel *spec, pcs
 /* Build the module tree. `max_rows` bounds the rows of one forward (buffers are preallocated
  * lazily on the first pass and reused). Caller destroys with pcs_mlp_destroy(). */
 pcs_status_t pcs_mlp_create(const pcs_mlp_config_t *cfg, uint32_t max_rows, pcs_mlp_t **out);
+/* The same on a kernels backend. be NULL or "cpu": host arrays and OpenBLAS (pcs_mlp_create is
+ * pcs_mlp_create_on(cfg, rows, NULL, NULL, out)); "cuda": device arrays and cuBLAS, all work
+ * enqueued on `stream` (retained; results ready after be->sync(stream)). Every pointer given to
+ * bind_param/bind_grad/bind_buffer/bind_unit, x, grad_out, grad_in and the *out of forward is in
+ * the backend's memory. Hooks run on the calling thread in program order, between enqueues.
+ * PCS_ERR_UNSUPPORTED when the backend has no nn implementation (cuda not built, no device). */
+pcs_status_t pcs_mlp_create_on(const pcs_mlp_config_t *cfg, uint32_t max_rows,
+                               const pcs_backend_ops_t *be, pcs_stream_t stream, pcs_mlp_t **out);
+/* The backend the model computes on (never NULL for a created model). */
+const pcs_backend_ops_t *pcs_mlp_backend(const pcs_mlp_t *m);
 void pcs_mlp_destroy(pcs_mlp_t *m);
 
 uint32_t pcs_mlp_num_modules(const pcs_mlp_t *m);

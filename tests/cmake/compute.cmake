@@ -4,6 +4,8 @@ if(TARGET pcs_worker_core)
                TIMEOUT 120)
   pcs_add_test(NAME test_data SOURCES unit/test_data.c LIBS pcs_worker_core LABELS unit
                TIMEOUT 60)
+  # The nn vtable (kernels/include/pcs/nn.h): validation, exact cases, cpu-backend refactor guard.
+  pcs_add_test(NAME test_nn SOURCES unit/test_nn.c LIBS pcs_worker_core LABELS unit TIMEOUT 60)
 endif()
 # test_reference also checks the reference against the planner's plans (coordinator/plan.h).
 if(TARGET pcs_worker_core AND TARGET pcs_plan)

@@ -1,0 +1,399 @@
+/* The "cpu" nn implementation: host arrays, OpenBLAS sgemm and plain loops. This is the reference
+ * twin of nn_cuda.cu and the numerics worker/model.c always had, moved here unchanged (the same
+ * rounding points and the same accumulation order: CPU results are bit-identical to before the
+ * move). Every op completes before it returns; the stream is only an ordering token. See pcs/nn.h
+ * for the contract of each op and worker/model.c's header for the mixed-precision rules. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "nn_internal.h"
+#include "pcs/log.h"
+#include "pcs/mem.h"
+
+#define LN_EPS      1e-5f
+#define BN_EPS      1e-5f
+#define BN_MOMENTUM 0.1f
+
+static const double k_sqrt1_2 = 0.70710678118654752440;
+static const double k_inv_sqrt_2pi = 0.39894228040143267794;
+
+typedef struct {
+    float *gw32; /* fp32 dW / db before rounding and storing */
+    size_t gw32_cap;
+    float *vec; /* bias / norm parameters as fp32 */
+    size_t vec_cap;
+} cpu_nn_t;
+
+static pcs_status_t ensure(float **p, size_t *cap, size_t n)
+{
+    if (n <= *cap)
+        return PCS_OK;
+    float *q = realloc(*p, n * sizeof(float));
+    if (!q)
+        return pcs_set_error(PCS_ERR_NOMEM, "nn cpu: out of memory (%zu floats)", n);
+    *p = q;
+    *cap = n;
+    return PCS_OK;
+}
+
+static cpu_nn_t *impl(pcs_nn_t *nn)
+{
+    return nn->impl;
+}
+
+/* Write a gradient: round to the parameter's compute dtype (autograd's dtype), store as the
+ * gradient's dtype. g32 is scratch and is modified. */
+static void store_grad(const pcs_nn_grad_t *g, float *g32, size_t n)
+{
+    if (g->dtype != g->param_dtype)
+        pcs_nn_host_round(g32, n, g->param_dtype);
+    pcs_nn_host_from_f32(g32, n, g->dtype, g->data);
+}
+
+// ---- context ----
+
+static void cpu_destroy(pcs_nn_t *nn)
+{
+    if (!nn)
+        return;
+    cpu_nn_t *c = nn->impl;
+    if (c) {
+        free(c->gw32);
+        free(c->vec);
+        free(c);
+    }
+    free(nn);
+}
+
+static pcs_status_t cpu_create(const pcs_backend_ops_t *be, pcs_stream_t s, pcs_nn_t **out)
+{
+    if (!be || !out || strcmp(be->name, "cpu") != 0)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn cpu create: needs the cpu backend (got %s)",
+                             be ? be->name : "NULL");
+    pcs_nn_t *nn = NULL;
+    PCS_CHECK(pcs_calloc(1, sizeof *nn, (void **)&nn));
+    pcs_status_t rc = pcs_calloc(1, sizeof(cpu_nn_t), &nn->impl);
+    if (rc != PCS_OK) {
+        free(nn);
+        return rc;
+    }
+    nn->ops = pcs_nn_cpu_ops();
+    nn->be = be;
+    nn->stream = s;
+    *out = nn;
+    return PCS_OK;
+}
+
+// ---- element-wise ----
+
+static pcs_status_t cpu_copy_round(pcs_nn_t *nn, float *dst, const float *src, size_t n,
+                                   pcs_dtype_t dt)
+{
+    PCS_CHECK(pcs_nn_check_ew("copy_round", nn, dst, src, src, src, n, dt));
+    if (n == 0)
+        return PCS_OK;
+    if (dst != src)
+        memcpy(dst, src, n * sizeof(float));
+    pcs_nn_host_round(dst, n, dt);
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_add(pcs_nn_t *nn, float *y, const float *a, const float *b, size_t n,
+                            pcs_dtype_t dt)
+{
+    PCS_CHECK(pcs_nn_check_ew("add", nn, y, a, b, b, n, dt));
+    for (size_t i = 0; i < n; i++)
+        y[i] = a[i] + b[i];
+    pcs_nn_host_round(y, n, dt);
+    return PCS_OK;
+}
+
+static pcs_status_t check_act(const char *op, pcs_nn_act_t act)
+{
+    if (act != PCS_NN_RELU && act != PCS_NN_GELU)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: unknown activation %d", op, (int)act);
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_act_fwd(pcs_nn_t *nn, pcs_nn_act_t act, float *Y, const float *X, size_t n,
+                                pcs_dtype_t dt)
+{
+    PCS_CHECK(pcs_nn_check_ew("act_fwd", nn, Y, X, X, X, n, dt));
+    PCS_CHECK(check_act("act_fwd", act));
+    if (act == PCS_NN_RELU) {
+        for (size_t i = 0; i < n; i++)
+            Y[i] = X[i] < 0.0f ? 0.0f : X[i]; /* keeps NaN, like torch.relu */
+    } else {
+        for (size_t i = 0; i < n; i++)
+            Y[i] = 0.5f * X[i] * (1.0f + erff(X[i] * (float)k_sqrt1_2));
+        pcs_nn_host_round(Y, n, dt);
+    }
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_act_bwd(pcs_nn_t *nn, pcs_nn_act_t act, float *dX, const float *X,
+                                const float *Y, const float *dY, size_t n)
+{
+    PCS_CHECK(pcs_nn_check_ew("act_bwd", nn, dX, X, Y, dY, n, PCS_DTYPE_FP32));
+    PCS_CHECK(check_act("act_bwd", act));
+    if (act == PCS_NN_RELU) {
+        /* threshold_backward(grad, result, 0): NaN results pass the gradient, like PyTorch */
+        for (size_t i = 0; i < n; i++)
+            dX[i] = Y[i] <= 0.0f ? 0.0f : dY[i];
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            float x = X[i];
+            float cdf = 0.5f * (1.0f + erff(x * (float)k_sqrt1_2));
+            float pdf = (float)k_inv_sqrt_2pi * expf(-0.5f * x * x);
+            dX[i] = dY[i] * (cdf + x * pdf);
+        }
+    }
+    return PCS_OK;
+}
+
+// ---- Linear ----
+
+static pcs_status_t cpu_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *X, float *Y)
+{
+    PCS_CHECK(pcs_nn_check_linear("linear_fwd", nn, l, PCS_NN_READ_FWD));
+    if (!X || !Y)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_fwd: NULL x or y");
+    cpu_nn_t *c = impl(nn);
+    uint32_t K = l->in_dim, N = l->out_dim;
+    int R = (int)l->rows;
+    const float *W = l->weight;
+    if (l->dtype != PCS_DTYPE_FP32) {
+        /* the fp32 copy backward reuses (the values autograd saved) */
+        pcs_nn_host_to_f32(l->weight, l->dtype, (size_t)N * K, l->saved);
+        W = l->saved;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, (int)N, (int)K, 1.0f, X, (int)K, W,
+                (int)K, 0.0f, Y, (int)N);
+    if (l->bias) {
+        const float *B = l->bias;
+        if (l->dtype != PCS_DTYPE_FP32) {
+            PCS_CHECK(ensure(&c->vec, &c->vec_cap, N));
+            pcs_nn_host_to_f32(l->bias, l->dtype, N, c->vec);
+            B = c->vec;
+        }
+        for (int r = 0; r < R; r++) {
+            float *y = Y + (size_t)r * N;
+            for (uint32_t j = 0; j < N; j++)
+                y[j] += B[j];
+        }
+    }
+    pcs_nn_host_round(Y, (size_t)R * N, l->dtype);
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dY,
+                                          const float *X, const pcs_nn_grad_t *dw,
+                                          const pcs_nn_grad_t *db)
+{
+    PCS_CHECK(pcs_nn_check_linear("linear_bwd_params", nn, l, PCS_NN_READ_BWD_PARAMS));
+    PCS_CHECK(pcs_nn_check_grad("linear_bwd_params", "weight", dw));
+    PCS_CHECK(pcs_nn_check_grad("linear_bwd_params", "bias", db));
+    if (!dY || (pcs_nn_wants(dw) && !X))
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_bwd_params: NULL dy or x");
+    cpu_nn_t *c = impl(nn);
+    uint32_t K = l->in_dim, N = l->out_dim;
+    int R = (int)l->rows;
+    if (pcs_nn_wants(dw) && dw->dtype == PCS_DTYPE_FP32 && dw->param_dtype == PCS_DTYPE_FP32) {
+        /* fp32 gradient of an fp32 weight: no rounding, so the GEMM writes it in place */
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, R, 1.0f, dY, (int)N, X,
+                    (int)K, 0.0f, dw->data, (int)K);
+    } else if (pcs_nn_wants(dw)) {
+        PCS_CHECK(ensure(&c->gw32, &c->gw32_cap, (size_t)N * K));
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, R, 1.0f, dY, (int)N, X,
+                    (int)K, 0.0f, c->gw32, (int)K);
+        store_grad(dw, c->gw32, (size_t)N * K);
+    }
+    if (pcs_nn_wants(db)) {
+        PCS_CHECK(ensure(&c->gw32, &c->gw32_cap, N));
+        for (uint32_t j = 0; j < N; j++)
+            c->gw32[j] = 0.0f;
+        for (int r = 0; r < R; r++)
+            for (uint32_t j = 0; j < N; j++)
+                c->gw32[j] += dY[(size_t)r * N + j];
+        store_grad(db, c->gw32, N);
+    }
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dY,
+                                         float *dX)
+{
+    PCS_CHECK(pcs_nn_check_linear("linear_bwd_input", nn, l, PCS_NN_READ_BWD_INPUT));
+    if (!dY || !dX)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_bwd_input: NULL dy or dx");
+    uint32_t K = l->in_dim, N = l->out_dim;
+    int R = (int)l->rows;
+    /* the weight values the forward used: the fp32 binding or forward's converted copy */
+    const float *W = l->dtype == PCS_DTYPE_FP32 ? l->weight : l->saved;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, (int)K, (int)N, 1.0f, dY, (int)N, W,
+                (int)K, 0.0f, dX, (int)K);
+    return PCS_OK;
+}
+
+// ---- LayerNorm / BatchNorm1d ----
+
+static pcs_status_t cpu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *X, float *Y)
+{
+    PCS_CHECK(pcs_nn_check_norm("norm_fwd", nn, p, 1));
+    if (!X || !Y)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_fwd: NULL x or y");
+    cpu_nn_t *c = impl(nn);
+    uint32_t D = p->dim, R = p->rows;
+    PCS_CHECK(ensure(&c->vec, &c->vec_cap, 2 * (size_t)D));
+    float *wb = c->vec;
+    pcs_nn_host_to_f32(p->weight, p->weight_dtype, D, wb);
+    pcs_nn_host_to_f32(p->bias, p->bias_dtype, D, wb + D);
+    if (p->kind == PCS_NN_LAYERNORM) {
+        float *save = p->save;
+        for (uint32_t r = 0; r < R; r++) {
+            const float *x = X + (size_t)r * D;
+            double s = 0, ss = 0;
+            for (uint32_t j = 0; j < D; j++)
+                s += x[j];
+            double mean = s / D;
+            for (uint32_t j = 0; j < D; j++)
+                ss += (x[j] - mean) * (x[j] - mean);
+            float mf = (float)mean, rstd = (float)(1.0 / sqrt(ss / D + LN_EPS));
+            save[2 * r] = mf;
+            save[2 * r + 1] = rstd;
+            float *y = Y + (size_t)r * D;
+            for (uint32_t j = 0; j < D; j++)
+                y[j] = (x[j] - mf) * rstd * wb[j] + wb[D + j];
+        }
+    } else {
+        float *mean = p->save, *invstd = p->save + D, *run = p->save + 2 * D;
+        pcs_nn_host_to_f32(p->running_mean, p->mean_dtype, D, run);
+        pcs_nn_host_to_f32(p->running_var, p->var_dtype, D, run + D);
+        if (p->training) {
+            for (uint32_t j = 0; j < D; j++) {
+                double s = 0, ss = 0;
+                for (uint32_t r = 0; r < R; r++)
+                    s += X[(size_t)r * D + j];
+                double mu = s / R;
+                for (uint32_t r = 0; r < R; r++) {
+                    double d = X[(size_t)r * D + j] - mu;
+                    ss += d * d;
+                }
+                double var = ss / R;
+                mean[j] = (float)mu;
+                invstd[j] = (float)(1.0 / sqrt(var + BN_EPS));
+                run[j] = (1.0f - BN_MOMENTUM) * run[j] + BN_MOMENTUM * (float)mu;
+                run[D + j] =
+                    (1.0f - BN_MOMENTUM) * run[D + j] + BN_MOMENTUM * (float)(ss / (R - 1));
+            }
+            pcs_nn_host_from_f32(run, D, p->mean_dtype, p->running_mean);
+            pcs_nn_host_from_f32(run + D, D, p->var_dtype, p->running_var);
+            if (p->num_batches_tracked)
+                (*p->num_batches_tracked)++;
+        } else {
+            for (uint32_t j = 0; j < D; j++) {
+                mean[j] = run[j];
+                invstd[j] = (float)(1.0 / sqrt((double)run[D + j] + BN_EPS));
+            }
+        }
+        for (uint32_t r = 0; r < R; r++) {
+            const float *x = X + (size_t)r * D;
+            float *y = Y + (size_t)r * D;
+            for (uint32_t j = 0; j < D; j++)
+                y[j] = (x[j] - mean[j]) * invstd[j] * wb[j] + wb[D + j];
+        }
+    }
+    pcs_nn_host_round(Y, (size_t)R * D, p->dtype);
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *X,
+                                 const float *dY, float *dX, const pcs_nn_grad_t *dwg,
+                                 const pcs_nn_grad_t *dbg)
+{
+    PCS_CHECK(pcs_nn_check_norm("norm_bwd", nn, p, 0));
+    PCS_CHECK(pcs_nn_check_grad("norm_bwd", "weight", dwg));
+    PCS_CHECK(pcs_nn_check_grad("norm_bwd", "bias", dbg));
+    if (!X || !dY)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_bwd: NULL x or dy");
+    cpu_nn_t *c = impl(nn);
+    uint32_t D = p->dim, R = p->rows;
+    PCS_CHECK(ensure(&c->vec, &c->vec_cap, 4 * (size_t)D));
+    float *w = c->vec, *dw = c->vec + D, *db = c->vec + 2 * D;
+    pcs_nn_host_to_f32(p->weight, p->weight_dtype, D, w);
+    memset(dw, 0, 2 * (size_t)D * sizeof(float));
+    if (p->kind == PCS_NN_LAYERNORM) {
+        const float *save = p->save;
+        for (uint32_t r = 0; r < R; r++) {
+            const float *x = X + (size_t)r * D, *dy = dY + (size_t)r * D;
+            float mean = save[2 * r], rstd = save[2 * r + 1];
+            double c1 = 0, c2 = 0;
+            for (uint32_t j = 0; j < D; j++) {
+                float xh = (x[j] - mean) * rstd, g = dy[j] * w[j];
+                c1 += g;
+                c2 += (double)g * xh;
+                dw[j] += dy[j] * xh;
+                db[j] += dy[j];
+            }
+            c1 /= D;
+            c2 /= D;
+            if (dX) {
+                float *dx = dX + (size_t)r * D;
+                for (uint32_t j = 0; j < D; j++) {
+                    float xh = (x[j] - mean) * rstd;
+                    dx[j] = rstd * (float)(dy[j] * w[j] - c1 - xh * c2);
+                }
+            }
+        }
+    } else {
+        const float *mean = p->save, *invstd = p->save + D;
+        for (uint32_t j = 0; j < D; j++) {
+            double sg = 0, sgx = 0, sdy = 0, sdyx = 0;
+            for (uint32_t r = 0; r < R; r++) {
+                float dy = dY[(size_t)r * D + j];
+                float xh = (X[(size_t)r * D + j] - mean[j]) * invstd[j];
+                sdy += dy;
+                sdyx += (double)dy * xh;
+                sg += dy * w[j];
+                sgx += (double)dy * w[j] * xh;
+            }
+            dw[j] = (float)sdyx;
+            db[j] = (float)sdy;
+            if (dX) {
+                double mg = sg / R, mgx = sgx / R;
+                for (uint32_t r = 0; r < R; r++) {
+                    float xh = (X[(size_t)r * D + j] - mean[j]) * invstd[j];
+                    dX[(size_t)r * D + j] =
+                        invstd[j] * (float)(dY[(size_t)r * D + j] * w[j] - mg - xh * mgx);
+                }
+            }
+        }
+    }
+    if (pcs_nn_wants(dwg))
+        store_grad(dwg, dw, D);
+    if (pcs_nn_wants(dbg))
+        store_grad(dbg, db, D);
+    return PCS_OK;
+}
+
+static const pcs_nn_ops_t k_cpu_ops = {
+    .name = "cpu",
+    .create = cpu_create,
+    .destroy = cpu_destroy,
+    .copy_round = cpu_copy_round,
+    .add = cpu_add,
+    .act_fwd = cpu_act_fwd,
+    .act_bwd = cpu_act_bwd,
+    .linear_fwd = cpu_linear_fwd,
+    .linear_bwd_params = cpu_linear_bwd_params,
+    .linear_bwd_input = cpu_linear_bwd_input,
+    .norm_fwd = cpu_norm_fwd,
+    .norm_bwd = cpu_norm_bwd,
+};
+
+const pcs_nn_ops_t *pcs_nn_cpu_ops(void)
+{
+    return &k_cpu_ops;
+}

@@ -1,0 +1,436 @@
+/* Unit tests of the nn vtable (kernels/include/pcs/nn.h) on the CPU twin: the registry, argument
+ * validation of every op (bad dims / dtypes / NULLs are PCS_ERR_INVALID_ARG with a message naming
+ * the op, never a crash), exact small cases against values computed here, and the refactor guard:
+ * a model built with pcs_mlp_create_on(cpu backend) gives the same bits as pcs_mlp_create. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+#include "pcs/nn.h"
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static float urand(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((double)(g_rng >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
+}
+
+/* bf16 rounding written here (not via pcs/half.h): keep 8 significant bits, ties to even. */
+static float ref_bf16(float v)
+{
+    if (v == 0 || !isfinite(v))
+        return v;
+    int e;
+    frexpf(v, &e);
+    float q = ldexpf(1.0f, e - 8);
+    return nearbyintf(v / q) * q;
+}
+
+// ---- registry ----
+
+static void test_registry_knows_cpu_and_reports_cuda_and_unknown_names(void **state)
+{
+    (void)state;
+    const pcs_nn_ops_t *ops = NULL;
+    assert_int_equal(pcs_nn_get("cpu", &ops), PCS_OK);
+    assert_string_equal(ops->name, "cpu");
+    pcs_status_t rc = pcs_nn_get("cuda", &ops);
+    /* this host may or may not have a device: either the table or UNSUPPORTED, nothing else */
+    assert_true(rc == PCS_OK || rc == PCS_ERR_UNSUPPORTED);
+    if (rc == PCS_OK)
+        assert_string_equal(ops->name, "cuda");
+    else
+        assert_non_null(strstr(pcs_last_error(), "cuda"));
+    assert_int_equal(pcs_nn_get("tpu", &ops), PCS_ERR_NOT_FOUND);
+    assert_int_equal(pcs_nn_get(NULL, &ops), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_nn_get("cpu", NULL), PCS_ERR_INVALID_ARG);
+
+    pcs_nn_t *nn = NULL;
+    assert_int_equal(pcs_nn_create(NULL, NULL, &nn), PCS_OK);
+    assert_string_equal(pcs_nn_ops(nn)->name, "cpu");
+    assert_string_equal(pcs_nn_backend(nn)->name, "cpu");
+    pcs_nn_destroy(nn);
+    pcs_nn_destroy(NULL);
+    assert_int_equal(pcs_nn_create(NULL, NULL, NULL), PCS_ERR_INVALID_ARG);
+}
+
+static void test_cuda_model_is_unsupported_or_built_never_a_crash(void **state)
+{
+    (void)state;
+    const pcs_backend_ops_t *be = NULL;
+    if (pcs_backend_get("cuda", &be) != PCS_OK) {
+        /* no device (or not built): the backend itself is refused, with a message */
+        assert_true(strlen(pcs_last_error()) > 0);
+        const pcs_nn_ops_t *ops;
+        assert_int_equal(pcs_nn_get("cuda", &ops), PCS_ERR_UNSUPPORTED);
+        return;
+    }
+    uint32_t hid[1] = {4};
+    pcs_mlp_config_t c = {3, 2, 1, hid, PCS_ACT_RELU, PCS_NORM_NONE, 1, 0};
+    pcs_mlp_t *m = NULL;
+    assert_int_equal(pcs_mlp_create_on(&c, 4, be, NULL, &m), PCS_OK);
+    assert_ptr_equal(pcs_mlp_backend(m), be);
+    pcs_mlp_destroy(m);
+}
+
+// ---- validation ----
+
+static void expect_invalid(pcs_status_t rc, const char *op)
+{
+    assert_int_equal(rc, PCS_ERR_INVALID_ARG);
+    if (!strstr(pcs_last_error(), op))
+        fail_msg("message '%s' does not name %s", pcs_last_error(), op);
+}
+
+static void test_every_op_rejects_bad_arguments_with_a_message(void **state)
+{
+    (void)state;
+    pcs_nn_t *nn = NULL;
+    assert_int_equal(pcs_nn_create(NULL, NULL, &nn), PCS_OK);
+    const pcs_nn_ops_t *o = pcs_nn_ops(nn);
+    float a[64] = {0}, b[64] = {0}, c[64] = {0}, save[64] = {0};
+    uint16_t w16[64] = {0};
+
+    expect_invalid(o->copy_round(nn, a, NULL, 4, PCS_DTYPE_BF16), "copy_round");
+    expect_invalid(o->copy_round(nn, a, b, 4, PCS_DTYPE_INT64), "copy_round");
+    expect_invalid(o->copy_round(NULL, a, b, 4, PCS_DTYPE_FP32), "copy_round");
+    assert_int_equal(o->copy_round(nn, NULL, NULL, 0, PCS_DTYPE_FP16), PCS_OK); /* n == 0 */
+    expect_invalid(o->add(nn, a, b, NULL, 4, PCS_DTYPE_FP32), "add");
+    expect_invalid(o->add(nn, a, b, c, 4, PCS_DTYPE_FP64), "add");
+    expect_invalid(o->act_fwd(nn, (pcs_nn_act_t)7, a, b, 4, PCS_DTYPE_FP32), "act_fwd");
+    expect_invalid(o->act_fwd(nn, PCS_NN_GELU, NULL, b, 4, PCS_DTYPE_FP32), "act_fwd");
+    expect_invalid(o->act_bwd(nn, PCS_NN_RELU, a, b, NULL, c, 4), "act_bwd");
+
+    pcs_nn_linear_t l = {2, 3, 4, PCS_DTYPE_BF16, w16, NULL, save};
+    pcs_nn_linear_t bad = l;
+    bad.rows = 0;
+    expect_invalid(o->linear_fwd(nn, &bad, a, b), "linear_fwd");
+    bad = l;
+    bad.in_dim = 0x80000000u;
+    expect_invalid(o->linear_fwd(nn, &bad, a, b), "linear_fwd");
+    bad = l;
+    bad.dtype = PCS_DTYPE_FP64;
+    expect_invalid(o->linear_fwd(nn, &bad, a, b), "linear_fwd");
+    bad = l;
+    bad.saved = NULL; /* a bf16 weight needs somewhere to save it for backward */
+    expect_invalid(o->linear_fwd(nn, &bad, a, b), "linear_fwd");
+    bad = l;
+    bad.weight = NULL;
+    expect_invalid(o->linear_fwd(nn, &bad, a, b), "linear_fwd");
+    expect_invalid(o->linear_fwd(nn, &l, NULL, b), "linear_fwd");
+    expect_invalid(o->linear_fwd(nn, NULL, a, b), "linear_fwd");
+    /* backward of a bf16 weight reads `saved`, not the (possibly resharded) weight */
+    assert_int_equal(o->linear_bwd_input(nn, &bad, a, b), PCS_OK);
+    bad.dtype = PCS_DTYPE_FP32;
+    expect_invalid(o->linear_bwd_input(nn, &bad, a, b), "linear_bwd_input");
+    expect_invalid(o->linear_bwd_input(nn, &l, a, NULL), "linear_bwd_input");
+    pcs_nn_grad_t g = {c, PCS_DTYPE_INT64, PCS_DTYPE_BF16};
+    expect_invalid(o->linear_bwd_params(nn, &l, a, b, &g, NULL), "linear_bwd_params");
+    g.dtype = PCS_DTYPE_FP32;
+    g.param_dtype = PCS_DTYPE_NONE;
+    expect_invalid(o->linear_bwd_params(nn, &l, a, b, NULL, &g), "linear_bwd_params");
+    g.param_dtype = PCS_DTYPE_BF16;
+    expect_invalid(o->linear_bwd_params(nn, &l, NULL, b, &g, NULL), "linear_bwd_params");
+
+    float nw[4] = {1, 1, 1, 1}, nb[4] = {0}, rm[4] = {0}, rv[4] = {1, 1, 1, 1};
+    pcs_nn_norm_t p = {PCS_NN_BATCHNORM,
+                       1,
+                       4,
+                       PCS_DTYPE_FP32,
+                       nw,
+                       nb,
+                       PCS_DTYPE_FP32,
+                       PCS_DTYPE_FP32,
+                       save,
+                       rm,
+                       rv,
+                       PCS_DTYPE_FP32,
+                       PCS_DTYPE_FP32,
+                       NULL,
+                       1};
+    expect_invalid(o->norm_fwd(nn, &p, a, b), "norm_fwd"); /* training BN with one row */
+    assert_non_null(strstr(pcs_last_error(), "more than 1 value per channel"));
+    pcs_nn_norm_t q = p;
+    q.training = 0;
+    assert_int_equal(o->norm_fwd(nn, &q, a, b), PCS_OK); /* eval with one row is fine */
+    q.running_var = NULL;
+    expect_invalid(o->norm_fwd(nn, &q, a, b), "norm_fwd");
+    q = p;
+    q.kind = (pcs_nn_norm_kind_t)9;
+    expect_invalid(o->norm_fwd(nn, &q, a, b), "norm_fwd");
+    q = p;
+    q.dim = 0;
+    expect_invalid(o->norm_fwd(nn, &q, a, b), "norm_fwd");
+    q = p;
+    q.weight_dtype = PCS_DTYPE_INT64;
+    expect_invalid(o->norm_fwd(nn, &q, a, b), "norm_fwd");
+    q = p;
+    q.kind = PCS_NN_LAYERNORM;
+    q.save = NULL;
+    expect_invalid(o->norm_fwd(nn, &q, a, b), "norm_fwd");
+    expect_invalid(o->norm_bwd(nn, &q, a, b, c, NULL, NULL), "norm_bwd");
+    q.save = save;
+    expect_invalid(o->norm_bwd(nn, &q, NULL, b, c, NULL, NULL), "norm_bwd");
+    pcs_nn_destroy(nn);
+}
+
+// ---- exact small cases ----
+
+/* Operands that are multiples of 1/8 with small numerators: every product and partial sum is
+ * exact in fp32, so the only rounding is the one the contract names (after the bias, to bf16). */
+static void test_bf16_linear_rounds_once_after_the_bias_and_saves_the_weight(void **state)
+{
+    (void)state;
+    pcs_nn_t *nn = NULL;
+    assert_int_equal(pcs_nn_create(NULL, NULL, &nn), PCS_OK);
+    const pcs_nn_ops_t *o = pcs_nn_ops(nn);
+    enum { R = 3, K = 5, N = 4 };
+    float x[R * K], w[N * K], bias[N], y[R * N], saved[N * K];
+    uint16_t w16[N * K], b16[N];
+    for (int i = 0; i < R * K; i++)
+        x[i] = (float)((i * 7) % 13 - 6) / 8.0f;
+    for (int i = 0; i < N * K; i++)
+        w[i] = (float)((i * 5) % 11 - 5) / 8.0f;
+    for (int j = 0; j < N; j++)
+        bias[j] = 100.0f + (float)j / 4.0f; /* forces a visible bf16 rounding of the sum */
+    pcs_from_f32(w, N * K, PCS_DTYPE_BF16, w16);
+    pcs_from_f32(bias, N, PCS_DTYPE_BF16, b16);
+    float bias_bf[N];
+    pcs_to_f32(b16, PCS_DTYPE_BF16, N, bias_bf);
+    pcs_nn_linear_t l = {R, K, N, PCS_DTYPE_BF16, w16, b16, saved};
+    assert_int_equal(o->linear_fwd(nn, &l, x, y), PCS_OK);
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < N; j++) {
+            float s = 0;
+            for (int k = 0; k < K; k++)
+                s += x[r * K + k] * w[j * K + k];
+            assert_true(y[r * N + j] == ref_bf16(s + bias_bf[j]));
+        }
+    for (int i = 0; i < N * K; i++)
+        assert_true(saved[i] == w[i]); /* w's values are bf16-exact */
+
+    /* backward: dX = dY W from `saved`, with the weight binding gone */
+    float dy[R * N], dx[R * K];
+    for (int i = 0; i < R * N; i++)
+        dy[i] = (float)(i % 5 - 2) / 4.0f;
+    l.weight = NULL;
+    assert_int_equal(o->linear_bwd_input(nn, &l, dy, dx), PCS_OK);
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < K; k++) {
+            float s = 0;
+            for (int j = 0; j < N; j++)
+                s += dy[r * N + j] * w[j * K + k];
+            assert_true(dx[r * K + k] == s);
+        }
+    /* dW into an fp64 gradient of a bf16 parameter, db into fp32: exact sums, stored as is */
+    double dw[N * K];
+    float db[N];
+    pcs_nn_grad_t gw = {dw, PCS_DTYPE_FP64, PCS_DTYPE_BF16},
+                  gb = {db, PCS_DTYPE_FP32, PCS_DTYPE_BF16};
+    assert_int_equal(o->linear_bwd_params(nn, &l, dy, x, &gw, &gb), PCS_OK);
+    for (int j = 0; j < N; j++) {
+        float sb = 0;
+        for (int r = 0; r < R; r++)
+            sb += dy[r * N + j];
+        assert_true(db[j] == ref_bf16(sb));
+        for (int k = 0; k < K; k++) {
+            float s = 0;
+            for (int r = 0; r < R; r++)
+                s += dy[r * N + j] * x[r * K + k];
+            assert_true(dw[j * K + k] == (double)ref_bf16(s));
+        }
+    }
+    pcs_nn_destroy(nn);
+}
+
+static void test_gradient_accumulation_rounds_each_contribution_then_the_sum(void **state)
+{
+    (void)state;
+    pcs_nn_t *nn = NULL;
+    assert_int_equal(pcs_nn_create(NULL, NULL, &nn), PCS_OK);
+    const pcs_nn_ops_t *o = pcs_nn_ops(nn);
+    /* 1 + 2^-8 is halfway between bf16 neighbours (ties to even: 1); 0.01171875 = 3 * 2^-8 is
+     * bf16; the sums then round again */
+    float g[3] = {1.0f, 256.0f, -3.0f}, src[3] = {1.00390625f, 1.0f, 0.01171875f};
+    float want[3];
+    for (int i = 0; i < 3; i++)
+        want[i] = ref_bf16(g[i] + ref_bf16(src[i]));
+    assert_int_equal(o->copy_round(nn, src, src, 3, PCS_DTYPE_BF16), PCS_OK);
+    assert_int_equal(o->add(nn, g, g, src, 3, PCS_DTYPE_BF16), PCS_OK);
+    for (int i = 0; i < 3; i++)
+        assert_true(g[i] == want[i]);
+    pcs_nn_destroy(nn);
+}
+
+// ---- refactor guard ----
+
+typedef struct {
+    unsigned char *p;
+    size_t n, cap;
+} blob_t;
+
+static void put(blob_t *b, const void *src, size_t n)
+{
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2;
+        b->p = realloc(b->p, b->cap);
+        assert_non_null(b->p);
+    }
+    memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+
+/* Train-forward + backward twice, eval forward and a pipeline-stage pass; every output, gradient
+ * and buffer byte goes into `out`. explicit_cpu: build with pcs_mlp_create_on(cpu backend). */
+static void run_model(const pcs_mlp_config_t *c, pcs_dtype_t pdt, pcs_dtype_t gdt, int override,
+                      int explicit_cpu, blob_t *out)
+{
+    g_rng = 0x1234567ull; /* both runs see the same values */
+    pcs_mlp_t *m = NULL;
+    const pcs_backend_ops_t *cpu = NULL;
+    if (explicit_cpu) {
+        assert_int_equal(pcs_backend_get("cpu", &cpu), PCS_OK);
+        assert_int_equal(pcs_mlp_create_on(c, 8, cpu, NULL, &m), PCS_OK);
+        assert_ptr_equal(pcs_mlp_backend(m), cpu);
+    } else {
+        assert_int_equal(pcs_mlp_create(c, 8, &m), PCS_OK);
+        assert_string_equal(pcs_mlp_backend(m)->name, "cpu");
+    }
+    uint32_t np = pcs_mlp_num_params(m), nb = pcs_mlp_num_buffers(m);
+    void *P[32], *G[32], *B[32];
+    pcs_dtype_t gd[32];
+    assert_true(np <= 32 && nb <= 32);
+    for (uint32_t i = 0; i < np; i++) {
+        const pcs_named_tensor_t *t = pcs_mlp_param(m, i);
+        float *v = malloc(t->numel * sizeof(float));
+        assert_non_null(v);
+        assert_int_equal(pcs_mlp_init_tensor(m, 7, 0, i, 0, t->numel, v), PCS_OK);
+        for (uint64_t k = 0; k < t->numel; k++)
+            v[k] += 0.1f * urand(); /* norm weights away from 1, biases away from 0 */
+        int fp32 = override && strncmp(t->fqn, "layers.1.", 9) == 0;
+        pcs_dtype_t d = fp32 ? PCS_DTYPE_FP32 : pdt;
+        gd[i] = fp32 ? PCS_DTYPE_FP32 : gdt;
+        P[i] = malloc(t->numel * 8);
+        G[i] = calloc(t->numel, 8);
+        pcs_from_f32(v, t->numel, d, P[i]);
+        assert_int_equal(pcs_mlp_bind_param(m, i, d, P[i]), PCS_OK);
+        assert_int_equal(pcs_mlp_bind_grad(m, i, gd[i], G[i]), PCS_OK);
+        free(v);
+    }
+    for (uint32_t i = 0; i < nb; i++) {
+        const pcs_named_tensor_t *t = pcs_mlp_buffer(m, i);
+        B[i] = calloc(t->numel, 8);
+        if (t->dtype == PCS_DTYPE_INT64) {
+            assert_int_equal(pcs_mlp_bind_buffer(m, i, PCS_DTYPE_INT64, B[i]), PCS_OK);
+        } else {
+            float v[64];
+            assert_int_equal(pcs_mlp_init_tensor(m, 7, 1, i, 0, t->numel, v), PCS_OK);
+            pcs_from_f32(v, t->numel, pdt, B[i]);
+            assert_int_equal(pcs_mlp_bind_buffer(m, i, pdt, B[i]), PCS_OK);
+        }
+    }
+    if (override)
+        assert_int_equal(
+            pcs_mlp_set_cast(m, (uint32_t)pcs_mlp_find_module(m, "layers.1"), PCS_DTYPE_FP32, pdt),
+            PCS_OK);
+    enum { R = 7 };
+    uint32_t in = c->input_dim, od_n = c->output_dim;
+    float x[R * 16], go[R * 16], gi[R * 16];
+    for (uint32_t k = 0; k < R * in; k++)
+        x[k] = 2 * urand();
+    pcs_round_to(x, R * in, pdt);
+    for (uint32_t k = 0; k < R * od_n; k++)
+        go[k] = urand();
+    const float *y;
+    pcs_dtype_t od;
+    for (int it = 0; it < 2; it++) {
+        assert_int_equal(pcs_mlp_forward(m, x, pdt, R, 1, NULL, &y, &od), PCS_OK);
+        put(out, y, R * od_n * sizeof(float));
+        put(out, &od, sizeof od);
+        assert_int_equal(pcs_mlp_backward_input(m, go, NULL, it ? gi : NULL), PCS_OK);
+        if (it)
+            put(out, gi, R * in * sizeof(float));
+        for (uint32_t i = 0; i < np; i++)
+            put(out, G[i], pcs_mlp_param(m, i)->numel * pcs_dtype_size(gd[i]));
+        for (uint32_t i = 0; i < nb; i++)
+            put(out, B[i], pcs_mlp_buffer(m, i)->numel * 8);
+    }
+    assert_int_equal(pcs_mlp_forward(m, x, pdt, R, 0, NULL, &y, &od), PCS_OK);
+    put(out, y, R * od_n * sizeof(float));
+    /* a pipeline stage: layers [1, n_hidden + 1) with the stage-input gradient */
+    pcs_dtype_t sdt = override ? PCS_DTYPE_FP32 : pdt;
+    uint32_t w1 = c->hidden_dims[0];
+    float x1[R * 16];
+    for (uint32_t k = 0; k < R * w1; k++)
+        x1[k] = urand();
+    pcs_round_to(x1, R * w1, sdt);
+    assert_int_equal(pcs_mlp_forward_range(m, 1, c->n_hidden + 1, x1, sdt, R, 1, NULL, &y, &od),
+                     PCS_OK);
+    put(out, y, R * od_n * sizeof(float));
+    assert_int_equal(pcs_mlp_backward_input(m, go, NULL, gi), PCS_OK);
+    put(out, gi, R * w1 * sizeof(float));
+    for (uint32_t i = 0; i < np; i++) {
+        put(out, G[i], pcs_mlp_param(m, i)->numel * pcs_dtype_size(gd[i]));
+        free(P[i]);
+        free(G[i]);
+    }
+    for (uint32_t i = 0; i < nb; i++)
+        free(B[i]);
+    pcs_mlp_destroy(m);
+}
+
+static void test_explicit_cpu_backend_model_is_bit_identical_to_pcs_mlp_create(void **state)
+{
+    (void)state;
+    uint32_t hid[3] = {16, 16, 10};
+    const pcs_dtype_t dts[3] = {PCS_DTYPE_FP32, PCS_DTYPE_BF16, PCS_DTYPE_FP16};
+    int configs = 0;
+    for (int act = PCS_ACT_RELU; act <= PCS_ACT_GELU; act++)
+        for (int norm = PCS_NORM_NONE; norm <= PCS_NORM_BATCHNORM; norm++)
+            for (int res = 0; res <= 1; res++)
+                for (int bias = 0; bias <= 1; bias++)
+                    for (int d = 0; d < 3; d++)
+                        for (int variant = 0; variant < (d ? 3 : 1); variant++) {
+                            /* variant 0: grads in the param dtype; 1: fp32 grads of low-precision
+                             * params; 2: an fp32 unit (layers.1) inside a low-precision model */
+                            pcs_mlp_config_t c = {
+                                12, 5, 3, hid, (pcs_act_t)act, (pcs_norm_t)norm, bias, res};
+                            pcs_dtype_t gdt = variant == 1 ? PCS_DTYPE_FP32 : dts[d];
+                            blob_t a = {0}, b = {0};
+                            run_model(&c, dts[d], gdt, variant == 2, 0, &a);
+                            run_model(&c, dts[d], gdt, variant == 2, 1, &b);
+                            assert_true(a.n > 0);
+                            assert_int_equal(a.n, b.n);
+                            if (memcmp(a.p, b.p, a.n) != 0)
+                                fail_msg("act %d norm %d res %d bias %d dtype %s variant %d: "
+                                         "results differ",
+                                         act, norm, res, bias, pcs_dtype_name(dts[d]), variant);
+                            free(a.p);
+                            free(b.p);
+                            configs++;
+                        }
+    assert_int_equal(configs, 2 * 3 * 2 * 2 * 7);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_registry_knows_cpu_and_reports_cuda_and_unknown_names),
+        cmocka_unit_test(test_cuda_model_is_unsupported_or_built_never_a_crash),
+        cmocka_unit_test(test_every_op_rejects_bad_arguments_with_a_message),
+        cmocka_unit_test(test_bf16_linear_rounds_once_after_the_bias_and_saves_the_weight),
+        cmocka_unit_test(test_gradient_accumulation_rounds_each_contribution_then_the_sum),
+        cmocka_unit_test(test_explicit_cpu_backend_model_is_bit_identical_to_pcs_mlp_create),
+    };
+    return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
+}
