@@ -2,7 +2,8 @@
  * the file KV store, run pcs_train on a locally built Assignment and write a sharded checkpoint;
  * the parameters exported from it are compared with the single-process reference trainer
  * (worker/reference.c) of the same job, per strategy and precision policy. Tolerances per test,
- * from spec §9 (see each test's comment). */
+ * from spec §9 (see each test's comment). The stage_host variants run a job twice, collectives
+ * on the runtime's buffers and through host staging buffers, and require identical bits. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -438,6 +439,117 @@ static void test_prefetch_depth_2_is_bounded_and_matches_reference(void **state)
     free(dir);
 }
 
+// ---- host staging (PCS_RUNTIME_STAGE_HOST) gives the direct path's bits ----
+
+/* Run the job with the runtime's collectives direct and again through host staging buffers (the
+ * path a Gloo job takes on a device backend): the exported parameters must be the same bytes and
+ * every rank's per-step loss, grad norm, skip verdict and eval loss the same values. */
+static void run_stage_parity(const job_params_t *p, const char *tag)
+{
+    char yaml[4096];
+    make_yaml(p, yaml, sizeof yaml);
+    e2e_job_t job[2];
+    char *dir[2] = {NULL, NULL};
+    char *blob[2] = {NULL, NULL};
+    size_t len[2] = {0, 0};
+    for (int staged = 0; staged < 2; staged++) {
+        /* the forked ranks inherit the switch */
+        if (staged)
+            assert_int_equal(setenv("PCS_RUNTIME_STAGE_HOST", "1", 1), 0);
+        int rc = e2e_run_local(yaml, tag, p->world, 0, 0, &job[staged], &dir[staged]);
+        unsetenv("PCS_RUNTIME_STAGE_HOST");
+        assert_int_equal(rc, 0);
+        if (job[staged].state != PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED)
+            fprintf(stderr, "%s run failed: %s (logs in %s)\n", staged ? "staged" : "direct",
+                    job[staged].reason, dir[staged]);
+        assert_int_equal(job[staged].state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+        assert_true(job[staged].export_path[0] != 0);
+        blob[staged] = pcs_test_read_file(job[staged].export_path, &len[staged]);
+        assert_non_null(blob[staged]);
+    }
+    assert_true(len[0] > 0);
+    assert_int_equal(len[0], len[1]);
+    assert_int_equal(memcmp(blob[0], blob[1], len[0]), 0);
+    size_t compared = 0;
+    for (int r = 0; r < p->world; r++) {
+        assert_int_equal(job[0].n_reports[r], job[1].n_reports[r]);
+        for (size_t i = 0; i < job[0].n_reports[r]; i++) {
+            const Pcs__V1__StepReport *a = job[0].reports[r][i], *b = job[1].reports[r][i];
+            assert_int_equal(a->step, b->step);
+            assert_memory_equal(&a->loss, &b->loss, sizeof a->loss);
+            assert_memory_equal(&a->grad_norm, &b->grad_norm, sizeof a->grad_norm);
+            assert_memory_equal(&a->eval_loss, &b->eval_loss, sizeof a->eval_loss);
+            assert_int_equal(a->skipped, b->skipped);
+            compared++;
+        }
+    }
+    assert_true(compared >= (size_t)p->world);
+    fprintf(stderr, "%s W=%d staged == direct: %zu export bytes, %zu step reports\n",
+            p->strategy ? p->strategy : "full_shard", p->world, len[0], compared);
+    for (int k = 0; k < 2; k++) {
+        free(blob[k]);
+        e2e_job_free(&job[k]);
+        pcs_test_rmtree(dir[k]);
+        free(dir[k]);
+    }
+}
+
+static void test_stage_host_full_shard_w2_is_bit_identical_to_direct(void **state)
+{
+    (void)state;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 3};
+    run_stage_parity(&p, "stage-fs");
+}
+
+static void test_stage_host_no_shard_w2_is_bit_identical_to_direct(void **state)
+{
+    (void)state;
+    job_params_t p = {
+        .strategy = "no_shard", .mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 3};
+    run_stage_parity(&p, "stage-ns");
+}
+
+static void test_stage_host_hybrid_shard_w4_is_bit_identical_to_direct(void **state)
+{
+    (void)state;
+    job_params_t p = {.strategy = "hybrid_shard",
+                      .mesh = "{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 2}",
+                      .world = 4,
+                      .steps = 3};
+    run_stage_parity(&p, "stage-hs");
+}
+
+/* fp16 with the grad scaler (found_inf over the world), the reshard-group all-gather of
+ * reshard_after_forward=2, and full-precision eval (fp32 all-gathers) through staging too. */
+static void test_stage_host_fp16_scaler_w2_is_bit_identical_to_direct(void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "param_dtype: fp16",
+                      .scaler = "true",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .steps = 3};
+    run_stage_parity(&p, "stage-fp16");
+}
+
+static void test_stage_host_reshard_after_forward_2_w4_is_bit_identical_to_direct(void **state)
+{
+    (void)state;
+    job_params_t p = {.raf = "2", .mesh = "{dim: dp_shard, size: 4}", .world = 4, .steps = 3};
+    run_stage_parity(&p, "stage-raf");
+}
+
+static void test_stage_host_full_precision_eval_w2_is_bit_identical_to_direct(void **state)
+{
+    (void)state;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .steps = 4,
+                      .eval_every = 2,
+                      .full_eval = "true"};
+    run_stage_parity(&p, "stage-eval");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -468,6 +580,12 @@ int main(void)
         cmocka_unit_test(test_reshard_after_forward_2_w4_matches_reference),
         cmocka_unit_test(test_reshard_after_forward_false_w2_matches_reference),
         cmocka_unit_test(test_prefetch_depth_2_is_bounded_and_matches_reference),
+        cmocka_unit_test(test_stage_host_full_shard_w2_is_bit_identical_to_direct),
+        cmocka_unit_test(test_stage_host_no_shard_w2_is_bit_identical_to_direct),
+        cmocka_unit_test(test_stage_host_hybrid_shard_w4_is_bit_identical_to_direct),
+        cmocka_unit_test(test_stage_host_fp16_scaler_w2_is_bit_identical_to_direct),
+        cmocka_unit_test(test_stage_host_reshard_after_forward_2_w4_is_bit_identical_to_direct),
+        cmocka_unit_test(test_stage_host_full_precision_eval_w2_is_bit_identical_to_direct),
     };
     return cmocka_run_group_tests_name("e2e_procs", tests, NULL, NULL);
 }
