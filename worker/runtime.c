@@ -534,6 +534,7 @@ static void *ag_main(void *arg)
 
 static void *rs_main(void *arg);
 static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u);
+static pcs_status_t wait_reductions(pcs_runtime_t *rt);
 
 /* n elements of dt in backend memory, zeroed on the compute stream. */
 static pcs_status_t alloc_zero(pcs_runtime_t *rt, uint64_t n, pcs_dtype_t dt, void **out)
@@ -910,6 +911,10 @@ size_t pcs_runtime_n_units(const pcs_runtime_t *rt)
 
 pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt)
 {
+    /* reductions still queued (post_backward without an optimizer step) accumulate into the
+     * grads zeroed below: they finish first */
+    PCS_CHECK(wait_reductions(rt));
+    PCS_CHECK(fence_compute_after(rt, rt->rs_stream));
     for (size_t i = 0; i < rt->n_units; i++) {
         rt_unit_t *u = &rt->units[i];
         /* on the compute stream: the optimizer that read it ran there, and every reduction
@@ -970,8 +975,11 @@ pcs_status_t pcs_runtime_unshard(pcs_runtime_t *rt, uint32_t unit, int full_prec
         while (rt->q_len || ag_in_flight(rt))
             pthread_cond_wait(&rt->cv, &rt->mu);
         pthread_mutex_unlock(&rt->mu);
-        if (!u->full)
+        if (!u->full) {
             PCS_CHECK(alloc_zero(rt, u->padded, PCS_DTYPE_FP32, &u->full));
+            /* the gather into it (all-gather stream) follows the zeroing (compute stream) */
+            PCS_CHECK(rt->be->event_record(u->ev_use, rt->cstream));
+        }
         PCS_CHECK(do_unshard(rt, u, 1));
         PCS_CHECK(rt->be->stream_wait_event(rt->cstream, u->ev_ag));
         *params = u->full;

@@ -211,6 +211,8 @@ pcs_status_t pcs_worker_join(const pcs_worker_options_t *opt, pcs_worker_t **out
         st = pcs_set_error(PCS_ERR_INVALID_ARG, "assignment without plan or training spec");
         goto fail_job;
     }
+    /* The C API hands the program host buffers: the cpu backend (see pcs/worker.h on device
+     * pointers with a cuda backend). */
     PCS_CHECK_GOTO(pcs_backend_get("cpu", &w->be), st, fail_job);
     {
         uint32_t S = plan->shard_size ? plan->shard_size : 1;

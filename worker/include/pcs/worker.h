@@ -82,6 +82,11 @@ pcs_status_t pcs_worker_param(const pcs_worker_t *w, uint32_t unit, size_t k,
 pcs_status_t pcs_worker_find_param(const pcs_worker_t *w, const char *fqn,
                                    pcs_worker_param_info_t *out);
 
+/* Buffers handed out below (unshard's *params, grad_buffer's *grads) are memory of the job's
+ * kernels backend: host memory on the cpu backend (today's C API jobs), device memory (CUDA
+ * pointers) with a cuda backend, which the program must not dereference on the host; the
+ * ordering against the program's own stream is the runtime's (worker/runtime.h). */
+
 /* Start a step (zeroes the sharded gradients). */
 pcs_status_t pcs_worker_begin_step(pcs_worker_t *w);
 /* All-gather `unit`; *params is its flat buffer (padded_numel elements of *dtype), valid until
