@@ -217,6 +217,7 @@ static void job_free(pcs_coord_t *c, pcs_coord_job_t *j)
     free(j->request_id);
     free(j->reason);
     free(j->rank_worker);
+    free(j->rank_reserved);
     free(j->rank_done);
     free(j->fp_ring);
     free(j);
@@ -491,6 +492,38 @@ static pcs_status_t new_worker(pcs_coord_t *c, uint32_t number, const char *iden
     return PCS_OK;
 }
 
+static void job_set_reason(pcs_coord_job_t *j, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+static void job_finish(pcs_coord_t *c, pcs_coord_job_t *j, pcs_job_state_t state);
+
+/* The restored RUNNING job still waiting for the rank `w` holds a reservation on, or NULL. */
+static pcs_coord_job_t *reserved_job(pcs_coord_t *c, const pcs_coord_worker_t *w)
+{
+    if (!w->reserved_job)
+        return NULL;
+    pcs_coord_job_t *j = pcs_coord_job_by_number(c, w->reserved_job);
+    if (!j || j->state != PCS_JOB_RUNNING || !j->n_unclaimed || !j->rank_reserved ||
+        w->reserved_rank >= j->world_size || j->rank_worker[w->reserved_rank] ||
+        j->rank_reserved[w->reserved_rank] != w->number)
+        return NULL;
+    return j;
+}
+
+/* A rank of a job restored from the store comes back to `w` (IDLE or reviving). */
+static void take_rank_back(pcs_coord_t *c, pcs_coord_job_t *j, pcs_coord_worker_t *w,
+                           uint32_t rank, const char *how)
+{
+    j->rank_worker[rank] = w->number;
+    w->job = j;
+    w->rank = rank;
+    w->reserved_job = 0;
+    set_worker_state(c, w, PCS_WORKER_ASSIGNED);
+    j->n_unclaimed--;
+    PCS_INFO(PCS_SUB_COORD,
+             "job %s: worker %s took rank %" PRIu32 " back (%s; %" PRIu32 " ranks still away)",
+             j->id, w->id, rank, how, j->n_unclaimed);
+}
+
 pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
                                 pcs_coord_worker_t **out, bool *reregistered)
 {
@@ -521,6 +554,7 @@ pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
         w->registered_wall_ms = wall_ms(c);
         is_new = true;
     }
+    uint32_t old_pid = w->pid;
     pcs_status_t st = worker_fill(w, r);
     if (st != PCS_OK)
         return st; /* a new worker stays GONE-like (state 0) and invisible to gang start */
@@ -537,9 +571,27 @@ pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
         PCS_INFO(PCS_SUB_COORD, "worker %s (%s) re-registered after %s", w->id, w->identity,
                  pcs_worker_state_name(w->state));
         w->job = NULL;
-        set_worker_state(c, w, PCS_WORKER_IDLE);
         if (!w->registered_wall_ms)
             w->registered_wall_ms = wall_ms(c);
+        pcs_coord_job_t *rj = reserved_job(c, w);
+        w->reserved_job = 0;
+        if (rj && (old_pid == 0 || r->pid == 0 || old_pid == r->pid)) {
+            /* held a rank before the coordinator restarted: take it back before any pending
+             * job can claim this worker */
+            take_rank_back(c, rj, w, w->reserved_rank, "re-registered");
+            push_event(c, w, PCS_EV_ASSIGNMENT, rj, "rank taken back after a coordinator restart");
+        } else {
+            set_worker_state(c, w, PCS_WORKER_IDLE);
+            if (rj) {
+                job_set_reason(rj,
+                               "worker %s (rank %" PRIu32 ") restarted while the coordinator was "
+                               "down: re-registered from a new process (pid %" PRIu32
+                               " -> %" PRIu32 ")",
+                               w->id, w->reserved_rank, old_pid, r->pid);
+                PCS_WARN(PCS_SUB_COORD, "job %s: %s", rj->id, rj->reason);
+                job_finish(c, rj, PCS_JOB_FAILED);
+            }
+        }
     }
     *out = w;
     try_start_jobs(c);
@@ -642,6 +694,11 @@ static void job_finish(pcs_coord_t *c, pcs_coord_job_t *j, pcs_job_state_t state
     j->n_unclaimed = 0;
     j->state = state;
     j->finished_wall_ms = wall_ms(c);
+    for (uint32_t r = 0; j->rank_reserved && r < j->world_size; r++) {
+        pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, j->rank_reserved[r]);
+        if (w && w->reserved_job == j->number)
+            w->reserved_job = 0; /* the reservation ends with the job */
+    }
     if (prev == PCS_JOB_RUNNING) {
         for (uint32_t r = 0; r < j->world_size; r++) {
             pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, j->rank_worker[r]);
@@ -900,16 +957,12 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
                              pcs_worker_state_name(w->state));
     if (j->state == PCS_JOB_RUNNING && j->n_unclaimed && r->generation == j->generation &&
         r->rank < j->world_size && !j->rank_worker[r->rank] && !w->job &&
-        w->state == PCS_WORKER_IDLE) {
-        /* a rank of a job restored from the store comes back */
-        j->rank_worker[r->rank] = w->number;
-        w->job = j;
-        w->rank = r->rank;
-        set_worker_state(c, w, PCS_WORKER_ASSIGNED);
-        j->n_unclaimed--;
-        PCS_INFO(PCS_SUB_COORD,
-                 "job %s: worker %s took rank %" PRIu32 " back (%" PRIu32 " ranks still away)",
-                 j->id, w->id, r->rank, j->n_unclaimed);
+        w->state == PCS_WORKER_IDLE &&
+        (!j->rank_reserved || !j->rank_reserved[r->rank] ||
+         j->rank_reserved[r->rank] == w->number)) {
+        /* a rank of a job restored from the store comes back (a rank reserved for another
+         * worker is not given to whoever reports it) */
+        take_rank_back(c, j, w, r->rank, "step report");
     }
     if (j->state != PCS_JOB_RUNNING || w->job != j || r->generation != j->generation) {
         /* Not an error: the worker is behind. Tell it to stop. */
@@ -1172,10 +1225,31 @@ void pcs_coord_tick(pcs_coord_t *c)
         uint32_t r = 0;
         while (r + 1 < j->world_size && j->rank_worker[r])
             r++;
+        /* name the missing ranks (and the workers that held them, when the store knew) */
+        char missing[256] = "";
+        size_t o = 0;
+        uint32_t listed = 0;
+        for (uint32_t k = 0; k < j->world_size && o < sizeof missing; k++) {
+            if (j->rank_worker[k])
+                continue;
+            if (listed == 8) {
+                o += (size_t)snprintf(missing + o, sizeof missing - o, ", ...");
+                break;
+            }
+            pcs_coord_worker_t *held =
+                j->rank_reserved ? pcs_coord_worker_by_number(c, j->rank_reserved[k]) : NULL;
+            int n = held ? snprintf(missing + o, sizeof missing - o, "%s%" PRIu32 " (%s)",
+                                    listed ? ", " : "", k, held->id)
+                         : snprintf(missing + o, sizeof missing - o, "%s%" PRIu32,
+                                    listed ? ", " : "", k);
+            o += n > 0 ? (size_t)n : 0;
+            listed++;
+        }
         job_set_reason(j,
                        "%" PRIu32 " of %" PRIu32 " ranks (first: rank %" PRIu32 ") did not come "
-                       "back within the lease (%" PRIu32 " ms) after a coordinator restart",
-                       j->n_unclaimed, j->world_size, r, c->cfg.lease_ms);
+                       "back within the lease (%" PRIu32 " ms) after a coordinator restart; "
+                       "missing ranks: %s",
+                       j->n_unclaimed, j->world_size, r, c->cfg.lease_ms, missing);
         PCS_WARN(PCS_SUB_COORD, "job %s: %s", j->id, j->reason);
         j->n_unclaimed = 0;
         job_finish(c, j, PCS_JOB_FAILED);
@@ -1267,4 +1341,54 @@ pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_co
         c->n_pending++;
     }
     return PCS_OK;
+}
+
+pcs_status_t pcs_coord_restore_ranks(pcs_coord_t *c, pcs_coord_job_t *j, const uint32_t *worker,
+                                     const uint32_t *pid, uint32_t n)
+{
+    if (!j || j->state != PCS_JOB_RUNNING || !j->n_unclaimed || j->n_unclaimed != j->world_size)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "restore ranks: job %s is not a restored RUNNING job",
+                             j ? j->id : "(null)");
+    if (j->rank_reserved)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "restore ranks: job %s: already restored",
+                             j->id);
+    if (!worker || n != j->world_size)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "restore ranks: job %s: %" PRIu32 " ranks stored, world size %" PRIu32,
+                             j->id, n, j->world_size);
+    /* check everything before keeping anything: a corrupt row reserves nothing */
+    pcs_status_t st = PCS_OK;
+    uint32_t r = 0;
+    for (; r < n; r++) {
+        pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, worker[r]);
+        if (!w) {
+            st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                               "restore ranks: job %s rank %" PRIu32 ": unknown worker %" PRIu32,
+                               j->id, r, worker[r]);
+            goto undo;
+        }
+        if (w->reserved_job || w->state != PCS_WORKER_GONE) {
+            st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                               "restore ranks: job %s rank %" PRIu32
+                               ": worker %s listed twice or not restored",
+                               j->id, r, w->id);
+            goto undo;
+        }
+        w->reserved_job = j->number; /* also marks it seen, to catch a repeated number */
+        w->reserved_rank = r;
+    }
+    PCS_CHECK_GOTO(pcs_calloc(n, sizeof *j->rank_reserved, (void **)&j->rank_reserved), st, undo);
+    for (r = 0; r < n; r++) {
+        j->rank_reserved[r] = worker[r];
+        pcs_coord_worker_by_number(c, worker[r])->pid = pid ? pid[r] : 0; /* for re-register */
+    }
+    return PCS_OK;
+undo:
+    for (uint32_t k = 0; k < r; k++) {
+        pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, worker[k]);
+        if (w && w->reserved_job == j->number)
+            w->reserved_job = 0;
+    }
+    return st;
 }

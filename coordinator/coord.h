@@ -85,6 +85,10 @@ typedef struct pcs_coord_worker {
     pcs_coord_event_t *events;
     size_t ev_head, ev_len, ev_cap;
     uint64_t ev_seq;
+    /* Restored from the store (pcs_coord_restore_ranks): this worker held rank reserved_rank of
+     * job number reserved_job when the coordinator went down; 0 when it holds no reservation.
+     * It takes that rank back when it re-registers from the same process. */
+    uint32_t reserved_job, reserved_rank;
     void *watch;
 } pcs_coord_worker_t;
 
@@ -128,6 +132,10 @@ typedef struct pcs_coord_job {
      * reports (rank_worker 0 = not back yet) until every rank is back or reclaim_by_ms passes */
     uint32_t n_unclaimed;
     uint64_t reclaim_by_ms;
+    /* restored RUNNING job whose rank -> worker map was stored: the worker number that held each
+     * rank (world_size entries, NULL when not known). Reserved workers take their ranks back on
+     * re-register; other workers cannot take these ranks through a report. */
+    uint32_t *rank_reserved;
     uint8_t *rank_done;
     uint32_t n_done;
     pcs_coord_progress_t progress;
@@ -300,6 +308,18 @@ pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_co
                                    pcs_job_state_t state, const char *reason,
                                    uint64_t created_wall_ms, uint64_t started_wall_ms,
                                    uint64_t finished_wall_ms, uint64_t generation);
+
+/* After pcs_coord_restore_job of a RUNNING job: which worker held each rank (n = world_size
+ * worker numbers of restored workers) and the pid it had when it got the rank (0 = unknown).
+ * Reserves those workers for the job: a reserved worker that re-registers from the same pid
+ * (or an unknown one) takes its rank back at once (ASSIGNED, an assignment event queued), so no
+ * PENDING job can take it first; one that re-registers from another pid was restarted while the
+ * coordinator was down, so the job fails naming it and the worker comes back IDLE. Ranks still
+ * away after lease_ms fail the job as before, naming them. Errors: INVALID_ARG (job not
+ * RUNNING and waiting for its ranks, n != world_size, a worker number unknown or listed twice):
+ * nothing is reserved and ranks come back only through step reports. Arrays are borrowed. */
+pcs_status_t pcs_coord_restore_ranks(pcs_coord_t *c, pcs_coord_job_t *j, const uint32_t *worker,
+                                     const uint32_t *pid, uint32_t n);
 
 #ifdef __cplusplus
 }

@@ -895,6 +895,20 @@ static void on_job_change(void *user, const pcs_coord_job_t *j)
         return;
     if (n)
         pcs__v1__job_spec__pack(j->spec, buf);
+    /* rank -> worker (and its pid) of a running job, so a restarted coordinator can hold those
+     * workers for it; a rank not back yet after a restart keeps its reservation */
+    uint32_t *ranks = NULL;
+    if (j->state == PCS_JOB_RUNNING && j->world_size &&
+        pcs_calloc((size_t)j->world_size * 2, sizeof *ranks, (void **)&ranks) == PCS_OK) {
+        for (uint32_t k = 0; k < j->world_size; k++) {
+            uint32_t num = j->rank_worker[k];
+            if (!num && j->rank_reserved)
+                num = j->rank_reserved[k];
+            const pcs_coord_worker_t *w = pcs_coord_worker_by_number(s->coord, num);
+            ranks[k] = num;
+            ranks[j->world_size + k] = w ? w->pid : 0;
+        }
+    }
     pcs_store_job_t r = {.number = j->number,
                          .name = j->name,
                          .request_id = j->request_id,
@@ -907,9 +921,13 @@ static void on_job_change(void *user, const pcs_coord_job_t *j)
                          .plan_hash = j->plan_hash,
                          .world_size = j->world_size,
                          .spec = buf,
-                         .spec_len = n};
+                         .spec_len = n,
+                         .rank_worker = ranks,
+                         .rank_pid = ranks ? ranks + j->world_size : NULL,
+                         .n_ranks = ranks ? j->world_size : 0};
     if (pcs_store_put_job(s->store, &r) != PCS_OK)
         PCS_WARN(PCS_SUB_STORE, "cannot persist job %s: %s", j->id, pcs_last_error());
+    free(ranks);
     free(buf);
 }
 
@@ -970,9 +988,22 @@ static void restore_job(void *user, const pcs_store_job_t *r)
                               .plan = plan,
                               .plan_hash = r->plan_hash};
     if (pcs_coord_restore_job(s->coord, r->number, &d, state, reason, r->created_ms, r->started_ms,
-                              finished_ms, r->generation) != PCS_OK)
+                              finished_ms, r->generation) != PCS_OK) {
         PCS_WARN(PCS_SUB_STORE, "store: job %" PRIu32 " not restored: %s", r->number,
                  pcs_last_error());
+        return;
+    }
+    pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, r->number);
+    if (j && state == PCS_JOB_RUNNING && r->n_ranks) {
+        /* hold its workers for it: a pending job must not take one before it is back */
+        if (pcs_coord_restore_ranks(s->coord, j, r->rank_worker, r->rank_pid, r->n_ranks) ==
+            PCS_OK)
+            PCS_INFO(PCS_SUB_STORE, "job %s: %" PRIu32 " ranks reserved for their workers", j->id,
+                     r->n_ranks);
+        else
+            PCS_WARN(PCS_SUB_STORE, "job %s: rank map not restored (%s); ranks come back by step "
+                     "report", j->id, pcs_last_error());
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -26,7 +26,21 @@ static const char *const schema =
     "CREATE TABLE IF NOT EXISTS jobs(number INTEGER PRIMARY KEY, name TEXT NOT NULL DEFAULT '',"
     " request_id TEXT NOT NULL DEFAULT '', state INTEGER NOT NULL, reason TEXT NOT NULL DEFAULT '',"
     " created_ms INTEGER, started_ms INTEGER, finished_ms INTEGER, generation INTEGER,"
-    " plan_hash INTEGER, world_size INTEGER, spec BLOB);";
+    " plan_hash INTEGER, world_size INTEGER, spec BLOB, ranks BLOB);";
+
+/* ranks: 8 bytes per rank, little-endian worker number then pid (a fixed layout, so the file
+ * moves between hosts). Databases written before the column existed get it added on open. */
+#define RANK_BYTES 8
+
+static void put_u32le(uint8_t *p, uint32_t v)
+{
+    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
+}
+
+static uint32_t get_u32le(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
 
 static pcs_status_t db_error(pcs_store_t *s, const char *what)
 {
@@ -53,13 +67,23 @@ pcs_status_t pcs_store_open(const char *path, pcs_store_t **out)
         sqlite3_free(err);
         goto fail;
     }
+    sqlite3_stmt *probe = NULL;
+    if (sqlite3_prepare_v2(s->db, "SELECT ranks FROM jobs LIMIT 0", -1, &probe, NULL) != SQLITE_OK) {
+        /* a database from before the ranks column: add it (NULL = no map stored) */
+        if (sqlite3_exec(s->db, "ALTER TABLE jobs ADD COLUMN ranks BLOB", NULL, NULL, NULL) !=
+            SQLITE_OK) {
+            st = db_error(s, "add column ranks");
+            goto fail;
+        }
+    }
+    sqlite3_finalize(probe);
     if (sqlite3_prepare_v2(s->db,
                            "INSERT OR REPLACE INTO workers(number, identity, host) VALUES(?,?,?)",
                            -1, &s->put_worker, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(s->db,
                            "INSERT OR REPLACE INTO jobs(number, name, request_id, state, reason,"
                            " created_ms, started_ms, finished_ms, generation, plan_hash,"
-                           " world_size, spec) VALUES(?,?,?,?,?,?,?,?,?,?,?,?)",
+                           " world_size, spec, ranks) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
                            -1, &s->put_job, NULL) != SQLITE_OK) {
         st = db_error(s, "prepare");
         goto fail;
@@ -140,7 +164,24 @@ pcs_status_t pcs_store_put_job(pcs_store_t *s, const pcs_store_job_t *j)
     sqlite3_bind_int64(q, 10, (sqlite3_int64)j->plan_hash);
     sqlite3_bind_int64(q, 11, j->world_size);
     sqlite3_bind_blob(q, 12, j->spec, (int)j->spec_len, SQLITE_TRANSIENT);
-    return step(s, q, "put job");
+    uint8_t *ranks = NULL;
+    if (j->n_ranks && j->rank_worker) {
+        if (pcs_calloc(j->n_ranks, RANK_BYTES, (void **)&ranks) != PCS_OK) {
+            sqlite3_reset(q);
+            sqlite3_clear_bindings(q);
+            return PCS_ERR_NOMEM;
+        }
+        for (uint32_t r = 0; r < j->n_ranks; r++) {
+            put_u32le(ranks + (size_t)r * RANK_BYTES, j->rank_worker[r]);
+            put_u32le(ranks + (size_t)r * RANK_BYTES + 4, j->rank_pid ? j->rank_pid[r] : 0);
+        }
+        sqlite3_bind_blob(q, 13, ranks, (int)((size_t)j->n_ranks * RANK_BYTES), SQLITE_TRANSIENT);
+    } else {
+        sqlite3_bind_null(q, 13);
+    }
+    pcs_status_t st = step(s, q, "put job");
+    free(ranks);
+    return st;
 }
 
 static const char *col_text(sqlite3_stmt *q, int i)
@@ -169,7 +210,7 @@ pcs_status_t pcs_store_load(pcs_store_t *s,
         return db_error(s, "load workers");
     if (sqlite3_prepare_v2(s->db,
                            "SELECT number, name, request_id, state, reason, created_ms, started_ms,"
-                           " finished_ms, generation, plan_hash, world_size, spec FROM jobs"
+                           " finished_ms, generation, plan_hash, world_size, spec, ranks FROM jobs"
                            " ORDER BY number",
                            -1, &q, NULL) != SQLITE_OK)
         return db_error(s, "load jobs");
@@ -191,7 +232,22 @@ pcs_status_t pcs_store_load(pcs_store_t *s,
                              .world_size = (uint32_t)sqlite3_column_int64(q, 10)};
         j.spec = sqlite3_column_blob(q, 11);
         j.spec_len = (size_t)sqlite3_column_bytes(q, 11);
+        /* a map whose size does not match the world size is not trusted: left out */
+        const uint8_t *rb = sqlite3_column_blob(q, 12);
+        size_t rlen = (size_t)sqlite3_column_bytes(q, 12);
+        uint32_t *rw = NULL;
+        if (rb && j.world_size && rlen == (size_t)j.world_size * RANK_BYTES &&
+            pcs_calloc((size_t)j.world_size * 2, sizeof *rw, (void **)&rw) == PCS_OK) {
+            for (uint32_t r = 0; r < j.world_size; r++) {
+                rw[r] = get_u32le(rb + (size_t)r * RANK_BYTES);
+                rw[j.world_size + r] = get_u32le(rb + (size_t)r * RANK_BYTES + 4);
+            }
+            j.rank_worker = rw;
+            j.rank_pid = rw + j.world_size;
+            j.n_ranks = j.world_size;
+        }
         on_job(user, &j);
+        free(rw);
     }
     sqlite3_finalize(q);
     if (rc != SQLITE_DONE)

@@ -1,5 +1,5 @@
 /* SQLite (WAL) persistence of the coordinator: job history (spec bytes, state, timestamps,
- * reason, request id) and worker identity -> id numbers, so a restarted coordinator keeps ids and
+ * reason, request id, rank -> worker map) and worker identity -> id numbers, so a restarted coordinator keeps ids and
  * history. Writes are batched: put_* statements join one open transaction that
  * pcs_store_flush() commits from the loop's tick, so no RPC waits on an fsync. Heartbeats are
  * never persisted. Single-threaded (the RPC loop). */
@@ -25,6 +25,11 @@ typedef struct pcs_store_job {
     uint32_t world_size;
     const void *spec; /* packed pcs.v1.JobSpec */
     size_t spec_len;
+    /* rank -> worker of a started job: worker number and its pid when it got the rank (0 =
+     * unknown), n_ranks entries each; n_ranks 0 = none stored (PENDING, or a row written before
+     * the column existed). Lets a restarted coordinator reserve a RUNNING job's workers. */
+    const uint32_t *rank_worker, *rank_pid;
+    uint32_t n_ranks;
 } pcs_store_job_t;
 
 /* Open (creating tables) the database at `path`. Errors: PCS_ERR_SYSTEM naming the file. */

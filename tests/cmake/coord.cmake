@@ -16,3 +16,9 @@ add_test(NAME test_coordinator_grpcio
 set_tests_properties(test_coordinator_grpcio PROPERTIES LABELS integration TIMEOUT 120
   SKIP_RETURN_CODE 77
   ENVIRONMENT "PCS_BIN_DIR=${CMAKE_BINARY_DIR}/bin;PCS_SOURCE_DIR=${PROJECT_SOURCE_DIR};PCS_LOG_LEVEL=warn")
+
+# SQLite store alone (rank -> worker map round trip, schema upgrade): compiled in, like test_coord.
+pcs_add_test(NAME test_store
+  SOURCES ${PROJECT_SOURCE_DIR}/tests/unit/test_store.c ${PROJECT_SOURCE_DIR}/coordinator/store.c
+  LIBS pcs_base PkgConfig::SQLITE LABELS unit TIMEOUT 60)
+target_include_directories(test_store PRIVATE ${PROJECT_SOURCE_DIR}/coordinator)

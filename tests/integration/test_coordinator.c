@@ -825,6 +825,85 @@ static void test_restart_with_same_db_keeps_worker_ids_and_job_history(void **st
     free(dbdir);
 }
 
+/* A coordinator restarts while job-1 runs on two workers and job-2 (world 1) waits for one. The
+ * worker that re-registers first must get its rank in job-1 back (the store kept rank -> worker)
+ * rather than be handed to job-2 while its process still trains job-1. */
+static void test_restart_gives_a_reregistered_worker_its_rank_back_before_a_pending_job(
+    void **state)
+{
+    (void)state;
+    char *dbdir = pcs_test_tmpdir("coord-rk");
+    char db[1024];
+    snprintf(db, sizeof db, "%s/state.db", dbdir);
+    const char *args[] = {"--db", db, "--lease-ms", "60000", NULL};
+    coord_proc_t *p = start("coord-rk1", args);
+    char *wa = reg(p, "rank-a", NULL), *wb = reg(p, "rank-b", NULL);
+    Pcs__V1__JobSpec *spec = spec_new();
+    spec->mesh[0]->size = 2;
+    Pcs__V1__SubmitJobResponse *sr;
+    assert_int_equal(submit(p, spec, NULL, &sr), 0);
+    assert_int_equal(sr->job->state, PCS__V1__JOB_STATE__JOB_STATE_RUNNING);
+    char *running = strdup(sr->job->job_id);
+    protobuf_c_message_free_unpacked(&sr->base, NULL);
+    spec->mesh[0]->size = 1;
+    assert_int_equal(submit(p, spec, NULL, &sr), 0);
+    assert_int_equal(sr->job->state, PCS__V1__JOB_STATE__JOB_STATE_PENDING);
+    char *pending = strdup(sr->job->job_id);
+    protobuf_c_message_free_unpacked(&sr->base, NULL);
+    /* which rank wb holds (gang start is FIFO by registration, but ask rather than assume) */
+    pcs_rpc_stream_t *ws = watch(p, wb);
+    Pcs__V1__AssignmentEvent *ev = next_event(ws);
+    assert_int_equal(ev->event_case, PCS__V1__ASSIGNMENT_EVENT__EVENT_ASSIGNMENT);
+    uint32_t rank_b = ev->assignment->rank;
+    uint64_t gen = ev->assignment->generation;
+    protobuf_c_message_free_unpacked(&ev->base, NULL);
+    pcs_rpc_stream_close(ws);
+    pcs_test_sleep_ms(150); /* the store commits from the loop's tick */
+    stop(p);
+
+    p = start("coord-rk2", args);
+    int rr = 0;
+    char *again = reg(p, "rank-b", &rr); /* same identity and pid: the same process */
+    assert_true(rr);
+    assert_string_equal(again, wb);
+    Pcs__V1__GetJobResponse *keep = NULL;
+    Pcs__V1__Job *j2 = get_job(p, pending, &keep);
+    assert_int_equal(j2->state, PCS__V1__JOB_STATE__JOB_STATE_PENDING); /* did not take rank-b */
+    protobuf_c_message_free_unpacked(&keep->base, NULL);
+    Pcs__V1__Job *j1 = get_job(p, running, &keep);
+    assert_int_equal(j1->state, PCS__V1__JOB_STATE__JOB_STATE_RUNNING);
+    assert_int_equal(j1->n_workers, 2);
+    assert_string_equal(j1->workers[rank_b], wb);
+    assert_string_equal(j1->workers[1 - rank_b], ""); /* rank-a not back yet */
+    protobuf_c_message_free_unpacked(&keep->base, NULL);
+    /* its watch gives the assignment back: same job, rank and generation */
+    ws = watch(p, wb);
+    ev = next_event(ws);
+    assert_int_equal(ev->event_case, PCS__V1__ASSIGNMENT_EVENT__EVENT_ASSIGNMENT);
+    assert_string_equal(ev->assignment->job_id, running);
+    assert_int_equal(ev->assignment->rank, rank_b);
+    assert_int_equal(ev->assignment->generation, gen);
+    protobuf_c_message_free_unpacked(&ev->base, NULL);
+    pcs_rpc_stream_close(ws);
+    /* a worker without a reservation goes to the pending job */
+    char *wc = reg(p, "rank-c", NULL);
+    j2 = get_job(p, pending, &keep);
+    assert_int_equal(j2->state, PCS__V1__JOB_STATE__JOB_STATE_RUNNING);
+    assert_string_equal(j2->workers[0], wc);
+    protobuf_c_message_free_unpacked(&keep->base, NULL);
+    /* rank-a comes back too: job-1 is whole again */
+    char *a2 = reg(p, "rank-a", NULL);
+    assert_string_equal(a2, wa);
+    j1 = get_job(p, running, &keep);
+    assert_string_equal(j1->workers[1 - rank_b], wa);
+    protobuf_c_message_free_unpacked(&keep->base, NULL);
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+    stop(p);
+    free(wa), free(wb), free(wc), free(a2), free(again), free(running), free(pending);
+    pcs_test_rmtree(dbdir);
+    free(dbdir);
+}
+
 /* Pending jobs whose stored spec cannot be planned again (unreadable, or without a mesh) are
  * restored FAILED with the cause, instead of gang-starting with no plan for their workers. */
 static void test_restart_fails_pending_jobs_whose_spec_cannot_be_planned(void **state)
@@ -1117,6 +1196,7 @@ int main(void)
         cmocka_unit_test(test_lease_expiry_marks_worker_lost_and_fails_its_job),
         cmocka_unit_test(test_restart_with_same_db_keeps_worker_ids_and_job_history),
         cmocka_unit_test(test_restart_fails_pending_jobs_whose_spec_cannot_be_planned),
+        cmocka_unit_test(test_restart_gives_a_reregistered_worker_its_rank_back_before_a_pending_job),
         cmocka_unit_test(test_metrics_endpoint_reports_workers_jobs_and_rpcs),
         cmocka_unit_test(test_sigterm_ends_open_streams_with_unavailable_and_exits_zero),
         cmocka_unit_test(test_health_watch_streams_above_the_cap_are_resource_exhausted),

@@ -934,6 +934,17 @@ static pcs_coord_job_t *restore_running(fixture_t *f)
     return j;
 }
 
+/* job-1 RUNNING (world 2, generation 3) restored with w-1 (pod-a) and w-2 (pod-b) still GONE. */
+static pcs_coord_job_t *restore_running_no_rereg(fixture_t *f)
+{
+    assert_int_equal(pcs_coord_restore_worker(f->c, 1, "pod-a", "h"), PCS_OK);
+    assert_int_equal(pcs_coord_restore_worker(f->c, 2, "pod-b", "h"), PCS_OK);
+    uint32_t names[1] = {PCS_MESH_DP_SHARD}, sizes[1] = {2};
+    pcs_coord_job_desc_t d = {.n_dims = 1, .dim_name = names, .dim_size = sizes};
+    assert_int_equal(pcs_coord_restore_job(f->c, 1, &d, PCS_JOB_RUNNING, NULL, 1, 2, 0, 3), PCS_OK);
+    return pcs_coord_job_by_number(f->c, 1);
+}
+
 static int report(fixture_t *f, const char *worker_id, uint32_t rank, uint64_t step, bool done)
 {
     pcs_coord_report_t r = {.worker_id = worker_id,
@@ -987,10 +998,156 @@ static void test_restored_running_job_fails_when_a_rank_stays_away_a_lease(void 
     pcs_coord_tick(f->c);
     assert_int_equal(j->state, PCS_JOB_FAILED);
     assert_string_equal(j->reason, "1 of 2 ranks (first: rank 0) did not come back within the "
-                                   "lease (10000 ms) after a coordinator restart");
+                                   "lease (10000 ms) after a coordinator restart; missing ranks: 0");
     assert_null(worker(f, 1)->job); /* the rank that came back is freed with a STOP */
     assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
     assert_int_equal(report(f, "w-2", 0, 8, false), PCS_EV_STOP);
+}
+
+static pcs_coord_worker_t *reg_pid(fixture_t *f, const char *identity, uint32_t pid)
+{
+    pcs_coord_register_t r = {.identity = identity, .host = "h", .pid = pid};
+    pcs_coord_worker_t *w = NULL;
+    bool rr = false;
+    assert_int_equal(pcs_coord_register(f->c, &r, &w, &rr), PCS_OK);
+    return w;
+}
+
+/* The store of a coordinator that went down with job-1 RUNNING on w-2 (rank 0, pid 42) and w-1
+ * (rank 1, pid 43), job-2 (world 1) PENDING, and a third known worker w-3. */
+static pcs_coord_job_t *restore_with_rank_map(fixture_t *f, pcs_coord_job_t **pending)
+{
+    assert_int_equal(pcs_coord_restore_worker(f->c, 1, "pod-a", "h"), PCS_OK);
+    assert_int_equal(pcs_coord_restore_worker(f->c, 2, "pod-b", "h"), PCS_OK);
+    assert_int_equal(pcs_coord_restore_worker(f->c, 3, "pod-c", "h"), PCS_OK);
+    uint32_t names[1] = {PCS_MESH_DP_SHARD}, sizes[1] = {2}, one[1] = {1};
+    pcs_coord_job_desc_t d = {.n_dims = 1, .dim_name = names, .dim_size = sizes};
+    assert_int_equal(pcs_coord_restore_job(f->c, 1, &d, PCS_JOB_RUNNING, NULL, 1, 2, 0, 3), PCS_OK);
+    pcs_coord_job_t *j = pcs_coord_job_by_number(f->c, 1);
+    uint32_t held[2] = {2, 1}, pids[2] = {42, 43};
+    assert_int_equal(pcs_coord_restore_ranks(f->c, j, held, pids, 2), PCS_OK);
+    pcs_coord_job_desc_t p = {.n_dims = 1, .dim_name = names, .dim_size = one};
+    assert_int_equal(pcs_coord_restore_job(f->c, 2, &p, PCS_JOB_PENDING, NULL, 5, 0, 0, 0), PCS_OK);
+    *pending = pcs_coord_job_by_number(f->c, 2);
+    assert_int_equal((*pending)->state, PCS_JOB_PENDING);
+    return j;
+}
+
+/* The gap this closes: without the stored map, pod-a came back IDLE and job-2 (pending, world 1)
+ * took it at once, although it was still training rank 1 of job-1. */
+static void test_restored_rank_map_gives_a_reregistered_worker_its_rank_before_pending_jobs(
+    void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_job_t *pending;
+    pcs_coord_job_t *j = restore_with_rank_map(f, &pending);
+    pcs_coord_worker_t *a = reg_pid(f, "pod-a", 43);
+    assert_int_equal(a->state, PCS_WORKER_ASSIGNED);
+    assert_ptr_equal(a->job, j);
+    assert_int_equal(a->rank, 1);
+    assert_int_equal(j->rank_worker[1], 1);
+    assert_int_equal(j->n_unclaimed, 1);
+    assert_int_equal(pending->state, PCS_JOB_PENDING); /* did not take pod-a */
+    pcs_coord_event_t e;
+    assert_true(pcs_coord_pop_event(f->c, a, &e));
+    assert_int_equal(e.kind, PCS_EV_ASSIGNMENT);
+    assert_int_equal(e.job, 1);
+    assert_int_equal(e.rank, 1);
+    assert_int_equal(e.generation, 3);
+    /* a worker without a reservation is free for the pending job */
+    pcs_coord_worker_t *c3 = reg_pid(f, "pod-c", 7);
+    assert_int_equal(pending->state, PCS_JOB_RUNNING);
+    assert_ptr_equal(c3->job, pending);
+    /* nobody but pod-b may take rank 0, not even through a step report */
+    reg_pid(f, "pod-d", 8);
+    assert_int_equal(report(f, "w-4", 0, 50, false), PCS_EV_STOP);
+    assert_null(worker(f, 4)->job);
+    pcs_coord_worker_t *b = reg_pid(f, "pod-b", 42);
+    assert_int_equal(b->state, PCS_WORKER_ASSIGNED);
+    assert_int_equal(b->rank, 0);
+    assert_int_equal(j->n_unclaimed, 0);
+    /* reports go on as usual; a full lease later nothing fails */
+    assert_int_equal(report(f, "w-2", 0, 51, false), 0);
+    assert_int_equal(report(f, "w-1", 1, 51, false), 0);
+    f->clock.now += 20000;
+    for (uint32_t n = 1; n <= 4; n++) {
+        char id[16];
+        snprintf(id, sizeof id, "w-%u", n);
+        pcs_coord_heartbeat(f->c, id, &(pcs_coord_worker_t *){NULL});
+    }
+    pcs_coord_tick(f->c);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    assert_int_equal(report(f, "w-1", 1, 60, true), 0);
+    assert_int_equal(report(f, "w-2", 0, 60, true), 0);
+    assert_int_equal(j->state, PCS_JOB_SUCCEEDED);
+}
+
+/* Same identity, other pid: the process that held the rank is gone (its communicators too). */
+static void test_reserved_worker_back_from_a_new_process_fails_its_job_and_is_idle(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_job_t *pending;
+    pcs_coord_job_t *j = restore_with_rank_map(f, &pending);
+    pcs_coord_worker_t *b = reg_pid(f, "pod-b", 99);
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    assert_string_equal(j->reason, "worker w-2 (rank 0) restarted while the coordinator was down: "
+                                   "re-registered from a new process (pid 42 -> 99)");
+    /* it came back idle, so the pending job may have it now */
+    assert_ptr_equal(b->job, pending);
+    assert_int_equal(pending->state, PCS_JOB_RUNNING);
+    /* the other reservation ended with the job: pod-a comes back idle */
+    assert_int_equal(worker(f, 1)->reserved_job, 0);
+    pcs_coord_worker_t *a = reg_pid(f, "pod-a", 43);
+    assert_int_equal(a->state, PCS_WORKER_IDLE);
+    assert_null(a->job);
+}
+
+static void test_reserved_rank_away_a_lease_fails_the_job_naming_rank_and_worker(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_job_t *pending;
+    pcs_coord_job_t *j = restore_with_rank_map(f, &pending);
+    reg_pid(f, "pod-a", 43);
+    f->clock.now += 10000;
+    pcs_coord_heartbeat(f->c, "w-1", &(pcs_coord_worker_t *){NULL});
+    pcs_coord_tick(f->c);
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    assert_string_equal(j->reason, "1 of 2 ranks (first: rank 0) did not come back within the "
+                                   "lease (10000 ms) after a coordinator restart; missing ranks: "
+                                   "0 (w-2)");
+    /* w-1 was freed with a STOP and went to the pending job; w-2's reservation is over */
+    assert_int_equal(worker(f, 2)->reserved_job, 0);
+    assert_ptr_equal(worker(f, 1)->job, pending);
+    pcs_coord_worker_t *b = reg_pid(f, "pod-b", 42);
+    assert_int_equal(b->state, PCS_WORKER_IDLE);
+}
+
+static void test_restore_ranks_refuses_bad_maps_and_reserves_nothing(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_job_t *j = restore_running_no_rereg(f);
+    uint32_t too_few[1] = {1}, unknown[2] = {1, 9}, twice[2] = {2, 2}, ok[2] = {1, 2};
+    assert_int_equal(pcs_coord_restore_ranks(f->c, j, too_few, NULL, 1), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "1 ranks stored, world size 2"));
+    assert_int_equal(pcs_coord_restore_ranks(f->c, j, unknown, NULL, 2), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "unknown worker 9"));
+    assert_int_equal(pcs_coord_restore_ranks(f->c, j, twice, NULL, 2), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "listed twice"));
+    assert_int_equal(worker(f, 1)->reserved_job, 0);
+    assert_int_equal(worker(f, 2)->reserved_job, 0);
+    assert_null(j->rank_reserved);
+    /* a finished job has nothing to reserve */
+    uint32_t names[1] = {PCS_MESH_DP_SHARD}, sizes[1] = {2};
+    pcs_coord_job_desc_t d = {.n_dims = 1, .dim_name = names, .dim_size = sizes};
+    assert_int_equal(pcs_coord_restore_job(f->c, 2, &d, PCS_JOB_SUCCEEDED, NULL, 1, 2, 3, 1),
+                     PCS_OK);
+    assert_int_equal(pcs_coord_restore_ranks(f->c, pcs_coord_job_by_number(f->c, 2), ok, NULL, 2),
+                     PCS_ERR_INVALID_ARG);
+    /* with an unknown pid (0) the same worker is trusted back */
+    assert_int_equal(pcs_coord_restore_ranks(f->c, j, ok, NULL, 2), PCS_OK);
+    pcs_coord_worker_t *b = reg_pid(f, "pod-b", 1234);
+    assert_int_equal(b->state, PCS_WORKER_ASSIGNED);
+    assert_int_equal(b->rank, 1);
 }
 
 /* A corrupt store row with a huge id is refused (with its payload freed) instead of growing the
@@ -1056,6 +1213,10 @@ int main(void)
         T(test_restore_refuses_absurd_ids),
         T(test_restored_running_job_takes_its_ranks_back_from_reports),
         T(test_restored_running_job_fails_when_a_rank_stays_away_a_lease),
+        T(test_restored_rank_map_gives_a_reregistered_worker_its_rank_before_pending_jobs),
+        T(test_reserved_worker_back_from_a_new_process_fails_its_job_and_is_idle),
+        T(test_reserved_rank_away_a_lease_fails_the_job_naming_rank_and_worker),
+        T(test_restore_ranks_refuses_bad_maps_and_reserves_nothing),
 #undef T
     };
     return cmocka_run_group_tests_name("coord", tests, NULL, NULL);
