@@ -489,6 +489,7 @@ static void recv_done(pcs_rpc_tag_t *tag, bool ok)
         size_t n = GRPC_SLICE_LENGTH(c->details.method);
         snprintf(path, sizeof path, "%.*s", (int)(n > 200 ? 200 : n),
                  (const char *)GRPC_SLICE_START_PTR(c->details.method));
+        pcs_utf8_sanitize(path); /* the client's bytes, echoed in the status details */
         PCS_DEBUG(PCS_SUB_RPC, "unknown method %s from %s", path, pcs_rpc_call_peer(c));
         char msg[300];
         snprintf(msg, sizeof msg, "unknown method %s", path);
