@@ -1,0 +1,754 @@
+/* The "cuda" nn implementation: the built-in MLP's numerics on the GPU, twin of nn_cpu.c.
+ * Representation: activations and their gradients stay fp32 device arrays carrying values rounded
+ * to the tagged dtype (the project's representation, so model.c's tape, casts and accumulation
+ * are the same code on both backends). A bf16/fp16 Linear converts its fp32 operands to real
+ * bf16/fp16 scratch (exact: they hold representable values) and runs cublasGemmEx (16BF/16F in,
+ * CUBLAS_COMPUTE_32F, fp32 out): products of bf16/fp16 values are exact in fp32, so it equals the
+ * CPU's sgemm up to summation order; an fp32 Linear is cublasSgemm with CUBLAS_DEFAULT_MATH (no
+ * TF32, PyTorch's allow_tf32=False for matmul). A bias + round-to-dtype epilogue follows.
+ * Everything else evaluates the CPU twin's expressions with pcs/half.h rounding (--fmad=false):
+ * column sums (db, BatchNorm, LayerNorm dW/db) loop over rows in the CPU's order and give its
+ * bits; LayerNorm row statistics are block reductions in double (order differs, then rounded to
+ * fp32); erff/expf are CUDA's (within 2 ulp of glibc). One cublasHandle_t per context, bound to
+ * the context's stream, with its own workspace. Errors: PCS_ERR_CUDA with one WARN naming the
+ * failing call. */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_check.h"
+#include "kernels_internal.h"
+#include "nn_internal.h"
+#include "pcs/half.h"
+#include "pcs/log.h"
+
+#define PCS_CUBLAS_CHECK(call)                                                                     \
+    do {                                                                                           \
+        cublasStatus_t st_ = (call);                                                               \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                                        \
+            PCS_WARN(PCS_SUB_KERNEL, "%s failed: %s (%s)", #call, cublasGetStatusString(st_),      \
+                     cublasGetStatusName(st_));                                                    \
+            return PCS_ERR_CUDA;                                                                   \
+        }                                                                                          \
+    } while (0)
+
+/* A launch error (bad configuration) shows up here; execution errors at the next sync. */
+#define PCS_LAUNCH_CHECK(what)                                                                     \
+    do {                                                                                           \
+        cudaError_t e_ = cudaGetLastError();                                                       \
+        if (e_ != cudaSuccess) {                                                                   \
+            PCS_WARN(PCS_SUB_KERNEL, "launch of %s failed: %s (%s)", what, cudaGetErrorString(e_), \
+                     cudaGetErrorName(e_));                                                        \
+            return PCS_ERR_CUDA;                                                                   \
+        }                                                                                          \
+    } while (0)
+
+namespace
+{
+
+constexpr int kThreads = 256;
+constexpr unsigned kMaxBlocks = 4096;               /* grid-stride beyond this */
+constexpr size_t kBlasWorkspace = (size_t)32 << 20; /* NVIDIA's recommendation for Hopper */
+constexpr float kLnEps = 1e-5f;
+constexpr float kBnEps = 1e-5f;
+constexpr float kBnMomentum = 0.1f;
+/* the CPU twin's double constants, narrowed the same way it narrows them */
+constexpr double kSqrt1_2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;
+
+struct CudaNN {
+    cublasHandle_t blas;
+    void *blas_ws;
+    void *ha; /* bf16/fp16 copy of GEMM operand A */
+    size_t ha_bytes;
+    void *hb; /* ... and operand B */
+    size_t hb_bytes;
+    float *f32; /* fp32 dW / db / norm dweight+dbias before rounding and storing */
+    size_t f32_bytes;
+};
+
+const pcs_nn_ops_t *cuda_table(void);
+
+inline cudaStream_t cs(const pcs_nn_t *nn)
+{
+    return reinterpret_cast<cudaStream_t>(nn->stream);
+}
+
+inline CudaNN *impl(pcs_nn_t *nn)
+{
+    return static_cast<CudaNN *>(nn->impl);
+}
+
+unsigned blocks_for(size_t n)
+{
+    size_t b = (n + kThreads - 1) / kThreads;
+    if (b < 1)
+        b = 1;
+    return (unsigned)(b > kMaxBlocks ? kMaxBlocks : b);
+}
+
+/* Grow a device scratch buffer (contents not kept). Work already enqueued may read the old one,
+ * so the stream is synchronized before it is freed; growth happens only on the first passes. */
+pcs_status_t grow(pcs_nn_t *nn, void **p, size_t *cap, size_t bytes)
+{
+    if (bytes <= *cap)
+        return PCS_OK;
+    if (*p) {
+        PCS_CUDA_CHECK(cudaStreamSynchronize(cs(nn)));
+        PCS_CUDA_CHECK(cudaFree(*p));
+        *p = NULL;
+        *cap = 0;
+    }
+    PCS_CUDA_CHECK(cudaMalloc(p, bytes));
+    *cap = bytes;
+    return PCS_OK;
+}
+
+// ----------------------------------------------------------------------------
+// element access: widen to fp32 exactly, round once (pcs/half.h: the CPU's bits)
+
+__device__ __forceinline__ float ldv(const void *p, int dt, size_t i)
+{
+    switch (dt) {
+    case PCS_DTYPE_BF16:
+        return pcs_bf16_to_f32(static_cast<const uint16_t *>(p)[i]);
+    case PCS_DTYPE_FP16:
+        return pcs_fp16_to_f32(static_cast<const uint16_t *>(p)[i]);
+    default:
+        return static_cast<const float *>(p)[i];
+    }
+}
+
+__device__ __forceinline__ void stv(void *p, int dt, size_t i, float v)
+{
+    switch (dt) {
+    case PCS_DTYPE_BF16:
+        static_cast<uint16_t *>(p)[i] = pcs_f32_to_bf16(v);
+        break;
+    case PCS_DTYPE_FP16:
+        static_cast<uint16_t *>(p)[i] = pcs_f32_to_fp16(v);
+        break;
+    case PCS_DTYPE_FP64:
+        static_cast<double *>(p)[i] = (double)v;
+        break;
+    default:
+        static_cast<float *>(p)[i] = v;
+        break;
+    }
+}
+
+__device__ __forceinline__ float round_to(float v, int dt)
+{
+    if (dt == PCS_DTYPE_BF16)
+        return pcs_bf16_to_f32(pcs_f32_to_bf16(v));
+    if (dt == PCS_DTYPE_FP16)
+        return pcs_fp16_to_f32(pcs_f32_to_fp16(v));
+    return v;
+}
+
+#define GRID_STRIDE(i, n)                                                                          \
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                        \
+         i += (size_t)gridDim.x * blockDim.x)
+
+// ----------------------------------------------------------------------------
+// CUDA kernels: element-wise
+
+__global__ void k_copy_round(float *dst, const float *src, size_t n, int dt)
+{
+    GRID_STRIDE(i, n)
+    dst[i] = round_to(src[i], dt);
+}
+
+__global__ void k_add(float *y, const float *a, const float *b, size_t n, int dt)
+{
+    GRID_STRIDE(i, n)
+    y[i] = round_to(a[i] + b[i], dt);
+}
+
+__global__ void k_relu_fwd(float *y, const float *x, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float v = x[i];
+        y[i] = v < 0.0f ? 0.0f : v; /* keeps NaN, like torch.relu */
+    }
+}
+
+__global__ void k_gelu_fwd(float *y, const float *x, size_t n, int dt)
+{
+    GRID_STRIDE(i, n)
+    {
+        float v = x[i];
+        y[i] = round_to(0.5f * v * (1.0f + erff(v * (float)kSqrt1_2)), dt);
+    }
+}
+
+__global__ void k_relu_bwd(float *dx, const float *y, const float *dy, size_t n)
+{
+    GRID_STRIDE(i, n)
+    dx[i] = y[i] <= 0.0f ? 0.0f : dy[i]; /* NaN results pass the gradient, like PyTorch */
+}
+
+__global__ void k_gelu_bwd(float *dx, const float *x, const float *dy, size_t n)
+{
+    GRID_STRIDE(i, n)
+    {
+        float v = x[i];
+        float cdf = 0.5f * (1.0f + erff(v * (float)kSqrt1_2));
+        float pdf = (float)kInvSqrt2Pi * expf(-0.5f * v * v);
+        dx[i] = dy[i] * (cdf + v * pdf);
+    }
+}
+
+/* fp32 values representable in dt -> real dt storage (exact), for the GEMM operands. */
+__global__ void k_to_half(uint16_t *dst, const float *src, size_t n, int dt)
+{
+    GRID_STRIDE(i, n)
+    dst[i] = dt == PCS_DTYPE_BF16 ? pcs_f32_to_bf16(src[i]) : pcs_f32_to_fp16(src[i]);
+}
+
+/* Gradient store: round to the parameter's dtype when the gradient's differs, store as gdt. */
+__global__ void k_store_grad(void *dst, int gdt, const float *src, size_t n, int pdt)
+{
+    GRID_STRIDE(i, n)
+    {
+        float g = src[i];
+        if (gdt != pdt)
+            g = round_to(g, pdt);
+        stv(dst, gdt, i, g);
+    }
+}
+
+// ----------------------------------------------------------------------------
+// CUDA kernels: Linear epilogue and column sums
+
+/* y[r, j] = round(y[r, j] + bias[j], dt) (bias NULL: just the rounding). */
+__global__ void k_bias_round(float *y, const void *bias, size_t rows, uint32_t n, int dt)
+{
+    GRID_STRIDE(i, rows * n)
+    {
+        float v = y[i];
+        if (bias)
+            v += ldv(bias, dt, i % n);
+        y[i] = round_to(v, dt);
+    }
+}
+
+/* out[j] = sum over rows of dy[r, j] in fp32, rows in order: the CPU's db loop, same bits. */
+__global__ void k_colsum(float *out, const float *dy, uint32_t rows, uint32_t n)
+{
+    uint32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n)
+        return;
+    float s = 0.0f;
+    for (uint32_t r = 0; r < rows; r++)
+        s += dy[(size_t)r * n + j];
+    out[j] = s;
+}
+
+// ----------------------------------------------------------------------------
+// CUDA kernels: LayerNorm (block per row for statistics, thread per column for dW/db)
+
+/* Sum of v over the block (kThreads threads), in double; every thread gets the total. */
+__device__ double block_sum(double v, double *sh)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_down_sync(0xffffffffu, v, o);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __syncthreads(); /* sh may still be read by a previous call */
+    if (lane == 0)
+        sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < kThreads / 32 ? sh[lane] : 0.0;
+        for (int o = 16; o > 0; o >>= 1)
+            v += __shfl_down_sync(0xffffffffu, v, o);
+        if (lane == 0)
+            sh[0] = v;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
+__global__ void __launch_bounds__(kThreads)
+    k_ln_fwd(float *Y, const float *X, uint32_t D, const void *w, int wdt, const void *b, int bdt,
+             float *save, int dt)
+{
+    __shared__ double sh[kThreads / 32];
+    size_t r = blockIdx.x;
+    const float *x = X + r * D;
+    float *y = Y + r * D;
+    double s = 0;
+    for (uint32_t j = threadIdx.x; j < D; j += kThreads)
+        s += x[j];
+    double mean = block_sum(s, sh) / D;
+    double ss = 0;
+    for (uint32_t j = threadIdx.x; j < D; j += kThreads)
+        ss += (x[j] - mean) * (x[j] - mean);
+    ss = block_sum(ss, sh);
+    float mf = (float)mean, rstd = (float)(1.0 / sqrt(ss / D + kLnEps));
+    if (threadIdx.x == 0) {
+        save[2 * r] = mf;
+        save[2 * r + 1] = rstd;
+    }
+    for (uint32_t j = threadIdx.x; j < D; j += kThreads)
+        y[j] = round_to((x[j] - mf) * rstd * ldv(w, wdt, j) + ldv(b, bdt, j), dt);
+}
+
+/* dx for one row: c1 = mean(dy*w), c2 = mean(dy*w*xhat) in double (the CPU's expressions). */
+__global__ void __launch_bounds__(kThreads)
+    k_ln_bwd_dx(float *dX, const float *X, const float *dY, uint32_t D, const void *w, int wdt,
+                const float *save)
+{
+    __shared__ double sh[kThreads / 32];
+    size_t r = blockIdx.x;
+    const float *x = X + r * D, *dy = dY + r * D;
+    float mean = save[2 * r], rstd = save[2 * r + 1];
+    double c1 = 0, c2 = 0;
+    for (uint32_t j = threadIdx.x; j < D; j += kThreads) {
+        float xh = (x[j] - mean) * rstd, g = dy[j] * ldv(w, wdt, j);
+        c1 += g;
+        c2 += (double)g * xh;
+    }
+    c1 = block_sum(c1, sh) / D;
+    c2 = block_sum(c2, sh) / D;
+    float *dx = dX + r * D;
+    for (uint32_t j = threadIdx.x; j < D; j += kThreads) {
+        float xh = (x[j] - mean) * rstd;
+        dx[j] = rstd * (float)(dy[j] * ldv(w, wdt, j) - c1 - xh * c2);
+    }
+}
+
+/* dweight[j] = sum_r dy*xhat, dbias[j] = sum_r dy in fp32, rows in order (the CPU's order). */
+__global__ void k_ln_bwd_params(float *dw, float *db, const float *X, const float *dY, uint32_t R,
+                                uint32_t D, const float *save)
+{
+    uint32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= D)
+        return;
+    float sw = 0.0f, sb = 0.0f;
+    for (uint32_t r = 0; r < R; r++) {
+        float dy = dY[(size_t)r * D + j];
+        float xh = (X[(size_t)r * D + j] - save[2 * r]) * save[2 * r + 1];
+        sw += dy * xh;
+        sb += dy;
+    }
+    dw[j] = sw;
+    db[j] = sb;
+}
+
+// ----------------------------------------------------------------------------
+// CUDA kernels: BatchNorm1d (thread per feature, rows in the CPU's order)
+
+/* save = [mean, invstd, running_mean, running_var] as fp32, 4*D floats. Training also updates
+ * the running statistics in their dtypes and num_batches_tracked. */
+__global__ void k_bn_stats(float *save, const float *X, uint32_t R, uint32_t D, void *rm, int rmdt,
+                           void *rv, int rvdt, int64_t *nbt, int training)
+{
+    uint32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= D)
+        return;
+    float *mean = save, *invstd = save + D, *run = save + 2 * D;
+    run[j] = ldv(rm, rmdt, j);
+    run[D + j] = ldv(rv, rvdt, j);
+    if (training) {
+        double s = 0, ss = 0;
+        for (uint32_t r = 0; r < R; r++)
+            s += X[(size_t)r * D + j];
+        double mu = s / R;
+        for (uint32_t r = 0; r < R; r++) {
+            double d = X[(size_t)r * D + j] - mu;
+            ss += d * d;
+        }
+        double var = ss / R;
+        mean[j] = (float)mu;
+        invstd[j] = (float)(1.0 / sqrt(var + kBnEps));
+        run[j] = (1.0f - kBnMomentum) * run[j] + kBnMomentum * (float)mu;
+        run[D + j] = (1.0f - kBnMomentum) * run[D + j] + kBnMomentum * (float)(ss / (R - 1));
+        stv(rm, rmdt, j, run[j]);
+        stv(rv, rvdt, j, run[D + j]);
+        if (j == 0 && nbt)
+            (*nbt)++;
+    } else {
+        mean[j] = run[j];
+        invstd[j] = (float)(1.0 / sqrt((double)run[D + j] + kBnEps));
+    }
+}
+
+__global__ void k_bn_apply(float *Y, const float *X, size_t R, uint32_t D, const float *save,
+                           const void *w, int wdt, const void *b, int bdt, int dt)
+{
+    const float *mean = save, *invstd = save + D;
+    GRID_STRIDE(i, R * D)
+    {
+        uint32_t j = (uint32_t)(i % D);
+        Y[i] = round_to((X[i] - mean[j]) * invstd[j] * ldv(w, wdt, j) + ldv(b, bdt, j), dt);
+    }
+}
+
+/* dweight, dbias into dwb[j], dwb[D + j]; dX (may be NULL) for feature j. */
+__global__ void k_bn_bwd(float *dwb, float *dX, const float *X, const float *dY, uint32_t R,
+                         uint32_t D, const float *save, const void *w, int wdt)
+{
+    uint32_t j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= D)
+        return;
+    const float *mean = save, *invstd = save + D;
+    float wj = ldv(w, wdt, j);
+    double sg = 0, sgx = 0, sdy = 0, sdyx = 0;
+    for (uint32_t r = 0; r < R; r++) {
+        float dy = dY[(size_t)r * D + j];
+        float xh = (X[(size_t)r * D + j] - mean[j]) * invstd[j];
+        sdy += dy;
+        sdyx += (double)dy * xh;
+        sg += dy * wj;
+        sgx += (double)dy * wj * xh;
+    }
+    dwb[j] = (float)sdyx;
+    dwb[D + j] = (float)sdy;
+    if (dX) {
+        double mg = sg / R, mgx = sgx / R;
+        for (uint32_t r = 0; r < R; r++) {
+            float xh = (X[(size_t)r * D + j] - mean[j]) * invstd[j];
+            dX[(size_t)r * D + j] = invstd[j] * (float)(dY[(size_t)r * D + j] * wj - mg - xh * mgx);
+        }
+    }
+}
+
+// ----------------------------------------------------------------------------
+// kernel launchers and the vtable
+
+pcs_status_t store_grad(pcs_nn_t *nn, const pcs_nn_grad_t *g, const float *src, size_t n)
+{
+    k_store_grad<<<blocks_for(n), kThreads, 0, cs(nn)>>>(g->data, (int)g->dtype, src, n,
+                                                         (int)g->param_dtype);
+    PCS_LAUNCH_CHECK("k_store_grad");
+    return PCS_OK;
+}
+
+/* A dt copy of n fp32 values in scratch *buf (exact: the values are representable). */
+pcs_status_t to_half(pcs_nn_t *nn, void **buf, size_t *cap, const float *src, size_t n,
+                     pcs_dtype_t dt)
+{
+    PCS_CHECK(grow(nn, buf, cap, n * sizeof(uint16_t)));
+    k_to_half<<<blocks_for(n), kThreads, 0, cs(nn)>>>(static_cast<uint16_t *>(*buf), src, n,
+                                                      (int)dt);
+    PCS_LAUNCH_CHECK("k_to_half");
+    return PCS_OK;
+}
+
+cudaDataType_t cuda_type(pcs_dtype_t dt)
+{
+    return dt == PCS_DTYPE_BF16 ? CUDA_R_16BF : dt == PCS_DTYPE_FP16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* C (column-major m x n, ldc) = op(A) op(B), fp32 out, fp32 accumulation; A/B of type dt. */
+pcs_status_t gemm(pcs_nn_t *nn, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                  const void *A, int lda, const void *B, int ldb, float *C, int ldc, pcs_dtype_t dt)
+{
+    const float one = 1.0f, zero = 0.0f;
+    cublasHandle_t h = impl(nn)->blas;
+    if (dt == PCS_DTYPE_FP32) {
+        PCS_CUBLAS_CHECK(cublasSgemm(h, ta, tb, m, n, k, &one, static_cast<const float *>(A), lda,
+                                     static_cast<const float *>(B), ldb, &zero, C, ldc));
+        return PCS_OK;
+    }
+    PCS_CUBLAS_CHECK(cublasGemmEx(h, ta, tb, m, n, k, &one, A, cuda_type(dt), lda, B, cuda_type(dt),
+                                  ldb, &zero, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                  CUBLAS_GEMM_DEFAULT));
+    return PCS_OK;
+}
+
+void cu_destroy(pcs_nn_t *nn)
+{
+    if (!nn)
+        return;
+    CudaNN *c = impl(nn);
+    if (c) {
+        /* queued work may still use the scratch */
+        (void)cudaStreamSynchronize(cs(nn));
+        if (c->blas)
+            (void)cublasDestroy(c->blas);
+        (void)cudaFree(c->blas_ws);
+        (void)cudaFree(c->ha);
+        (void)cudaFree(c->hb);
+        (void)cudaFree(c->f32);
+        free(c);
+    }
+    free(nn);
+}
+
+pcs_status_t cu_create_into(pcs_nn_t *nn)
+{
+    CudaNN *c = impl(nn);
+    PCS_CUBLAS_CHECK(cublasCreate(&c->blas));
+    PCS_CUBLAS_CHECK(cublasSetStream(c->blas, cs(nn)));
+    /* after SetStream, which resets the handle to the default workspace pool */
+    PCS_CUDA_CHECK(cudaMalloc(&c->blas_ws, kBlasWorkspace));
+    PCS_CUBLAS_CHECK(cublasSetWorkspace(c->blas, c->blas_ws, kBlasWorkspace));
+    /* no TF32: fp32 GEMMs are IEEE fp32 FMAs, as PyTorch's default allow_tf32=False */
+    PCS_CUBLAS_CHECK(cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH));
+    return PCS_OK;
+}
+
+pcs_status_t cu_create(const pcs_backend_ops_t *be, pcs_stream_t s, pcs_nn_t **out)
+{
+    if (!be || !out || strcmp(be->name, "cuda") != 0)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn cuda create: needs the cuda backend (got %s)",
+                             be ? be->name : "NULL");
+    *out = NULL;
+    pcs_nn_t *nn = static_cast<pcs_nn_t *>(calloc(1, sizeof *nn));
+    CudaNN *c = static_cast<CudaNN *>(calloc(1, sizeof *c));
+    if (!nn || !c) {
+        free(nn);
+        free(c);
+        return pcs_set_error(PCS_ERR_NOMEM, "nn cuda create: out of memory");
+    }
+    nn->ops = cuda_table();
+    nn->be = be;
+    nn->stream = s;
+    nn->impl = c;
+    pcs_status_t rc = cu_create_into(nn);
+    if (rc != PCS_OK) {
+        cu_destroy(nn);
+        return rc;
+    }
+    *out = nn;
+    return PCS_OK;
+}
+
+pcs_status_t cu_copy_round(pcs_nn_t *nn, float *dst, const float *src, size_t n, pcs_dtype_t dt)
+{
+    PCS_CHECK(pcs_nn_check_ew("copy_round", nn, dst, src, src, src, n, dt));
+    if (n == 0)
+        return PCS_OK;
+    if (dt == PCS_DTYPE_FP32) {
+        if (dst != src)
+            PCS_CUDA_CHECK(
+                cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, cs(nn)));
+        return PCS_OK;
+    }
+    k_copy_round<<<blocks_for(n), kThreads, 0, cs(nn)>>>(dst, src, n, (int)dt);
+    PCS_LAUNCH_CHECK("k_copy_round");
+    return PCS_OK;
+}
+
+pcs_status_t cu_add(pcs_nn_t *nn, float *y, const float *a, const float *b, size_t n,
+                    pcs_dtype_t dt)
+{
+    PCS_CHECK(pcs_nn_check_ew("add", nn, y, a, b, b, n, dt));
+    if (n == 0)
+        return PCS_OK;
+    k_add<<<blocks_for(n), kThreads, 0, cs(nn)>>>(y, a, b, n, (int)dt);
+    PCS_LAUNCH_CHECK("k_add");
+    return PCS_OK;
+}
+
+pcs_status_t check_act(const char *op, pcs_nn_act_t act)
+{
+    if (act != PCS_NN_RELU && act != PCS_NN_GELU)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: unknown activation %d", op, (int)act);
+    return PCS_OK;
+}
+
+pcs_status_t cu_act_fwd(pcs_nn_t *nn, pcs_nn_act_t act, float *y, const float *x, size_t n,
+                        pcs_dtype_t dt)
+{
+    PCS_CHECK(pcs_nn_check_ew("act_fwd", nn, y, x, x, x, n, dt));
+    PCS_CHECK(check_act("act_fwd", act));
+    if (n == 0)
+        return PCS_OK;
+    if (act == PCS_NN_RELU)
+        k_relu_fwd<<<blocks_for(n), kThreads, 0, cs(nn)>>>(y, x, n);
+    else
+        k_gelu_fwd<<<blocks_for(n), kThreads, 0, cs(nn)>>>(y, x, n, (int)dt);
+    PCS_LAUNCH_CHECK("act_fwd");
+    return PCS_OK;
+}
+
+pcs_status_t cu_act_bwd(pcs_nn_t *nn, pcs_nn_act_t act, float *dx, const float *x, const float *y,
+                        const float *dy, size_t n)
+{
+    PCS_CHECK(pcs_nn_check_ew("act_bwd", nn, dx, x, y, dy, n, PCS_DTYPE_FP32));
+    PCS_CHECK(check_act("act_bwd", act));
+    if (n == 0)
+        return PCS_OK;
+    if (act == PCS_NN_RELU)
+        k_relu_bwd<<<blocks_for(n), kThreads, 0, cs(nn)>>>(dx, y, dy, n);
+    else
+        k_gelu_bwd<<<blocks_for(n), kThreads, 0, cs(nn)>>>(dx, x, dy, n);
+    PCS_LAUNCH_CHECK("act_bwd");
+    return PCS_OK;
+}
+
+/* Row-major to cuBLAS (column-major): a row-major M[r, c] buffer with ld c IS the column-major
+ * matrix M^T (c x r, ld c). So, with X [R,K], W [N,K], Y [R,N], dY [R,N], dX [R,K], dW [N,K]:
+ *   forward  Y = X W^T   <=>  Y^T (N x R) = W (N x K) . X^T (K x R):
+ *            A = W buffer (col-major K x N, ld K) with op T; B = X buffer (K x R, ld K) op N;
+ *            gemm(T, N, m=N, n=R, k=K, A=W lda=K, B=X ldb=K, C=Y ldc=N)
+ *   dX = dY W            <=>  dX^T (K x R) = W^T (K x N) . dY^T (N x R):
+ *            gemm(N, N, m=K, n=R, k=N, A=W lda=K, B=dY ldb=N, C=dX ldc=K)
+ *   dW = dY^T X          <=>  dW^T (K x N) = X^T (K x R) . dY (R x N):
+ *            A = X buffer (K x R, ld K) op N; B = dY buffer (col-major N x R, ld N) op T;
+ *            gemm(N, T, m=K, n=N, k=R, A=X lda=K, B=dY ldb=N, C=dW ldc=K) */
+pcs_status_t cu_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *x, float *y)
+{
+    PCS_CHECK(pcs_nn_check_linear("linear_fwd", nn, l, PCS_NN_READ_FWD));
+    if (!x || !y)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_fwd: NULL x or y");
+    CudaNN *c = impl(nn);
+    int R = (int)l->rows, K = (int)l->in_dim, N = (int)l->out_dim;
+    if (l->dtype == PCS_DTYPE_FP32) {
+        PCS_CHECK(
+            gemm(nn, CUBLAS_OP_T, CUBLAS_OP_N, N, R, K, l->weight, K, x, K, y, N, PCS_DTYPE_FP32));
+    } else {
+        /* the weight as backward reads it (the binding may be resharded before backward) */
+        PCS_CUDA_CHECK(cudaMemcpyAsync(l->saved, l->weight, (size_t)N * K * sizeof(uint16_t),
+                                       cudaMemcpyDeviceToDevice, cs(nn)));
+        PCS_CHECK(to_half(nn, &c->ha, &c->ha_bytes, x, (size_t)R * K, l->dtype));
+        PCS_CHECK(
+            gemm(nn, CUBLAS_OP_T, CUBLAS_OP_N, N, R, K, l->saved, K, c->ha, K, y, N, l->dtype));
+    }
+    if (l->bias || l->dtype != PCS_DTYPE_FP32) {
+        size_t n = (size_t)R * N;
+        k_bias_round<<<blocks_for(n), kThreads, 0, cs(nn)>>>(y, l->bias, (size_t)R, (uint32_t)N,
+                                                             (int)l->dtype);
+        PCS_LAUNCH_CHECK("k_bias_round");
+    }
+    return PCS_OK;
+}
+
+pcs_status_t cu_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy,
+                                  const float *x, const pcs_nn_grad_t *dw, const pcs_nn_grad_t *db)
+{
+    PCS_CHECK(pcs_nn_check_linear("linear_bwd_params", nn, l, PCS_NN_READ_BWD_PARAMS));
+    PCS_CHECK(pcs_nn_check_grad("linear_bwd_params", "weight", dw));
+    PCS_CHECK(pcs_nn_check_grad("linear_bwd_params", "bias", db));
+    if (!dy || (pcs_nn_wants(dw) && !x))
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_bwd_params: NULL dy or x");
+    CudaNN *c = impl(nn);
+    int R = (int)l->rows, K = (int)l->in_dim, N = (int)l->out_dim;
+    size_t nw = (size_t)N * K;
+    if (pcs_nn_wants(dw)) {
+        const void *A = x, *B = dy;
+        if (l->dtype != PCS_DTYPE_FP32) {
+            PCS_CHECK(to_half(nn, &c->ha, &c->ha_bytes, x, (size_t)R * K, l->dtype));
+            PCS_CHECK(to_half(nn, &c->hb, &c->hb_bytes, dy, (size_t)R * N, l->dtype));
+            A = c->ha;
+            B = c->hb;
+        }
+        if (dw->dtype == PCS_DTYPE_FP32 && dw->param_dtype == PCS_DTYPE_FP32) {
+            /* fp32 gradient of an fp32 weight: no rounding, so the GEMM writes it in place */
+            PCS_CHECK(gemm(nn, CUBLAS_OP_N, CUBLAS_OP_T, K, N, R, A, K, B, N,
+                           static_cast<float *>(dw->data), K, l->dtype));
+        } else {
+            PCS_CHECK(grow(nn, (void **)&c->f32, &c->f32_bytes, nw * sizeof(float)));
+            PCS_CHECK(gemm(nn, CUBLAS_OP_N, CUBLAS_OP_T, K, N, R, A, K, B, N, c->f32, K, l->dtype));
+            PCS_CHECK(store_grad(nn, dw, c->f32, nw));
+        }
+    }
+    if (pcs_nn_wants(db)) {
+        PCS_CHECK(grow(nn, (void **)&c->f32, &c->f32_bytes, (size_t)N * sizeof(float)));
+        k_colsum<<<blocks_for((size_t)N), kThreads, 0, cs(nn)>>>(c->f32, dy, (uint32_t)R,
+                                                                 (uint32_t)N);
+        PCS_LAUNCH_CHECK("k_colsum");
+        PCS_CHECK(store_grad(nn, db, c->f32, (size_t)N));
+    }
+    return PCS_OK;
+}
+
+pcs_status_t cu_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy, float *dx)
+{
+    PCS_CHECK(pcs_nn_check_linear("linear_bwd_input", nn, l, PCS_NN_READ_BWD_INPUT));
+    if (!dy || !dx)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_bwd_input: NULL dy or dx");
+    CudaNN *c = impl(nn);
+    int R = (int)l->rows, K = (int)l->in_dim, N = (int)l->out_dim;
+    if (l->dtype == PCS_DTYPE_FP32)
+        return gemm(nn, CUBLAS_OP_N, CUBLAS_OP_N, K, R, N, l->weight, K, dy, N, dx, K,
+                    PCS_DTYPE_FP32);
+    PCS_CHECK(to_half(nn, &c->hb, &c->hb_bytes, dy, (size_t)R * N, l->dtype));
+    return gemm(nn, CUBLAS_OP_N, CUBLAS_OP_N, K, R, N, l->saved, K, c->hb, N, dx, K, l->dtype);
+}
+
+pcs_status_t cu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, float *y)
+{
+    PCS_CHECK(pcs_nn_check_norm("norm_fwd", nn, p, 1));
+    if (!x || !y)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_fwd: NULL x or y");
+    uint32_t R = p->rows, D = p->dim;
+    if (p->kind == PCS_NN_LAYERNORM) {
+        k_ln_fwd<<<R, kThreads, 0, cs(nn)>>>(y, x, D, p->weight, (int)p->weight_dtype, p->bias,
+                                             (int)p->bias_dtype, p->save, (int)p->dtype);
+        PCS_LAUNCH_CHECK("k_ln_fwd");
+        return PCS_OK;
+    }
+    k_bn_stats<<<blocks_for(D), kThreads, 0, cs(nn)>>>(
+        p->save, x, R, D, p->running_mean, (int)p->mean_dtype, p->running_var, (int)p->var_dtype,
+        p->training ? p->num_batches_tracked : NULL, p->training);
+    PCS_LAUNCH_CHECK("k_bn_stats");
+    size_t n = (size_t)R * D;
+    k_bn_apply<<<blocks_for(n), kThreads, 0, cs(nn)>>>(y, x, (size_t)R, D, p->save, p->weight,
+                                                       (int)p->weight_dtype, p->bias,
+                                                       (int)p->bias_dtype, (int)p->dtype);
+    PCS_LAUNCH_CHECK("k_bn_apply");
+    return PCS_OK;
+}
+
+pcs_status_t cu_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, const float *dy,
+                         float *dx, const pcs_nn_grad_t *dw, const pcs_nn_grad_t *db)
+{
+    PCS_CHECK(pcs_nn_check_norm("norm_bwd", nn, p, 0));
+    PCS_CHECK(pcs_nn_check_grad("norm_bwd", "weight", dw));
+    PCS_CHECK(pcs_nn_check_grad("norm_bwd", "bias", db));
+    if (!x || !dy)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_bwd: NULL x or dy");
+    CudaNN *c = impl(nn);
+    uint32_t R = p->rows, D = p->dim;
+    PCS_CHECK(grow(nn, (void **)&c->f32, &c->f32_bytes, 2 * (size_t)D * sizeof(float)));
+    float *gw = c->f32, *gb = c->f32 + D;
+    if (p->kind == PCS_NN_LAYERNORM) {
+        k_ln_bwd_params<<<blocks_for(D), kThreads, 0, cs(nn)>>>(gw, gb, x, dy, R, D, p->save);
+        PCS_LAUNCH_CHECK("k_ln_bwd_params");
+        if (dx) {
+            k_ln_bwd_dx<<<R, kThreads, 0, cs(nn)>>>(dx, x, dy, D, p->weight, (int)p->weight_dtype,
+                                                    p->save);
+            PCS_LAUNCH_CHECK("k_ln_bwd_dx");
+        }
+    } else {
+        k_bn_bwd<<<blocks_for(D), kThreads, 0, cs(nn)>>>(c->f32, dx, x, dy, R, D, p->save,
+                                                         p->weight, (int)p->weight_dtype);
+        PCS_LAUNCH_CHECK("k_bn_bwd");
+    }
+    if (pcs_nn_wants(dw))
+        PCS_CHECK(store_grad(nn, dw, gw, D));
+    if (pcs_nn_wants(db))
+        PCS_CHECK(store_grad(nn, db, gb, D));
+    return PCS_OK;
+}
+
+const pcs_nn_ops_t cuda_nn_ops = {
+    "cuda",     cu_create,     cu_destroy,           cu_copy_round,       cu_add,      cu_act_fwd,
+    cu_act_bwd, cu_linear_fwd, cu_linear_bwd_params, cu_linear_bwd_input, cu_norm_fwd, cu_norm_bwd,
+};
+
+const pcs_nn_ops_t *cuda_table(void)
+{
+    return &cuda_nn_ops;
+}
+
+} // namespace
+
+// ----------------------------------------------------------------------------
+// registry hook (extern "C" through nn_internal.h)
+
+pcs_status_t pcs_nn_cuda_get(const pcs_nn_ops_t **out)
+{
+    *out = NULL;
+    const pcs_backend_ops_t *be = NULL;
+    PCS_CHECK(pcs_backend_cuda_get(&be)); /* UNSUPPORTED without a device, with its message */
+    *out = &cuda_nn_ops;
+    return PCS_OK;
+}
