@@ -59,3 +59,12 @@ if(TARGET pcs_worker_core)
     LIBS pcs_worker_core LABELS unit TIMEOUT 60)
   set_target_properties(test_runtime PROPERTIES LINKER_LANGUAGE CXX)
 endif()
+
+# The unit runtime on device memory against the cpu backend (one device; NCCL between ranks needs
+# two). Exits 77 without a CUDA device.
+if(TARGET pcs_worker_core AND PCS_HAVE_CUDA)
+  pcs_add_test(NAME test_runtime_cuda
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_runtime_cuda.c
+    LIBS pcs_worker_core LABELS gpu TIMEOUT 300)
+  set_target_properties(test_runtime_cuda PROPERTIES LINKER_LANGUAGE CXX)
+endif()
