@@ -6,6 +6,9 @@ if(TARGET pcs_worker_core)
                TIMEOUT 60)
   # The nn vtable (kernels/include/pcs/nn.h): validation, exact cases, cpu-backend refactor guard.
   pcs_add_test(NAME test_nn SOURCES unit/test_nn.c LIBS pcs_worker_core LABELS unit TIMEOUT 60)
+  # The model on the cuda nn implementation vs the CPU twin; exits 77 (skip) without a device.
+  pcs_add_test(NAME test_model_cuda SOURCES gpu/test_model_cuda.c LIBS pcs_worker_core LABELS gpu
+               TIMEOUT 300)
 endif()
 # test_reference also checks the reference against the planner's plans (coordinator/plan.h).
 if(TARGET pcs_worker_core AND TARGET pcs_plan)

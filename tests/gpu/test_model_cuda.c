@@ -1,0 +1,353 @@
+/* Differential test of the built-in MLP on the "cuda" nn implementation against the CPU twin
+ * (STYLE.md B9): the same model, parameters (copied H2D), inputs and output gradient on both; two
+ * training steps, then an eval forward; outputs, every parameter gradient, the input gradient and
+ * the BatchNorm buffers are compared, over relu/gelu x none/LayerNorm/BatchNorm x residual x bias x
+ * fp32/bf16/fp16 parameters (+ fp32 gradients of low-precision parameters, + an fp32 unit inside
+ * a bf16 model). Exits 77 (skip) when the cuda backend is not built or no device is present.
+ *
+ * Tolerance rule. The two sides differ only in GEMM and LayerNorm-statistics summation order.
+ * For a tensor whose values carry dtype dt, element i must satisfy
+ *     |gpu_i - cpu_i| <= 4 * u(dt) * sqrt(K) * (|cpu_i| + rms(cpu))
+ * with u = 2^-23 (fp32), 2^-7 (bf16), 2^-10 (fp16) the spacing at 1.0, and K the reduction length:
+ * K = 64 (the widest fan-in / batch here) for bf16/fp16 values, which are re-rounded after every
+ * op so differences do not accumulate across layers; K = 64 * 4 for fp32 values, whose order
+ * differences accumulate through the 4 Linear layers. Low-precision tensors must also be mostly
+ * bit-identical (>= 50% of elements; a flip needs an fp32 sum within ~2^-16 of a rounding
+ * boundary, so a correct implementation gives far more), which catches a missing or wrong
+ * rounding that the ulp bound alone would let through. num_batches_tracked must be equal. */
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+#include "pcs/kernels.h"
+
+enum { ROWS = 33, MAX_ROWS = 40, IN = 32, OUT = 10, NH = 3, MAXP = 32 };
+static const uint32_t k_hidden[NH] = {64, 64, 48};
+
+static const pcs_backend_ops_t *gpu;
+static pcs_stream_t stream;
+
+static uint64_t g_rng = 0x2545f4914f6cdd1dull;
+static float urand(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (float)((double)(g_rng >> 11) / 9007199254740992.0) * 2.0f - 1.0f;
+}
+
+static void *dalloc(size_t bytes)
+{
+    void *p = NULL;
+    assert_int_equal(gpu->alloc(bytes, &p), PCS_OK);
+    assert_non_null(p);
+    return p;
+}
+
+static void h2d(void *d, const void *h, size_t bytes)
+{
+    assert_int_equal(gpu->copy(d, h, bytes, PCS_COPY_H2D, stream), PCS_OK);
+    assert_int_equal(gpu->sync(stream), PCS_OK);
+}
+
+static void d2h(void *h, const void *d, size_t bytes)
+{
+    assert_int_equal(gpu->sync(stream), PCS_OK);
+    assert_int_equal(gpu->copy(h, d, bytes, PCS_COPY_D2H, stream), PCS_OK);
+    assert_int_equal(gpu->sync(stream), PCS_OK);
+}
+
+// ---- comparison ----
+
+static double unit(pcs_dtype_t dt)
+{
+    return dt == PCS_DTYPE_BF16   ? ldexp(1, -7)
+           : dt == PCS_DTYPE_FP16 ? ldexp(1, -10)
+                                  : ldexp(1, -23);
+}
+
+/* Compare n values (both as fp32) that carry dtype dt, per the rule in the header. */
+static void compare(const char *what, const float *cpu, const float *gpu_v, size_t n,
+                    pcs_dtype_t dt)
+{
+    double ss = 0;
+    for (size_t i = 0; i < n; i++)
+        ss += (double)cpu[i] * cpu[i];
+    double rms = n ? sqrt(ss / (double)n) : 0;
+    double k = dt == PCS_DTYPE_FP32 ? 64.0 * 4 : 64.0;
+    double scale = 4 * unit(dt) * sqrt(k);
+    size_t bad = 0, exact = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double c = cpu[i], g = gpu_v[i];
+        if (memcmp(&cpu[i], &gpu_v[i], sizeof(float)) == 0) {
+            exact++;
+            continue;
+        }
+        double tol = scale * (fabs(c) + rms), err = fabs(g - c);
+        if (!(err <= tol)) { /* NaN fails too */
+            if (bad++ < 4)
+                print_message("%s[%zu]: cpu %.9g gpu %.9g (tol %.3g)\n", what, i, c, g, tol);
+        }
+        if (tol > 0 && err / tol > worst)
+            worst = err / tol;
+    }
+    if (dt != PCS_DTYPE_FP32 && n >= 8 && exact * 2 < n) {
+        print_message("%s: only %zu of %zu elements bit-identical\n", what, exact, n);
+        bad++;
+    }
+    if (bad)
+        fail_msg("%s: %zu elements outside the tolerance", what, bad);
+    if (getenv("PCS_TEST_VERBOSE"))
+        print_message("%-40s n %6zu exact %5.1f%% worst err/tol %.3f\n", what, n,
+                      100.0 * (double)exact / (double)n, worst);
+}
+
+/* A tensor of numel elements stored as dt (host copy for cpu, device copy for gpu) -> fp32. */
+static void compare_stored(const char *what, const void *host, const void *dev, size_t numel,
+                           pcs_dtype_t dt, pcs_dtype_t carries)
+{
+    size_t es = pcs_dtype_size(dt);
+    void *g = malloc(numel * es);
+    float *a = malloc(numel * sizeof(float)), *b = malloc(numel * sizeof(float));
+    assert_non_null(g);
+    assert_non_null(a);
+    assert_non_null(b);
+    d2h(g, dev, numel * es);
+    if (dt == PCS_DTYPE_FP64) {
+        for (size_t i = 0; i < numel; i++) {
+            a[i] = (float)((const double *)host)[i];
+            b[i] = (float)((const double *)g)[i];
+        }
+    } else {
+        pcs_to_f32(host, dt, numel, a);
+        pcs_to_f32(g, dt, numel, b);
+    }
+    compare(what, a, b, numel, carries);
+    free(g);
+    free(a);
+    free(b);
+}
+
+// ---- one configuration ----
+
+typedef struct {
+    pcs_act_t act;
+    pcs_norm_t norm;
+    int residual, bias;
+    pcs_dtype_t pdt, gdt;
+    int override; /* layers.1 is an fp32 unit inside the low-precision model */
+} cfg_t;
+
+static void run_config(const cfg_t *t)
+{
+    pcs_mlp_config_t c = {IN, OUT, NH, k_hidden, t->act, t->norm, t->bias, t->residual};
+    pcs_mlp_t *mc = NULL, *mg = NULL;
+    assert_int_equal(pcs_mlp_create(&c, MAX_ROWS, &mc), PCS_OK);
+    assert_int_equal(pcs_mlp_create_on(&c, MAX_ROWS, gpu, stream, &mg), PCS_OK);
+    assert_ptr_equal(pcs_mlp_backend(mg), gpu);
+    uint32_t np = pcs_mlp_num_params(mc), nb = pcs_mlp_num_buffers(mc);
+    assert_true(np <= MAXP && nb <= MAXP);
+    void *hp[MAXP], *hg[MAXP], *hb[MAXP], *dp[MAXP], *dg[MAXP], *db[MAXP];
+    pcs_dtype_t pd[MAXP], gd[MAXP], bd[MAXP];
+    char label[160];
+
+    for (uint32_t i = 0; i < np; i++) {
+        const pcs_named_tensor_t *p = pcs_mlp_param(mc, i);
+        float *v = malloc(p->numel * sizeof(float));
+        assert_non_null(v);
+        assert_int_equal(pcs_mlp_init_tensor(mc, 11, 0, i, 0, p->numel, v), PCS_OK);
+        for (uint64_t k = 0; k < p->numel; k++)
+            v[k] += 0.1f * urand(); /* norm weights away from 1, biases away from 0 */
+        int fp32 = t->override && strncmp(p->fqn, "layers.1.", 9) == 0;
+        pd[i] = fp32 ? PCS_DTYPE_FP32 : t->pdt;
+        gd[i] = fp32 ? PCS_DTYPE_FP32 : t->gdt;
+        size_t pb = p->numel * pcs_dtype_size(pd[i]), gb = p->numel * pcs_dtype_size(gd[i]);
+        hp[i] = malloc(pb);
+        hg[i] = calloc(1, gb);
+        assert_non_null(hp[i]);
+        assert_non_null(hg[i]);
+        pcs_from_f32(v, p->numel, pd[i], hp[i]);
+        dp[i] = dalloc(pb);
+        dg[i] = dalloc(gb);
+        h2d(dp[i], hp[i], pb);
+        h2d(dg[i], hg[i], gb);
+        assert_int_equal(pcs_mlp_bind_param(mc, i, pd[i], hp[i]), PCS_OK);
+        assert_int_equal(pcs_mlp_bind_param(mg, i, pd[i], dp[i]), PCS_OK);
+        assert_int_equal(pcs_mlp_bind_grad(mc, i, gd[i], hg[i]), PCS_OK);
+        assert_int_equal(pcs_mlp_bind_grad(mg, i, gd[i], dg[i]), PCS_OK);
+        free(v);
+    }
+    for (uint32_t i = 0; i < nb; i++) {
+        const pcs_named_tensor_t *b = pcs_mlp_buffer(mc, i);
+        bd[i] = b->dtype == PCS_DTYPE_INT64 ? PCS_DTYPE_INT64 : t->pdt;
+        size_t bytes = b->numel * pcs_dtype_size(bd[i]);
+        hb[i] = calloc(1, bytes);
+        assert_non_null(hb[i]);
+        if (bd[i] != PCS_DTYPE_INT64) {
+            float v[128];
+            assert_true(b->numel <= 128);
+            assert_int_equal(pcs_mlp_init_tensor(mc, 11, 1, i, 0, b->numel, v), PCS_OK);
+            pcs_from_f32(v, b->numel, bd[i], hb[i]);
+        }
+        db[i] = dalloc(bytes);
+        h2d(db[i], hb[i], bytes);
+        assert_int_equal(pcs_mlp_bind_buffer(mc, i, bd[i], hb[i]), PCS_OK);
+        assert_int_equal(pcs_mlp_bind_buffer(mg, i, bd[i], db[i]), PCS_OK);
+    }
+    if (t->override) {
+        uint32_t blk = (uint32_t)pcs_mlp_find_module(mc, "layers.1");
+        assert_int_equal(pcs_mlp_set_cast(mc, blk, PCS_DTYPE_FP32, t->pdt), PCS_OK);
+        assert_int_equal(pcs_mlp_set_cast(mg, blk, PCS_DTYPE_FP32, t->pdt), PCS_OK);
+    }
+
+    float hx[ROWS * IN], hgo[ROWS * OUT], hgi[ROWS * IN], got[ROWS * IN];
+    float *dx = dalloc(sizeof hx), *dgo = dalloc(sizeof hgo), *dgi = dalloc(sizeof hgi);
+    for (size_t k = 0; k < ROWS * IN; k++)
+        hx[k] = 2 * urand();
+    pcs_round_to(hx, ROWS * IN, t->pdt);
+    h2d(dx, hx, sizeof hx);
+    const float *yc, *yg;
+    pcs_dtype_t odc, odg;
+    for (int step = 0; step < 2; step++) {
+        assert_int_equal(pcs_mlp_forward(mc, hx, t->pdt, ROWS, 1, NULL, &yc, &odc), PCS_OK);
+        assert_int_equal(pcs_mlp_forward(mg, dx, t->pdt, ROWS, 1, NULL, &yg, &odg), PCS_OK);
+        assert_int_equal(odc, odg);
+        d2h(got, yg, ROWS * OUT * sizeof(float));
+        snprintf(label, sizeof label, "step %d output", step);
+        compare(label, yc, got, ROWS * OUT, odc);
+
+        for (size_t k = 0; k < ROWS * OUT; k++)
+            hgo[k] = urand();
+        h2d(dgo, hgo, sizeof hgo);
+        assert_int_equal(pcs_mlp_backward_input(mc, hgo, NULL, hgi), PCS_OK);
+        assert_int_equal(pcs_mlp_backward_input(mg, dgo, NULL, dgi), PCS_OK);
+        d2h(got, dgi, sizeof got);
+        snprintf(label, sizeof label, "step %d grad input", step);
+        compare(label, hgi, got, ROWS * IN, t->pdt);
+        for (uint32_t i = 0; i < np; i++) {
+            const pcs_named_tensor_t *p = pcs_mlp_param(mc, i);
+            snprintf(label, sizeof label, "step %d grad %s", step, p->fqn);
+            /* the gradient carries the parameter's dtype even when stored wider */
+            compare_stored(label, hg[i], dg[i], p->numel, gd[i], pd[i]);
+        }
+        for (uint32_t i = 0; i < nb; i++) {
+            const pcs_named_tensor_t *b = pcs_mlp_buffer(mc, i);
+            if (bd[i] == PCS_DTYPE_INT64) {
+                int64_t n_gpu = -1;
+                d2h(&n_gpu, db[i], sizeof n_gpu);
+                assert_int_equal(n_gpu, *(const int64_t *)hb[i]);
+                assert_int_equal(n_gpu, step + 1);
+            } else {
+                snprintf(label, sizeof label, "step %d %s", step, b->fqn);
+                compare_stored(label, hb[i], db[i], b->numel, bd[i], bd[i]);
+            }
+        }
+    }
+    assert_int_equal(pcs_mlp_forward(mc, hx, t->pdt, ROWS, 0, NULL, &yc, &odc), PCS_OK);
+    assert_int_equal(pcs_mlp_forward(mg, dx, t->pdt, ROWS, 0, NULL, &yg, &odg), PCS_OK);
+    d2h(got, yg, ROWS * OUT * sizeof(float));
+    compare("eval output", yc, got, ROWS * OUT, odc);
+
+    pcs_mlp_destroy(mg);
+    pcs_mlp_destroy(mc);
+    for (uint32_t i = 0; i < np; i++) {
+        free(hp[i]);
+        free(hg[i]);
+        gpu->free(dp[i]);
+        gpu->free(dg[i]);
+    }
+    for (uint32_t i = 0; i < nb; i++) {
+        free(hb[i]);
+        gpu->free(db[i]);
+    }
+    gpu->free(dx);
+    gpu->free(dgo);
+    gpu->free(dgi);
+}
+
+static void run_all(pcs_dtype_t pdt, pcs_dtype_t gdt, int override)
+{
+    for (int act = PCS_ACT_RELU; act <= PCS_ACT_GELU; act++)
+        for (int norm = PCS_NORM_NONE; norm <= PCS_NORM_BATCHNORM; norm++)
+            for (int res = 0; res <= 1; res++)
+                for (int bias = 0; bias <= 1; bias++) {
+                    cfg_t t = {(pcs_act_t)act, (pcs_norm_t)norm, res, bias, pdt, gdt, override};
+                    if (getenv("PCS_TEST_VERBOSE"))
+                        print_message("# act %d norm %d residual %d bias %d params %s grads %s%s\n",
+                                      act, norm, res, bias, pcs_dtype_name(pdt),
+                                      pcs_dtype_name(gdt), override ? " fp32 unit" : "");
+                    run_config(&t);
+                }
+}
+
+static void test_fp32_model_matches_cpu_twin_to_summation_order(void **state)
+{
+    (void)state;
+    run_all(PCS_DTYPE_FP32, PCS_DTYPE_FP32, 0);
+}
+
+static void test_bf16_model_matches_cpu_twin(void **state)
+{
+    (void)state;
+    run_all(PCS_DTYPE_BF16, PCS_DTYPE_BF16, 0);
+}
+
+static void test_fp16_model_matches_cpu_twin(void **state)
+{
+    (void)state;
+    run_all(PCS_DTYPE_FP16, PCS_DTYPE_FP16, 0);
+}
+
+static void test_low_precision_params_with_fp32_and_fp64_grads_match_cpu_twin(void **state)
+{
+    (void)state;
+    run_all(PCS_DTYPE_BF16, PCS_DTYPE_FP32, 0);
+    run_all(PCS_DTYPE_FP16, PCS_DTYPE_FP64, 0);
+}
+
+static void test_fp32_unit_inside_bf16_model_matches_cpu_twin(void **state)
+{
+    (void)state;
+    run_all(PCS_DTYPE_BF16, PCS_DTYPE_BF16, 1);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    if (pcs_backend_get("cuda", &gpu) != PCS_OK)
+        return -1;
+    return gpu->stream_create(&stream) == PCS_OK ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    gpu->stream_destroy(stream);
+    return 0;
+}
+
+int main(void)
+{
+    const pcs_backend_ops_t *be = NULL;
+    if (pcs_backend_get("cuda", &be) != PCS_OK) {
+        printf("# skipped: %s\n", pcs_last_error());
+        return 77;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_fp32_model_matches_cpu_twin_to_summation_order),
+        cmocka_unit_test(test_bf16_model_matches_cpu_twin),
+        cmocka_unit_test(test_fp16_model_matches_cpu_twin),
+        cmocka_unit_test(test_low_precision_params_with_fp32_and_fp64_grads_match_cpu_twin),
+        cmocka_unit_test(test_fp32_unit_inside_bf16_model_matches_cpu_twin),
+    };
+    return cmocka_run_group_tests_name("model_cuda", tests, setup, teardown);
+}
