@@ -2,8 +2,11 @@
  * fp32 / bf16 / fp16, against a baseline measured in the same run: the bare cblas_sgemm calls of
  * the same GEMMs (3 per Linear) on fp32 buffers. The ratio is the cost of mixed-precision
  * emulation, norms and activations on top of the GEMMs. A separate untimed pass checks the
- * model's forward output against a plain re-computation (#wrong). With --job FILE it instead runs
- * the single-process reference trainer on a job file and reports losses and step time. */
+ * model's forward output against a plain re-computation (#wrong). With -d cuda the same model
+ * also runs on the GPU (pcs_mlp_create_on, cuBLAS) and its time is reported next to the CPU's
+ * from the same run; its #wrong counts outputs outside the CPU twin's tolerance (4 ulps of the
+ * dtype x sqrt(fan-in), relative to |value| + rms). With --job FILE it instead runs the
+ * single-process reference trainer on a job file and reports losses and step time. */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +16,7 @@
 
 #include "model.h"
 #include "pcs/half.h"
+#include "pcs/kernels.h"
 #include "pcs/log.h"
 #include "pcs/pbtext.h"
 #include "pcs/v1/job.pb-c.h"
@@ -264,10 +268,129 @@ static double bench_dtype(const shape_t *s, uint32_t R, pcs_dtype_t dt, int iter
     return t * 1e6;
 }
 
+/* The model on backend `be` vs the CPU twin: forward+backward time per micro-batch on the GPU
+ * (stream-synchronized after each rep of `iters`), and outputs outside the tolerance. */
+static double bench_cuda(const shape_t *s, uint32_t R, pcs_dtype_t dt, int iters,
+                         const pcs_backend_ops_t *be, pcs_stream_t st, long *wrong)
+{
+    uint32_t *hd = calloc(s->layers + 1, sizeof(uint32_t));
+    for (uint32_t l = 0; l < s->layers; l++)
+        hd[l] = s->hidden;
+    pcs_mlp_config_t cfg = {s->in, s->out, s->layers, hd, PCS_ACT_RELU, PCS_NORM_NONE, 1, 0};
+    pcs_mlp_t *mc = NULL, *mg = NULL;
+    if (pcs_mlp_create(&cfg, R, &mc) != PCS_OK ||
+        pcs_mlp_create_on(&cfg, R, be, st, &mg) != PCS_OK) {
+        fprintf(stderr, "%s\n", pcs_last_error());
+        exit(1);
+    }
+    uint32_t np = pcs_mlp_num_params(mc);
+    void **hv = calloc(np, sizeof(void *)), **hg = calloc(np, sizeof(void *));
+    void **dv = calloc(np, sizeof(void *)), **dg = calloc(np, sizeof(void *));
+    size_t es = pcs_dtype_size(dt);
+    int ok = 1;
+    for (uint32_t p = 0; p < np; p++) {
+        const pcs_named_tensor_t *t = pcs_mlp_param(mc, p);
+        float *w = calloc(t->numel, sizeof(float));
+        pcs_mlp_init_tensor(mc, 1, 0, p, 0, t->numel, w);
+        hv[p] = calloc(t->numel, es);
+        hg[p] = calloc(t->numel, es);
+        pcs_from_f32(w, t->numel, dt, hv[p]);
+        free(w);
+        ok &= be->alloc(t->numel * es, &dv[p]) == PCS_OK &&
+              be->alloc(t->numel * es, &dg[p]) == PCS_OK;
+        ok &= be->copy(dv[p], hv[p], t->numel * es, PCS_COPY_H2D, st) == PCS_OK;
+        pcs_mlp_bind_param(mc, p, dt, hv[p]);
+        pcs_mlp_bind_grad(mc, p, dt, hg[p]);
+        pcs_mlp_bind_param(mg, p, dt, dv[p]);
+        pcs_mlp_bind_grad(mg, p, dt, dg[p]);
+    }
+    pcs_mlp_set_cast(mc, 0, dt, PCS_DTYPE_NONE);
+    pcs_mlp_set_cast(mg, 0, dt, PCS_DTYPE_NONE);
+    size_t nx = (size_t)R * s->in, no = (size_t)R * s->out;
+    float *x = calloc(nx, sizeof(float)), *dout = calloc(no, sizeof(float));
+    float *got = calloc(no, sizeof(float));
+    void *dx = NULL, *ddout = NULL;
+    ok &= be->alloc(nx * sizeof(float), &dx) == PCS_OK;
+    ok &= be->alloc(no * sizeof(float), &ddout) == PCS_OK;
+    for (size_t i = 0; i < nx; i++)
+        x[i] = (float)((i * 2654435761u) % 1000) / 500.0f - 1.0f;
+    for (size_t i = 0; i < no; i++)
+        dout[i] = 1e-3f;
+    ok &= be->copy(dx, x, nx * sizeof(float), PCS_COPY_H2D, st) == PCS_OK;
+    ok &= be->copy(ddout, dout, no * sizeof(float), PCS_COPY_H2D, st) == PCS_OK;
+    if (!ok) {
+        fprintf(stderr, "pcs-model-bench: cuda setup: %s\n", pcs_last_error());
+        exit(1);
+    }
+    /* validation pass (untimed): the GPU output against the CPU twin's */
+    const float *oc, *og;
+    pcs_dtype_t odt;
+    if (pcs_mlp_forward(mc, x, PCS_DTYPE_FP32, R, 1, NULL, &oc, &odt) != PCS_OK ||
+        pcs_mlp_forward(mg, dx, PCS_DTYPE_FP32, R, 1, NULL, &og, &odt) != PCS_OK ||
+        be->copy(got, og, no * sizeof(float), PCS_COPY_D2H, st) != PCS_OK ||
+        be->sync(st) != PCS_OK) {
+        fprintf(stderr, "pcs-model-bench: cuda forward: %s\n", pcs_last_error());
+        exit(1);
+    }
+    double ss = 0, u = dt == PCS_DTYPE_BF16 ? 0x1p-7 : dt == PCS_DTYPE_FP16 ? 0x1p-10 : 0x1p-23;
+    uint32_t fan = s->in > s->hidden ? s->in : s->hidden;
+    for (size_t i = 0; i < no; i++)
+        ss += (double)oc[i] * oc[i];
+    double rms = sqrt(ss / (double)no), scale = 4 * u * sqrt((double)fan);
+    *wrong = 0;
+    for (size_t i = 0; i < no; i++)
+        *wrong += !(fabs((double)got[i] - oc[i]) <= scale * (fabs(oc[i]) + rms));
+    /* warm-up, then timed forward+backward */
+    pcs_status_t rc = PCS_OK;
+    for (int i = 0; i < 2 && rc == PCS_OK; i++) {
+        rc = pcs_mlp_forward(mg, dx, PCS_DTYPE_FP32, R, 1, NULL, &og, &odt);
+        if (rc == PCS_OK)
+            rc = pcs_mlp_backward(mg, ddout, NULL);
+    }
+    if (rc == PCS_OK)
+        rc = be->sync(st);
+    double t = 1e30;
+    for (int rep = 0; rep < REPS && rc == PCS_OK; rep++) {
+        double t0 = now_s();
+        for (int i = 0; i < iters && rc == PCS_OK; i++) {
+            rc = pcs_mlp_forward(mg, dx, PCS_DTYPE_FP32, R, 1, NULL, &og, &odt);
+            if (rc == PCS_OK)
+                rc = pcs_mlp_backward(mg, ddout, NULL);
+        }
+        if (rc == PCS_OK)
+            rc = be->sync(st);
+        double tr = (now_s() - t0) / iters;
+        t = tr < t ? tr : t;
+    }
+    if (rc != PCS_OK) {
+        fprintf(stderr, "pcs-model-bench: cuda pass: %s\n", pcs_last_error());
+        exit(1);
+    }
+    pcs_mlp_destroy(mg);
+    pcs_mlp_destroy(mc);
+    for (uint32_t p = 0; p < np; p++) {
+        free(hv[p]);
+        free(hg[p]);
+        be->free(dv[p]);
+        be->free(dg[p]);
+    }
+    be->free(dx);
+    be->free(ddout);
+    free(hv);
+    free(hg);
+    free(dv);
+    free(dg);
+    free(x);
+    free(dout);
+    free(got);
+    free(hd);
+    return t * 1e6;
+}
+
 static void usage(void)
 {
     fprintf(stderr, "usage: pcs-model-bench [-b ROWS] [-e ROWS] [-f FACTOR] [-n ITERS] [-i IN] "
-                    "[-H HIDDEN] [-L LAYERS] [-o OUT] [-t BLAS_THREADS]\n"
+                    "[-H HIDDEN] [-L LAYERS] [-o OUT] [-t BLAS_THREADS] [-d cpu|cuda]\n"
                     "       pcs-model-bench --job FILE.yaml [--plan] [--global-batch] [--export "
                     "OUT.safetensors]"
                     " [-t BLAS_THREADS]\n");
@@ -281,6 +404,7 @@ int main(int argc, char **argv)
     int iters = 10;
     const char *jobf = NULL, *export_path = NULL;
     int global = 0, use_plan = 0;
+    const char *device = "cpu";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -291,6 +415,9 @@ int main(int argc, char **argv)
             global = 1;
         } else if (strcmp(a, "--export") == 0 && v) {
             export_path = v;
+            i++;
+        } else if (strcmp(a, "-d") == 0 && v) {
+            device = v;
             i++;
         } else if (strcmp(a, "--plan") == 0) {
             use_plan = 1;
@@ -333,17 +460,38 @@ int main(int argc, char **argv)
     }
     if (jobf)
         return run_job(jobf, global, use_plan, export_path);
-    if (b == 0 || e < b || f < 2 || iters < 1 || !s.in || !s.hidden || !s.out) {
+    if (b == 0 || e < b || f < 2 || iters < 1 || !s.in || !s.hidden || !s.out ||
+        (strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0)) {
         usage();
         return 2;
+    }
+    const pcs_backend_ops_t *gpu = NULL;
+    pcs_stream_t gst = NULL;
+    if (strcmp(device, "cuda") == 0) {
+        if (pcs_backend_get("cuda", &gpu) != PCS_OK || gpu->stream_create(&gst) != PCS_OK) {
+            fprintf(stderr, "pcs-model-bench: -d cuda: %s\n", pcs_last_error());
+            return 2;
+        }
+        char name[128] = "?";
+        uint64_t mem = 0;
+        (void)gpu->device_info(0, name, sizeof name, &mem);
+        printf("# device %s (%.0f GiB)\n", name, (double)mem / (1u << 30));
     }
     printf("# pcs-model-bench  mlp %u -> %u x %u -> %u (relu, bias)  iters %d  blas threads %d\n",
            s.in, s.hidden, s.layers, s.out, iters, pcs_mlp_blas_threads(0));
     printf("# time = forward + backward of one micro-batch; sgemm = the same GEMMs alone (fp32);"
            " best of %d means\n",
            REPS);
-    printf("#   rows  type      time     GF/s     sgemm    ratio  #wrong\n");
-    printf("#                   (us)               (us)\n");
+    if (gpu) {
+        printf("# cuda = the same model on the GPU (cuBLAS, no TF32), stream-synchronized per rep;"
+               " #wrong: CPU re-computation | GPU vs CPU twin tolerance\n");
+        printf("#   rows  type      time     GF/s     sgemm    ratio  #wrong      cuda     GF/s  "
+               "speedup  #wrong\n");
+        printf("#                   (us)               (us)                        (us)\n");
+    } else {
+        printf("#   rows  type      time     GF/s     sgemm    ratio  #wrong\n");
+        printf("#                   (us)               (us)\n");
+    }
     long total_wrong = 0;
     for (uint32_t R = b; R <= e; R *= f) {
         const pcs_dtype_t dts[3] = {PCS_DTYPE_FP32, PCS_DTYPE_BF16, PCS_DTYPE_FP16};
@@ -359,13 +507,22 @@ int main(int argc, char **argv)
                 flops += 2.0 * R * o * in * (l > 0 ? 3 : 2);
                 in = o;
             }
-            printf("%8u  %4s  %8.1f  %7.2f  %8.1f  %7.2f  %6ld\n", R, pcs_dtype_name(dts[k]), t,
+            printf("%8u  %4s  %8.1f  %7.2f  %8.1f  %7.2f  %6ld", R, pcs_dtype_name(dts[k]), t,
                    flops / t * 1e-3, base, t / base, wrong);
             total_wrong += wrong;
+            if (gpu) {
+                long gw = 0;
+                double tg = bench_cuda(&s, R, dts[k], iters, gpu, gst, &gw);
+                printf("  %8.1f  %7.2f  %7.2f  %6ld", tg, flops / tg * 1e-3, t / tg, gw);
+                total_wrong += gw;
+            }
+            printf("\n");
         }
         if (R > UINT32_MAX / f)
             break;
     }
     printf("# Out of bounds values : %ld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
+    if (gpu)
+        gpu->stream_destroy(gst);
     return total_wrong ? 1 : 0;
 }
