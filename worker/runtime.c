@@ -27,6 +27,23 @@
 
 enum { U_SHARDED = 0, U_QUEUED, U_RUNNING, U_UNSHARDED };
 
+/* One timed collective: events recorded on its stream before and after it, resolved into
+ * milliseconds when stats are read (device work is asynchronous: host time around the call would
+ * measure the enqueue only). */
+typedef struct rt_timing {
+    pcs_event_t t0, t1;
+    int kind; /* T_* */
+} rt_timing_t;
+
+enum { T_AG = 0, T_RS = 1, T_AR = 2 };
+
+/* Timings of one issuing stream: v[0, n_used) are published (both events recorded), v[0, n_done)
+ * resolved. One writer at a time (the stream's thread); growth and publication under mu. */
+typedef struct rt_tpool {
+    rt_timing_t **v;
+    size_t n_alloc, n_used, n_done;
+} rt_tpool_t;
+
 typedef struct rt_unit {
     const Pcs__V1__Unit *u;
     uint32_t index;
@@ -66,19 +83,21 @@ struct pcs_runtime {
     const pcs_backend_ops_t *be;
     int device;
     pcs_coll_backend_t coll;
-    int stage;              /* collectives on host staging buffers */
-    pcs_stream_t cstream;   /* the caller's compute stream (borrowed) */
-    pcs_stream_t ag_stream; /* all-gathers (prefetch thread, or inline) */
-    pcs_stream_t rs_stream; /* reductions (reduction thread, or inline) */
-    pcs_event_t ev_opt;     /* compute stream: optimizer update of the master shards done */
-    pcs_event_t ev_fence;   /* recorded on an idle side stream, waited by the compute stream */
-    void *stage_ag;         /* host staging of the all-gather stream (padded fp32 of the largest
-                             * unit); NULL without staging */
-    void *stage_rs;         /* host staging of the reduction stream ((padded + c) fp32) */
-    float *d_scal;          /* backend: [0] found_inf, [1] inv_scale, [2] scalar all-reduce,
-                             * [3 + i] sum of squares of unit i */
-    float *h_scal;          /* pinned host: read-back of d_scal, and staged scalar reductions */
-    float *d_tmp;           /* backend: max shard fp32 scratch (grad widening, master rounding) */
+    int stage;               /* collectives on host staging buffers */
+    pcs_stream_t cstream;    /* the caller's compute stream (borrowed) */
+    pcs_stream_t ag_stream;  /* all-gathers (prefetch thread, or inline) */
+    pcs_stream_t rs_stream;  /* reductions (reduction thread, or inline) */
+    pcs_event_t ev_opt;      /* compute stream: optimizer update of the master shards done */
+    pcs_event_t ev_fence;    /* recorded on an idle side stream, waited by the compute stream */
+    void *stage_ag;          /* host staging of the all-gather stream (padded fp32 of the largest
+                              * unit); NULL without staging */
+    void *stage_rs;          /* host staging of the reduction stream ((padded + c) fp32) */
+    float *d_scal;           /* backend: [0] found_inf, [1] inv_scale, [2] scalar all-reduce,
+                              * [3 + i] sum of squares of unit i */
+    float *h_scal;           /* pinned host: read-back of d_scal, and staged scalar reductions */
+    float *d_tmp;            /* backend: max shard fp32 scratch (grad widening, master rounding) */
+    rt_tpool_t tp_ag, tp_rs; /* collective timings of the all-gather and reduction streams */
+    double ev_ms[3];         /* resolved timings of this step by T_* (under mu) */
     uint32_t rank, world;
     uint32_t micro_batches;
     pcs_opt_kind_t opt;
@@ -116,7 +135,8 @@ struct pcs_runtime {
     atomic_int aborted;
 
     /* stats (under mu where the AG thread writes) */
-    double ag_ms, rs_ms, ar_ms, cast_ms, opt_ms, wait_ms;
+    double ar_ms; /* step-level scalar all-reduces (host-timed: they end in a sync) */
+    double cast_ms, opt_ms, wait_ms;
     double inline_reduce_ms; /* reductions run on the compute thread (no reduction thread) */
     double drain_ms;         /* optimizer step waiting for queued reductions */
     uint64_t ag_bytes, rs_bytes, ar_bytes;
@@ -402,6 +422,80 @@ static pcs_status_t fence_compute_after(pcs_runtime_t *rt, pcs_stream_t s)
     return rt->be->stream_wait_event(rt->cstream, rt->ev_fence);
 }
 
+// ---- collective timing by events ----
+
+/* The next free timing of pool `p` with its start recorded on `s`; NULL when none could be had
+ * (timings are stats only: the collective runs untimed). */
+static rt_timing_t *timing_start(pcs_runtime_t *rt, rt_tpool_t *p, pcs_stream_t s)
+{
+    rt_timing_t *t = NULL;
+    pthread_mutex_lock(&rt->mu);
+    if (p->n_used == p->n_alloc) {
+        rt_timing_t **nv = realloc(p->v, (p->n_alloc + 1) * sizeof *nv);
+        rt_timing_t *e = calloc(1, sizeof *e);
+        if (nv)
+            p->v = nv;
+        if (nv && e && rt->be->event_create(&e->t0) == PCS_OK &&
+            rt->be->event_create(&e->t1) == PCS_OK) {
+            p->v[p->n_alloc++] = e;
+        } else if (e) {
+            if (e->t0)
+                rt->be->event_destroy(e->t0);
+            free(e);
+        }
+    }
+    if (p->n_used < p->n_alloc)
+        t = p->v[p->n_used];
+    pthread_mutex_unlock(&rt->mu);
+    if (t && rt->be->event_record(t->t0, s) != PCS_OK)
+        t = NULL;
+    return t;
+}
+
+/* Record the end of `t` on `s` and publish it. */
+static void timing_end(pcs_runtime_t *rt, rt_tpool_t *p, rt_timing_t *t, pcs_stream_t s, int kind)
+{
+    if (!t || rt->be->event_record(t->t1, s) != PCS_OK)
+        return;
+    pthread_mutex_lock(&rt->mu);
+    t->kind = kind;
+    p->n_used++;
+    pthread_mutex_unlock(&rt->mu);
+}
+
+/* Resolve the published, unresolved timings of `p` into rt->ev_ms. Called by the compute thread
+ * only (as begin_step, which resets the pools), without holding mu while waiting for the events:
+ * a collective may need a peer that waits for one of our streams' threads, which need mu. */
+static void timing_resolve(pcs_runtime_t *rt, rt_tpool_t *p)
+{
+    pthread_mutex_lock(&rt->mu);
+    size_t lo = p->n_done, hi = p->n_used;
+    pthread_mutex_unlock(&rt->mu);
+    double ms[3] = {0, 0, 0};
+    for (size_t i = lo; i < hi; i++) {
+        rt_timing_t *t = p->v[i]; /* elements never move; published ones are not rewritten */
+        float m = 0;
+        if (rt->be->event_sync(t->t1) == PCS_OK &&
+            rt->be->event_elapsed_ms(t->t0, t->t1, &m) == PCS_OK && m > 0)
+            ms[t->kind] += m;
+    }
+    pthread_mutex_lock(&rt->mu);
+    for (int k = 0; k < 3; k++)
+        rt->ev_ms[k] += ms[k];
+    p->n_done = hi;
+    pthread_mutex_unlock(&rt->mu);
+}
+
+static void timing_pool_free(pcs_runtime_t *rt, rt_tpool_t *p)
+{
+    for (size_t i = 0; i < p->n_alloc; i++) {
+        rt->be->event_destroy(p->v[i]->t0);
+        rt->be->event_destroy(p->v[i]->t1);
+        free(p->v[i]);
+    }
+    free(p->v);
+}
+
 // ---- unshard (runs on the prefetch thread, or inline) ----
 
 static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full);
@@ -423,13 +517,14 @@ static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full)
          * its 1/rg slice of the unsharded buffer after forward. */
         uint64_t chunk = u->padded / u->rg;
         size_t pe = pcs_dtype_size(u->param);
-        uint64_t t1 = pcs_now_us();
+        rt_timing_t *tm = timing_start(rt, &rt->tp_ag, rt->ag_stream);
         pcs_status_t st =
             coll_ag(rt, rt->reshard_c, rt->stage_ag, rt->ag_stream,
                     (uint8_t *)u->unsharded + (size_t)(rt->reshard_index * chunk) * pe,
                     u->unsharded, chunk, u->param);
+        if (st == PCS_OK)
+            timing_end(rt, &rt->tp_ag, tm, rt->ag_stream, T_AG);
         pthread_mutex_lock(&rt->mu);
-        rt->ag_ms += ms_since(t1);
         rt->ag_bytes += chunk * u->rg * pe;
         record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER, u->index, u->param, chunk, u->rg,
                u->ag_bwd, 1);
@@ -459,12 +554,12 @@ static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full)
         pthread_mutex_unlock(&rt->mu);
         return PCS_OK;
     }
-    uint64_t t1 = pcs_now_us();
+    rt_timing_t *tm = timing_start(rt, &rt->tp_ag, rt->ag_stream);
     pcs_status_t st = coll_ag(rt, rt->shard_ag, rt->stage_ag, rt->ag_stream, src, dst, u->c, dt);
-    double ag_ms = ms_since(t1);
+    if (st == PCS_OK)
+        timing_end(rt, &rt->tp_ag, tm, rt->ag_stream, T_AG);
     pthread_mutex_lock(&rt->mu);
     rt->cast_ms += cast_ms;
-    rt->ag_ms += ag_ms;
     rt->ag_bytes += u->c * u->sg * esz;
     record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER, u->index, dt, u->c, u->sg,
            full ? NULL : u->ag, 1);
@@ -881,6 +976,8 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
                 be->event_destroy(evs[k]);
     }
     if (rt->be) {
+        timing_pool_free(rt, &rt->tp_ag);
+        timing_pool_free(rt, &rt->tp_rs);
         rt->be->free(rt->d_tmp);
         rt->be->free(rt->d_scal);
         rt->be->host_free(rt->h_scal);
@@ -923,7 +1020,13 @@ pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt)
         u->accum_valid = 0;
     }
     pthread_mutex_lock(&rt->mu);
-    rt->ag_ms = rt->rs_ms = rt->ar_ms = rt->cast_ms = rt->opt_ms = rt->wait_ms = 0;
+    rt->ar_ms = rt->cast_ms = rt->opt_ms = rt->wait_ms = 0;
+    rt->ev_ms[T_AG] = rt->ev_ms[T_RS] = rt->ev_ms[T_AR] = 0;
+    /* timings of the last step not read through stats are dropped; the reductions drained
+     * above, and a prefetch the caller queued before begin_step may still hold a slot */
+    rt->tp_rs.n_used = rt->tp_rs.n_done = 0;
+    if (!rt->q_len && !ag_in_flight(rt)) /* no timing slot held by the prefetch thread */
+        rt->tp_ag.n_used = rt->tp_ag.n_done = 0;
     rt->rs_cast_ms = 0;
     rt->inline_reduce_ms = rt->drain_ms = 0;
     rt->ag_bytes = rt->rs_bytes = rt->ar_bytes = 0;
@@ -1136,11 +1239,12 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
     if (u->sg > 1) {
         int hsdp = u->ar_comm != NULL;
         pcs_coll_red_t red = red_of(u->rs, 1, !hsdp);
-        uint64_t t1 = pcs_now_us();
+        rt_timing_t *tm = timing_start(rt, &rt->tp_rs, rt->rs_stream);
         st = coll_rs(rt, rt->shard_rs, rt->stage_rs, rt->rs_stream, u->rs_in, u->rs_out, u->c,
                      u->reduce, &red);
+        if (st == PCS_OK)
+            timing_end(rt, &rt->tp_rs, tm, rt->rs_stream, T_RS);
         pthread_mutex_lock(&rt->mu);
-        rt->rs_ms += ms_since(t1);
         rt->rs_bytes += u->c * u->sg * pcs_dtype_size(u->reduce);
         record(rt, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER, u->index, u->reduce, u->c, u->sg,
                u->rs, 0);
@@ -1152,12 +1256,13 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
             pcs_coll_red_t ared = red_of(u->ar ? u->ar : u->rs, 0, 1);
             if (!u->ar) /* unplanned HSDP leg: keep the RS op, post-divide after it */
                 ared.pre_div = 0;
-            uint64_t t2 = pcs_now_us();
+            tm = timing_start(rt, &rt->tp_rs, rt->rs_stream);
             st = coll_ar(rt, u->ar_comm, rt->stage_rs, rt->rs_stream, u->rs_out, u->c, u->reduce,
                          &ared);
+            if (st == PCS_OK)
+                timing_end(rt, &rt->tp_rs, tm, rt->rs_stream, T_AR);
             uint32_t g = (uint32_t)pcs_coll_size(u->ar_comm);
             pthread_mutex_lock(&rt->mu);
-            rt->ar_ms += ms_since(t2);
             rt->ar_bytes += u->c * pcs_dtype_size(u->reduce);
             record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, u->index, u->reduce, u->c, g,
                    u->ar, 0);
@@ -1169,11 +1274,12 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
         pcs_coll_red_t red = red_of(u->ar, 1, 1);
         if (!u->ar) /* replicated unit without a planned collective: average over the ranks */
             red.op = PCS_RED_AVG;
-        uint64_t t1 = pcs_now_us();
+        rt_timing_t *tm = timing_start(rt, &rt->tp_rs, rt->rs_stream);
         st = coll_ar(rt, u->ar_comm, rt->stage_rs, rt->rs_stream, u->rs_in, u->padded, u->reduce,
                      &red);
+        if (st == PCS_OK)
+            timing_end(rt, &rt->tp_rs, tm, rt->rs_stream, T_AR);
         pthread_mutex_lock(&rt->mu);
-        rt->ar_ms += ms_since(t1);
         rt->ar_bytes += u->padded * pcs_dtype_size(u->reduce);
         record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, u->index, u->reduce, u->padded,
                (uint32_t)pcs_coll_size(u->ar_comm), u->ar, 0);
@@ -1504,10 +1610,13 @@ pcs_status_t pcs_runtime_mean_over_dp(pcs_runtime_t *rt, double *v)
 void pcs_runtime_stats(const pcs_runtime_t *rt, pcs_rt_stats_t *s)
 {
     pcs_runtime_t *m = (pcs_runtime_t *)rt;
+    /* collective times come from events (waits for the timed collectives to finish) */
+    timing_resolve(m, &m->tp_ag);
+    timing_resolve(m, &m->tp_rs);
     pthread_mutex_lock(&m->mu);
-    s->all_gather_ms = rt->ag_ms;
-    s->reduce_scatter_ms = rt->rs_ms;
-    s->all_reduce_ms = rt->ar_ms;
+    s->all_gather_ms = rt->ev_ms[T_AG];
+    s->reduce_scatter_ms = rt->ev_ms[T_RS];
+    s->all_reduce_ms = rt->ar_ms + rt->ev_ms[T_AR];
     s->cast_ms = rt->cast_ms + rt->rs_cast_ms;
     s->optimizer_ms = rt->opt_ms;
     s->unshard_wait_ms = rt->wait_ms;

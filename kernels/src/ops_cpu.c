@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "kernels_internal.h"
@@ -15,7 +16,8 @@ struct pcs_stream {
     int unused;
 };
 struct pcs_event {
-    int unused;
+    uint64_t t_ns; /* host monotonic clock at the last event_record */
+    int recorded;
 };
 
 // ---- memory ----
@@ -132,6 +134,11 @@ static pcs_status_t cpu_event_record(pcs_event_t e, pcs_stream_t s)
 {
     if (e == NULL)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "event_record: NULL event");
+    /* every op before it has completed: the host clock now is when the event "happens" */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    e->t_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    e->recorded = 1;
     return PCS_OK;
 }
 
@@ -146,6 +153,17 @@ static pcs_status_t cpu_event_sync(pcs_event_t e)
 {
     if (e == NULL)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "event_sync: NULL event");
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_event_elapsed_ms(pcs_event_t start, pcs_event_t end, float *ms)
+{
+    if (start == NULL || end == NULL || ms == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "event_elapsed_ms: NULL argument");
+    if (!start->recorded || !end->recorded)
+        return pcs_set_error(PCS_ERR_STATE, "event_elapsed_ms: %s event was never recorded",
+                             !start->recorded ? "start" : "end");
+    *ms = (float)((double)((int64_t)(end->t_ns - start->t_ns)) / 1e6);
     return PCS_OK;
 }
 
@@ -383,8 +401,8 @@ static int cpu_device_count(void)
 static pcs_status_t cpu_set_device(int ordinal)
 {
     if (ordinal != 0)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "set_device: cpu backend has only device 0, not %d",
-                             ordinal);
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "set_device: cpu backend has only device 0, not %d", ordinal);
     return PCS_OK;
 }
 
@@ -427,6 +445,7 @@ static const pcs_backend_ops_t cpu_ops = {
     .device_count = cpu_device_count,
     .set_device = cpu_set_device,
     .device_info = cpu_device_info,
+    .event_elapsed_ms = cpu_event_elapsed_ms,
 };
 
 const pcs_backend_ops_t *pcs_backend_cpu(void)

@@ -574,7 +574,8 @@ pcs_status_t cu_event_create(pcs_event_t *out)
     if (out == NULL)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "event_create: NULL out");
     cudaEvent_t ev;
-    PCS_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    /* timing-enabled: event_elapsed_ms times device work (the runtime's collectives) */
+    PCS_CUDA_CHECK(cudaEventCreateWithFlags(&ev, cudaEventDefault));
     *out = reinterpret_cast<pcs_event_t>(ev);
     return PCS_OK;
 }
@@ -606,6 +607,15 @@ pcs_status_t cu_event_sync(pcs_event_t e)
     if (e == NULL)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "event_sync: NULL event");
     PCS_CUDA_CHECK(cudaEventSynchronize(reinterpret_cast<cudaEvent_t>(e)));
+    return PCS_OK;
+}
+
+pcs_status_t cu_event_elapsed_ms(pcs_event_t start, pcs_event_t end, float *ms)
+{
+    if (start == NULL || end == NULL || ms == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "event_elapsed_ms: NULL argument");
+    PCS_CUDA_CHECK(cudaEventElapsedTime(ms, reinterpret_cast<cudaEvent_t>(start),
+                                        reinterpret_cast<cudaEvent_t>(end)));
     return PCS_OK;
 }
 
@@ -900,6 +910,7 @@ const pcs_backend_ops_t cuda_ops = {
     cu_event_create, cu_event_destroy, cu_event_record,  cu_stream_wait_event, cu_event_sync,
     cu_cast,         cu_scale,         cu_accumulate,    cu_nonfinite,         cu_sum_squares,
     cu_adamw,        cu_sgd,           cu_device_count,  cu_set_device,        cu_device_info,
+    cu_event_elapsed_ms,
 };
 
 } // namespace

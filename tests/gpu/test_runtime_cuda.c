@@ -227,6 +227,15 @@ static int run_seq(const char *backend, pcs_coll_backend_t coll, int device, pcs
             rv = 18;
         out->grad_norm[step] = res.grad_norm;
         out->skipped[step] = res.skipped;
+        /* W=2: the device collectives are timed by events (the unit-0 all-gather and
+         * reduce-scatter ran this step) */
+        pcs_rt_stats_t rs;
+        pcs_runtime_stats(rt, &rs);
+        if (!rv && world > 1 && !(rs.all_gather_ms > 0 && rs.reduce_scatter_ms > 0)) {
+            fprintf(stderr, "rank %u %s step %d: timings ag %.4f rs %.4f ms\n", rank, backend, step,
+                    rs.all_gather_ms, rs.reduce_scatter_ms);
+            rv = 23;
+        }
     }
     for (uint32_t k = 0; k < N_UNITS && !rv; k++) {
         pcs_rt_shard_t sh;

@@ -528,6 +528,18 @@ static int stage_run(pcs_kv_t *kv, int mode, uint32_t r, int stage, stage_result
             rv = 16;
         out->grad_norm[step] = res.grad_norm;
         out->skipped[step] = res.skipped;
+        /* collective times come from events around each collective: nonzero where the step ran
+         * that kind (every mode reduce-scatters or all-reduces gradients; only sharded units
+         * all-gather) */
+        pcs_rt_stats_t st;
+        pcs_runtime_stats(rt, &st);
+        int has_ag = mode != STAGE_NO_SHARD;
+        if (!rv && (!(st.all_gather_ms > 0) != !has_ag ||
+                    !(st.reduce_scatter_ms + st.all_reduce_ms > 0))) {
+            fprintf(stderr, "rank %u step %d: timings ag %.3f rs %.3f ar %.3f ms\n", r, step,
+                    st.all_gather_ms, st.reduce_scatter_ms, st.all_reduce_ms);
+            rv = 23;
+        }
     }
     for (uint32_t k = 0; k < SP_UNITS && !rv; k++) {
         pcs_rt_shard_t sh;
@@ -641,6 +653,29 @@ static void test_staged_hybrid_shard_w4_is_bit_identical_to_direct(void **state)
     run_stage_parity(STAGE_HYBRID);
 }
 
+/* The cpu backend's events carry the host clock at record time: elapsed time between two records
+ * spans what ran between them; an event never recorded has no time. */
+static void test_cpu_event_elapsed_is_host_time_between_records(void **state)
+{
+    (void)state;
+    const pcs_backend_ops_t *be = NULL;
+    assert_int_equal(pcs_backend_get("cpu", &be), PCS_OK);
+    pcs_event_t e0 = NULL, e1 = NULL;
+    assert_int_equal(be->event_create(&e0), PCS_OK);
+    assert_int_equal(be->event_create(&e1), PCS_OK);
+    float ms = -1;
+    assert_int_equal(be->event_elapsed_ms(e0, e1, &ms), PCS_ERR_STATE);
+    assert_int_equal(be->event_record(e0, NULL), PCS_OK);
+    usleep(20000);
+    assert_int_equal(be->event_record(e1, NULL), PCS_OK);
+    assert_int_equal(be->event_sync(e1), PCS_OK);
+    assert_int_equal(be->event_elapsed_ms(e0, e1, &ms), PCS_OK);
+    assert_true(ms >= 19.0f && ms < 5000.0f);
+    assert_int_equal(be->event_elapsed_ms(e0, NULL, &ms), PCS_ERR_INVALID_ARG);
+    be->event_destroy(e0);
+    be->event_destroy(e1);
+}
+
 /* NCCL needs device buffers: on the cpu backend (or with host staging) it is refused with a
  * reason, as is a collective backend that does not exist. */
 static void test_nccl_on_host_buffers_is_refused_with_a_reason(void **state)
@@ -679,6 +714,7 @@ int main(void)
         cmocka_unit_test(test_staged_no_shard_w2_is_bit_identical_to_direct),
         cmocka_unit_test(test_staged_hybrid_shard_w4_is_bit_identical_to_direct),
         cmocka_unit_test(test_nccl_on_host_buffers_is_refused_with_a_reason),
+        cmocka_unit_test(test_cpu_event_elapsed_is_host_time_between_records),
     };
     return cmocka_run_group_tests_name("runtime", tests, NULL, NULL);
 }

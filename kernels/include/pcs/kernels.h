@@ -140,6 +140,14 @@ typedef struct pcs_backend_ops {
     pcs_status_t (*set_device)(int ordinal);
     /* Name and memory of device `ordinal` (name: NUL-terminated, truncated to cap). */
     pcs_status_t (*device_info)(int ordinal, char *name, size_t cap, uint64_t *memory_bytes);
+
+    /* ---- timing ---- */
+    /* *ms = time between two recorded events (end recorded after start). cuda: the device
+     * timestamps (cudaEventElapsedTime; event_create's events are timing-enabled), so `end` must
+     * have completed (event_sync it first; PCS_ERR_CUDA otherwise); cpu: the host monotonic
+     * clock read at each event_record. An event never recorded: PCS_ERR_STATE (cpu) or
+     * PCS_ERR_CUDA. */
+    pcs_status_t (*event_elapsed_ms)(pcs_event_t start, pcs_event_t end, float *ms);
 } pcs_backend_ops_t;
 
 /* The backend called `name` ("cpu", "cuda"). PCS_ERR_UNSUPPORTED if it was not built or (cuda)
