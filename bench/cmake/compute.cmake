@@ -13,4 +13,9 @@ if(TARGET pcs_worker_core)
            -o 8)
   set_tests_properties(bench_smoke_model PROPERTIES LABELS bench-smoke TIMEOUT 60
     PASS_REGULAR_EXPRESSION "Out of bounds values : 0 OK")
+  # The same on the GPU vs the CPU twin (label gpu; exit 77 = skipped without a device).
+  add_test(NAME bench_smoke_model_cuda COMMAND pcs-model-bench -d cuda -b 4 -e 16 -f 4 -n 2 -i 32
+           -H 64 -L 2 -o 8)
+  set_tests_properties(bench_smoke_model_cuda PROPERTIES LABELS gpu TIMEOUT 60
+    SKIP_RETURN_CODE 77)
 endif()
