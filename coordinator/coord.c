@@ -1361,6 +1361,8 @@ pcs_status_t pcs_coord_restore_ranks(pcs_coord_t *c, pcs_coord_job_t *j, const u
     pcs_status_t st = PCS_OK;
     uint32_t r = 0;
     for (; r < n; r++) {
+        if (!worker[r])
+            continue; /* holder not known: this rank comes back by step report only */
         pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, worker[r]);
         if (!w) {
             st = pcs_set_error(PCS_ERR_INVALID_ARG,
@@ -1381,12 +1383,13 @@ pcs_status_t pcs_coord_restore_ranks(pcs_coord_t *c, pcs_coord_job_t *j, const u
     PCS_CHECK_GOTO(pcs_calloc(n, sizeof *j->rank_reserved, (void **)&j->rank_reserved), st, undo);
     for (r = 0; r < n; r++) {
         j->rank_reserved[r] = worker[r];
-        pcs_coord_worker_by_number(c, worker[r])->pid = pid ? pid[r] : 0; /* for re-register */
+        if (worker[r]) /* what a re-register is compared against */
+            pcs_coord_worker_by_number(c, worker[r])->pid = pid ? pid[r] : 0;
     }
     return PCS_OK;
 undo:
     for (uint32_t k = 0; k < r; k++) {
-        pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, worker[k]);
+        pcs_coord_worker_t *w = worker[k] ? pcs_coord_worker_by_number(c, worker[k]) : NULL;
         if (w && w->reserved_job == j->number)
             w->reserved_job = 0;
     }

@@ -310,7 +310,8 @@ pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_co
                                    uint64_t finished_wall_ms, uint64_t generation);
 
 /* After pcs_coord_restore_job of a RUNNING job: which worker held each rank (n = world_size
- * worker numbers of restored workers) and the pid it had when it got the rank (0 = unknown).
+ * worker numbers of restored workers; 0 = holder unknown, that rank comes back by step report
+ * only) and the pid it had when it got the rank (0 = unknown).
  * Reserves those workers for the job: a reserved worker that re-registers from the same pid
  * (or an unknown one) takes its rank back at once (ASSIGNED, an assignment event queued), so no
  * PENDING job can take it first; one that re-registers from another pid was restarted while the

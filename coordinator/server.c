@@ -897,7 +897,7 @@ static void on_job_change(void *user, const pcs_coord_job_t *j)
         pcs__v1__job_spec__pack(j->spec, buf);
     /* rank -> worker (and its pid) of a running job, so a restarted coordinator can hold those
      * workers for it; a rank not back yet after a restart keeps its reservation */
-    uint32_t *ranks = NULL;
+    uint32_t *ranks = NULL, known = 0;
     if (j->state == PCS_JOB_RUNNING && j->world_size &&
         pcs_calloc((size_t)j->world_size * 2, sizeof *ranks, (void **)&ranks) == PCS_OK) {
         for (uint32_t k = 0; k < j->world_size; k++) {
@@ -907,6 +907,11 @@ static void on_job_change(void *user, const pcs_coord_job_t *j)
             const pcs_coord_worker_t *w = pcs_coord_worker_by_number(s->coord, num);
             ranks[k] = num;
             ranks[j->world_size + k] = w ? w->pid : 0;
+            known += num != 0;
+        }
+        if (!known) { /* a restored job with no map and no rank back yet: nothing to keep */
+            free(ranks);
+            ranks = NULL;
         }
     }
     pcs_store_job_t r = {.number = j->number,

@@ -1150,6 +1150,23 @@ static void test_restore_ranks_refuses_bad_maps_and_reserves_nothing(void **stat
     assert_int_equal(b->rank, 1);
 }
 
+/* A map with a hole (rank 0's holder unknown): rank 1 is reserved, rank 0 is taken back by
+ * whichever worker reports it, as without a map. */
+static void test_rank_with_unknown_holder_comes_back_by_report(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_job_t *j = restore_running_no_rereg(f);
+    uint32_t held[2] = {0, 2};
+    assert_int_equal(pcs_coord_restore_ranks(f->c, j, held, NULL, 2), PCS_OK);
+    assert_int_equal(worker(f, 1)->reserved_job, 0);
+    pcs_coord_worker_t *a = reg_pid(f, "pod-a", 5);
+    assert_int_equal(a->state, PCS_WORKER_IDLE);
+    assert_int_equal(report(f, "w-1", 0, 9, false), 0);
+    assert_int_equal(a->rank, 0);
+    assert_int_equal(reg_pid(f, "pod-b", 6)->rank, 1);
+    assert_int_equal(j->n_unclaimed, 0);
+}
+
 /* A corrupt store row with a huge id is refused (with its payload freed) instead of growing the
  * id tables to that size. */
 static void test_restore_refuses_absurd_ids(void **state)
@@ -1217,6 +1234,7 @@ int main(void)
         T(test_reserved_worker_back_from_a_new_process_fails_its_job_and_is_idle),
         T(test_reserved_rank_away_a_lease_fails_the_job_naming_rank_and_worker),
         T(test_restore_ranks_refuses_bad_maps_and_reserves_nothing),
+        T(test_rank_with_unknown_holder_comes_back_by_report),
 #undef T
     };
     return cmocka_run_group_tests_name("coord", tests, NULL, NULL);
