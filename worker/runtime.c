@@ -473,7 +473,11 @@ static void timing_resolve(pcs_runtime_t *rt, rt_tpool_t *p)
     pthread_mutex_unlock(&rt->mu);
     double ms[3] = {0, 0, 0};
     for (size_t i = lo; i < hi; i++) {
-        rt_timing_t *t = p->v[i]; /* elements never move; published ones are not rewritten */
+        /* the array may grow (realloc) under mu; elements never move and published ones are
+         * not rewritten until begin_step */
+        pthread_mutex_lock(&rt->mu);
+        rt_timing_t *t = p->v[i];
+        pthread_mutex_unlock(&rt->mu);
         float m = 0;
         if (rt->be->event_sync(t->t1) == PCS_OK &&
             rt->be->event_elapsed_ms(t->t0, t->t1, &m) == PCS_OK && m > 0)
