@@ -16,6 +16,7 @@
 
 #include "kv.h"
 #include "pcs/clock.h"
+#include "pcs/kernels.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
 #include "pcs/rpc.h"
@@ -35,6 +36,7 @@ struct pcs_agent {
     char *coordinator, *identity, *backend, *coll, *hostname, *report_dir;
     FILE *report_file; /* training thread only */
     uint32_t rpc_timeout_ms, coll_timeout_ms, heartbeat_ms, max_jobs;
+    int device; /* resolved ordinal (0 on cpu) */
     uint64_t inject_inf_step;
     uint32_t inject_inf_rank;
 
@@ -105,19 +107,37 @@ static pcs_status_t do_register(pcs_agent_t *a)
     gethostname(host, sizeof host - 1);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-    dev.index = 0;
-    dev.kind = (char *)(strcmp(a->backend, "cuda") == 0 ? "cuda" : "cpu");
-    char name[64];
-    snprintf(name, sizeof name, "cpu x%ld", ncpu);
+    dev.index = (uint32_t)a->device;
+    char name[128];
+    if (strcmp(a->backend, "cuda") == 0) {
+        /* checked at create; a failure here only loses the name and size in ListWorkers */
+        const pcs_backend_ops_t *be = NULL;
+        uint64_t mem = 0;
+        name[0] = '\0';
+        if (pcs_backend_get("cuda", &be) == PCS_OK)
+            (void)be->device_info(a->device, name, sizeof name, &mem);
+        dev.kind = (char *)"cuda";
+        dev.memory_bytes = mem;
+    } else {
+        snprintf(name, sizeof name, "cpu x%ld", ncpu);
+        dev.kind = (char *)"cpu";
+        dev.memory_bytes = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+    }
     dev.name = name;
-    dev.memory_bytes = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
-    char *backends[1] = {a->coll};
+    /* What the job's `collectives` may pick on this worker. */
+    char *backends[2];
+    size_t nb = 0;
+    int cuda = strcmp(a->backend, "cuda") == 0;
+    if (cuda && strcmp(a->coll, "gloo") != 0)
+        backends[nb++] = (char *)"nccl";
+    if (strcmp(a->coll, "nccl") != 0)
+        backends[nb++] = (char *)"gloo";
     req.identity = a->identity;
     req.host = host;
     req.pid = (uint32_t)getpid();
     req.n_devices = 1;
     req.devices = devs;
-    req.n_backends = 1;
+    req.n_backends = nb;
     req.backends = backends;
     req.version = (char *)"0.1.0";
     req.address = a->hostname;
@@ -525,6 +545,7 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
         tc.kv = kv;
         tc.backend = a->backend;
         tc.coll = a->coll;
+        tc.device = a->device;
         tc.hostname = a->hostname;
         tc.coll_timeout_ms = a->coll_timeout_ms;
         tc.report = report_cb;
@@ -581,6 +602,36 @@ void pcs_agent_report_path(const char *dir, const char *job_id, uint32_t rank, c
     snprintf(buf, n, "%s/%s.rank%u.reports", dir, job_id ? job_id : "job", rank);
 }
 
+/* Check the offered backends now, so a misconfigured pod fails at start with a message instead of
+ * registering and failing every job; pick the device (-1: $LOCAL_RANK modulo the count, else 0). */
+static pcs_status_t resolve_device(pcs_agent_t *a, int device)
+{
+    if (strcmp(a->coll, "auto") != 0 && strcmp(a->coll, "nccl") != 0 &&
+        strcmp(a->coll, "gloo") != 0)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "coll: must be auto, nccl or gloo, got '%s'",
+                             a->coll);
+    const pcs_backend_ops_t *be = NULL;
+    PCS_CHECK(pcs_backend_get(a->backend, &be));
+    if (strcmp(be->name, "cuda") != 0) {
+        if (strcmp(a->coll, "nccl") == 0)
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "coll: nccl needs --backend cuda (NCCL reduces device buffers)");
+        a->device = 0;
+        return PCS_OK;
+    }
+    int n = be->device_count();
+    if (device < 0) {
+        const char *lr = getenv("LOCAL_RANK");
+        long v = lr && *lr ? strtol(lr, NULL, 10) : 0;
+        device = n > 0 && v >= 0 ? (int)(v % n) : 0;
+    }
+    if (device >= n)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "device: %d out of range (%d cuda devices visible)",
+                             device, n);
+    a->device = device;
+    return PCS_OK;
+}
+
 pcs_status_t pcs_agent_create(const pcs_agent_config_t *cfg, pcs_agent_t **out)
 {
     if (!cfg || !out || !cfg->coordinator || !cfg->coordinator[0])
@@ -602,7 +653,8 @@ pcs_status_t pcs_agent_create(const pcs_agent_config_t *cfg, pcs_agent_t **out)
     PCS_CHECK_GOTO(pcs_strdup(cfg->coordinator, &a->coordinator), st, fail);
     PCS_CHECK_GOTO(pcs_strdup(ident, &a->identity), st, fail);
     PCS_CHECK_GOTO(pcs_strdup(cfg->backend ? cfg->backend : "cpu", &a->backend), st, fail);
-    PCS_CHECK_GOTO(pcs_strdup(cfg->coll ? cfg->coll : "gloo", &a->coll), st, fail);
+    PCS_CHECK_GOTO(pcs_strdup(cfg->coll && cfg->coll[0] ? cfg->coll : "auto", &a->coll), st, fail);
+    PCS_CHECK_GOTO(resolve_device(a, cfg->device), st, fail);
     PCS_CHECK_GOTO(pcs_strdup(cfg->hostname ? cfg->hostname : "127.0.0.1", &a->hostname), st, fail);
     if (cfg->report_dir && cfg->report_dir[0])
         PCS_CHECK_GOTO(pcs_strdup(cfg->report_dir, &a->report_dir), st, fail);

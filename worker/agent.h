@@ -32,8 +32,11 @@ void pcs_agent_report_path(const char *dir, const char *job_id, uint32_t rank, c
 typedef struct pcs_agent_config {
     const char *coordinator;  /* "127.0.0.1:7070" */
     const char *identity;     /* idempotency key for Register; NULL = "<host>:<pid>" */
-    const char *backend;      /* kernels backend, "cpu" */
-    const char *coll;         /* collectives backend, "gloo" */
+    const char *backend;      /* kernels backend this worker offers: "cpu" (default) | "cuda" */
+    const char *coll;         /* collectives it offers: "auto" (default: nccl + gloo on cuda,
+                               * gloo on cpu) | "nccl" | "gloo"; the job's spec picks one */
+    int device;               /* cuda device ordinal; -1 = auto: $LOCAL_RANK (torchrun's) modulo
+                               * the visible devices, else 0 */
     const char *hostname;     /* transport address peers use, "127.0.0.1" */
     uint32_t rpc_timeout_ms;  /* unary RPC deadline; 0 = 5000 */
     uint32_t coll_timeout_ms; /* collective timeout; 0 = 30000 */
@@ -47,7 +50,9 @@ typedef struct pcs_agent_config {
     void *job_ctx;
 } pcs_agent_config_t;
 
-/* Strings are copied. Nothing is contacted until run(). */
+/* Strings are copied. Nothing is contacted until run(), but the backend is checked here: "cuda"
+ * without a device or a build with CUDA, an unknown name, a device out of range or "nccl" on a
+ * cpu worker fail with PCS_ERR_UNSUPPORTED / PCS_ERR_INVALID_ARG and a message. */
 pcs_status_t pcs_agent_create(const pcs_agent_config_t *cfg, pcs_agent_t **out);
 /* Register (retrying while the coordinator is unreachable), then serve assignments until
  * pcs_agent_stop() or max_jobs jobs ran; Deregister before returning. */

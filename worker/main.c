@@ -12,8 +12,12 @@
 static const pcs_opt_t worker_opts[] = {
     {"coordinator", PCS_OPT_STRING, "127.0.0.1:7070", 0, 0, "coordinator address host:port"},
     {"identity", PCS_OPT_STRING, "", 0, 0, "stable identity for Register (default host:pid)"},
-    {"backend", PCS_OPT_STRING, "cpu", 0, 0, "kernels backend: cpu | cuda"},
-    {"coll", PCS_OPT_STRING, "gloo", 0, 0, "collectives backend: gloo | nccl"},
+    {"backend", PCS_OPT_STRING, "cpu", 0, 0,
+     "kernels backend this worker offers: cpu | cuda (cuda jobs need it; cpu jobs run on cpu)"},
+    {"coll", PCS_OPT_STRING, "auto", 0, 0,
+     "collectives it offers: auto (nccl+gloo on cuda, gloo on cpu) | nccl | gloo"},
+    {"device", PCS_OPT_STRING, "auto", 0, 0,
+     "cuda device ordinal, or auto = $LOCAL_RANK modulo the visible devices (else 0)"},
     {"hostname", PCS_OPT_STRING, "127.0.0.1", 0, 0,
      "address peers use for this worker's transport"},
     {"rpc-timeout-ms", PCS_OPT_U32, "5000", 100, 600000, "deadline of unary RPCs"},
@@ -62,6 +66,19 @@ int main(int argc, char **argv)
     ac.identity = pcs_config_str(cfg, "identity");
     ac.backend = pcs_config_str(cfg, "backend");
     ac.coll = pcs_config_str(cfg, "coll");
+    const char *dev = pcs_config_str(cfg, "device");
+    ac.device = -1;
+    if (strcmp(dev, "auto") != 0) {
+        char *end = NULL;
+        long d = strtol(dev, &end, 10);
+        if (end == dev || *end != '\0' || d < 0 || d > 1024) {
+            fprintf(stderr, "pcs-worker: --device: must be a device ordinal or auto, got '%s'\n",
+                    dev);
+            pcs_config_free(cfg);
+            return 2;
+        }
+        ac.device = (int)d;
+    }
     ac.hostname = pcs_config_str(cfg, "hostname");
     ac.rpc_timeout_ms = pcs_config_u32(cfg, "rpc-timeout-ms");
     ac.coll_timeout_ms = pcs_config_u32(cfg, "coll-timeout-ms");
@@ -84,8 +101,8 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    PCS_INFO(PCS_SUB_INIT, "pcs-worker starting: coordinator %s backend %s coll %s", ac.coordinator,
-             ac.backend, ac.coll);
+    PCS_INFO(PCS_SUB_INIT, "pcs-worker starting: coordinator %s backend %s coll %s device %s",
+             ac.coordinator, ac.backend, ac.coll, dev);
     pcs_status_t st = pcs_agent_run(g_agent);
     pcs_agent_t *a = g_agent;
     g_agent = NULL; /* a late signal must not touch the agent being freed */

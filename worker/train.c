@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "checkpoint.h"
+#include "coll.h"
 #include "data.h"
 #include "kv.h"
 #include "loss.h"
@@ -27,7 +28,8 @@ typedef struct train_buffer {
     const Pcs__V1__BufferSlot *slot;
     int model_index;
     pcs_dtype_t run_dtype; /* dtype while training */
-    void *data;
+    void *data;            /* host copy (the only copy on cpu) */
+    void *dev;             /* the model's copy in backend memory (== data on cpu) */
 } train_buffer_t;
 
 struct pcs_train {
@@ -35,7 +37,11 @@ struct pcs_train {
     const Pcs__V1__Assignment *as;
     const Pcs__V1__JobSpec *spec;
     const Pcs__V1__Plan *plan;
-    const pcs_backend_ops_t *be;
+    const pcs_backend_ops_t *be; /* the job's backend (spec.backend) */
+    pcs_coll_backend_t coll;     /* the job's transport (spec.collectives) */
+    int device;                  /* cuda device ordinal */
+    int on_host;                 /* be is the cpu backend: model inputs/outputs are host arrays */
+    pcs_stream_t stream;         /* compute stream of the model (NULL on cpu) */
     pcs_mlp_t *model;
     pcs_runtime_t *rt;
     pcs_data_t *data;
@@ -56,9 +62,15 @@ struct pcs_train {
     uint32_t M, b, D, dp_rank, in_dim;
     uint32_t depth;         /* units all-gathered ahead (plan.prefetch; 0 = inline) */
     pcs_dtype_t feed_dtype; /* dtype the inputs are fed in (pure low precision: the model's) */
-    float *x;
-    void *y;
-    float *gout;
+    float *x;     /* host (pinned on cuda): the global eval batch or this rank's micro-batch */
+    void *y;      /* host targets */
+    float *gout;  /* host: dloss/dout */
+    float *hout;  /* host copy of the model output (cuda) */
+    float *dx;    /* device: the b rows fed to the model (cuda) */
+    float *dgout; /* device: dloss/dout (cuda) */
+    /* init.from: the file's full parameters and buffers as fp32 until the shards are filled */
+    float *init_vals;
+    uint64_t *init_off; /* per model param, then per model buffer: offset into init_vals */
     double scale;
     uint32_t growth_tracker;
     uint64_t skipped;
@@ -164,8 +176,50 @@ static pcs_status_t init_param_cb(void *ctx, const Pcs__V1__ParamSlot *p, uint64
     int pi = pcs_mlp_find_param(t->model, p->fqn);
     if (pi < 0)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "plan parameter %s is not in the model", p->fqn);
+    if (t->init_vals) {
+        memcpy(out, t->init_vals + t->init_off[pi] + first, n * sizeof(float));
+        return PCS_OK;
+    }
     uint64_t seed = t->spec->init ? t->spec->init->seed : 0;
     return pcs_mlp_init_tensor(t->model, seed, 0, (uint32_t)pi, first, n, out);
+}
+
+/* init.from: read every parameter (required) and buffer (optional: absent ones keep their
+ * deterministic init) of the file once, as the reference does; the shards copy their slices. The
+ * whole model is in host memory only while the runtime fills its shards. */
+static pcs_status_t load_init_file(pcs_train_t *t)
+{
+    const char *from = t->spec->init && t->spec->init->from && *t->spec->init->from
+                           ? t->spec->init->from
+                           : NULL;
+    if (!from)
+        return PCS_OK;
+    uint32_t np = pcs_mlp_num_params(t->model), nb = pcs_mlp_num_buffers(t->model);
+    uint64_t seed = t->spec->init->seed;
+    pcs_named_tensor_t *all = NULL;
+    float **dst = NULL;
+    pcs_status_t st;
+    uint64_t total = 0;
+    PCS_CHECK_GOTO(pcs_calloc(np + nb + 1, sizeof *t->init_off, (void **)&t->init_off), st, out);
+    for (uint32_t i = 0; i < np + nb; i++) {
+        t->init_off[i] = total;
+        total += i < np ? pcs_mlp_param(t->model, i)->numel : pcs_mlp_buffer(t->model, i - np)->numel;
+    }
+    PCS_CHECK_GOTO(pcs_calloc(total + 1, sizeof(float), (void **)&t->init_vals), st, out);
+    PCS_CHECK_GOTO(pcs_calloc(np + nb + 1, sizeof *all, (void **)&all), st, out);
+    PCS_CHECK_GOTO(pcs_calloc(np + nb + 1, sizeof *dst, (void **)&dst), st, out);
+    for (uint32_t i = 0; i < np + nb; i++) {
+        all[i] = i < np ? *pcs_mlp_param(t->model, i) : *pcs_mlp_buffer(t->model, i - np);
+        dst[i] = t->init_vals + t->init_off[i];
+        if (i >= np)
+            PCS_CHECK_GOTO(
+                pcs_mlp_init_tensor(t->model, seed, 1, i - np, 0, all[i].numel, dst[i]), st, out);
+    }
+    st = pcs_init_from_safetensors(from, all, np + nb, dst, NULL);
+out:
+    free(all);
+    free(dst);
+    return st;
 }
 
 static pcs_status_t setup_buffers(pcs_train_t *t)
@@ -196,8 +250,15 @@ static pcs_status_t setup_buffers(pcs_train_t *t)
             PCS_CHECK(pcs_calloc(numel, pcs_dtype_size(b->run_dtype), &b->data));
             float *tmp = NULL;
             PCS_CHECK(pcs_calloc(numel, sizeof(float), (void **)&tmp));
-            pcs_status_t st =
-                pcs_mlp_init_tensor(t->model, seed, 1, (uint32_t)b->model_index, 0, numel, tmp);
+            pcs_status_t st = PCS_OK;
+            if (t->init_vals)
+                memcpy(tmp,
+                       t->init_vals + t->init_off[pcs_mlp_num_params(t->model) +
+                                                  (uint32_t)b->model_index],
+                       numel * sizeof(float));
+            else
+                st = pcs_mlp_init_tensor(t->model, seed, 1, (uint32_t)b->model_index, 0, numel,
+                                         tmp);
             if (st == PCS_OK) {
                 if (b->run_dtype == PCS_DTYPE_INT64) {
                     for (uint64_t e = 0; e < numel; e++)
@@ -208,8 +269,14 @@ static pcs_status_t setup_buffers(pcs_train_t *t)
             }
             free(tmp);
             PCS_CHECK(st);
+            b->dev = b->data;
+            if (!t->on_host) {
+                size_t bytes = numel * pcs_dtype_size(b->run_dtype);
+                PCS_CHECK(t->be->alloc(bytes, &b->dev));
+                PCS_CHECK(t->be->copy(b->dev, b->data, bytes, PCS_COPY_H2D, t->stream));
+            }
             PCS_CHECK(
-                pcs_mlp_bind_buffer(t->model, (uint32_t)b->model_index, b->run_dtype, b->data));
+                pcs_mlp_bind_buffer(t->model, (uint32_t)b->model_index, b->run_dtype, b->dev));
         }
     }
     return PCS_OK;
@@ -274,17 +341,37 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
         st = pcs_set_error(PCS_ERR_UNSUPPORTED, "mesh: pipeline stages (pp > 1) are not run yet");
         goto fail;
     }
-    if ((cfg->backend && strcmp(cfg->backend, "cpu") != 0) ||
-        (cfg->coll && strcmp(cfg->coll, "gloo") != 0)) {
-        /* The unit runtime keeps its buffers in host memory; the CUDA kernels and the NCCL
-         * backend exist (kernels/, coll_nccl.c) but the device runtime is not wired yet. */
+    /* The job decides where it computes and which transport all its ranks use; the worker's
+     * flags say what it offers (the coordinator only gives cuda jobs to cuda workers). */
+    const char *job_be = spec->backend && spec->backend[0] ? spec->backend : "cpu";
+    const char *offer_be = cfg->backend && cfg->backend[0] ? cfg->backend : "cpu";
+    const char *offer_coll = cfg->coll && cfg->coll[0] ? cfg->coll : "auto";
+    const char *job_coll = spec->collectives && spec->collectives[0] ? spec->collectives : "auto";
+    if (strcmp(job_coll, "auto") == 0)
+        job_coll = strcmp(job_be, "cuda") == 0 ? "nccl" : "gloo";
+    if (strcmp(job_be, "cuda") == 0 && strcmp(offer_be, "cuda") != 0) {
         st = pcs_set_error(PCS_ERR_UNSUPPORTED,
-                           "backend %s / coll %s: this worker runtime trains on the cpu backend "
-                           "with gloo only",
-                           cfg->backend ? cfg->backend : "cpu", cfg->coll ? cfg->coll : "gloo");
+                           "backend: the job computes on cuda; this worker offers %s only (start "
+                           "it with --backend cuda)",
+                           offer_be);
         goto fail;
     }
-    PCS_CHECK_GOTO(pcs_backend_get(cfg->backend ? cfg->backend : "cpu", &t->be), st, fail);
+    if (strcmp(job_coll, offer_coll) != 0 && strcmp(offer_coll, "auto") != 0) {
+        st = pcs_set_error(PCS_ERR_UNSUPPORTED,
+                           "collectives: the job uses %s; this worker offers %s only (--coll)",
+                           job_coll, offer_coll);
+        goto fail;
+    }
+    t->coll = strcmp(job_coll, "nccl") == 0 ? PCS_COLL_NCCL : PCS_COLL_GLOO;
+    t->device = strcmp(job_be, "cuda") == 0 ? cfg->device : 0;
+    PCS_CHECK_GOTO(pcs_backend_get(job_be, &t->be), st, fail);
+    t->on_host = strcmp(t->be->name, "cpu") == 0;
+    if (!t->on_host) {
+        /* CUDA's current device is per thread: this (training) thread computes on t->device;
+         * the runtime's threads set it themselves. */
+        PCS_CHECK_GOTO(t->be->set_device(t->device), st, fail);
+        PCS_CHECK_GOTO(t->be->stream_create(&t->stream), st, fail);
+    }
 
     t->M = tr && tr->micro_batches ? tr->micro_batches : 1;
     t->b = tr && tr->micro_batch_size ? tr->micro_batch_size : 1;
@@ -311,7 +398,7 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     t->in_dim = mc.input_dim;
     /* Eval reads the global eval batch (D*b rows, as the reference) and forwards this rank's b. */
     uint32_t eval_rows = t->D * t->b;
-    PCS_CHECK_GOTO(pcs_mlp_create(&mc, t->b, &t->model), st, fail);
+    PCS_CHECK_GOTO(pcs_mlp_create_on(&mc, t->b, t->be, t->stream, &t->model), st, fail);
     PCS_CHECK_GOTO(pcs_data_open(spec->data, mc.input_dim, mc.output_dim, t->loss, &t->data), st,
                    fail);
 
@@ -368,15 +455,16 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     rc.init_ctx = t;
     rc.prefetch =
         cfg->prefetch >= 0 ? cfg->prefetch : (int)(t->plan->prefetch ? t->plan->prefetch : 1);
-    rc.stream = NULL; /* the model's compute stream once it has one */
-    rc.device = 0;
-    rc.coll = PCS_COLL_GLOO;
+    rc.stream = t->stream; /* the model's compute stream */
+    rc.device = t->device;
+    rc.coll = t->coll;
     /* PCS_RUNTIME_STAGE_HOST=1: collectives through host staging buffers on the cpu backend too
      * (a test switch: the staged path must give the direct path's bits) */
     const char *stage_env = getenv("PCS_RUNTIME_STAGE_HOST");
     rc.stage_host = stage_env && strcmp(stage_env, "1") == 0;
     t->depth = rc.prefetch > 0 ? (uint32_t)rc.prefetch : 0;
     pcs_train_opt_from_spec(tr, &rc);
+    PCS_CHECK_GOTO(load_init_file(t), st, fail);
     PCS_CHECK_GOTO(pcs_runtime_create(&rc, &t->rt), st, fail);
 
     /* Bind every parameter to its unit's unsharded buffer and grad buffer once: the buffers live
@@ -406,13 +494,26 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
         }
     }
     PCS_CHECK_GOTO(setup_buffers(t), st, fail);
+    if (t->stream)
+        PCS_CHECK_GOTO(t->be->sync(t->stream), st, fail); /* buffer uploads done */
+    free(t->init_vals); /* the shards and buffers hold their values now */
+    t->init_vals = NULL;
 
     uint32_t out_dim = mc.output_dim;
-    PCS_CHECK_GOTO(pcs_calloc((size_t)eval_rows * mc.input_dim, sizeof(float), (void **)&t->x), st,
-                   fail);
-    PCS_CHECK_GOTO(pcs_calloc((size_t)eval_rows * out_dim, sizeof(double), &t->y), st, fail);
-    PCS_CHECK_GOTO(pcs_calloc((size_t)eval_rows * out_dim, sizeof(float), (void **)&t->gout), st,
-                   fail);
+    size_t xin = (size_t)eval_rows * mc.input_dim, yout = (size_t)eval_rows * out_dim;
+    /* host side in page-locked memory on cuda (fast async copies); plain memory on cpu */
+    PCS_CHECK_GOTO(t->be->host_alloc(xin * sizeof(float), (void **)&t->x), st, fail);
+    PCS_CHECK_GOTO(pcs_calloc(yout, sizeof(double), &t->y), st, fail);
+    PCS_CHECK_GOTO(t->be->host_alloc(yout * sizeof(float), (void **)&t->gout), st, fail);
+    if (!t->on_host) {
+        size_t rows = t->b;
+        PCS_CHECK_GOTO(t->be->host_alloc(rows * out_dim * sizeof(float), (void **)&t->hout), st,
+                       fail);
+        PCS_CHECK_GOTO(t->be->alloc(rows * mc.input_dim * sizeof(float), (void **)&t->dx), st,
+                       fail);
+        PCS_CHECK_GOTO(t->be->alloc(rows * out_dim * sizeof(float), (void **)&t->dgout), st,
+                       fail);
+    }
     *out = t;
     return PCS_OK;
 fail:
@@ -436,16 +537,27 @@ void pcs_train_destroy(pcs_train_t *t)
     pcs_runtime_destroy(t->rt);
     pcs_mlp_destroy(t->model);
     pcs_data_close(t->data);
-    for (size_t i = 0; i < t->n_buffers; i++)
+    for (size_t i = 0; i < t->n_buffers; i++) {
+        if (t->buffers[i].dev != t->buffers[i].data)
+            t->be->free(t->buffers[i].dev);
         free(t->buffers[i].data);
+    }
     free(t->buffers);
     free(t->mod_unit);
     free(t->fwd_order);
     free(t->unit_pos);
     free(t->unit_mod);
-    free(t->x);
+    if (t->be) {
+        t->be->host_free(t->x);
+        t->be->host_free(t->gout);
+        t->be->host_free(t->hout);
+        t->be->free(t->dx);
+        t->be->free(t->dgout);
+        t->be->stream_destroy(t->stream);
+    }
     free(t->y);
-    free(t->gout);
+    free(t->init_vals);
+    free(t->init_off);
     free(t);
 }
 
@@ -473,6 +585,47 @@ static pcs_status_t restore_bindings(pcs_train_t *t)
         PCS_CHECK(pcs_runtime_param_buffer(t->rt, (uint32_t)i, &p, &dt));
         PCS_CHECK(bind_unit(t, (uint32_t)i, p, dt));
     }
+    return PCS_OK;
+}
+
+// ---- host <-> model memory (identity on cpu) ----
+
+/* The model's input: `rows` rows of host x, copied to device memory on cuda. */
+static pcs_status_t feed_input(pcs_train_t *t, const float *x, uint32_t rows, const float **in)
+{
+    if (t->on_host) {
+        *in = x;
+        return PCS_OK;
+    }
+    PCS_CHECK(t->be->copy(t->dx, x, (size_t)rows * t->in_dim * sizeof(float), PCS_COPY_H2D,
+                          t->stream));
+    *in = t->dx;
+    return PCS_OK;
+}
+
+/* The forward's output on the host (waits for the forward on cuda: the loss needs it). */
+static pcs_status_t fetch_output(pcs_train_t *t, const float *out, size_t n, const float **host)
+{
+    if (t->on_host) {
+        *host = out;
+        return PCS_OK;
+    }
+    PCS_CHECK(t->be->copy(t->hout, out, n * sizeof(float), PCS_COPY_D2H, t->stream));
+    PCS_CHECK(t->be->sync(t->stream));
+    *host = t->hout;
+    return PCS_OK;
+}
+
+/* dloss/dout for backward, in model memory. The copy is ordered before the backward on the
+ * stream, and t->gout is not rewritten before the next fetch_output's sync. */
+static pcs_status_t feed_grad(pcs_train_t *t, size_t n, const float **g)
+{
+    if (t->on_host) {
+        *g = t->gout;
+        return PCS_OK;
+    }
+    PCS_CHECK(t->be->copy(t->dgout, t->gout, n * sizeof(float), PCS_COPY_H2D, t->stream));
+    *g = t->dgout;
     return PCS_OK;
 }
 
@@ -507,11 +660,15 @@ static pcs_status_t run_eval(pcs_train_t *t, double *eval_loss)
             PCS_CHECK(pcs_mlp_set_cast(t->model, (uint32_t)t->unit_mod[i], PCS_DTYPE_NONE,
                                        PCS_DTYPE_NONE));
     }
-    pcs_status_t st =
-        pcs_mlp_forward(t->model, x, t->feed_dtype, n, 0, hooks_of(t, &h), &out, &odt);
+    const float *in = NULL;
+    pcs_status_t st = feed_input(t, x, n, &in);
+    if (st == PCS_OK)
+        st = pcs_mlp_forward(t->model, in, t->feed_dtype, n, 0, hooks_of(t, &h), &out, &odt);
     int was_full = t->full_eval;
     t->full_eval = 0;
     t->training = 1;
+    if (st == PCS_OK)
+        st = fetch_output(t, out, (size_t)n * od, &out);
     if (st == PCS_OK)
         st = pcs_loss_compute(t->loss, out, n, od, y, 1.0f, eval_loss, NULL);
     if (was_full && st == PCS_OK)
@@ -607,6 +764,13 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
         train_buffer_t *b = &t->buffers[i];
         pcs_dtype_t orig = b->slot->dtype ? (pcs_dtype_t)b->slot->dtype : PCS_DTYPE_FP32;
         uint64_t numel = b->slot->numel ? b->slot->numel : 1;
+        if (b->dev != b->data) {
+            /* the model updates the device copy (BatchNorm running stats) */
+            PCS_CHECK_GOTO(t->be->copy(b->data, b->dev, numel * pcs_dtype_size(b->run_dtype),
+                                       PCS_COPY_D2H, t->stream),
+                           st, out);
+            PCS_CHECK_GOTO(t->be->sync(t->stream), st, out);
+        }
         const void *data = b->data;
         if (orig != b->run_dtype && orig != PCS_DTYPE_INT64) {
             /* state_dict gives buffers in their original dtype (spec §1.4) */
@@ -738,18 +902,23 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
             uint64_t first = pcs_data_batch_start(s - 1, m, t->M, t->D, t->dp_rank, t->b);
             PCS_CHECK_GOTO(pcs_data_read(t->data, first, t->b, t->x, t->y), st, fail);
             uint64_t c0 = pcs_now_us();
-            const float *out;
+            const float *out, *in, *g;
             pcs_dtype_t odt;
             pcs_round_to(t->x, (size_t)t->b * t->in_dim, t->feed_dtype);
-            PCS_CHECK_GOTO(pcs_mlp_forward(t->model, t->x, t->feed_dtype, t->b, 1, hooks_of(t, &h),
+            PCS_CHECK_GOTO(feed_input(t, t->x, t->b, &in), st, fail);
+            PCS_CHECK_GOTO(pcs_mlp_forward(t->model, in, t->feed_dtype, t->b, 1, hooks_of(t, &h),
                                            &out, &odt),
                            st, fail);
+            PCS_CHECK_GOTO(fetch_output(t, out, (size_t)t->b * out_dim, &out), st, fail);
             double l = 0;
             float sc = (float)(t->scale / (double)t->M);
             PCS_CHECK_GOTO(pcs_loss_compute(t->loss, out, t->b, out_dim, t->y, sc, &l, t->gout), st,
                            fail);
             loss_sum += l;
-            PCS_CHECK_GOTO(pcs_mlp_backward(t->model, t->gout, &h), st, fail);
+            PCS_CHECK_GOTO(feed_grad(t, (size_t)t->b * out_dim, &g), st, fail);
+            PCS_CHECK_GOTO(pcs_mlp_backward(t->model, g, &h), st, fail);
+            if (t->stream) /* compute time = the GPU's, not the enqueue */
+                PCS_CHECK_GOTO(t->be->sync(t->stream), st, fail);
             compute_ms += (double)(pcs_now_us() - c0) / 1000.0;
         }
         pcs_rt_step_opts_t so;

@@ -24,8 +24,11 @@ typedef void (*pcs_train_report_fn)(void *ctx, const Pcs__V1__StepReport *report
 typedef struct pcs_train_config {
     const Pcs__V1__Assignment *assignment; /* retained: must outlive the pcs_train_t */
     struct pcs_kv *kv;                     /* rendezvous store, retained */
-    const char *backend;                   /* "cpu" (default) */
-    const char *coll;                      /* "gloo" (default) */
+    const char *backend;                   /* kernels backend the worker offers: "cpu" (default)
+                                            * | "cuda"; the job's spec.backend decides */
+    const char *coll;                      /* collectives offered: "auto" (default) | "nccl" |
+                                            * "gloo"; the job's spec.collectives decides */
+    int device;                            /* cuda device ordinal (cuda jobs) */
     const char *hostname;                  /* transport address, default 127.0.0.1 */
     uint32_t coll_timeout_ms;              /* 0 = 30000 */
     pcs_train_report_fn report;            /* may be NULL */

@@ -380,8 +380,14 @@ static void test_bad_assignments_are_refused_with_a_reason(void **state)
     make_yaml(&p, yaml, sizeof yaml);
     assert_int_equal(create_with(yaml, 1, NULL), PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "plan hash"));
+    /* a cpu job runs over gloo: a worker that offers only nccl cannot take it */
     assert_int_equal(create_with(yaml, 0, "nccl"), PCS_ERR_UNSUPPORTED);
-    assert_non_null(strstr(pcs_last_error(), "coll nccl"));
+    assert_non_null(strstr(pcs_last_error(), "the job uses gloo; this worker offers nccl only"));
+    /* a cuda job on a worker that offers the cpu only */
+    char cuda_yaml[4200];
+    snprintf(cuda_yaml, sizeof cuda_yaml, "%sbackend: cuda\n", yaml);
+    assert_int_equal(create_with(cuda_yaml, 0, NULL), PCS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(pcs_last_error(), "computes on cuda; this worker offers cpu only"));
     static const char explicit_job[] =
         "name: x\n"
         "model: {explicit: {modules: [{path: fc, class: Linear, params: [{name: weight, "
