@@ -45,8 +45,8 @@ static pcs_status_t check_string(path_buf_t *p, const char *name, long index, co
     if (bad == len)
         return PCS_OK;
     size_t old = path_push(p, name, index);
-    pcs_status_t st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s: not valid UTF-8 at byte %zu", p->s,
-                                    bad);
+    pcs_status_t st =
+        pcs_set_error(PCS_ERR_INVALID_ARG, "%s: not valid UTF-8 at byte %zu", p->s, bad);
     path_pop(p, old);
     return st;
 }

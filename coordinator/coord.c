@@ -510,8 +510,8 @@ static pcs_coord_job_t *reserved_job(pcs_coord_t *c, const pcs_coord_worker_t *w
 }
 
 /* A rank of a job restored from the store comes back to `w` (IDLE or reviving). */
-static void take_rank_back(pcs_coord_t *c, pcs_coord_job_t *j, pcs_coord_worker_t *w,
-                           uint32_t rank, const char *how)
+static void take_rank_back(pcs_coord_t *c, pcs_coord_job_t *j, pcs_coord_worker_t *w, uint32_t rank,
+                           const char *how)
 {
     j->rank_worker[rank] = w->number;
     w->job = j;
@@ -585,8 +585,8 @@ pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
             if (rj) {
                 job_set_reason(rj,
                                "worker %s (rank %" PRIu32 ") restarted while the coordinator was "
-                               "down: re-registered from a new process (pid %" PRIu32
-                               " -> %" PRIu32 ")",
+                               "down: re-registered from a new process (pid %" PRIu32 " -> %" PRIu32
+                               ")",
                                w->id, w->reserved_rank, old_pid, r->pid);
                 PCS_WARN(PCS_SUB_COORD, "job %s: %s", rj->id, rj->reason);
                 job_finish(c, rj, PCS_JOB_FAILED);
@@ -998,8 +998,8 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
     p->reduce_scatter_bytes += r->reduce_scatter_bytes;
     p->all_reduce_bytes += r->all_reduce_bytes;
     if (r->error && *r->error) {
-        job_set_reason(j, "rank %" PRIu32 " (worker %s) failed at step %" PRIu64 ": %.*s",
-                       r->rank, w->id, r->step, pcs_utf8_prefix(r->error, 300), r->error);
+        job_set_reason(j, "rank %" PRIu32 " (worker %s) failed at step %" PRIu64 ": %.*s", r->rank,
+                       w->id, r->step, pcs_utf8_prefix(r->error, 300), r->error);
         job_finish(c, j, PCS_JOB_FAILED);
         *directive = PCS_EV_STOP;
         snprintf(reason, reason_len, "%s", j->reason);
@@ -1351,8 +1351,7 @@ pcs_status_t pcs_coord_restore_ranks(pcs_coord_t *c, pcs_coord_job_t *j, const u
                              "restore ranks: job %s is not a restored RUNNING job",
                              j ? j->id : "(null)");
     if (j->rank_reserved)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "restore ranks: job %s: already restored",
-                             j->id);
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "restore ranks: job %s: already restored", j->id);
     if (!worker || n != j->world_size)
         return pcs_set_error(PCS_ERR_INVALID_ARG,
                              "restore ranks: job %s: %" PRIu32 " ranks stored, world size %" PRIu32,

@@ -29,9 +29,9 @@
 #include "plan.h"
 #include "validate.h"
 
-#define SHUTDOWN_GRACE_MS 150
-#define METRICS_EVERY_MS  500
-#define MAX_KV_WAIT_MS    600000u
+#define SHUTDOWN_GRACE_MS         150
+#define METRICS_EVERY_MS          500
+#define MAX_KV_WAIT_MS            600000u
 #define DEFAULT_MAX_WATCH_STREAMS 1024u
 
 typedef struct health_watch {
@@ -52,10 +52,10 @@ struct pcs_server {
     uint64_t next_metrics_ms;
     health_watch_t *hw;
     size_t n_hw, cap_hw;
-    uint32_t max_hw;         /* open Health/Watch streams allowed (--max-watch-streams) */
-    uint64_t hw_refused;     /* Watch calls refused at the cap, for /metrics */
-    bool restoring; /* store callbacks off while replaying the store */
-    pcs_auth_t *auth; /* NULL: no token checks */
+    uint32_t max_hw;     /* open Health/Watch streams allowed (--max-watch-streams) */
+    uint64_t hw_refused; /* Watch calls refused at the cap, for /metrics */
+    bool restoring;      /* store callbacks off while replaying the store */
+    pcs_auth_t *auth;    /* NULL: no token checks */
 };
 
 static const char *const health_services[] = {"", "pcs.v1.WorkerService", "pcs.v1.JobService",
@@ -1001,13 +1001,14 @@ static void restore_job(void *user, const pcs_store_job_t *r)
     pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, r->number);
     if (j && state == PCS_JOB_RUNNING && r->n_ranks) {
         /* hold its workers for it: a pending job must not take one before it is back */
-        if (pcs_coord_restore_ranks(s->coord, j, r->rank_worker, r->rank_pid, r->n_ranks) ==
-            PCS_OK)
+        if (pcs_coord_restore_ranks(s->coord, j, r->rank_worker, r->rank_pid, r->n_ranks) == PCS_OK)
             PCS_INFO(PCS_SUB_STORE, "job %s: %" PRIu32 " ranks reserved for their workers", j->id,
                      r->n_ranks);
         else
-            PCS_WARN(PCS_SUB_STORE, "job %s: rank map not restored (%s); ranks come back by step "
-                     "report", j->id, pcs_last_error());
+            PCS_WARN(PCS_SUB_STORE,
+                     "job %s: rank map not restored (%s); ranks come back by step "
+                     "report",
+                     j->id, pcs_last_error());
     }
 }
 

@@ -34,7 +34,8 @@ static const char *const schema =
 
 static void put_u32le(uint8_t *p, uint32_t v)
 {
-    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16), p[3] = (uint8_t)(v >> 24);
+    p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8), p[2] = (uint8_t)(v >> 16),
+    p[3] = (uint8_t)(v >> 24);
 }
 
 static uint32_t get_u32le(const uint8_t *p)
@@ -68,7 +69,8 @@ pcs_status_t pcs_store_open(const char *path, pcs_store_t **out)
         goto fail;
     }
     sqlite3_stmt *probe = NULL;
-    if (sqlite3_prepare_v2(s->db, "SELECT ranks FROM jobs LIMIT 0", -1, &probe, NULL) != SQLITE_OK) {
+    if (sqlite3_prepare_v2(s->db, "SELECT ranks FROM jobs LIMIT 0", -1, &probe, NULL) !=
+        SQLITE_OK) {
         /* a database from before the ranks column: add it (NULL = no map stored) */
         if (sqlite3_exec(s->db, "ALTER TABLE jobs ADD COLUMN ranks BLOB", NULL, NULL, NULL) !=
             SQLITE_OK) {

@@ -1,7 +1,7 @@
 /* SQLite (WAL) persistence of the coordinator: job history (spec bytes, state, timestamps,
- * reason, request id, rank -> worker map) and worker identity -> id numbers, so a restarted coordinator keeps ids and
- * history. Writes are batched: put_* statements join one open transaction that
- * pcs_store_flush() commits from the loop's tick, so no RPC waits on an fsync. Heartbeats are
+ * reason, request id, rank -> worker map) and worker identity -> id numbers, so a restarted
+ * coordinator keeps ids and history. Writes are batched: put_* statements join one open transaction
+ * that pcs_store_flush() commits from the loop's tick, so no RPC waits on an fsync. Heartbeats are
  * never persisted. Single-threaded (the RPC loop). */
 #ifndef PCS_COORD_STORE_H
 #define PCS_COORD_STORE_H

@@ -828,8 +828,8 @@ static void test_restart_with_same_db_keeps_worker_ids_and_job_history(void **st
 /* A coordinator restarts while job-1 runs on two workers and job-2 (world 1) waits for one. The
  * worker that re-registers first must get its rank in job-1 back (the store kept rank -> worker)
  * rather than be handed to job-2 while its process still trains job-1. */
-static void test_restart_gives_a_reregistered_worker_its_rank_back_before_a_pending_job(
-    void **state)
+static void
+test_restart_gives_a_reregistered_worker_its_rank_back_before_a_pending_job(void **state)
 {
     (void)state;
     char *dbdir = pcs_test_tmpdir("coord-rk");
@@ -1072,8 +1072,13 @@ static void test_health_watch_streams_above_the_cap_are_resource_exhausted(void 
     char *dir = pcs_test_tmpdir("coord-hw");
     char mport_file[1024];
     snprintf(mport_file, sizeof mport_file, "%s/metrics.port", dir);
-    const char *args[] = {"--max-watch-streams", "3", "--metrics-listen", "127.0.0.1:0",
-                          "--metrics-port-file", mport_file, NULL};
+    const char *args[] = {"--max-watch-streams",
+                          "3",
+                          "--metrics-listen",
+                          "127.0.0.1:0",
+                          "--metrics-port-file",
+                          mport_file,
+                          NULL};
     coord_proc_t *p = start("coord-hw", args);
     char *mp = pcs_test_wait_file(mport_file, 5000);
     assert_non_null(mp);
@@ -1196,7 +1201,8 @@ int main(void)
         cmocka_unit_test(test_lease_expiry_marks_worker_lost_and_fails_its_job),
         cmocka_unit_test(test_restart_with_same_db_keeps_worker_ids_and_job_history),
         cmocka_unit_test(test_restart_fails_pending_jobs_whose_spec_cannot_be_planned),
-        cmocka_unit_test(test_restart_gives_a_reregistered_worker_its_rank_back_before_a_pending_job),
+        cmocka_unit_test(
+            test_restart_gives_a_reregistered_worker_its_rank_back_before_a_pending_job),
         cmocka_unit_test(test_metrics_endpoint_reports_workers_jobs_and_rpcs),
         cmocka_unit_test(test_sigterm_ends_open_streams_with_unavailable_and_exits_zero),
         cmocka_unit_test(test_health_watch_streams_above_the_cap_are_resource_exhausted),

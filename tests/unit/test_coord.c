@@ -997,8 +997,9 @@ static void test_restored_running_job_fails_when_a_rank_stays_away_a_lease(void 
     f->clock.now += 1;
     pcs_coord_tick(f->c);
     assert_int_equal(j->state, PCS_JOB_FAILED);
-    assert_string_equal(j->reason, "1 of 2 ranks (first: rank 0) did not come back within the "
-                                   "lease (10000 ms) after a coordinator restart; missing ranks: 0");
+    assert_string_equal(j->reason,
+                        "1 of 2 ranks (first: rank 0) did not come back within the "
+                        "lease (10000 ms) after a coordinator restart; missing ranks: 0");
     assert_null(worker(f, 1)->job); /* the rank that came back is freed with a STOP */
     assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
     assert_int_equal(report(f, "w-2", 0, 8, false), PCS_EV_STOP);
@@ -1035,8 +1036,8 @@ static pcs_coord_job_t *restore_with_rank_map(fixture_t *f, pcs_coord_job_t **pe
 
 /* The gap this closes: without the stored map, pod-a came back IDLE and job-2 (pending, world 1)
  * took it at once, although it was still training rank 1 of job-1. */
-static void test_restored_rank_map_gives_a_reregistered_worker_its_rank_before_pending_jobs(
-    void **state)
+static void
+test_restored_rank_map_gives_a_reregistered_worker_its_rank_before_pending_jobs(void **state)
 {
     fixture_t *f = *state;
     pcs_coord_job_t *pending;

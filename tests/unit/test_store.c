@@ -58,8 +58,13 @@ static void test_rank_map_round_trips_through_the_database(void **state)
     pcs_store_t *s;
     assert_int_equal(pcs_store_open(path, &s), PCS_OK);
     uint32_t workers[3] = {7, 3, 0x01020304}, pids[3] = {4242, 0, 0xfffffffe};
-    pcs_store_job_t running = {.number = 1, .name = "run", .state = 2, .world_size = 3,
-                               .generation = 2, .rank_worker = workers, .rank_pid = pids,
+    pcs_store_job_t running = {.number = 1,
+                               .name = "run",
+                               .state = 2,
+                               .world_size = 3,
+                               .generation = 2,
+                               .rank_worker = workers,
+                               .rank_pid = pids,
                                .n_ranks = 3};
     pcs_store_job_t pending = {.number = 2, .name = "wait", .state = 1, .world_size = 1};
     assert_int_equal(pcs_store_put_job(s, &running), PCS_OK);
@@ -121,8 +126,13 @@ static void test_database_without_ranks_column_is_upgraded_in_place(void **state
     assert_string_equal(l.name[0], "old");
     assert_int_equal(l.n_ranks[0], 0);
     uint32_t workers[2] = {5, 6}, pids[2] = {50, 60};
-    pcs_store_job_t j = {.number = 1, .name = "old", .state = 2, .world_size = 2,
-                         .rank_worker = workers, .rank_pid = pids, .n_ranks = 2};
+    pcs_store_job_t j = {.number = 1,
+                         .name = "old",
+                         .state = 2,
+                         .world_size = 2,
+                         .rank_worker = workers,
+                         .rank_pid = pids,
+                         .n_ranks = 2};
     assert_int_equal(pcs_store_put_job(s, &j), PCS_OK);
     pcs_store_close(s);
     assert_int_equal(pcs_store_open(path, &s), PCS_OK); /* the second open finds the column */
@@ -144,8 +154,12 @@ static void test_rank_map_not_matching_the_world_size_is_not_handed_back(void **
     pcs_store_t *s;
     assert_int_equal(pcs_store_open(path, &s), PCS_OK);
     uint32_t workers[2] = {1, 2};
-    pcs_store_job_t j = {.number = 1, .name = "j", .state = 2, .world_size = 2,
-                         .rank_worker = workers, .n_ranks = 2};
+    pcs_store_job_t j = {.number = 1,
+                         .name = "j",
+                         .state = 2,
+                         .world_size = 2,
+                         .rank_worker = workers,
+                         .n_ranks = 2};
     assert_int_equal(pcs_store_put_job(s, &j), PCS_OK);
     pcs_store_close(s);
     sqlite3 *db; /* a row someone else changed: world size no longer matches the map */

@@ -55,10 +55,17 @@ static size_t ref_check(const unsigned char *s, size_t len)
 static void test_valid_multibyte_text_is_accepted(void **state)
 {
     (void)state;
-    const char *ok[] = {"", "plain ascii", "caf\xc3\xa9", "\xe2\x82\xac 5",       /* é, € */
-                        "\xf0\x9f\x98\x80 smile", "\xef\xbf\xbf",                   /* U+FFFF */
-                        "\xf4\x8f\xbf\xbf",                                         /* U+10FFFF */
-                        "\xed\x9f\xbf", "\xee\x80\x80", "\xc2\x80", "\xdf\xbf"};   /* edges */
+    const char *ok[] = {"",
+                        "plain ascii",
+                        "caf\xc3\xa9",
+                        "\xe2\x82\xac 5", /* é, € */
+                        "\xf0\x9f\x98\x80 smile",
+                        "\xef\xbf\xbf",     /* U+FFFF */
+                        "\xf4\x8f\xbf\xbf", /* U+10FFFF */
+                        "\xed\x9f\xbf",
+                        "\xee\x80\x80",
+                        "\xc2\x80",
+                        "\xdf\xbf"}; /* edges */
     for (size_t i = 0; i < sizeof ok / sizeof *ok; i++) {
         assert_int_equal(pcs_utf8_check(ok[i], strlen(ok[i])), strlen(ok[i]));
         assert_true(pcs_utf8_valid(ok[i], strlen(ok[i])));
@@ -72,19 +79,19 @@ static void test_invalid_sequences_report_the_offset_of_the_bad_byte(void **stat
         const char *s;
         size_t bad;
     } cases[] = {
-        {"ab\xc0\xafz", 2},          /* overlong '/' (2 bytes) */
-        {"\xc1\xbf", 0},             /* overlong 2-byte lead */
-        {"x\xe0\x80\xaf", 1},        /* overlong 3-byte */
-        {"xy\xf0\x80\x80\xaf", 2},   /* overlong 4-byte */
-        {"s\xed\xa0\x80", 1},        /* U+D800 high surrogate */
-        {"s\xed\xbf\xbf", 1},        /* U+DFFF low surrogate */
-        {"\xf4\x90\x80\x80", 0},     /* U+110000 */
-        {"\xf5\x80\x80\x80", 0},     /* lead beyond U+10FFFF */
-        {"\xff", 0},                 /* never valid */
-        {"abc\x80", 3},              /* stray continuation */
-        {"job \xe2\x82", 4},         /* truncated 3-byte sequence at the end */
-        {"\xe2\x82x", 0},            /* truncated, followed by ASCII */
-        {"caf\xc3\xa9\xc3", 5},      /* valid é then a cut one */
+        {"ab\xc0\xafz", 2},        /* overlong '/' (2 bytes) */
+        {"\xc1\xbf", 0},           /* overlong 2-byte lead */
+        {"x\xe0\x80\xaf", 1},      /* overlong 3-byte */
+        {"xy\xf0\x80\x80\xaf", 2}, /* overlong 4-byte */
+        {"s\xed\xa0\x80", 1},      /* U+D800 high surrogate */
+        {"s\xed\xbf\xbf", 1},      /* U+DFFF low surrogate */
+        {"\xf4\x90\x80\x80", 0},   /* U+110000 */
+        {"\xf5\x80\x80\x80", 0},   /* lead beyond U+10FFFF */
+        {"\xff", 0},               /* never valid */
+        {"abc\x80", 3},            /* stray continuation */
+        {"job \xe2\x82", 4},       /* truncated 3-byte sequence at the end */
+        {"\xe2\x82x", 0},          /* truncated, followed by ASCII */
+        {"caf\xc3\xa9\xc3", 5},    /* valid é then a cut one */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         size_t len = strlen(cases[i].s);
@@ -252,8 +259,8 @@ static void test_decoded_wire_bytes_with_bad_utf8_are_refused(void **state)
     k.key = "rank/\xc0\x80"; /* overlong NUL, the classic smuggling form */
     uint8_t buf[128];
     size_t n = pcs__v1__kv_set_request__pack(&k, buf);
-    ProtobufCMessage *m = protobuf_c_message_unpack(&pcs__v1__kv_set_request__descriptor, NULL, n,
-                                                    buf);
+    ProtobufCMessage *m =
+        protobuf_c_message_unpack(&pcs__v1__kv_set_request__descriptor, NULL, n, buf);
     assert_non_null(m); /* protobuf-c itself accepts it: that is the gap */
     assert_int_equal(pcs_pb_check_utf8(m), PCS_ERR_INVALID_ARG);
     assert_string_equal(pcs_last_error(), "key: not valid UTF-8 at byte 5");
