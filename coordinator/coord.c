@@ -790,6 +790,8 @@ static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job
     memcpy(j->dim_name, d->dim_name, d->n_dims * sizeof *d->dim_name);
     memcpy(j->dim_size, d->dim_size, d->n_dims * sizeof *d->dim_size);
     j->need_cuda = d->need_cuda;
+    snprintf(j->transport, sizeof j->transport, "%s",
+             d->transport && strcmp(d->transport, "nccl") == 0 ? "nccl" : "gloo");
     j->plan_hash = d->plan_hash;
     j->fp_stages = 1;
     for (uint32_t i = 0; i < d->n_dims; i++)
@@ -873,9 +875,31 @@ void pcs_coord_rank_coords(const pcs_coord_job_t *j, uint32_t rank, uint32_t coo
     }
 }
 
+const char *pcs_coord_job_transport(const char *backend, const char *collectives)
+{
+    if (collectives && strcmp(collectives, "nccl") == 0)
+        return "nccl";
+    if (collectives && strcmp(collectives, "gloo") == 0)
+        return "gloo";
+    return backend && strcmp(backend, "cuda") == 0 ? "nccl" : "gloo";
+}
+
+/* A worker that states what it offers must offer the job's transport (a GPU pod started with
+ * --coll nccl cannot take a Gloo job); one that states nothing is not filtered. */
+static bool offers(const pcs_coord_worker_t *w, const char *transport)
+{
+    if (w->n_backends == 0)
+        return true;
+    for (size_t i = 0; i < w->n_backends; i++)
+        if (strcmp(w->backends[i], transport) == 0)
+            return true;
+    return false;
+}
+
 static bool eligible(const pcs_coord_worker_t *w, const pcs_coord_job_t *j)
 {
-    return w && w->state == PCS_WORKER_IDLE && (!j->need_cuda || w->has_cuda);
+    return w && w->state == PCS_WORKER_IDLE && (!j->need_cuda || w->has_cuda) &&
+           offers(w, j->transport);
 }
 
 static void start_job(pcs_coord_t *c, pcs_coord_job_t *j)

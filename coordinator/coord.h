@@ -124,6 +124,7 @@ typedef struct pcs_coord_job {
     uint32_t dim_name[PCS_COORD_MAX_MESH_DIMS]; /* PCS_MESH_* in the user's order, outer first */
     uint32_t dim_size[PCS_COORD_MAX_MESH_DIMS];
     bool need_cuda;
+    char transport[8];   /* "gloo" | "nccl": the job's collectives, which a worker must offer */
     uint64_t generation; /* 0 while PENDING */
     uint64_t plan_hash;
     uint32_t restarts;
@@ -218,9 +219,14 @@ typedef struct pcs_coord_job_desc {
     const uint32_t *dim_name; /* PCS_MESH_* */
     const uint32_t *dim_size;
     bool need_cuda;
+    const char *transport; /* "gloo" | "nccl" (NULL: gloo); see pcs_coord_job_transport() */
     void *spec, *plan; /* ownership passes to the coordinator, also on failure */
     uint64_t plan_hash;
 } pcs_coord_job_desc_t;
+
+/* The transport a job's ranks use: spec.collectives, where "" and "auto" mean nccl for a cuda job
+ * and gloo otherwise. */
+const char *pcs_coord_job_transport(const char *backend, const char *collectives);
 
 /* The job submitted earlier with this request id, or NULL. */
 pcs_coord_job_t *pcs_coord_job_by_request(pcs_coord_t *c, const char *request_id);

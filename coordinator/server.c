@@ -535,6 +535,8 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
                               .dim_name = names,
                               .dim_size = sizes,
                               .need_cuda = strcmp(spec->backend, "cuda") == 0,
+                              .transport =
+                                  pcs_coord_job_transport(spec->backend, spec->collectives),
                               .spec = spec,
                               .plan = plan,
                               .plan_hash = pcs_plan_hash(plan)};
@@ -989,6 +991,9 @@ static void restore_job(void *user, const pcs_store_job_t *r)
                               .dim_name = names,
                               .dim_size = sizes,
                               .need_cuda = spec && strcmp(spec->backend, "cuda") == 0,
+                              .transport = spec ? pcs_coord_job_transport(spec->backend,
+                                                                          spec->collectives)
+                                                : NULL,
                               .spec = spec,
                               .plan = plan,
                               .plan_hash = r->plan_hash};

@@ -365,6 +365,45 @@ static void test_cuda_job_only_takes_workers_with_a_cuda_device(void **state)
     assert_int_equal(j->rank_worker[0], g->number);
 }
 
+/* A job's transport must be offered: a GPU pod started with --coll nccl cannot take a Gloo job
+ * (cpu jobs run over Gloo), a worker that states nothing is not filtered, and the transport
+ * follows spec.collectives ("auto": nccl for cuda jobs). */
+static void test_jobs_only_take_workers_offering_their_transport(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_device_t dev = {0, "cuda", "H100", 1};
+    const char *const nccl_only[] = {"nccl"};
+    const char *const both[] = {"nccl", "gloo"};
+    pcs_coord_register_t r1 = {.identity = "gpu-nccl", .devices = &dev, .n_devices = 1,
+                               .backends = nccl_only, .n_backends = 1};
+    pcs_coord_worker_t *w1, *w2;
+    bool rr;
+    assert_int_equal(pcs_coord_register(f->c, &r1, &w1, &rr), PCS_OK);
+    uint32_t names[1] = {PCS_MESH_DP_SHARD}, sizes[1] = {1};
+    pcs_coord_job_desc_t gloo_job = {.n_dims = 1, .dim_name = names, .dim_size = sizes,
+                                     .transport = "gloo"};
+    pcs_coord_job_t *j1;
+    assert_int_equal(pcs_coord_submit(f->c, &gloo_job, &j1), PCS_OK);
+    assert_int_equal(j1->state, PCS_JOB_PENDING); /* the nccl-only pod cannot run it */
+    pcs_coord_register_t r2 = {.identity = "gpu-both", .devices = &dev, .n_devices = 1,
+                               .backends = both, .n_backends = 2};
+    assert_int_equal(pcs_coord_register(f->c, &r2, &w2, &rr), PCS_OK);
+    assert_int_equal(j1->state, PCS_JOB_RUNNING);
+    assert_int_equal(j1->rank_worker[0], w2->number);
+    /* the nccl job takes the nccl-only worker */
+    pcs_coord_job_desc_t nccl_job = {.n_dims = 1, .dim_name = names, .dim_size = sizes,
+                                     .need_cuda = true, .transport = "nccl"};
+    pcs_coord_job_t *j2;
+    assert_int_equal(pcs_coord_submit(f->c, &nccl_job, &j2), PCS_OK);
+    assert_int_equal(j2->state, PCS_JOB_RUNNING);
+    assert_int_equal(j2->rank_worker[0], w1->number);
+    assert_string_equal(pcs_coord_job_transport("cuda", ""), "nccl");
+    assert_string_equal(pcs_coord_job_transport("cuda", "auto"), "nccl");
+    assert_string_equal(pcs_coord_job_transport("cuda", "gloo"), "gloo");
+    assert_string_equal(pcs_coord_job_transport("cpu", NULL), "gloo");
+    assert_string_equal(pcs_coord_job_transport("", "auto"), "gloo");
+}
+
 static void test_mesh_coords_are_row_major_in_the_given_order(void **state)
 {
     fixture_t *f = *state;
@@ -1206,6 +1245,7 @@ int main(void)
         T(test_gang_start_skips_lost_workers_and_uses_registration_order),
         T(test_large_pending_job_does_not_block_smaller_one_behind_it),
         T(test_cuda_job_only_takes_workers_with_a_cuda_device),
+        T(test_jobs_only_take_workers_offering_their_transport),
         T(test_mesh_coords_are_row_major_in_the_given_order),
         T(test_submit_with_bad_mesh_is_invalid_arg_and_frees_payload),
         T(test_duplicate_request_id_finds_the_existing_job),
