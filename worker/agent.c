@@ -55,6 +55,8 @@ struct pcs_agent {
     uint32_t rank;
     pcs_train_t *train; /* under mu while running, for abort */
     int finished;       /* under mu: the running job reported its last step (done) without error */
+    char done_job[64];  /* under mu: the last job this worker ran to its end (done or failed) */
+    uint64_t done_generation;
     void (*abort_fn)(void *, const char *); /* under mu: custom job's abort */
     void *abort_ctx;
     pcs_agent_job_fn job_fn;
@@ -245,6 +247,18 @@ static void handle_event(pcs_agent_t *a, Pcs__V1__AssignmentEvent *ev)
         if (running_same) {
             /* Re-delivered after a reconnect: we are already running it. */
             pthread_mutex_unlock(&a->mu);
+            return;
+        }
+        int ran_it = as->job_id && strcmp(as->job_id, a->done_job) == 0 &&
+                     as->generation == a->done_generation;
+        if (ran_it) {
+            /* A coordinator that restarted while this job ended here hands its rank back; its
+             * final reports are queued (or sent), which ends the job there. Running it again
+             * would redo the work and overwrite its checkpoint. */
+            pthread_mutex_unlock(&a->mu);
+            PCS_INFO(PCS_SUB_WORKER,
+                     "assignment: job %s generation %llu already ran to its end here: ignored",
+                     as->job_id, (unsigned long long)as->generation);
             return;
         }
         if (a->pending)
@@ -583,6 +597,10 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
     pthread_mutex_lock(&a->mu);
     a->train = NULL;
     a->finished = 0;
+    if (st != PCS_ERR_CANCELLED) { /* a stopped job may be assigned again (RESTART) */
+        snprintf(a->done_job, sizeof a->done_job, "%s", a->job_id);
+        a->done_generation = a->generation;
+    }
     a->job_id[0] = 0;
     a->generation = 0;
     pthread_mutex_unlock(&a->mu);

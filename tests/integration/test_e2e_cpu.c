@@ -327,6 +327,80 @@ static void test_coordinator_restart_does_not_stop_training(void **state)
     }
 }
 
+/* The coordinator dies mid-job and the job ends on the workers while it is down: the restarted
+ * coordinator hands the (stored) ranks back to the re-registered workers, whose queued final
+ * reports end the job SUCCEEDED; a worker that serves further jobs must not run the finished job
+ * a second time (it would redo the work and overwrite the checkpoint). Checked from the workers'
+ * report files (no report after the done one) and logs (each accepted the assignment once). */
+static void test_job_that_ended_while_coordinator_was_down_is_not_run_again(void **state)
+{
+    (void)state;
+    e2e_cluster_t *cl = &g_cluster;
+    pcs_test_stop(cl->coord, 5000);
+    int port = free_port();
+    assert_true(port > 0);
+    cl->coord = start_coord_at(cl->dir, port);
+    assert_true(cl->coord > 0);
+    snprintf(cl->addr, sizeof cl->addr, "127.0.0.1:%d", port);
+    pcs_test_sleep_ms(500);
+    char yaml[4096];
+    snprintf(yaml, sizeof yaml, K_JOB_FMT, 2, 40);
+    const char *const serve[] = {"--max-jobs", "0", NULL}; /* keep serving after the job */
+    assert_int_equal(e2e_spawn_workers(cl, 2, serve), 0);
+    int submitted = -1;
+    for (int i = 0; i < 50 && submitted != 0; i++) {
+        submitted = e2e_submit(cl, yaml, "rerun", &g_job);
+        if (submitted != 0)
+            pcs_test_sleep_ms(100);
+    }
+    assert_int_equal(submitted, 0);
+    for (int i = 0; i < 300 && g_job.n_reports[0] < 3; i++) {
+        pcs_test_sleep_ms(20);
+        e2e_load_reports(cl, &g_job);
+    }
+    assert_true(g_job.n_reports[0] >= 3);
+    kill(cl->coord, SIGKILL);
+    waitpid(cl->coord, NULL, 0);
+    /* both ranks reach the end while the coordinator is down */
+    int done = 0;
+    for (int i = 0; i < 600 && !done; i++) {
+        pcs_test_sleep_ms(50);
+        e2e_load_reports(cl, &g_job);
+        done = 1;
+        for (int r = 0; r < 2; r++)
+            done = done && g_job.n_reports[r] > 0 &&
+                   g_job.reports[r][g_job.n_reports[r] - 1]->done;
+    }
+    assert_true(done);
+    cl->coord = start_coord_at(cl->dir, port);
+    assert_true(cl->coord > 0);
+    assert_int_equal(e2e_wait_job(cl, &g_job, 30000), 0);
+    assert_int_equal(g_job.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+    pcs_test_sleep_ms(1500); /* time for a wrongly accepted re-run to show */
+    e2e_load_reports(cl, &g_job);
+    char accepted[128];
+    snprintf(accepted, sizeof accepted, "assignment: job %s generation", g_job.job_id);
+    for (int r = 0; r < 2; r++) {
+        size_t n = g_job.n_reports[r];
+        assert_true(n > 0);
+        assert_true(g_job.reports[r][n - 1]->done);
+        assert_int_equal(g_job.reports[r][n - 1]->step, 40);
+    }
+    for (int w = 0; w < 2; w++) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/worker%d.log", cl->dir, w);
+        char *log = pcs_test_read_file(path, NULL);
+        assert_non_null(log);
+        int n = 0;
+        for (const char *p = log; (p = strstr(p, accepted)) != NULL; p++)
+            if (strstr(p, " rank ") && strstr(p, " rank ") < strchr(p, '\n'))
+                n++;
+        if (n != 1)
+            fail_msg("worker %d accepted job %s %d times:\n%s", w, g_job.job_id, n, log);
+        free(log);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -336,6 +410,8 @@ int main(void)
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_killed_worker_fails_the_job_naming_it, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(
+            test_job_that_ended_while_coordinator_was_down_is_not_run_again, setup, teardown),
         cmocka_unit_test_setup_teardown(test_coordinator_restart_does_not_stop_training, setup,
                                         teardown),
     };
