@@ -1,6 +1,7 @@
 /* pcs-step-bench: step time breakdown of the sharded training loop for the demo model (MLP
  * 256-1024x4-16, FULL_SHARD, bf16 params / fp32 reduce, AdamW, 4 micro-batches of 32 rows) at
- * W = 1, 2, 4 CPU ranks (forked processes, Gloo over loopback, file KV store), with and without
+ * W = 1, 2, 4 ranks (forked processes, file KV store; CPU + Gloo over loopback by default,
+ * `-d cuda [-c nccl|gloo]` for a backend: cuda job on the GPUs, rank r on device r % count), with and without
  * the all-gather prefetch thread, and the overlap efficiency max(compute, comm) / step.
  * W = 1 is the no-communication baseline measured in the same run. Correctness is checked in a
  * separate untimed pass: a short run of each W against the single-process reference (#wrong
@@ -19,6 +20,7 @@
 #include "checkpoint.h"
 #include "kv.h"
 #include "pcs/clock.h"
+#include "pcs/kernels.h"
 #include "pcs/pbtext.h"
 #include "pcs/version.h"
 #include "plan.h"
@@ -49,6 +51,9 @@ typedef struct bench_cfg {
     unsigned input_dim, rows;
     char hidden[128];
     int warmup, iters;
+    const char *backend; /* "cpu" | "cuda": the job's spec.backend */
+    const char *coll;    /* "gloo" | "nccl": the job's spec.collectives */
+    int devices;         /* cuda devices: rank r computes on r % devices */
 } bench_cfg_t;
 
 /* Per-rank means over the timed steps. */
@@ -83,9 +88,10 @@ static void on_report(void *ctx, const Pcs__V1__StepReport *r)
 
 static Pcs__V1__JobSpec *make_spec(const bench_cfg_t *b, int world, int steps, const char *ckpt)
 {
-    char extra[1200] = "";
+    char extra[1400] = "";
+    int n = snprintf(extra, sizeof extra, "backend: %s\ncollectives: %s\n", b->backend, b->coll);
     if (ckpt)
-        snprintf(extra, sizeof extra, "checkpoint: {dir: '%s'}\n", ckpt);
+        snprintf(extra + n, sizeof extra - (size_t)n, "checkpoint: {dir: '%s'}\n", ckpt);
     char yaml[4096];
     snprintf(yaml, sizeof yaml, k_job_fmt, b->input_dim, b->hidden, world, steps, b->rows, extra);
     ProtobufCMessage *m = NULL;
@@ -126,6 +132,9 @@ static int rank_main(const bench_cfg_t *b, int world, int rank, int prefetch, in
     tc.assignment = &as;
     tc.kv = kv;
     tc.coll_timeout_ms = 60000;
+    tc.backend = b->backend;
+    tc.coll = b->coll;
+    tc.device = b->devices > 0 ? rank % b->devices : 0;
     tc.report = on_report;
     tc.report_ctx = &rc;
     tc.prefetch = prefetch;
@@ -264,7 +273,7 @@ done:
 
 int main(int argc, char **argv)
 {
-    bench_cfg_t b = {256, 32, "1024, 1024, 1024, 1024", 2, 5};
+    bench_cfg_t b = {256, 32, "1024, 1024, 1024, 1024", 2, 5, "cpu", "gloo", 0};
     char cmdline[1024] = "";
     for (int i = 0, o = 0; i < argc && o < (int)sizeof cmdline - 2; i++)
         o += snprintf(cmdline + o, sizeof cmdline - (size_t)o, " %s", argv[i]);
@@ -284,11 +293,34 @@ int main(int argc, char **argv)
             snprintf(b.hidden, sizeof b.hidden, "32, 32");
         } else if (strcmp(argv[i], "--check-steps") == 0 && i + 1 < argc) {
             check_steps = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "-d") == 0 && i + 1 < argc) {
+            b.backend = argv[++i];
+        } else if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
+            b.coll = argv[++i];
         } else {
             fprintf(stderr, "usage: pcs-step-bench [-g 1,2,4] [-n iters] [-w warmup] [--tiny] "
-                            "[--check-steps N]\n");
+                            "[--check-steps N] [-d cpu|cuda] [-c gloo|nccl]\n");
             return 2;
         }
+    }
+    if (strcmp(b.backend, "cpu") != 0 && strcmp(b.backend, "cuda") != 0) {
+        fprintf(stderr, "pcs-step-bench: -d: cpu or cuda, got '%s'\n", b.backend);
+        return 2;
+    }
+    if (strcmp(b.coll, "gloo") != 0 && strcmp(b.coll, "nccl") != 0) {
+        fprintf(stderr, "pcs-step-bench: -c: gloo or nccl, got '%s'\n", b.coll);
+        return 2;
+    }
+    char devname[128] = "host";
+    if (strcmp(b.backend, "cuda") == 0) {
+        const pcs_backend_ops_t *be = NULL;
+        if (pcs_backend_get("cuda", &be) != PCS_OK) {
+            fprintf(stderr, "pcs-step-bench: -d cuda: %s (skipped)\n", pcs_last_error());
+            return 77;
+        }
+        b.devices = be->device_count();
+        uint64_t mem = 0;
+        (void)be->device_info(0, devname, sizeof devname, &mem);
     }
     char host[64] = "?", cpu[128] = "?";
     gethostname(host, sizeof host);
@@ -297,8 +329,8 @@ int main(int argc, char **argv)
     char ts[32];
     strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     printf("# pcs-step-bench  git %s  %s  cmd:%s", PCS_GIT_SHA, ts, cmdline);
-    printf("\n# host %s  nproc %ld  cpu %s  backend cpu  coll gloo (loopback)\n", host,
-           sysconf(_SC_NPROCESSORS_ONLN), cpu);
+    printf("\n# host %s  nproc %ld  cpu %s  backend %s (%s, %d devices)  coll %s (loopback)\n",
+           host, sysconf(_SC_NPROCESSORS_ONLN), cpu, b.backend, devname, b.devices, b.coll);
     printf("# model mlp %u-[%s]-16, FULL_SHARD bf16 params / fp32 reduce, AdamW, 4 micro-batches "
            "x %u rows per rank, clip 1.0\n",
            b.input_dim, b.hidden, b.rows);
