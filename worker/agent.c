@@ -615,6 +615,11 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
 
 // ---- public ----
 
+int pcs_agent_device(const pcs_agent_t *a)
+{
+    return a ? a->device : 0;
+}
+
 void pcs_agent_report_path(const char *dir, const char *job_id, uint32_t rank, char *buf, size_t n)
 {
     snprintf(buf, n, "%s/%s.rank%u.reports", dir, job_id ? job_id : "job", rank);

@@ -57,6 +57,8 @@ pcs_status_t pcs_agent_create(const pcs_agent_config_t *cfg, pcs_agent_t **out);
 /* Register (retrying while the coordinator is unreachable), then serve assignments until
  * pcs_agent_stop() or max_jobs jobs ran; Deregister before returning. */
 pcs_status_t pcs_agent_run(pcs_agent_t *a);
+/* The device ordinal resolved at create (0 on the cpu backend). */
+int pcs_agent_device(const pcs_agent_t *a);
 /* Ask run() to return: aborts a running job. Async-signal-safe. */
 void pcs_agent_stop(pcs_agent_t *a);
 void pcs_agent_destroy(pcs_agent_t *a);

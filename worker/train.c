@@ -310,6 +310,31 @@ void pcs_train_opt_from_spec(const Pcs__V1__TrainingSpec *tr, pcs_runtime_config
     }
 }
 
+pcs_status_t pcs_train_resolve_backend(const Pcs__V1__JobSpec *spec, const char *offer_backend,
+                                       const char *offer_coll, const pcs_backend_ops_t **be,
+                                       int *coll)
+{
+    /* The job decides where it computes and which transport all its ranks use; the worker's
+     * flags say what it offers (the coordinator only gives a job to workers offering both). */
+    const char *job_be = spec->backend && spec->backend[0] ? spec->backend : "cpu";
+    const char *offer_be = offer_backend && offer_backend[0] ? offer_backend : "cpu";
+    const char *offer_c = offer_coll && offer_coll[0] ? offer_coll : "auto";
+    const char *job_coll = spec->collectives && spec->collectives[0] ? spec->collectives : "auto";
+    if (strcmp(job_coll, "auto") == 0)
+        job_coll = strcmp(job_be, "cuda") == 0 ? "nccl" : "gloo";
+    if (strcmp(job_be, "cuda") == 0 && strcmp(offer_be, "cuda") != 0)
+        return pcs_set_error(PCS_ERR_UNSUPPORTED,
+                             "backend: the job computes on cuda; this worker offers %s only "
+                             "(start it with --backend cuda)",
+                             offer_be);
+    if (strcmp(job_coll, offer_c) != 0 && strcmp(offer_c, "auto") != 0)
+        return pcs_set_error(PCS_ERR_UNSUPPORTED,
+                             "collectives: the job uses %s; this worker offers %s only (--coll)",
+                             job_coll, offer_c);
+    *coll = strcmp(job_coll, "nccl") == 0 ? PCS_COLL_NCCL : PCS_COLL_GLOO;
+    return pcs_backend_get(job_be, be);
+}
+
 pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
 {
     if (!cfg || !out || !cfg->assignment || !cfg->assignment->spec || !cfg->assignment->plan)
@@ -341,30 +366,13 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
         st = pcs_set_error(PCS_ERR_UNSUPPORTED, "mesh: pipeline stages (pp > 1) are not run yet");
         goto fail;
     }
-    /* The job decides where it computes and which transport all its ranks use; the worker's
-     * flags say what it offers (the coordinator only gives cuda jobs to cuda workers). */
-    const char *job_be = spec->backend && spec->backend[0] ? spec->backend : "cpu";
-    const char *offer_be = cfg->backend && cfg->backend[0] ? cfg->backend : "cpu";
-    const char *offer_coll = cfg->coll && cfg->coll[0] ? cfg->coll : "auto";
-    const char *job_coll = spec->collectives && spec->collectives[0] ? spec->collectives : "auto";
-    if (strcmp(job_coll, "auto") == 0)
-        job_coll = strcmp(job_be, "cuda") == 0 ? "nccl" : "gloo";
-    if (strcmp(job_be, "cuda") == 0 && strcmp(offer_be, "cuda") != 0) {
-        st = pcs_set_error(PCS_ERR_UNSUPPORTED,
-                           "backend: the job computes on cuda; this worker offers %s only (start "
-                           "it with --backend cuda)",
-                           offer_be);
-        goto fail;
+    {
+        int coll = 0;
+        PCS_CHECK_GOTO(pcs_train_resolve_backend(spec, cfg->backend, cfg->coll, &t->be, &coll), st,
+                       fail);
+        t->coll = (pcs_coll_backend_t)coll;
+        t->device = strcmp(t->be->name, "cpu") != 0 ? cfg->device : 0;
     }
-    if (strcmp(job_coll, offer_coll) != 0 && strcmp(offer_coll, "auto") != 0) {
-        st = pcs_set_error(PCS_ERR_UNSUPPORTED,
-                           "collectives: the job uses %s; this worker offers %s only (--coll)",
-                           job_coll, offer_coll);
-        goto fail;
-    }
-    t->coll = strcmp(job_coll, "nccl") == 0 ? PCS_COLL_NCCL : PCS_COLL_GLOO;
-    t->device = strcmp(job_be, "cuda") == 0 ? cfg->device : 0;
-    PCS_CHECK_GOTO(pcs_backend_get(job_be, &t->be), st, fail);
     t->on_host = strcmp(t->be->name, "cpu") == 0;
     if (!t->on_host) {
         /* CUDA's current device is per thread: this (training) thread computes on t->device;

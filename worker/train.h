@@ -69,6 +69,17 @@ void pcs_train_fill_report(Pcs__V1__StepReport *r, Pcs__V1__CollectiveRecord *re
                            Pcs__V1__CollectiveRecord **rp, size_t cap,
                            const struct pcs_rt_stats *s);
 
+/* Where a job runs (docs/WORKER.md "Where a job runs"): the job's spec.backend and
+ * spec.collectives ("auto": nccl for cuda jobs, gloo otherwise) against what this worker offers
+ * (offer_backend "cpu"|"cuda", offer_coll "auto"|"nccl"|"gloo"; NULL = cpu / auto). Fills the
+ * kernels backend and the transport. PCS_ERR_UNSUPPORTED with the reason when the worker does not
+ * offer them; the backend lookup's error when "cuda" has no device. Shared by pcs-worker and the
+ * C API. */
+struct pcs_backend_ops;
+pcs_status_t pcs_train_resolve_backend(const Pcs__V1__JobSpec *spec, const char *offer_backend,
+                                       const char *offer_coll, const struct pcs_backend_ops **be,
+                                       int *coll);
+
 /* The training spec's optimizer as runtime settings (kind, AdamW / SGD hyper-parameters; AdamW
  * with PyTorch's defaults when unset). Shared by pcs-worker and the C API. */
 struct pcs_runtime_config;

@@ -36,6 +36,7 @@ struct pcs_worker {
     pcs_kv_t *kv;
     pcs_runtime_t *rt;
     const pcs_backend_ops_t *be;
+    pcs_stream_t stream; /* compute stream of a cuda job (NULL on cpu) */
     uint32_t dp_rank, dp_size;
     uint64_t step;
     uint64_t step_t0_us; /* begin_step time, for the report's step time */
@@ -172,6 +173,8 @@ pcs_status_t pcs_worker_join(const pcs_worker_options_t *opt, pcs_worker_t **out
     ac.identity = opt->identity;
     ac.hostname = opt->hostname;
     ac.coll_timeout_ms = opt->coll_timeout_ms;
+    ac.backend = opt->backend;
+    ac.device = opt->device;
     ac.max_jobs = 1;
     ac.job_fn = api_job;
     ac.job_ctx = w;
@@ -211,9 +214,14 @@ pcs_status_t pcs_worker_join(const pcs_worker_options_t *opt, pcs_worker_t **out
         st = pcs_set_error(PCS_ERR_INVALID_ARG, "assignment without plan or training spec");
         goto fail_job;
     }
-    /* The C API hands the program host buffers: the cpu backend (see pcs/worker.h on device
-     * pointers with a cuda backend). */
-    PCS_CHECK_GOTO(pcs_backend_get("cpu", &w->be), st, fail_job);
+    /* The job's backend: host buffers on cpu, device buffers on cuda (pcs/worker.h). */
+    int coll = 0;
+    PCS_CHECK_GOTO(pcs_train_resolve_backend(as->spec, opt->backend, NULL, &w->be, &coll), st,
+                   fail_job);
+    if (strcmp(w->be->name, "cpu") != 0) {
+        PCS_CHECK_GOTO(w->be->set_device(pcs_agent_device(w->agent)), st, fail_job);
+        PCS_CHECK_GOTO(w->be->stream_create(&w->stream), st, fail_job);
+    }
     {
         uint32_t S = plan->shard_size ? plan->shard_size : 1;
         w->dp_size = plan->dp_size ? plan->dp_size : 1;
@@ -231,6 +239,9 @@ pcs_status_t pcs_worker_join(const pcs_worker_options_t *opt, pcs_worker_t **out
     rc.hostname = opt->hostname;
     rc.coll_timeout_ms = opt->coll_timeout_ms ? (int)opt->coll_timeout_ms : 30000;
     rc.be = w->be;
+    rc.stream = w->stream;
+    rc.device = strcmp(w->be->name, "cpu") != 0 ? pcs_agent_device(w->agent) : 0;
+    rc.coll = (pcs_coll_backend_t)coll;
     rc.micro_batches = tr->micro_batches ? tr->micro_batches : 1;
     rc.init_param = api_init_param;
     rc.init_ctx = w;
@@ -304,6 +315,8 @@ void pcs_worker_destroy(pcs_worker_t *w)
         pthread_join(w->thread, NULL);
     }
     pcs_runtime_destroy(w->rt);
+    if (w->be && w->stream)
+        w->be->stream_destroy(w->stream);
     pcs_agent_destroy(w->agent);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
@@ -311,6 +324,11 @@ void pcs_worker_destroy(pcs_worker_t *w)
 }
 
 // ---- queries ----
+
+void *pcs_worker_stream(const pcs_worker_t *w)
+{
+    return w ? (void *)w->stream : NULL;
+}
 
 uint32_t pcs_worker_rank(const pcs_worker_t *w)
 {

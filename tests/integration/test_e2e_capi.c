@@ -14,7 +14,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "pcs/kernels.h"
 #include "pcs/rpc.h"
+#include "pcs/worker.h"
 #include "test_e2e_util.h"
 #include "test_util.h"
 
@@ -125,9 +127,33 @@ static void test_c_api_example_trains_with_bf16_params(void **state)
     run_example("param_dtype: bf16, reduce_dtype: fp32");
 }
 
+/* A program that offers a GPU it does not have (or an unknown backend) learns it from
+ * pcs_worker_join at once, before registering, with the reason. */
+static void test_join_offering_a_missing_backend_fails_with_the_reason(void **state)
+{
+    (void)state;
+    pcs_worker_options_t o;
+    memset(&o, 0, sizeof o);
+    o.coordinator = "127.0.0.1:1";
+    o.join_timeout_ms = 2000;
+    o.backend = "tpu";
+    pcs_worker_t *w = NULL;
+    assert_int_equal(pcs_worker_join(&o, &w), PCS_ERR_NOT_FOUND);
+    assert_null(w);
+    assert_non_null(strstr(pcs_last_error(), "unknown kernel backend 'tpu'"));
+    const pcs_backend_ops_t *be = NULL;
+    if (pcs_backend_get("cuda", &be) == PCS_OK)
+        return; /* a machine with a GPU: offering cuda is valid */
+    o.backend = "cuda";
+    assert_int_equal(pcs_worker_join(&o, &w), PCS_ERR_UNSUPPORTED);
+    assert_null(w);
+    assert_non_null(strstr(pcs_last_error(), "cuda"));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_join_offering_a_missing_backend_fails_with_the_reason),
         cmocka_unit_test_setup_teardown(test_c_api_example_trains_an_explicit_model, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_c_api_example_trains_with_bf16_params, setup,

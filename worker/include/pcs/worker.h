@@ -37,6 +37,11 @@ typedef struct pcs_worker_options {
      * otherwise (LayerNorm-style). */
     pcs_worker_init_fn init;
     void *init_ctx;
+    /* Where this program can compute: NULL/"cpu", or "cuda" (it is then offered `backend: cuda`
+     * jobs, and for those the buffers below are device memory on `device`). The job's
+     * spec.backend decides; a cuda job needs "cuda" here. */
+    const char *backend;
+    int device; /* cuda device ordinal; -1 = $LOCAL_RANK modulo the visible devices */
 } pcs_worker_options_t;
 
 /* Register with the coordinator, wait for an assignment, build the communicators and the fp32
@@ -86,6 +91,13 @@ pcs_status_t pcs_worker_find_param(const pcs_worker_t *w, const char *fqn,
  * kernels backend: host memory on the cpu backend (today's C API jobs), device memory (CUDA
  * pointers) with a cuda backend, which the program must not dereference on the host; the
  * ordering against the program's own stream is the runtime's (worker/runtime.h). */
+
+/* The CUDA stream (a cudaStream_t) pcs orders its work on for a cuda job; NULL on the cpu
+ * backend. unshard returns when the buffer is ready for work the program enqueues on this stream
+ * afterwards; hand_in_grads may be called right after the program enqueued the backward writing
+ * the gradient buffer on it (pcs orders its reads after that work). A program computing on other
+ * streams orders them against this one with events. */
+void *pcs_worker_stream(const pcs_worker_t *w);
 
 /* Start a step (zeroes the sharded gradients). */
 pcs_status_t pcs_worker_begin_step(pcs_worker_t *w);
