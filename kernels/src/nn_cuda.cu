@@ -89,19 +89,31 @@ unsigned blocks_for(size_t n)
     return (unsigned)(b > kMaxBlocks ? kMaxBlocks : b);
 }
 
-/* Grow a device scratch buffer (contents not kept). Work already enqueued may read the old one,
- * so the stream is synchronized before it is freed; growth happens only on the first passes. */
+/* Blocks for a thread-per-column kernel (no grid-stride loop: each thread owns column j), so
+ * not capped like blocks_for: a cap would leave columns >= kMaxBlocks*kThreads (2^20) unwritten.
+ * n < 2^32, so at most 2^24 blocks, within gridDim.x's 2^31-1. */
+unsigned blocks_cover(size_t n)
+{
+    size_t b = (n + kThreads - 1) / kThreads;
+    return (unsigned)(b < 1 ? 1 : b);
+}
+
+/* Grow a device scratch buffer (contents not kept); growth happens only on the first passes.
+ * Stream-ordered (cudaFreeAsync/cudaMallocAsync on the context's stream): the old buffer is
+ * released after the work already enqueued that reads it, with no host wait. Not cudaFree: it
+ * synchronizes the whole device, and the first passes run while the runtime's prefetch and
+ * reduction threads have NCCL kernels in flight on other streams, which wait for peers; a device
+ * sync there is the cross-thread deadlock NCCL's docs warn about (and stalls overlap anyway). */
 pcs_status_t grow(pcs_nn_t *nn, void **p, size_t *cap, size_t bytes)
 {
     if (bytes <= *cap)
         return PCS_OK;
     if (*p) {
-        PCS_CUDA_CHECK(cudaStreamSynchronize(cs(nn)));
-        PCS_CUDA_CHECK(cudaFree(*p));
+        PCS_CUDA_CHECK(cudaFreeAsync(*p, cs(nn)));
         *p = NULL;
         *cap = 0;
     }
-    PCS_CUDA_CHECK(cudaMalloc(p, bytes));
+    PCS_CUDA_CHECK(cudaMallocAsync(p, bytes, cs(nn)));
     *cap = bytes;
     return PCS_OK;
 }
@@ -467,14 +479,18 @@ void cu_destroy(pcs_nn_t *nn)
         return;
     CudaNN *c = impl(nn);
     if (c) {
-        /* queued work may still use the scratch */
+        /* the scratch came from cudaMallocAsync on the stream (grow); queued work may still
+         * use it and the workspace */
+        if (c->ha)
+            (void)cudaFreeAsync(c->ha, cs(nn));
+        if (c->hb)
+            (void)cudaFreeAsync(c->hb, cs(nn));
+        if (c->f32)
+            (void)cudaFreeAsync(c->f32, cs(nn));
         (void)cudaStreamSynchronize(cs(nn));
         if (c->blas)
             (void)cublasDestroy(c->blas);
         (void)cudaFree(c->blas_ws);
-        (void)cudaFree(c->ha);
-        (void)cudaFree(c->hb);
-        (void)cudaFree(c->f32);
         free(c);
     }
     free(nn);
@@ -651,7 +667,7 @@ pcs_status_t cu_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l, const 
     }
     if (pcs_nn_wants(db)) {
         PCS_CHECK(grow(nn, (void **)&c->f32, &c->f32_bytes, (size_t)N * sizeof(float)));
-        k_colsum<<<blocks_for((size_t)N), kThreads, 0, cs(nn)>>>(c->f32, dy, (uint32_t)R,
+        k_colsum<<<blocks_cover((size_t)N), kThreads, 0, cs(nn)>>>(c->f32, dy, (uint32_t)R,
                                                                  (uint32_t)N);
         PCS_LAUNCH_CHECK("k_colsum");
         PCS_CHECK(store_grad(nn, db, c->f32, (size_t)N));
@@ -685,7 +701,7 @@ pcs_status_t cu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, f
         PCS_LAUNCH_CHECK("k_ln_fwd");
         return PCS_OK;
     }
-    k_bn_stats<<<blocks_for(D), kThreads, 0, cs(nn)>>>(
+    k_bn_stats<<<blocks_cover(D), kThreads, 0, cs(nn)>>>(
         p->save, x, R, D, p->running_mean, (int)p->mean_dtype, p->running_var, (int)p->var_dtype,
         p->training ? p->num_batches_tracked : NULL, p->training);
     PCS_LAUNCH_CHECK("k_bn_stats");
@@ -710,7 +726,7 @@ pcs_status_t cu_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, c
     PCS_CHECK(grow(nn, (void **)&c->f32, &c->f32_bytes, 2 * (size_t)D * sizeof(float)));
     float *gw = c->f32, *gb = c->f32 + D;
     if (p->kind == PCS_NN_LAYERNORM) {
-        k_ln_bwd_params<<<blocks_for(D), kThreads, 0, cs(nn)>>>(gw, gb, x, dy, R, D, p->save);
+        k_ln_bwd_params<<<blocks_cover(D), kThreads, 0, cs(nn)>>>(gw, gb, x, dy, R, D, p->save);
         PCS_LAUNCH_CHECK("k_ln_bwd_params");
         if (dx) {
             k_ln_bwd_dx<<<R, kThreads, 0, cs(nn)>>>(dx, x, dy, D, p->weight, (int)p->weight_dtype,
@@ -718,7 +734,7 @@ pcs_status_t cu_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, c
             PCS_LAUNCH_CHECK("k_ln_bwd_dx");
         }
     } else {
-        k_bn_bwd<<<blocks_for(D), kThreads, 0, cs(nn)>>>(c->f32, dx, x, dy, R, D, p->save,
+        k_bn_bwd<<<blocks_cover(D), kThreads, 0, cs(nn)>>>(c->f32, dx, x, dy, R, D, p->save,
                                                          p->weight, (int)p->weight_dtype);
         PCS_LAUNCH_CHECK("k_bn_bwd");
     }
