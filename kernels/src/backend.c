@@ -1,4 +1,5 @@
-/* Backend registry ("cpu" always, "cuda" when built and a device exists), PyTorch's optimizer
+/* Backend registry ("cpu" always, "cuda" when built and a device exists, or simulated with
+ * PCS_SIMULATE_CUDA=1), PyTorch's optimizer
  * defaults, the single-tensor conveniences over the list ops, and the argument validation every
  * backend runs before touching memory (bad input gets a status and a message, never a crash). */
 #include <math.h>
@@ -29,6 +30,10 @@ pcs_status_t pcs_backend_get(const char *name, const pcs_backend_ops_t **out)
     *out = NULL;
     if (strcmp(name, "cpu") == 0) {
         *out = pcs_backend_cpu();
+        return PCS_OK;
+    }
+    if (strcmp(name, "cuda") == 0 && pcs_devsim_enabled()) {
+        *out = pcs_backend_devsim(); /* tests without a GPU (ops_devsim.c) */
         return PCS_OK;
     }
     if (strcmp(name, "cuda") == 0)

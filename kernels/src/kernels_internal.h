@@ -16,6 +16,15 @@ const pcs_backend_ops_t *pcs_backend_cpu(void);
 pcs_status_t pcs_backend_cuda_get(const pcs_backend_ops_t **out);
 int pcs_backend_cuda_built(void);
 
+/* The simulated "cuda" backend (ops_devsim.c, always built; tests only): pcs_backend_get("cuda")
+ * returns it when pcs_devsim_enabled() (PCS_SIMULATE_CUDA=1). Its device pointers are host
+ * pointers with a poison tag; pcs_devsim_arg() checks one is tagged (NULL passes) and gives the
+ * host address, or records PCS_ERR_INVALID_ARG naming `op` and `what`. */
+const pcs_backend_ops_t *pcs_backend_devsim(void);
+int pcs_devsim_enabled(void);
+int pcs_devsim_is_device_ptr(const void *p);
+pcs_status_t pcs_devsim_arg(const char *op, const char *what, const void *p, void **out);
+
 /* Validation: each records a message with pcs_set_error() naming `op`, and returns the status. */
 /* A buffer of n elements of `dt` (NULL with n > 0, or misaligned for the element size). */
 pcs_status_t pcs_kv_buffer(const char *op, const char *what, const void *p, pcs_dtype_t dt,

@@ -4,6 +4,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernels_internal.h"
 #include "nn_internal.h"
 #include "pcs/half.h"
 #include "pcs/log.h"
@@ -19,6 +20,10 @@ pcs_status_t pcs_nn_get(const char *name, const pcs_nn_ops_t **out)
         *out = pcs_nn_cpu_ops();
         return PCS_OK;
     }
+    if (strcmp(name, "cuda") == 0 && pcs_devsim_enabled()) {
+        *out = pcs_nn_devsim_ops(); /* the CPU twin behind poisoned device pointers */
+        return PCS_OK;
+    }
     if (strcmp(name, "cuda") == 0)
         return pcs_nn_cuda_get(out);
     return pcs_set_error(PCS_ERR_NOT_FOUND, "nn implementation '%s' unknown (cpu, cuda)", name);
@@ -32,6 +37,8 @@ pcs_status_t pcs_nn_create(const pcs_backend_ops_t *be, pcs_stream_t s, pcs_nn_t
     if (!be)
         PCS_CHECK(pcs_backend_get("cpu", &be));
     const pcs_nn_ops_t *ops;
+    if (pcs_backend_is_simulated(be))
+        return pcs_nn_devsim_ops()->create(be, s, out);
     PCS_CHECK(pcs_nn_get(be->name, &ops));
     return ops->create(be, s, out);
 }

@@ -18,6 +18,8 @@ struct pcs_nn {
 };
 
 const pcs_nn_ops_t *pcs_nn_cpu_ops(void);
+/* The simulated "cuda" implementation (nn_devsim.c): the cpu ops on untagged device pointers. */
+const pcs_nn_ops_t *pcs_nn_devsim_ops(void);
 /* PCS_ERR_UNSUPPORTED when not built (nn_nocuda.c) or when no device is present. */
 pcs_status_t pcs_nn_cuda_get(const pcs_nn_ops_t **out);
 

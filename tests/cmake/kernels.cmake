@@ -6,3 +6,6 @@ pcs_add_test(NAME test_kernels_cast_exhaustive SOURCES unit/test_kernels_cast_ex
              LIBS pcs_kernels LABELS exhaustive TIMEOUT 300)
 pcs_add_test(NAME test_kernels_cuda SOURCES gpu/test_kernels_cuda.c LIBS pcs_kernels LABELS gpu
              TIMEOUT 300)
+
+# The simulated "cuda" backend (PCS_SIMULATE_CUDA=1): tagging, copy kinds, CPU-twin bits.
+pcs_add_test(NAME test_devsim SOURCES unit/test_devsim.c LIBS pcs_kernels LABELS unit TIMEOUT 60)

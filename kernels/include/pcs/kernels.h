@@ -158,6 +158,12 @@ pcs_status_t pcs_backend_get(const char *name, const pcs_backend_ops_t **out);
 /* 1 if `name` is a backend compiled into this build (the device may still be missing). */
 int pcs_backend_built(const char *name);
 
+/* 1 if `be` is the simulated "cuda" backend: with PCS_SIMULATE_CUDA=1 in the environment,
+ * pcs_backend_get("cuda") returns a table named "cuda" that computes with the CPU twin on host
+ * memory whose device pointers are poisoned (a host dereference faults), for CI without a GPU.
+ * NCCL cannot use its buffers. */
+int pcs_backend_is_simulated(const pcs_backend_ops_t *be);
+
 /* ---- single-tensor conveniences: each builds a pcs_tensor_t and calls the list op ---- */
 pcs_status_t pcs_kernel_cast(const pcs_backend_ops_t *be, void *dst, pcs_dtype_t dst_dtype,
                              const void *src, pcs_dtype_t src_dtype, size_t n, pcs_stream_t s);
