@@ -831,6 +831,13 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
                            cfg->be->name, cfg->stage_host ? ", stage_host set" : "");
         goto fail;
     }
+    if (rt->coll == PCS_COLL_NCCL && pcs_backend_is_simulated(cfg->be)) {
+        /* its device pointers are poisoned host memory: NCCL would fault on them */
+        st = pcs_set_error(PCS_ERR_UNSUPPORTED,
+                           "runtime: NCCL cannot run on the simulated cuda device "
+                           "(PCS_SIMULATE_CUDA=1); use collectives: gloo");
+        goto fail;
+    }
     PCS_CHECK_GOTO(rt->be->set_device(rt->device), st, fail);
     PCS_CHECK_GOTO(rt->be->stream_create(&rt->ag_stream), st, fail);
     PCS_CHECK_GOTO(rt->be->stream_create(&rt->rs_stream), st, fail);
@@ -1595,6 +1602,10 @@ pcs_status_t pcs_runtime_barrier(pcs_runtime_t *rt)
 {
     if (!rt->world_c)
         return PCS_OK;
+    /* world_c can be a unit's all-reduce communicator, which the reduction thread drives: one
+     * communicator is never used by two threads at once (neither NCCL nor Gloo is thread-safe
+     * per communicator, and each rank must issue its operations in the same order) */
+    PCS_CHECK(wait_reductions(rt));
     return pcs_coll_barrier(rt->world_c);
 }
 
@@ -1603,6 +1614,9 @@ pcs_status_t pcs_runtime_mean_over_dp(pcs_runtime_t *rt, double *v)
     pcs_coll_t *c = rt->dp_c ? rt->dp_c : (rt->dp_size == rt->world ? rt->world_c : NULL);
     if (!c)
         return PCS_OK;
+    /* dp_c / world_c is also a replicated unit's all-reduce communicator on the reduction
+     * thread: as in pcs_runtime_barrier, the queued reductions are issued first */
+    PCS_CHECK(wait_reductions(rt));
     /* through the backend scalar (device memory for NCCL), on the compute stream */
     float f = (float)*v;
     PCS_CHECK(rt->be->fill(&rt->d_scal[2], PCS_DTYPE_FP32, 1, (double)f, rt->cstream));
