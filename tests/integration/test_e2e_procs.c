@@ -450,13 +450,15 @@ static void test_prefetch_depth_2_is_bounded_and_matches_reference(void **state)
 
 // ---- host staging (PCS_RUNTIME_STAGE_HOST) gives the direct path's bits ----
 
-/* Run the job with the runtime's collectives direct and again through host staging buffers (the
- * path a Gloo job takes on a device backend): the exported parameters must be the same bytes and
+/* Run the job as it is, then a variant: with `env`=1 in the environment (the forked ranks inherit
+ * it) and `yaml_tail` appended to its spec. The exported parameters must be the same bytes and
  * every rank's per-step loss, grad norm, skip verdict and eval loss the same values. */
-static void run_stage_parity(const job_params_t *p, const char *tag)
+static void run_bit_parity(const job_params_t *p, const char *tag, const char *env,
+                           const char *yaml_tail, const char *what)
 {
-    char yaml[4096];
-    make_yaml(p, yaml, sizeof yaml);
+    char yaml[2][4096];
+    make_yaml(p, yaml[0], sizeof yaml[0]);
+    snprintf(yaml[1], sizeof yaml[1], "%s%s", yaml[0], yaml_tail);
     e2e_job_t job[2];
     char *dir[2] = {NULL, NULL};
     char *blob[2] = {NULL, NULL};
@@ -464,12 +466,12 @@ static void run_stage_parity(const job_params_t *p, const char *tag)
     for (int staged = 0; staged < 2; staged++) {
         /* the forked ranks inherit the switch */
         if (staged)
-            assert_int_equal(setenv("PCS_RUNTIME_STAGE_HOST", "1", 1), 0);
-        int rc = e2e_run_local(yaml, tag, p->world, 0, 0, &job[staged], &dir[staged]);
-        unsetenv("PCS_RUNTIME_STAGE_HOST");
+            assert_int_equal(setenv(env, "1", 1), 0);
+        int rc = e2e_run_local(yaml[staged], tag, p->world, 0, 0, &job[staged], &dir[staged]);
+        unsetenv(env);
         assert_int_equal(rc, 0);
         if (job[staged].state != PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED)
-            fprintf(stderr, "%s run failed: %s (logs in %s)\n", staged ? "staged" : "direct",
+            fprintf(stderr, "%s run failed: %s (logs in %s)\n", staged ? what : "direct",
                     job[staged].reason, dir[staged]);
         assert_int_equal(job[staged].state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
         assert_true(job[staged].export_path[0] != 0);
@@ -493,14 +495,21 @@ static void run_stage_parity(const job_params_t *p, const char *tag)
         }
     }
     assert_true(compared >= (size_t)p->world);
-    fprintf(stderr, "%s W=%d staged == direct: %zu export bytes, %zu step reports\n",
-            p->strategy ? p->strategy : "full_shard", p->world, len[0], compared);
+    fprintf(stderr, "%s W=%d %s == direct: %zu export bytes, %zu step reports\n",
+            p->strategy ? p->strategy : "full_shard", p->world, what, len[0], compared);
     for (int k = 0; k < 2; k++) {
         free(blob[k]);
         e2e_job_free(&job[k]);
         pcs_test_rmtree(dir[k]);
         free(dir[k]);
     }
+}
+
+/* Run the job with the runtime's collectives direct and again through host staging buffers (the
+ * path a Gloo job takes on a device backend). */
+static void run_stage_parity(const job_params_t *p, const char *tag)
+{
+    run_bit_parity(p, tag, "PCS_RUNTIME_STAGE_HOST", "", "staged");
 }
 
 static void test_stage_host_full_shard_w2_is_bit_identical_to_direct(void **state)
@@ -557,6 +566,125 @@ static void test_stage_host_full_precision_eval_w2_is_bit_identical_to_direct(vo
                       .eval_every = 2,
                       .full_eval = "true"};
     run_stage_parity(&p, "stage-eval");
+}
+
+// ---- the GPU path on the simulated device (PCS_SIMULATE_CUDA) gives the cpu backend's bits ----
+
+#define SIM_TAIL "backend: cuda\ncollectives: gloo\n"
+
+/* The same job as `backend: cuda, collectives: gloo` on the simulated device: every buffer is
+ * "device" memory (host memory behind a poison tag), the model runs the cuda nn path, the runtime
+ * stages Gloo through pinned host buffers; the simulator computes with the CPU twin, so any
+ * difference from the cpu run is a bug of the device path (a missing or misdirected copy, a wrong
+ * offset, a stale buffer), and a host access to device memory crashes the rank. */
+static void run_sim_parity(const job_params_t *p, const char *tag)
+{
+    run_bit_parity(p, tag, "PCS_SIMULATE_CUDA", SIM_TAIL, "simulated cuda");
+}
+
+static void test_simulated_cuda_full_shard_bf16_w1_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 1}", .world = 1, .steps = 3};
+    run_sim_parity(&p, "sim-w1");
+}
+
+static void test_simulated_cuda_full_shard_bf16_w2_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 3};
+    run_sim_parity(&p, "sim-fs");
+}
+
+static void test_simulated_cuda_fp32_w2_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "param_dtype: fp32",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .steps = 3};
+    run_sim_parity(&p, "sim-fp32");
+}
+
+/* BatchNorm (running statistics and num_batches_tracked on the device) with eval every 2 steps
+ * (training = 0 forward, the loss read back on the host). */
+static void test_simulated_cuda_batchnorm_eval_w2_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.norm = "batchnorm",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .steps = 4,
+                      .eval_every = 2};
+    run_sim_parity(&p, "sim-bn");
+}
+
+/* fp16 with the grad scaler: found_inf and the inverse scale as device scalars, read back. */
+static void test_simulated_cuda_fp16_scaler_w2_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "param_dtype: fp16",
+                      .scaler = "true",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .steps = 3};
+    run_sim_parity(&p, "sim-fp16");
+}
+
+static void test_simulated_cuda_no_shard_w2_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {
+        .strategy = "no_shard", .mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 3};
+    run_sim_parity(&p, "sim-ns");
+}
+
+static void test_simulated_cuda_hybrid_shard_w4_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.strategy = "hybrid_shard",
+                      .mesh = "{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 2}",
+                      .world = 4,
+                      .steps = 3};
+    run_sim_parity(&p, "sim-hs");
+}
+
+/* SGD with momentum, 4 micro-batches (no-sync accumulation on the device), full-precision eval. */
+static void test_simulated_cuda_sgd_micro_batches_full_eval_w2_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.optimizer = "sgd: {lr: 5.0e-2, momentum: 0.9}",
+                      .clip = "0",
+                      .micro = 4,
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .steps = 4,
+                      .eval_every = 2,
+                      .full_eval = "true"};
+    run_sim_parity(&p, "sim-sgd");
+}
+
+/* NCCL cannot reduce the simulator's poisoned buffers: the job fails at start with a reason. */
+static void test_simulated_cuda_refuses_nccl_with_a_reason(void **state)
+{
+    (void)state;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 1}", .world = 1, .steps = 1};
+    char base[4096], yaml[4200];
+    make_yaml(&p, base, sizeof base);
+    snprintf(yaml, sizeof yaml, "%sbackend: cuda\ncollectives: nccl\n", base);
+    e2e_job_t job;
+    char *dir = NULL;
+    assert_int_equal(setenv("PCS_SIMULATE_CUDA", "1", 1), 0);
+    int rc = e2e_run_local(yaml, "sim-nccl", 1, 0, 0, &job, &dir);
+    unsetenv("PCS_SIMULATE_CUDA");
+    assert_int_equal(rc, 0);
+    fprintf(stderr, "nccl on the simulated device: %s\n", job.reason);
+    assert_int_equal(job.state, PCS__V1__JOB_STATE__JOB_STATE_FAILED);
+    assert_non_null(strstr(job.reason, "NCCL"));
+    assert_non_null(strstr(job.reason, "simulated"));
+    e2e_job_free(&job);
+    pcs_test_rmtree(dir);
+    free(dir);
 }
 
 /* init.from: fine-tuning from a .safetensors file of full parameters (FQN keys). Every rank fills
@@ -665,6 +793,16 @@ int main(void)
         cmocka_unit_test(test_stage_host_reshard_after_forward_2_w4_is_bit_identical_to_direct),
         cmocka_unit_test(test_stage_host_full_precision_eval_w2_is_bit_identical_to_direct),
         cmocka_unit_test(test_init_from_safetensors_w2_matches_reference),
+        cmocka_unit_test(test_simulated_cuda_full_shard_bf16_w1_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_simulated_cuda_full_shard_bf16_w2_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_simulated_cuda_fp32_w2_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_simulated_cuda_batchnorm_eval_w2_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_simulated_cuda_fp16_scaler_w2_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_simulated_cuda_no_shard_w2_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_simulated_cuda_hybrid_shard_w4_is_bit_identical_to_cpu),
+        cmocka_unit_test(
+            test_simulated_cuda_sgd_micro_batches_full_eval_w2_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_simulated_cuda_refuses_nccl_with_a_reason),
     };
     return cmocka_run_group_tests_name("e2e_procs", tests, NULL, NULL);
 }

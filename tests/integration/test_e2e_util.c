@@ -444,6 +444,10 @@ static int local_rank_main(const char *yaml, const char *dir, const char *ckpt, 
     tc.inject_inf_step = inj_step;
     tc.inject_inf_rank = inj_rank;
     tc.prefetch = -1;
+    /* this process is the job's worker: it offers the backend the job asks for (a cuda job runs
+     * on the simulated device when PCS_SIMULATE_CUDA=1 is inherited) */
+    if (spec->backend && spec->backend[0])
+        tc.backend = spec->backend;
     pcs_train_t *t = NULL;
     pcs_train_result_t res;
     pcs_status_t st = pcs_train_create(&tc, &t);
