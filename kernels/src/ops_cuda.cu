@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_check.h"
@@ -26,10 +27,33 @@ struct DeviceInfo {
     int sm_count;
 };
 
+/* The first CUDA call of the process. The runtime drives two NCCL communicators from two threads
+ * (all-gathers and reductions) on their own streams, and each rank may launch their kernels in a
+ * different order: that only completes if both kernels can run at once. Streams share
+ * CUDA_DEVICE_MAX_CONNECTIONS hardware queues (default 8) in order, and the worker has ~20
+ * streams (compute, 2 runtime, 1 per communicator plus NCCL's own), so two NCCL kernels can land
+ * in one queue behind each other: rank A runs AG then RS, rank B RS then AG, each waits for the
+ * other, a hang. 32 (the maximum) gives every stream its own queue. Set here, before the driver
+ * reads it, unless the operator chose a value; a low one is warned about. */
+void connections_guard(void)
+{
+    const char *v = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    if (v == NULL) {
+        (void)setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+    } else if (atoi(v) < 32) {
+        PCS_WARN(PCS_SUB_KERNEL,
+                 "CUDA_DEVICE_MAX_CONNECTIONS=%s: streams share hardware queues; NCCL kernels of "
+                 "the all-gather and reduction communicators can then wait behind each other "
+                 "(a cross-rank hang); 32 avoids it",
+                 v);
+    }
+}
+
 DeviceInfo probe_once(void)
 {
     DeviceInfo d = {0, 80};
     int n = 0;
+    connections_guard();
     if (cudaGetDeviceCount(&n) != cudaSuccess || n <= 0) {
         (void)cudaGetLastError(); /* clear the sticky-free error of a device-less machine */
         return d;
