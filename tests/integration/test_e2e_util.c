@@ -485,6 +485,12 @@ int e2e_run_local(const char *yaml, const char *tag, int world, uint64_t inject_
     for (int r = 0; r < world; r++) {
         pids[r] = fork();
         if (pids[r] == 0) {
+            /* a rank that faults dies like a worker process would: not through the test
+             * runner's (cmocka's) fault handlers, which would run the rest of the suite here */
+            signal(SIGSEGV, SIG_DFL);
+            signal(SIGBUS, SIG_DFL);
+            signal(SIGILL, SIG_DFL);
+            signal(SIGFPE, SIG_DFL);
             char log[1100];
             snprintf(log, sizeof log, "%s/rank%d.log", dir, r);
             FILE *lf = freopen(log, "w", stderr);
@@ -493,6 +499,7 @@ int e2e_run_local(const char *yaml, const char *tag, int world, uint64_t inject_
         }
     }
     int ok = 1;
+    char died[256] = "";
     for (int r = 0; r < world; r++) {
         int ws = pcs_test_wait(pids[r], 120000);
         if (ws == -1) {
@@ -501,6 +508,9 @@ int e2e_run_local(const char *yaml, const char *tag, int world, uint64_t inject_
             ok = 0;
         } else if (!WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
             ok = 0;
+            if (WIFSIGNALED(ws) && !died[0])
+                snprintf(died, sizeof died, "rank %d killed by signal %d (%s)", r, WTERMSIG(ws),
+                         strsignal(WTERMSIG(ws)));
         }
     }
     job->wall_s = (double)(pcs_now_ms() - t0) / 1000.0;
@@ -516,6 +526,8 @@ int e2e_run_local(const char *yaml, const char *tag, int world, uint64_t inject_
                 snprintf(job->reason, sizeof job->reason, "%s", job->reports[r][i]->error);
                 break;
             }
+    if (!job->reason[0] && died[0])
+        snprintf(job->reason, sizeof job->reason, "%s", died);
     if (ok) {
         snprintf(job->export_path, sizeof job->export_path, "%.1000s/final.safetensors", ckpt);
         if (pcs_ckpt_export(ckpt, 0, job->export_path, NULL) != PCS_OK) {
