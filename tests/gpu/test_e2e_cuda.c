@@ -11,7 +11,10 @@
  *    update is ~1e-2: a wrong divide factor, micro-batch or shard still fails), losses at the
  *    bf16 rtol 1.6e-2.
  *  - W=2 over NCCL when the machine has two devices (one per rank), same tolerances.
- * Every step's collectives must pass the dtype audit. Exit 77 without a CUDA device. */
+ * Every step's collectives must pass the dtype audit. Exit 77 without a CUDA device.
+ * With PCS_SIMULATE_CUDA=1 (ctest entry test_e2e_cuda_sim, every build) the workers compute on the
+ * simulated device (the CPU twin behind poisoned device pointers): only the Gloo-staged test runs,
+ * plus a check that an NCCL job fails with a reason (NCCL is not simulated). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -115,6 +118,22 @@ static void test_bf16_w2_nccl_on_two_devices_matches_the_cpu_reference(void **st
     run("bf16", 2, "nccl", 5e-4, 5e-3, 1.6e-2);
 }
 
+/* Simulated device only: the job reaches a worker (it offers nccl with --backend cuda) and fails
+ * at start with the runtime's reason instead of handing NCCL poisoned pointers. */
+static void test_nccl_job_on_the_simulated_device_fails_with_a_reason(void **state)
+{
+    (void)state;
+    char yaml[4096];
+    snprintf(yaml, sizeof yaml, K_JOB_FMT, "fp32", 1, "nccl");
+    const char *const extra[] = {"--backend", "cuda", NULL};
+    assert_int_equal(e2e_spawn_workers(&g_cluster, 1, extra), 0);
+    assert_int_equal(e2e_run_job(&g_cluster, yaml, "cuda-nccl", 60000, &g_job), 0);
+    fprintf(stderr, "nccl job on the simulated device: state %d, %s\n", g_job.state, g_job.reason);
+    assert_int_equal(g_job.state, PCS__V1__JOB_STATE__JOB_STATE_FAILED);
+    assert_non_null(strstr(g_job.reason, "NCCL"));
+    assert_non_null(strstr(g_job.reason, "simulated"));
+}
+
 int main(void)
 {
     const pcs_backend_ops_t *be = NULL;
@@ -123,6 +142,15 @@ int main(void)
         return 77;
     }
     g_devices = be->device_count();
+    if (pcs_backend_is_simulated(be)) {
+        const struct CMUnitTest sim_tests[] = {
+            cmocka_unit_test_setup_teardown(test_bf16_w2_gloo_staged_matches_the_cpu_reference,
+                                            setup, teardown),
+            cmocka_unit_test_setup_teardown(
+                test_nccl_job_on_the_simulated_device_fails_with_a_reason, setup, teardown),
+        };
+        return cmocka_run_group_tests_name("e2e_cuda_sim", sim_tests, NULL, NULL);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_setup_teardown(test_fp32_w1_nccl_matches_the_cpu_reference, setup,
                                         teardown),
