@@ -664,6 +664,65 @@ static void test_simulated_cuda_sgd_micro_batches_full_eval_w2_is_bit_identical_
     run_sim_parity(&p, "sim-sgd");
 }
 
+/* Reduction in a low dtype with fp16 sharded grads kept (keep_low_precision_grads). */
+static void test_simulated_cuda_keep_low_precision_grads_w2_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "param_dtype: fp16, reduce_dtype: fp16, "
+                                   "keep_low_precision_grads: true",
+                      .scaler = "true",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .steps = 3};
+    run_sim_parity(&p, "sim-klp");
+}
+
+/* Mixed-dtype units: fp32 LayerNorm units inside bf16 blocks (norm weights of another dtype than
+ * the activations, casts at unit boundaries), bf16 reduction. */
+static void test_simulated_cuda_layernorm_override_bf16_reduce_w4_is_bit_identical_to_cpu(
+    void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "param_dtype: bf16, reduce_dtype: bf16, overrides: "
+                                   "[{match: {module_class: LayerNorm}, param_dtype: fp32}]",
+                      .mesh = "{dim: dp_shard, size: 4}",
+                      .world = 4,
+                      .steps = 3};
+    run_sim_parity(&p, "sim-ln");
+}
+
+/* Pure fp16 (fp16 master shards held in fp32 storage). */
+static void test_simulated_cuda_pure_fp16_w2_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "master_dtype: fp16",
+                      .scaler = "true",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .steps = 3};
+    run_sim_parity(&p, "sim-pfp16");
+}
+
+/* reshard_after_forward=2 (partial reshard, reshard-group all-gather) and SHARD_GRAD_OP with
+ * prefetch depth 2 (units kept unsharded, gathers two ahead on the prefetch thread). */
+static void test_simulated_cuda_reshard_after_forward_2_w4_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.raf = "2", .mesh = "{dim: dp_shard, size: 4}", .world = 4, .steps = 3};
+    run_sim_parity(&p, "sim-raf");
+}
+
+static void test_simulated_cuda_shard_grad_op_prefetch_2_w2_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.strategy = "shard_grad_op",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .steps = 3,
+                      .prefetch = 2};
+    run_sim_parity(&p, "sim-sgo");
+}
+
 /* NCCL cannot reduce the simulator's poisoned buffers: the job fails at start with a reason. */
 static void test_simulated_cuda_refuses_nccl_with_a_reason(void **state)
 {
@@ -802,6 +861,12 @@ int main(void)
         cmocka_unit_test(test_simulated_cuda_hybrid_shard_w4_is_bit_identical_to_cpu),
         cmocka_unit_test(
             test_simulated_cuda_sgd_micro_batches_full_eval_w2_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_simulated_cuda_keep_low_precision_grads_w2_is_bit_identical_to_cpu),
+        cmocka_unit_test(
+            test_simulated_cuda_layernorm_override_bf16_reduce_w4_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_simulated_cuda_pure_fp16_w2_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_simulated_cuda_reshard_after_forward_2_w4_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_simulated_cuda_shard_grad_op_prefetch_2_w2_is_bit_identical_to_cpu),
         cmocka_unit_test(test_simulated_cuda_refuses_nccl_with_a_reason),
     };
     return cmocka_run_group_tests_name("e2e_procs", tests, NULL, NULL);
