@@ -32,6 +32,7 @@
 
 #include "model.h"
 #include "pcs/kernels.h"
+#include "pcs/nn.h"
 
 enum { ROWS = 33, MAX_ROWS = 40, IN = 32, OUT = 10, NH = 3, MAXP = 32 };
 static const uint32_t k_hidden[NH] = {64, 64, 48};
@@ -347,6 +348,107 @@ static void test_fp32_unit_inside_bf16_model_matches_cpu_twin(void **state)
     run_all(PCS_DTYPE_BF16, PCS_DTYPE_BF16, 1);
 }
 
+/* Column-sum kernels run one thread per column (db, LayerNorm/BatchNorm dweight and dbias): a
+ * layer wider than 2^20 columns (4096 blocks of 256, the element-wise grid cap) must still get
+ * every column. Backward from the same x, dy and saved statistics sums each column over the rows
+ * in the CPU's order on both sides, so the results are bit-identical; the device outputs start as
+ * NaN so an unwritten column fails. */
+static void test_column_sums_cover_layers_wider_than_the_grid_cap(void **state)
+{
+    (void)state;
+    const uint32_t R = 3, D = (1u << 20) + 37;
+    const size_t n = (size_t)R * D;
+    pcs_nn_t *cn = NULL, *gn = NULL;
+    assert_int_equal(pcs_nn_create(NULL, NULL, &cn), PCS_OK);
+    assert_int_equal(pcs_nn_create(gpu, stream, &gn), PCS_OK);
+    const pcs_nn_ops_t *co = pcs_nn_ops(cn), *go = pcs_nn_ops(gn);
+    float *hx = malloc(n * sizeof(float)), *hdy = malloc(n * sizeof(float));
+    float *hw = malloc(D * sizeof(float)), *hb = malloc(D * sizeof(float));
+    float *hsave = malloc(4 * (size_t)D * sizeof(float));
+    float *cout = malloc(2 * (size_t)D * sizeof(float)),
+          *gout = malloc(2 * (size_t)D * sizeof(float));
+    assert_true(hx && hdy && hw && hb && hsave && cout && gout);
+    for (size_t i = 0; i < n; i++) {
+        hx[i] = urand();
+        hdy[i] = urand();
+    }
+    for (uint32_t j = 0; j < D; j++) {
+        hw[j] = urand();
+        hb[j] = urand();
+        hsave[j] = 0.25f * urand();              /* BN mean / LN: first 2R are (mean, rstd) */
+        hsave[D + j] = 1.0f + 0.5f * urand();    /* BN invstd */
+        hsave[2 * D + j] = hsave[3 * D + j] = 0; /* running stats copies: unused by backward */
+    }
+    for (uint32_t r = 0; r < R; r++) {
+        hsave[2 * r] = 0.1f * (float)r;
+        hsave[2 * r + 1] = 1.25f;
+    }
+    float *dx = dalloc(n * sizeof(float)), *ddy = dalloc(n * sizeof(float));
+    float *dw = dalloc(D * sizeof(float)), *db = dalloc(D * sizeof(float));
+    float *dsave = dalloc(4 * (size_t)D * sizeof(float)),
+          *dout = dalloc(2 * (size_t)D * sizeof(float));
+    h2d(dx, hx, n * sizeof(float));
+    h2d(ddy, hdy, n * sizeof(float));
+    h2d(dw, hw, D * sizeof(float));
+    h2d(db, hb, D * sizeof(float));
+    h2d(dsave, hsave, 4 * (size_t)D * sizeof(float));
+    for (int kind = PCS_NN_LAYERNORM; kind <= PCS_NN_BATCHNORM + 1; kind++) {
+        assert_int_equal(gpu->fill(dout, PCS_DTYPE_FP32, 2 * (size_t)D, NAN, stream), PCS_OK);
+        memset(cout, 0xff, 2 * (size_t)D * sizeof(float));
+        pcs_nn_grad_t cgw = {cout, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
+        pcs_nn_grad_t cgb = {cout + D, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
+        pcs_nn_grad_t ggw = {dout, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
+        pcs_nn_grad_t ggb = {dout + D, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
+        const char *what;
+        if (kind <= PCS_NN_BATCHNORM) {
+            what = kind == PCS_NN_LAYERNORM ? "LayerNorm dweight|dbias" : "BatchNorm dweight|dbias";
+            pcs_nn_norm_t p;
+            memset(&p, 0, sizeof p);
+            p.kind = (pcs_nn_norm_kind_t)kind;
+            p.rows = R;
+            p.dim = D;
+            p.dtype = p.weight_dtype = p.bias_dtype = PCS_DTYPE_FP32;
+            p.weight = hw;
+            p.bias = hb;
+            p.save = hsave;
+            assert_int_equal(co->norm_bwd(cn, &p, hx, hdy, NULL, &cgw, &cgb), PCS_OK);
+            p.weight = dw;
+            p.bias = db;
+            p.save = dsave;
+            assert_int_equal(go->norm_bwd(gn, &p, dx, ddy, NULL, &ggw, &ggb), PCS_OK);
+        } else {
+            what = "Linear db";
+            pcs_nn_linear_t l = {R, 1, D, PCS_DTYPE_FP32, hw, NULL, NULL};
+            pcs_nn_grad_t none = {NULL, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
+            assert_int_equal(co->linear_bwd_params(cn, &l, hdy, hx, &none, &cgb), PCS_OK);
+            l.weight = dw;
+            assert_int_equal(go->linear_bwd_params(gn, &l, ddy, dx, &none, &ggb), PCS_OK);
+        }
+        d2h(gout, dout, 2 * (size_t)D * sizeof(float));
+        size_t first = kind <= PCS_NN_BATCHNORM ? 0 : D, bad = 0, first_bad = 0;
+        for (size_t j = first; j < 2 * (size_t)D; j++)
+            if (memcmp(&cout[j], &gout[j], sizeof(float)) != 0 && bad++ == 0)
+                first_bad = j;
+        if (bad)
+            fprintf(stderr, "%s: %zu of %zu columns differ, first at %zu (cpu %g gpu %g)\n", what,
+                    bad, 2 * (size_t)D - first, first_bad, (double)cout[first_bad],
+                    (double)gout[first_bad]);
+        assert_int_equal(bad, 0);
+    }
+    void *dev[] = {dx, ddy, dw, db, dsave, dout};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
+        gpu->free(dev[i]);
+    free(hx);
+    free(hdy);
+    free(hw);
+    free(hb);
+    free(hsave);
+    free(cout);
+    free(gout);
+    pcs_nn_destroy(gn);
+    pcs_nn_destroy(cn);
+}
+
 static int setup(void **state)
 {
     (void)state;
@@ -375,6 +477,7 @@ int main(void)
         cmocka_unit_test(test_fp16_model_matches_cpu_twin),
         cmocka_unit_test(test_low_precision_params_with_fp32_and_fp64_grads_match_cpu_twin),
         cmocka_unit_test(test_fp32_unit_inside_bf16_model_matches_cpu_twin),
+        cmocka_unit_test(test_column_sums_cover_layers_wider_than_the_grid_cap),
     };
     return cmocka_run_group_tests_name("model_cuda", tests, setup, teardown);
 }
