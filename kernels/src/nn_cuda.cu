@@ -668,7 +668,7 @@ pcs_status_t cu_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l, const 
     if (pcs_nn_wants(db)) {
         PCS_CHECK(grow(nn, (void **)&c->f32, &c->f32_bytes, (size_t)N * sizeof(float)));
         k_colsum<<<blocks_cover((size_t)N), kThreads, 0, cs(nn)>>>(c->f32, dy, (uint32_t)R,
-                                                                 (uint32_t)N);
+                                                                   (uint32_t)N);
         PCS_LAUNCH_CHECK("k_colsum");
         PCS_CHECK(store_grad(nn, db, c->f32, (size_t)N));
     }
@@ -735,7 +735,7 @@ pcs_status_t cu_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, c
         }
     } else {
         k_bn_bwd<<<blocks_cover(D), kThreads, 0, cs(nn)>>>(c->f32, dx, x, dy, R, D, p->save,
-                                                         p->weight, (int)p->weight_dtype);
+                                                           p->weight, (int)p->weight_dtype);
         PCS_LAUNCH_CHECK("k_bn_bwd");
     }
     if (pcs_nn_wants(dw))
