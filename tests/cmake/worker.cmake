@@ -38,3 +38,11 @@ if(TARGET pcs-worker AND TARGET pcs-coordinator)
   set_tests_properties(test_e2e_cuda_sim PROPERTIES LABELS integration TIMEOUT 300
     ENVIRONMENT "PCS_BIN_DIR=${CMAKE_BINARY_DIR}/bin;PCS_SOURCE_DIR=${PROJECT_SOURCE_DIR};PCS_LOG_LEVEL=warn;PCS_SIMULATE_CUDA=1")
 endif()
+# The model's cuda nn path (test_model_cuda, tests/cmake/compute.cmake) on the simulated device:
+# every activation, parameter and gradient is a poisoned device pointer; the simulator computes
+# with the CPU twin, so the test's tolerances hold trivially and what it checks is where data is.
+if(TARGET test_model_cuda)
+  add_test(NAME test_model_cuda_sim COMMAND test_model_cuda)
+  set_tests_properties(test_model_cuda_sim PROPERTIES LABELS unit TIMEOUT 120
+    ENVIRONMENT "PCS_SOURCE_DIR=${PROJECT_SOURCE_DIR};PCS_LOG_LEVEL=warn;PCS_SIMULATE_CUDA=1")
+endif()
