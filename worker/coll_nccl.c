@@ -351,6 +351,10 @@ static pcs_status_t n_barrier_body(void *impl)
             return PCS_OK;
         if (e != cudaErrorNotReady)
             return cuda_fail(e, "barrier: cudaStreamQuery");
+        /* "not ready" is a status, not a failure: clear it from this thread's last error (as
+         * c10's CUDAStream::query does), or the caller's next launch check (cudaGetLastError
+         * after a kernel launch, kernels/) could report it as a launch failure */
+        (void)cudaGetLastError();
         PCS_CHECK(check_async(n, "barrier"));
         if (pcs_now_ms() > deadline)
             return pcs_set_error(PCS_ERR_TIMEOUT,
