@@ -499,6 +499,16 @@ void cu_destroy(pcs_nn_t *nn)
 pcs_status_t cu_create_into(pcs_nn_t *nn)
 {
     CudaNN *c = impl(nn);
+    /* cublasCreate binds the handle (and the workspace below) to the calling thread's current
+     * device: a stream of another device would fail at the first GEMM with a vague status */
+    int cur = -1, sdev = -1;
+    PCS_CUDA_CHECK(cudaGetDevice(&cur));
+    PCS_CUDA_CHECK(cudaStreamGetDevice(cs(nn), &sdev));
+    if (sdev != cur)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "nn cuda create: the stream is on device %d but the current device "
+                             "is %d (be->set_device(%d) first)",
+                             sdev, cur, sdev);
     PCS_CUBLAS_CHECK(cublasCreate(&c->blas));
     PCS_CUBLAS_CHECK(cublasSetStream(c->blas, cs(nn)));
     /* after SetStream, which resets the handle to the default workspace pool */
