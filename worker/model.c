@@ -813,7 +813,8 @@ static pcs_status_t norm_fwd(pcs_mlp_t *m, uint32_t mod, int in, int training, i
                                  "channel when training (batch of %u rows)",
                                  md->path, R);
     }
-    PCS_CHECK(ensure(m, &op->save, &op->save_cap, bn ? 4 * (size_t)D : 2 * (size_t)R));
+    /* LayerNorm: sized for max_rows, never regrown (see grad_target) */
+    PCS_CHECK(ensure(m, &op->save, &op->save_cap, bn ? 4 * (size_t)D : 2 * (size_t)m->max_rows));
     pcs_nn_norm_t p = norm_desc(m, mod, dt, op->save, training);
     PCS_CHECK(m->ops->norm_fwd(m->nn, &p, m->slots[in].v, m->slots[o].v));
     *out = o;
@@ -977,12 +978,18 @@ pcs_status_t pcs_mlp_forward(pcs_mlp_t *m, const float *x, pcs_dtype_t x_dtype, 
 static pcs_status_t grad_target(pcs_mlp_t *m, int s, float **dst)
 {
     slot_t *sl = &m->slots[s];
-    size_t n = (size_t)m->rows * sl->width;
+    /* Capacities for max_rows and (scratch) the widest slot, so a buffer is allocated once and
+     * never regrown: regrowing frees, and cudaFree synchronizes the whole device while the
+     * runtime's NCCL kernels of earlier units wait for peers (docs/WORKER.md, threads and
+     * communicators). */
     if (!sl->gvalid) {
-        PCS_CHECK(ensure(m, &sl->g, &sl->gcap, n));
+        PCS_CHECK(ensure(m, &sl->g, &sl->gcap, (size_t)m->max_rows * sl->width));
         *dst = sl->g;
     } else {
-        PCS_CHECK(ensure(m, &m->tmp, &m->tmp_cap, n));
+        uint32_t wmax = 0;
+        for (size_t i = 0; i < m->n_slots; i++)
+            wmax = m->slots[i].width > wmax ? m->slots[i].width : wmax;
+        PCS_CHECK(ensure(m, &m->tmp, &m->tmp_cap, (size_t)m->max_rows * wmax));
         *dst = m->tmp;
     }
     return PCS_OK;
@@ -1085,7 +1092,7 @@ pcs_status_t pcs_mlp_backward_input(pcs_mlp_t *m, const float *grad_out,
     int fin = m->out_slot;
     slot_t *sf = &m->slots[fin];
     size_t n = (size_t)m->rows * sf->width;
-    PCS_CHECK(ensure(m, &sf->g, &sf->gcap, n));
+    PCS_CHECK(ensure(m, &sf->g, &sf->gcap, (size_t)m->max_rows * sf->width)); /* grad_target */
     PCS_CHECK(m->ops->copy_round(m->nn, sf->g, grad_out, n, sf->dtype));
     sf->gvalid = 1;
     m->trained = 0; /* one backward per forward, like retain_graph=False */
