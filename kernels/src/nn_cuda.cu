@@ -4,7 +4,8 @@
  * are the same code on both backends). A bf16/fp16 Linear converts its fp32 operands to real
  * bf16/fp16 scratch (exact: they hold representable values) and runs cublasGemmEx (16BF/16F in,
  * CUBLAS_COMPUTE_32F, fp32 out): products of bf16/fp16 values are exact in fp32, so it equals the
- * CPU's sgemm up to summation order; an fp32 Linear is cublasSgemm with CUBLAS_DEFAULT_MATH (no
+ * CPU's sgemm up to summation order and the tensor cores' fp32 accumulation (several products
+ * added at once, not one IEEE rounding per add: the same as PyTorch on the GPU); an fp32 Linear is cublasSgemm with CUBLAS_DEFAULT_MATH (no
  * TF32, PyTorch's allow_tf32=False for matmul). A bias + round-to-dtype epilogue follows.
  * Everything else evaluates the CPU twin's expressions with pcs/half.h rounding (--fmad=false):
  * column sums (db, BatchNorm, LayerNorm dW/db) loop over rows in the CPU's order and give its
