@@ -5,14 +5,14 @@
  * bf16/fp16 scratch (exact: they hold representable values) and runs cublasGemmEx (16BF/16F in,
  * CUBLAS_COMPUTE_32F, fp32 out): products of bf16/fp16 values are exact in fp32, so it equals the
  * CPU's sgemm up to summation order and the tensor cores' fp32 accumulation (several products
- * added at once, not one IEEE rounding per add: the same as PyTorch on the GPU); an fp32 Linear is cublasSgemm with CUBLAS_DEFAULT_MATH (no
- * TF32, PyTorch's allow_tf32=False for matmul). A bias + round-to-dtype epilogue follows.
- * Everything else evaluates the CPU twin's expressions with pcs/half.h rounding (--fmad=false):
- * column sums (db, BatchNorm, LayerNorm dW/db) loop over rows in the CPU's order and give its
- * bits; LayerNorm row statistics are block reductions in double (order differs, then rounded to
- * fp32); erff/expf are CUDA's (within 2 ulp of glibc). One cublasHandle_t per context, bound to
- * the context's stream, with its own workspace. Errors: PCS_ERR_CUDA with one WARN naming the
- * failing call. */
+ * added at once, not one IEEE rounding per add: the same as PyTorch on the GPU); an fp32 Linear is
+ * cublasSgemm with CUBLAS_DEFAULT_MATH (no TF32, PyTorch's allow_tf32=False for matmul). A bias +
+ * round-to-dtype epilogue follows. Everything else evaluates the CPU twin's expressions with
+ * pcs/half.h rounding (--fmad=false): column sums (db, BatchNorm, LayerNorm dW/db) loop over rows
+ * in the CPU's order and give its bits; LayerNorm row statistics are block reductions in double
+ * (order differs, then rounded to fp32); erff/expf are CUDA's (within 2 ulp of glibc). One
+ * cublasHandle_t per context, bound to the context's stream, with its own workspace. Errors:
+ * PCS_ERR_CUDA with one WARN naming the failing call. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
