@@ -1,9 +1,10 @@
 /* A simulated "cuda" backend for machines without a GPU (PCS_SIMULATE_CUDA=1, tests only): device
  * memory is host memory handed out with bit 62 set, a non-canonical x86-64 address, so any host
  * load or store through a device pointer faults at once (also under ASan); every op clears the
- * tag before calling the CPU twin, copies check that their kind matches which side is tagged, and
- * freeing with the wrong allocator aborts. It checks where data lives, not stream ordering (every
- * op is synchronous), CUDA API errors or cuBLAS numerics. */
+ * tag before calling the CPU twin, copies check that their kind matches which side is tagged, new
+ * buffers hold NaN bytes (never zeros), and freeing with the wrong allocator aborts. It checks
+ * where data lives, not stream ordering (every op is synchronous), CUDA errors or cuBLAS numerics.
+ */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -107,11 +108,18 @@ static const pcs_backend_ops_t *cpu(void)
 
 // ---- memory ----
 
+/* cudaMalloc/cudaMallocHost memory is not zeroed: new buffers are filled with 0xff bytes (NaN in
+ * every float dtype, -1 as int64), so reading one before it is written or uploaded poisons the
+ * results instead of silently finding zeros. */
+#define DEVSIM_FRESH 0xff
+
 static pcs_status_t ds_alloc(size_t bytes, void **out)
 {
     PCS_CHECK(cpu()->alloc(bytes, out));
-    if (*out != NULL)
+    if (*out != NULL) {
+        memset(*out, DEVSIM_FRESH, bytes);
         *out = (void *)((uintptr_t)*out | DEVSIM_TAG);
+    }
     return PCS_OK;
 }
 
@@ -120,8 +128,10 @@ static void ds_free(void *p)
     if (p == NULL)
         return;
     if (!pcs_devsim_is_device_ptr(p)) {
-        PCS_WARN(PCS_SUB_MEM, "simulated cuda: free() of host pointer %p (allocated with "
-                              "host_alloc or malloc, not alloc): a real bug, aborting", p);
+        PCS_WARN(PCS_SUB_MEM,
+                 "simulated cuda: free() of host pointer %p (allocated with "
+                 "host_alloc or malloc, not alloc): a real bug, aborting",
+                 p);
         abort();
     }
     cpu()->free(untag(p));
@@ -129,7 +139,10 @@ static void ds_free(void *p)
 
 static pcs_status_t ds_host_alloc(size_t bytes, void **out)
 {
-    return cpu()->host_alloc(bytes, out);
+    PCS_CHECK(cpu()->host_alloc(bytes, out));
+    if (*out != NULL)
+        memset(*out, DEVSIM_FRESH, bytes);
+    return PCS_OK;
 }
 
 static void ds_host_free(void *p)
@@ -137,8 +150,10 @@ static void ds_host_free(void *p)
     if (p == NULL)
         return;
     if (pcs_devsim_is_device_ptr(p)) {
-        PCS_WARN(PCS_SUB_MEM, "simulated cuda: host_free() of device pointer %p (allocated with "
-                              "alloc): a real bug, aborting", p);
+        PCS_WARN(PCS_SUB_MEM,
+                 "simulated cuda: host_free() of device pointer %p (allocated with "
+                 "alloc): a real bug, aborting",
+                 p);
         abort();
     }
     cpu()->host_free(p);
@@ -356,8 +371,8 @@ static pcs_status_t ds_device_info(int ordinal, char *name, size_t cap, uint64_t
 {
     int n = ds_device_count();
     if (ordinal < 0 || ordinal >= n)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "device_info: device %d out of range (%d visible)",
-                             ordinal, n);
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "device_info: device %d out of range (%d visible)", ordinal, n);
     PCS_CHECK(cpu()->device_info(0, NULL, 0, memory_bytes));
     if (name != NULL && cap > 0)
         snprintf(name, cap, "%s", k_devsim_name);

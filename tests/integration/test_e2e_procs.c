@@ -679,8 +679,8 @@ static void test_simulated_cuda_keep_low_precision_grads_w2_is_bit_identical_to_
 
 /* Mixed-dtype units: fp32 LayerNorm units inside bf16 blocks (norm weights of another dtype than
  * the activations, casts at unit boundaries), bf16 reduction. */
-static void test_simulated_cuda_layernorm_override_bf16_reduce_w4_is_bit_identical_to_cpu(
-    void **state)
+static void
+test_simulated_cuda_layernorm_override_bf16_reduce_w4_is_bit_identical_to_cpu(void **state)
 {
     (void)state;
     job_params_t p = {.precision = "param_dtype: bf16, reduce_dtype: bf16, overrides: "

@@ -402,8 +402,8 @@ static void test_nn_ops_on_device_pointers_give_the_cpu_ops_bits(void **state)
     void *dgw = NULL;
     uint16_t gw[NO * K], rgw[NO * K];
     assert_int_equal(g_sim->alloc(sizeof gw, &dgw), PCS_OK);
-    pcs_nn_grad_t g = {dgw, PCS_DTYPE_BF16, PCS_DTYPE_BF16}, rg = {rgw, PCS_DTYPE_BF16,
-                                                                   PCS_DTYPE_BF16};
+    pcs_nn_grad_t g = {dgw, PCS_DTYPE_BF16, PCS_DTYPE_BF16},
+                  rg = {rgw, PCS_DTYPE_BF16, PCS_DTYPE_BF16};
     assert_int_equal(so->linear_bwd_params(sim, &l, dy, dx, &g, NULL), PCS_OK);
     assert_int_equal(ro->linear_bwd_params(ref, &rl, ry, x, &rg, NULL), PCS_OK);
     assert_int_equal(g_sim->copy(gw, dgw, sizeof gw, PCS_COPY_D2H, NULL), PCS_OK);
@@ -425,12 +425,28 @@ static void test_nn_ops_on_device_pointers_give_the_cpu_ops_bits(void **state)
     assert_int_equal(g_sim->alloc(R * K * sizeof(float), (void **)&dny), PCS_OK);
     assert_int_equal(g_sim->alloc(sizeof nbt, (void **)&dnbt), PCS_OK);
     assert_int_equal(g_sim->fill(dnbt, PCS_DTYPE_INT64, 1, 0.0, NULL), PCS_OK);
-    pcs_nn_norm_t np = {PCS_NN_BATCHNORM, R, K, PCS_DTYPE_FP32, dnw, dnb, PCS_DTYPE_FP32,
-                        PCS_DTYPE_FP32, dsave, dmean, dvar, PCS_DTYPE_FP32, PCS_DTYPE_FP32,
-                        dnbt, 1};
-    pcs_nn_norm_t rnp = {PCS_NN_BATCHNORM, R, K, PCS_DTYPE_FP32, nw, nb, PCS_DTYPE_FP32,
-                         PCS_DTYPE_FP32, rsave, rmean, rvar, PCS_DTYPE_FP32, PCS_DTYPE_FP32,
-                         &rnbt, 1};
+    const pcs_nn_norm_t f32bn = {.kind = PCS_NN_BATCHNORM,
+                                 .rows = R,
+                                 .dim = K,
+                                 .dtype = PCS_DTYPE_FP32,
+                                 .weight_dtype = PCS_DTYPE_FP32,
+                                 .bias_dtype = PCS_DTYPE_FP32,
+                                 .mean_dtype = PCS_DTYPE_FP32,
+                                 .var_dtype = PCS_DTYPE_FP32,
+                                 .training = 1};
+    pcs_nn_norm_t np = f32bn, rnp = f32bn;
+    np.weight = dnw;
+    np.bias = dnb;
+    np.save = dsave;
+    np.running_mean = dmean;
+    np.running_var = dvar;
+    np.num_batches_tracked = dnbt;
+    rnp.weight = nw;
+    rnp.bias = nb;
+    rnp.save = rsave;
+    rnp.running_mean = rmean;
+    rnp.running_var = rvar;
+    rnp.num_batches_tracked = &rnbt;
     float ny[R * K], rny[R * K];
     assert_int_equal(so->norm_fwd(sim, &np, dx, dny), PCS_OK);
     assert_int_equal(ro->norm_fwd(ref, &rnp, x, rny), PCS_OK);
