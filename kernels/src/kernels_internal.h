@@ -24,6 +24,8 @@ const pcs_backend_ops_t *pcs_backend_devsim(void);
 int pcs_devsim_enabled(void);
 int pcs_devsim_is_device_ptr(const void *p);
 pcs_status_t pcs_devsim_arg(const char *op, const char *what, const void *p, void **out);
+/* Run the copies deferred on a simulated stream (an op enqueued on it runs after them). */
+void pcs_devsim_stream_flush(pcs_stream_t s);
 
 /* Validation: each records a message with pcs_set_error() naming `op`, and returns the status. */
 /* A buffer of n elements of `dt` (NULL with n > 0, or misaligned for the element size). */

@@ -29,9 +29,12 @@ static pcs_nn_t *inner(pcs_nn_t *nn)
         *(out) = h_;                                                                               \
     } while (0)
 
+/* Checks the context, and runs the copies deferred on its stream: the op comes after them. */
 static pcs_status_t ctx(const char *op, pcs_nn_t *nn)
 {
-    return pcs_nn_check_ctx(op, nn);
+    PCS_CHECK(pcs_nn_check_ctx(op, nn));
+    pcs_devsim_stream_flush(nn->stream);
+    return PCS_OK;
 }
 
 static pcs_status_t grad_in(const char *op, const char *what, const pcs_nn_grad_t *g,

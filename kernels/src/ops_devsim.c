@@ -106,6 +106,163 @@ static const pcs_backend_ops_t *cpu(void)
     return pcs_backend_cpu();
 }
 
+// ---- streams and events ----
+
+/* Every kernel runs when it is enqueued, but a copy between device memory and *pinned* host
+ * memory (host_alloc) on a stream is deferred until the stream is synchronized (sync, event_sync
+ * of an event recorded on it, another stream waiting on such an event, or the next op on the same
+ * stream), as cudaMemcpyAsync is asynchronous there: a D2H destination holds 0xff bytes until
+ * then, so the host reading it without a sync sees NaN, and an H2D reads its source when it runs,
+ * so the host rewriting it too early changes what arrives. Copies with pageable host memory are
+ * synchronous, as CUDA makes them. The streams are non-blocking (as ops_cuda.cu creates them):
+ * the NULL stream runs everything at once and synchronizes no other stream. */
+typedef struct pending_copy {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} pending_copy_t;
+
+typedef struct devsim_stream {
+    pthread_mutex_t mu;
+    pending_copy_t *q;
+    size_t n, cap;
+} devsim_stream_t;
+
+typedef struct devsim_event {
+    pcs_event_t cpu;
+    devsim_stream_t *stream; /* the stream it was last recorded on (NULL: none or the NULL one) */
+} devsim_event_t;
+
+static devsim_stream_t *dstream(pcs_stream_t s)
+{
+    return (devsim_stream_t *)(void *)s;
+}
+
+static devsim_event_t *devent(pcs_event_t e)
+{
+    return (devsim_event_t *)(void *)e;
+}
+
+/* Run the stream's deferred copies in order. */
+static void flush(devsim_stream_t *ds)
+{
+    if (ds == NULL)
+        return;
+    pthread_mutex_lock(&ds->mu);
+    for (size_t i = 0; i < ds->n; i++)
+        memmove(ds->q[i].dst, ds->q[i].src, ds->q[i].bytes);
+    ds->n = 0;
+    pthread_mutex_unlock(&ds->mu);
+}
+
+void pcs_devsim_stream_flush(pcs_stream_t s)
+{
+    flush(dstream(s));
+}
+
+static pcs_status_t defer(devsim_stream_t *ds, void *dst, const void *src, size_t bytes)
+{
+    pthread_mutex_lock(&ds->mu);
+    if (ds->n == ds->cap) {
+        size_t cap = ds->cap ? 2 * ds->cap : 16;
+        pending_copy_t *q = realloc(ds->q, cap * sizeof *q);
+        if (q == NULL) {
+            pthread_mutex_unlock(&ds->mu);
+            return pcs_set_error(PCS_ERR_NOMEM, "simulated cuda copy: out of memory");
+        }
+        ds->q = q;
+        ds->cap = cap;
+    }
+    ds->q[ds->n++] = (pending_copy_t){dst, src, bytes};
+    pthread_mutex_unlock(&ds->mu);
+    return PCS_OK;
+}
+
+static pcs_status_t ds_stream_create(pcs_stream_t *out)
+{
+    if (out == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "stream_create: NULL out");
+    devsim_stream_t *ds = calloc(1, sizeof *ds);
+    if (ds == NULL)
+        return pcs_set_error(PCS_ERR_NOMEM, "stream_create: out of memory");
+    pthread_mutex_init(&ds->mu, NULL);
+    *out = (pcs_stream_t)(void *)ds;
+    return PCS_OK;
+}
+
+static void ds_stream_destroy(pcs_stream_t s)
+{
+    devsim_stream_t *ds = dstream(s);
+    if (ds == NULL)
+        return;
+    flush(ds); /* cudaStreamDestroy lets queued work finish */
+    pthread_mutex_destroy(&ds->mu);
+    free(ds->q);
+    free(ds);
+}
+
+static pcs_status_t ds_sync(pcs_stream_t s)
+{
+    flush(dstream(s));
+    return PCS_OK;
+}
+
+static pcs_status_t ds_event_create(pcs_event_t *out)
+{
+    if (out == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "event_create: NULL out");
+    devsim_event_t *de = calloc(1, sizeof *de);
+    if (de == NULL)
+        return pcs_set_error(PCS_ERR_NOMEM, "event_create: out of memory");
+    pcs_status_t st = cpu()->event_create(&de->cpu);
+    if (st != PCS_OK) {
+        free(de);
+        return st;
+    }
+    *out = (pcs_event_t)(void *)de;
+    return PCS_OK;
+}
+
+static void ds_event_destroy(pcs_event_t e)
+{
+    devsim_event_t *de = devent(e);
+    if (de == NULL)
+        return;
+    cpu()->event_destroy(de->cpu);
+    free(de);
+}
+
+static pcs_status_t ds_event_record(pcs_event_t e, pcs_stream_t s)
+{
+    if (e == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "event_record: NULL event");
+    devent(e)->stream = dstream(s);
+    return cpu()->event_record(devent(e)->cpu, NULL);
+}
+
+static pcs_status_t ds_stream_wait_event(pcs_stream_t s, pcs_event_t e)
+{
+    if (e == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "stream_wait_event: NULL event");
+    flush(devent(e)->stream);
+    return PCS_OK;
+}
+
+static pcs_status_t ds_event_sync(pcs_event_t e)
+{
+    if (e == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "event_sync: NULL event");
+    flush(devent(e)->stream);
+    return PCS_OK;
+}
+
+static pcs_status_t ds_event_elapsed_ms(pcs_event_t a, pcs_event_t b, float *ms)
+{
+    if (a == NULL || b == NULL)
+        return cpu()->event_elapsed_ms(NULL, NULL, ms); /* its message */
+    return cpu()->event_elapsed_ms(devent(a)->cpu, devent(b)->cpu, ms);
+}
+
 // ---- memory ----
 
 /* cudaMalloc/cudaMallocHost memory is not zeroed: new buffers are filled with 0xff bytes (NaN in
@@ -137,11 +294,49 @@ static void ds_free(void *p)
     cpu()->free(untag(p));
 }
 
+/* Live pinned allocations (few: the staging buffers), so copies know which host memory is
+ * pinned. */
+typedef struct pinned {
+    uintptr_t base;
+    size_t bytes;
+} pinned_t;
+static pthread_mutex_t g_pinned_mu = PTHREAD_MUTEX_INITIALIZER;
+static pinned_t *g_pinned;
+static size_t g_n_pinned, g_cap_pinned;
+
+static int is_pinned(const void *p, size_t bytes)
+{
+    uintptr_t a = (uintptr_t)p;
+    int found = 0;
+    pthread_mutex_lock(&g_pinned_mu);
+    for (size_t i = 0; i < g_n_pinned && !found; i++)
+        found = a >= g_pinned[i].base && a - g_pinned[i].base < g_pinned[i].bytes &&
+                bytes <= g_pinned[i].bytes - (a - g_pinned[i].base);
+    pthread_mutex_unlock(&g_pinned_mu);
+    return found;
+}
+
 static pcs_status_t ds_host_alloc(size_t bytes, void **out)
 {
     PCS_CHECK(cpu()->host_alloc(bytes, out));
-    if (*out != NULL)
-        memset(*out, DEVSIM_FRESH, bytes);
+    if (*out == NULL)
+        return PCS_OK;
+    memset(*out, DEVSIM_FRESH, bytes);
+    pthread_mutex_lock(&g_pinned_mu);
+    if (g_n_pinned == g_cap_pinned) {
+        size_t cap = g_cap_pinned ? 2 * g_cap_pinned : 16;
+        pinned_t *q = realloc(g_pinned, cap * sizeof *q);
+        if (q == NULL) {
+            pthread_mutex_unlock(&g_pinned_mu);
+            cpu()->host_free(*out);
+            *out = NULL;
+            return pcs_set_error(PCS_ERR_NOMEM, "simulated cuda host_alloc: out of memory");
+        }
+        g_pinned = q;
+        g_cap_pinned = cap;
+    }
+    g_pinned[g_n_pinned++] = (pinned_t){(uintptr_t)*out, bytes};
+    pthread_mutex_unlock(&g_pinned_mu);
     return PCS_OK;
 }
 
@@ -156,6 +351,13 @@ static void ds_host_free(void *p)
                  p);
         abort();
     }
+    pthread_mutex_lock(&g_pinned_mu);
+    for (size_t i = 0; i < g_n_pinned; i++)
+        if (g_pinned[i].base == (uintptr_t)p) {
+            g_pinned[i] = g_pinned[--g_n_pinned];
+            break;
+        }
+    pthread_mutex_unlock(&g_pinned_mu);
     cpu()->host_free(p);
 }
 
@@ -193,7 +395,15 @@ static pcs_status_t ds_copy(void *dst, const void *src, size_t bytes, pcs_copy_k
                              "%s memory (%zu bytes)",
                              kind_name(kind), dst, dd ? "device" : "host", src,
                              sd ? "device" : "host", bytes);
-    return cpu()->copy(untag(dst), untag(src), bytes, kind, s);
+    flush(dstream(s));
+    void *d = untag(dst);
+    const void *x = untag(src);
+    if (s != NULL && dd != sd && is_pinned(dd ? src : dst, bytes)) {
+        if (!dd)
+            memset(d, DEVSIM_FRESH, bytes); /* not arrived yet: see "streams and events" */
+        return defer(dstream(s), d, x, bytes);
+    }
+    return cpu()->copy(d, x, bytes, kind, NULL);
 }
 
 static pcs_status_t ds_fill(void *dst, pcs_dtype_t dt, size_t n, double value, pcs_stream_t s)
@@ -201,46 +411,8 @@ static pcs_status_t ds_fill(void *dst, pcs_dtype_t dt, size_t n, double value, p
     void *d = NULL;
     if (n > 0)
         PCS_CHECK(dev_arg("fill", "dst", dst, &d));
-    return cpu()->fill(d, dt, n, value, s);
-}
-
-// ---- streams and events: the CPU's (every op is synchronous) ----
-
-static pcs_status_t ds_stream_create(pcs_stream_t *out)
-{
-    return cpu()->stream_create(out);
-}
-static void ds_stream_destroy(pcs_stream_t s)
-{
-    cpu()->stream_destroy(s);
-}
-static pcs_status_t ds_sync(pcs_stream_t s)
-{
-    return cpu()->sync(s);
-}
-static pcs_status_t ds_event_create(pcs_event_t *out)
-{
-    return cpu()->event_create(out);
-}
-static void ds_event_destroy(pcs_event_t e)
-{
-    cpu()->event_destroy(e);
-}
-static pcs_status_t ds_event_record(pcs_event_t e, pcs_stream_t s)
-{
-    return cpu()->event_record(e, s);
-}
-static pcs_status_t ds_stream_wait_event(pcs_stream_t s, pcs_event_t e)
-{
-    return cpu()->stream_wait_event(s, e);
-}
-static pcs_status_t ds_event_sync(pcs_event_t e)
-{
-    return cpu()->event_sync(e);
-}
-static pcs_status_t ds_event_elapsed_ms(pcs_event_t a, pcs_event_t b, float *ms)
-{
-    return cpu()->event_elapsed_ms(a, b, ms);
+    flush(dstream(s));
+    return cpu()->fill(d, dt, n, value, NULL);
 }
 
 // ---- element-wise ops: untag, then the CPU twin ----
@@ -248,11 +420,12 @@ static pcs_status_t ds_event_elapsed_ms(pcs_event_t a, pcs_event_t b, float *ms)
 static pcs_status_t ds_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
                             pcs_stream_t s)
 {
+    flush(dstream(s)); /* in stream order after its deferred copies */
     devsim_list_t d, x;
     PCS_CHECK(list_in("cast", "dst", dst, count, &d));
     pcs_status_t st = list_in("cast", "src", src, count, &x);
     if (st == PCS_OK)
-        st = cpu()->cast(d.t, x.t, count, s);
+        st = cpu()->cast(d.t, x.t, count, NULL);
     list_done(&d);
     list_done(&x);
     return st;
@@ -260,9 +433,10 @@ static pcs_status_t ds_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, si
 
 static pcs_status_t ds_scale(const pcs_tensor_t *t, size_t count, float factor, pcs_stream_t s)
 {
+    flush(dstream(s)); /* in stream order after its deferred copies */
     devsim_list_t l;
     PCS_CHECK(list_in("scale", "t", t, count, &l));
-    pcs_status_t st = cpu()->scale(l.t, count, factor, s);
+    pcs_status_t st = cpu()->scale(l.t, count, factor, NULL);
     list_done(&l);
     return st;
 }
@@ -270,11 +444,12 @@ static pcs_status_t ds_scale(const pcs_tensor_t *t, size_t count, float factor, 
 static pcs_status_t ds_accumulate(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
                                   pcs_stream_t s)
 {
+    flush(dstream(s)); /* in stream order after its deferred copies */
     devsim_list_t d, x;
     PCS_CHECK(list_in("accumulate", "dst", dst, count, &d));
     pcs_status_t st = list_in("accumulate", "src", src, count, &x);
     if (st == PCS_OK)
-        st = cpu()->accumulate(d.t, x.t, count, s);
+        st = cpu()->accumulate(d.t, x.t, count, NULL);
     list_done(&d);
     list_done(&x);
     return st;
@@ -283,24 +458,26 @@ static pcs_status_t ds_accumulate(const pcs_tensor_t *dst, const pcs_tensor_t *s
 static pcs_status_t ds_nonfinite(const pcs_tensor_t *t, size_t count, float *found_inf,
                                  const float *inv_scale, pcs_stream_t s)
 {
+    flush(dstream(s)); /* in stream order after its deferred copies */
     const char *op = "nonfinite_check_and_unscale";
     void *fi, *is;
     PCS_CHECK(dev_arg(op, "found_inf", found_inf, &fi));
     PCS_CHECK(dev_arg(op, "inv_scale", inv_scale, &is));
     devsim_list_t l;
     PCS_CHECK(list_in(op, "t", t, count, &l));
-    pcs_status_t st = cpu()->nonfinite_check_and_unscale(l.t, count, fi, is, s);
+    pcs_status_t st = cpu()->nonfinite_check_and_unscale(l.t, count, fi, is, NULL);
     list_done(&l);
     return st;
 }
 
 static pcs_status_t ds_sum_squares(const pcs_tensor_t *t, size_t count, float *out, pcs_stream_t s)
 {
+    flush(dstream(s)); /* in stream order after its deferred copies */
     void *o;
     PCS_CHECK(dev_arg("sum_squares", "out", out, &o));
     devsim_list_t l;
     PCS_CHECK(list_in("sum_squares", "t", t, count, &l));
-    pcs_status_t st = cpu()->sum_squares(l.t, count, o, s);
+    pcs_status_t st = cpu()->sum_squares(l.t, count, o, NULL);
     list_done(&l);
     return st;
 }
@@ -310,6 +487,7 @@ static pcs_status_t ds_adamw(const pcs_tensor_t *param, const pcs_tensor_t *grad
                              size_t count, const pcs_adamw_config_t *cfg, int64_t step,
                              pcs_stream_t s)
 {
+    flush(dstream(s)); /* in stream order after its deferred copies */
     const char *op = "adamw_update";
     devsim_list_t p, g, m, v;
     p.t = g.t = m.t = v.t = NULL;
@@ -321,7 +499,7 @@ static pcs_status_t ds_adamw(const pcs_tensor_t *param, const pcs_tensor_t *grad
     if (st == PCS_OK)
         st = list_in(op, "exp_avg_sq", exp_avg_sq, count, &v);
     if (st == PCS_OK)
-        st = cpu()->adamw_update(p.t, g.t, m.t, v.t, count, cfg, step, s);
+        st = cpu()->adamw_update(p.t, g.t, m.t, v.t, count, cfg, step, NULL);
     list_done(&p);
     list_done(&g);
     list_done(&m);
@@ -333,6 +511,7 @@ static pcs_status_t ds_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad,
                            const pcs_tensor_t *buf, size_t count, const pcs_sgd_config_t *cfg,
                            int first_step, pcs_stream_t s)
 {
+    flush(dstream(s)); /* in stream order after its deferred copies */
     const char *op = "sgd_update";
     devsim_list_t p, g, b;
     p.t = g.t = b.t = NULL;
@@ -342,7 +521,7 @@ static pcs_status_t ds_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad,
     if (st == PCS_OK)
         st = list_in(op, "momentum_buf", buf, count, &b);
     if (st == PCS_OK)
-        st = cpu()->sgd_update(p.t, g.t, buf ? b.t : NULL, count, cfg, first_step, s);
+        st = cpu()->sgd_update(p.t, g.t, buf ? b.t : NULL, count, cfg, first_step, NULL);
     list_done(&p);
     list_done(&g);
     list_done(&b);

@@ -232,6 +232,87 @@ static void test_copies_round_trip_and_a_kind_that_does_not_match_is_refused(voi
     g_sim->free(d2);
 }
 
+// ---- fresh memory and stream order ----
+
+static void test_fresh_buffers_hold_nan_bytes_not_zeros(void **state)
+{
+    (void)state;
+    float *d = NULL, *h = NULL, back[4];
+    assert_int_equal(g_sim->alloc(sizeof back, (void **)&d), PCS_OK);
+    assert_int_equal(g_sim->host_alloc(sizeof back, (void **)&h), PCS_OK);
+    download(back, d, 4);
+    for (int i = 0; i < 4; i++) {
+        assert_true(back[i] != back[i]); /* NaN */
+        assert_true(h[i] != h[i]);
+    }
+    g_sim->free(d);
+    g_sim->host_free(h);
+}
+
+/* cudaMemcpyAsync with pinned memory completes when the stream does: the host sees the D2H data
+ * only after sync / event_sync, an H2D reads its source when it runs, and a later op on the same
+ * stream runs after it. Pageable memory is copied at once (as CUDA does). */
+static void test_pinned_copies_on_a_stream_complete_at_its_sync(void **state)
+{
+    (void)state;
+    enum { N = 8 };
+    float src[N], pageable[N];
+    for (int i = 0; i < N; i++)
+        src[i] = (float)i + 0.5f;
+    float *d = upload(src, N), *pin = NULL;
+    assert_int_equal(g_sim->host_alloc(N * sizeof(float), (void **)&pin), PCS_OK);
+    pcs_stream_t s = NULL, s2 = NULL;
+    pcs_event_t e = NULL;
+    assert_int_equal(g_sim->stream_create(&s), PCS_OK);
+    assert_int_equal(g_sim->stream_create(&s2), PCS_OK);
+    assert_int_equal(g_sim->event_create(&e), PCS_OK);
+
+    assert_int_equal(g_sim->copy(pin, d, sizeof src, PCS_COPY_D2H, s), PCS_OK);
+    assert_true(pin[0] != pin[0]); /* not arrived: a host read without a sync sees NaN */
+    assert_int_equal(g_sim->sync(s), PCS_OK);
+    assert_memory_equal(pin, src, sizeof src);
+
+    assert_int_equal(g_sim->copy(pageable, d, sizeof src, PCS_COPY_D2H, s), PCS_OK);
+    assert_memory_equal(pageable, src, sizeof src); /* pageable: synchronous */
+
+    memset(pin, 0, sizeof src);
+    assert_int_equal(g_sim->copy(pin, d, sizeof src, PCS_COPY_D2H, s), PCS_OK);
+    assert_int_equal(g_sim->event_record(e, s), PCS_OK);
+    assert_true(pin[1] != pin[1]);
+    assert_int_equal(g_sim->event_sync(e), PCS_OK);
+    assert_memory_equal(pin, src, sizeof src);
+
+    /* H2D from pinned memory: the source is read when the copy runs, before the next op on s */
+    for (int i = 0; i < N; i++)
+        pin[i] = 2.0f;
+    assert_int_equal(g_sim->copy(d, pin, sizeof src, PCS_COPY_H2D, s), PCS_OK);
+    for (int i = 0; i < N; i++)
+        pin[i] = 3.0f; /* a host write racing the copy: what arrives is what is there at its turn */
+    assert_int_equal(pcs_kernel_scale(g_sim, d, PCS_DTYPE_FP32, N, 2.0f, s), PCS_OK);
+    float back[N];
+    download(back, d, N);
+    for (int i = 0; i < N; i++)
+        assert_true(back[i] == 6.0f);
+
+    /* another stream waiting on an event recorded after a D2H orders it first */
+    assert_int_equal(g_sim->copy(pin, d, sizeof src, PCS_COPY_D2H, s), PCS_OK);
+    assert_int_equal(g_sim->event_record(e, s), PCS_OK);
+    assert_int_equal(g_sim->stream_wait_event(s2, e), PCS_OK);
+    assert_int_equal(g_sim->sync(s2), PCS_OK);
+    assert_true(pin[0] == 6.0f);
+
+    /* destroying a stream lets its queued copies finish (cudaStreamDestroy) */
+    assert_int_equal(g_sim->copy(d, src, sizeof src, PCS_COPY_H2D, NULL), PCS_OK);
+    assert_int_equal(g_sim->copy(pin, d, sizeof src, PCS_COPY_D2H, s), PCS_OK);
+    g_sim->stream_destroy(s);
+    assert_memory_equal(pin, src, sizeof src);
+
+    g_sim->stream_destroy(s2);
+    g_sim->event_destroy(e);
+    g_sim->host_free(pin);
+    g_sim->free(d);
+}
+
 // ---- element-wise ops ----
 
 static void test_ops_on_device_pointers_give_the_cpu_twins_bits(void **state)
@@ -495,6 +576,8 @@ int main(void)
         cmocka_unit_test(test_host_store_through_a_device_pointer_faults),
         cmocka_unit_test(test_freeing_with_the_wrong_allocator_aborts),
         cmocka_unit_test(test_copies_round_trip_and_a_kind_that_does_not_match_is_refused),
+        cmocka_unit_test(test_fresh_buffers_hold_nan_bytes_not_zeros),
+        cmocka_unit_test(test_pinned_copies_on_a_stream_complete_at_its_sync),
         cmocka_unit_test(test_ops_on_device_pointers_give_the_cpu_twins_bits),
         cmocka_unit_test(test_a_host_pointer_given_to_a_device_op_is_refused_with_its_name),
         cmocka_unit_test(test_nn_ops_on_device_pointers_give_the_cpu_ops_bits),
