@@ -24,8 +24,9 @@ const pcs_backend_ops_t *pcs_backend_devsim(void);
 int pcs_devsim_enabled(void);
 int pcs_devsim_is_device_ptr(const void *p);
 pcs_status_t pcs_devsim_arg(const char *op, const char *what, const void *p, void **out);
-/* Run the copies deferred on a simulated stream (an op enqueued on it runs after them). */
-void pcs_devsim_stream_flush(pcs_stream_t s);
+/* Queue run(arg) on simulated stream s (NULL: run now and return its status). arg is a malloc'd
+ * block the simulator frees after running it (also when queueing fails). */
+pcs_status_t pcs_devsim_submit(pcs_stream_t s, pcs_status_t (*run)(void *arg), void *arg);
 
 /* Validation: each records a message with pcs_set_error() naming `op`, and returns the status. */
 /* A buffer of n elements of `dt` (NULL with n > 0, or misaligned for the element size). */

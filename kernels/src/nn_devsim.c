@@ -2,7 +2,8 @@
  * poison tag of each device pointer it is given (arrays, the pointers inside the Linear / norm
  * descriptors and gradient destinations) and runs the "cpu" op on the untagged copies, so a model
  * that hands the device ops a host array fails with a message naming the op and the argument,
- * and a host dereference of a device array faults. Numerics are the CPU twin's, bit for bit. */
+ * and a host dereference of a device array faults. The op runs on the context's stream when the
+ * simulator runs that stream's work (ops_devsim.c). Numerics are the CPU twin's, bit for bit. */
 #include <stdlib.h>
 
 #include "kernels_internal.h"
@@ -29,13 +30,104 @@ static pcs_nn_t *inner(pcs_nn_t *nn)
         *(out) = h_;                                                                               \
     } while (0)
 
-/* Checks the context, and runs the copies deferred on its stream: the op comes after them. */
 static pcs_status_t ctx(const char *op, pcs_nn_t *nn)
 {
-    PCS_CHECK(pcs_nn_check_ctx(op, nn));
-    pcs_devsim_stream_flush(nn->stream);
+    return pcs_nn_check_ctx(op, nn);
+}
+
+/* One queued nn op: its arguments, untagged and copied (descriptors by value). */
+typedef enum {
+    NN_COPY_ROUND,
+    NN_ADD,
+    NN_ACT_FWD,
+    NN_ACT_BWD,
+    NN_LIN_FWD,
+    NN_LIN_BWD_P,
+    NN_LIN_BWD_I,
+    NN_NORM_FWD,
+    NN_NORM_BWD
+} nn_op_t;
+
+typedef struct nn_task {
+    nn_op_t op;
+    pcs_nn_t *in;
+    pcs_nn_act_t act;
+    float *p[4];
+    size_t n;
+    pcs_dtype_t dt;
+    pcs_nn_linear_t l;
+    pcs_nn_norm_t nm;
+    pcs_nn_grad_t gw, gb;
+    int has_l, has_nm, has_gw, has_gb;
+} nn_task_t;
+
+static pcs_status_t run_nn(void *arg)
+{
+    nn_task_t *t = arg;
+    const pcs_nn_ops_t *c = cpu_ops();
+    const pcs_nn_linear_t *L = t->has_l ? &t->l : NULL;
+    const pcs_nn_norm_t *P = t->has_nm ? &t->nm : NULL;
+    const pcs_nn_grad_t *GW = t->has_gw ? &t->gw : NULL, *GB = t->has_gb ? &t->gb : NULL;
+    float **p = t->p;
+    switch (t->op) {
+    case NN_COPY_ROUND:
+        return c->copy_round(t->in, p[0], p[1], t->n, t->dt);
+    case NN_ADD:
+        return c->add(t->in, p[0], p[1], p[2], t->n, t->dt);
+    case NN_ACT_FWD:
+        return c->act_fwd(t->in, t->act, p[0], p[1], t->n, t->dt);
+    case NN_ACT_BWD:
+        return c->act_bwd(t->in, t->act, p[0], p[1], p[2], p[3], t->n);
+    case NN_LIN_FWD:
+        return c->linear_fwd(t->in, L, p[0], p[1]);
+    case NN_LIN_BWD_P:
+        return c->linear_bwd_params(t->in, L, p[0], p[1], GW, GB);
+    case NN_LIN_BWD_I:
+        return c->linear_bwd_input(t->in, L, p[0], p[1]);
+    case NN_NORM_FWD:
+        return c->norm_fwd(t->in, P, p[0], p[1]);
+    case NN_NORM_BWD:
+        return c->norm_bwd(t->in, P, p[0], p[1], p[2], GW, GB);
+    }
+    return pcs_set_error(PCS_ERR_INTERNAL, "simulated cuda nn: unknown op %d", (int)t->op);
+}
+
+static pcs_status_t new_task(pcs_nn_t *nn, nn_op_t op, nn_task_t **out)
+{
+    nn_task_t *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        return pcs_set_error(PCS_ERR_NOMEM, "simulated cuda nn: out of memory");
+    t->op = op;
+    t->in = inner(nn);
+    *out = t;
     return PCS_OK;
 }
+
+/* Queue t on the context's stream (the task is freed there, also on failure). */
+static pcs_status_t submit(pcs_nn_t *nn, nn_task_t *t)
+{
+    return pcs_devsim_submit(nn->stream, run_nn, t);
+}
+
+/* Argument untagging into a task: on failure the task is freed and the status returned. */
+#define TDEV(t, op, what, p, out)                                                                  \
+    do {                                                                                           \
+        void *h_;                                                                                  \
+        pcs_status_t st_ = pcs_devsim_arg(op, what, p, &h_);                                       \
+        if (st_ != PCS_OK) {                                                                       \
+            free(t);                                                                               \
+            return st_;                                                                            \
+        }                                                                                          \
+        *(out) = h_;                                                                               \
+    } while (0)
+#define TCHECK(t, call)                                                                            \
+    do {                                                                                           \
+        pcs_status_t st_ = (call);                                                                 \
+        if (st_ != PCS_OK) {                                                                       \
+            free(t);                                                                               \
+            return st_;                                                                            \
+        }                                                                                          \
+    } while (0)
 
 static pcs_status_t grad_in(const char *op, const char *what, const pcs_nn_grad_t *g,
                             pcs_nn_grad_t *out, const pcs_nn_grad_t **use)
@@ -120,10 +212,13 @@ static pcs_status_t ds_copy_round(pcs_nn_t *nn, float *dst, const float *src, si
 {
     const char *op = "copy_round";
     PCS_CHECK(ctx(op, nn));
-    float *d, *x;
-    DEV(op, "dst", dst, &d);
-    DEV(op, "src", src, &x);
-    return cpu_ops()->copy_round(inner(nn), d, x, n, dt);
+    nn_task_t *t = NULL;
+    PCS_CHECK(new_task(nn, NN_COPY_ROUND, &t));
+    TDEV(t, op, "dst", dst, &t->p[0]);
+    TDEV(t, op, "src", src, &t->p[1]);
+    t->n = n;
+    t->dt = dt;
+    return submit(nn, t);
 }
 
 static pcs_status_t ds_add(pcs_nn_t *nn, float *y, const float *a, const float *b, size_t n,
@@ -131,11 +226,14 @@ static pcs_status_t ds_add(pcs_nn_t *nn, float *y, const float *a, const float *
 {
     const char *op = "add";
     PCS_CHECK(ctx(op, nn));
-    float *Y, *A, *B;
-    DEV(op, "y", y, &Y);
-    DEV(op, "a", a, &A);
-    DEV(op, "b", b, &B);
-    return cpu_ops()->add(inner(nn), Y, A, B, n, dt);
+    nn_task_t *t = NULL;
+    PCS_CHECK(new_task(nn, NN_ADD, &t));
+    TDEV(t, op, "y", y, &t->p[0]);
+    TDEV(t, op, "a", a, &t->p[1]);
+    TDEV(t, op, "b", b, &t->p[2]);
+    t->n = n;
+    t->dt = dt;
+    return submit(nn, t);
 }
 
 static pcs_status_t ds_act_fwd(pcs_nn_t *nn, pcs_nn_act_t act, float *y, const float *x, size_t n,
@@ -143,10 +241,14 @@ static pcs_status_t ds_act_fwd(pcs_nn_t *nn, pcs_nn_act_t act, float *y, const f
 {
     const char *op = "act_fwd";
     PCS_CHECK(ctx(op, nn));
-    float *Y, *X;
-    DEV(op, "y", y, &Y);
-    DEV(op, "x", x, &X);
-    return cpu_ops()->act_fwd(inner(nn), act, Y, X, n, dt);
+    nn_task_t *t = NULL;
+    PCS_CHECK(new_task(nn, NN_ACT_FWD, &t));
+    TDEV(t, op, "y", y, &t->p[0]);
+    TDEV(t, op, "x", x, &t->p[1]);
+    t->act = act;
+    t->n = n;
+    t->dt = dt;
+    return submit(nn, t);
 }
 
 static pcs_status_t ds_act_bwd(pcs_nn_t *nn, pcs_nn_act_t act, float *dx, const float *x,
@@ -154,12 +256,15 @@ static pcs_status_t ds_act_bwd(pcs_nn_t *nn, pcs_nn_act_t act, float *dx, const 
 {
     const char *op = "act_bwd";
     PCS_CHECK(ctx(op, nn));
-    float *DX, *X, *Y, *DY;
-    DEV(op, "dx", dx, &DX);
-    DEV(op, "x", x, &X);
-    DEV(op, "y", y, &Y);
-    DEV(op, "dy", dy, &DY);
-    return cpu_ops()->act_bwd(inner(nn), act, DX, X, Y, DY, n);
+    nn_task_t *t = NULL;
+    PCS_CHECK(new_task(nn, NN_ACT_BWD, &t));
+    TDEV(t, op, "dx", dx, &t->p[0]);
+    TDEV(t, op, "x", x, &t->p[1]);
+    TDEV(t, op, "y", y, &t->p[2]);
+    TDEV(t, op, "dy", dy, &t->p[3]);
+    t->act = act;
+    t->n = n;
+    return submit(nn, t);
 }
 
 // ---- Linear ----
@@ -168,13 +273,14 @@ static pcs_status_t ds_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const 
 {
     const char *op = "linear_fwd";
     PCS_CHECK(ctx(op, nn));
-    pcs_nn_linear_t lc;
+    nn_task_t *t = NULL;
+    PCS_CHECK(new_task(nn, NN_LIN_FWD, &t));
     const pcs_nn_linear_t *L;
-    PCS_CHECK(linear_in(op, l, &lc, &L));
-    float *X, *Y;
-    DEV(op, "x", x, &X);
-    DEV(op, "y", y, &Y);
-    return cpu_ops()->linear_fwd(inner(nn), L, X, Y);
+    TCHECK(t, linear_in(op, l, &t->l, &L));
+    t->has_l = L != NULL;
+    TDEV(t, op, "x", x, &t->p[0]);
+    TDEV(t, op, "y", y, &t->p[1]);
+    return submit(nn, t);
 }
 
 static pcs_status_t ds_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy,
@@ -183,17 +289,19 @@ static pcs_status_t ds_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l,
 {
     const char *op = "linear_bwd_params";
     PCS_CHECK(ctx(op, nn));
-    pcs_nn_linear_t lc;
+    nn_task_t *t = NULL;
+    PCS_CHECK(new_task(nn, NN_LIN_BWD_P, &t));
     const pcs_nn_linear_t *L;
-    PCS_CHECK(linear_in(op, l, &lc, &L));
-    pcs_nn_grad_t gw, gb;
     const pcs_nn_grad_t *GW, *GB;
-    PCS_CHECK(grad_in(op, "dweight", dw, &gw, &GW));
-    PCS_CHECK(grad_in(op, "dbias", db, &gb, &GB));
-    float *DY, *X;
-    DEV(op, "dy", dy, &DY);
-    DEV(op, "x", x, &X);
-    return cpu_ops()->linear_bwd_params(inner(nn), L, DY, X, GW, GB);
+    TCHECK(t, linear_in(op, l, &t->l, &L));
+    TCHECK(t, grad_in(op, "dweight", dw, &t->gw, &GW));
+    TCHECK(t, grad_in(op, "dbias", db, &t->gb, &GB));
+    t->has_l = L != NULL;
+    t->has_gw = GW != NULL;
+    t->has_gb = GB != NULL;
+    TDEV(t, op, "dy", dy, &t->p[0]);
+    TDEV(t, op, "x", x, &t->p[1]);
+    return submit(nn, t);
 }
 
 static pcs_status_t ds_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy,
@@ -201,13 +309,14 @@ static pcs_status_t ds_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l, 
 {
     const char *op = "linear_bwd_input";
     PCS_CHECK(ctx(op, nn));
-    pcs_nn_linear_t lc;
+    nn_task_t *t = NULL;
+    PCS_CHECK(new_task(nn, NN_LIN_BWD_I, &t));
     const pcs_nn_linear_t *L;
-    PCS_CHECK(linear_in(op, l, &lc, &L));
-    float *DY, *DX;
-    DEV(op, "dy", dy, &DY);
-    DEV(op, "dx", dx, &DX);
-    return cpu_ops()->linear_bwd_input(inner(nn), L, DY, DX);
+    TCHECK(t, linear_in(op, l, &t->l, &L));
+    t->has_l = L != NULL;
+    TDEV(t, op, "dy", dy, &t->p[0]);
+    TDEV(t, op, "dx", dx, &t->p[1]);
+    return submit(nn, t);
 }
 
 // ---- LayerNorm / BatchNorm1d ----
@@ -216,13 +325,14 @@ static pcs_status_t ds_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const floa
 {
     const char *op = "norm_fwd";
     PCS_CHECK(ctx(op, nn));
-    pcs_nn_norm_t pc;
+    nn_task_t *t = NULL;
+    PCS_CHECK(new_task(nn, NN_NORM_FWD, &t));
     const pcs_nn_norm_t *P;
-    PCS_CHECK(norm_in(op, p, &pc, &P));
-    float *X, *Y;
-    DEV(op, "x", x, &X);
-    DEV(op, "y", y, &Y);
-    return cpu_ops()->norm_fwd(inner(nn), P, X, Y);
+    TCHECK(t, norm_in(op, p, &t->nm, &P));
+    t->has_nm = P != NULL;
+    TDEV(t, op, "x", x, &t->p[0]);
+    TDEV(t, op, "y", y, &t->p[1]);
+    return submit(nn, t);
 }
 
 static pcs_status_t ds_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x,
@@ -231,18 +341,20 @@ static pcs_status_t ds_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const floa
 {
     const char *op = "norm_bwd";
     PCS_CHECK(ctx(op, nn));
-    pcs_nn_norm_t pc;
+    nn_task_t *t = NULL;
+    PCS_CHECK(new_task(nn, NN_NORM_BWD, &t));
     const pcs_nn_norm_t *P;
-    PCS_CHECK(norm_in(op, p, &pc, &P));
-    pcs_nn_grad_t gw, gb;
     const pcs_nn_grad_t *GW, *GB;
-    PCS_CHECK(grad_in(op, "dweight", dw, &gw, &GW));
-    PCS_CHECK(grad_in(op, "dbias", db, &gb, &GB));
-    float *X, *DY, *DX;
-    DEV(op, "x", x, &X);
-    DEV(op, "dy", dy, &DY);
-    DEV(op, "dx", dx, &DX);
-    return cpu_ops()->norm_bwd(inner(nn), P, X, DY, DX, GW, GB);
+    TCHECK(t, norm_in(op, p, &t->nm, &P));
+    TCHECK(t, grad_in(op, "dweight", dw, &t->gw, &GW));
+    TCHECK(t, grad_in(op, "dbias", db, &t->gb, &GB));
+    t->has_nm = P != NULL;
+    t->has_gw = GW != NULL;
+    t->has_gb = GB != NULL;
+    TDEV(t, op, "x", x, &t->p[0]);
+    TDEV(t, op, "dy", dy, &t->p[1]);
+    TDEV(t, op, "dx", dx, &t->p[2]);
+    return submit(nn, t);
 }
 
 static const pcs_nn_ops_t k_devsim_ops = {

@@ -53,52 +53,35 @@ pcs_status_t pcs_devsim_arg(const char *op, const char *what, const void *p, voi
     return dev_arg(op, what, p, out);
 }
 
-/* The untagged copy of a tensor list; empty tensors may carry any pointer (never read). */
-typedef struct devsim_list {
-    pcs_tensor_t small[DEVSIM_LIST_N];
-    pcs_tensor_t *t;
-} devsim_list_t;
-
+/* An untagged, heap-allocated copy of a tensor list (a queued op owns it; NULL when empty or
+ * when `in` is NULL, which the CPU twin reports). Empty tensors may carry any pointer. */
 static pcs_status_t list_in(const char *op, const char *what, const pcs_tensor_t *in, size_t count,
-                            devsim_list_t *l)
+                            pcs_tensor_t **out)
 {
-    l->t = NULL;
+    *out = NULL;
     if (in == NULL || count == 0)
-        return PCS_OK; /* the CPU twin reports a NULL list with count > 0 */
-    if (count <= DEVSIM_LIST_N) {
-        l->t = l->small;
-    } else {
-        if (count > SIZE_MAX / sizeof(pcs_tensor_t))
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: %s count %zu overflows", op, what,
-                                 count);
-        l->t = malloc(count * sizeof(pcs_tensor_t));
-        if (l->t == NULL)
-            return pcs_set_error(PCS_ERR_NOMEM, "simulated cuda %s: out of memory", op);
-    }
+        return PCS_OK;
+    if (count > SIZE_MAX / sizeof(pcs_tensor_t))
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: %s count %zu overflows", op, what, count);
+    pcs_tensor_t *t = malloc(count * sizeof *t);
+    if (t == NULL)
+        return pcs_set_error(PCS_ERR_NOMEM, "simulated cuda %s: out of memory", op);
     for (size_t k = 0; k < count; k++) {
-        l->t[k] = in[k];
+        t[k] = in[k];
         if (in[k].n == 0) {
-            l->t[k].data = untag(in[k].data);
+            t[k].data = untag(in[k].data);
             continue;
         }
         char name[64];
         snprintf(name, sizeof name, "%s[%zu]", what, k);
-        pcs_status_t st = dev_arg(op, name, in[k].data, &l->t[k].data);
+        pcs_status_t st = dev_arg(op, name, in[k].data, &t[k].data);
         if (st != PCS_OK) {
-            if (l->t != l->small)
-                free(l->t);
-            l->t = NULL;
+            free(t);
             return st;
         }
     }
+    *out = t;
     return PCS_OK;
-}
-
-static void list_done(devsim_list_t *l)
-{
-    if (l->t != NULL && l->t != l->small)
-        free(l->t);
-    l->t = NULL;
 }
 
 static const pcs_backend_ops_t *cpu(void)
@@ -106,32 +89,40 @@ static const pcs_backend_ops_t *cpu(void)
     return pcs_backend_cpu();
 }
 
-// ---- streams and events ----
+// ---- streams and events: work is queued per stream and runs when the host waits for it ----
 
-/* Every kernel runs when it is enqueued, but a copy between device memory and *pinned* host
- * memory (host_alloc) on a stream is deferred until the stream is synchronized (sync, event_sync
- * of an event recorded on it, another stream waiting on such an event, or the next op on the same
- * stream), as cudaMemcpyAsync is asynchronous there: a D2H destination holds 0xff bytes until
- * then, so the host reading it without a sync sees NaN, and an H2D reads its source when it runs,
- * so the host rewriting it too early changes what arrives. Copies with pageable host memory are
- * synchronous, as CUDA makes them. The streams are non-blocking (as ops_cuda.cu creates them):
- * the NULL stream runs everything at once and synchronizes no other stream. */
-typedef struct pending_copy {
-    void *dst;
-    const void *src;
-    size_t bytes;
-} pending_copy_t;
+/* Work on a stream runs in stream order, but only when something waits for it: sync(s),
+ * event_sync of an event recorded on s, another stream waiting on such an event (the prefix
+ * recorded runs then), a pageable D2H on s (synchronous in CUDA), or a free (cudaFree and
+ * cudaFreeHost synchronize the device). So a consumer on another stream that forgot its
+ * stream_wait_event reads what was there before the producer's work, a host read of a pinned D2H
+ * destination before the sync sees the 0xff bytes put there at enqueue, and an H2D from pinned
+ * memory reads its source when it runs. The streams are non-blocking (as ops_cuda.cu creates
+ * them): the NULL stream runs its work at once and waits for no other stream. An error found when
+ * queued work runs is sticky on its stream and returned by the next sync or event_sync there. */
+typedef struct devsim_task {
+    pcs_status_t (*run)(void *arg);
+    void *arg; /* malloc'd, freed after run */
+} devsim_task_t;
 
 typedef struct devsim_stream {
     pthread_mutex_t mu;
-    pending_copy_t *q;
+    devsim_task_t *q;
     size_t n, cap;
+    uint64_t enqueued, done; /* task sequence numbers */
+    pcs_status_t err;        /* first failure of queued work, reported once by a sync */
+    char msg[512];
+    struct devsim_stream *next, *prev; /* every live stream, for frees */
 } devsim_stream_t;
 
 typedef struct devsim_event {
     pcs_event_t cpu;
-    devsim_stream_t *stream; /* the stream it was last recorded on (NULL: none or the NULL one) */
+    devsim_stream_t *stream; /* where it was last recorded (NULL: the NULL stream or never) */
+    uint64_t seq;            /* work enqueued there before the record */
 } devsim_event_t;
+
+static pthread_mutex_t g_streams_mu = PTHREAD_MUTEX_INITIALIZER;
+static devsim_stream_t *g_streams;
 
 static devsim_stream_t *dstream(pcs_stream_t s)
 {
@@ -143,37 +134,76 @@ static devsim_event_t *devent(pcs_event_t e)
     return (devsim_event_t *)(void *)e;
 }
 
-/* Run the stream's deferred copies in order. */
-static void flush(devsim_stream_t *ds)
+/* Run the stream's queued work up to sequence number `upto` (UINT64_MAX: all of it), in order. */
+static void run_until(devsim_stream_t *ds, uint64_t upto)
 {
     if (ds == NULL)
         return;
     pthread_mutex_lock(&ds->mu);
-    for (size_t i = 0; i < ds->n; i++)
-        memmove(ds->q[i].dst, ds->q[i].src, ds->q[i].bytes);
-    ds->n = 0;
+    size_t k = 0;
+    while (k < ds->n && ds->done < upto) {
+        devsim_task_t t = ds->q[k++];
+        pcs_status_t st = t.run(t.arg);
+        free(t.arg);
+        ds->done++;
+        if (st != PCS_OK && ds->err == PCS_OK) {
+            ds->err = st;
+            snprintf(ds->msg, sizeof ds->msg, "%s", pcs_last_error());
+        }
+    }
+    memmove(ds->q, ds->q + k, (ds->n - k) * sizeof *ds->q);
+    ds->n -= k;
     pthread_mutex_unlock(&ds->mu);
 }
 
-void pcs_devsim_stream_flush(pcs_stream_t s)
+/* The sticky error of queued work, once. */
+static pcs_status_t take_error(devsim_stream_t *ds)
 {
-    flush(dstream(s));
+    if (ds == NULL)
+        return PCS_OK;
+    pthread_mutex_lock(&ds->mu);
+    pcs_status_t st = ds->err;
+    char msg[sizeof ds->msg];
+    snprintf(msg, sizeof msg, "%s", ds->msg);
+    ds->err = PCS_OK;
+    pthread_mutex_unlock(&ds->mu);
+    if (st != PCS_OK)
+        return pcs_set_error(st, "simulated cuda: queued work failed: %s", msg);
+    return PCS_OK;
 }
 
-static pcs_status_t defer(devsim_stream_t *ds, void *dst, const void *src, size_t bytes)
+static void run_all_streams(void)
 {
+    pthread_mutex_lock(&g_streams_mu);
+    for (devsim_stream_t *ds = g_streams; ds != NULL; ds = ds->next)
+        run_until(ds, UINT64_MAX);
+    pthread_mutex_unlock(&g_streams_mu);
+}
+
+/* Queue run(arg) on s (it owns arg, a malloc'd block, also on failure); the NULL stream runs it
+ * now and returns its status. */
+pcs_status_t pcs_devsim_submit(pcs_stream_t s, pcs_status_t (*run)(void *arg), void *arg)
+{
+    devsim_stream_t *ds = dstream(s);
+    if (ds == NULL) {
+        pcs_status_t st = run(arg);
+        free(arg);
+        return st;
+    }
     pthread_mutex_lock(&ds->mu);
     if (ds->n == ds->cap) {
-        size_t cap = ds->cap ? 2 * ds->cap : 16;
-        pending_copy_t *q = realloc(ds->q, cap * sizeof *q);
+        size_t cap = ds->cap ? 2 * ds->cap : 64;
+        devsim_task_t *q = realloc(ds->q, cap * sizeof *q);
         if (q == NULL) {
             pthread_mutex_unlock(&ds->mu);
-            return pcs_set_error(PCS_ERR_NOMEM, "simulated cuda copy: out of memory");
+            free(arg);
+            return pcs_set_error(PCS_ERR_NOMEM, "simulated cuda: out of memory queueing work");
         }
         ds->q = q;
         ds->cap = cap;
     }
-    ds->q[ds->n++] = (pending_copy_t){dst, src, bytes};
+    ds->q[ds->n++] = (devsim_task_t){run, arg};
+    ds->enqueued++;
     pthread_mutex_unlock(&ds->mu);
     return PCS_OK;
 }
@@ -186,6 +216,12 @@ static pcs_status_t ds_stream_create(pcs_stream_t *out)
     if (ds == NULL)
         return pcs_set_error(PCS_ERR_NOMEM, "stream_create: out of memory");
     pthread_mutex_init(&ds->mu, NULL);
+    pthread_mutex_lock(&g_streams_mu);
+    ds->next = g_streams;
+    if (g_streams)
+        g_streams->prev = ds;
+    g_streams = ds;
+    pthread_mutex_unlock(&g_streams_mu);
     *out = (pcs_stream_t)(void *)ds;
     return PCS_OK;
 }
@@ -195,7 +231,15 @@ static void ds_stream_destroy(pcs_stream_t s)
     devsim_stream_t *ds = dstream(s);
     if (ds == NULL)
         return;
-    flush(ds); /* cudaStreamDestroy lets queued work finish */
+    run_until(ds, UINT64_MAX); /* cudaStreamDestroy lets queued work finish */
+    pthread_mutex_lock(&g_streams_mu);
+    if (ds->prev)
+        ds->prev->next = ds->next;
+    else
+        g_streams = ds->next;
+    if (ds->next)
+        ds->next->prev = ds->prev;
+    pthread_mutex_unlock(&g_streams_mu);
     pthread_mutex_destroy(&ds->mu);
     free(ds->q);
     free(ds);
@@ -203,8 +247,8 @@ static void ds_stream_destroy(pcs_stream_t s)
 
 static pcs_status_t ds_sync(pcs_stream_t s)
 {
-    flush(dstream(s));
-    return PCS_OK;
+    run_until(dstream(s), UINT64_MAX);
+    return take_error(dstream(s));
 }
 
 static pcs_status_t ds_event_create(pcs_event_t *out)
@@ -236,15 +280,23 @@ static pcs_status_t ds_event_record(pcs_event_t e, pcs_stream_t s)
 {
     if (e == NULL)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "event_record: NULL event");
-    devent(e)->stream = dstream(s);
-    return cpu()->event_record(devent(e)->cpu, NULL);
+    devsim_event_t *de = devent(e);
+    devsim_stream_t *ds = dstream(s);
+    de->stream = ds;
+    if (ds != NULL) {
+        pthread_mutex_lock(&ds->mu);
+        de->seq = ds->enqueued;
+        pthread_mutex_unlock(&ds->mu);
+    }
+    return cpu()->event_record(de->cpu, NULL);
 }
 
 static pcs_status_t ds_stream_wait_event(pcs_stream_t s, pcs_event_t e)
 {
     if (e == NULL)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "stream_wait_event: NULL event");
-    flush(devent(e)->stream);
+    /* the recorded prefix runs now, so s's later work comes after it */
+    run_until(devent(e)->stream, devent(e)->seq);
     return PCS_OK;
 }
 
@@ -252,8 +304,8 @@ static pcs_status_t ds_event_sync(pcs_event_t e)
 {
     if (e == NULL)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "event_sync: NULL event");
-    flush(devent(e)->stream);
-    return PCS_OK;
+    run_until(devent(e)->stream, devent(e)->seq);
+    return take_error(devent(e)->stream);
 }
 
 static pcs_status_t ds_event_elapsed_ms(pcs_event_t a, pcs_event_t b, float *ms)
@@ -291,6 +343,7 @@ static void ds_free(void *p)
                  p);
         abort();
     }
+    run_all_streams(); /* cudaFree synchronizes: queued work may still use the buffer */
     cpu()->free(untag(p));
 }
 
@@ -351,6 +404,7 @@ static void ds_host_free(void *p)
                  p);
         abort();
     }
+    run_all_streams(); /* cudaFreeHost synchronizes too */
     pthread_mutex_lock(&g_pinned_mu);
     for (size_t i = 0; i < g_n_pinned; i++)
         if (g_pinned[i].base == (uintptr_t)p) {
@@ -378,6 +432,19 @@ static const char *kind_name(pcs_copy_kind_t k)
     return "?";
 }
 
+typedef struct copy_task {
+    void *dst;
+    const void *src;
+    size_t bytes;
+} copy_task_t; /* a staged pageable source follows the struct */
+
+static pcs_status_t run_copy(void *arg)
+{
+    copy_task_t *t = arg;
+    memmove(t->dst, t->src, t->bytes);
+    return PCS_OK;
+}
+
 static pcs_status_t ds_copy(void *dst, const void *src, size_t bytes, pcs_copy_kind_t kind,
                             pcs_stream_t s)
 {
@@ -395,15 +462,45 @@ static pcs_status_t ds_copy(void *dst, const void *src, size_t bytes, pcs_copy_k
                              "%s memory (%zu bytes)",
                              kind_name(kind), dst, dd ? "device" : "host", src,
                              sd ? "device" : "host", bytes);
-    flush(dstream(s));
     void *d = untag(dst);
     const void *x = untag(src);
-    if (s != NULL && dd != sd && is_pinned(dd ? src : dst, bytes)) {
-        if (!dd)
-            memset(d, DEVSIM_FRESH, bytes); /* not arrived yet: see "streams and events" */
-        return defer(dstream(s), d, x, bytes);
+    if (s == NULL)
+        return cpu()->copy(d, x, bytes, kind, NULL);
+    if (!dd && !sd) { /* H2H: ordered after the stream's work */
+        run_until(dstream(s), UINT64_MAX);
+        return cpu()->copy(d, x, bytes, kind, NULL);
     }
-    return cpu()->copy(d, x, bytes, kind, NULL);
+    if (!dd && !is_pinned(dst, bytes)) { /* pageable D2H: synchronous */
+        run_until(dstream(s), UINT64_MAX);
+        PCS_CHECK(take_error(dstream(s)));
+        return cpu()->copy(d, x, bytes, kind, NULL);
+    }
+    copy_task_t *t = malloc(sizeof *t + (!sd && !is_pinned(src, bytes) ? bytes : 0));
+    if (t == NULL)
+        return pcs_set_error(PCS_ERR_NOMEM, "simulated cuda copy: out of memory");
+    t->dst = d;
+    t->src = x;
+    t->bytes = bytes;
+    if (!sd && !is_pinned(src, bytes)) { /* pageable H2D: CUDA stages the source at once */
+        memcpy(t + 1, x, bytes);
+        t->src = t + 1;
+    }
+    if (!dd)
+        memset(d, DEVSIM_FRESH, bytes); /* a pinned D2H result is not there before the sync */
+    return pcs_devsim_submit(s, run_copy, t);
+}
+
+typedef struct fill_task {
+    void *dst;
+    pcs_dtype_t dt;
+    size_t n;
+    double value;
+} fill_task_t;
+
+static pcs_status_t run_fill(void *arg)
+{
+    fill_task_t *t = arg;
+    return cpu()->fill(t->dst, t->dt, t->n, t->value, NULL);
 }
 
 static pcs_status_t ds_fill(void *dst, pcs_dtype_t dt, size_t n, double value, pcs_stream_t s)
@@ -411,75 +508,144 @@ static pcs_status_t ds_fill(void *dst, pcs_dtype_t dt, size_t n, double value, p
     void *d = NULL;
     if (n > 0)
         PCS_CHECK(dev_arg("fill", "dst", dst, &d));
-    flush(dstream(s));
-    return cpu()->fill(d, dt, n, value, NULL);
+    fill_task_t *t = malloc(sizeof *t);
+    if (t == NULL)
+        return pcs_set_error(PCS_ERR_NOMEM, "simulated cuda fill: out of memory");
+    *t = (fill_task_t){d, dt, n, value};
+    return pcs_devsim_submit(s, run_fill, t);
 }
 
-// ---- element-wise ops: untag, then the CPU twin ----
+// ---- element-wise ops: untag, then the CPU twin when the stream runs them ----
+
+typedef enum { OP_CAST, OP_SCALE, OP_ACC, OP_NONFINITE, OP_SUMSQ, OP_ADAMW, OP_SGD } list_op_t;
+
+typedef struct list_task {
+    list_op_t op;
+    size_t count;
+    pcs_tensor_t *a, *b, *c, *d; /* untagged lists, owned */
+    int has_c;                   /* sgd: momentum buffers given */
+    float factor;
+    void *p1, *p2; /* found_inf / inv_scale, sum_squares out */
+    pcs_adamw_config_t adamw;
+    pcs_sgd_config_t sgd;
+    int64_t step;
+    int first_step;
+} list_task_t;
+
+static pcs_status_t run_list(void *arg)
+{
+    list_task_t *t = arg;
+    const pcs_backend_ops_t *c = cpu();
+    pcs_status_t st = PCS_OK;
+    switch (t->op) {
+    case OP_CAST:
+        st = c->cast(t->a, t->b, t->count, NULL);
+        break;
+    case OP_SCALE:
+        st = c->scale(t->a, t->count, t->factor, NULL);
+        break;
+    case OP_ACC:
+        st = c->accumulate(t->a, t->b, t->count, NULL);
+        break;
+    case OP_NONFINITE:
+        st = c->nonfinite_check_and_unscale(t->a, t->count, t->p1, t->p2, NULL);
+        break;
+    case OP_SUMSQ:
+        st = c->sum_squares(t->a, t->count, t->p1, NULL);
+        break;
+    case OP_ADAMW:
+        st = c->adamw_update(t->a, t->b, t->c, t->d, t->count, &t->adamw, t->step, NULL);
+        break;
+    case OP_SGD:
+        st = c->sgd_update(t->a, t->b, t->has_c ? t->c : NULL, t->count, &t->sgd, t->first_step,
+                           NULL);
+        break;
+    }
+    free(t->a);
+    free(t->b);
+    free(t->c);
+    free(t->d);
+    return st;
+}
+
+/* A task for `op` with up to four lists untagged (NULL lists skipped). */
+static pcs_status_t list_task(const char *opname, list_op_t op, size_t count, const pcs_tensor_t *a,
+                              const char *an, const pcs_tensor_t *b, const char *bn,
+                              const pcs_tensor_t *c, const char *cn, const pcs_tensor_t *d,
+                              const char *dn, list_task_t **out)
+{
+    list_task_t *t = calloc(1, sizeof *t);
+    if (t == NULL)
+        return pcs_set_error(PCS_ERR_NOMEM, "simulated cuda %s: out of memory", opname);
+    t->op = op;
+    t->count = count;
+    pcs_status_t st = list_in(opname, an, a, count, &t->a);
+    if (st == PCS_OK && bn)
+        st = list_in(opname, bn, b, count, &t->b);
+    if (st == PCS_OK && cn)
+        st = list_in(opname, cn, c, count, &t->c);
+    if (st == PCS_OK && dn)
+        st = list_in(opname, dn, d, count, &t->d);
+    if (st != PCS_OK) {
+        free(t->a);
+        free(t->b);
+        free(t->c);
+        free(t);
+        return st;
+    }
+    *out = t;
+    return PCS_OK;
+}
 
 static pcs_status_t ds_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
                             pcs_stream_t s)
 {
-    flush(dstream(s)); /* in stream order after its deferred copies */
-    devsim_list_t d, x;
-    PCS_CHECK(list_in("cast", "dst", dst, count, &d));
-    pcs_status_t st = list_in("cast", "src", src, count, &x);
-    if (st == PCS_OK)
-        st = cpu()->cast(d.t, x.t, count, NULL);
-    list_done(&d);
-    list_done(&x);
-    return st;
+    list_task_t *t = NULL;
+    PCS_CHECK(
+        list_task("cast", OP_CAST, count, dst, "dst", src, "src", NULL, NULL, NULL, NULL, &t));
+    return pcs_devsim_submit(s, run_list, t);
 }
 
-static pcs_status_t ds_scale(const pcs_tensor_t *t, size_t count, float factor, pcs_stream_t s)
+static pcs_status_t ds_scale(const pcs_tensor_t *x, size_t count, float factor, pcs_stream_t s)
 {
-    flush(dstream(s)); /* in stream order after its deferred copies */
-    devsim_list_t l;
-    PCS_CHECK(list_in("scale", "t", t, count, &l));
-    pcs_status_t st = cpu()->scale(l.t, count, factor, NULL);
-    list_done(&l);
-    return st;
+    list_task_t *t = NULL;
+    PCS_CHECK(list_task("scale", OP_SCALE, count, x, "t", NULL, NULL, NULL, NULL, NULL, NULL, &t));
+    t->factor = factor;
+    return pcs_devsim_submit(s, run_list, t);
 }
 
 static pcs_status_t ds_accumulate(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
                                   pcs_stream_t s)
 {
-    flush(dstream(s)); /* in stream order after its deferred copies */
-    devsim_list_t d, x;
-    PCS_CHECK(list_in("accumulate", "dst", dst, count, &d));
-    pcs_status_t st = list_in("accumulate", "src", src, count, &x);
-    if (st == PCS_OK)
-        st = cpu()->accumulate(d.t, x.t, count, NULL);
-    list_done(&d);
-    list_done(&x);
-    return st;
+    list_task_t *t = NULL;
+    PCS_CHECK(
+        list_task("accumulate", OP_ACC, count, dst, "dst", src, "src", NULL, NULL, NULL, NULL, &t));
+    return pcs_devsim_submit(s, run_list, t);
 }
 
-static pcs_status_t ds_nonfinite(const pcs_tensor_t *t, size_t count, float *found_inf,
+static pcs_status_t ds_nonfinite(const pcs_tensor_t *x, size_t count, float *found_inf,
                                  const float *inv_scale, pcs_stream_t s)
 {
-    flush(dstream(s)); /* in stream order after its deferred copies */
     const char *op = "nonfinite_check_and_unscale";
     void *fi, *is;
     PCS_CHECK(dev_arg(op, "found_inf", found_inf, &fi));
     PCS_CHECK(dev_arg(op, "inv_scale", inv_scale, &is));
-    devsim_list_t l;
-    PCS_CHECK(list_in(op, "t", t, count, &l));
-    pcs_status_t st = cpu()->nonfinite_check_and_unscale(l.t, count, fi, is, NULL);
-    list_done(&l);
-    return st;
+    list_task_t *t = NULL;
+    PCS_CHECK(list_task(op, OP_NONFINITE, count, x, "t", NULL, NULL, NULL, NULL, NULL, NULL, &t));
+    t->p1 = fi;
+    t->p2 = is;
+    return pcs_devsim_submit(s, run_list, t);
 }
 
-static pcs_status_t ds_sum_squares(const pcs_tensor_t *t, size_t count, float *out, pcs_stream_t s)
+static pcs_status_t ds_sum_squares(const pcs_tensor_t *x, size_t count, float *out, pcs_stream_t s)
 {
-    flush(dstream(s)); /* in stream order after its deferred copies */
     void *o;
     PCS_CHECK(dev_arg("sum_squares", "out", out, &o));
-    devsim_list_t l;
-    PCS_CHECK(list_in("sum_squares", "t", t, count, &l));
-    pcs_status_t st = cpu()->sum_squares(l.t, count, o, NULL);
-    list_done(&l);
-    return st;
+    list_task_t *t = NULL;
+    PCS_CHECK(
+        list_task("sum_squares", OP_SUMSQ, count, x, "t", NULL, NULL, NULL, NULL, NULL, NULL, &t));
+    t->p1 = o;
+    return pcs_devsim_submit(s, run_list, t);
 }
 
 static pcs_status_t ds_adamw(const pcs_tensor_t *param, const pcs_tensor_t *grad,
@@ -487,45 +653,27 @@ static pcs_status_t ds_adamw(const pcs_tensor_t *param, const pcs_tensor_t *grad
                              size_t count, const pcs_adamw_config_t *cfg, int64_t step,
                              pcs_stream_t s)
 {
-    flush(dstream(s)); /* in stream order after its deferred copies */
-    const char *op = "adamw_update";
-    devsim_list_t p, g, m, v;
-    p.t = g.t = m.t = v.t = NULL;
-    pcs_status_t st = list_in(op, "param", param, count, &p);
-    if (st == PCS_OK)
-        st = list_in(op, "grad", grad, count, &g);
-    if (st == PCS_OK)
-        st = list_in(op, "exp_avg", exp_avg, count, &m);
-    if (st == PCS_OK)
-        st = list_in(op, "exp_avg_sq", exp_avg_sq, count, &v);
-    if (st == PCS_OK)
-        st = cpu()->adamw_update(p.t, g.t, m.t, v.t, count, cfg, step, NULL);
-    list_done(&p);
-    list_done(&g);
-    list_done(&m);
-    list_done(&v);
-    return st;
+    PCS_CHECK(pcs_kv_adamw(cfg, step)); /* the config is read now, not when the update runs */
+    list_task_t *t = NULL;
+    PCS_CHECK(list_task("adamw_update", OP_ADAMW, count, param, "param", grad, "grad", exp_avg,
+                        "exp_avg", exp_avg_sq, "exp_avg_sq", &t));
+    t->adamw = *cfg;
+    t->step = step;
+    return pcs_devsim_submit(s, run_list, t);
 }
 
 static pcs_status_t ds_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad,
                            const pcs_tensor_t *buf, size_t count, const pcs_sgd_config_t *cfg,
                            int first_step, pcs_stream_t s)
 {
-    flush(dstream(s)); /* in stream order after its deferred copies */
-    const char *op = "sgd_update";
-    devsim_list_t p, g, b;
-    p.t = g.t = b.t = NULL;
-    pcs_status_t st = list_in(op, "param", param, count, &p);
-    if (st == PCS_OK)
-        st = list_in(op, "grad", grad, count, &g);
-    if (st == PCS_OK)
-        st = list_in(op, "momentum_buf", buf, count, &b);
-    if (st == PCS_OK)
-        st = cpu()->sgd_update(p.t, g.t, buf ? b.t : NULL, count, cfg, first_step, NULL);
-    list_done(&p);
-    list_done(&g);
-    list_done(&b);
-    return st;
+    PCS_CHECK(pcs_kv_sgd(cfg));
+    list_task_t *t = NULL;
+    PCS_CHECK(list_task("sgd_update", OP_SGD, count, param, "param", grad, "grad", buf,
+                        "momentum_buf", NULL, NULL, &t));
+    t->has_c = buf != NULL;
+    t->sgd = *cfg;
+    t->first_step = first_step;
+    return pcs_devsim_submit(s, run_list, t);
 }
 
 // ---- devices ----

@@ -249,9 +249,9 @@ static void test_fresh_buffers_hold_nan_bytes_not_zeros(void **state)
     g_sim->host_free(h);
 }
 
-/* cudaMemcpyAsync with pinned memory completes when the stream does: the host sees the D2H data
- * only after sync / event_sync, an H2D reads its source when it runs, and a later op on the same
- * stream runs after it. Pageable memory is copied at once (as CUDA does). */
+/* Work on a stream runs when something waits for it: the host sees a pinned D2H result only after
+ * sync / event_sync, an H2D reads its source when it runs, other streams see the work only after
+ * waiting on an event recorded after it. A pageable D2H waits for the stream (as CUDA does). */
 static void test_pinned_copies_on_a_stream_complete_at_its_sync(void **state)
 {
     (void)state;
@@ -282,7 +282,8 @@ static void test_pinned_copies_on_a_stream_complete_at_its_sync(void **state)
     assert_int_equal(g_sim->event_sync(e), PCS_OK);
     assert_memory_equal(pin, src, sizeof src);
 
-    /* H2D from pinned memory: the source is read when the copy runs, before the next op on s */
+    /* H2D from pinned memory reads its source when the stream runs it; work queued on s is not
+     * seen by the NULL stream (non-blocking streams) until s is synchronized */
     for (int i = 0; i < N; i++)
         pin[i] = 2.0f;
     assert_int_equal(g_sim->copy(d, pin, sizeof src, PCS_COPY_H2D, s), PCS_OK);
@@ -291,8 +292,18 @@ static void test_pinned_copies_on_a_stream_complete_at_its_sync(void **state)
     assert_int_equal(pcs_kernel_scale(g_sim, d, PCS_DTYPE_FP32, N, 2.0f, s), PCS_OK);
     float back[N];
     download(back, d, N);
+    assert_memory_equal(back, src, sizeof src); /* no wait for s: the old contents */
+    assert_int_equal(g_sim->sync(s), PCS_OK);
+    download(back, d, N);
     for (int i = 0; i < N; i++)
         assert_true(back[i] == 6.0f);
+
+    /* an error of queued work is reported by the stream's next sync */
+    pcs_tensor_t bad = {d, PCS_DTYPE_INT64, 1};
+    assert_int_equal(g_sim->scale(&bad, 1, 2.0f, s), PCS_OK);
+    assert_int_equal(g_sim->sync(s), PCS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(pcs_last_error(), "scale"));
+    assert_int_equal(g_sim->sync(s), PCS_OK);
 
     /* another stream waiting on an event recorded after a D2H orders it first */
     assert_int_equal(g_sim->copy(pin, d, sizeof src, PCS_COPY_D2H, s), PCS_OK);
