@@ -151,7 +151,8 @@ static void run_until(devsim_stream_t *ds, uint64_t upto)
             snprintf(ds->msg, sizeof ds->msg, "%s", pcs_last_error());
         }
     }
-    memmove(ds->q, ds->q + k, (ds->n - k) * sizeof *ds->q);
+    if (k > 0 && k < ds->n)
+        memmove(ds->q, ds->q + k, (ds->n - k) * sizeof *ds->q);
     ds->n -= k;
     pthread_mutex_unlock(&ds->mu);
 }

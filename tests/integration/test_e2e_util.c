@@ -528,6 +528,8 @@ int e2e_run_local(const char *yaml, const char *tag, int world, uint64_t inject_
             if (WIFSIGNALED(ws) && !died[0])
                 snprintf(died, sizeof died, "rank %d killed by signal %d (%s)", r, WTERMSIG(ws),
                          strsignal(WTERMSIG(ws)));
+            else if (WIFEXITED(ws) && !died[0]) /* e.g. a sanitizer's exit: see its log */
+                snprintf(died, sizeof died, "rank %d exited with status %d", r, WEXITSTATUS(ws));
         }
     }
     job->wall_s = (double)(pcs_now_ms() - t0) / 1000.0;
