@@ -103,9 +103,71 @@ static pcs_status_t new_task(pcs_nn_t *nn, nn_op_t op, nn_task_t **out)
     return PCS_OK;
 }
 
-/* Queue t on the context's stream (the task is freed there, also on failure). */
+/* The CPU twin's argument checks, run when the op is queued (as nn_cuda.cu validates before
+ * launching): bad input is an immediate status, not a sticky error at the next sync. */
+static pcs_status_t validate(const nn_task_t *t)
+{
+    pcs_nn_t *in = t->in;
+    float *const *p = t->p;
+    const pcs_nn_linear_t *L = t->has_l ? &t->l : NULL;
+    const pcs_nn_norm_t *P = t->has_nm ? &t->nm : NULL;
+    const pcs_nn_grad_t *GW = t->has_gw ? &t->gw : NULL, *GB = t->has_gb ? &t->gb : NULL;
+    int act_ok = t->act == PCS_NN_RELU || t->act == PCS_NN_GELU;
+    switch (t->op) {
+    case NN_COPY_ROUND:
+        return pcs_nn_check_ew("copy_round", in, p[0], p[1], p[1], p[1], t->n, t->dt);
+    case NN_ADD:
+        return pcs_nn_check_ew("add", in, p[0], p[1], p[2], p[2], t->n, t->dt);
+    case NN_ACT_FWD:
+        PCS_CHECK(pcs_nn_check_ew("act_fwd", in, p[0], p[1], p[1], p[1], t->n, t->dt));
+        break;
+    case NN_ACT_BWD:
+        PCS_CHECK(pcs_nn_check_ew("act_bwd", in, p[0], p[1], p[2], p[3], t->n, PCS_DTYPE_FP32));
+        break;
+    case NN_LIN_FWD:
+        PCS_CHECK(pcs_nn_check_linear("linear_fwd", in, L, PCS_NN_READ_FWD));
+        if (!p[0] || !p[1])
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_fwd: NULL x or y");
+        return PCS_OK;
+    case NN_LIN_BWD_P:
+        PCS_CHECK(pcs_nn_check_linear("linear_bwd_params", in, L, PCS_NN_READ_BWD_PARAMS));
+        PCS_CHECK(pcs_nn_check_grad("linear_bwd_params", "weight", GW));
+        PCS_CHECK(pcs_nn_check_grad("linear_bwd_params", "bias", GB));
+        if (!p[0] || (pcs_nn_wants(GW) && !p[1]))
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_bwd_params: NULL dy or x");
+        return PCS_OK;
+    case NN_LIN_BWD_I:
+        PCS_CHECK(pcs_nn_check_linear("linear_bwd_input", in, L, PCS_NN_READ_BWD_INPUT));
+        if (!p[0] || !p[1])
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_bwd_input: NULL dy or dx");
+        return PCS_OK;
+    case NN_NORM_FWD:
+        PCS_CHECK(pcs_nn_check_norm("norm_fwd", in, P, 1));
+        if (!p[0] || !p[1])
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_fwd: NULL x or y");
+        return PCS_OK;
+    case NN_NORM_BWD:
+        PCS_CHECK(pcs_nn_check_norm("norm_bwd", in, P, 0));
+        PCS_CHECK(pcs_nn_check_grad("norm_bwd", "weight", GW));
+        PCS_CHECK(pcs_nn_check_grad("norm_bwd", "bias", GB));
+        if (!p[0] || !p[1])
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_bwd: NULL x or dy");
+        return PCS_OK;
+    }
+    if (!act_ok)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: unknown activation %d",
+                             t->op == NN_ACT_FWD ? "act_fwd" : "act_bwd", (int)t->act);
+    return PCS_OK;
+}
+
+/* Validate, then queue t on the context's stream (the task is freed there, also on failure). */
 static pcs_status_t submit(pcs_nn_t *nn, nn_task_t *t)
 {
+    pcs_status_t st = validate(t);
+    if (st != PCS_OK) {
+        free(t);
+        return st;
+    }
     return pcs_devsim_submit(nn->stream, run_nn, t);
 }
 

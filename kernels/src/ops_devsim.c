@@ -509,6 +509,12 @@ static pcs_status_t ds_fill(void *dst, pcs_dtype_t dt, size_t n, double value, p
     void *d = NULL;
     if (n > 0)
         PCS_CHECK(dev_arg("fill", "dst", dst, &d));
+    if (dt != PCS_DTYPE_INT64 && !pcs_dtype_is_float(dt))
+        return pcs_set_error(PCS_ERR_UNSUPPORTED, "fill: dtype %d is not supported", (int)dt);
+    PCS_CHECK(pcs_kv_buffer("fill", "dst", d, dt, n));
+    if (dt == PCS_DTYPE_INT64 &&
+        !(value >= -9223372036854775808.0 && value < 9223372036854775808.0))
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "fill: %g does not fit int64", value);
     fill_task_t *t = malloc(sizeof *t);
     if (t == NULL)
         return pcs_set_error(PCS_ERR_NOMEM, "simulated cuda fill: out of memory");
@@ -598,13 +604,86 @@ static pcs_status_t list_task(const char *opname, list_op_t op, size_t count, co
     return PCS_OK;
 }
 
+/* The CPU twin's argument checks, run when the op is queued (as the cuda backend validates on the
+ * host before launching), so bad input is an immediate status, not a sticky error at the next
+ * sync. The twin checks again when the op runs. */
+static pcs_status_t f32_same(const char *op, const char *an, const pcs_tensor_t *a, const char *bn,
+                             const pcs_tensor_t *b, size_t count)
+{
+    PCS_CHECK(pcs_kv_list(op, bn, b, count, PCS_DT_BIT(PCS_DTYPE_FP32)));
+    return pcs_kv_pair(op, an, a, bn, b, count);
+}
+
+static pcs_status_t validate(const list_task_t *t)
+{
+    size_t n = t->count;
+    switch (t->op) {
+    case OP_CAST:
+        PCS_CHECK(pcs_kv_list("cast", "dst", t->a, n, PCS_DT_FLOATS));
+        PCS_CHECK(pcs_kv_list("cast", "src", t->b, n, PCS_DT_FLOATS));
+        return pcs_kv_pair("cast", "dst", t->a, "src", t->b, n);
+    case OP_SCALE:
+        return pcs_kv_list("scale", "t", t->a, n, PCS_DT_FLOATS);
+    case OP_ACC:
+        PCS_CHECK(pcs_kv_list("accumulate", "dst", t->a, n, PCS_DT_HALFS));
+        PCS_CHECK(pcs_kv_list("accumulate", "src", t->b, n, PCS_DT_HALFS));
+        return pcs_kv_pair("accumulate", "dst", t->a, "src", t->b, n);
+    case OP_NONFINITE: {
+        const char *op = "nonfinite_check_and_unscale";
+        PCS_CHECK(pcs_kv_buffer(op, "found_inf", t->p1, PCS_DTYPE_FP32, 1));
+        PCS_CHECK(pcs_kv_buffer(op, "inv_scale", t->p2, PCS_DTYPE_FP32, 1));
+        return pcs_kv_list(op, "t", t->a, n, PCS_DT_HALFS);
+    }
+    case OP_SUMSQ:
+        PCS_CHECK(pcs_kv_buffer("sum_squares", "out", t->p1, PCS_DTYPE_FP32, 1));
+        return pcs_kv_list("sum_squares", "t", t->a, n, PCS_DT_HALFS);
+    case OP_ADAMW: {
+        const char *op = "adamw_update";
+        PCS_CHECK(pcs_kv_adamw(&t->adamw, t->step));
+        PCS_CHECK(pcs_kv_list(op, "param", t->a, n, PCS_DT_BIT(PCS_DTYPE_FP32)));
+        PCS_CHECK(f32_same(op, "param", t->a, "grad", t->b, n));
+        PCS_CHECK(f32_same(op, "param", t->a, "exp_avg", t->c, n));
+        return f32_same(op, "param", t->a, "exp_avg_sq", t->d, n);
+    }
+    case OP_SGD: {
+        const char *op = "sgd_update";
+        PCS_CHECK(pcs_kv_sgd(&t->sgd));
+        PCS_CHECK(pcs_kv_list(op, "param", t->a, n, PCS_DT_BIT(PCS_DTYPE_FP32)));
+        PCS_CHECK(f32_same(op, "param", t->a, "grad", t->b, n));
+        if (t->sgd.momentum != 0.0) {
+            if (!t->has_c && n > 0)
+                return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: momentum %g needs momentum buffers",
+                                     op, t->sgd.momentum);
+            return f32_same(op, "param", t->a, "momentum_buf", t->c, n);
+        }
+        return PCS_OK;
+    }
+    }
+    return PCS_OK;
+}
+
+/* Validate, then queue (the task is freed on either failure). */
+static pcs_status_t submit_list(pcs_stream_t s, list_task_t *t)
+{
+    pcs_status_t st = validate(t);
+    if (st != PCS_OK) {
+        free(t->a);
+        free(t->b);
+        free(t->c);
+        free(t->d);
+        free(t);
+        return st;
+    }
+    return pcs_devsim_submit(s, run_list, t);
+}
+
 static pcs_status_t ds_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
                             pcs_stream_t s)
 {
     list_task_t *t = NULL;
     PCS_CHECK(
         list_task("cast", OP_CAST, count, dst, "dst", src, "src", NULL, NULL, NULL, NULL, &t));
-    return pcs_devsim_submit(s, run_list, t);
+    return submit_list(s, t);
 }
 
 static pcs_status_t ds_scale(const pcs_tensor_t *x, size_t count, float factor, pcs_stream_t s)
@@ -612,7 +691,7 @@ static pcs_status_t ds_scale(const pcs_tensor_t *x, size_t count, float factor, 
     list_task_t *t = NULL;
     PCS_CHECK(list_task("scale", OP_SCALE, count, x, "t", NULL, NULL, NULL, NULL, NULL, NULL, &t));
     t->factor = factor;
-    return pcs_devsim_submit(s, run_list, t);
+    return submit_list(s, t);
 }
 
 static pcs_status_t ds_accumulate(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
@@ -621,7 +700,7 @@ static pcs_status_t ds_accumulate(const pcs_tensor_t *dst, const pcs_tensor_t *s
     list_task_t *t = NULL;
     PCS_CHECK(
         list_task("accumulate", OP_ACC, count, dst, "dst", src, "src", NULL, NULL, NULL, NULL, &t));
-    return pcs_devsim_submit(s, run_list, t);
+    return submit_list(s, t);
 }
 
 static pcs_status_t ds_nonfinite(const pcs_tensor_t *x, size_t count, float *found_inf,
@@ -635,7 +714,7 @@ static pcs_status_t ds_nonfinite(const pcs_tensor_t *x, size_t count, float *fou
     PCS_CHECK(list_task(op, OP_NONFINITE, count, x, "t", NULL, NULL, NULL, NULL, NULL, NULL, &t));
     t->p1 = fi;
     t->p2 = is;
-    return pcs_devsim_submit(s, run_list, t);
+    return submit_list(s, t);
 }
 
 static pcs_status_t ds_sum_squares(const pcs_tensor_t *x, size_t count, float *out, pcs_stream_t s)
@@ -646,7 +725,7 @@ static pcs_status_t ds_sum_squares(const pcs_tensor_t *x, size_t count, float *o
     PCS_CHECK(
         list_task("sum_squares", OP_SUMSQ, count, x, "t", NULL, NULL, NULL, NULL, NULL, NULL, &t));
     t->p1 = o;
-    return pcs_devsim_submit(s, run_list, t);
+    return submit_list(s, t);
 }
 
 static pcs_status_t ds_adamw(const pcs_tensor_t *param, const pcs_tensor_t *grad,
@@ -660,7 +739,7 @@ static pcs_status_t ds_adamw(const pcs_tensor_t *param, const pcs_tensor_t *grad
                         "exp_avg", exp_avg_sq, "exp_avg_sq", &t));
     t->adamw = *cfg;
     t->step = step;
-    return pcs_devsim_submit(s, run_list, t);
+    return submit_list(s, t);
 }
 
 static pcs_status_t ds_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad,
@@ -674,7 +753,7 @@ static pcs_status_t ds_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad,
     t->has_c = buf != NULL;
     t->sgd = *cfg;
     t->first_step = first_step;
-    return pcs_devsim_submit(s, run_list, t);
+    return submit_list(s, t);
 }
 
 // ---- devices ----
