@@ -13,6 +13,7 @@
     do {                                                                                           \
         cudaError_t e_ = (call);                                                                   \
         if (e_ != cudaSuccess) {                                                                   \
+            (void)cudaGetLastError(); /* a non-sticky error must not blame the next launch */      \
             PCS_WARN(PCS_SUB_KERNEL, "%s failed: %s (%s)", #call, cudaGetErrorString(e_),          \
                      cudaGetErrorName(e_));                                                        \
             return PCS_ERR_CUDA;                                                                   \
