@@ -9,3 +9,8 @@ pcs_add_test(NAME test_kernels_cuda SOURCES gpu/test_kernels_cuda.c LIBS pcs_ker
 
 # The simulated "cuda" backend (PCS_SIMULATE_CUDA=1): tagging, copy kinds, CPU-twin bits.
 pcs_add_test(NAME test_devsim SOURCES unit/test_devsim.c LIBS pcs_kernels LABELS unit TIMEOUT 60)
+# The CUDA backend's differential test run against the simulator: the simulated "cuda" table keeps
+# the backend contract (validation, streams and events order, every op's bits).
+add_test(NAME test_kernels_cuda_sim COMMAND test_kernels_cuda)
+set_tests_properties(test_kernels_cuda_sim PROPERTIES LABELS unit TIMEOUT 180
+  ENVIRONMENT "PCS_SOURCE_DIR=${PROJECT_SOURCE_DIR};PCS_LOG_LEVEL=warn;PCS_SIMULATE_CUDA=1")
