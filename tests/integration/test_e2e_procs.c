@@ -453,8 +453,21 @@ static void test_prefetch_depth_2_is_bounded_and_matches_reference(void **state)
 /* Run the job as it is, then a variant: with `env`=1 in the environment (the forked ranks inherit
  * it) and `yaml_tail` appended to its spec. The exported parameters must be the same bytes and
  * every rank's per-step loss, grad norm, skip verdict and eval loss the same values. */
+static void run_bit_parity_inj(const job_params_t *p, const char *tag, const char *env,
+                               const char *yaml_tail, const char *what, uint64_t inj_step,
+                               uint32_t inj_rank);
+
 static void run_bit_parity(const job_params_t *p, const char *tag, const char *env,
                            const char *yaml_tail, const char *what)
+{
+    run_bit_parity_inj(p, tag, env, yaml_tail, what, 0, 0);
+}
+
+/* run_bit_parity with a +Inf injected into rank inj_rank's gradient at step inj_step (0 = off) in
+ * both runs. */
+static void run_bit_parity_inj(const job_params_t *p, const char *tag, const char *env,
+                               const char *yaml_tail, const char *what, uint64_t inj_step,
+                               uint32_t inj_rank)
 {
     char yaml[2][4096];
     make_yaml(p, yaml[0], sizeof yaml[0]);
@@ -467,7 +480,8 @@ static void run_bit_parity(const job_params_t *p, const char *tag, const char *e
         /* the forked ranks inherit the switch */
         if (staged)
             assert_int_equal(setenv(env, "1", 1), 0);
-        int rc = e2e_run_local(yaml[staged], tag, p->world, 0, 0, &job[staged], &dir[staged]);
+        int rc = e2e_run_local(yaml[staged], tag, p->world, inj_step, inj_rank, &job[staged],
+                               &dir[staged]);
         unsetenv(env);
         assert_int_equal(rc, 0);
         if (job[staged].state != PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED)
@@ -723,6 +737,37 @@ static void test_simulated_cuda_shard_grad_op_prefetch_2_w2_is_bit_identical_to_
     run_sim_parity(&p, "sim-sgo");
 }
 
+/* HYBRID_SHARD_ZERO2 and reshard_after_forward=false (units stay unsharded through backward). */
+static void test_simulated_cuda_hybrid_zero2_w4_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.strategy = "hybrid_shard_zero2",
+                      .mesh = "{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 2}",
+                      .world = 4,
+                      .steps = 3};
+    run_sim_parity(&p, "sim-hz2");
+}
+
+static void test_simulated_cuda_reshard_after_forward_false_w2_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.raf = "false", .mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 3};
+    run_sim_parity(&p, "sim-raff");
+}
+
+/* An injected +Inf on rank 1 at step 2: found_inf on the device, the world verdict, the skipped
+ * step and the halved scale, as on cpu. */
+static void test_simulated_cuda_injected_inf_skip_w2_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "param_dtype: fp16",
+                      .scaler = "true",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .steps = 4};
+    run_bit_parity_inj(&p, "sim-inf", "PCS_SIMULATE_CUDA", SIM_TAIL, "simulated cuda", 2, 1);
+}
+
 /* NCCL cannot reduce the simulator's poisoned buffers: the job fails at start with a reason. */
 static void test_simulated_cuda_refuses_nccl_with_a_reason(void **state)
 {
@@ -867,6 +912,10 @@ int main(void)
         cmocka_unit_test(test_simulated_cuda_pure_fp16_w2_is_bit_identical_to_cpu),
         cmocka_unit_test(test_simulated_cuda_reshard_after_forward_2_w4_is_bit_identical_to_cpu),
         cmocka_unit_test(test_simulated_cuda_shard_grad_op_prefetch_2_w2_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_simulated_cuda_hybrid_zero2_w4_is_bit_identical_to_cpu),
+        cmocka_unit_test(
+            test_simulated_cuda_reshard_after_forward_false_w2_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_simulated_cuda_injected_inf_skip_w2_is_bit_identical_to_cpu),
         cmocka_unit_test(test_simulated_cuda_refuses_nccl_with_a_reason),
     };
     return cmocka_run_group_tests_name("e2e_procs", tests, NULL, NULL);
