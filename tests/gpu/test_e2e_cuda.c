@@ -118,20 +118,34 @@ static void test_bf16_w2_nccl_on_two_devices_matches_the_cpu_reference(void **st
     run("bf16", 2, "nccl", 5e-4, 5e-3, 1.6e-2);
 }
 
-/* Simulated device only: the job reaches a worker (it offers nccl with --backend cuda) and fails
- * at start with the runtime's reason instead of handing NCCL poisoned pointers. */
-static void test_nccl_job_on_the_simulated_device_fails_with_a_reason(void **state)
+/* Simulated device only: a simulated GPU worker does not offer NCCL (ListWorkers shows gloo
+ * only), so an NCCL job is never handed to it and stays PENDING, while a Gloo-staged cuda job
+ * submitted after it runs there. (The runtime's own refusal of NCCL on the simulated device is
+ * tested in test_e2e_procs.) */
+static void test_nccl_job_is_not_given_to_a_simulated_worker(void **state)
 {
     (void)state;
     char yaml[4096];
     snprintf(yaml, sizeof yaml, K_JOB_FMT, "fp32", 1, "nccl");
     const char *const extra[] = {"--backend", "cuda", NULL};
     assert_int_equal(e2e_spawn_workers(&g_cluster, 1, extra), 0);
-    assert_int_equal(e2e_run_job(&g_cluster, yaml, "cuda-nccl", 60000, &g_job), 0);
-    fprintf(stderr, "nccl job on the simulated device: state %d, %s\n", g_job.state, g_job.reason);
-    assert_int_equal(g_job.state, PCS__V1__JOB_STATE__JOB_STATE_FAILED);
-    assert_non_null(strstr(g_job.reason, "NCCL"));
-    assert_non_null(strstr(g_job.reason, "simulated"));
+    assert_int_equal(e2e_submit(&g_cluster, yaml, "cuda-nccl", &g_job), 0);
+    assert_int_equal(e2e_wait_job(&g_cluster, &g_job, 2000), -1); /* still not terminal */
+    e2e_job_t gloo_job;
+    memset(&gloo_job, 0, sizeof gloo_job);
+    snprintf(yaml, sizeof yaml, K_JOB_FMT, "fp32", 1, "gloo");
+    assert_int_equal(e2e_run_job(&g_cluster, yaml, "cuda-gloo", 60000, &gloo_job), 0);
+    assert_int_equal(gloo_job.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+    e2e_job_free(&gloo_job);
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "%s --coordinator %s jobs --state pending", pcs_test_bin("pcsctl"),
+             g_cluster.addr);
+    int status = -1;
+    char *out = pcs_test_run(cmd, &status);
+    assert_non_null(out);
+    if (status != 0 || !strstr(out, g_job.job_id)) /* waits for a worker offering NCCL */
+        fail_msg("job %s is not pending:\n%s", g_job.job_id, out);
+    free(out);
 }
 
 int main(void)
@@ -146,8 +160,8 @@ int main(void)
         const struct CMUnitTest sim_tests[] = {
             cmocka_unit_test_setup_teardown(test_bf16_w2_gloo_staged_matches_the_cpu_reference,
                                             setup, teardown),
-            cmocka_unit_test_setup_teardown(
-                test_nccl_job_on_the_simulated_device_fails_with_a_reason, setup, teardown),
+            cmocka_unit_test_setup_teardown(test_nccl_job_is_not_given_to_a_simulated_worker,
+                                            setup, teardown),
         };
         return cmocka_run_group_tests_name("e2e_cuda_sim", sim_tests, NULL, NULL);
     }
