@@ -9,15 +9,9 @@
 #include <string.h>
 
 #include "nn_internal.h"
+#include "nn_math.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
-
-#define LN_EPS      1e-5f
-#define BN_EPS      1e-5f
-#define BN_MOMENTUM 0.1f
-
-static const double k_sqrt1_2 = 0.70710678118654752440;
-static const double k_inv_sqrt_2pi = 0.39894228040143267794;
 
 typedef struct {
     float *gw32; /* fp32 dW / db before rounding and storing */
@@ -48,7 +42,8 @@ static cpu_nn_t *impl(pcs_nn_t *nn)
 static void store_grad(const pcs_nn_grad_t *g, float *g32, size_t n)
 {
     if (g->dtype != g->param_dtype)
-        pcs_nn_host_round(g32, n, g->param_dtype);
+        for (size_t i = 0; i < n; i++)
+            g32[i] = pcs_nn_grad_round(g32[i], (int)g->dtype, (int)g->param_dtype);
     pcs_nn_host_from_f32(g32, n, g->dtype, g->data);
 }
 
@@ -94,9 +89,13 @@ static pcs_status_t cpu_copy_round(pcs_nn_t *nn, float *dst, const float *src, s
     PCS_CHECK(pcs_nn_check_ew("copy_round", nn, dst, src, src, src, n, dt));
     if (n == 0)
         return PCS_OK;
-    if (dst != src)
-        memcpy(dst, src, n * sizeof(float));
-    pcs_nn_host_round(dst, n, dt);
+    if (dt == PCS_DTYPE_FP32) {
+        if (dst != src)
+            memcpy(dst, src, n * sizeof(float));
+        return PCS_OK;
+    }
+    for (size_t i = 0; i < n; i++)
+        dst[i] = pcs_nn_round_to(src[i], (int)dt);
     return PCS_OK;
 }
 
@@ -105,8 +104,7 @@ static pcs_status_t cpu_add(pcs_nn_t *nn, float *y, const float *a, const float 
 {
     PCS_CHECK(pcs_nn_check_ew("add", nn, y, a, b, b, n, dt));
     for (size_t i = 0; i < n; i++)
-        y[i] = a[i] + b[i];
-    pcs_nn_host_round(y, n, dt);
+        y[i] = pcs_nn_round_to(a[i] + b[i], (int)dt);
     return PCS_OK;
 }
 
@@ -124,11 +122,10 @@ static pcs_status_t cpu_act_fwd(pcs_nn_t *nn, pcs_nn_act_t act, float *Y, const 
     PCS_CHECK(check_act("act_fwd", act));
     if (act == PCS_NN_RELU) {
         for (size_t i = 0; i < n; i++)
-            Y[i] = X[i] < 0.0f ? 0.0f : X[i]; /* keeps NaN, like torch.relu */
+            Y[i] = pcs_nn_relu_fwd(X[i]);
     } else {
         for (size_t i = 0; i < n; i++)
-            Y[i] = 0.5f * X[i] * (1.0f + erff(X[i] * (float)k_sqrt1_2));
-        pcs_nn_host_round(Y, n, dt);
+            Y[i] = pcs_nn_round_to(pcs_nn_gelu_fwd(X[i]), (int)dt);
     }
     return PCS_OK;
 }
@@ -139,16 +136,11 @@ static pcs_status_t cpu_act_bwd(pcs_nn_t *nn, pcs_nn_act_t act, float *dX, const
     PCS_CHECK(pcs_nn_check_ew("act_bwd", nn, dX, X, Y, dY, n, PCS_DTYPE_FP32));
     PCS_CHECK(check_act("act_bwd", act));
     if (act == PCS_NN_RELU) {
-        /* threshold_backward(grad, result, 0): NaN results pass the gradient, like PyTorch */
         for (size_t i = 0; i < n; i++)
-            dX[i] = Y[i] <= 0.0f ? 0.0f : dY[i];
+            dX[i] = pcs_nn_relu_bwd(Y[i], dY[i]);
     } else {
-        for (size_t i = 0; i < n; i++) {
-            float x = X[i];
-            float cdf = 0.5f * (1.0f + erff(x * (float)k_sqrt1_2));
-            float pdf = (float)k_inv_sqrt_2pi * expf(-0.5f * x * x);
-            dX[i] = dY[i] * (cdf + x * pdf);
-        }
+        for (size_t i = 0; i < n; i++)
+            dX[i] = pcs_nn_gelu_bwd(X[i], dY[i]);
     }
     return PCS_OK;
 }
@@ -171,20 +163,19 @@ static pcs_status_t cpu_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, (int)N, (int)K, 1.0f, X, (int)K, W,
                 (int)K, 0.0f, Y, (int)N);
-    if (l->bias) {
-        const float *B = l->bias;
-        if (l->dtype != PCS_DTYPE_FP32) {
-            PCS_CHECK(ensure(&c->vec, &c->vec_cap, N));
-            pcs_nn_host_to_f32(l->bias, l->dtype, N, c->vec);
-            B = c->vec;
-        }
+    const float *B = l->bias;
+    if (B && l->dtype != PCS_DTYPE_FP32) {
+        PCS_CHECK(ensure(&c->vec, &c->vec_cap, N));
+        pcs_nn_host_to_f32(l->bias, l->dtype, N, c->vec);
+        B = c->vec;
+    }
+    if (B || l->dtype != PCS_DTYPE_FP32) {
         for (int r = 0; r < R; r++) {
             float *y = Y + (size_t)r * N;
             for (uint32_t j = 0; j < N; j++)
-                y[j] += B[j];
+                y[j] = pcs_nn_bias_round(y[j], B ? B[j] : 0.0f, B != NULL, (int)l->dtype);
         }
     }
-    pcs_nn_host_round(Y, (size_t)R * N, l->dtype);
     return PCS_OK;
 }
 
@@ -213,10 +204,7 @@ static pcs_status_t cpu_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l
     if (pcs_nn_wants(db)) {
         PCS_CHECK(ensure(&c->gw32, &c->gw32_cap, N));
         for (uint32_t j = 0; j < N; j++)
-            c->gw32[j] = 0.0f;
-        for (int r = 0; r < R; r++)
-            for (uint32_t j = 0; j < N; j++)
-                c->gw32[j] += dY[(size_t)r * N + j];
+            c->gw32[j] = pcs_nn_col_sum(dY + j, N, (uint32_t)R);
         store_grad(db, c->gw32, N);
     }
     return PCS_OK;
@@ -246,6 +234,7 @@ static pcs_status_t cpu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const flo
         return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_fwd: NULL x or y");
     cpu_nn_t *c = impl(nn);
     uint32_t D = p->dim, R = p->rows;
+    int dt = (int)p->dtype;
     PCS_CHECK(ensure(&c->vec, &c->vec_cap, 2 * (size_t)D));
     float *wb = c->vec;
     pcs_nn_host_to_f32(p->weight, p->weight_dtype, D, wb);
@@ -259,35 +248,21 @@ static pcs_status_t cpu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const flo
                 s += x[j];
             double mean = s / D;
             for (uint32_t j = 0; j < D; j++)
-                ss += (x[j] - mean) * (x[j] - mean);
-            float mf = (float)mean, rstd = (float)(1.0 / sqrt(ss / D + LN_EPS));
+                ss += pcs_nn_sq_dev(x[j], mean);
+            float mf = (float)mean, rstd = pcs_nn_ln_rstd(ss, D);
             save[2 * r] = mf;
             save[2 * r + 1] = rstd;
             float *y = Y + (size_t)r * D;
             for (uint32_t j = 0; j < D; j++)
-                y[j] = (x[j] - mf) * rstd * wb[j] + wb[D + j];
+                y[j] = pcs_nn_round_to(pcs_nn_norm_out(x[j], mf, rstd, wb[j], wb[D + j]), dt);
         }
     } else {
         float *mean = p->save, *invstd = p->save + D, *run = p->save + 2 * D;
         pcs_nn_host_to_f32(p->running_mean, p->mean_dtype, D, run);
         pcs_nn_host_to_f32(p->running_var, p->var_dtype, D, run + D);
         if (p->training) {
-            for (uint32_t j = 0; j < D; j++) {
-                double s = 0, ss = 0;
-                for (uint32_t r = 0; r < R; r++)
-                    s += X[(size_t)r * D + j];
-                double mu = s / R;
-                for (uint32_t r = 0; r < R; r++) {
-                    double d = X[(size_t)r * D + j] - mu;
-                    ss += d * d;
-                }
-                double var = ss / R;
-                mean[j] = (float)mu;
-                invstd[j] = (float)(1.0 / sqrt(var + BN_EPS));
-                run[j] = (1.0f - BN_MOMENTUM) * run[j] + BN_MOMENTUM * (float)mu;
-                run[D + j] =
-                    (1.0f - BN_MOMENTUM) * run[D + j] + BN_MOMENTUM * (float)(ss / (R - 1));
-            }
+            for (uint32_t j = 0; j < D; j++)
+                pcs_nn_bn_train_col(X + j, D, R, &mean[j], &invstd[j], &run[j], &run[D + j]);
             pcs_nn_host_from_f32(run, D, p->mean_dtype, p->running_mean);
             pcs_nn_host_from_f32(run + D, D, p->var_dtype, p->running_var);
             if (p->num_batches_tracked)
@@ -295,17 +270,17 @@ static pcs_status_t cpu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const flo
         } else {
             for (uint32_t j = 0; j < D; j++) {
                 mean[j] = run[j];
-                invstd[j] = (float)(1.0 / sqrt((double)run[D + j] + BN_EPS));
+                invstd[j] = pcs_nn_bn_eval_invstd(run[D + j]);
             }
         }
         for (uint32_t r = 0; r < R; r++) {
             const float *x = X + (size_t)r * D;
             float *y = Y + (size_t)r * D;
             for (uint32_t j = 0; j < D; j++)
-                y[j] = (x[j] - mean[j]) * invstd[j] * wb[j] + wb[D + j];
+                y[j] = pcs_nn_round_to(pcs_nn_norm_out(x[j], mean[j], invstd[j], wb[j], wb[D + j]),
+                                       dt);
         }
     }
-    pcs_nn_host_round(Y, (size_t)R * D, p->dtype);
     return PCS_OK;
 }
 
@@ -331,45 +306,24 @@ static pcs_status_t cpu_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const flo
             float mean = save[2 * r], rstd = save[2 * r + 1];
             double c1 = 0, c2 = 0;
             for (uint32_t j = 0; j < D; j++) {
-                float xh = (x[j] - mean) * rstd, g = dy[j] * w[j];
-                c1 += g;
-                c2 += (double)g * xh;
-                dw[j] += dy[j] * xh;
-                db[j] += dy[j];
+                float xh = pcs_nn_xhat(x[j], mean, rstd);
+                pcs_nn_ln_bwd_acc(dy[j], w[j], xh, &c1, &c2);
+                pcs_nn_norm_param_acc(dy[j], xh, &dw[j], &db[j]);
             }
             c1 /= D;
             c2 /= D;
             if (dX) {
                 float *dx = dX + (size_t)r * D;
-                for (uint32_t j = 0; j < D; j++) {
-                    float xh = (x[j] - mean) * rstd;
-                    dx[j] = rstd * (float)(dy[j] * w[j] - c1 - xh * c2);
-                }
+                for (uint32_t j = 0; j < D; j++)
+                    dx[j] =
+                        pcs_nn_norm_dx(dy[j], w[j], pcs_nn_xhat(x[j], mean, rstd), rstd, c1, c2);
             }
         }
     } else {
         const float *mean = p->save, *invstd = p->save + D;
-        for (uint32_t j = 0; j < D; j++) {
-            double sg = 0, sgx = 0, sdy = 0, sdyx = 0;
-            for (uint32_t r = 0; r < R; r++) {
-                float dy = dY[(size_t)r * D + j];
-                float xh = (X[(size_t)r * D + j] - mean[j]) * invstd[j];
-                sdy += dy;
-                sdyx += (double)dy * xh;
-                sg += dy * w[j];
-                sgx += (double)dy * w[j] * xh;
-            }
-            dw[j] = (float)sdyx;
-            db[j] = (float)sdy;
-            if (dX) {
-                double mg = sg / R, mgx = sgx / R;
-                for (uint32_t r = 0; r < R; r++) {
-                    float xh = (X[(size_t)r * D + j] - mean[j]) * invstd[j];
-                    dX[(size_t)r * D + j] =
-                        invstd[j] * (float)(dY[(size_t)r * D + j] * w[j] - mg - xh * mgx);
-                }
-            }
-        }
+        for (uint32_t j = 0; j < D; j++)
+            pcs_nn_bn_bwd_col(X + j, dY + j, dX ? dX + j : NULL, D, R, mean[j], invstd[j], w[j],
+                              &dw[j], &db[j]);
     }
     if (pcs_nn_wants(dwg))
         store_grad(dwg, dw, D);

@@ -7,12 +7,12 @@
  * CPU's sgemm up to summation order and the tensor cores' fp32 accumulation (several products
  * added at once, not one IEEE rounding per add: the same as PyTorch on the GPU); an fp32 Linear is
  * cublasSgemm with CUBLAS_DEFAULT_MATH (no TF32, PyTorch's allow_tf32=False for matmul). A bias +
- * round-to-dtype epilogue follows. Everything else evaluates the CPU twin's expressions with
- * pcs/half.h rounding (--fmad=false): column sums (db, BatchNorm, LayerNorm dW/db) loop over rows
- * in the CPU's order and give its bits; LayerNorm row statistics are block reductions in double
- * (order differs, then rounded to fp32); erff/expf are CUDA's (within 2 ulp of glibc). One
- * cublasHandle_t per context, bound to the context's stream, with its own workspace. Errors:
- * PCS_ERR_CUDA with one WARN naming the failing call. */
+ * round-to-dtype epilogue follows. Everything else calls the element math nn_cpu.c calls
+ * (nn_math.h: the same expressions and rounding, --fmad=false): column sums (db, BatchNorm,
+ * LayerNorm dW/db) loop over rows in the CPU's order and give its bits; LayerNorm row statistics
+ * are block reductions in double (order differs, then rounded to fp32); erff/expf are CUDA's
+ * (within 2 ulp of glibc). One cublasHandle_t per context, bound to the context's stream, with
+ * its own workspace. Errors: PCS_ERR_CUDA with one WARN naming the failing call. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -22,6 +22,7 @@
 #include "cuda_check.h"
 #include "kernels_internal.h"
 #include "nn_internal.h"
+#include "nn_math.h"
 #include "pcs/half.h"
 #include "pcs/log.h"
 
@@ -52,12 +53,6 @@ namespace
 constexpr int kThreads = 256;
 constexpr unsigned kMaxBlocks = 4096;               /* grid-stride beyond this */
 constexpr size_t kBlasWorkspace = (size_t)32 << 20; /* NVIDIA's recommendation for Hopper */
-constexpr float kLnEps = 1e-5f;
-constexpr float kBnEps = 1e-5f;
-constexpr float kBnMomentum = 0.1f;
-/* the CPU twin's double constants, narrowed the same way it narrows them */
-constexpr double kSqrt1_2 = 0.70710678118654752440;
-constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 
 struct CudaNN {
     cublasHandle_t blas;
@@ -152,15 +147,6 @@ __device__ __forceinline__ void stv(void *p, int dt, size_t i, float v)
     }
 }
 
-__device__ __forceinline__ float round_to(float v, int dt)
-{
-    if (dt == PCS_DTYPE_BF16)
-        return pcs_bf16_to_f32(pcs_f32_to_bf16(v));
-    if (dt == PCS_DTYPE_FP16)
-        return pcs_fp16_to_f32(pcs_f32_to_fp16(v));
-    return v;
-}
-
 #define GRID_STRIDE(i, n)                                                                          \
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                        \
          i += (size_t)gridDim.x * blockDim.x)
@@ -171,48 +157,37 @@ __device__ __forceinline__ float round_to(float v, int dt)
 __global__ void k_copy_round(float *dst, const float *src, size_t n, int dt)
 {
     GRID_STRIDE(i, n)
-    dst[i] = round_to(src[i], dt);
+    dst[i] = pcs_nn_round_to(src[i], dt);
 }
 
 __global__ void k_add(float *y, const float *a, const float *b, size_t n, int dt)
 {
     GRID_STRIDE(i, n)
-    y[i] = round_to(a[i] + b[i], dt);
+    y[i] = pcs_nn_round_to(a[i] + b[i], dt);
 }
 
 __global__ void k_relu_fwd(float *y, const float *x, size_t n)
 {
     GRID_STRIDE(i, n)
-    {
-        float v = x[i];
-        y[i] = v < 0.0f ? 0.0f : v; /* keeps NaN, like torch.relu */
-    }
+    y[i] = pcs_nn_relu_fwd(x[i]);
 }
 
 __global__ void k_gelu_fwd(float *y, const float *x, size_t n, int dt)
 {
     GRID_STRIDE(i, n)
-    {
-        float v = x[i];
-        y[i] = round_to(0.5f * v * (1.0f + erff(v * (float)kSqrt1_2)), dt);
-    }
+    y[i] = pcs_nn_round_to(pcs_nn_gelu_fwd(x[i]), dt);
 }
 
 __global__ void k_relu_bwd(float *dx, const float *y, const float *dy, size_t n)
 {
     GRID_STRIDE(i, n)
-    dx[i] = y[i] <= 0.0f ? 0.0f : dy[i]; /* NaN results pass the gradient, like PyTorch */
+    dx[i] = pcs_nn_relu_bwd(y[i], dy[i]);
 }
 
 __global__ void k_gelu_bwd(float *dx, const float *x, const float *dy, size_t n)
 {
     GRID_STRIDE(i, n)
-    {
-        float v = x[i];
-        float cdf = 0.5f * (1.0f + erff(v * (float)kSqrt1_2));
-        float pdf = (float)kInvSqrt2Pi * expf(-0.5f * v * v);
-        dx[i] = dy[i] * (cdf + v * pdf);
-    }
+    dx[i] = pcs_nn_gelu_bwd(x[i], dy[i]);
 }
 
 /* fp32 values representable in dt -> real dt storage (exact), for the GEMM operands. */
@@ -226,12 +201,7 @@ __global__ void k_to_half(uint16_t *dst, const float *src, size_t n, int dt)
 __global__ void k_store_grad(void *dst, int gdt, const float *src, size_t n, int pdt)
 {
     GRID_STRIDE(i, n)
-    {
-        float g = src[i];
-        if (gdt != pdt)
-            g = round_to(g, pdt);
-        stv(dst, gdt, i, g);
-    }
+    stv(dst, gdt, i, pcs_nn_grad_round(src[i], gdt, pdt));
 }
 
 // ----------------------------------------------------------------------------
@@ -241,12 +211,7 @@ __global__ void k_store_grad(void *dst, int gdt, const float *src, size_t n, int
 __global__ void k_bias_round(float *y, const void *bias, size_t rows, uint32_t n, int dt)
 {
     GRID_STRIDE(i, rows * n)
-    {
-        float v = y[i];
-        if (bias)
-            v += ldv(bias, dt, i % n);
-        y[i] = round_to(v, dt);
-    }
+    y[i] = pcs_nn_bias_round(y[i], bias ? ldv(bias, dt, i % n) : 0.0f, bias != NULL, dt);
 }
 
 /* out[j] = sum over rows of dy[r, j] in fp32, rows in order: the CPU's db loop, same bits. */
@@ -255,10 +220,7 @@ __global__ void k_colsum(float *out, const float *dy, uint32_t rows, uint32_t n)
     uint32_t j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= n)
         return;
-    float s = 0.0f;
-    for (uint32_t r = 0; r < rows; r++)
-        s += dy[(size_t)r * n + j];
-    out[j] = s;
+    out[j] = pcs_nn_col_sum(dy + j, n, rows);
 }
 
 // ----------------------------------------------------------------------------
@@ -299,15 +261,15 @@ __global__ void __launch_bounds__(kThreads)
     double mean = block_sum(s, sh) / D;
     double ss = 0;
     for (uint32_t j = threadIdx.x; j < D; j += kThreads)
-        ss += (x[j] - mean) * (x[j] - mean);
+        ss += pcs_nn_sq_dev(x[j], mean);
     ss = block_sum(ss, sh);
-    float mf = (float)mean, rstd = (float)(1.0 / sqrt(ss / D + kLnEps));
+    float mf = (float)mean, rstd = pcs_nn_ln_rstd(ss, D);
     if (threadIdx.x == 0) {
         save[2 * r] = mf;
         save[2 * r + 1] = rstd;
     }
     for (uint32_t j = threadIdx.x; j < D; j += kThreads)
-        y[j] = round_to((x[j] - mf) * rstd * ldv(w, wdt, j) + ldv(b, bdt, j), dt);
+        y[j] = pcs_nn_round_to(pcs_nn_norm_out(x[j], mf, rstd, ldv(w, wdt, j), ldv(b, bdt, j)), dt);
 }
 
 /* dx for one row: c1 = mean(dy*w), c2 = mean(dy*w*xhat) in double (the CPU's expressions). */
@@ -320,18 +282,13 @@ __global__ void __launch_bounds__(kThreads)
     const float *x = X + r * D, *dy = dY + r * D;
     float mean = save[2 * r], rstd = save[2 * r + 1];
     double c1 = 0, c2 = 0;
-    for (uint32_t j = threadIdx.x; j < D; j += kThreads) {
-        float xh = (x[j] - mean) * rstd, g = dy[j] * ldv(w, wdt, j);
-        c1 += g;
-        c2 += (double)g * xh;
-    }
+    for (uint32_t j = threadIdx.x; j < D; j += kThreads)
+        pcs_nn_ln_bwd_acc(dy[j], ldv(w, wdt, j), pcs_nn_xhat(x[j], mean, rstd), &c1, &c2);
     c1 = block_sum(c1, sh) / D;
     c2 = block_sum(c2, sh) / D;
     float *dx = dX + r * D;
-    for (uint32_t j = threadIdx.x; j < D; j += kThreads) {
-        float xh = (x[j] - mean) * rstd;
-        dx[j] = rstd * (float)(dy[j] * ldv(w, wdt, j) - c1 - xh * c2);
-    }
+    for (uint32_t j = threadIdx.x; j < D; j += kThreads)
+        dx[j] = pcs_nn_norm_dx(dy[j], ldv(w, wdt, j), pcs_nn_xhat(x[j], mean, rstd), rstd, c1, c2);
 }
 
 /* dweight[j] = sum_r dy*xhat, dbias[j] = sum_r dy in fp32, rows in order (the CPU's order). */
@@ -344,9 +301,8 @@ __global__ void k_ln_bwd_params(float *dw, float *db, const float *X, const floa
     float sw = 0.0f, sb = 0.0f;
     for (uint32_t r = 0; r < R; r++) {
         float dy = dY[(size_t)r * D + j];
-        float xh = (X[(size_t)r * D + j] - save[2 * r]) * save[2 * r + 1];
-        sw += dy * xh;
-        sb += dy;
+        pcs_nn_norm_param_acc(dy, pcs_nn_xhat(X[(size_t)r * D + j], save[2 * r], save[2 * r + 1]),
+                              &sw, &sb);
     }
     dw[j] = sw;
     db[j] = sb;
@@ -367,26 +323,14 @@ __global__ void k_bn_stats(float *save, const float *X, uint32_t R, uint32_t D, 
     run[j] = ldv(rm, rmdt, j);
     run[D + j] = ldv(rv, rvdt, j);
     if (training) {
-        double s = 0, ss = 0;
-        for (uint32_t r = 0; r < R; r++)
-            s += X[(size_t)r * D + j];
-        double mu = s / R;
-        for (uint32_t r = 0; r < R; r++) {
-            double d = X[(size_t)r * D + j] - mu;
-            ss += d * d;
-        }
-        double var = ss / R;
-        mean[j] = (float)mu;
-        invstd[j] = (float)(1.0 / sqrt(var + kBnEps));
-        run[j] = (1.0f - kBnMomentum) * run[j] + kBnMomentum * (float)mu;
-        run[D + j] = (1.0f - kBnMomentum) * run[D + j] + kBnMomentum * (float)(ss / (R - 1));
+        pcs_nn_bn_train_col(X + j, D, R, &mean[j], &invstd[j], &run[j], &run[D + j]);
         stv(rm, rmdt, j, run[j]);
         stv(rv, rvdt, j, run[D + j]);
         if (j == 0 && nbt)
             (*nbt)++;
     } else {
         mean[j] = run[j];
-        invstd[j] = (float)(1.0 / sqrt((double)run[D + j] + kBnEps));
+        invstd[j] = pcs_nn_bn_eval_invstd(run[D + j]);
     }
 }
 
@@ -397,7 +341,8 @@ __global__ void k_bn_apply(float *Y, const float *X, size_t R, uint32_t D, const
     GRID_STRIDE(i, R * D)
     {
         uint32_t j = (uint32_t)(i % D);
-        Y[i] = round_to((X[i] - mean[j]) * invstd[j] * ldv(w, wdt, j) + ldv(b, bdt, j), dt);
+        Y[i] = pcs_nn_round_to(
+            pcs_nn_norm_out(X[i], mean[j], invstd[j], ldv(w, wdt, j), ldv(b, bdt, j)), dt);
     }
 }
 
@@ -409,25 +354,8 @@ __global__ void k_bn_bwd(float *dwb, float *dX, const float *X, const float *dY,
     if (j >= D)
         return;
     const float *mean = save, *invstd = save + D;
-    float wj = ldv(w, wdt, j);
-    double sg = 0, sgx = 0, sdy = 0, sdyx = 0;
-    for (uint32_t r = 0; r < R; r++) {
-        float dy = dY[(size_t)r * D + j];
-        float xh = (X[(size_t)r * D + j] - mean[j]) * invstd[j];
-        sdy += dy;
-        sdyx += (double)dy * xh;
-        sg += dy * wj;
-        sgx += (double)dy * wj * xh;
-    }
-    dwb[j] = (float)sdyx;
-    dwb[D + j] = (float)sdy;
-    if (dX) {
-        double mg = sg / R, mgx = sgx / R;
-        for (uint32_t r = 0; r < R; r++) {
-            float xh = (X[(size_t)r * D + j] - mean[j]) * invstd[j];
-            dX[(size_t)r * D + j] = invstd[j] * (float)(dY[(size_t)r * D + j] * wj - mg - xh * mgx);
-        }
-    }
+    pcs_nn_bn_bwd_col(X + j, dY + j, dX ? dX + j : NULL, D, R, mean[j], invstd[j], ldv(w, wdt, j),
+                      &dwb[j], &dwb[D + j]);
 }
 
 // ----------------------------------------------------------------------------
