@@ -21,7 +21,8 @@
  * - Autograd semantics: a tensor used twice (residual input) sums its gradient contributions in
  *   its own dtype; a cast's gradient is cast back to the source dtype.
  * Buffers (slots, saved statistics, scratch) are allocated in the backend's memory on the first
- * pass and reused, so steady-state passes do not allocate. A low-precision Linear weight is saved
+ * pass (stream-ordered, alloc_async on the model's stream) and reused, so steady-state passes do
+ * not allocate. A low-precision Linear weight is saved
  * once per forward (cpu: as fp32) and backward reuses that copy (the values autograd saved;
  * memory: 4 bytes per such weight element between forward and backward). Parameters must still be
  * bound during backward (norm weights and fp32 weights are read from the binding), as FSDP
@@ -151,20 +152,24 @@ static pcs_dtype_t promote(pcs_dtype_t a, pcs_dtype_t b)
     return PCS_DTYPE_FP32;
 }
 
-/* Grow a backend buffer to n floats. Contents are not kept (every user rewrites it). The stream
- * is synchronized first: on cuda, work already enqueued may still read the old buffer. */
+/* Grow a backend buffer to n floats. Contents are not kept (every user rewrites it). Buffers are
+ * allocated during a pass, while other threads' collectives may run (the runtime's NCCL kernels
+ * waiting for peers): stream-ordered on the model's stream, because cudaMalloc/cudaFree may
+ * synchronize the device and hang such a job. The old buffer is freed in stream order too, after
+ * the work already queued that may still read it; every user of these buffers runs on this stream
+ * (a consumer elsewhere orders itself after the model's work, hence after the allocation). */
 static pcs_status_t ensure(pcs_mlp_t *m, float **p, size_t *cap, size_t n)
 {
     if (n <= *cap)
         return PCS_OK;
+    pcs_stream_t st = pcs_nn_stream(m->nn);
     if (*p) {
-        PCS_CHECK(m->be->sync(pcs_nn_stream(m->nn)));
-        m->be->free(*p);
+        m->be->free_async(*p, st);
         *p = NULL;
         *cap = 0;
     }
     void *q = NULL;
-    pcs_status_t rc = m->be->alloc(n * sizeof(float), &q);
+    pcs_status_t rc = m->be->alloc_async(n * sizeof(float), st, &q);
     if (rc != PCS_OK)
         return pcs_set_error(rc, "mlp: cannot allocate %zu floats on %s", n, m->be->name);
     *p = q;
@@ -392,24 +397,30 @@ void pcs_mlp_destroy(pcs_mlp_t *m)
     for (size_t i = 0; i < m->n_names; i++)
         free(m->names[i]);
     free(m->names);
-    if (m->be && m->nn) /* queued work may still use the buffers below */
-        (void)m->be->sync(pcs_nn_stream(m->nn));
+    /* The buffers came from alloc_async on the model's stream: freed in stream order there (after
+     * the queued work that may still use them, with no device-wide synchronization that could
+     * stall on another thread's collective), then one sync so they are back in the pool and no
+     * queued work of this model outlives it. */
+    pcs_stream_t st = m->nn ? pcs_nn_stream(m->nn) : NULL;
     for (size_t i = 1; i < m->cap_slots; i++) {
-        m->be->free(m->slots[i].v);
-        m->be->free(m->slots[i].g);
+        m->be->free_async(m->slots[i].v, st);
+        m->be->free_async(m->slots[i].g, st);
     }
     if (m->cap_slots)
-        m->be->free(m->slots[0].g);
+        m->be->free_async(m->slots[0].g, st);
     free(m->slots);
     for (size_t i = 0; i < m->cap_ops; i++)
-        m->be->free(m->ops_tape[i].save);
+        m->be->free_async(m->ops_tape[i].save, st);
     free(m->ops_tape);
     for (uint32_t i = 0; m->wsave && i < m->n_mods; i++)
-        m->be->free(m->wsave[i]);
+        m->be->free_async(m->wsave[i], st);
     free(m->wsave);
     free(m->wsave_cap);
-    if (m->be)
-        m->be->free(m->tmp);
+    if (m->be) {
+        m->be->free_async(m->tmp, st);
+        if (m->nn)
+            (void)m->be->sync(st);
+    }
     pcs_nn_destroy(m->nn);
     free(m->pb);
     free(m->bb);

@@ -57,6 +57,7 @@ typedef struct rt_unit {
     void *full;           /* padded, master dtype (full-precision eval), lazily */
     void *grads;          /* padded, param (compute) dtype */
     void *accum_buf;      /* padded, accum dtype (micro_batches > 1, else on first no-sync) */
+    int accum_async;      /* accum_buf came from alloc_async (lazily), not alloc (setup) */
     void *rs_in;          /* padded, reduce dtype */
     void *rs_out;         /* c, reduce dtype */
     void *ag_in;          /* c, param dtype */
@@ -635,11 +636,24 @@ static void *rs_main(void *arg);
 static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u);
 static pcs_status_t wait_reductions(pcs_runtime_t *rt);
 
-/* n elements of dt in backend memory, zeroed on the compute stream. */
+/* n elements of dt in backend memory, zeroed on the compute stream (setup: before any step). */
 static pcs_status_t alloc_zero(pcs_runtime_t *rt, uint64_t n, pcs_dtype_t dt, void **out)
 {
     *out = NULL;
     PCS_CHECK(rt->be->alloc((size_t)n * pcs_dtype_size(dt), out));
+    return rt->be->fill(*out, dt, (size_t)n, 0.0, rt->cstream);
+}
+
+/* The same for a buffer allocated lazily, while a step may run: the prefetch and reduction
+ * threads' collectives may be in flight (NCCL kernels waiting for peers), and cudaMalloc may
+ * synchronize the device, which can hang the job. Stream-ordered on the compute stream (the
+ * calling compute thread's): work on the compute stream after this call may use it; another
+ * stream only after an event recorded on the compute stream after this call (the caller's job).
+ * Freed with free_async (destroy). */
+static pcs_status_t alloc_zero_async(pcs_runtime_t *rt, uint64_t n, pcs_dtype_t dt, void **out)
+{
+    *out = NULL;
+    PCS_CHECK(rt->be->alloc_async((size_t)n * pcs_dtype_size(dt), rt->cstream, out));
     return rt->be->fill(*out, dt, (size_t)n, 0.0, rt->cstream);
 }
 
@@ -975,9 +989,14 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
         be->free(u->opt_a);
         be->free(u->opt_b);
         be->free(u->unsharded);
-        be->free(u->full);
         be->free(u->grads);
-        be->free(u->accum_buf);
+        /* lazily allocated ones: stream-ordered on the compute stream (every stream synced
+         * above, so nothing else still uses them), after which the compute stream syncs again */
+        be->free_async(u->full, rt->cstream);
+        if (u->accum_async)
+            be->free_async(u->accum_buf, rt->cstream);
+        else
+            be->free(u->accum_buf);
         be->free(u->rs_in);
         be->free(u->rs_out);
         be->free(u->ag_in);
@@ -987,6 +1006,7 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
                 be->event_destroy(evs[k]);
     }
     if (rt->be) {
+        (void)rt->be->sync(rt->cstream); /* the free_async above have run */
         timing_pool_free(rt, &rt->tp_ag);
         timing_pool_free(rt, &rt->tp_rs);
         rt->be->free(rt->d_tmp);
@@ -1090,8 +1110,10 @@ pcs_status_t pcs_runtime_unshard(pcs_runtime_t *rt, uint32_t unit, int full_prec
             pthread_cond_wait(&rt->cv, &rt->mu);
         pthread_mutex_unlock(&rt->mu);
         if (!u->full) {
-            PCS_CHECK(alloc_zero(rt, u->padded, PCS_DTYPE_FP32, &u->full));
-            /* the gather into it (all-gather stream) follows the zeroing (compute stream) */
+            PCS_CHECK(alloc_zero_async(rt, u->padded, PCS_DTYPE_FP32, &u->full));
+            /* the gather into it (all-gather stream, which waits for ev_use in do_unshard)
+             * follows the stream-ordered allocation and the zeroing (compute stream): memory from
+             * cudaMallocAsync is usable on another stream only after such an event */
             PCS_CHECK(rt->be->event_record(u->ev_use, rt->cstream));
         }
         PCS_CHECK(do_unshard(rt, u, 1));
@@ -1376,8 +1398,11 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
         return pcs_set_error(PCS_ERR_CANCELLED, "runtime aborted");
     rt_unit_t *u = &rt->units[unit];
     if (!sync || u->accum_valid) {
-        if (!u->accum_buf) /* no-sync hand-in with micro_batches 1 (C API): allocate on use */
-            PCS_CHECK(alloc_zero(rt, u->padded, u->accum, &u->accum_buf));
+        if (!u->accum_buf) { /* no-sync hand-in with micro_batches 1 (C API): allocate on use */
+            /* every user (this accumulation, reduce_copy_in) is on the compute stream */
+            PCS_CHECK(alloc_zero_async(rt, u->padded, u->accum, &u->accum_buf));
+            u->accum_async = 1;
+        }
         uint64_t t0 = pcs_now_us();
         /* on the compute stream, after the backward that wrote the grads */
         if (!u->accum_valid) {

@@ -419,6 +419,21 @@ static pcs_status_t cpu_device_info(int ordinal, char *name, size_t cap, uint64_
     return PCS_OK;
 }
 
+/* Every op completes before returning, so stream order is program order: plain alloc/free. */
+static pcs_status_t cpu_alloc_async(size_t bytes, pcs_stream_t s, void **out)
+{
+    (void)s;
+    if (out == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "alloc_async: NULL out");
+    return cpu_alloc(bytes, out);
+}
+
+static void cpu_free_async(void *p, pcs_stream_t s)
+{
+    (void)s;
+    cpu_free(p);
+}
+
 static const pcs_backend_ops_t cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -446,6 +461,8 @@ static const pcs_backend_ops_t cpu_ops = {
     .set_device = cpu_set_device,
     .device_info = cpu_device_info,
     .event_elapsed_ms = cpu_event_elapsed_ms,
+    .alloc_async = cpu_alloc_async,
+    .free_async = cpu_free_async,
 };
 
 const pcs_backend_ops_t *pcs_backend_cpu(void)

@@ -5,6 +5,8 @@
  * tensors cost one launch; each batch is a 2-D grid: blockIdx.y = tensor, x = grid-stride. */
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include <atomic>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -489,6 +491,63 @@ void cu_free(void *p)
         (void)cudaFree(p);
 }
 
+/* Keep memory freed to the device's default pool in the pool across synchronizations (the
+ * release threshold defaults to 0: the pool trims back to the OS at every sync, and the next
+ * cudaMallocAsync maps memory anew, as PyTorch's caching allocator avoids). Once per device; a
+ * failure here (no pool support) is left for cudaMallocAsync to report. */
+void tune_default_pool(void)
+{
+    static std::atomic<unsigned long long> tuned{0};
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
+        (void)cudaGetLastError();
+        return;
+    }
+    unsigned long long bit = 1ull << dev;
+    if (tuned.load(std::memory_order_acquire) & bit)
+        return;
+    cudaMemPool_t pool;
+    uint64_t keep = UINT64_MAX;
+    if (cudaDeviceGetDefaultMemPool(&pool, dev) != cudaSuccess ||
+        cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep) != cudaSuccess)
+        (void)cudaGetLastError();
+    tuned.fetch_or(bit, std::memory_order_acq_rel);
+}
+
+/* Stream-ordered: no device synchronization (cudaMalloc may synchronize the device, which can
+ * hang a job while another thread's NCCL kernels wait for their peers). */
+pcs_status_t cu_alloc_async(size_t bytes, pcs_stream_t s, void **out)
+{
+    if (out == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "alloc_async: NULL out");
+    *out = NULL;
+    if (bytes == 0)
+        return PCS_OK;
+    tune_default_pool();
+    cudaError_t e = cudaMallocAsync(out, bytes, cs(s));
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        PCS_WARN(PCS_SUB_MEM, "cudaMallocAsync of %zu bytes failed: %s", bytes,
+                 cudaGetErrorString(e));
+        *out = NULL;
+        return e == cudaErrorMemoryAllocation ? PCS_ERR_NOMEM
+               : e == cudaErrorNotSupported   ? PCS_ERR_UNSUPPORTED
+                                              : PCS_ERR_CUDA;
+    }
+    return PCS_OK;
+}
+
+void cu_free_async(void *p, pcs_stream_t s)
+{
+    if (p == NULL)
+        return;
+    cudaError_t e = cudaFreeAsync(p, cs(s));
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        PCS_WARN(PCS_SUB_MEM, "cudaFreeAsync(%p) failed: %s", p, cudaGetErrorString(e));
+    }
+}
+
 pcs_status_t cu_host_alloc(size_t bytes, void **out)
 {
     if (out == NULL)
@@ -934,7 +993,7 @@ const pcs_backend_ops_t cuda_ops = {
     cu_event_create, cu_event_destroy, cu_event_record,  cu_stream_wait_event, cu_event_sync,
     cu_cast,         cu_scale,         cu_accumulate,    cu_nonfinite,         cu_sum_squares,
     cu_adamw,        cu_sgd,           cu_device_count,  cu_set_device,        cu_device_info,
-    cu_event_elapsed_ms,
+    cu_event_elapsed_ms, cu_alloc_async,   cu_free_async,
 };
 
 } // namespace

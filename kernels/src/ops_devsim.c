@@ -2,9 +2,10 @@
  * memory is host memory handed out with bit 62 set, a non-canonical x86-64 address, so any host
  * load or store through a device pointer faults at once (also under ASan); every op clears the
  * tag before calling the CPU twin, copies check that their kind matches which side is tagged, new
- * buffers hold NaN bytes (never zeros), and freeing with the wrong allocator aborts. It checks
- * where data lives, not stream ordering (every op is synchronous), CUDA errors or cuBLAS numerics.
- */
+ * buffers hold NaN bytes (never zeros), and freeing with the wrong allocator aborts. Stream work
+ * is queued until waited for (see below), so missing event waits break results; stream-ordered
+ * allocations (alloc_async) are refilled with NaN in stream order. It does not check CUDA errors
+ * or cuBLAS numerics. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -346,6 +347,78 @@ static void ds_free(void *p)
     }
     run_all_streams(); /* cudaFree synchronizes: queued work may still use the buffer */
     cpu()->free(untag(p));
+}
+
+/* Stream-ordered allocation (cudaMallocAsync): the memory exists at once, but the allocation
+ * itself is queued on `s` as a task that refills it with fresh bytes when it runs. Work on s after
+ * the call runs after that task; work on another stream that touched the buffer without waiting
+ * for an event recorded on s after the allocation (or a sync of s) has its results overwritten
+ * with NaN when s's queue runs later, which breaks the bit parity, as such a use is undefined on
+ * a real device (the pool may hand out the same memory to a block still freed in stream order). */
+typedef struct fresh_task {
+    void *p;
+    size_t bytes;
+} fresh_task_t;
+
+static pcs_status_t run_fresh(void *arg)
+{
+    fresh_task_t *t = arg;
+    memset(t->p, DEVSIM_FRESH, t->bytes);
+    return PCS_OK;
+}
+
+static pcs_status_t ds_alloc_async(size_t bytes, pcs_stream_t s, void **out)
+{
+    if (out == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "alloc_async: NULL out");
+    PCS_CHECK(ds_alloc(bytes, out));
+    if (*out == NULL || s == NULL)
+        return PCS_OK; /* the NULL stream runs its work at once */
+    fresh_task_t *t = malloc(sizeof *t);
+    pcs_status_t st = t == NULL ? pcs_set_error(PCS_ERR_NOMEM, "alloc_async: out of memory")
+                                : PCS_OK;
+    if (st == PCS_OK) {
+        *t = (fresh_task_t){untag(*out), bytes};
+        st = pcs_devsim_submit(s, run_fresh, t);
+    }
+    if (st != PCS_OK) {
+        cpu()->free(untag(*out));
+        *out = NULL;
+    }
+    return st;
+}
+
+static pcs_status_t run_free(void *arg)
+{
+    cpu()->free(*(void **)arg);
+    return PCS_OK;
+}
+
+/* cudaFreeAsync: the memory is released when the stream's queued work has run (so a queued
+ * kernel still using it is fine, and another stream's later use is a use-after-free that ASan
+ * reports). No other stream is synchronized. */
+static void ds_free_async(void *p, pcs_stream_t s)
+{
+    if (p == NULL)
+        return;
+    if (!pcs_devsim_is_device_ptr(p)) {
+        PCS_WARN(PCS_SUB_MEM,
+                 "simulated cuda: free_async() of host pointer %p (not from alloc_async): a real "
+                 "bug, aborting",
+                 p);
+        abort();
+    }
+    void *raw = untag(p);
+    void **t = s == NULL ? NULL : malloc(sizeof *t);
+    if (t != NULL) {
+        *t = raw;
+        if (pcs_devsim_submit(s, run_free, t) == PCS_OK)
+            return;
+    }
+    /* the NULL stream (runs at once), or no memory to queue the free: release it after the
+     * stream's work, now */
+    run_until(dstream(s), UINT64_MAX);
+    cpu()->free(raw);
 }
 
 /* Live pinned allocations (few: the staging buffers), so copies know which host memory is
@@ -813,6 +886,8 @@ static const pcs_backend_ops_t devsim_ops = {
     .set_device = ds_set_device,
     .device_info = ds_device_info,
     .event_elapsed_ms = ds_event_elapsed_ms,
+    .alloc_async = ds_alloc_async,
+    .free_async = ds_free_async,
 };
 
 // ---- registry hooks ----

@@ -148,6 +148,23 @@ typedef struct pcs_backend_ops {
      * clock read at each event_record. An event never recorded: PCS_ERR_STATE (cpu) or
      * PCS_ERR_CUDA. */
     pcs_status_t (*event_elapsed_ms)(pcs_event_t start, pcs_event_t end, float *ms);
+
+    /* ---- stream-ordered memory ---- */
+    /* When to use which: alloc/free at setup and teardown, when no step runs; alloc_async /
+     * free_async for anything allocated or freed while a step may run (lazily on first use, on
+     * regrowth). cudaMalloc/cudaFree may synchronize the whole device, and a device-wide sync while
+     * another thread's NCCL kernels wait for peers that are themselves blocked can hang the job.
+     * alloc_async: `bytes` of device memory usable by work enqueued on `s` after the call (cuda:
+     * cudaMallocAsync from the device's default mempool, no device synchronization). Work on
+     * ANOTHER stream may touch it only once ordered after the allocation: an event recorded on `s`
+     * after this call and waited for by that stream (stream_wait_event), or a sync of `s`. Same
+     * alignment guarantee as alloc for the element types here; bytes == 0 gives *out = NULL; NULL
+     * out -> PCS_ERR_INVALID_ARG; PCS_ERR_NOMEM when the pool is exhausted. cpu: alloc.
+     * free_async: release `p` after the work queued on `s` so far (cuda: cudaFreeAsync); work on
+     * other streams that uses `p` must be ordered before it (an event waited for by `s`). Only for
+     * memory from alloc_async (alloc's goes to free); accepts NULL. cpu: free. */
+    pcs_status_t (*alloc_async)(size_t bytes, pcs_stream_t s, void **out);
+    void (*free_async)(void *p, pcs_stream_t s);
 } pcs_backend_ops_t;
 
 /* The backend called `name` ("cpu", "cuda"). PCS_ERR_UNSUPPORTED if it was not built or (cuda)
