@@ -52,19 +52,27 @@ if(TARGET pcs_worker_core)
   set_target_properties(test_checkpoint PROPERTIES LINKER_LANGUAGE CXX)
 endif()
 
-# Unit runtime of a world of one (threads, no communicators).
+# Unit runtime of a world of one (threads, no communicators) and forked worlds; the parity
+# harness (plan, step sequence, comparison, forked ranks) is shared with test_runtime_cuda.
 if(TARGET pcs_worker_core)
   pcs_add_test(NAME test_runtime
     SOURCES ${PROJECT_SOURCE_DIR}/tests/unit/test_runtime.c
+            ${PROJECT_SOURCE_DIR}/tests/support/runtime_harness.c
     LIBS pcs_worker_core LABELS unit TIMEOUT 60)
   set_target_properties(test_runtime PROPERTIES LINKER_LANGUAGE CXX)
 endif()
 
 # The unit runtime on device memory against the cpu backend (one device; NCCL between ranks needs
-# two). Exits 77 without a CUDA device.
-if(TARGET pcs_worker_core AND PCS_HAVE_CUDA)
+# two). Built in every build (it needs only the kernels vtable and the runtime); exits 77 without
+# a CUDA device. test_runtime_cuda_sim runs it on the simulated device (PCS_SIMULATE_CUDA=1): the
+# Gloo-staged W=2 case, bit for bit against cpu; the NCCL cases are skipped (not simulated).
+if(TARGET pcs_worker_core)
   pcs_add_test(NAME test_runtime_cuda
     SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_runtime_cuda.c
+            ${PROJECT_SOURCE_DIR}/tests/support/runtime_harness.c
     LIBS pcs_worker_core LABELS gpu TIMEOUT 300)
   set_target_properties(test_runtime_cuda PROPERTIES LINKER_LANGUAGE CXX)
+  add_test(NAME test_runtime_cuda_sim COMMAND test_runtime_cuda)
+  set_tests_properties(test_runtime_cuda_sim PROPERTIES LABELS unit TIMEOUT 120
+    ENVIRONMENT "PCS_SOURCE_DIR=${PROJECT_SOURCE_DIR};PCS_LOG_LEVEL=warn;PCS_SIMULATE_CUDA=1")
 endif()

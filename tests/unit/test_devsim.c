@@ -1,8 +1,9 @@
 /* Unit tests of the simulated "cuda" backend (kernels/src/ops_devsim.c, nn_devsim.c): selected by
  * PCS_SIMULATE_CUDA=1, named "cuda", device pointers carry a poison tag a host access faults on,
  * ops on device pointers give the CPU twin's bits, copies whose kind does not match where the
- * pointers live and host pointers handed to device ops are refused with a message, and freeing
- * with the wrong allocator aborts. References: pcs/half.h rounding and the "cpu" backend/nn ops
+ * pointers live and host pointers handed to device ops are refused with a message, freeing
+ * with the wrong allocator aborts, and stream-ordered allocations (alloc_async/free_async) take
+ * effect in their stream's order. References: pcs/half.h rounding and the "cpu" backend/nn ops
  * on host copies of the same data. */
 #include <stdarg.h>
 #include <stddef.h>
@@ -190,6 +191,113 @@ static void test_freeing_with_the_wrong_allocator_aborts(void **state)
     assert_true(dies_by_abort(call_host_free, d)); /* host free of device memory */
     g_sim->free(d);
     g_sim->host_free(h);
+}
+
+// ---- stream-ordered allocation ----
+
+static void call_free_async(void *p)
+{
+    g_sim->free_async(p, NULL);
+}
+
+/* alloc_async memory is a tagged device buffer usable by later work on its stream; its fresh NaN
+ * fill is queued on that stream, so a second stream that writes the buffer without waiting for
+ * an event recorded after the allocation has its result overwritten (as the use is undefined on a
+ * device), and with the wait it keeps it. Argument checks as alloc; the cpu backend's twin is
+ * plain aligned memory. */
+static void test_alloc_async_is_ordered_on_its_stream_and_another_stream_must_wait(void **state)
+{
+    (void)state;
+    enum { N = 16 };
+    pcs_stream_t a = NULL, b = NULL;
+    pcs_event_t ev = NULL;
+    assert_int_equal(g_sim->stream_create(&a), PCS_OK);
+    assert_int_equal(g_sim->stream_create(&b), PCS_OK);
+    assert_int_equal(g_sim->event_create(&ev), PCS_OK);
+    float back[N];
+
+    /* same stream: the fill after the allocation wins */
+    float *d = NULL;
+    assert_int_equal(g_sim->alloc_async(N * sizeof(float), a, (void **)&d), PCS_OK);
+    assert_true(((uintptr_t)d & TAG) != 0);
+    assert_int_equal(((uintptr_t)d & ~TAG) % 256, 0);
+    assert_int_equal(g_sim->fill(d, PCS_DTYPE_FP32, N, 2.5, a), PCS_OK);
+    assert_int_equal(g_sim->sync(a), PCS_OK);
+    download(back, d, N);
+    for (int i = 0; i < N; i++)
+        assert_true(back[i] == 2.5f);
+    g_sim->free_async(d, a);
+
+    /* another stream without waiting: the allocation's NaN fill runs after its write */
+    assert_int_equal(g_sim->alloc_async(N * sizeof(float), a, (void **)&d), PCS_OK);
+    assert_int_equal(g_sim->fill(d, PCS_DTYPE_FP32, N, 1.0, b), PCS_OK);
+    assert_int_equal(g_sim->sync(b), PCS_OK);
+    assert_int_equal(g_sim->sync(a), PCS_OK);
+    download(back, d, N);
+    for (int i = 0; i < N; i++)
+        assert_true(back[i] != back[i]); /* NaN */
+    g_sim->free_async(d, a);
+
+    /* with an event recorded after the allocation and waited for: the write stays */
+    assert_int_equal(g_sim->alloc_async(N * sizeof(float), a, (void **)&d), PCS_OK);
+    assert_int_equal(g_sim->event_record(ev, a), PCS_OK);
+    assert_int_equal(g_sim->stream_wait_event(b, ev), PCS_OK);
+    assert_int_equal(g_sim->fill(d, PCS_DTYPE_FP32, N, 1.0, b), PCS_OK);
+    assert_int_equal(g_sim->sync(b), PCS_OK);
+    assert_int_equal(g_sim->sync(a), PCS_OK);
+    download(back, d, N);
+    for (int i = 0; i < N; i++)
+        assert_true(back[i] == 1.0f);
+    g_sim->free_async(d, a);
+    assert_int_equal(g_sim->sync(a), PCS_OK);
+
+    /* arguments */
+    assert_int_equal(g_sim->alloc_async(64, a, NULL), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "alloc_async"));
+    d = (float *)&back[0];
+    assert_int_equal(g_sim->alloc_async(0, a, (void **)&d), PCS_OK);
+    assert_null(d);
+    g_sim->free_async(NULL, a);
+    assert_true(dies_by_abort(call_free_async, back)); /* host memory */
+    void *h = NULL;
+    assert_int_equal(g_cpu->alloc_async(100, NULL, &h), PCS_OK);
+    assert_non_null(h);
+    assert_int_equal((uintptr_t)h % 256, 0);
+    memset(h, 0, 100);
+    g_cpu->free_async(h, NULL);
+    assert_int_equal(g_cpu->alloc_async(64, NULL, NULL), PCS_ERR_INVALID_ARG);
+
+    g_sim->event_destroy(ev);
+    g_sim->stream_destroy(a);
+    g_sim->stream_destroy(b);
+}
+
+/* free_async releases the buffer only once the work queued on its stream before it has run: a
+ * queued copy still reads the right values (under ASan a premature free would be a
+ * use-after-free), and the stream's other work is not disturbed. */
+static void test_free_async_runs_after_the_work_queued_before_it(void **state)
+{
+    (void)state;
+    enum { N = 32 };
+    pcs_stream_t a = NULL;
+    assert_int_equal(g_sim->stream_create(&a), PCS_OK);
+    float h[N], back[N];
+    for (int i = 0; i < N; i++)
+        h[i] = urand();
+    float *out = upload(h, N);
+    float *tmp = NULL;
+    assert_int_equal(g_sim->alloc_async(N * sizeof(float), a, (void **)&tmp), PCS_OK);
+    assert_int_equal(g_sim->fill(tmp, PCS_DTYPE_FP32, N, -3.0, a), PCS_OK);
+    assert_int_equal(g_sim->copy(out, tmp, N * sizeof(float), PCS_COPY_D2D, a), PCS_OK);
+    g_sim->free_async(tmp, a); /* queued: the copy above still reads tmp */
+    download(back, out, N);    /* not yet synced: the NULL stream does not wait for a */
+    assert_memory_equal(back, h, sizeof h);
+    assert_int_equal(g_sim->sync(a), PCS_OK);
+    download(back, out, N);
+    for (int i = 0; i < N; i++)
+        assert_true(back[i] == -3.0f);
+    g_sim->free(out);
+    g_sim->stream_destroy(a);
 }
 
 // ---- copies ----
@@ -586,6 +694,8 @@ int main(void)
         cmocka_unit_test(test_device_pointers_are_tagged_and_host_memory_is_not),
         cmocka_unit_test(test_host_store_through_a_device_pointer_faults),
         cmocka_unit_test(test_freeing_with_the_wrong_allocator_aborts),
+        cmocka_unit_test(test_alloc_async_is_ordered_on_its_stream_and_another_stream_must_wait),
+        cmocka_unit_test(test_free_async_runs_after_the_work_queued_before_it),
         cmocka_unit_test(test_copies_round_trip_and_a_kind_that_does_not_match_is_refused),
         cmocka_unit_test(test_fresh_buffers_hold_nan_bytes_not_zeros),
         cmocka_unit_test(test_pinned_copies_on_a_stream_complete_at_its_sync),

@@ -14,13 +14,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "kv.h"
 #include "pcs/half.h"
 #include "pcs/kernels.h"
 #include "runtime.h"
+#include "runtime_harness.h"
 #include "test_util.h"
 
 #define N (1u << 20)
@@ -277,27 +277,17 @@ static int two_rank_main(const char *kvdir, uint32_t r, int mode)
     return bad;
 }
 
+static int two_rank_entry(const char *kvdir, uint32_t r, void *arg)
+{
+    return two_rank_main(kvdir, r, *(const int *)arg);
+}
+
 static void run_two_ranks(int mode)
 {
-    char *dir = pcs_test_tmpdir("rt-two");
-    char kvdir[1024];
-    snprintf(kvdir, sizeof kvdir, "%s/kv", dir);
-    pid_t pids[2];
-    for (uint32_t r = 0; r < 2; r++) {
-        fflush(NULL);
-        pids[r] = fork();
-        assert_true(pids[r] >= 0);
-        if (pids[r] == 0)
-            _exit(two_rank_main(kvdir, r, mode));
-    }
-    for (int r = 0; r < 2; r++) {
-        int ws = 0;
-        assert_int_equal(waitpid(pids[r], &ws, 0), pids[r]);
-        assert_true(WIFEXITED(ws));
-        assert_int_equal(WEXITSTATUS(ws), 0);
-    }
-    pcs_test_rmtree(dir);
-    free(dir);
+    int codes[2];
+    pcs_rth_fork_ranks("rt-two", 2, two_rank_entry, &mode, 120000, codes);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(codes[r], 0);
 }
 
 static void test_premul_sum_reduce_scatter_multiplies_every_input(void **state)
@@ -314,343 +304,79 @@ static void test_replicated_unit_without_a_planned_all_reduce_is_averaged(void *
 
 // ---- host staging gives the direct path's bits ----
 
-enum { STAGE_FULL = 0, STAGE_NO_SHARD = 1, STAGE_HYBRID = 2 };
+/* Unit 0 sharded (FULL: reduce-scatter AVG; HYBRID: reduce-scatter SUM pre-divide 2 then an
+ * all-reduce SUM post-divide 2 over the replicas) or replicated with a planned all-reduce AVG
+ * (NO_SHARD); unit 1 replicated. The plan, the step sequence (AdamW, grad scaler, clipping, an
+ * injected +Inf at step 2) and the comparison live in tests/support/runtime_harness.c. */
+static const uint64_t k_stage_numel[PCS_RTH_UNITS] = {999, 37};
 
-#define SP_UNITS 2
-#define SP_STEPS 4
-
-/* A plan of two units (bf16 params, fp32 reduce): unit 0 is sharded over the shard dim (FULL:
- * reduce-scatter AVG; HYBRID: reduce-scatter SUM pre-divide 2 then an all-reduce SUM post-divide 2
- * over the replicas), unit 1 is replicated (averaged over every data-parallel rank, no planned
- * collective). NO_SHARD: both units replicated, unit 0 with a planned fp32 all-reduce AVG over
- * the DP group. Sizes are odd so the sharded unit has padding. */
-typedef struct stage_plan {
-    Pcs__V1__Plan plan;
-    Pcs__V1__MeshDim md[2], *mdp[2];
-    Pcs__V1__Unit unit[SP_UNITS], *up[SP_UNITS];
-    Pcs__V1__ParamSlot ps[SP_UNITS], *psp[SP_UNITS][1];
-    Pcs__V1__Reduction red[2];
-    Pcs__V1__CollectiveSpec cs[2], *csp[2];
-    uint64_t shape[SP_UNITS][1];
-} stage_plan_t;
-
-static uint32_t stage_world(int mode)
+static uint32_t stage_world(pcs_rth_layout_t layout)
 {
-    return mode == STAGE_HYBRID ? 4 : 2;
+    return layout == PCS_RTH_HYBRID ? 4 : 2;
 }
 
-static void stage_plan_build(stage_plan_t *b, int mode)
+/* Rank r: the direct run, then the staged run of the same sequence, compared bit for bit (grad
+ * norm included). */
+static int stage_rank_main(const char *kvdir, uint32_t r, void *arg)
 {
-    static const uint64_t numel[SP_UNITS] = {999, 37};
-    memset(b, 0, sizeof *b);
-    Pcs__V1__Plan plan0 = PCS__V1__PLAN__INIT;
-    b->plan = plan0;
-    uint32_t shard = mode == STAGE_NO_SHARD ? 1 : 2, rep = mode == STAGE_HYBRID ? 2 : 1;
-    size_t nm = 0;
-    Pcs__V1__MeshDim md0 = PCS__V1__MESH_DIM__INIT;
-    if (mode == STAGE_HYBRID) {
-        b->md[nm] = md0;
-        b->md[nm].dim = PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE;
-        b->md[nm].size = 2;
-        nm++;
-    }
-    b->md[nm] = md0;
-    b->md[nm].dim = PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_SHARD;
-    b->md[nm].size = 2;
-    nm++;
-    for (size_t i = 0; i < nm; i++)
-        b->mdp[i] = &b->md[i];
-    b->plan.world_size = stage_world(mode);
-    b->plan.n_mesh = nm;
-    b->plan.mesh = b->mdp;
-    b->plan.shard_size = shard;
-    b->plan.replicate_size = rep;
-    b->plan.dp_size = stage_world(mode);
-    for (int k = 0; k < 2; k++) {
-        Pcs__V1__Reduction r0 = PCS__V1__REDUCTION__INIT;
-        Pcs__V1__CollectiveSpec c0 = PCS__V1__COLLECTIVE_SPEC__INIT;
-        b->red[k] = r0;
-        b->cs[k] = c0;
-        b->cs[k].dtype = PCS__V1__DTYPE__DTYPE_FP32;
-        b->cs[k].reduction = &b->red[k];
-        b->csp[k] = &b->cs[k];
-    }
-    for (int i = 0; i < SP_UNITS; i++) {
-        Pcs__V1__Unit u0 = PCS__V1__UNIT__INIT;
-        Pcs__V1__ParamSlot p0 = PCS__V1__PARAM_SLOT__INIT;
-        Pcs__V1__Unit *u = &b->unit[i];
-        *u = u0;
-        b->ps[i] = p0;
-        b->shape[i][0] = numel[i];
-        b->ps[i].fqn = i == 0 ? "a" : "b";
-        b->ps[i].n_shape = 1;
-        b->ps[i].shape = b->shape[i];
-        b->ps[i].numel = numel[i];
-        b->psp[i][0] = &b->ps[i];
-        u->n_params = 1;
-        u->params = b->psp[i];
-        u->master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
-        u->param_dtype = PCS__V1__DTYPE__DTYPE_BF16;
-        u->reduce_dtype = PCS__V1__DTYPE__DTYPE_FP32;
-        int sharded = i == 0 && mode != STAGE_NO_SHARD;
-        u->shard_group_size = sharded ? 2 : 1;
-        u->padded_numel = sharded ? (numel[i] + 1) / 2 * 2 : numel[i];
-        u->shard_numel = u->padded_numel / u->shard_group_size;
-        b->up[i] = u;
-    }
-    Pcs__V1__Unit *u = &b->unit[0];
-    if (mode == STAGE_FULL) {
-        b->cs[0].kind = PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER;
-        b->cs[0].group = PCS__V1__GROUP_KIND__GROUP_KIND_SHARD;
-        b->red[0].op = PCS__V1__REDUCE_OP__REDUCE_OP_AVG;
-        u->n_collectives = 1;
-    } else if (mode == STAGE_HYBRID) {
-        b->cs[0].kind = PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER;
-        b->cs[0].group = PCS__V1__GROUP_KIND__GROUP_KIND_SHARD;
-        b->red[0].op = PCS__V1__REDUCE_OP__REDUCE_OP_SUM;
-        b->red[0].pre_divide = 2;
-        b->red[0].post_divide = 2;
-        b->cs[1].kind = PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE;
-        b->cs[1].group = PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE;
-        b->red[1].op = PCS__V1__REDUCE_OP__REDUCE_OP_SUM;
-        b->red[1].post_divide = 2;
-        u->n_collectives = 2;
-    } else {
-        b->cs[0].kind = PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE;
-        b->cs[0].group = PCS__V1__GROUP_KIND__GROUP_KIND_DP;
-        b->red[0].op = PCS__V1__REDUCE_OP__REDUCE_OP_AVG;
-        u->n_collectives = 1;
-    }
-    u->collectives = b->csp;
-    b->plan.n_units = SP_UNITS;
-    b->plan.units = b->up;
-}
-
-/* Initial values: a function of the element index only (any world size starts alike). */
-static pcs_status_t init_wave(void *ctx, const Pcs__V1__ParamSlot *p, uint64_t first, uint64_t n,
-                              float *out)
-{
-    (void)ctx;
-    for (uint64_t i = 0; i < n; i++) {
-        uint64_t k = first + i + (p->fqn[0] == 'b' ? 5000 : 0);
-        out[i] = (float)((int)((k * 2654435761u) % 2001u) - 1000) / 1024.0f;
-    }
-    return PCS_OK;
-}
-
-/* Everything a run produced, for a bitwise comparison of the two paths. */
-typedef struct stage_result {
-    float *master[SP_UNITS], *a[SP_UNITS], *b[SP_UNITS];
-    uint16_t *unsharded[SP_UNITS];
-    uint64_t numel[SP_UNITS], padded[SP_UNITS];
-    double grad_norm[SP_STEPS];
-    int skipped[SP_STEPS];
-} stage_result_t;
-
-static void stage_result_free(stage_result_t *r)
-{
-    for (int i = 0; i < SP_UNITS; i++) {
-        free(r->master[i]);
-        free(r->a[i]);
-        free(r->b[i]);
-        free(r->unsharded[i]);
-    }
-}
-
-/* SP_STEPS steps of 2 micro-batches (no-sync, then sync) with AdamW, the grad scaler, clipping
- * and (step 2) an +Inf injected on the last rank; gradients depend on the gathered parameters,
- * the rank and the micro-batch, so every collective feeds the next step. 0 on success. */
-static int stage_run(pcs_kv_t *kv, int mode, uint32_t r, int stage, stage_result_t *out)
-{
-    stage_plan_t b;
-    stage_plan_build(&b, mode);
-    pcs_runtime_config_t rc;
-    memset(&rc, 0, sizeof rc);
-    rc.plan = &b.plan;
-    rc.rank = r;
-    rc.kv = kv;
-    rc.job_tag = stage ? "staged-" : "direct-";
-    rc.hostname = "127.0.0.1";
-    rc.coll_timeout_ms = 20000;
-    if (pcs_backend_get("cpu", &rc.be) != PCS_OK)
-        return 10;
-    rc.micro_batches = 2;
-    rc.init_param = init_wave;
-    rc.opt = PCS_OPT_ADAMW;
-    pcs_adamw_config_default(&rc.adamw);
-    rc.adamw.lr = 1e-2;
-    rc.prefetch = 1;
-    rc.coll = PCS_COLL_GLOO;
-    rc.stage_host = stage;
-    pcs_runtime_t *rt = NULL;
-    if (pcs_runtime_create(&rc, &rt) != PCS_OK) {
-        fprintf(stderr, "rank %u: create: %s\n", r, pcs_last_error());
-        return 11;
-    }
-    int rv = 0;
-    for (int step = 0; step < SP_STEPS && !rv; step++) {
-        if (pcs_runtime_begin_step(rt) != PCS_OK)
-            rv = 12;
-        for (int m = 0; m < 2 && !rv; m++) {
-            for (uint32_t ui = 0; ui < SP_UNITS && !rv; ui++)
-                if (pcs_runtime_prefetch(rt, ui) != PCS_OK)
-                    rv = 13;
-            for (uint32_t k = SP_UNITS; k-- > 0 && !rv;) { /* backward order */
-                const void *p;
-                void *g;
-                pcs_dtype_t pdt, gdt;
-                if (pcs_runtime_unshard(rt, k, 0, &p, &pdt) != PCS_OK ||
-                    pcs_runtime_grad_buffer(rt, k, &g, &gdt) != PCS_OK || gdt != PCS_DTYPE_BF16) {
-                    rv = 14;
-                    break;
-                }
-                const uint16_t *pv = p;
-                uint16_t *gv = g;
-                for (uint64_t i = 0; i < b.unit[k].padded_numel; i++) {
-                    float x = pcs_bf16_to_f32(pv[i]);
-                    float y = x * 0.75f + 0.03125f * (float)((r + 1) * (i % 7)) -
-                              0.0625f * (float)(m + step);
-                    gv[i] = pcs_f32_to_bf16(y * 512.0f); /* gradients times the loss scale */
-                }
-                if (pcs_runtime_post_backward(rt, k, m == 1) != PCS_OK ||
-                    pcs_runtime_reshard(rt, k) != PCS_OK)
-                    rv = 15;
-            }
-        }
-        pcs_rt_step_opts_t o;
-        memset(&o, 0, sizeof o);
-        o.clip_norm = 1.0;
-        o.scaler = 1;
-        o.loss_scale = 512.0;
-        o.inject_inf = step == 2 && r == stage_world(mode) - 1;
-        pcs_rt_step_result_t res;
-        if (!rv && pcs_runtime_optimizer_step(rt, &o, &res) != PCS_OK)
-            rv = 16;
-        out->grad_norm[step] = res.grad_norm;
-        out->skipped[step] = res.skipped;
-        /* collective times come from events around each collective: nonzero where the step ran
-         * that kind (every mode reduce-scatters or all-reduces gradients; only sharded units
-         * all-gather) */
-        pcs_rt_stats_t st;
-        pcs_runtime_stats(rt, &st);
-        int has_ag = mode != STAGE_NO_SHARD;
-        if (!rv && (!(st.all_gather_ms > 0) != !has_ag ||
-                    !(st.reduce_scatter_ms + st.all_reduce_ms > 0))) {
-            fprintf(stderr, "rank %u step %d: timings ag %.3f rs %.3f ar %.3f ms\n", r, step,
-                    st.all_gather_ms, st.reduce_scatter_ms, st.all_reduce_ms);
-            rv = 23;
-        }
-    }
-    for (uint32_t k = 0; k < SP_UNITS && !rv; k++) {
-        pcs_rt_shard_t sh;
-        const void *p;
-        pcs_dtype_t pdt;
-        if (pcs_runtime_shard(rt, k, &sh) != PCS_OK ||
-            pcs_runtime_unshard(rt, k, 0, &p, &pdt) != PCS_OK) {
-            rv = 17;
-            break;
-        }
-        out->numel[k] = sh.numel;
-        out->padded[k] = b.unit[k].padded_numel;
-        out->master[k] = calloc(sh.numel, sizeof(float));
-        out->a[k] = calloc(sh.numel, sizeof(float));
-        out->b[k] = calloc(sh.numel, sizeof(float));
-        out->unsharded[k] = calloc(out->padded[k], sizeof(uint16_t));
-        if (!out->master[k] || !out->a[k] || !out->b[k] || !out->unsharded[k] ||
-            pcs_runtime_shard_to_host(rt, k, out->master[k], out->a[k], out->b[k]) != PCS_OK) {
-            rv = 18;
-            break;
-        }
-        memcpy(out->unsharded[k], p, out->padded[k] * sizeof(uint16_t));
-    }
-    if (rv)
-        fprintf(stderr, "rank %u (%s): failed (%d): %s\n", r, stage ? "staged" : "direct", rv,
-                pcs_last_error());
-    if (pcs_runtime_barrier(rt) != PCS_OK && !rv)
-        rv = 19;
-    pcs_runtime_destroy(rt);
-    return rv;
-}
-
-static int stage_rank_main(const char *kvdir, uint32_t r, int mode)
-{
+    pcs_rth_layout_t layout = *(const pcs_rth_layout_t *)arg;
     pcs_kv_t *kv = NULL;
     if (pcs_kv_file_create(kvdir, &kv) != PCS_OK)
         return 2;
-    stage_result_t d, s;
+    pcs_rth_result_t d, s;
     memset(&d, 0, sizeof d);
     memset(&s, 0, sizeof s);
-    int rv = stage_run(kv, mode, r, 0, &d);
+    pcs_rth_run_t c;
+    memset(&c, 0, sizeof c);
+    c.backend = "cpu";
+    c.coll = PCS_COLL_GLOO;
+    c.layout = layout;
+    c.world = stage_world(layout);
+    c.rank = r;
+    c.numel = k_stage_numel;
+    c.kv = kv;
+    c.clip_norm = 1.0;
+    c.prefetch_all = 1;
+    c.job_tag = "direct-";
+    int rv = pcs_rth_run_steps(&c, &d);
+    if (!rv) {
+        c.stage_host = 1;
+        c.job_tag = "staged-";
+        rv = pcs_rth_run_steps(&c, &s);
+    }
     if (!rv)
-        rv = stage_run(kv, mode, r, 1, &s);
-    for (int step = 0; step < SP_STEPS && !rv; step++) {
-        /* the injected +Inf makes every rank skip step 2, and only that one */
-        if (memcmp(&d.grad_norm[step], &s.grad_norm[step], sizeof(double)) != 0 ||
-            d.skipped[step] != s.skipped[step] || d.skipped[step] != (step == 2)) {
-            fprintf(stderr, "rank %u step %d: grad norm %.9g/%.9g skipped %d/%d\n", r, step,
-                    d.grad_norm[step], s.grad_norm[step], d.skipped[step], s.skipped[step]);
-            rv = 20;
-        }
-    }
-    for (int k = 0; k < SP_UNITS && !rv; k++) {
-        size_t nb = d.numel[k] * sizeof(float);
-        int moved = 0;
-        for (uint64_t i = 0; i < d.numel[k]; i++)
-            moved |= d.a[k][i] != 0.0f; /* AdamW state is nonzero once a step ran */
-        if (d.numel[k] != s.numel[k] || memcmp(d.master[k], s.master[k], nb) != 0 ||
-            memcmp(d.a[k], s.a[k], nb) != 0 || memcmp(d.b[k], s.b[k], nb) != 0 ||
-            memcmp(d.unsharded[k], s.unsharded[k], d.padded[k] * sizeof(uint16_t)) != 0 || !moved) {
-            fprintf(stderr, "rank %u unit %d: staged run differs from the direct one (moved %d)\n",
-                    r, k, moved);
-            rv = 21;
-        }
-    }
-    stage_result_free(&d);
-    stage_result_free(&s);
+        rv = pcs_rth_compare(&s, &d, 0, 0, r, "staged run differs from the direct one");
+    pcs_rth_result_free(&d);
+    pcs_rth_result_free(&s);
     pcs_kv_destroy(kv);
     return rv;
 }
 
-static void run_stage_parity(int mode)
+static void run_stage_parity(pcs_rth_layout_t layout)
 {
-    char *dir = pcs_test_tmpdir("rt-stage");
-    char kvdir[1024];
-    snprintf(kvdir, sizeof kvdir, "%s/kv", dir);
-    uint32_t w = stage_world(mode);
-    pid_t pids[4];
-    for (uint32_t r = 0; r < w; r++) {
-        fflush(NULL);
-        pids[r] = fork();
-        assert_true(pids[r] >= 0);
-        if (pids[r] == 0)
-            _exit(stage_rank_main(kvdir, r, mode));
-    }
-    for (uint32_t r = 0; r < w; r++) {
-        int ws = 0;
-        assert_int_equal(waitpid(pids[r], &ws, 0), pids[r]);
-        assert_true(WIFEXITED(ws));
-        assert_int_equal(WEXITSTATUS(ws), 0);
-    }
-    pcs_test_rmtree(dir);
-    free(dir);
+    int codes[4];
+    uint32_t w = stage_world(layout);
+    pcs_rth_fork_ranks("rt-stage", w, stage_rank_main, &layout, 240000, codes);
+    for (uint32_t r = 0; r < w; r++)
+        assert_int_equal(codes[r], 0);
 }
 
 static void test_staged_full_shard_w2_is_bit_identical_to_direct(void **state)
 {
     (void)state;
-    run_stage_parity(STAGE_FULL);
+    run_stage_parity(PCS_RTH_FULL);
 }
 
 static void test_staged_no_shard_w2_is_bit_identical_to_direct(void **state)
 {
     (void)state;
-    run_stage_parity(STAGE_NO_SHARD);
+    run_stage_parity(PCS_RTH_NO_SHARD);
 }
 
 static void test_staged_hybrid_shard_w4_is_bit_identical_to_direct(void **state)
 {
     (void)state;
-    run_stage_parity(STAGE_HYBRID);
+    run_stage_parity(PCS_RTH_HYBRID);
 }
 
 /* The cpu backend's events carry the host clock at record time: elapsed time between two records
@@ -681,14 +407,14 @@ static void test_cpu_event_elapsed_is_host_time_between_records(void **state)
 static void test_nccl_on_host_buffers_is_refused_with_a_reason(void **state)
 {
     (void)state;
-    stage_plan_t b;
-    stage_plan_build(&b, STAGE_FULL);
+    pcs_rth_plan_t b;
+    pcs_rth_plan_build(&b, PCS_RTH_FULL, 2, k_stage_numel);
     b.plan.world_size = 1; /* no communicator is ever created */
     pcs_runtime_config_t rc;
     memset(&rc, 0, sizeof rc);
     rc.plan = &b.plan;
     assert_int_equal(pcs_backend_get("cpu", &rc.be), PCS_OK);
-    rc.init_param = init_wave;
+    rc.init_param = pcs_rth_init_wave;
     rc.coll = PCS_COLL_NCCL;
     pcs_runtime_t *rt = NULL;
     assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_ERR_INVALID_ARG);
