@@ -183,11 +183,7 @@ static pcs_status_t cpu_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l
                                           const float *X, const pcs_nn_grad_t *dw,
                                           const pcs_nn_grad_t *db)
 {
-    PCS_CHECK(pcs_nn_check_linear("linear_bwd_params", nn, l, PCS_NN_READ_BWD_PARAMS));
-    PCS_CHECK(pcs_nn_check_grad("linear_bwd_params", "weight", dw));
-    PCS_CHECK(pcs_nn_check_grad("linear_bwd_params", "bias", db));
-    if (!dY || (pcs_nn_wants(dw) && !X))
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_bwd_params: NULL dy or x");
+    PCS_CHECK(pcs_nn_check_linear_bwd_params(nn, l, dY, X, dw, db));
     cpu_nn_t *c = impl(nn);
     uint32_t K = l->in_dim, N = l->out_dim;
     int R = (int)l->rows;
@@ -288,11 +284,7 @@ static pcs_status_t cpu_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const flo
                                  const float *dY, float *dX, const pcs_nn_grad_t *dwg,
                                  const pcs_nn_grad_t *dbg)
 {
-    PCS_CHECK(pcs_nn_check_norm("norm_bwd", nn, p, 0));
-    PCS_CHECK(pcs_nn_check_grad("norm_bwd", "weight", dwg));
-    PCS_CHECK(pcs_nn_check_grad("norm_bwd", "bias", dbg));
-    if (!X || !dY)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_bwd: NULL x or dy");
+    PCS_CHECK(pcs_nn_check_norm_bwd(nn, p, X, dY, dwg, dbg));
     cpu_nn_t *c = impl(nn);
     uint32_t D = p->dim, R = p->rows;
     PCS_CHECK(ensure(&c->vec, &c->vec_cap, 4 * (size_t)D));

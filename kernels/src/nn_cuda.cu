@@ -578,11 +578,7 @@ pcs_status_t cu_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *
 pcs_status_t cu_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy,
                                   const float *x, const pcs_nn_grad_t *dw, const pcs_nn_grad_t *db)
 {
-    PCS_CHECK(pcs_nn_check_linear("linear_bwd_params", nn, l, PCS_NN_READ_BWD_PARAMS));
-    PCS_CHECK(pcs_nn_check_grad("linear_bwd_params", "weight", dw));
-    PCS_CHECK(pcs_nn_check_grad("linear_bwd_params", "bias", db));
-    if (!dy || (pcs_nn_wants(dw) && !x))
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_bwd_params: NULL dy or x");
+    PCS_CHECK(pcs_nn_check_linear_bwd_params(nn, l, dy, x, dw, db));
     CudaNN *c = impl(nn);
     int R = (int)l->rows, K = (int)l->in_dim, N = (int)l->out_dim;
     size_t nw = (size_t)N * K;
@@ -655,11 +651,7 @@ pcs_status_t cu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, f
 pcs_status_t cu_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, const float *dy,
                          float *dx, const pcs_nn_grad_t *dw, const pcs_nn_grad_t *db)
 {
-    PCS_CHECK(pcs_nn_check_norm("norm_bwd", nn, p, 0));
-    PCS_CHECK(pcs_nn_check_grad("norm_bwd", "weight", dw));
-    PCS_CHECK(pcs_nn_check_grad("norm_bwd", "bias", db));
-    if (!x || !dy)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_bwd: NULL x or dy");
+    PCS_CHECK(pcs_nn_check_norm_bwd(nn, p, x, dy, dw, db));
     CudaNN *c = impl(nn);
     uint32_t R = p->rows, D = p->dim;
     PCS_CHECK(grow(nn, (void **)&c->f32, &c->f32_bytes, 2 * (size_t)D * sizeof(float)));

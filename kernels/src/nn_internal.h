@@ -48,6 +48,34 @@ static inline int pcs_nn_wants(const pcs_nn_grad_t *g)
     return g && g->data;
 }
 
+/* The whole argument check of linear_bwd_params: the Linear, both gradient destinations, dy, and
+ * x when dW is wanted. */
+static inline pcs_status_t pcs_nn_check_linear_bwd_params(const pcs_nn_t *nn,
+                                                          const pcs_nn_linear_t *l, const float *dy,
+                                                          const float *x, const pcs_nn_grad_t *dw,
+                                                          const pcs_nn_grad_t *db)
+{
+    PCS_CHECK(pcs_nn_check_linear("linear_bwd_params", nn, l, PCS_NN_READ_BWD_PARAMS));
+    PCS_CHECK(pcs_nn_check_grad("linear_bwd_params", "weight", dw));
+    PCS_CHECK(pcs_nn_check_grad("linear_bwd_params", "bias", db));
+    if (!dy || (pcs_nn_wants(dw) && !x))
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_bwd_params: NULL dy or x");
+    return PCS_OK;
+}
+
+/* The whole argument check of norm_bwd: the norm, both gradient destinations, x and dy. */
+static inline pcs_status_t pcs_nn_check_norm_bwd(const pcs_nn_t *nn, const pcs_nn_norm_t *p,
+                                                 const float *x, const float *dy,
+                                                 const pcs_nn_grad_t *dw, const pcs_nn_grad_t *db)
+{
+    PCS_CHECK(pcs_nn_check_norm("norm_bwd", nn, p, 0));
+    PCS_CHECK(pcs_nn_check_grad("norm_bwd", "weight", dw));
+    PCS_CHECK(pcs_nn_check_grad("norm_bwd", "bias", db));
+    if (!x || !dy)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_bwd: NULL x or dy");
+    return PCS_OK;
+}
+
 #ifdef __cplusplus
 }
 #endif
