@@ -993,7 +993,8 @@ const pcs_backend_ops_t cuda_ops = {
     cu_event_create, cu_event_destroy, cu_event_record,  cu_stream_wait_event, cu_event_sync,
     cu_cast,         cu_scale,         cu_accumulate,    cu_nonfinite,         cu_sum_squares,
     cu_adamw,        cu_sgd,           cu_device_count,  cu_set_device,        cu_device_info,
-    cu_event_elapsed_ms, cu_alloc_async,   cu_free_async,
+    cu_event_elapsed_ms, /* appended members, in kernels.h order: */
+    cu_alloc_async,      cu_free_async,
 };
 
 } // namespace

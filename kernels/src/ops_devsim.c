@@ -375,8 +375,8 @@ static pcs_status_t ds_alloc_async(size_t bytes, pcs_stream_t s, void **out)
     if (*out == NULL || s == NULL)
         return PCS_OK; /* the NULL stream runs its work at once */
     fresh_task_t *t = malloc(sizeof *t);
-    pcs_status_t st = t == NULL ? pcs_set_error(PCS_ERR_NOMEM, "alloc_async: out of memory")
-                                : PCS_OK;
+    pcs_status_t st =
+        t == NULL ? pcs_set_error(PCS_ERR_NOMEM, "alloc_async: out of memory") : PCS_OK;
     if (st == PCS_OK) {
         *t = (fresh_task_t){untag(*out), bytes};
         st = pcs_devsim_submit(s, run_fresh, t);

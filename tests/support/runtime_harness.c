@@ -146,7 +146,8 @@ static int synth_grads(const pcs_backend_ops_t *be, pcs_stream_t cs, const void 
         return 16;
     for (uint64_t i = 0; i < n; i++) {
         float x = pcs_bf16_to_f32(hp[i]);
-        float y = x * 0.75f + 0.03125f * (float)((rank + 1) * (i % 7)) - 0.0625f * (float)(m + step);
+        float y =
+            x * 0.75f + 0.03125f * (float)((rank + 1) * (i % 7)) - 0.0625f * (float)(m + step);
         hg[i] = pcs_f32_to_bf16(y * 512.0f);
     }
     if (be->copy(g, hg, n * 2, PCS_COPY_H2D, cs) != PCS_OK || be->sync(cs) != PCS_OK)
