@@ -4,7 +4,9 @@
  * the next hand-in must not overwrite the reduce buffer while the reduction thread still reads it.
  * Forked worlds of 2 and 4 ranks (file KV store): PREMUL_SUM and unplanned replicated averaging,
  * and host staging of every collective (stage_host) giving the direct path's bits for sharded,
- * replicated and hybrid-sharded units; bad device/collective settings are refused.
+ * replicated and hybrid-sharded units; bad device/collective settings are refused. The staged
+ * parity's plan, step sequence, comparison and forked ranks are tests/support/runtime_harness.c,
+ * shared with tests/gpu/test_runtime_cuda.c.
  */
 #include <setjmp.h>
 #include <stdarg.h>
