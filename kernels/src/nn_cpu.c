@@ -42,8 +42,7 @@ static cpu_nn_t *impl(pcs_nn_t *nn)
 static void store_grad(const pcs_nn_grad_t *g, float *g32, size_t n)
 {
     if (g->dtype != g->param_dtype)
-        for (size_t i = 0; i < n; i++)
-            g32[i] = pcs_nn_grad_round(g32[i], (int)g->dtype, (int)g->param_dtype);
+        pcs_nn_host_round(g32, n, g->param_dtype);
     pcs_nn_host_from_f32(g32, n, g->dtype, g->data);
 }
 
@@ -89,13 +88,9 @@ static pcs_status_t cpu_copy_round(pcs_nn_t *nn, float *dst, const float *src, s
     PCS_CHECK(pcs_nn_check_ew("copy_round", nn, dst, src, src, src, n, dt));
     if (n == 0)
         return PCS_OK;
-    if (dt == PCS_DTYPE_FP32) {
-        if (dst != src)
-            memcpy(dst, src, n * sizeof(float));
-        return PCS_OK;
-    }
-    for (size_t i = 0; i < n; i++)
-        dst[i] = pcs_nn_round_to(src[i], (int)dt);
+    if (dst != src)
+        memcpy(dst, src, n * sizeof(float));
+    pcs_nn_host_round(dst, n, dt);
     return PCS_OK;
 }
 
@@ -104,7 +99,8 @@ static pcs_status_t cpu_add(pcs_nn_t *nn, float *y, const float *a, const float 
 {
     PCS_CHECK(pcs_nn_check_ew("add", nn, y, a, b, b, n, dt));
     for (size_t i = 0; i < n; i++)
-        y[i] = pcs_nn_round_to(a[i] + b[i], (int)dt);
+        y[i] = a[i] + b[i];
+    pcs_nn_host_round(y, n, dt);
     return PCS_OK;
 }
 
@@ -125,7 +121,8 @@ static pcs_status_t cpu_act_fwd(pcs_nn_t *nn, pcs_nn_act_t act, float *Y, const 
             Y[i] = pcs_nn_relu_fwd(X[i]);
     } else {
         for (size_t i = 0; i < n; i++)
-            Y[i] = pcs_nn_round_to(pcs_nn_gelu_fwd(X[i]), (int)dt);
+            Y[i] = pcs_nn_gelu_fwd(X[i]);
+        pcs_nn_host_round(Y, n, dt);
     }
     return PCS_OK;
 }
@@ -169,13 +166,14 @@ static pcs_status_t cpu_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const
         pcs_nn_host_to_f32(l->bias, l->dtype, N, c->vec);
         B = c->vec;
     }
-    if (B || l->dtype != PCS_DTYPE_FP32) {
+    if (B) {
         for (int r = 0; r < R; r++) {
             float *y = Y + (size_t)r * N;
             for (uint32_t j = 0; j < N; j++)
-                y[j] = pcs_nn_bias_round(y[j], B ? B[j] : 0.0f, B != NULL, (int)l->dtype);
+                y[j] = pcs_nn_bias_add(y[j], B[j]);
         }
     }
+    pcs_nn_host_round(Y, (size_t)R * N, l->dtype);
     return PCS_OK;
 }
 
@@ -230,7 +228,6 @@ static pcs_status_t cpu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const flo
         return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_fwd: NULL x or y");
     cpu_nn_t *c = impl(nn);
     uint32_t D = p->dim, R = p->rows;
-    int dt = (int)p->dtype;
     PCS_CHECK(ensure(&c->vec, &c->vec_cap, 2 * (size_t)D));
     float *wb = c->vec;
     pcs_nn_host_to_f32(p->weight, p->weight_dtype, D, wb);
@@ -250,7 +247,7 @@ static pcs_status_t cpu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const flo
             save[2 * r + 1] = rstd;
             float *y = Y + (size_t)r * D;
             for (uint32_t j = 0; j < D; j++)
-                y[j] = pcs_nn_round_to(pcs_nn_norm_out(x[j], mf, rstd, wb[j], wb[D + j]), dt);
+                y[j] = pcs_nn_norm_out(x[j], mf, rstd, wb[j], wb[D + j]);
         }
     } else {
         float *mean = p->save, *invstd = p->save + D, *run = p->save + 2 * D;
@@ -273,10 +270,10 @@ static pcs_status_t cpu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const flo
             const float *x = X + (size_t)r * D;
             float *y = Y + (size_t)r * D;
             for (uint32_t j = 0; j < D; j++)
-                y[j] = pcs_nn_round_to(pcs_nn_norm_out(x[j], mean[j], invstd[j], wb[j], wb[D + j]),
-                                       dt);
+                y[j] = pcs_nn_norm_out(x[j], mean[j], invstd[j], wb[j], wb[D + j]);
         }
     }
+    pcs_nn_host_round(Y, (size_t)R * D, p->dtype);
     return PCS_OK;
 }
 

@@ -22,8 +22,11 @@
 
 // ---- rounding and stores ----
 
-/* v rounded to a compute dtype (fp32: unchanged), through pcs/half.h: the bits of the host casts.
- */
+/* v rounded to a compute dtype (fp32: unchanged) through pcs/half.h. The CPU twin applies this
+ * rounding step to whole arrays with pcs_nn_host_round() instead (the vectorised cast: the same
+ * bits, test_kernels_cast_exhaustive; several times faster for fp16 than this scalar form), so
+ * the math functions return unrounded values; the kernels round them with this and the two
+ * rounding steps below. */
 PCS_HD float pcs_nn_round_to(float v, int dt)
 {
     if (dt == PCS_DTYPE_BF16)
@@ -40,12 +43,17 @@ PCS_HD float pcs_nn_grad_round(float g, int gdt, int pdt)
     return gdt != pdt ? pcs_nn_round_to(g, pdt) : g;
 }
 
-/* The Linear epilogue: y + bias (only with a bias: -0 + 0 would be +0), rounded once to dt. */
+/* The Linear epilogue's add (fp32), before the one rounding to the dtype. */
+PCS_HD float pcs_nn_bias_add(float y, float b)
+{
+    return y + b;
+}
+
+/* The whole epilogue as the kernel runs it: + bias only with a bias (-0 + 0 would be +0), then
+ * rounded once to dt. */
 PCS_HD float pcs_nn_bias_round(float y, float b, int has_bias, int dt)
 {
-    if (has_bias)
-        y += b;
-    return pcs_nn_round_to(y, dt);
+    return pcs_nn_round_to(has_bias ? pcs_nn_bias_add(y, b) : y, dt);
 }
 
 /* Sum of one column (stride floats apart) over rows in order, in fp32: Linear's db. */
