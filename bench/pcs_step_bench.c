@@ -1,8 +1,8 @@
 /* pcs-step-bench: step time breakdown of the sharded training loop for the demo model (MLP
  * 256-1024x4-16, FULL_SHARD, bf16 params / fp32 reduce, AdamW, 4 micro-batches of 32 rows) at
  * W = 1, 2, 4 ranks (forked processes, file KV store; CPU + Gloo over loopback by default,
- * `-d cuda [-c nccl|gloo]` for a backend: cuda job on the GPUs, rank r on device r % count), with and without
- * the all-gather prefetch thread, and the overlap efficiency max(compute, comm) / step.
+ * `-d cuda [-c nccl|gloo]` for a backend: cuda job on the GPUs, rank r on device r % count), with
+ * and without the all-gather prefetch thread, and the overlap efficiency max(compute, comm) / step.
  * W = 1 is the no-communication baseline measured in the same run. Correctness is checked in a
  * separate untimed pass: a short run of each W against the single-process reference (#wrong
  * counts parameters outside atol 1e-3 + rtol 1e-2). */

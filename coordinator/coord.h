@@ -220,7 +220,7 @@ typedef struct pcs_coord_job_desc {
     const uint32_t *dim_size;
     bool need_cuda;
     const char *transport; /* "gloo" | "nccl" (NULL: gloo); see pcs_coord_job_transport() */
-    void *spec, *plan; /* ownership passes to the coordinator, also on failure */
+    void *spec, *plan;     /* ownership passes to the coordinator, also on failure */
     uint64_t plan_hash;
 } pcs_coord_job_desc_t;
 

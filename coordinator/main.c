@@ -110,8 +110,8 @@ int main(int argc, char **argv)
         pcs_config_free(cfg);
         return 2;
     }
-    pcs_rpc_tls_t tls = {.cert_file = tls_cert, .key_file = tls_key,
-                         .ca_file = *tls_ca ? tls_ca : NULL};
+    pcs_rpc_tls_t tls = {
+        .cert_file = tls_cert, .key_file = tls_key, .ca_file = *tls_ca ? tls_ca : NULL};
     if (!loopback(listen) && !*tls_cert && !pcs_config_bool(cfg, "insecure")) {
         fprintf(stderr,
                 "pcs-coordinator: listen %s: plaintext gRPC on a non-loopback address needs "

@@ -985,18 +985,17 @@ static void restore_job(void *user, const pcs_store_job_t *r)
         sizes[0] = r->world_size ? r->world_size : 1;
         nd = 1;
     }
-    pcs_coord_job_desc_t d = {.name = r->name,
-                              .request_id = r->request_id,
-                              .n_dims = nd,
-                              .dim_name = names,
-                              .dim_size = sizes,
-                              .need_cuda = spec && strcmp(spec->backend, "cuda") == 0,
-                              .transport = spec ? pcs_coord_job_transport(spec->backend,
-                                                                          spec->collectives)
-                                                : NULL,
-                              .spec = spec,
-                              .plan = plan,
-                              .plan_hash = r->plan_hash};
+    pcs_coord_job_desc_t d = {
+        .name = r->name,
+        .request_id = r->request_id,
+        .n_dims = nd,
+        .dim_name = names,
+        .dim_size = sizes,
+        .need_cuda = spec && strcmp(spec->backend, "cuda") == 0,
+        .transport = spec ? pcs_coord_job_transport(spec->backend, spec->collectives) : NULL,
+        .spec = spec,
+        .plan = plan,
+        .plan_hash = r->plan_hash};
     if (pcs_coord_restore_job(s->coord, r->number, &d, state, reason, r->created_ms, r->started_ms,
                               finished_ms, r->generation) != PCS_OK) {
         PCS_WARN(PCS_SUB_STORE, "store: job %" PRIu32 " not restored: %s", r->number,

@@ -652,8 +652,8 @@ static pcs_status_t resolve_device(pcs_agent_t *a, int device)
         device = n > 0 && v >= 0 ? (int)(v % n) : 0;
     }
     if (device >= n)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "device: %d out of range (%d cuda devices visible)",
-                             device, n);
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "device: %d out of range (%d cuda devices visible)", device, n);
     a->device = device;
     return PCS_OK;
 }

@@ -976,8 +976,8 @@ pcs_status_t cu_device_info(int ordinal, char *name, size_t cap, uint64_t *memor
 {
     int n = dev_info().count;
     if (ordinal < 0 || ordinal >= n)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "device_info: device %d out of range (%d visible)",
-                             ordinal, n);
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "device_info: device %d out of range (%d visible)", ordinal, n);
     cudaDeviceProp p;
     PCS_CUDA_CHECK(cudaGetDeviceProperties(&p, ordinal));
     if (name != NULL && cap > 0)
@@ -988,13 +988,34 @@ pcs_status_t cu_device_info(int ordinal, char *name, size_t cap, uint64_t *memor
 }
 
 const pcs_backend_ops_t cuda_ops = {
-    "cuda",          cu_alloc,         cu_free,          cu_host_alloc,        cu_host_free,
-    cu_copy,         cu_fill,          cu_stream_create, cu_stream_destroy,    cu_sync,
-    cu_event_create, cu_event_destroy, cu_event_record,  cu_stream_wait_event, cu_event_sync,
-    cu_cast,         cu_scale,         cu_accumulate,    cu_nonfinite,         cu_sum_squares,
-    cu_adamw,        cu_sgd,           cu_device_count,  cu_set_device,        cu_device_info,
+    "cuda",
+    cu_alloc,
+    cu_free,
+    cu_host_alloc,
+    cu_host_free,
+    cu_copy,
+    cu_fill,
+    cu_stream_create,
+    cu_stream_destroy,
+    cu_sync,
+    cu_event_create,
+    cu_event_destroy,
+    cu_event_record,
+    cu_stream_wait_event,
+    cu_event_sync,
+    cu_cast,
+    cu_scale,
+    cu_accumulate,
+    cu_nonfinite,
+    cu_sum_squares,
+    cu_adamw,
+    cu_sgd,
+    cu_device_count,
+    cu_set_device,
+    cu_device_info,
     cu_event_elapsed_ms, /* appended members, in kernels.h order: */
-    cu_alloc_async,      cu_free_async,
+    cu_alloc_async,
+    cu_free_async,
 };
 
 } // namespace

@@ -160,8 +160,8 @@ int main(void)
         const struct CMUnitTest sim_tests[] = {
             cmocka_unit_test_setup_teardown(test_bf16_w2_gloo_staged_matches_the_cpu_reference,
                                             setup, teardown),
-            cmocka_unit_test_setup_teardown(test_nccl_job_is_not_given_to_a_simulated_worker,
-                                            setup, teardown),
+            cmocka_unit_test_setup_teardown(test_nccl_job_is_not_given_to_a_simulated_worker, setup,
+                                            teardown),
         };
         return cmocka_run_group_tests_name("e2e_cuda_sim", sim_tests, NULL, NULL);
     }
@@ -170,8 +170,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_bf16_w2_gloo_staged_matches_the_cpu_reference, setup,
                                         teardown),
-        cmocka_unit_test_setup_teardown(
-            test_bf16_w2_nccl_on_two_devices_matches_the_cpu_reference, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_w2_nccl_on_two_devices_matches_the_cpu_reference,
+                                        setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -368,8 +368,7 @@ static void test_job_that_ended_while_coordinator_was_down_is_not_run_again(void
         e2e_load_reports(cl, &g_job);
         done = 1;
         for (int r = 0; r < 2; r++)
-            done = done && g_job.n_reports[r] > 0 &&
-                   g_job.reports[r][g_job.n_reports[r] - 1]->done;
+            done = done && g_job.n_reports[r] > 0 && g_job.reports[r][g_job.n_reports[r] - 1]->done;
     }
     assert_true(done);
     cl->coord = start_coord_at(cl->dir, port);

@@ -374,25 +374,28 @@ static void test_jobs_only_take_workers_offering_their_transport(void **state)
     pcs_coord_device_t dev = {0, "cuda", "H100", 1};
     const char *const nccl_only[] = {"nccl"};
     const char *const both[] = {"nccl", "gloo"};
-    pcs_coord_register_t r1 = {.identity = "gpu-nccl", .devices = &dev, .n_devices = 1,
-                               .backends = nccl_only, .n_backends = 1};
+    pcs_coord_register_t r1 = {.identity = "gpu-nccl",
+                               .devices = &dev,
+                               .n_devices = 1,
+                               .backends = nccl_only,
+                               .n_backends = 1};
     pcs_coord_worker_t *w1, *w2;
     bool rr;
     assert_int_equal(pcs_coord_register(f->c, &r1, &w1, &rr), PCS_OK);
     uint32_t names[1] = {PCS_MESH_DP_SHARD}, sizes[1] = {1};
-    pcs_coord_job_desc_t gloo_job = {.n_dims = 1, .dim_name = names, .dim_size = sizes,
-                                     .transport = "gloo"};
+    pcs_coord_job_desc_t gloo_job = {
+        .n_dims = 1, .dim_name = names, .dim_size = sizes, .transport = "gloo"};
     pcs_coord_job_t *j1;
     assert_int_equal(pcs_coord_submit(f->c, &gloo_job, &j1), PCS_OK);
     assert_int_equal(j1->state, PCS_JOB_PENDING); /* the nccl-only pod cannot run it */
-    pcs_coord_register_t r2 = {.identity = "gpu-both", .devices = &dev, .n_devices = 1,
-                               .backends = both, .n_backends = 2};
+    pcs_coord_register_t r2 = {
+        .identity = "gpu-both", .devices = &dev, .n_devices = 1, .backends = both, .n_backends = 2};
     assert_int_equal(pcs_coord_register(f->c, &r2, &w2, &rr), PCS_OK);
     assert_int_equal(j1->state, PCS_JOB_RUNNING);
     assert_int_equal(j1->rank_worker[0], w2->number);
     /* the nccl job takes the nccl-only worker */
-    pcs_coord_job_desc_t nccl_job = {.n_dims = 1, .dim_name = names, .dim_size = sizes,
-                                     .need_cuda = true, .transport = "nccl"};
+    pcs_coord_job_desc_t nccl_job = {
+        .n_dims = 1, .dim_name = names, .dim_size = sizes, .need_cuda = true, .transport = "nccl"};
     pcs_coord_job_t *j2;
     assert_int_equal(pcs_coord_submit(f->c, &nccl_job, &j2), PCS_OK);
     assert_int_equal(j2->state, PCS_JOB_RUNNING);
