@@ -5,6 +5,7 @@
  * themselves live in plan_rules.c; the reasoning is in docs/PLAN.md. */
 #include "plan.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -227,6 +228,12 @@ static void resolve_strategy(ctx_t *c)
         note(c, "strategy: %s with a shard group of 1 runs as no_shard", strategy_name(c->req));
         c->eff = PCS__V1__STRATEGY__STRATEGY_NO_SHARD;
         c->ar_size = c->dp;
+    }
+    const Pcs__V1__TrainingSpec *t = c->spec->training;
+    if (t && t->gradient_divide_factor) {
+        double f = t->gradient_divide_factor->value;
+        if (!isfinite(f) || !(f > 0))
+            pcs_errlist_add(&c->errs, "training.gradient_divide_factor: must be finite and > 0");
     }
 }
 
@@ -673,6 +680,14 @@ static Pcs__V1__Reduction *reduction(ctx_t *c, Pcs__V1__ReduceOp op, double pre,
     return r;
 }
 
+/* training.gradient_divide_factor (FSDP2 set_gradient_divide_factor); 0 = unset (the dp size).
+ * Checked in check_divide_factor. */
+static double grad_divide_factor(const ctx_t *c)
+{
+    const Pcs__V1__TrainingSpec *t = c->spec->training;
+    return t && t->gradient_divide_factor ? t->gradient_divide_factor->value : 0;
+}
+
 /* Fill the unit's message (params, buffers, layout, precision, strategy, collectives). */
 static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const uint32_t *mods,
                       size_t nmods, const uint32_t *bufs, size_t nbufs, Pcs__V1__Unit *u)
@@ -860,7 +875,15 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
     uint32_t ar = c->ar_size;
     Pcs__V1__ReduceOp rs_op, ar_op;
     double premul, pre, post;
-    pcs_plan_reduce_ops(pr.reduce, rs, ar, 0, false, &rs_op, &ar_op, &premul, &pre, &post);
+    pcs_plan_reduce_ops(pr.reduce, rs, ar, grad_divide_factor(c), false, &rs_op, &ar_op, &premul,
+                        &pre, &post);
+    if (rs <= 1 && ar <= 1) {
+        /* World of one: no collective, but FSDP2 foreach_reduce still divides the local gradient
+         * by a custom factor (world_size 1 branch; spec §4.2). Unset factor: nothing to do. */
+        if (premul > 0 || pre != 1 || post != 1)
+            u->local_reduction = reduction(c, rs_op, pre, post, premul);
+        return;
+    }
     if (rs > 1) {
         Pcs__V1__CollectiveSpec *cs =
             coll(c, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER, PCS__V1__PHASE__PHASE_STEP,
@@ -875,8 +898,14 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
             c, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, PCS__V1__PHASE__PHASE_STEP, pr.reduce,
             hsdp ? PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE : PCS__V1__GROUP_KIND__GROUP_KIND_DP,
             ar, hsdp ? u->shard_numel : u->padded_numel);
+        /* No shard group: the size-1 RS leg is local (its PREMUL_SUM(1/factor) multiplies each
+         * contribution on the way into the all-reduce, as foreach_reduce divides before it). */
         if (cs)
-            cs->reduction = reduction(c, ar_op, hsdp ? 1 : pre, post, 0);
+            cs->reduction =
+                hsdp ? reduction(c, ar_op, 1, post, 0)
+                     : reduction(c,
+                                 rs_op == PCS__V1__REDUCE_OP__REDUCE_OP_PREMUL_SUM ? rs_op : ar_op,
+                                 pre, post, premul);
         add_coll(c, u, cs);
     }
 }

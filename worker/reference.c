@@ -154,18 +154,24 @@ static pcs_status_t unit_add_param(pcs_reference_t *r, uint32_t ui, uint32_t p)
     return PCS_OK;
 }
 
-/* FSDP1-style pre/post factors (spec §4.2) for fp16; AVG over the dp size otherwise (FSDP2). */
-static void default_reduction(ref_unit_t *u, uint32_t D)
+/* FSDP1-style pre/post factors (spec §4.2) for fp16; AVG over the dp size otherwise (FSDP2).
+ * A custom divide factor f (training.gradient_divide_factor, 0 = unset) replaces the dp size:
+ * fp16 splits f into pre/post, fp32/bf16 multiply each contribution by 1/f (PREMUL_SUM), and it
+ * applies with D = 1 too (FSDP2 foreach_reduce divides a world of one's gradient). */
+static void default_reduction(ref_unit_t *u, uint32_t D, double f)
 {
     u->pre = u->post = u->premul = u->avg = 1.0;
-    if (D <= 1)
+    if (f <= 0 && D <= 1)
         return;
+    double w = f > 0 ? f : D;
     if (u->reduce == PCS_DTYPE_FP16) {
         double pre = 1;
-        while (fmod(D, pre) == 0 && D / pre > pre)
+        while (fmod(w, pre) == 0 && w / pre > pre)
             pre *= 2;
         u->pre = pre;
-        u->post = D / pre;
+        u->post = w / pre;
+    } else if (f > 0) {
+        u->premul = 1.0 / f;
     } else {
         u->avg = D;
     }
@@ -208,6 +214,17 @@ static pcs_status_t units_from_plan(pcs_reference_t *r, const Pcs__V1__Plan *pla
             if (red->op == PCS__V1__REDUCE_OP__REDUCE_OP_PREMUL_SUM && red->premul > 0)
                 u->premul *= red->premul;
         }
+        /* A world of one has no collective but may still divide (FSDP2 foreach_reduce with a
+         * custom factor): the same pre, premul, post as a collective's. */
+        const Pcs__V1__Reduction *lr = pu->local_reduction;
+        if (lr) {
+            if (lr->pre_divide > 1 && !seen_pre)
+                u->pre = lr->pre_divide;
+            if (lr->post_divide > 1)
+                u->post = lr->post_divide;
+            if (lr->op == PCS__V1__REDUCE_OP__REDUCE_OP_PREMUL_SUM && lr->premul > 0)
+                u->premul *= lr->premul;
+        }
         for (size_t j = 0; j < pu->n_params; j++) {
             const Pcs__V1__ParamSlot *ps = pu->params[j];
             int p = pcs_mlp_find_param(r->model, ps->fqn);
@@ -246,6 +263,11 @@ static pcs_status_t units_default(pcs_reference_t *r, const Pcs__V1__JobSpec *sp
     pcs_dtype_t output = ps ? dt(ps->output_dtype) : PCS_DTYPE_NONE;
     int cast = ps && ps->cast_forward_inputs ? ps->cast_forward_inputs->value : 1;
     int keep_low = ps && ps->keep_low_precision_grads ? ps->keep_low_precision_grads->value : 0;
+    const Pcs__V1__TrainingSpec *ts = spec->training;
+    double factor = ts && ts->gradient_divide_factor ? ts->gradient_divide_factor->value : 0;
+    if (ts && ts->gradient_divide_factor && !(isfinite(factor) && factor > 0))
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "training.gradient_divide_factor: must be finite and > 0");
     const pcs_mlp_t *m = r->model;
     uint32_t nm = pcs_mlp_num_modules(m);
     PCS_CHECK(pcs_calloc(nm, sizeof *r->units, (void **)&r->units));
@@ -266,7 +288,7 @@ static pcs_status_t units_default(pcs_reference_t *r, const Pcs__V1__JobSpec *sp
         u->grad = keep_low && !full ? u->compute : master;
         u->output = full ? PCS_DTYPE_NONE : output;
         u->cast_inputs = !full && cast && param;
-        default_reduction(u, r->D);
+        default_reduction(u, r->D, factor);
     }
     /* each parameter goes to its nearest enclosing unit */
     for (uint32_t p = 0; p < pcs_mlp_num_params(m); p++) {

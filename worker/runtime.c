@@ -69,6 +69,7 @@ typedef struct rt_unit {
     /* the plan's collectives for this unit */
     const Pcs__V1__CollectiveSpec *ag, *rs, *ar;
     const Pcs__V1__CollectiveSpec *ag_bwd; /* backward all-gather over the reshard group */
+    const Pcs__V1__Reduction *local;       /* divide with no collective (world of one) */
     uint32_t rg; /* reshard_after_forward=int group size (1 < rg < shard group), else 0 */
     int partial; /* resharded to the reshard group: only my 1/rg slice of unsharded is valid */
     pcs_coll_t *ar_comm;
@@ -707,6 +708,7 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         u->ag = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER);
         u->rs = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER);
         u->ar = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE);
+        u->local = pu->local_reduction;
         if (pu->reshard_group_size > 1 && pu->reshard_group_size == rt->reshard_n) {
             u->rg = pu->reshard_group_size;
             u->ag_bwd = find_coll_phase(pu, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER,
@@ -1265,6 +1267,26 @@ static pcs_status_t reduce_comm(pcs_runtime_t *rt, rt_unit_t *u)
     return rt->be->event_record(u->ev_rsdone, rt->rs_stream);
 }
 
+/* The plan's divide for a reduction with no collective, in the reduce dtype and with the
+ * rounding a collective's pre/post divide has (coll.h: x = rnd(x * (float)(1/d))). */
+static pcs_status_t local_divide(pcs_runtime_t *rt, rt_unit_t *u)
+{
+    if (!u->local)
+        return PCS_OK;
+    pcs_coll_red_t r = {PCS_RED_SUM, u->local->pre_divide, u->local->post_divide};
+    if (u->local->op == PCS__V1__REDUCE_OP__REDUCE_OP_PREMUL_SUM && u->local->premul > 0)
+        r.pre_div = (r.pre_div > 0 ? r.pre_div : 1.0) / u->local->premul;
+    if (!isfinite(r.pre_div) || !isfinite(r.post_div) || r.pre_div < 0 || r.post_div < 0)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "unit %u: local divide factors must be finite and >= 0", u->index);
+    float f[2] = {pcs_coll_div_factor(r.pre_div), pcs_coll_div_factor(r.post_div)};
+    for (int k = 0; k < 2; k++)
+        if (f[k] != 1.0f)
+            PCS_CHECK(
+                pcs_kernel_scale(rt->be, u->rs_in, u->reduce, u->padded, f[k], rt->rs_stream));
+    return PCS_OK;
+}
+
 static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
 {
     void *result;
@@ -1321,7 +1343,10 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
             return wrap_err(st, "all-reduce of unit %u", u->index);
         result = u->rs_in;
     } else {
-        result = u->rs_in; /* world of one: the local gradient is the reduced one */
+        /* World of one: the local gradient is the reduced one, divided by a custom factor as
+         * FSDP2's foreach_reduce does with no reduce-scatter (the plan's local_reduction). */
+        result = u->rs_in;
+        PCS_CHECK(local_divide(rt, u));
     }
     /* Cast back and accumulate into the sharded grad (grad dtype), as FSDP's
      * _saved_grad_shard += grad. */

@@ -44,12 +44,14 @@
     "  eval_every: %d\n"                                                                           \
     "  full_precision_eval: %s\n"                                                                  \
     "  prefetch: %d\n"                                                                             \
+    "%s"                                                                                           \
     "data: {synthetic: {task: regression, seed: 7}}\n"                                             \
     "init: {seed: 13}\n"
 
 typedef struct job_params {
     const char *norm, *precision, *strategy, *mesh, *optimizer, *clip, *scaler, *full_eval;
-    const char *raf; /* reshard_after_forward */
+    const char *raf;         /* reshard_after_forward */
+    const char *train_extra; /* more training keys, e.g. "  gradient_divide_factor: 4\n" */
     int steps, micro, world, eval_every, prefetch;
 } job_params_t;
 
@@ -61,7 +63,7 @@ static void make_yaml(const job_params_t *p, char *buf, size_t n)
              p->steps ? p->steps : 5, p->micro ? p->micro : 2,
              p->optimizer ? p->optimizer : "adamw: {lr: 1.0e-2}", p->clip ? p->clip : "1.0",
              p->scaler ? p->scaler : "false", p->eval_every, p->full_eval ? p->full_eval : "false",
-             p->prefetch ? p->prefetch : 1);
+             p->prefetch ? p->prefetch : 1, p->train_extra ? p->train_extra : "");
 }
 
 static void run_parity(const job_params_t *p, double atol, double rtol, double loss_rtol)
@@ -110,6 +112,35 @@ static void test_shard_grad_op_w2_matches_reference(void **state)
 {
     (void)state;
     job_params_t p = {.strategy = "shard_grad_op", .mesh = "{dim: dp_shard, size: 2}", .world = 2};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
+/* A world of one with a custom gradient divide factor (FSDP2 set_gradient_divide_factor): no
+ * collective runs, but the gradient is divided by 4 (the plan's local_reduction in the runtime,
+ * the reference's own rule); SGD without clipping so the factor shows in every update. fp32
+ * reduce of one rank: no summation order to differ, tolerances as FULL_SHARD. */
+static void test_world_of_one_divide_factor_w1_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 1}",
+                      .world = 1,
+                      .optimizer = "sgd: {lr: 5.0e-2, momentum: 0.9}",
+                      .clip = "0",
+                      .train_extra = "  gradient_divide_factor: 4\n"};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
+/* Same with NO_SHARD over 2 ranks: the size-1 reduce-scatter leg's PREMUL_SUM(1/4) rides on the
+ * all-reduce (the dp average would divide by 2). */
+static void test_no_shard_divide_factor_w2_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.strategy = "no_shard",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .optimizer = "sgd: {lr: 5.0e-2, momentum: 0.9}",
+                      .clip = "0",
+                      .train_extra = "  gradient_divide_factor: 4\n"};
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
 }
 
@@ -868,6 +899,8 @@ int main(void)
         cmocka_unit_test(test_full_shard_bf16_w4_matches_reference),
         cmocka_unit_test(test_shard_grad_op_w2_matches_reference),
         cmocka_unit_test(test_no_shard_w2_matches_reference),
+        cmocka_unit_test(test_world_of_one_divide_factor_w1_matches_reference),
+        cmocka_unit_test(test_no_shard_divide_factor_w2_matches_reference),
         cmocka_unit_test(test_hybrid_shard_w4_matches_reference),
         cmocka_unit_test(test_hybrid_shard_zero2_w4_matches_reference),
         cmocka_unit_test(test_bf16_reduce_w2_matches_reference),

@@ -231,6 +231,53 @@ static void test_fsdp2_reduce_op_choice_case9(void **state)
     assert_true(pre == 4 && post == 2);
 }
 
+/* training.gradient_divide_factor (FSDP2 set_gradient_divide_factor) reaches the plan: a world of
+ * one has no collective but a local_reduction (fp32: PREMUL_SUM(1/4); fp16: pre 2 x post 2 = 4);
+ * no factor, no local divide; NO_SHARD over 2 ranks folds the size-1 RS leg's PREMUL_SUM(1/4)
+ * into the all-reduce (foreach_reduce divides before the all-reduce); a bad factor is refused. */
+static void test_custom_divide_factor_reaches_world_of_one_and_no_shard(void **state)
+{
+    (void)state;
+    static const uint64_t n[1] = {64};
+    const char *f4 = "training: {gradient_divide_factor: 4}\n";
+    Pcs__V1__Plan *p = flat_plan(n, 1, 1, f4);
+    const Pcs__V1__Unit *u = p->units[0];
+    assert_int_equal(u->n_collectives, 0);
+    assert_non_null(u->local_reduction);
+    assert_int_equal(u->local_reduction->op, OP(PREMUL_SUM));
+    assert_true(u->local_reduction->premul == 0.25);
+    assert_true(u->local_reduction->pre_divide == 1 && u->local_reduction->post_divide == 1);
+    pcs_plan_free(p);
+
+    p = flat_plan(n, 1, 1,
+                  "precision: {param_dtype: fp16}\ntraining: {gradient_divide_factor: 4}\n");
+    u = p->units[0];
+    assert_non_null(u->local_reduction);
+    assert_int_equal(u->local_reduction->op, OP(SUM));
+    assert_true(u->local_reduction->pre_divide == 2 && u->local_reduction->post_divide == 2);
+    pcs_plan_free(p);
+
+    p = flat_plan(n, 1, 1, NULL);
+    assert_null(p->units[0]->local_reduction);
+    pcs_plan_free(p);
+
+    p = plan_of("model: {explicit: [{path: '', class: Net, params: [{name: w, shape: [64]}]}]}\n"
+                "strategy: no_shard\nmesh: [{dim: dp_shard, size: 2}]\n"
+                "training: {gradient_divide_factor: 4}\n",
+                2);
+    u = p->units[0];
+    const Pcs__V1__CollectiveSpec *ar = coll_of(u, COLL(ALL_REDUCE), PHASE(STEP));
+    assert_non_null(ar);
+    assert_int_equal(ar->reduction->op, OP(PREMUL_SUM));
+    assert_true(ar->reduction->premul == 0.25);
+    assert_null(u->local_reduction);
+    pcs_plan_free(p);
+
+    expect_error("model: {explicit: [{path: '', class: Net, params: [{name: w, shape: [8]}]}]}\n"
+                 "training: {gradient_divide_factor: 0}\n",
+                 1, "training.gradient_divide_factor");
+}
+
 // ---- precision: cases 11 and 12 -----------------------------------------------------------
 
 static void resolve(pcs_dtype_t master, pcs_dtype_t param, pcs_dtype_t reduce, pcs_precision_t *out)
@@ -947,6 +994,7 @@ int main(void)
         cmocka_unit_test(test_fsdp1_flat_shard_case6),
         cmocka_unit_test(test_aligned_flat_param_case7),
         cmocka_unit_test(test_divide_factors_match_spec_table_case8),
+        cmocka_unit_test(test_custom_divide_factor_reaches_world_of_one_and_no_shard),
         cmocka_unit_test(test_fsdp2_reduce_op_choice_case9),
         cmocka_unit_test(test_fsdp1_dtype_inference_case11),
         cmocka_unit_test(test_fsdp2_clamp_case12),

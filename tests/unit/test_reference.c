@@ -163,6 +163,66 @@ static void test_dp_emulation_matches_global_batch_fp32(void **state)
     job_free(s1);
 }
 
+/* A custom gradient divide factor divides the gradient in a world of one too (FSDP2 foreach_reduce,
+ * world_size 1): one fp32 SGD step (lr 0.1, no momentum or clipping) with factor 4 moves every
+ * parameter by a quarter of the factor-less step (dp = 1: no division). */
+static void test_world_of_one_custom_divide_factor_quarters_the_step(void **state)
+{
+    (void)state;
+    const char *opt = "optimizer: {sgd: {lr: 0.1, momentum: 0.0}}";
+    char with[256];
+    snprintf(with, sizeof with, "%s, gradient_divide_factor: 4", opt);
+    Pcs__V1__JobSpec *s0 =
+        job(SMALL_JOB, "gelu", "layernorm", "", 1u, 1u, 8u, 1u, "mse", opt, "regression", "");
+    Pcs__V1__JobSpec *s4 =
+        job(SMALL_JOB, "gelu", "layernorm", "", 1u, 1u, 8u, 1u, "mse", with, "regression", "");
+    pcs_reference_t *a, *b, *c;
+    assert_int_equal(pcs_ref_create(s0, NULL, NULL, &a), PCS_OK);
+    assert_int_equal(pcs_ref_create(s4, NULL, NULL, &b), PCS_OK);
+    Pcs__V1__Plan *plan = NULL; /* the planner's local_reduction drives the same divide */
+    assert_int_equal(pcs_plan_build(s4, 1, &plan), PCS_OK);
+    assert_int_equal(pcs_ref_create(s4, plan, NULL, &c), PCS_OK);
+    const pcs_mlp_t *m = pcs_ref_model(a);
+    uint64_t total = 0;
+    for (uint32_t p = 0; p < pcs_mlp_num_params(m); p++)
+        total += pcs_mlp_param(m, p)->numel;
+    float *init = malloc(total * sizeof *init);
+    assert_non_null(init);
+    uint64_t o = 0;
+    for (uint32_t p = 0; p < pcs_mlp_num_params(m); p++) {
+        const pcs_named_tensor_t *t = pcs_mlp_param(m, p);
+        memcpy(init + o, pcs_ref_param(a, t->fqn), t->numel * sizeof *init);
+        o += t->numel;
+    }
+    assert_int_equal(pcs_ref_run(a), PCS_OK);
+    assert_int_equal(pcs_ref_run(b), PCS_OK);
+    assert_int_equal(pcs_ref_run(c), PCS_OK);
+    o = 0;
+    size_t moved = 0;
+    for (uint32_t p = 0; p < pcs_mlp_num_params(m); p++) {
+        const pcs_named_tensor_t *t = pcs_mlp_param(m, p);
+        const float *pa = pcs_ref_param(a, t->fqn), *pb = pcs_ref_param(b, t->fqn);
+        for (uint64_t e = 0; e < t->numel; e++, o++) {
+            double da = (double)pa[e] - init[o], db = (double)pb[e] - init[o];
+            /* the subtraction from the parameter rounds once in each run */
+            double tol = 2.0 * 0x1p-24 * (fabs(init[o]) + fabs(pa[e])) + 1e-12;
+            if (fabs(db - da / 4.0) > tol)
+                fail_msg("%s[%llu]: step %.9g, with factor 4 %.9g", t->fqn, (unsigned long long)e,
+                         da, db);
+            moved += da != 0;
+            assert_true(pcs_ref_param(c, t->fqn)[e] == pb[e]);
+        }
+    }
+    assert_true(moved > total / 2); /* the comparison is not vacuous */
+    free(init);
+    pcs_ref_destroy(a);
+    pcs_ref_destroy(b);
+    pcs_ref_destroy(c);
+    pcs_plan_free(plan);
+    job_free(s0);
+    job_free(s4);
+}
+
 /* In bf16 the per-rank emulation differs from the global batch by rounding only. */
 static void test_dp_emulation_bf16_within_bf16_tolerance(void **state)
 {
@@ -665,6 +725,7 @@ int main(void)
         cmocka_unit_test(test_bf16_sgd_momentum_loss_decreases),
         cmocka_unit_test(test_classification_cross_entropy_loss_decreases),
         cmocka_unit_test(test_dp_emulation_matches_global_batch_fp32),
+        cmocka_unit_test(test_world_of_one_custom_divide_factor_quarters_the_step),
         cmocka_unit_test(test_dp_emulation_bf16_within_bf16_tolerance),
         cmocka_unit_test(test_grad_scaler_skips_step_on_injected_inf),
         cmocka_unit_test(test_batchnorm_running_stats_tracked_per_rank),

@@ -104,6 +104,78 @@ static void test_sync_on_every_micro_batch_reduces_each_hand_in_once(void **stat
     pcs_runtime_destroy(rt);
 }
 
+/* A world of one has no communicator, but a custom gradient divide factor still divides the local
+ * gradient (FSDP2 foreach_reduce, world_size 1: reduce_output = input / factor): the plan's
+ * local_reduction as PREMUL_SUM(1/4) in fp32, and as pre 2 / post 2 in an fp16 reduce. SGD lr 1
+ * from 0 with gradient 8: the master must be -2, not -8. */
+static void test_world_of_one_divides_by_a_custom_factor(void **state)
+{
+    (void)state;
+    for (int variant = 0; variant < 2; variant++) {
+        Pcs__V1__Plan plan = PCS__V1__PLAN__INIT;
+        Pcs__V1__Unit unit = PCS__V1__UNIT__INIT, *up[1] = {&unit};
+        Pcs__V1__ParamSlot ps = PCS__V1__PARAM_SLOT__INIT, *psp[1] = {&ps};
+        Pcs__V1__Reduction red = PCS__V1__REDUCTION__INIT;
+        uint64_t shape[1] = {64};
+        ps.fqn = "w";
+        ps.n_shape = 1;
+        ps.shape = shape;
+        ps.numel = 64;
+        unit.master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
+        unit.shard_group_size = 1;
+        unit.padded_numel = 64;
+        unit.shard_numel = 64;
+        unit.n_params = 1;
+        unit.params = psp;
+        if (variant == 0) {
+            red.op = PCS__V1__REDUCE_OP__REDUCE_OP_PREMUL_SUM;
+            red.pre_divide = 1;
+            red.post_divide = 1;
+            red.premul = 0.25;
+        } else {
+            unit.reduce_dtype = PCS__V1__DTYPE__DTYPE_FP16;
+            red.op = PCS__V1__REDUCE_OP__REDUCE_OP_SUM;
+            red.pre_divide = 2;
+            red.post_divide = 2;
+        }
+        unit.local_reduction = &red;
+        plan.world_size = 1;
+        plan.n_units = 1;
+        plan.units = up;
+        pcs_runtime_config_t rc;
+        memset(&rc, 0, sizeof rc);
+        rc.plan = &plan;
+        assert_int_equal(pcs_backend_get("cpu", &rc.be), PCS_OK);
+        rc.micro_batches = 1;
+        rc.init_param = init_zero;
+        rc.opt = PCS_OPT_SGD;
+        pcs_sgd_config_default(&rc.sgd);
+        rc.sgd.lr = 1.0;
+        rc.sgd.momentum = 0;
+        rc.sgd.weight_decay = 0;
+        rc.prefetch = variant; /* inline and on the reduction thread */
+        pcs_runtime_t *rt = NULL;
+        assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
+        assert_int_equal(pcs_runtime_begin_step(rt), PCS_OK);
+        void *g;
+        pcs_dtype_t dt;
+        assert_int_equal(pcs_runtime_grad_buffer(rt, 0, &g, &dt), PCS_OK);
+        assert_int_equal(dt, PCS_DTYPE_FP32);
+        for (int i = 0; i < 64; i++)
+            ((float *)g)[i] = 8.0f;
+        assert_int_equal(pcs_runtime_post_backward(rt, 0, 1), PCS_OK);
+        pcs_rt_step_opts_t o;
+        memset(&o, 0, sizeof o);
+        pcs_rt_step_result_t r;
+        assert_int_equal(pcs_runtime_optimizer_step(rt, &o, &r), PCS_OK);
+        pcs_rt_shard_t sh;
+        assert_int_equal(pcs_runtime_shard(rt, 0, &sh), PCS_OK);
+        for (int i = 0; i < 64; i++)
+            assert_true(((const float *)sh.master)[i] == -2.0f);
+        pcs_runtime_destroy(rt);
+    }
+}
+
 /* A no-sync hand-in accumulates even when the job has one micro-batch (the C API lets a program
  * skip the sync on any backward): the next synced hand-in reduces the sum, nothing is dropped. */
 static void test_no_sync_hand_in_with_one_micro_batch_is_accumulated(void **state)
@@ -436,6 +508,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sync_on_every_micro_batch_reduces_each_hand_in_once),
         cmocka_unit_test(test_no_sync_hand_in_with_one_micro_batch_is_accumulated),
+        cmocka_unit_test(test_world_of_one_divides_by_a_custom_factor),
         cmocka_unit_test(test_premul_sum_reduce_scatter_multiplies_every_input),
         cmocka_unit_test(test_replicated_unit_without_a_planned_all_reduce_is_averaged),
         cmocka_unit_test(test_staged_full_shard_w2_is_bit_identical_to_direct),
