@@ -65,6 +65,25 @@ static const char *reduction_text(const Pcs__V1__Unit *u, char *buf, size_t n)
     return buf;
 }
 
+/* A unit's sharded state on its fullest rank: master shard, plus (if any parameter trains) the
+ * flat sharded grad and optimizer state for the trainable elements only; frozen parameters have
+ * neither grad nor optimizer state (pcs_plan_rank_estimate counts the same way). */
+static uint64_t unit_bytes_per_rank(const Pcs__V1__Plan *p, const Pcs__V1__Unit *u)
+{
+    size_t msz = pcs_dtype_size((pcs_dtype_t)u->master_dtype);
+    uint32_t sg = u->shard_group_size ? u->shard_group_size : 1;
+    uint64_t opt = 0;
+    for (uint32_t r = 0; r < sg; r++) {
+        uint64_t n = pcs_plan_trainable_numel(u, r);
+        opt = n > opt ? n : opt;
+    }
+    uint64_t bytes = u->shard_numel * msz;
+    if (opt)
+        bytes += u->shard_numel * pcs_dtype_size((pcs_dtype_t)u->grad_dtype) +
+                 (uint64_t)p->optimizer_states * opt * msz;
+    return bytes;
+}
+
 static void print_estimate(const Pcs__V1__RankEstimate *e, const char *title)
 {
     char a[32], b[32], c[32], d[32], f[32], g[32];
@@ -113,9 +132,7 @@ static void print_table(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p)
         const Pcs__V1__CollectiveSpec *rs =
             find_coll(u, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER);
         const Pcs__V1__CollectiveSpec *ar = find_coll(u, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE);
-        uint64_t per_rank = u->shard_numel * (pcs_dtype_size((pcs_dtype_t)u->master_dtype) *
-                                                  (1 + p->optimizer_states) +
-                                              pcs_dtype_size((pcs_dtype_t)u->grad_dtype));
+        uint64_t per_rank = unit_bytes_per_rank(p, u);
         pcs_cli_table_cell(t, "%u", u->index);
         pcs_cli_table_cell(t, "%s", *u->path ? u->path : "<root>");
         pcs_cli_table_cell(t, "%s%s", u->module_class, u->mixed_precision ? "" : " (fp)");

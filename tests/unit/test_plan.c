@@ -970,6 +970,40 @@ static void test_rank_estimate_matches_hand_count(void **state)
     pcs_plan_free(p);
 }
 
+/* Frozen parameters (requires_grad_off) have no gradient and no optimizer state. Unit a is all
+ * frozen: its 4-element shard on each of 2 ranks counts params only. Unit b is [w trainable 8 |
+ * v frozen 8] (offsets 0 and 8, c = 8): it trains, so its flat sharded grad exists on both ranks
+ * (8 x 4 B), but AdamW state (2 x 4 B per element) exists for rank 0's w elements only.
+ * rank 0: params 16 + 32, grad 32, adam 64; rank 1: params 48, grad 32, adam 0. */
+static void test_rank_estimate_skips_frozen_grads_and_optimizer_state(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *p =
+        plan_of("model: {explicit: [{path: a, class: Linear, params: [{name: w, shape: [8], "
+                "requires_grad_off: true}]},"
+                "{path: b, class: Linear, params: [{name: w, shape: [8]}, {name: v, shape: [8], "
+                "requires_grad_off: true}]}]}\n"
+                "wrap: {module_class: [Linear]}\nmesh: [{dim: dp_shard, size: 2}]\n"
+                "training: {optimizer: {adamw: {lr: 0.1}}}",
+                0);
+    const Pcs__V1__Unit *a = unit_at(p, "a"), *b = unit_at(p, "b");
+    assert_int_equal(b->shard_numel, 8);
+    assert_int_equal(pcs_plan_trainable_numel(a, 0), 0);
+    assert_int_equal(pcs_plan_trainable_numel(a, 1), 0);
+    assert_int_equal(pcs_plan_trainable_numel(b, 0), 8);
+    assert_int_equal(pcs_plan_trainable_numel(b, 1), 0);
+    Pcs__V1__RankEstimate e;
+    assert_int_equal(pcs_plan_rank_estimate(p, 0, &e), PCS_OK);
+    assert_int_equal(e.param_shard_bytes, 48);
+    assert_int_equal(e.grad_shard_bytes, 32);
+    assert_int_equal(e.optimizer_bytes, 64);
+    assert_int_equal(pcs_plan_rank_estimate(p, 1, &e), PCS_OK);
+    assert_int_equal(e.param_shard_bytes, 48);
+    assert_int_equal(e.grad_shard_bytes, 32);
+    assert_int_equal(e.optimizer_bytes, 0);
+    pcs_plan_free(p);
+}
+
 static void test_size_based_wrap_follows_recursive_wrap(void **state)
 {
     (void)state;
@@ -1015,6 +1049,7 @@ int main(void)
         cmocka_unit_test(test_flat_offset_overflow_is_an_error),
         cmocka_unit_test(test_plan_size_does_not_grow_with_world_size),
         cmocka_unit_test(test_rank_estimate_matches_hand_count),
+        cmocka_unit_test(test_rank_estimate_skips_frozen_grads_and_optimizer_state),
         cmocka_unit_test(test_size_based_wrap_follows_recursive_wrap),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
