@@ -3,6 +3,7 @@
  * shards meaning, so export needs no coordinator and no worker. */
 #include "checkpoint.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -64,11 +65,15 @@ static pcs_status_t write_file_atomic(const char *path, const void *data, size_t
 pcs_status_t pcs_ckpt_write_rank(const char *dir, const pcs_ckpt_rank_meta_t *m,
                                  const pcs_st_entry_t *e, size_t n)
 {
-    if (!dir || !m)
+    if (!dir || !m || (m->n_units && !m->units))
         return pcs_set_error(PCS_ERR_INVALID_ARG, "checkpoint: dir and meta required");
     char sdir[1024], path[1100];
     pcs_ckpt_step_dir(dir, m->step, sdir, sizeof sdir);
     PCS_CHECK(mkdir_p(sdir));
+    /* an earlier run's COMPLETE must not vouch for the files this run is writing */
+    snprintf(path, sizeof path, "%s/COMPLETE", sdir);
+    if (unlink(path) != 0 && errno != ENOENT)
+        return pcs_set_error(PCS_ERR_SYSTEM, "unlink %s: %s", path, strerror(errno));
     snprintf(path, sizeof path, "%s/rank-%05u.safetensors", sdir, m->rank);
     char v[8][64];
     snprintf(v[0], 64, "%llu", (unsigned long long)m->step);
@@ -79,48 +84,327 @@ pcs_status_t pcs_ckpt_write_rank(const char *dir, const pcs_ckpt_rank_meta_t *m,
     snprintf(v[5], 64, "%u", m->pp_index);
     snprintf(v[6], 64, "%016llx", (unsigned long long)m->plan_hash);
     snprintf(v[7], 64, "%.17g", m->loss_scale);
-    const char *meta[] = {"format",
-                          "pcs-shard",
-                          "job_id",
-                          m->job_id ? m->job_id : "",
-                          "step",
-                          v[0],
-                          "rank",
-                          v[1],
-                          "world_size",
-                          v[2],
-                          "shard_index",
-                          v[3],
-                          "replicate_index",
-                          v[4],
-                          "pp_index",
-                          v[5],
-                          "plan_hash",
-                          v[6],
-                          "loss_scale",
-                          v[7]};
-    return pcs_st_write(path, e, n, meta, sizeof meta / sizeof meta[0] / 2);
+    const char *fixed[] = {"format",
+                           "pcs-shard",
+                           "job_id",
+                           m->job_id ? m->job_id : "",
+                           "step",
+                           v[0],
+                           "rank",
+                           v[1],
+                           "world_size",
+                           v[2],
+                           "shard_index",
+                           v[3],
+                           "replicate_index",
+                           v[4],
+                           "pp_index",
+                           v[5],
+                           "plan_hash",
+                           v[6],
+                           "loss_scale",
+                           v[7]};
+    size_t nf = sizeof fixed / sizeof fixed[0];
+    size_t nm = nf + 4 * m->n_units;
+    const char **meta = NULL;
+    char(*txt)[48] = NULL;
+    pcs_status_t st;
+    PCS_CHECK_GOTO(pcs_calloc(nm, sizeof *meta, (void **)&meta), st, out);
+    PCS_CHECK_GOTO(pcs_calloc(4 * m->n_units + 1, sizeof *txt, (void **)&txt), st, out);
+    memcpy(meta, fixed, sizeof fixed);
+    for (size_t i = 0; i < m->n_units; i++) {
+        char *k = txt[4 * i];
+        snprintf(k, 48, "unit.%u.shard_index", m->units[i].unit);
+        snprintf(txt[4 * i + 1], 48, "%u", m->units[i].shard_index);
+        snprintf(txt[4 * i + 2], 48, "unit.%u.replicate_index", m->units[i].unit);
+        snprintf(txt[4 * i + 3], 48, "%u", m->units[i].replicate_index);
+        for (int j = 0; j < 4; j++)
+            meta[nf + 4 * i + (size_t)j] = txt[4 * i + (size_t)j];
+    }
+    st = pcs_st_write(path, e, n, meta, nm / 2);
+out:
+    free(meta);
+    free(txt);
+    return st;
+}
+
+// ---- the manifest (COMPLETE) ----
+
+/* COMPLETE is "pcs-checkpoint 1", then "step N", "job_id J", "plan_hash H", "world_size W" and one
+ * "file R NAME BYTES" line per rank. The file from before manifests held "ok". */
+typedef struct manifest {
+    uint64_t step;
+    char job[256], hash[32];
+    uint32_t world;
+    long long *sizes; /* per rank, -1 = not listed */
+} manifest_t;
+
+#define MANIFEST_MAGIC "pcs-checkpoint 1\n"
+
+static uint64_t meta_u64(pcs_st_file_t *f, const char *key, uint64_t def)
+{
+    const char *v = pcs_st_metadata(f, key);
+    return v ? strtoull(v, NULL, 10) : def;
+}
+
+static const char *meta_str(pcs_st_file_t *f, const char *key)
+{
+    const char *v = pcs_st_metadata(f, key);
+    return v ? v : "";
+}
+
+/* The rank file `path` (rank r) belongs to step/job/plan? Else PCS_ERR_STATE naming what differs.
+ */
+static pcs_status_t check_rank_file(const char *path, pcs_st_file_t *f, uint32_t r, uint64_t step,
+                                    const char *job, const char *hash)
+{
+    const char *what = strcmp(meta_str(f, "format"), "pcs-shard") != 0 ? "format"
+                       : meta_u64(f, "step", UINT64_MAX) != step       ? "step"
+                       : meta_u64(f, "rank", UINT64_MAX) != r          ? "rank"
+                       : strcmp(meta_str(f, "job_id"), job) != 0       ? "job_id"
+                       : strcmp(meta_str(f, "plan_hash"), hash) != 0   ? "plan_hash"
+                                                                       : NULL;
+    if (what)
+        return pcs_set_error(PCS_ERR_STATE,
+                             "%s: stale rank file (its %s is not this checkpoint's: step %llu, "
+                             "job '%s', plan %s)",
+                             path, what, (unsigned long long)step, job, hash);
+    return PCS_OK;
+}
+
+/* Parse COMPLETE of `sdir`. *legacy = 1 for the old "ok" marker (m untouched). */
+static pcs_status_t manifest_read(const char *sdir, manifest_t *m, int *legacy)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/COMPLETE", sdir);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return pcs_set_error(PCS_ERR_NOT_FOUND, "checkpoint %s is incomplete (no COMPLETE)", sdir);
+    char line[1400];
+    pcs_status_t st = PCS_OK;
+    *legacy = 0;
+    memset(m, 0, sizeof *m);
+    if (!fgets(line, sizeof line, f) || strcmp(line, MANIFEST_MAGIC) != 0) {
+        *legacy = strcmp(line, "ok\n") == 0;
+        if (!*legacy)
+            st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s: not a pcs checkpoint manifest", path);
+        fclose(f);
+        return st;
+    }
+    int have = 0;
+    while (st == PCS_OK && fgets(line, sizeof line, f)) {
+        size_t l = strlen(line);
+        if (l && line[l - 1] == '\n')
+            line[--l] = 0;
+        unsigned long long a = 0;
+        unsigned r = 0;
+        long long sz = 0;
+        char name[64];
+        if (sscanf(line, "step %llu", &a) == 1) {
+            m->step = a;
+            have |= 1;
+        } else if (strncmp(line, "job_id ", 7) == 0) {
+            size_t jl = strlen(line + 7);
+            if (jl >= sizeof m->job)
+                st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s: job id too long", path);
+            else
+                memcpy(m->job, line + 7, jl + 1);
+            have |= 2;
+        } else if (sscanf(line, "plan_hash %31s", m->hash) == 1) {
+            have |= 4;
+        } else if (sscanf(line, "world_size %u", &r) == 1 && r > 0 && !m->sizes) {
+            m->world = r;
+            st = pcs_calloc(r, sizeof *m->sizes, (void **)&m->sizes);
+            for (uint32_t i = 0; st == PCS_OK && i < r; i++)
+                m->sizes[i] = -1;
+            have |= 8;
+        } else if (sscanf(line, "file %u %63s %lld", &r, name, &sz) == 3 && m->sizes &&
+                   r < m->world && sz >= 0) {
+            char want[64];
+            snprintf(want, sizeof want, "rank-%05u.safetensors", r);
+            if (strcmp(name, want) != 0)
+                st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s: rank %u's file is %s, not %s", path, r,
+                                   name, want);
+            m->sizes[r] = sz;
+        } else {
+            st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s: bad line '%s'", path, line);
+        }
+    }
+    fclose(f);
+    if (st == PCS_OK && have != 15)
+        st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s: manifest lacks step/job_id/plan_hash/world",
+                           path);
+    for (uint32_t i = 0; st == PCS_OK && i < m->world; i++)
+        if (m->sizes[i] < 0)
+            st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s: rank %u's file is not listed", path, i);
+    if (st != PCS_OK) {
+        free(m->sizes);
+        m->sizes = NULL;
+    }
+    return st;
 }
 
 pcs_status_t pcs_ckpt_commit(const char *dir, uint64_t step, const Pcs__V1__Plan *plan)
 {
+    if (!dir || !plan || plan->world_size == 0)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "checkpoint commit: dir and plan required");
     char sdir[1024], path[1100];
     pcs_ckpt_step_dir(dir, step, sdir, sizeof sdir);
     PCS_CHECK(mkdir_p(sdir));
-    size_t len = pcs__v1__plan__get_packed_size(plan);
+    uint32_t W = plan->world_size;
+    /* the manifest: every rank file of this step, checked to be this run's */
+    size_t cap = 512 + (size_t)W * 64;
+    char *man = NULL;
     uint8_t *buf = NULL;
-    PCS_CHECK(pcs_calloc(len ? len : 1, 1, (void **)&buf));
+    pcs_st_file_t *f = NULL;
+    char job[256] = "", hash[32] = "";
+    pcs_status_t st;
+    PCS_CHECK_GOTO(pcs_calloc(cap, 1, (void **)&man), st, out);
+    size_t o = 0;
+    for (uint32_t r = 0; r < W; r++) {
+        snprintf(path, sizeof path, "%s/rank-%05u.safetensors", sdir, r);
+        PCS_CHECK_GOTO(pcs_st_open(path, &f), st, out);
+        if (r == 0) {
+            if (strlen(meta_str(f, "job_id")) >= sizeof job) {
+                st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s: job id too long", path);
+                goto out;
+            }
+            snprintf(job, sizeof job, "%s", meta_str(f, "job_id"));
+            snprintf(hash, sizeof hash, "%s", meta_str(f, "plan_hash"));
+            if (strchr(job, '\n')) {
+                st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s: job id holds a newline", path);
+                goto out;
+            }
+            o += (size_t)snprintf(man + o, cap - o,
+                                  MANIFEST_MAGIC "step %llu\njob_id %s\nplan_hash %s\nworld_size "
+                                                 "%u\n",
+                                  (unsigned long long)step, job, hash, W);
+        }
+        PCS_CHECK_GOTO(check_rank_file(path, f, r, step, job, hash), st, out);
+        pcs_st_close(f);
+        f = NULL;
+        struct stat sb;
+        if (stat(path, &sb) != 0) {
+            st = pcs_set_error(PCS_ERR_SYSTEM, "stat %s: %s", path, strerror(errno));
+            goto out;
+        }
+        o += (size_t)snprintf(man + o, cap - o, "file %u rank-%05u.safetensors %lld\n", r, r,
+                              (long long)sb.st_size);
+    }
+    size_t len = pcs__v1__plan__get_packed_size(plan);
+    PCS_CHECK_GOTO(pcs_calloc(len ? len : 1, 1, (void **)&buf), st, out);
     pcs__v1__plan__pack(plan, buf);
     snprintf(path, sizeof path, "%s/plan.pb", sdir);
-    pcs_status_t st = write_file_atomic(path, buf, len);
-    free(buf);
-    PCS_CHECK(st);
+    PCS_CHECK_GOTO(write_file_atomic(path, buf, len), st, out);
     snprintf(path, sizeof path, "%s/COMPLETE", sdir);
-    PCS_CHECK(write_file_atomic(path, "ok\n", 3));
+    PCS_CHECK_GOTO(write_file_atomic(path, man, o), st, out);
     char txt[32];
     int tl = snprintf(txt, sizeof txt, "%llu\n", (unsigned long long)step);
     snprintf(path, sizeof path, "%s/latest", dir);
-    return write_file_atomic(path, txt, (size_t)tl);
+    st = write_file_atomic(path, txt, (size_t)tl);
+out:
+    pcs_st_close(f);
+    free(man);
+    free(buf);
+    return st;
+}
+
+/* pcs' own names inside a step directory (and write_file_atomic's / pcs_st_write's temps). */
+static int own_file(const char *name)
+{
+    unsigned r;
+    char tail[32];
+    if (!strcmp(name, "plan.pb") || !strcmp(name, "COMPLETE") || strstr(name, ".tmp"))
+        return 1;
+    return sscanf(name, "rank-%5u.safetensor%31s", &r, tail) == 2 && !strcmp(tail, "s");
+}
+
+static void remove_step_dir(const char *sdir)
+{
+    DIR *d = opendir(sdir);
+    if (!d)
+        return;
+    struct dirent *de;
+    char path[1400];
+    while ((de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        snprintf(path, sizeof path, "%s/%s", sdir, de->d_name);
+        if (own_file(de->d_name))
+            (void)unlink(path);
+    }
+    closedir(d);
+    if (rmdir(sdir) != 0)
+        PCS_WARN(PCS_SUB_WORKER, "checkpoint prune: %s kept (%s; not only pcs files)", sdir,
+                 strerror(errno));
+}
+
+static int cmp_desc(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+pcs_status_t pcs_ckpt_prune(const char *dir, uint64_t step, uint32_t keep)
+{
+    if (!dir)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "checkpoint prune: dir required");
+    if (keep == 0)
+        keep = 2;
+    char sdir[1024];
+    manifest_t cur, m;
+    int legacy = 0;
+    pcs_ckpt_step_dir(dir, step, sdir, sizeof sdir);
+    PCS_CHECK(manifest_read(sdir, &cur, &legacy));
+    free(cur.sizes);
+    if (legacy)
+        return pcs_set_error(PCS_ERR_STATE, "%s: committed without a manifest", sdir);
+    DIR *d = opendir(dir);
+    if (!d)
+        return pcs_set_error(PCS_ERR_SYSTEM, "opendir %s: %s", dir, strerror(errno));
+    uint64_t *all = NULL, *kept = NULL;
+    size_t n_all = 0, cap_all = 0, n_kept = 0, cap_kept = 0;
+    pcs_status_t st = PCS_OK;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL) {
+        unsigned long long s = 0;
+        char canon[64];
+        if (sscanf(de->d_name, "step-%llu", &s) != 1)
+            continue;
+        snprintf(canon, sizeof canon, "step-%08llu", s);
+        if (strcmp(canon, de->d_name) != 0 || s == step)
+            continue; /* not one of ours, or the step just committed */
+        PCS_CHECK_GOTO(pcs_grow((void **)&all, &cap_all, n_all + 1, sizeof *all), st, out);
+        all[n_all++] = s;
+        pcs_ckpt_step_dir(dir, s, sdir, sizeof sdir);
+        /* keep candidates: committed (with a manifest) by the same job, below this step */
+        if (s < step && manifest_read(sdir, &m, &legacy) == PCS_OK && !legacy) {
+            int same = m.step == s && !strcmp(m.job, cur.job);
+            free(m.sizes);
+            if (same) {
+                PCS_CHECK_GOTO(pcs_grow((void **)&kept, &cap_kept, n_kept + 1, sizeof *kept), st,
+                               out);
+                kept[n_kept++] = s;
+            }
+        }
+    }
+    qsort(kept, n_kept, sizeof *kept, cmp_desc);
+    if (n_kept > keep - 1)
+        n_kept = keep - 1;
+    for (size_t i = 0; i < n_all; i++) {
+        int keep_it = 0;
+        for (size_t j = 0; j < n_kept; j++)
+            keep_it |= kept[j] == all[i];
+        if (keep_it)
+            continue;
+        pcs_ckpt_step_dir(dir, all[i], sdir, sizeof sdir);
+        remove_step_dir(sdir);
+    }
+out:
+    closedir(d);
+    free(all);
+    free(kept);
+    return st;
 }
 
 pcs_status_t pcs_ckpt_latest(const char *dir, uint64_t *step)
@@ -186,6 +470,14 @@ static uint32_t meta_u32(pcs_st_file_t *f, const char *key, uint32_t def)
     return v ? (uint32_t)strtoul(v, NULL, 10) : def;
 }
 
+/* Unit u's shard/replicate index in rank file f: its own "unit.<u>.<what>", else the file's. */
+static uint32_t unit_index(pcs_st_file_t *f, size_t u, const char *what)
+{
+    char key[64];
+    snprintf(key, sizeof key, "unit.%zu.%s", u, what);
+    return pcs_st_metadata(f, key) ? meta_u32(f, key, 0) : meta_u32(f, what, 0);
+}
+
 pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_path,
                              pcs_ckpt_export_info_t *info)
 {
@@ -196,18 +488,24 @@ pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_pat
         PCS_CHECK(pcs_ckpt_latest(dir, &step));
     char sdir[1024], path[1100];
     pcs_ckpt_step_dir(dir, step, sdir, sizeof sdir);
-    snprintf(path, sizeof path, "%s/COMPLETE", sdir);
-    if (access(path, F_OK) != 0)
-        return pcs_set_error(PCS_ERR_NOT_FOUND, "checkpoint %s is incomplete (no COMPLETE)", sdir);
+    manifest_t man;
+    int legacy = 0;
+    PCS_CHECK(manifest_read(sdir, &man, &legacy));
 
     uint8_t *pbuf = NULL;
     size_t plen = 0;
     snprintf(path, sizeof path, "%s/plan.pb", sdir);
-    PCS_CHECK(read_whole(path, &pbuf, &plen));
+    st = read_whole(path, &pbuf, &plen);
+    if (st != PCS_OK) {
+        free(man.sizes);
+        return st;
+    }
     Pcs__V1__Plan *plan = pcs__v1__plan__unpack(NULL, plen, pbuf);
     free(pbuf);
-    if (!plan)
+    if (!plan) {
+        free(man.sizes);
         return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: not a pcs.v1.Plan", path);
+    }
 
     uint32_t W = plan->world_size;
     pcs_st_file_t **files = NULL;
@@ -220,9 +518,26 @@ pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_pat
     PCS_CHECK_GOTO(pcs_calloc(W ? W : 1, sizeof *files, (void **)&files), st, out);
     PCS_CHECK_GOTO(pcs_calloc(plan->n_units ? plan->n_units : 1, sizeof *flats, (void **)&flats),
                    st, out);
+    if (!legacy && (man.world != W || man.step != step)) {
+        st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                           "%s: manifest (step %llu, %u ranks) disagrees with the plan (%u ranks)",
+                           sdir, (unsigned long long)man.step, man.world, W);
+        goto out;
+    }
     for (uint32_t r = 0; r < W; r++) {
         snprintf(path, sizeof path, "%s/rank-%05u.safetensors", sdir, r);
         PCS_CHECK_GOTO(pcs_st_open(path, &files[r]), st, out);
+        if (legacy)
+            continue;
+        /* only the files the commit listed, unchanged since */
+        struct stat sb;
+        if (stat(path, &sb) != 0 || (long long)sb.st_size != man.sizes[r]) {
+            st = pcs_set_error(PCS_ERR_STATE,
+                               "%s: stale rank file (%lld bytes, the commit recorded %lld)", path,
+                               (long long)sb.st_size, man.sizes[r]);
+            goto out;
+        }
+        PCS_CHECK_GOTO(check_rank_file(path, files[r], r, step, man.job, man.hash), st, out);
     }
     for (size_t u = 0; u < plan->n_units; u++) {
         cap_ent += plan->units[u]->n_params + plan->units[u]->n_buffers;
@@ -250,8 +565,8 @@ pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_pat
         for (uint32_t s = 0; s < sg; s++) {
             pcs_st_file_t *src = NULL;
             for (uint32_t r = 0; r < W && !src; r++) {
-                if (meta_u32(files[r], "replicate_index", 0) == 0 &&
-                    meta_u32(files[r], "shard_index", 0) == s && pcs_st_find(files[r], key))
+                if (unit_index(files[r], u, "replicate_index") == 0 &&
+                    unit_index(files[r], u, "shard_index") == s && pcs_st_find(files[r], key))
                     src = files[r];
             }
             if (!src) {
@@ -305,8 +620,8 @@ pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_pat
             snprintf(bkey, sizeof bkey, "buffer.%s", bs->fqn);
             pcs_st_file_t *src = NULL;
             for (uint32_t r = 0; r < W && !src; r++)
-                if (meta_u32(files[r], "replicate_index", 0) == 0 &&
-                    meta_u32(files[r], "shard_index", 0) == 0 && pcs_st_find(files[r], bkey))
+                if (unit_index(files[r], u, "replicate_index") == 0 &&
+                    unit_index(files[r], u, "shard_index") == 0 && pcs_st_find(files[r], bkey))
                     src = files[r];
             if (!src || bs->n_shape > PCS_ST_MAX_DIMS) {
                 st = pcs_set_error(PCS_ERR_NOT_FOUND, "%s: buffer %s missing", sdir, bs->fqn);
@@ -360,6 +675,7 @@ out:
     free(bufdata);
     free(ents);
     free(shapes);
+    free(man.sizes);
     protobuf_c_message_free_unpacked(&plan->base, NULL);
     return st;
 }

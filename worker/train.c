@@ -713,10 +713,12 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
     char(*names)[96] = NULL;
     uint64_t(*shapes)[1] = NULL;
     void **conv = NULL, **mconv = NULL;
+    pcs_ckpt_unit_meta_t *um = NULL; /* each unit's own shard/replica indices */
     pcs_status_t st;
     /* per unit: host copies of master (fp32 storage), state a, state b, master in its dtype */
     PCS_CHECK_GOTO(pcs_calloc(t->n_units * 4 + 1, sizeof *mconv, (void **)&mconv), st, out);
     PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, sizeof *e, (void **)&e), st, out);
+    PCS_CHECK_GOTO(pcs_calloc(t->n_units ? t->n_units : 1, sizeof *um, (void **)&um), st, out);
     PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, sizeof *names, (void **)&names), st, out);
     PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, sizeof *shapes, (void **)&shapes), st, out);
     PCS_CHECK_GOTO(pcs_calloc(t->n_buffers ? t->n_buffers : 1, sizeof *conv, (void **)&conv), st,
@@ -729,6 +731,7 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
     for (size_t i = 0; i < t->n_units; i++) {
         /* the shard's pointers are backend (device) memory: copy it to host buffers */
         PCS_CHECK_GOTO(pcs_runtime_shard(t->rt, (uint32_t)i, &sh), st, out);
+        um[i] = (pcs_ckpt_unit_meta_t){(uint32_t)i, sh.shard_index, sh.replicate_index};
         void **h = &mconv[i * 4];
         size_t nb = (sh.numel ? sh.numel : 1) * sizeof(float);
         PCS_CHECK_GOTO(pcs_calloc(1, nb, &h[0]), st, out);
@@ -807,19 +810,26 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
         m.step = step;
         m.rank = t->as->rank;
         m.world_size = t->plan->world_size;
+        /* file-level indices: the last unit's (kept for older readers); export uses the
+         * per-unit ones, since a replicated unit's indices differ from a sharded unit's */
         m.shard_index = sh.shard_index;
         m.replicate_index = sh.replicate_index;
         m.plan_hash = t->as->plan_hash;
         m.loss_scale = t->scale;
+        m.units = um;
+        m.n_units = t->n_units;
         PCS_CHECK_GOTO(pcs_ckpt_write_rank(dir, &m, e, k), st, out);
     }
     PCS_CHECK_GOTO(pcs_runtime_barrier(t->rt), st, out);
-    if (t->as->rank == 0)
+    if (t->as->rank == 0) {
         PCS_CHECK_GOTO(pcs_ckpt_commit(dir, step, t->plan), st, out);
+        PCS_CHECK_GOTO(pcs_ckpt_prune(dir, step, t->spec->checkpoint->keep_last), st, out);
+    }
     PCS_DEBUG(PCS_SUB_WORKER, "checkpoint of step %llu written to %s", (unsigned long long)step,
               dir);
     st = PCS_OK;
 out:
+    free(um);
     if (conv)
         for (size_t i = 0; i < t->n_buffers; i++)
             free(conv[i]);

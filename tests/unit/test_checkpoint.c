@@ -1,6 +1,8 @@
 /* Sharded checkpoint files and export: rank files written for a hand-made 2-unit plan on 2 shard
  * ranks (with uneven, padded shards) must export to full parameters equal to the original values
- * element for element; missing or inconsistent shards must fail with an error naming them. */
+ * element for element; missing or inconsistent shards must fail with an error naming them; files
+ * of an earlier run are never exported and are pruned after a commit; units sharded and
+ * replicated side by side export through their own indices. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -9,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
@@ -96,6 +99,41 @@ static void write_rank(const char *dir, fixture_t *f, uint32_t r, uint64_t step,
     assert_int_equal(pcs_ckpt_write_rank(dir, &m, e, drop_unit1 ? 1 : 2), PCS_OK);
 }
 
+/* write_rank for job `job` (the fixture's shards, so every run writes the same sizes). */
+static void write_rank_job(const char *dir, fixture_t *f, uint32_t r, uint64_t step,
+                           const char *job)
+{
+    char n0[32], n1[32];
+    pcs_ckpt_unit_key(0, "param", n0, sizeof n0);
+    pcs_ckpt_unit_key(1, "param", n1, sizeof n1);
+    uint64_t s0[1] = {6}, s1[1] = {3};
+    pcs_st_entry_t e[2] = {{n0, PCS_DTYPE_FP32, 1, s0, f->flat0 + r * 6},
+                           {n1, PCS_DTYPE_FP32, 1, s1, f->flat1 + r * 3}};
+    pcs_ckpt_rank_meta_t m;
+    memset(&m, 0, sizeof m);
+    m.job_id = job;
+    m.step = step;
+    m.rank = r;
+    m.world_size = 2;
+    m.shard_index = r;
+    m.loss_scale = 1.0;
+    assert_int_equal(pcs_ckpt_write_rank(dir, &m, e, 2), PCS_OK);
+}
+
+static void commit_job(const char *dir, fixture_t *f, uint64_t step, const char *job)
+{
+    write_rank_job(dir, f, 0, step, job);
+    write_rank_job(dir, f, 1, step, job);
+    assert_int_equal(pcs_ckpt_commit(dir, step, &f->plan), PCS_OK);
+}
+
+static int step_exists(const char *dir, uint64_t step)
+{
+    char sdir[1100];
+    pcs_ckpt_step_dir(dir, step, sdir, sizeof sdir);
+    return access(sdir, F_OK) == 0;
+}
+
 static void test_export_rebuilds_full_parameters_from_uneven_shards(void **state)
 {
     (void)state;
@@ -172,10 +210,189 @@ static void test_export_names_a_missing_or_inconsistent_shard(void **state)
     assert_int_equal(pcs_ckpt_commit(dir, 5, &f.plan), PCS_OK);
     assert_int_equal(pcs_ckpt_export(dir, 5, out, NULL), PCS_ERR_NOT_FOUND);
     assert_non_null(strstr(pcs_last_error(), "shard 1 of unit 1"));
-    write_rank(dir, &f, 1, 5, 0, 4); /* wrong shard length */
+    write_rank(dir, &f, 1, 5, 0, 4); /* wrong shard length (rewriting un-commits the step) */
+    assert_int_equal(pcs_ckpt_export(dir, 5, out, NULL), PCS_ERR_NOT_FOUND);
+    assert_non_null(strstr(pcs_last_error(), "incomplete"));
+    assert_int_equal(pcs_ckpt_commit(dir, 5, &f.plan), PCS_OK);
     assert_int_equal(pcs_ckpt_export(dir, 5, out, NULL), PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "unit.0.param"));
     assert_int_equal(access(out, F_OK), -1);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+/* Files of an earlier run in the same directory are never mixed into this run's checkpoint:
+ * (1) a step this run is rewriting is incomplete even though the earlier run committed it (the
+ * first rank file written removes COMPLETE), so a crash before the commit cannot export old and
+ * new shards together; (2) the commit refuses a rank file of another job; (3) a rank file
+ * swapped in after the commit (same size, other job) is refused by export, which reads only the
+ * files the manifest lists, with the job, step and plan hash it recorded. */
+static void test_stale_rank_files_of_an_earlier_run_are_never_exported(void **state)
+{
+    (void)state;
+    fixture_t f;
+    make_plan(&f);
+    char *dir = pcs_test_tmpdir("ckpt");
+    char out[1200], path[1200];
+    snprintf(out, sizeof out, "%s/full.safetensors", dir);
+    commit_job(dir, &f, 5, "job-old");
+    assert_int_equal(pcs_ckpt_export(dir, 5, out, NULL), PCS_OK);
+    assert_int_equal(unlink(out), 0);
+
+    /* (1) the new run has written rank 0 of step 5 and died */
+    write_rank_job(dir, &f, 0, 5, "job-new");
+    assert_int_equal(pcs_ckpt_export(dir, 5, out, NULL), PCS_ERR_NOT_FOUND);
+    assert_non_null(strstr(pcs_last_error(), "incomplete"));
+    assert_int_equal(pcs_ckpt_export(dir, 0, out, NULL), PCS_ERR_NOT_FOUND); /* latest = 5 */
+    /* (2) committing it with the earlier run's rank 1 file is refused, naming the file */
+    assert_int_equal(pcs_ckpt_commit(dir, 5, &f.plan), PCS_ERR_STATE);
+    assert_non_null(strstr(pcs_last_error(), "rank-00001"));
+    assert_non_null(strstr(pcs_last_error(), "job_id"));
+    assert_int_equal(access(out, F_OK), -1);
+
+    /* (3) a committed step whose rank 1 file is replaced by another job's file of equal size */
+    commit_job(dir, &f, 6, "job-new");
+    char *other = pcs_test_tmpdir("ckpt-other");
+    write_rank_job(other, &f, 1, 6, "job-xyz");
+    snprintf(path, sizeof path, "%s/step-00000006/rank-00001.safetensors", other);
+    size_t len = 0;
+    char *bytes = pcs_test_read_file(path, &len);
+    assert_non_null(bytes);
+    snprintf(path, sizeof path, "%s/step-00000006/rank-00001.safetensors", dir);
+    struct stat sb;
+    assert_int_equal(stat(path, &sb), 0);
+    assert_int_equal((size_t)sb.st_size, len); /* only the metadata tells them apart */
+    FILE *w = fopen(path, "wb");
+    assert_non_null(w);
+    assert_int_equal(fwrite(bytes, 1, len, w), len);
+    fclose(w);
+    assert_int_equal(pcs_ckpt_export(dir, 6, out, NULL), PCS_ERR_STATE);
+    assert_non_null(strstr(pcs_last_error(), "stale rank file"));
+    assert_non_null(strstr(pcs_last_error(), "rank-00001"));
+    assert_int_equal(access(out, F_OK), -1);
+    free(bytes);
+    pcs_test_rmtree(other);
+    free(other);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+/* After each commit, rank 0 keeps the newest `keep` committed steps of its job and removes the
+ * rest: older steps, an uncommitted one, and an earlier run's steps (even above the current
+ * one). Files that are not pcs' own keep their directory (one WARN); other entries of the
+ * checkpoint directory are untouched. */
+static void test_prune_keeps_the_last_committed_steps_of_this_job(void **state)
+{
+    (void)state;
+    fixture_t f;
+    make_plan(&f);
+    char *dir = pcs_test_tmpdir("ckpt");
+    char path[1200];
+    commit_job(dir, &f, 6, "job-old");
+    commit_job(dir, &f, 9, "job-old");
+    write_rank_job(dir, &f, 0, 3, "job-old"); /* never committed */
+    snprintf(path, sizeof path, "%s/README", dir);
+    FILE *w = fopen(path, "w");
+    assert_non_null(w);
+    fputs("not a step\n", w);
+    fclose(w);
+
+    commit_job(dir, &f, 2, "job-new");
+    assert_int_equal(pcs_ckpt_prune(dir, 2, 2), PCS_OK);
+    assert_true(step_exists(dir, 2));
+    assert_false(step_exists(dir, 3)); /* uncommitted */
+    assert_false(step_exists(dir, 6)); /* the earlier run's, above this run's step */
+    assert_false(step_exists(dir, 9));
+    assert_int_equal(access(path, F_OK), 0);
+
+    commit_job(dir, &f, 4, "job-new");
+    assert_int_equal(pcs_ckpt_prune(dir, 4, 2), PCS_OK);
+    assert_true(step_exists(dir, 2) && step_exists(dir, 4));
+    write_rank_job(dir, &f, 0, 5, "job-new"); /* a crashed step */
+    char keepme[1200];
+    snprintf(keepme, sizeof keepme, "%s/step-00000002/notes.txt", dir);
+    w = fopen(keepme, "w");
+    assert_non_null(w);
+    fclose(w);
+    commit_job(dir, &f, 6, "job-new");
+    assert_int_equal(pcs_ckpt_prune(dir, 6, 2), PCS_OK);
+    assert_true(step_exists(dir, 4) && step_exists(dir, 6));
+    assert_false(step_exists(dir, 5));
+    /* step 2 is pruned but holds a file pcs did not write: only pcs' files went */
+    assert_int_equal(access(keepme, F_OK), 0);
+    snprintf(path, sizeof path, "%s/step-00000002/rank-00000.safetensors", dir);
+    assert_int_equal(access(path, F_OK), -1);
+    snprintf(path, sizeof path, "%s/step-00000002/COMPLETE", dir);
+    assert_int_equal(access(path, F_OK), -1);
+    /* the kept steps still export */
+    char out[1200];
+    snprintf(out, sizeof out, "%s/full.safetensors", dir);
+    assert_int_equal(pcs_ckpt_export(dir, 4, out, NULL), PCS_OK);
+    assert_int_equal(pcs_ckpt_export(dir, 0, out, NULL), PCS_OK);
+    /* keep 1: only the step just committed */
+    assert_int_equal(pcs_ckpt_prune(dir, 6, 1), PCS_OK);
+    assert_false(step_exists(dir, 4));
+    assert_true(step_exists(dir, 6));
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+/* Units differ in where their shard sits: unit 0 sharded over the 2 ranks, unit 1 replicated
+ * (a NO_SHARD / full-precision unit: each rank holds all of it, replicas 0 and 1). With only
+ * file-level indices taken from the last unit (replicated: shard 0, replica = rank), no file
+ * claims shard 1 of replica 0 for unit 0 and export fails; the per-unit indices assemble both. */
+static void test_export_uses_per_unit_indices_for_mixed_sharded_and_replicated_units(void **state)
+{
+    (void)state;
+    fixture_t f;
+    make_plan(&f);
+    f.u[1].shard_group_size = 1;
+    f.u[1].shard_numel = 6; /* c = padded: the whole unit on every rank */
+    char *dir = pcs_test_tmpdir("ckpt");
+    char out[1200];
+    snprintf(out, sizeof out, "%s/full.safetensors", dir);
+    for (int per_unit = 0; per_unit <= 1; per_unit++) {
+        for (uint32_t r = 0; r < 2; r++) {
+            char n0[32], n1[32];
+            pcs_ckpt_unit_key(0, "param", n0, sizeof n0);
+            pcs_ckpt_unit_key(1, "param", n1, sizeof n1);
+            uint64_t s0[1] = {6}, s1[1] = {6};
+            pcs_st_entry_t e[2] = {{n0, PCS_DTYPE_FP32, 1, s0, f.flat0 + r * 6},
+                                   {n1, PCS_DTYPE_FP32, 1, s1, f.flat1}};
+            pcs_ckpt_unit_meta_t um[2] = {{0, r, 0}, {1, 0, r}};
+            pcs_ckpt_rank_meta_t m;
+            memset(&m, 0, sizeof m);
+            m.job_id = "job-mix";
+            m.step = 3;
+            m.rank = r;
+            m.world_size = 2;
+            m.shard_index = 0; /* the last (replicated) unit's, as a single file-level pair */
+            m.replicate_index = r;
+            m.units = per_unit ? um : NULL;
+            m.n_units = per_unit ? 2 : 0;
+            assert_int_equal(pcs_ckpt_write_rank(dir, &m, e, 2), PCS_OK);
+        }
+        assert_int_equal(pcs_ckpt_commit(dir, 3, &f.plan), PCS_OK);
+        if (!per_unit) {
+            assert_int_equal(pcs_ckpt_export(dir, 3, out, NULL), PCS_ERR_NOT_FOUND);
+            assert_non_null(strstr(pcs_last_error(), "shard 1 of unit 0"));
+            continue;
+        }
+        assert_int_equal(pcs_ckpt_export(dir, 3, out, NULL), PCS_OK);
+        pcs_st_file_t *st = NULL;
+        assert_int_equal(pcs_st_open(out, &st), PCS_OK);
+        float v[6];
+        assert_int_equal(pcs_st_read_f32(st, pcs_st_find(st, "enc.a"), 0, 6, v), PCS_OK);
+        for (int i = 0; i < 6; i++)
+            assert_true(v[i] == 0.5f + (float)i);
+        assert_int_equal(pcs_st_read_f32(st, pcs_st_find(st, "enc.b"), 0, 3, v), PCS_OK);
+        for (int i = 0; i < 3; i++)
+            assert_true(v[i] == 0.5f + (float)(8 + i)); /* from rank 1's shard of unit 0 */
+        assert_int_equal(pcs_st_read_f32(st, pcs_st_find(st, "c"), 0, 5, v), PCS_OK);
+        for (int i = 0; i < 5; i++)
+            assert_true(v[i] == -1.0f - (float)i);
+        pcs_st_close(st);
+    }
     pcs_test_rmtree(dir);
     free(dir);
 }
@@ -207,6 +424,7 @@ static void export_expect(fixture_t *f, pcs_status_t expect, const char *want, i
                                {"buffer.bn.running_mean", PCS_DTYPE_FP32, 1, s3, bv}};
         pcs_ckpt_rank_meta_t m;
         memset(&m, 0, sizeof m);
+        m.job_id = "job-t";
         m.step = 2;
         m.world_size = 2;
         assert_int_equal(pcs_ckpt_write_rank(dir, &m, e, 3), PCS_OK);
@@ -323,6 +541,9 @@ int main(void)
         cmocka_unit_test(test_export_names_a_missing_or_inconsistent_shard),
         cmocka_unit_test(test_export_refuses_a_plan_inconsistent_with_itself_or_the_files),
         cmocka_unit_test(test_export_of_a_truncated_or_garbage_rank_file_fails_cleanly),
+        cmocka_unit_test(test_stale_rank_files_of_an_earlier_run_are_never_exported),
+        cmocka_unit_test(test_prune_keeps_the_last_committed_steps_of_this_job),
+        cmocka_unit_test(test_export_uses_per_unit_indices_for_mixed_sharded_and_replicated_units),
     };
     return cmocka_run_group_tests_name("checkpoint", tests, NULL, NULL);
 }
