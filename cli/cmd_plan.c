@@ -3,6 +3,7 @@
  * per-rank estimates; --json prints the whole Plan (or, with --rank, the rank's assignment view:
  * coordinates, estimate, plan hash). */
 #include <errno.h>
+#include <stdbool.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,17 +72,25 @@ static const char *reduction_text(const Pcs__V1__Unit *u, char *buf, size_t n)
 static uint64_t unit_bytes_per_rank(const Pcs__V1__Plan *p, const Pcs__V1__Unit *u)
 {
     size_t msz = pcs_dtype_size((pcs_dtype_t)u->master_dtype);
-    uint32_t sg = u->shard_group_size ? u->shard_group_size : 1;
-    uint64_t opt = 0;
-    for (uint32_t r = 0; r < sg; r++) {
-        uint64_t n = pcs_plan_trainable_numel(u, r);
-        opt = n > opt ? n : opt;
+    bool frozen = false, trains = false;
+    for (size_t i = 0; i < u->n_params; i++) {
+        frozen |= u->params[i]->frozen;
+        trains |= !u->params[i]->frozen;
     }
     uint64_t bytes = u->shard_numel * msz;
-    if (opt)
-        bytes += u->shard_numel * pcs_dtype_size((pcs_dtype_t)u->grad_dtype) +
-                 (uint64_t)p->optimizer_states * opt * msz;
-    return bytes;
+    if (!trains)
+        return bytes;
+    uint64_t opt = u->shard_numel;
+    if (frozen) { /* the optimizer part differs by shard: take the fullest */
+        uint32_t sg = u->shard_group_size ? u->shard_group_size : 1;
+        opt = 0;
+        for (uint32_t r = 0; r < sg; r++) {
+            uint64_t n = pcs_plan_unfrozen_numel(u, r);
+            opt = n > opt ? n : opt;
+        }
+    }
+    return bytes + u->shard_numel * pcs_dtype_size((pcs_dtype_t)u->grad_dtype) +
+           (uint64_t)p->optimizer_states * opt * msz;
 }
 
 static void print_estimate(const Pcs__V1__RankEstimate *e, const char *title)

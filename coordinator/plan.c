@@ -1131,13 +1131,27 @@ static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
     if (c->oom)
         return PCS_ERR_NOMEM;
 
-    /* estimate_max: ranks differ only by their pp coordinate */
+    /* estimate_max: ranks differ by their pp coordinate, and by their shard index only when a
+     * unit mixes frozen and trainable parameters (optimizer state covers the trainable
+     * elements of the rank's shard); walking the shard indices is then O(shard x units) */
     NEW_MSG(c, p->estimate_max, pcs__v1__rank_estimate__init);
     if (!p->estimate_max)
         return PCS_ERR_NOMEM;
-    for (uint32_t k = 0; k < c->pp; k++) {
+    bool mixed = false;
+    for (size_t i = 0; i < p->n_units && !mixed; i++) {
+        const Pcs__V1__Unit *un = p->units[i];
+        bool fz = false, tr = false;
+        for (size_t j = 0; j < un->n_params; j++) {
+            fz |= un->params[j]->frozen;
+            tr |= !un->params[j]->frozen;
+        }
+        mixed = fz && tr;
+    }
+    uint32_t nshard = mixed ? c->shard : 1;
+    for (uint32_t k = 0; k < c->pp * nshard; k++) {
         Pcs__V1__MeshCoords mc = PCS__V1__MESH_COORDS__INIT;
-        mc.pp = k;
+        mc.pp = k / nshard;
+        mc.dp_shard = k % nshard;
         uint32_t rank = pcs_plan_rank_of(p, &mc);
         Pcs__V1__RankEstimate e;
         PCS_CHECK(pcs_plan_rank_estimate(p, rank, &e));

@@ -66,9 +66,11 @@ pcs_status_t pcs_plan_group_ranks(const Pcs__V1__Plan *p, Pcs__V1__GroupKind k, 
 void pcs_plan_shard_range(const Pcs__V1__Unit *u, uint32_t shard_rank, uint64_t *begin,
                           uint64_t *end);
 
-/* Elements of shard `shard_rank`'s c-element range of the unit's flat buffer that belong to
- * trainable (non-frozen) parameters: the elements that have optimizer state. */
-uint64_t pcs_plan_trainable_numel(const Pcs__V1__Unit *u, uint32_t shard_rank);
+/* Elements of shard `shard_rank`'s c-element range of the unit's flat buffer that are not part of
+ * a frozen parameter: the elements with optimizer state (alignment and tail padding count, as
+ * the flat optimizer state covers them; a unit without frozen parameters gives c on every
+ * shard). */
+uint64_t pcs_plan_unfrozen_numel(const Pcs__V1__Unit *u, uint32_t shard_rank);
 
 // ---- the rules, exposed for tests, workers and the reference trainer ----
 

@@ -341,18 +341,18 @@ static bool unit_trainable(const Pcs__V1__Unit *u)
     return false;
 }
 
-uint64_t pcs_plan_trainable_numel(const Pcs__V1__Unit *u, uint32_t shard_rank)
+uint64_t pcs_plan_unfrozen_numel(const Pcs__V1__Unit *u, uint32_t shard_rank)
 {
-    uint64_t c = u->shard_numel, b = (uint64_t)shard_rank * c, e = b + c, n = 0;
+    uint64_t c = u->shard_numel, b = (uint64_t)shard_rank * c, e = b + c, frozen = 0;
     for (size_t i = 0; i < u->n_params; i++) {
         const Pcs__V1__ParamSlot *ps = u->params[i];
-        if (ps->frozen)
+        if (!ps->frozen)
             continue;
         uint64_t lo = ps->offset > b ? ps->offset : b;
         uint64_t hi = ps->offset + ps->numel < e ? ps->offset + ps->numel : e;
-        n += hi > lo ? hi - lo : 0;
+        frozen += hi > lo ? hi - lo : 0;
     }
-    return n;
+    return c - (frozen < c ? frozen : c);
 }
 
 pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
@@ -383,12 +383,12 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         out->param_shard_bytes += sh * dsz(u->master_dtype);
         if (train) {
             /* the flat sharded grad covers the whole shard (FSDP1 flat layout); optimizer state
-             * exists only for the trainable parameters' elements in this rank's shard (frozen
-             * ones have no grad, so the optimizer never makes state for them) */
+             * leaves out the frozen parameters' elements of this rank's shard (they have no grad,
+             * so the optimizer never makes state for them) */
             uint32_t sg = u->shard_group_size ? u->shard_group_size : 1;
             out->grad_shard_bytes += sh * dsz(u->grad_dtype);
             out->optimizer_bytes += (uint64_t)p->optimizer_states *
-                                    pcs_plan_trainable_numel(u, sg > 1 ? c.dp_shard % sg : 0) *
+                                    pcs_plan_unfrozen_numel(u, sg > 1 ? c.dp_shard % sg : 0) *
                                     dsz(u->master_dtype);
         }
         for (size_t b = 0; b < u->n_buffers; b++)

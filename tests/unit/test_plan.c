@@ -988,10 +988,10 @@ static void test_rank_estimate_skips_frozen_grads_and_optimizer_state(void **sta
                 0);
     const Pcs__V1__Unit *a = unit_at(p, "a"), *b = unit_at(p, "b");
     assert_int_equal(b->shard_numel, 8);
-    assert_int_equal(pcs_plan_trainable_numel(a, 0), 0);
-    assert_int_equal(pcs_plan_trainable_numel(a, 1), 0);
-    assert_int_equal(pcs_plan_trainable_numel(b, 0), 8);
-    assert_int_equal(pcs_plan_trainable_numel(b, 1), 0);
+    assert_int_equal(pcs_plan_unfrozen_numel(a, 0), 0);
+    assert_int_equal(pcs_plan_unfrozen_numel(a, 1), 0);
+    assert_int_equal(pcs_plan_unfrozen_numel(b, 0), 8);
+    assert_int_equal(pcs_plan_unfrozen_numel(b, 1), 0);
     Pcs__V1__RankEstimate e;
     assert_int_equal(pcs_plan_rank_estimate(p, 0, &e), PCS_OK);
     assert_int_equal(e.param_shard_bytes, 48);
