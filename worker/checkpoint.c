@@ -388,7 +388,8 @@ pcs_status_t pcs_ckpt_prune(const char *dir, uint64_t step, uint32_t keep)
             }
         }
     }
-    qsort(kept, n_kept, sizeof *kept, cmp_desc);
+    if (n_kept)
+        qsort(kept, n_kept, sizeof *kept, cmp_desc);
     if (n_kept > keep - 1)
         n_kept = keep - 1;
     for (size_t i = 0; i < n_all; i++) {
