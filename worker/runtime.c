@@ -58,9 +58,18 @@ typedef struct rt_unit {
     void *grads;          /* padded, param (compute) dtype */
     void *accum_buf;      /* padded, accum dtype (micro_batches > 1, else on first no-sync) */
     int accum_async;      /* accum_buf came from alloc_async (lazily), not alloc (setup) */
-    void *rs_in;          /* padded, reduce dtype */
-    void *rs_out;         /* c, reduce dtype */
-    void *ag_in;          /* c, param dtype */
+    /* Frozen parameters (requires_grad off) overlapping this shard: the optimizer updates only
+     * the element ranges [upd_off[k], +upd_len[k]) between them (a frozen parameter has no
+     * gradient in PyTorch, so no step touches it, weight decay included). n_upd == 0: the
+     * unit has no frozen parameter in this shard and the whole shard is updated. */
+    uint64_t *upd_off, *upd_len;
+    size_t n_upd;
+    int has_frozen;
+    uint64_t *frz_off, *frz_len; /* the frozen ranges themselves: their grads are zeroed */
+    size_t n_frz;
+    void *rs_in;  /* padded, reduce dtype */
+    void *rs_out; /* c, reduce dtype */
+    void *ag_in;  /* c, param dtype */
     int accum_valid;
     int state;           /* under mu */
     uint32_t rs_pending; /* queued or running reductions reading rs_in (under mu) */
@@ -658,6 +667,46 @@ static pcs_status_t alloc_zero_async(pcs_runtime_t *rt, uint64_t n, pcs_dtype_t 
     return rt->be->fill(*out, dt, (size_t)n, 0.0, rt->cstream);
 }
 
+/* The shard [b, e) minus the frozen parameters in it, as local element ranges (see rt_unit_t).
+ * Slots are in offset order (the plan's flat layout). */
+static pcs_status_t trainable_ranges(rt_unit_t *u, const Pcs__V1__Unit *pu, uint64_t b, uint64_t e)
+{
+    size_t n_frozen = 0;
+    for (size_t k = 0; k < pu->n_params; k++) {
+        const Pcs__V1__ParamSlot *ps = pu->params[k];
+        if (ps->frozen && ps->offset < e && ps->offset + ps->numel > b)
+            n_frozen++;
+    }
+    if (n_frozen == 0)
+        return PCS_OK;
+    u->has_frozen = 1;
+    PCS_CHECK(pcs_calloc(n_frozen + 1, sizeof *u->upd_off, (void **)&u->upd_off));
+    PCS_CHECK(pcs_calloc(n_frozen + 1, sizeof *u->upd_len, (void **)&u->upd_len));
+    PCS_CHECK(pcs_calloc(n_frozen, sizeof *u->frz_off, (void **)&u->frz_off));
+    PCS_CHECK(pcs_calloc(n_frozen, sizeof *u->frz_len, (void **)&u->frz_len));
+    uint64_t at = b; /* start of the next trainable range (global element index) */
+    for (size_t k = 0; k < pu->n_params; k++) {
+        const Pcs__V1__ParamSlot *ps = pu->params[k];
+        uint64_t lo = ps->offset > b ? ps->offset : b;
+        uint64_t hi = ps->offset + ps->numel < e ? ps->offset + ps->numel : e;
+        if (!ps->frozen || lo >= hi)
+            continue;
+        if (lo > at) {
+            u->upd_off[u->n_upd] = at - b;
+            u->upd_len[u->n_upd++] = lo - at;
+        }
+        u->frz_off[u->n_frz] = lo - b;
+        u->frz_len[u->n_frz++] = hi - lo;
+        if (hi > at)
+            at = hi;
+    }
+    if (e > at) {
+        u->upd_off[u->n_upd] = at - b;
+        u->upd_len[u->n_upd++] = e - at;
+    }
+    return PCS_OK;
+}
+
 static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *cfg)
 {
     const Pcs__V1__Plan *p = rt->plan;
@@ -760,6 +809,7 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
             PCS_CHECK_GOTO(cfg->init_param(cfg->init_ctx, ps, lo - pb, hi - lo, tmp + (lo - b)), st,
                            out);
         }
+        PCS_CHECK_GOTO(trainable_ranges(u, pu, b, e), st, out);
         float *ms = u->master_shard;
         PCS_CHECK_GOTO(rt->be->copy(ms, tmp, u->c * sizeof(float), PCS_COPY_H2D, rt->cstream), st,
                        out);
@@ -1002,6 +1052,10 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
         be->free(u->rs_in);
         be->free(u->rs_out);
         be->free(u->ag_in);
+        free(u->upd_off);
+        free(u->upd_len);
+        free(u->frz_off);
+        free(u->frz_len);
         pcs_event_t evs[] = {u->ev_ag, u->ev_use, u->ev_rsin, u->ev_rsdone};
         for (size_t k = 0; k < sizeof evs / sizeof evs[0]; k++)
             if (evs[k])
@@ -1518,6 +1572,36 @@ static pcs_status_t fence_side_streams(pcs_runtime_t *rt)
     return fence_compute_after(rt, rt->ag_stream);
 }
 
+/* The optimizer on one unit's shard (fp32 grads g): the whole shard in one tensor, or, when frozen
+ * parameters overlap it, the trainable ranges as one tensor list (one launch on cuda). */
+static pcs_status_t update_unit(pcs_runtime_t *rt, rt_unit_t *u, float *g, pcs_stream_t cs)
+{
+    const pcs_backend_ops_t *be = rt->be;
+    enum { MAXR = 32 };
+    pcs_tensor_t p[MAXR], gt[MAXR], a[MAXR], b[MAXR];
+    size_t done = 0, total = u->has_frozen ? u->n_upd : 1;
+    while (done < total) {
+        size_t n = 0;
+        for (; n < MAXR && done + n < total; n++) {
+            uint64_t off = u->has_frozen ? u->upd_off[done + n] : 0;
+            uint64_t len = u->has_frozen ? u->upd_len[done + n] : u->c;
+            p[n] = (pcs_tensor_t){(float *)u->master_shard + off, PCS_DTYPE_FP32, len};
+            gt[n] = (pcs_tensor_t){g + off, PCS_DTYPE_FP32, len};
+            a[n] = (pcs_tensor_t){u->opt_a ? u->opt_a + off : NULL, PCS_DTYPE_FP32, len};
+            b[n] = (pcs_tensor_t){u->opt_b ? u->opt_b + off : NULL, PCS_DTYPE_FP32, len};
+        }
+        if (rt->opt == PCS_OPT_ADAMW) {
+            PCS_CHECK(be->adamw_update(p, gt, a, b, n, &rt->adamw, (int64_t)rt->opt_steps, cs));
+        } else {
+            int need_buf = rt->sgd.momentum != 0;
+            PCS_CHECK(
+                be->sgd_update(p, gt, need_buf ? a : NULL, n, &rt->sgd, rt->opt_steps == 1, cs));
+        }
+        done += n;
+    }
+    return PCS_OK;
+}
+
 pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opts_t *o,
                                         pcs_rt_step_result_t *r)
 {
@@ -1530,6 +1614,15 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
     const pcs_backend_ops_t *be = rt->be;
     pcs_stream_t cs = rt->cstream;
     uint64_t t0 = pcs_now_us();
+    /* A frozen parameter has no gradient: whatever a C API program wrote there takes no part in
+     * the inf check, the norm or the update. */
+    for (size_t i = 0; i < rt->n_units; i++) {
+        rt_unit_t *u = &rt->units[i];
+        size_t esz = pcs_dtype_size(u->grad);
+        for (size_t k = 0; k < u->n_frz; k++)
+            PCS_CHECK(be->fill((uint8_t *)u->grad_shard + u->frz_off[k] * esz, u->grad,
+                               u->frz_len[k], 0.0, cs));
+    }
     /* fp32 view of every grad shard (keep_low_precision_grads keeps them in the param dtype:
      * FSDP1 hands those to the optimizer; we widen for the fp32 update). */
     if (o->inject_inf && rt->n_units > 0) {
@@ -1616,20 +1709,7 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
                 out);
             g = tmp;
         }
-        pcs_tensor_t p = {u->master_shard, PCS_DTYPE_FP32, u->c};
-        pcs_tensor_t gt = {g, PCS_DTYPE_FP32, u->c};
-        pcs_tensor_t a = {u->opt_a, PCS_DTYPE_FP32, u->c};
-        if (rt->opt == PCS_OPT_ADAMW) {
-            pcs_tensor_t b = {u->opt_b, PCS_DTYPE_FP32, u->c};
-            PCS_CHECK_GOTO(
-                be->adamw_update(&p, &gt, &a, &b, 1, &rt->adamw, (int64_t)rt->opt_steps, cs), st,
-                out);
-        } else {
-            int need_buf = rt->sgd.momentum != 0;
-            PCS_CHECK_GOTO(
-                be->sgd_update(&p, &gt, need_buf ? &a : NULL, 1, &rt->sgd, rt->opt_steps == 1, cs),
-                st, out);
-        }
+        PCS_CHECK_GOTO(update_unit(rt, u, g, cs), st, out);
         if (u->master != PCS_DTYPE_FP32) {
             /* Low-precision masters (pure fp16): the fp32 update is rounded back to the master
              * dtype, as a parameter stored in fp16 would be. */

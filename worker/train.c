@@ -189,9 +189,8 @@ static pcs_status_t init_param_cb(void *ctx, const Pcs__V1__ParamSlot *p, uint64
  * whole model is in host memory only while the runtime fills its shards. */
 static pcs_status_t load_init_file(pcs_train_t *t)
 {
-    const char *from = t->spec->init && t->spec->init->from && *t->spec->init->from
-                           ? t->spec->init->from
-                           : NULL;
+    const char *from =
+        t->spec->init && t->spec->init->from && *t->spec->init->from ? t->spec->init->from : NULL;
     if (!from)
         return PCS_OK;
     uint32_t np = pcs_mlp_num_params(t->model), nb = pcs_mlp_num_buffers(t->model);
@@ -203,7 +202,8 @@ static pcs_status_t load_init_file(pcs_train_t *t)
     PCS_CHECK_GOTO(pcs_calloc(np + nb + 1, sizeof *t->init_off, (void **)&t->init_off), st, out);
     for (uint32_t i = 0; i < np + nb; i++) {
         t->init_off[i] = total;
-        total += i < np ? pcs_mlp_param(t->model, i)->numel : pcs_mlp_buffer(t->model, i - np)->numel;
+        total +=
+            i < np ? pcs_mlp_param(t->model, i)->numel : pcs_mlp_buffer(t->model, i - np)->numel;
     }
     PCS_CHECK_GOTO(pcs_calloc(total + 1, sizeof(float), (void **)&t->init_vals), st, out);
     PCS_CHECK_GOTO(pcs_calloc(np + nb + 1, sizeof *all, (void **)&all), st, out);
@@ -212,8 +212,8 @@ static pcs_status_t load_init_file(pcs_train_t *t)
         all[i] = i < np ? *pcs_mlp_param(t->model, i) : *pcs_mlp_buffer(t->model, i - np);
         dst[i] = t->init_vals + t->init_off[i];
         if (i >= np)
-            PCS_CHECK_GOTO(
-                pcs_mlp_init_tensor(t->model, seed, 1, i - np, 0, all[i].numel, dst[i]), st, out);
+            PCS_CHECK_GOTO(pcs_mlp_init_tensor(t->model, seed, 1, i - np, 0, all[i].numel, dst[i]),
+                           st, out);
     }
     st = pcs_init_from_safetensors(from, all, np + nb, dst, NULL);
 out:
@@ -253,12 +253,12 @@ static pcs_status_t setup_buffers(pcs_train_t *t)
             pcs_status_t st = PCS_OK;
             if (t->init_vals)
                 memcpy(tmp,
-                       t->init_vals + t->init_off[pcs_mlp_num_params(t->model) +
-                                                  (uint32_t)b->model_index],
+                       t->init_vals +
+                           t->init_off[pcs_mlp_num_params(t->model) + (uint32_t)b->model_index],
                        numel * sizeof(float));
             else
-                st = pcs_mlp_init_tensor(t->model, seed, 1, (uint32_t)b->model_index, 0, numel,
-                                         tmp);
+                st =
+                    pcs_mlp_init_tensor(t->model, seed, 1, (uint32_t)b->model_index, 0, numel, tmp);
             if (st == PCS_OK) {
                 if (b->run_dtype == PCS_DTYPE_INT64) {
                     for (uint64_t e = 0; e < numel; e++)
@@ -519,8 +519,7 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
                        fail);
         PCS_CHECK_GOTO(t->be->alloc(rows * mc.input_dim * sizeof(float), (void **)&t->dx), st,
                        fail);
-        PCS_CHECK_GOTO(t->be->alloc(rows * out_dim * sizeof(float), (void **)&t->dgout), st,
-                       fail);
+        PCS_CHECK_GOTO(t->be->alloc(rows * out_dim * sizeof(float), (void **)&t->dgout), st, fail);
     }
     *out = t;
     return PCS_OK;
@@ -605,8 +604,8 @@ static pcs_status_t feed_input(pcs_train_t *t, const float *x, uint32_t rows, co
         *in = x;
         return PCS_OK;
     }
-    PCS_CHECK(t->be->copy(t->dx, x, (size_t)rows * t->in_dim * sizeof(float), PCS_COPY_H2D,
-                          t->stream));
+    PCS_CHECK(
+        t->be->copy(t->dx, x, (size_t)rows * t->in_dim * sizeof(float), PCS_COPY_H2D, t->stream));
     *in = t->dx;
     return PCS_OK;
 }
@@ -924,9 +923,9 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
             pcs_dtype_t odt;
             pcs_round_to(t->x, (size_t)t->b * t->in_dim, t->feed_dtype);
             PCS_CHECK_GOTO(feed_input(t, t->x, t->b, &in), st, fail);
-            PCS_CHECK_GOTO(pcs_mlp_forward(t->model, in, t->feed_dtype, t->b, 1, hooks_of(t, &h),
-                                           &out, &odt),
-                           st, fail);
+            PCS_CHECK_GOTO(
+                pcs_mlp_forward(t->model, in, t->feed_dtype, t->b, 1, hooks_of(t, &h), &out, &odt),
+                st, fail);
             PCS_CHECK_GOTO(fetch_output(t, out, (size_t)t->b * out_dim, &out), st, fail);
             double l = 0;
             float sc = (float)(t->scale / (double)t->M);

@@ -13,6 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +36,93 @@ static pcs_status_t init_zero(void *ctx, const Pcs__V1__ParamSlot *p, uint64_t f
     (void)first;
     memset(out, 0, n * sizeof *out);
     return PCS_OK;
+}
+
+static pcs_status_t init_one(void *ctx, const Pcs__V1__ParamSlot *p, uint64_t first, uint64_t n,
+                             float *out)
+{
+    (void)ctx;
+    (void)p;
+    (void)first;
+    for (uint64_t i = 0; i < n; i++)
+        out[i] = 1.0f;
+    return PCS_OK;
+}
+
+/* A frozen parameter (requires_grad off) has no gradient in PyTorch, so the optimizer never
+ * touches it — not even AdamW's weight decay — and it is not in clip_grad_norm_'s norm or the
+ * scaler's inf check. Unit [w 8 | f 8 frozen | v 8] of a world of one, every gradient element
+ * 1 (also where a C API program wrote into f's range): after a step f is still exactly 1, w and
+ * v moved, and the reported norm is sqrt(16) = 4 (f's 8 elements excluded). */
+static void test_frozen_parameters_are_not_updated_or_counted(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan plan = PCS__V1__PLAN__INIT;
+    Pcs__V1__Unit unit = PCS__V1__UNIT__INIT, *up[1] = {&unit};
+    Pcs__V1__ParamSlot ps[3], *psp[3];
+    uint64_t shape[1] = {8};
+    const char *names[3] = {"w", "f", "v"};
+    for (int k = 0; k < 3; k++) {
+        pcs__v1__param_slot__init(&ps[k]);
+        ps[k].fqn = (char *)names[k];
+        ps[k].n_shape = 1;
+        ps[k].shape = shape;
+        ps[k].numel = 8;
+        ps[k].offset = 8 * (uint64_t)k;
+        ps[k].frozen = k == 1;
+        psp[k] = &ps[k];
+    }
+    unit.master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
+    unit.shard_group_size = 1;
+    unit.padded_numel = 24;
+    unit.shard_numel = 24;
+    unit.n_params = 3;
+    unit.params = psp;
+    plan.world_size = 1;
+    plan.n_units = 1;
+    plan.units = up;
+    for (int opt = 0; opt < 2; opt++) {
+        pcs_runtime_config_t rc;
+        memset(&rc, 0, sizeof rc);
+        rc.plan = &plan;
+        assert_int_equal(pcs_backend_get("cpu", &rc.be), PCS_OK);
+        rc.micro_batches = 1;
+        rc.init_param = init_one;
+        rc.opt = opt == 0 ? PCS_OPT_ADAMW : PCS_OPT_SGD;
+        pcs_adamw_config_default(&rc.adamw);
+        rc.adamw.lr = 0.1;
+        rc.adamw.weight_decay = 0.1;
+        pcs_sgd_config_default(&rc.sgd);
+        rc.sgd.lr = 0.1;
+        rc.sgd.momentum = 0.9;
+        rc.sgd.weight_decay = 0.1;
+        pcs_runtime_t *rt = NULL;
+        assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
+        assert_int_equal(pcs_runtime_begin_step(rt), PCS_OK);
+        void *g;
+        pcs_dtype_t dt;
+        assert_int_equal(pcs_runtime_grad_buffer(rt, 0, &g, &dt), PCS_OK);
+        assert_int_equal(dt, PCS_DTYPE_FP32);
+        for (int i = 0; i < 24; i++)
+            ((float *)g)[i] = 1.0f;
+        assert_int_equal(pcs_runtime_post_backward(rt, 0, 1), PCS_OK);
+        pcs_rt_step_opts_t o;
+        memset(&o, 0, sizeof o);
+        o.clip_norm = 1e30; /* computed, never scales */
+        pcs_rt_step_result_t r;
+        assert_int_equal(pcs_runtime_optimizer_step(rt, &o, &r), PCS_OK);
+        assert_true(fabs(r.grad_norm - 4.0) < 1e-6);
+        pcs_rt_shard_t sh;
+        assert_int_equal(pcs_runtime_shard(rt, 0, &sh), PCS_OK);
+        const float *m = sh.master;
+        for (int i = 0; i < 24; i++) {
+            if (i >= 8 && i < 16)
+                assert_true(m[i] == 1.0f);
+            else
+                assert_true(m[i] < 0.95f); /* decayed and stepped against the gradient */
+        }
+        pcs_runtime_destroy(rt);
+    }
 }
 
 static void test_sync_on_every_micro_batch_reduces_each_hand_in_once(void **state)
@@ -509,6 +597,7 @@ int main(void)
         cmocka_unit_test(test_sync_on_every_micro_batch_reduces_each_hand_in_once),
         cmocka_unit_test(test_no_sync_hand_in_with_one_micro_batch_is_accumulated),
         cmocka_unit_test(test_world_of_one_divides_by_a_custom_factor),
+        cmocka_unit_test(test_frozen_parameters_are_not_updated_or_counted),
         cmocka_unit_test(test_premul_sum_reduce_scatter_multiplies_every_input),
         cmocka_unit_test(test_replicated_unit_without_a_planned_all_reduce_is_averaged),
         cmocka_unit_test(test_staged_full_shard_w2_is_bit_identical_to_direct),

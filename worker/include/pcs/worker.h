@@ -108,7 +108,8 @@ pcs_status_t pcs_worker_unshard(pcs_worker_t *w, uint32_t unit, const void **par
 pcs_status_t pcs_worker_prefetch(pcs_worker_t *w, uint32_t unit);
 pcs_status_t pcs_worker_reshard(pcs_worker_t *w, uint32_t unit);
 /* The buffer the program writes `unit`'s gradients into (padded_numel elements of *dtype, laid
- * out like the parameters; padding must stay zero). The gradient of the step's mean loss:
+ * out like the parameters; padding must stay zero; the ranges of frozen parameters are ignored:
+ * they take no part in the norm, the inf check or the update). The gradient of the step's mean loss:
  * scale each micro-batch's gradient by 1/micro_batches (and by the loss scale with fp16). */
 pcs_status_t pcs_worker_grad_buffer(pcs_worker_t *w, uint32_t unit, void **grads,
                                     pcs_dtype_t *dtype);
