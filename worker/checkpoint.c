@@ -180,7 +180,7 @@ static pcs_status_t manifest_read(const char *sdir, manifest_t *m, int *legacy)
     FILE *f = fopen(path, "r");
     if (!f)
         return pcs_set_error(PCS_ERR_NOT_FOUND, "checkpoint %s is incomplete (no COMPLETE)", sdir);
-    char line[1400];
+    char line[1400] = ""; /* an empty file leaves it untouched by fgets */
     pcs_status_t st = PCS_OK;
     *legacy = 0;
     memset(m, 0, sizeof *m);
