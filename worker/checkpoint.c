@@ -532,6 +532,7 @@ pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_pat
             continue;
         /* only the files the commit listed, unchanged since */
         struct stat sb;
+        sb.st_size = -1; /* stat failed: the message must not print an unset size */
         if (stat(path, &sb) != 0 || (long long)sb.st_size != man.sizes[r]) {
             st = pcs_set_error(PCS_ERR_STATE,
                                "%s: stale rank file (%lld bytes, the commit recorded %lld)", path,
