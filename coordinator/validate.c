@@ -626,6 +626,8 @@ static pcs_status_t check_training(vctx_t *v, const Pcs__V1__JobSpec *s)
         return bad(v, "training.loss: cross_entropy needs model.mlp.output_dim >= 2 classes");
     if (t->prefetch > MAX_PREFETCH)
         return bad(v, "training.prefetch: must be <= %d", MAX_PREFETCH);
+    if (t->gradient_divide_factor)
+        PCS_CHECK(positive(v, "training.gradient_divide_factor", t->gradient_divide_factor->value));
     return PCS_OK;
 }
 
@@ -663,6 +665,9 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
     if (s->checkpoint && s->checkpoint->every_steps > 0 &&
         (!s->checkpoint->dir || !*s->checkpoint->dir))
         return bad(v, "checkpoint.every_steps: requires checkpoint.dir");
+    if (s->checkpoint && s->checkpoint->keep_last > 0 &&
+        (!s->checkpoint->dir || !*s->checkpoint->dir))
+        return bad(v, "checkpoint.keep_last: requires checkpoint.dir");
     if (s->elastic && s->elastic->max_workers > 0 &&
         s->elastic->min_workers > s->elastic->max_workers)
         return bad(v, "elastic.min_workers: must be <= max_workers");

@@ -338,6 +338,14 @@ static const row_t rows[] = {
     {"training",
      "training: {steps: 10, micro_batch_size: 4, optimizer: {sgd: {lr: 1}}, prefetch: 17}", NULL,
      NULL, NULL, "training.prefetch: must be <= 16"},
+    {"training",
+     "training: {steps: 10, micro_batch_size: 4, optimizer: {sgd: {lr: 1}}, "
+     "gradient_divide_factor: 0}",
+     NULL, NULL, NULL, "training.gradient_divide_factor: must be > 0"},
+    {"training",
+     "training: {steps: 10, micro_batch_size: 4, optimizer: {sgd: {lr: 1}}, "
+     "gradient_divide_factor: .inf}",
+     NULL, NULL, NULL, "training.gradient_divide_factor: must be finite"},
     /* data, init, checkpoint, elastic, pipeline, backend */
     {NULL, NULL, NULL, NULL, m_task_value, "data.synthetic.task: unknown value 9"},
     {"data", "data: {file: {inputs: x, targets: y}}", NULL, NULL, NULL, "data.file.path: required"},
@@ -349,6 +357,8 @@ static const row_t rows[] = {
      "init.from: must be a .safetensors file"},
     {"checkpoint", "checkpoint: {every_steps: 5}", NULL, NULL, NULL,
      "checkpoint.every_steps: requires checkpoint.dir"},
+    {"checkpoint", "checkpoint: {keep_last: 3}", NULL, NULL, NULL,
+     "checkpoint.keep_last: requires checkpoint.dir"},
     {"elastic", "elastic: {min_workers: 9, max_workers: 8}", NULL, NULL, NULL,
      "elastic.min_workers: must be <= max_workers"},
     {"elastic", "elastic: {min_workers: 9}", NULL, NULL, NULL,
