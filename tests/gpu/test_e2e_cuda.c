@@ -14,7 +14,8 @@
  * Every step's collectives must pass the dtype audit. Exit 77 without a CUDA device.
  * With PCS_SIMULATE_CUDA=1 (ctest entry test_e2e_cuda_sim, every build) the workers compute on the
  * simulated device (the CPU twin behind poisoned device pointers): only the Gloo-staged test runs,
- * plus a check that an NCCL job fails with a reason (NCCL is not simulated). */
+ * plus a check that an NCCL job is never handed to a simulated worker (NCCL is not simulated, so
+ * such a worker does not offer it: the job stays pending). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
