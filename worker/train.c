@@ -822,7 +822,10 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
     PCS_CHECK_GOTO(pcs_runtime_barrier(t->rt), st, out);
     if (t->as->rank == 0) {
         PCS_CHECK_GOTO(pcs_ckpt_commit(dir, step, t->plan), st, out);
-        PCS_CHECK_GOTO(pcs_ckpt_prune(dir, step, t->spec->checkpoint->keep_last), st, out);
+        /* the step is committed: failing to clean up older ones must not fail the job */
+        if (pcs_ckpt_prune(dir, step, t->spec->checkpoint->keep_last) != PCS_OK)
+            PCS_WARN(PCS_SUB_WORKER, "checkpoint of step %llu committed; prune failed: %s",
+                     (unsigned long long)step, pcs_last_error());
     }
     PCS_DEBUG(PCS_SUB_WORKER, "checkpoint of step %llu written to %s", (unsigned long long)step,
               dir);
