@@ -460,6 +460,7 @@ static void enqueue_report(pcs_agent_t *a, const Pcs__V1__StepReport *rep)
     }
     it->req = pcs__v1__report_step_request__unpack(NULL, n, buf);
     free(buf);
+    int done_ok = rep->done && !(rep->error && rep->error[0]); /* rep may point at clean_err */
     free(clean_err);
     if (!it->req) {
         free(it);
@@ -472,7 +473,7 @@ static void enqueue_report(pcs_agent_t *a, const Pcs__V1__StepReport *rep)
     else
         a->rq_head = it;
     a->rq_tail = it;
-    if (rep->done && !(rep->error && rep->error[0]))
+    if (done_ok)
         a->finished = 1;
     pthread_cond_broadcast(&a->cv);
     pthread_mutex_unlock(&a->mu);
