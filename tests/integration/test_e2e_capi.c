@@ -150,6 +150,40 @@ static void test_join_offering_a_missing_backend_fails_with_the_reason(void **st
     assert_non_null(strstr(pcs_last_error(), "cuda"));
 }
 
+/* A program that ends its job with an error holding bytes that are not UTF-8 (a path or a
+ * strerror in another locale): the agent sends the report with those bytes as '?' (the
+ * coordinator refuses strings that are not UTF-8) and the job fails with that reason (without
+ * the sanitizing the report is refused and no reason arrives). */
+static void test_an_error_that_is_not_utf8_fails_the_job_with_the_text_sanitized(void **state)
+{
+    (void)state;
+    const char *yaml = "name: c-api-bad-text\n"
+                       "model:\n"
+                       "  explicit:\n"
+                       "    modules:\n"
+                       "      - {path: '', class: Regressor}\n"
+                       "      - {path: fc, class: Linear, params: [{name: weight, shape: [4, 8]}]}\n"
+                       "wrap: {explicit: [fc]}\n"
+                       "mesh: [{dim: dp_shard, size: 1}]\n"
+                       "training:\n"
+                       "  steps: 3\n"
+                       "  micro_batch_size: 4\n"
+                       "  optimizer: {sgd: {lr: 0.1}}\n";
+    assert_int_equal(e2e_submit(&g_c, yaml, "capi-bad-text", &g_job), 0);
+    pcs_worker_options_t o;
+    memset(&o, 0, sizeof o);
+    o.coordinator = g_c.addr;
+    o.join_timeout_ms = 20000;
+    pcs_worker_t *w = NULL;
+    assert_int_equal(pcs_worker_join(&o, &w), PCS_OK);
+    (void)pcs_worker_finish(w, "cannot open /data/caf\xe9.bin");
+    pcs_worker_destroy(w);
+    assert_int_equal(e2e_wait_job(&g_c, &g_job, 20000), 0);
+    assert_int_equal(g_job.state, PCS__V1__JOB_STATE__JOB_STATE_FAILED);
+    if (!strstr(g_job.reason, "cannot open /data/caf?.bin"))
+        fail_msg("reason: %s", g_job.reason);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -158,6 +192,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(test_c_api_example_trains_with_bf16_params, setup,
                                         teardown),
+        cmocka_unit_test_setup_teardown(
+            test_an_error_that_is_not_utf8_fails_the_job_with_the_text_sanitized, setup, teardown),
     };
     return cmocka_run_group_tests_name("e2e_capi", tests, NULL, NULL);
 }
