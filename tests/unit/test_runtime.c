@@ -38,6 +38,23 @@ static pcs_status_t init_zero(void *ctx, const Pcs__V1__ParamSlot *p, uint64_t f
     return PCS_OK;
 }
 
+/* A runtime config on the cpu backend for these small hand-made plans: one micro-batch, zero
+ * init, plain SGD with lr 1 (so master = -gradient after one step). */
+static pcs_status_t sgd_lr1_config(pcs_runtime_config_t *rc, const Pcs__V1__Plan *plan,
+                                   int prefetch)
+{
+    memset(rc, 0, sizeof *rc);
+    rc->plan = plan;
+    rc->micro_batches = 1;
+    rc->init_param = init_zero;
+    rc->opt = PCS_OPT_SGD;
+    pcs_sgd_config_default(&rc->sgd);
+    rc->sgd.lr = 1.0;
+    rc->sgd.momentum = 0;
+    rc->prefetch = prefetch;
+    return pcs_backend_get("cpu", &rc->be);
+}
+
 static pcs_status_t init_one(void *ctx, const Pcs__V1__ParamSlot *p, uint64_t first, uint64_t n,
                              float *out)
 {
@@ -147,17 +164,7 @@ static void test_sync_on_every_micro_batch_reduces_each_hand_in_once(void **stat
     plan.units = up;
 
     pcs_runtime_config_t rc;
-    memset(&rc, 0, sizeof rc);
-    rc.plan = &plan;
-    assert_int_equal(pcs_backend_get("cpu", &rc.be), PCS_OK);
-    rc.micro_batches = 1;
-    rc.init_param = init_zero;
-    rc.opt = PCS_OPT_SGD;
-    pcs_sgd_config_default(&rc.sgd);
-    rc.sgd.lr = 1.0;
-    rc.sgd.momentum = 0;
-    rc.sgd.weight_decay = 0;
-    rc.prefetch = 1; /* prefetch and reduction threads */
+    assert_int_equal(sgd_lr1_config(&rc, &plan, 1), PCS_OK); /* prefetch and reduction threads */
     pcs_runtime_t *rt = NULL;
     assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
 
@@ -231,17 +238,8 @@ static void test_world_of_one_divides_by_a_custom_factor(void **state)
         plan.n_units = 1;
         plan.units = up;
         pcs_runtime_config_t rc;
-        memset(&rc, 0, sizeof rc);
-        rc.plan = &plan;
-        assert_int_equal(pcs_backend_get("cpu", &rc.be), PCS_OK);
-        rc.micro_batches = 1;
-        rc.init_param = init_zero;
-        rc.opt = PCS_OPT_SGD;
-        pcs_sgd_config_default(&rc.sgd);
-        rc.sgd.lr = 1.0;
-        rc.sgd.momentum = 0;
-        rc.sgd.weight_decay = 0;
-        rc.prefetch = variant; /* inline and on the reduction thread */
+        assert_int_equal(sgd_lr1_config(&rc, &plan, variant),
+                         PCS_OK); /* inline and on the reduction thread */
         pcs_runtime_t *rt = NULL;
         assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
         assert_int_equal(pcs_runtime_begin_step(rt), PCS_OK);
@@ -287,16 +285,7 @@ static void test_no_sync_hand_in_with_one_micro_batch_is_accumulated(void **stat
     plan.units = up;
     for (int prefetch = 0; prefetch <= 1; prefetch++) {
         pcs_runtime_config_t rc;
-        memset(&rc, 0, sizeof rc);
-        rc.plan = &plan;
-        assert_int_equal(pcs_backend_get("cpu", &rc.be), PCS_OK);
-        rc.micro_batches = 1;
-        rc.init_param = init_zero;
-        rc.opt = PCS_OPT_SGD;
-        pcs_sgd_config_default(&rc.sgd);
-        rc.sgd.lr = 1.0;
-        rc.sgd.momentum = 0;
-        rc.prefetch = prefetch;
+        assert_int_equal(sgd_lr1_config(&rc, &plan, prefetch), PCS_OK);
         pcs_runtime_t *rt = NULL;
         assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
         assert_int_equal(pcs_runtime_begin_step(rt), PCS_OK);
@@ -386,21 +375,12 @@ static int two_rank_main(const char *kvdir, uint32_t r, int mode)
     if (pcs_kv_file_create(kvdir, &kv) != PCS_OK)
         return 2;
     pcs_runtime_config_t rc;
-    memset(&rc, 0, sizeof rc);
-    rc.plan = &plan;
+    if (sgd_lr1_config(&rc, &plan, 1) != PCS_OK)
+        return 3;
     rc.rank = r;
     rc.kv = kv;
     rc.hostname = "127.0.0.1";
     rc.coll_timeout_ms = 20000;
-    if (pcs_backend_get("cpu", &rc.be) != PCS_OK)
-        return 3;
-    rc.micro_batches = 1;
-    rc.init_param = init_zero;
-    rc.opt = PCS_OPT_SGD;
-    pcs_sgd_config_default(&rc.sgd);
-    rc.sgd.lr = 1.0;
-    rc.sgd.momentum = 0;
-    rc.prefetch = 1;
     pcs_runtime_t *rt = NULL;
     int bad = 4;
     if (pcs_runtime_create(&rc, &rt) == PCS_OK) {
