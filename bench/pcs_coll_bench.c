@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "bench_util.h"
-#include "coll.h"
-#include "kv.h"
+#include "coll/coll.h"
+#include "coll/kv.h"
 #include "pcs/clock.h"
 #include "pcs/half.h"
 #include "pcs/kernels.h"

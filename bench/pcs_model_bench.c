@@ -1,4 +1,4 @@
-/* pcs-model-bench: forward+backward time of the built-in MLP (worker/model.c) per micro-batch, in
+/* pcs-model-bench: forward+backward time of the built-in MLP (model/model.c) per micro-batch, in
  * fp32 / bf16 / fp16, against a baseline measured in the same run: the bare cblas_sgemm calls of
  * the same GEMMs (3 per Linear) on fp32 buffers. The ratio is the cost of mixed-precision
  * emulation, norms and activations on top of the GEMMs. A separate untimed pass checks the
@@ -14,15 +14,15 @@
 #include <string.h>
 #include <time.h>
 
-#include "model.h"
+#include "model/model.h"
 #include "pcs/half.h"
 #include "pcs/kernels.h"
 #include "pcs/log.h"
 #include "pcs/pbtext.h"
 #include "pcs/v1/job.pb-c.h"
-#include "reference.h"
+#include "model/reference.h"
 #ifdef PCS_BENCH_HAVE_PLAN
-#include "plan.h"
+#include "planner/plan.h"
 #endif
 
 /* Timings are the best of REPS repetitions of the mean over `iters`: the development box is

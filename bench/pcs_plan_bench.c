@@ -11,7 +11,7 @@
 #include "pcs/clock.h"
 #include "pcs/version.h"
 #include "pcs/v1/worker.pb-c.h"
-#include "plan.h"
+#include "planner/plan.h"
 
 typedef struct opts {
     uint32_t begin, end, factor, warmup, iters, layers;

@@ -17,16 +17,16 @@
 #include <unistd.h>
 
 #include "bench_util.h"
-#include "checkpoint.h"
-#include "kv.h"
+#include "io/checkpoint.h"
+#include "coll/kv.h"
 #include "pcs/clock.h"
 #include "pcs/kernels.h"
 #include "pcs/pbtext.h"
 #include "pcs/version.h"
-#include "plan.h"
-#include "reference.h"
-#include "safetensors.h"
-#include "train.h"
+#include "planner/plan.h"
+#include "model/reference.h"
+#include "io/safetensors.h"
+#include "worker/train.h"
 
 static const char k_job_fmt[] =
     "name: step-bench\n"

@@ -1,5 +1,5 @@
 /* pcsctl cancel JOB [--reason R]: CancelJob; prints the job's state afterwards. */
-#include "cli.h"
+#include "cli/cli.h"
 #include "pcs/v1/coordinator.pb-c.h"
 
 #include <string.h>

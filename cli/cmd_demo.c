@@ -16,15 +16,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "agent.h"
-#include "checkpoint.h"
-#include "cli.h"
+#include "worker/agent.h"
+#include "io/checkpoint.h"
+#include "cli/cli.h"
 #include "pcs/clock.h"
 #include "pcs/pbtext.h"
 #include "pcs/v1/coordinator.pb-c.h"
-#include "plan.h"
-#include "reference.h"
-#include "safetensors.h"
+#include "planner/plan.h"
+#include "model/reference.h"
+#include "io/safetensors.h"
 
 #define DEMO_USAGE "pcsctl demo [--workers N] [--steps S] [--job FILE] [--dir DIR] [--no-reference]"
 

@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoint.h"
-#include "cli.h"
+#include "io/checkpoint.h"
+#include "cli/cli.h"
 #include "pcs/v1/coordinator.pb-c.h"
 
 #define EXPORT_USAGE                                                                               \

@@ -1,6 +1,6 @@
 /* pcsctl health [--service S]: grpc.health.v1.Health/Check, as a Kubernetes probe would call it.
  * Prints the serving status; exit 0 iff SERVING, 1 otherwise (including unreachable). */
-#include "cli.h"
+#include "cli/cli.h"
 #include "grpc/health/v1/health.pb-c.h"
 
 #include <string.h>

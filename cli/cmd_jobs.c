@@ -1,5 +1,5 @@
 /* pcsctl jobs [--state S]: ListJobs as an aligned table, newest information per job on one line. */
-#include "cli.h"
+#include "cli/cli.h"
 #include "pcs/v1/coordinator.pb-c.h"
 
 #include <inttypes.h>

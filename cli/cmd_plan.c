@@ -9,11 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cli/cli.h"
 #include "pcs/pbtext.h"
 #include "pcs/v1/worker.pb-c.h"
-#include "plan.h"
-#include "validate.h"
+#include "planner/plan.h"
+#include "planner/validate.h"
 
 #define PLAN_USAGE "pcsctl plan FILE [--world N] [--json] [--rank R]"
 

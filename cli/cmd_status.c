@@ -1,7 +1,7 @@
 /* pcsctl status [--full] [JOB]: without JOB a coordinator summary (GetStatus counts; --full adds
  * the coordinator's INFO-style sections); with JOB the details of that job (GetJob): state,
  * progress, workers by rank. */
-#include "cli.h"
+#include "cli/cli.h"
 #include "pcs/v1/coordinator.pb-c.h"
 
 #include <inttypes.h>

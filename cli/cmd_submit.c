@@ -1,10 +1,10 @@
 /* pcsctl submit FILE [--request-id ID]: parse a job file (YAML or JSON), validate it locally for a
  * fast, clear error (the coordinator validates again), then SubmitJob. The request id makes a
  * retried submit idempotent; by default each invocation gets a fresh random one. */
-#include "cli.h"
+#include "cli/cli.h"
 #include "pcs/pbtext.h"
 #include "pcs/v1/coordinator.pb-c.h"
-#include "validate.h"
+#include "planner/validate.h"
 
 #include <fcntl.h>
 #include <stdlib.h>

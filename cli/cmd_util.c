@@ -1,6 +1,6 @@
 /* pcsctl helpers (cli.h): global flags, the coordinator call with pcsctl's error wording, JSON
  * output, time formatting and aligned tables. No command logic here. */
-#include "cli.h"
+#include "cli/cli.h"
 #include "pcs/pbtext.h"
 
 #include <errno.h>

@@ -1,6 +1,6 @@
 /* pcsctl workers [--state S]: ListWorkers as an aligned table (state, job and rank, devices,
  * heartbeat age). */
-#include "cli.h"
+#include "cli/cli.h"
 #include "pcs/v1/coordinator.pb-c.h"
 
 #include <string.h>

@@ -2,7 +2,7 @@
  * then dispatches to one sub-command in cli/cmd_*.c. `plan`, `export` and `demo` live in files
  * owned by other areas; weak fallbacks below keep pcsctl linkable until they land, and say so
  * instead of pretending to work. */
-#include "cli.h"
+#include "cli/cli.h"
 #include "pcs/log.h"
 #include "pcs/version.h"
 

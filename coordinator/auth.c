@@ -1,5 +1,5 @@
 /* Role tokens for the coordinator's RPCs (see auth.h). Tokens are compared in constant time. */
-#include "auth.h"
+#include "coordinator/auth.h"
 
 #include <stdint.h>
 #include <stdio.h>

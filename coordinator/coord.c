@@ -2,7 +2,7 @@
  * lifecycle, per-worker event queues and the rendezvous KV. Single-threaded by design (DESIGN.md
  * §2): the RPC loop is the only caller, so nothing here locks. Time comes from cfg.clock only.
  * Worker and job ids carry their number ("w-7", "job-3"), so id lookups are O(1) array reads. */
-#include "coord.h"
+#include "coordinator/coord.h"
 
 #include <inttypes.h>
 #include <stdarg.h>

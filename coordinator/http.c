@@ -1,6 +1,6 @@
 /* /metrics, /healthz, /readyz over libmicrohttpd (see http.h). MHD's internal polling thread
  * serves a copy of the last published snapshot; the coordinator's state is never read here. */
-#include "http.h"
+#include "coordinator/http.h"
 
 #include <arpa/inet.h>
 #include <microhttpd.h>

@@ -12,7 +12,7 @@
 #include "pcs/config.h"
 #include "pcs/log.h"
 #include "pcs/version.h"
-#include "server.h"
+#include "coordinator/server.h"
 
 static const pcs_opt_t options[] = {
     {"listen", PCS_OPT_STRING, "127.0.0.1:7070", 0, 0,

@@ -2,8 +2,8 @@
  * conversion around coord.c, watch streams, parked KvGets, grpc.health.v1, two-phase graceful
  * shutdown, and the once-a-tick side jobs (lease expiry, store flush, metrics snapshot).
  * Everything here runs on the RPC loop thread; handlers never block. */
-#include "auth.h"
-#include "server.h"
+#include "coordinator/auth.h"
+#include "coordinator/server.h"
 
 #include <inttypes.h>
 #include <signal.h>
@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "grpc/health/v1/health.pb-c.h"
-#include "http.h"
+#include "coordinator/http.h"
 #include "pcs/clock.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
@@ -23,11 +23,11 @@
 #include "pcs/v1/plan.pb-c.h"
 #include "pcs/v1/worker.pb-c.h"
 #include "pcs/version.h"
-#include "store.h"
+#include "coordinator/store.h"
 
 /* The spec validator (ctl engineer) and the planner (pure, in pcs_plan). */
-#include "plan.h"
-#include "validate.h"
+#include "planner/plan.h"
+#include "planner/validate.h"
 
 #define SHUTDOWN_GRACE_MS         150
 #define METRICS_EVERY_MS          500

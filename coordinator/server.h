@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "coord.h"
+#include "coordinator/coord.h"
 #include "pcs/config.h"
 #include "pcs/rpc.h"
 #include "pcs/status.h"

@@ -5,9 +5,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "coord.h"
+#include "coordinator/coord.h"
 #include "pcs/version.h"
-#include "server.h"
+#include "coordinator/server.h"
 
 pcs_status_t pcs_status_text(pcs_coord_t *c, const pcs_status_info_t *info, char **out)
 {

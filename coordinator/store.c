@@ -1,7 +1,7 @@
 /* SQLite (WAL) persistence of job history and worker identities (see store.h). Writes join one
  * open transaction that the loop commits each tick, so a burst of registrations costs one fsync
  * instead of one each; synchronous=NORMAL is durable across process crashes in WAL mode. */
-#include "store.h"
+#include "coordinator/store.h"
 
 #include <sqlite3.h>
 #include <stdbool.h>

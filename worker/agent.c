@@ -3,7 +3,7 @@
  * sends ReportStep in order without blocking the training loop, and the main loop that runs each
  * assigned job. A coordinator restart does not stop training: heartbeats and reports are retried.
  * Only the collectives carry step data; the coordinator is never on the hot path. */
-#include "agent.h"
+#include "worker/agent.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "kv.h"
+#include "coll/kv.h"
 #include "pcs/clock.h"
 #include "pcs/kernels.h"
 #include "pcs/log.h"
@@ -22,7 +22,7 @@
 #include "pcs/rpc.h"
 #include "pcs/utf8.h"
 #include "pcs/v1/worker.pb-c.h"
-#include "train.h"
+#include "worker/train.h"
 
 #define GRPC_NOT_FOUND           5
 #define GRPC_FAILED_PRECONDITION 9

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "agent.h"
+#include "worker/agent.h"
 #include "pcs/config.h"
 #include "pcs/log.h"
 

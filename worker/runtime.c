@@ -8,7 +8,7 @@
  * Buffers are backend memory (device memory on cuda): the host only fills them through the
  * backend and reads back scalars with a D2H copy; streams and events order the compute stream,
  * the all-gather stream and the reduction stream (runtime.h states the contract). */
-#include "runtime.h"
+#include "worker/runtime.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "pcs/clock.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"

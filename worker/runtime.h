@@ -41,8 +41,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "coll.h"
-#include "kv.h"
+#include "coll/coll.h"
+#include "coll/kv.h"
 #include "pcs/dtype.h"
 #include "pcs/kernels.h"
 #include "pcs/status.h"

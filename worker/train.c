@@ -4,7 +4,7 @@
  * pre-backward, and reduced in post-backward on the synced micro-batch (accumulated otherwise).
  * Then grad scaler verdict, clipping and the optimizer on the fp32 shards (runtime.c), a report
  * per step, eval every K steps, sharded checkpoints at every_steps and at the end. */
-#include "train.h"
+#include "worker/train.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -12,17 +12,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "checkpoint.h"
-#include "coll.h"
-#include "data.h"
-#include "kv.h"
-#include "loss.h"
-#include "model.h"
+#include "io/checkpoint.h"
+#include "coll/coll.h"
+#include "model/data.h"
+#include "coll/kv.h"
+#include "model/loss.h"
+#include "model/model.h"
 #include "pcs/clock.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
-#include "plan.h"
-#include "runtime.h"
+#include "planner/plan.h"
+#include "worker/runtime.h"
 
 typedef struct train_buffer {
     const Pcs__V1__BufferSlot *slot;

@@ -11,16 +11,16 @@
 #include <string.h>
 #include <time.h>
 
-#include "agent.h"
-#include "init.h"
-#include "kv.h"
+#include "worker/agent.h"
+#include "model/init.h"
+#include "coll/kv.h"
 #include "pcs/clock.h"
 #include "pcs/kernels.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
 #include "pcs/v1/worker.pb-c.h"
-#include "runtime.h"
-#include "train.h"
+#include "worker/runtime.h"
+#include "worker/train.h"
 
 struct pcs_worker {
     pcs_worker_options_t opt;

@@ -1,5 +1,5 @@
 /* The nn registry (pcs_nn_get / pcs_nn_create), the argument checks both implementations share,
- * and the host conversion helpers of the CPU twin (also what worker/model.c's pcs_round_to and
+ * and the host conversion helpers of the CPU twin (also what model/model.c's pcs_round_to and
  * friends are). The numerics themselves live in nn_cpu.c and nn_cuda.cu. */
 #include <stdint.h>
 #include <string.h>

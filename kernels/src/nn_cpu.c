@@ -1,8 +1,8 @@
 /* The "cpu" nn implementation: host arrays, OpenBLAS sgemm and plain loops. This is the reference
- * twin of nn_cuda.cu and the numerics worker/model.c always had, moved here unchanged (the same
+ * twin of nn_cuda.cu and the numerics model/model.c always had, moved here unchanged (the same
  * rounding points and the same accumulation order: CPU results are bit-identical to before the
  * move). Every op completes before it returns; the stream is only an ordering token. See pcs/nn.h
- * for the contract of each op and worker/model.c's header for the mixed-precision rules. */
+ * for the contract of each op and model/model.c's header for the mixed-precision rules. */
 #include <cblas.h>
 #include <math.h>
 #include <stdlib.h>

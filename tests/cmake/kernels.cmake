@@ -1,4 +1,5 @@
-# kernels: CPU twin unit tests, the exhaustive cast proof, and the CUDA differential test.
+# kernels/: CPU twin unit tests, the exhaustive cast proof, the nn vtable, the simulated device
+# and the CUDA differential tests (label gpu: exit 77 without a device).
 pcs_add_test(NAME test_kernels SOURCES unit/test_kernels.c LIBS pcs_kernels LABELS unit
              TIMEOUT 120)
 target_include_directories(test_kernels PRIVATE ${PROJECT_SOURCE_DIR}/kernels/src)
@@ -6,6 +7,8 @@ pcs_add_test(NAME test_kernels_cast_exhaustive SOURCES unit/test_kernels_cast_ex
              LIBS pcs_kernels LABELS exhaustive TIMEOUT 300)
 pcs_add_test(NAME test_kernels_cuda SOURCES gpu/test_kernels_cuda.c LIBS pcs_kernels LABELS gpu
              TIMEOUT 300)
+# The nn vtable (kernels/include/pcs/nn.h): validation, exact cases, cpu-backend refactor guard.
+pcs_add_test(NAME test_nn SOURCES unit/test_nn.c LIBS pcs_model LABELS unit TIMEOUT 60)
 
 # The simulated "cuda" backend (PCS_SIMULATE_CUDA=1): tagging, copy kinds, CPU-twin bits.
 pcs_add_test(NAME test_devsim SOURCES unit/test_devsim.c LIBS pcs_kernels LABELS unit TIMEOUT 60)

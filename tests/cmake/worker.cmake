@@ -1,48 +1,57 @@
-# pcs-worker's start-up flags (backend, transport, device) as real processes.
-if(TARGET pcs-worker AND TARGET pcs-coordinator AND TARGET pcsctl)
-  pcs_add_test(NAME test_worker_flags
-    SOURCES ${PROJECT_SOURCE_DIR}/tests/integration/test_worker_flags.c
-            ${PROJECT_SOURCE_DIR}/tests/integration/test_e2e_util.c
-    LIBS pcs_worker_core pcs_plan LABELS integration TIMEOUT 120)
-  set_target_properties(test_worker_flags PROPERTIES LINKER_LANGUAGE CXX)
-  add_dependencies(test_worker_flags pcs-worker pcs-coordinator pcsctl)
-endif()
+# worker/: the unit runtime (threads and forked worlds, no coordinator), pcs-worker processes
+# end to end, the C API, start-up flags, and the GPU path.
+pcs_add_test(NAME test_runtime SOURCES unit/test_runtime.c ${PCS_RUNTIME_HARNESS}
+             LIBS pcs_worker LABELS unit TIMEOUT 60)
+# The unit runtime on device memory against the cpu backend (one device; NCCL between ranks needs
+# two); exits 77 without a CUDA device. test_runtime_cuda_sim runs it on the simulated device
+# (PCS_SIMULATE_CUDA=1): the Gloo-staged W=2 case, bit for bit against cpu; the NCCL cases are
+# skipped (not simulated).
+pcs_add_test(NAME test_runtime_cuda SOURCES gpu/test_runtime_cuda.c ${PCS_RUNTIME_HARNESS}
+             LIBS pcs_worker LABELS gpu TIMEOUT 300)
+add_test(NAME test_runtime_cuda_sim COMMAND test_runtime_cuda)
+set_tests_properties(test_runtime_cuda_sim PROPERTIES LABELS unit TIMEOUT 120
+  ENVIRONMENT "PCS_SOURCE_DIR=${PROJECT_SOURCE_DIR};PCS_LOG_LEVEL=warn;PCS_SIMULATE_CUDA=1")
 
-# The worker's GPU path end to end (label gpu: exits 77 without a CUDA device).
-if(PCS_HAVE_CUDA AND TARGET pcs-worker AND TARGET pcs-coordinator)
-  pcs_add_test(NAME test_e2e_cuda
-    SOURCES ${PROJECT_SOURCE_DIR}/tests/gpu/test_e2e_cuda.c
-            ${PROJECT_SOURCE_DIR}/tests/integration/test_e2e_util.c
-    LIBS pcs_worker_core pcs_plan LABELS gpu TIMEOUT 600)
-  target_include_directories(test_e2e_cuda PRIVATE ${PROJECT_SOURCE_DIR}/tests/integration)
-  set_target_properties(test_e2e_cuda PROPERTIES LINKER_LANGUAGE CXX)
-  add_dependencies(test_e2e_cuda pcs-worker pcs-coordinator)
+# Real pcs-coordinator and pcs-worker processes on 127.0.0.1.
+pcs_add_test(NAME test_e2e_cpu SOURCES integration/test_e2e_cpu.c ${PCS_E2E_UTIL}
+             LIBS pcs_worker LABELS integration TIMEOUT 300)
+add_dependencies(test_e2e_cpu pcs-worker pcs-coordinator)
+# Sharded runtime parity without a coordinator (forked ranks, file KV store).
+pcs_add_test(NAME test_e2e_procs SOURCES integration/test_e2e_procs.c ${PCS_E2E_UTIL}
+             LIBS pcs_worker LABELS integration TIMEOUT 300)
+# pcs-worker's start-up flags (backend, transport, device) as real processes.
+pcs_add_test(NAME test_worker_flags SOURCES integration/test_worker_flags.c ${PCS_E2E_UTIL}
+             LIBS pcs_worker LABELS integration TIMEOUT 120)
+add_dependencies(test_worker_flags pcs-worker pcs-coordinator pcsctl)
+
+# The public C API example program and its end-to-end test.
+add_executable(pcs-c-api-example ${PROJECT_SOURCE_DIR}/examples/c_api_example.c)
+target_link_libraries(pcs-c-api-example PRIVATE pcs_worker)
+set_target_properties(pcs-c-api-example PROPERTIES LINKER_LANGUAGE CXX)
+pcs_target_warnings(pcs-c-api-example)
+pcs_add_test(NAME test_e2e_capi SOURCES integration/test_e2e_capi.c ${PCS_E2E_UTIL}
+             LIBS pcs_worker LABELS integration TIMEOUT 120)
+add_dependencies(test_e2e_capi pcs-c-api-example pcs-coordinator)
+
+# The worker's GPU path end to end: label gpu in a CUDA build (exit 77 without a device).
+# test_e2e_cuda_sim runs the same binary on the simulated device (PCS_SIMULATE_CUDA=1,
+# kernels/src/ops_devsim.c) in every build, GPU or not: the workers' whole cuda path runs with
+# poisoned device pointers, then the Gloo-staged test (NCCL is not simulated). Never skipped.
+if(PCS_HAVE_CUDA)
+  pcs_add_test(NAME test_e2e_cuda SOURCES gpu/test_e2e_cuda.c ${PCS_E2E_UTIL}
+               LIBS pcs_worker LABELS gpu TIMEOUT 600)
+else()
+  add_executable(test_e2e_cuda gpu/test_e2e_cuda.c ${PCS_E2E_UTIL})
+  set_target_properties(test_e2e_cuda PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  target_include_directories(test_e2e_cuda PRIVATE ${PROJECT_SOURCE_DIR}/tests/support)
+  target_link_libraries(test_e2e_cuda PRIVATE pcs_worker PkgConfig::CMOCKA pcs_test_support)
+  pcs_target_warnings(test_e2e_cuda)
 endif()
-# The same binary on the simulated device (PCS_SIMULATE_CUDA=1, kernels/src/ops_devsim.c): the
-# workers' whole cuda path runs with poisoned device pointers in every build, GPU or not; main()
-# then runs the Gloo-staged test (NCCL is not simulated). Never skipped: no 77 here.
-if(TARGET pcs-worker AND TARGET pcs-coordinator)
-  if(NOT TARGET test_e2e_cuda)
-    add_executable(test_e2e_cuda ${PROJECT_SOURCE_DIR}/tests/gpu/test_e2e_cuda.c
-                                 ${PROJECT_SOURCE_DIR}/tests/integration/test_e2e_util.c)
-    set_target_properties(test_e2e_cuda PROPERTIES RUNTIME_OUTPUT_DIRECTORY
-                          ${CMAKE_BINARY_DIR}/tests LINKER_LANGUAGE CXX)
-    target_include_directories(test_e2e_cuda PRIVATE ${PROJECT_SOURCE_DIR}/tests/support
-                               ${PROJECT_SOURCE_DIR}/tests/integration)
-    target_link_libraries(test_e2e_cuda PRIVATE pcs_worker_core pcs_plan PkgConfig::CMOCKA
-                          pcs_test_support)
-    pcs_target_warnings(test_e2e_cuda)
-    add_dependencies(test_e2e_cuda pcs-worker pcs-coordinator)
-  endif()
-  add_test(NAME test_e2e_cuda_sim COMMAND test_e2e_cuda)
-  set_tests_properties(test_e2e_cuda_sim PROPERTIES LABELS integration TIMEOUT 300
-    ENVIRONMENT "PCS_BIN_DIR=${CMAKE_BINARY_DIR}/bin;PCS_SOURCE_DIR=${PROJECT_SOURCE_DIR};PCS_LOG_LEVEL=warn;PCS_SIMULATE_CUDA=1")
-endif()
-# The model's cuda nn path (test_model_cuda, tests/cmake/compute.cmake) on the simulated device:
-# every activation, parameter and gradient is a poisoned device pointer; the simulator computes
-# with the CPU twin, so the test's tolerances hold trivially and what it checks is where data is.
-if(TARGET test_model_cuda)
-  add_test(NAME test_model_cuda_sim COMMAND test_model_cuda)
-  set_tests_properties(test_model_cuda_sim PROPERTIES LABELS unit TIMEOUT 120
-    ENVIRONMENT "PCS_SOURCE_DIR=${PROJECT_SOURCE_DIR};PCS_LOG_LEVEL=warn;PCS_SIMULATE_CUDA=1")
-endif()
+target_include_directories(test_e2e_cuda PRIVATE ${PROJECT_SOURCE_DIR}/tests/integration)
+add_dependencies(test_e2e_cuda pcs-worker pcs-coordinator)
+add_test(NAME test_e2e_cuda_sim COMMAND test_e2e_cuda)
+set_tests_properties(test_e2e_cuda_sim PROPERTIES LABELS integration TIMEOUT 300
+  ENVIRONMENT "PCS_BIN_DIR=${CMAKE_BINARY_DIR}/bin;PCS_SOURCE_DIR=${PROJECT_SOURCE_DIR};PCS_LOG_LEVEL=warn;PCS_SIMULATE_CUDA=1")
+
+set_target_properties(test_runtime test_runtime_cuda test_e2e_cpu test_e2e_procs test_worker_flags
+                      test_e2e_capi test_e2e_cuda PROPERTIES LINKER_LANGUAGE CXX)

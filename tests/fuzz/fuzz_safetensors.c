@@ -6,8 +6,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "npy.h"
-#include "safetensors.h"
+#include "io/npy.h"
+#include "io/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,4 +1,4 @@
-/* Fuzz target for job files (common/pb_yaml.c, pb_json.c, coordinator/validate.c): arbitrary
+/* Fuzz target for job files (common/pb_yaml.c, pb_json.c, planner/validate.c): arbitrary
  * bytes are parsed as a JobSpec the way `pcsctl submit` and the planner read files. Contract:
  * no crash or leak; failure means PCS_ERR_INVALID_ARG, no message and an error naming a line;
  * success means the validator runs, and JSON output parses back to the same packed bytes.
@@ -14,7 +14,7 @@
 #include "pcs/pbtext.h"
 #include "pcs/v1/coordinator.pb-c.h"
 #include "pcs/v1/worker.pb-c.h"
-#include "validate.h"
+#include "planner/validate.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -16,8 +16,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "coll.h"
-#include "kv.h"
+#include "coll/coll.h"
+#include "coll/kv.h"
 #include "pcs/half.h"
 #include "pcs/kernels.h"
 #include "test_util.h"

@@ -30,7 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
+#include "model/model.h"
 #include "pcs/kernels.h"
 #include "pcs/nn.h"
 

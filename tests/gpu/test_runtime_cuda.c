@@ -26,9 +26,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "kv.h"
+#include "coll/kv.h"
 #include "pcs/kernels.h"
-#include "runtime.h"
+#include "worker/runtime.h"
 #include "runtime_harness.h"
 #include "test_util.h"
 

@@ -20,8 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "coll.h"
-#include "kv.h"
+#include "coll/coll.h"
+#include "coll/kv.h"
 #include "pcs/clock.h"
 #include "pcs/half.h"
 #include "pcs/pbtext.h"

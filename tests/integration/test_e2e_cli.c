@@ -14,7 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "safetensors.h"
+#include "io/safetensors.h"
 #include "test_e2e_util.h"
 #include "test_util.h"
 

@@ -27,7 +27,7 @@
 #include "pcs/clock.h"
 #include "test_util.h"
 
-#include "plan.h"
+#include "planner/plan.h"
 #include "test_e2e_util.h"
 
 #define K_JOB_FMT                                                                                  \

@@ -1,7 +1,7 @@
 /* Parity of the sharded runtime without a coordinator: W rank processes (fork) rendezvous through
  * the file KV store, run pcs_train on a locally built Assignment and write a sharded checkpoint;
  * the parameters exported from it are compared with the single-process reference trainer
- * (worker/reference.c) of the same job, per strategy and precision policy. Tolerances per test,
+ * (model/reference.c) of the same job, per strategy and precision policy. Tolerances per test,
  * from spec §9 (see each test's comment). The stage_host variants run a job twice, collectives
  * on the runtime's buffers and through host staging buffers, and require identical bits. */
 #include <setjmp.h>
@@ -14,12 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
+#include "model/model.h"
 #include "pcs/v1/job.pb-c.h"
-#include "plan.h"
-#include "safetensors.h"
+#include "planner/plan.h"
+#include "io/safetensors.h"
 #include "test_e2e_util.h"
-#include "train.h"
+#include "worker/train.h"
 #include "test_util.h"
 
 #define JOB_FMT                                                                                    \

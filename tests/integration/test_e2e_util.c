@@ -12,16 +12,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "agent.h"
-#include "kv.h"
-#include "train.h"
-#include "checkpoint.h"
+#include "worker/agent.h"
+#include "coll/kv.h"
+#include "worker/train.h"
+#include "io/checkpoint.h"
 #include "pcs/clock.h"
 #include "pcs/pbtext.h"
 #include "pcs/rpc.h"
-#include "plan.h"
-#include "reference.h"
-#include "safetensors.h"
+#include "planner/plan.h"
+#include "model/reference.h"
+#include "io/safetensors.h"
 #include "test_util.h"
 
 int e2e_start(e2e_cluster_t *c, const char *tag)

@@ -8,8 +8,8 @@
 
 #include <stdint.h>
 
-#include "kv.h"
-#include "runtime.h"
+#include "coll/kv.h"
+#include "worker/runtime.h"
 
 #define PCS_RTH_UNITS 2
 #define PCS_RTH_STEPS 4

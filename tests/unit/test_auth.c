@@ -8,7 +8,7 @@
 
 #include <string.h>
 
-#include "auth.h"
+#include "coordinator/auth.h"
 #include "pcs/rpc.h"
 
 static const char *file = "# roles\n"

@@ -14,8 +14,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "checkpoint.h"
-#include "safetensors.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "test_util.h"
 
 /* unit 0: a [3,2] at 0, b [3] at 8 (aligned), padded 12 -> c 6 per rank;

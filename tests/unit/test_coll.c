@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coll.h"
+#include "coll/coll.h"
 #include "pcs/half.h"
 
 /* Independent reference for one rounded bf16/fp16 addition: add in double (exact for two

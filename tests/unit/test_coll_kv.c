@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kv.h"
+#include "coll/kv.h"
 #include "pcs/clock.h"
 #include "test_util.h"
 

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coord.h"
+#include "coordinator/coord.h"
 
 typedef struct wake {
     void *token;

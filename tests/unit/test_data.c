@@ -1,4 +1,4 @@
-/* Unit tests of worker/data.c: the global sample order of DESIGN.md §5 (W=4, b=2 and W=1, b=8 see
+/* Unit tests of model/data.c: the global sample order of DESIGN.md §5 (W=4, b=2 and W=1, b=8 see
  * identical global batches), determinism of synthetic rows, wrap-around, held-out eval rows, and
  * file data (.safetensors and .npy) read row range by row range, with clear errors. */
 #include <stdarg.h>
@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "data.h"
-#include "npy.h"
+#include "model/data.h"
+#include "io/npy.h"
 #include "pcs/v1/job.pb-c.h"
-#include "safetensors.h"
+#include "io/safetensors.h"
 #include "test_util.h"
 
 static char *g_dir;

@@ -1,4 +1,4 @@
-/* Unit tests of the built-in MLP (worker/model.c) and losses (worker/loss.c): forward and
+/* Unit tests of the built-in MLP (model/model.c) and losses (model/loss.c): forward and
  * backward against an independent fp64 implementation written here, finite differences, every
  * activation/norm, BatchNorm running statistics, bf16/fp16 rounding of outputs, dtype errors,
  * hook order and the FQN scheme shared with the planner. */
@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "loss.h"
-#include "model.h"
+#include "model/loss.h"
+#include "model/model.h"
 
 // ---- independent helpers ----
 

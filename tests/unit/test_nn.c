@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model.h"
+#include "model/model.h"
 #include "pcs/nn.h"
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;

@@ -1,4 +1,4 @@
-/* Unit tests of the planner (coordinator/plan*.c, model.c): the acceptance cases of
+/* Unit tests of the planner (planner/plan*.c, model.c): the acceptance cases of
  * spec/fsdp-semantics.md §9 that concern layout, dtypes, factors, strategies and groups (cases
  * 1, 6-9, 11, 12, 20-23, the §2.1 table, §7 mesh), the MLP FQN scheme, errors with field paths,
  * hashing and estimates. Expected values are the spec's tables or computed by hand in comments. */
@@ -12,9 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_tree.h"
+#include "planner/model_tree.h"
 #include "pcs/pbtext.h"
-#include "plan.h"
+#include "planner/plan.h"
 
 typedef Pcs__V1__JobSpec job_t;
 

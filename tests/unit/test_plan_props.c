@@ -14,9 +14,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_tree.h"
+#include "planner/model_tree.h"
 #include "pcs/pbtext.h"
-#include "plan.h"
+#include "planner/plan.h"
 
 #define ITERS 400
 

@@ -1,4 +1,4 @@
-/* Unit tests of the single-process reference trainer (worker/reference.c): training makes
+/* Unit tests of the single-process reference trainer (model/reference.c): training makes
  * progress in fp32 and bf16, the per-rank emulation equals the global-batch computation, the
  * data-parallel decomposition does not change an fp32 run, the fp16 grad scaler skips a step with
  * non-finite gradients, BatchNorm running statistics, eval, export and init-from-file. Jobs are
@@ -15,10 +15,10 @@
 #include <string.h>
 
 #include "pcs/pbtext.h"
-#include "plan.h"
+#include "planner/plan.h"
 #include "pcs/v1/job.pb-c.h"
-#include "reference.h"
-#include "safetensors.h"
+#include "model/reference.h"
+#include "io/safetensors.h"
 #include "test_util.h"
 
 static Pcs__V1__JobSpec *job(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -19,10 +19,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "kv.h"
+#include "coll/kv.h"
 #include "pcs/half.h"
 #include "pcs/kernels.h"
-#include "runtime.h"
+#include "worker/runtime.h"
 #include "runtime_harness.h"
 #include "test_util.h"
 

@@ -1,4 +1,4 @@
-/* Unit tests of worker/safetensors.c and worker/npy.c: round trips of every dtype, the exact
+/* Unit tests of io/safetensors.c and io/npy.c: round trips of every dtype, the exact
  * header the writer produces, files written the way the reference (Rust) writer lays them out,
  * a catalogue of malformed files that must be rejected with a clear message, and a replay driver
  * that runs the fuzz target (tests/fuzz/fuzz_safetensors.c) over deterministic mutations. */
@@ -13,9 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "init.h"
-#include "npy.h"
-#include "safetensors.h"
+#include "model/init.h"
+#include "io/npy.h"
+#include "io/safetensors.h"
 #include "test_util.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "store.h"
+#include "coordinator/store.h"
 #include "test_util.h"
 
 typedef struct loaded {

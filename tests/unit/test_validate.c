@@ -1,4 +1,4 @@
-/* Unit tests of the job spec validator (coordinator/validate.c). Table-driven: every rule has one
+/* Unit tests of the job spec validator (planner/validate.c). Table-driven: every rule has one
  * row that breaks exactly that rule in an otherwise valid base spec (a YAML section replaced, or a
  * value the YAML parser cannot produce set in C), and the row expects the exact error text,
  * whose prefix is the field path. */
@@ -14,7 +14,7 @@
 
 #include "pcs/pbtext.h"
 #include "test_util.h"
-#include "validate.h"
+#include "planner/validate.h"
 
 typedef Pcs__V1__JobSpec job_t;
 

@@ -1,4 +1,4 @@
-/* The numeric operations of the built-in MLP (worker/model.c) behind a plain-C vtable, so the same
+/* The numeric operations of the built-in MLP (model/model.c) behind a plain-C vtable, so the same
  * module tree, op tape and hooks drive host arrays + OpenBLAS ("cpu", the reference twin) or
  * device arrays + cuBLAS/CUDA kernels ("cuda"). Activations and their gradients are fp32 arrays
  * that carry values rounded to a tagged dtype (fp32/bf16/fp16); parameters, gradients and
@@ -127,7 +127,7 @@ pcs_stream_t pcs_nn_stream(const pcs_nn_t *nn);
 /* Bytes `saved` must hold for a Linear of in_dim x out_dim (overflow -> SIZE_MAX). */
 size_t pcs_nn_linear_saved_bytes(uint32_t in_dim, uint32_t out_dim);
 
-/* ---- host helpers: the CPU twin's conversions, shared with worker/model.c ---- */
+/* ---- host helpers: the CPU twin's conversions, shared with model/model.c ---- */
 /* Round fp32 values to dtype in place (nearest even; other dtypes: unchanged). */
 void pcs_nn_host_round(float *v, size_t n, pcs_dtype_t dtype);
 /* n values of src_dtype (FP32/BF16/FP16/FP64) to fp32. */

@@ -1,0 +1,84 @@
+/* Sharded checkpoints and export of full parameters. Each rank writes its fp32 master shards and
+ * optimizer state to <dir>/step-<N>/rank-<R>.safetensors; after a barrier rank 0 writes the plan
+ * (plan.pb) and COMPLETE (the manifest: job, plan hash and every rank file with its size) and
+ * points <dir>/latest at N, then prunes stale steps. Export reads only the files the manifest
+ * lists and assembles every parameter from the shards of replica 0 through the plan's flat layout
+ * into a .safetensors file keyed by FQN that torch / Hugging Face load directly. */
+#ifndef PCS_CHECKPOINT_H
+#define PCS_CHECKPOINT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pcs/status.h"
+#include "pcs/v1/plan.pb-c.h"
+#include "io/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Where one unit's shard in a rank file sits: units differ (a replicated NO_SHARD or
+ * full-precision unit next to sharded ones), so each unit carries its own indices. */
+typedef struct pcs_ckpt_unit_meta {
+    uint32_t unit;
+    uint32_t shard_index;     /* index in the unit's shard group (0 for a replicated unit) */
+    uint32_t replicate_index; /* replica of that shard (dp index for a replicated unit) */
+} pcs_ckpt_unit_meta_t;
+
+typedef struct pcs_ckpt_rank_meta {
+    const char *job_id;
+    uint64_t step; /* optimizer steps done */
+    uint32_t rank, world_size;
+    uint32_t shard_index;     /* index in the shard group (dp_shard coordinate) */
+    uint32_t replicate_index; /* dp_replicate coordinate */
+    uint32_t pp_index;
+    uint64_t plan_hash;
+    double loss_scale;
+    /* per-unit indices ("unit.<i>.shard_index" / ".replicate_index" in the file's metadata);
+     * units not listed (or units = NULL) use shard_index / replicate_index above */
+    const pcs_ckpt_unit_meta_t *units;
+    size_t n_units;
+} pcs_ckpt_rank_meta_t;
+
+/* "<dir>/step-%08llu" into buf. */
+void pcs_ckpt_step_dir(const char *dir, uint64_t step, char *buf, size_t n);
+
+/* Tensor names inside a rank file: "unit.<i>.<what>" (param, exp_avg, exp_avg_sq, momentum) and
+ * "buffer.<fqn>" for module buffers. */
+void pcs_ckpt_unit_key(uint32_t unit, const char *what, char *buf, size_t n);
+
+/* Write one rank's file (directories are created). The step's COMPLETE is removed first: a step
+ * being (re)written is not complete, whatever an earlier run left there. Errors: PCS_ERR_SYSTEM /
+ * INVALID_ARG. */
+pcs_status_t pcs_ckpt_write_rank(const char *dir, const pcs_ckpt_rank_meta_t *m,
+                                 const pcs_st_entry_t *e, size_t n);
+/* Called by one rank after every rank has written: checks that rank files 0..W-1 all belong to
+ * this step, job and plan (rank 0's file gives the job and plan hash; a stale file of another
+ * run is PCS_ERR_STATE naming it), then writes plan.pb, COMPLETE (the manifest) and latest. */
+pcs_status_t pcs_ckpt_commit(const char *dir, uint64_t step, const Pcs__V1__Plan *plan);
+/* After committing `step`: keep the newest `keep` (0 = 2) committed steps of the same job up to
+ * `step`; remove every other step-<N> directory (older, uncommitted, of another job, or above
+ * `step` from an earlier run). Only pcs' own files are removed; a directory holding anything else
+ * is left with one WARN. Errors: PCS_ERR_SYSTEM when dir cannot be listed. */
+pcs_status_t pcs_ckpt_prune(const char *dir, uint64_t step, uint32_t keep);
+/* Step of <dir>/latest. PCS_ERR_NOT_FOUND if there is no complete checkpoint. */
+pcs_status_t pcs_ckpt_latest(const char *dir, uint64_t *step);
+
+typedef struct pcs_ckpt_export_info {
+    uint64_t step;
+    size_t n_params, n_buffers;
+    uint64_t numel;
+} pcs_ckpt_export_info_t;
+
+/* Assemble full parameters (master dtype) and buffers (from the shard-index-0 rank of replica 0,
+ * per unit) of checkpoint `step` (0 = latest) into a .safetensors file at out_path, reading only
+ * the rank files COMPLETE lists and refusing one whose size, step, job or plan hash differs from
+ * the manifest. Errors name the missing or inconsistent file. info may be NULL. */
+pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_path,
+                             pcs_ckpt_export_info_t *info);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,1276 @@
+/* pcs_plan_build: JobSpec + world size -> Plan. Mesh and strategy resolution, FSDP1
+ * _recursive_wrap unit selection (plus ignored classes and override promotion), pipeline stage
+ * split, flat layouts, per-unit precision and collectives, groups and estimates. Every input
+ * problem is collected with its field path so that one submit reports all of them. The rules
+ * themselves live in plan_rules.c; the reasoning is in docs/PLAN.md. */
+#include "planner/plan.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "planner/model_tree.h"
+#include "pcs/log.h"
+#include "pcs/mem.h"
+
+#define NEW_MSG(c, var, initfn)                                                                    \
+    do {                                                                                           \
+        (var) = calloc(1, sizeof *(var));                                                          \
+        if (var)                                                                                   \
+            initfn(var);                                                                           \
+        else                                                                                       \
+            (c)->oom = true;                                                                       \
+    } while (0)
+
+typedef struct unit_b {
+    uint32_t root; /* module index */
+    uint32_t stage;
+    bool is_root; /* model root, or a stage's root with pp > 1 */
+    bool ignored; /* ignored class: mixed precision off */
+} unit_b_t;
+
+typedef struct ctx {
+    const Pcs__V1__JobSpec *spec;
+    pcs_errlist_t errs;
+    pcs_model_t *m;
+    bool oom;
+    /* mesh */
+    uint32_t ws, pp, rep, shard, dp, group; /* group = shard group size G */
+    uint32_t n_order;
+    Pcs__V1__MeshDimName order[3];
+    Pcs__V1__Strategy req, eff;
+    uint32_t ar_size; /* all-reduce group after the RS (HSDP) */
+    uint32_t vstages, nstages;
+    /* per module */
+    uint8_t *wrapped, *ignored, *promoted;
+    uint32_t *stage_of;
+    int32_t *unit_of;
+    int32_t container;
+    uint32_t nlayers;
+    /* units */
+    unit_b_t *units;
+    uint32_t nunits;
+    uint32_t *stage_root; /* stage -> unit index of its root unit */
+    /* notes */
+    char **notes;
+    size_t n_notes, cap_notes;
+} ctx_t;
+
+__attribute__((format(printf, 2, 3))) static void note(ctx_t *c, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    char *s = NULL;
+    if (pcs_grow((void **)&c->notes, &c->cap_notes, c->n_notes + 1, sizeof *c->notes) != PCS_OK ||
+        pcs_strdup(buf, &s) != PCS_OK) {
+        c->oom = true;
+        return;
+    }
+    c->notes[c->n_notes++] = s;
+}
+
+static char *dupstr(ctx_t *c, const char *s)
+{
+    char *d = NULL;
+    if (pcs_strdup(s ? s : "", &d) != PCS_OK) {
+        c->oom = true;
+        return (char *)protobuf_c_empty_string;
+    }
+    return d;
+}
+
+static const char *dim_name(Pcs__V1__MeshDimName d)
+{
+    switch (d) {
+    case PCS__V1__MESH_DIM_NAME__MESH_DIM_PP:
+        return "pp";
+    case PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE:
+        return "dp_replicate";
+    case PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_SHARD:
+        return "dp_shard";
+    default:
+        return "?";
+    }
+}
+
+static const char *strategy_name(Pcs__V1__Strategy s)
+{
+    switch (s) {
+    case PCS__V1__STRATEGY__STRATEGY_FULL_SHARD:
+        return "full_shard";
+    case PCS__V1__STRATEGY__STRATEGY_SHARD_GRAD_OP:
+        return "shard_grad_op";
+    case PCS__V1__STRATEGY__STRATEGY_NO_SHARD:
+        return "no_shard";
+    case PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD:
+        return "hybrid_shard";
+    case PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2:
+        return "hybrid_shard_zero2";
+    default:
+        return "?";
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// mesh and strategy
+
+static void resolve_mesh(ctx_t *c, uint32_t world_size)
+{
+    const Pcs__V1__JobSpec *s = c->spec;
+    uint32_t size[4] = {0, 1, 1, 1};
+    bool seen[4] = {false, false, false, false};
+    bool bad = false;
+    for (size_t i = 0; i < s->n_mesh; i++) {
+        const Pcs__V1__MeshDim *d = s->mesh[i];
+        int dim = d ? (int)d->dim : 0;
+        if (dim < 1 || dim > 3) {
+            pcs_errlist_add(&c->errs, "mesh[%zu].dim: required (pp, dp_replicate or dp_shard)", i);
+            bad = true;
+            continue;
+        }
+        if (seen[dim]) {
+            pcs_errlist_add(&c->errs, "mesh[%zu].dim: %s given twice", i,
+                            dim_name((Pcs__V1__MeshDimName)dim));
+            bad = true;
+            continue;
+        }
+        if (d->size < 1) {
+            pcs_errlist_add(&c->errs, "mesh[%zu].size: must be >= 1", i);
+            bad = true;
+        }
+        seen[dim] = true;
+        size[dim] = d->size ? d->size : 1;
+        c->order[c->n_order++] = (Pcs__V1__MeshDimName)dim;
+    }
+    /* dims not given have size 1; appended in torchtitan's default order (pp, dp_replicate,
+     * dp_shard) so that dp_shard, when it absorbs the world size, is innermost */
+    for (int dim = 1; dim <= 3; dim++)
+        if (!seen[dim])
+            c->order[c->n_order++] = (Pcs__V1__MeshDimName)dim;
+    if (bad)
+        return;
+    uint64_t prod = (uint64_t)size[1] * size[2] * size[3];
+    if (prod > UINT32_MAX) {
+        pcs_errlist_add(&c->errs, "mesh: product of sizes exceeds 2^32");
+        return;
+    }
+    uint32_t ws = world_size ? world_size : (uint32_t)prod;
+    if (ws != prod) {
+        uint64_t base = (uint64_t)size[1] * size[2];
+        if (ws % base) {
+            pcs_errlist_add(&c->errs,
+                            "mesh: world size %u is not a multiple of pp x dp_replicate = %llu", ws,
+                            (unsigned long long)base);
+            return;
+        }
+        note(c, "mesh: dp_shard %u -> %llu to fit world size %u", size[3],
+             (unsigned long long)(ws / base), ws);
+        size[3] = (uint32_t)(ws / base);
+    }
+    c->ws = ws;
+    c->pp = size[1];
+    c->rep = size[2];
+    c->shard = size[3];
+    c->dp = c->rep * c->shard;
+}
+
+static void resolve_strategy(ctx_t *c)
+{
+    int s = (int)c->spec->strategy;
+    if (s < 0 || s > PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2) {
+        pcs_errlist_add(&c->errs, "strategy: unknown value %d", s);
+        return;
+    }
+    c->req = s ? (Pcs__V1__Strategy)s : PCS__V1__STRATEGY__STRATEGY_FULL_SHARD;
+    c->eff = c->req;
+    if (!c->ws)
+        return;
+    switch (c->req) {
+    case PCS__V1__STRATEGY__STRATEGY_FULL_SHARD:
+    case PCS__V1__STRATEGY__STRATEGY_SHARD_GRAD_OP:
+        if (c->rep > 1) {
+            /* FSDP2: a 2-D (replicate, shard) mesh means HSDP */
+            Pcs__V1__Strategy h = c->req == PCS__V1__STRATEGY__STRATEGY_FULL_SHARD
+                                      ? PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD
+                                      : PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2;
+            note(c, "strategy: %s on a mesh with dp_replicate=%u runs as %s (FSDP2 2-D mesh)",
+                 strategy_name(c->req), c->rep, strategy_name(h));
+            c->eff = h;
+            c->group = c->shard;
+            c->ar_size = c->rep;
+            break;
+        }
+        c->group = c->shard;
+        c->ar_size = 1;
+        break;
+    case PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD:
+    case PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2:
+        c->group = c->shard;
+        c->ar_size = c->rep;
+        if (c->rep == 1)
+            note(c, "strategy: %s with dp_replicate=1 has no replicas (no all-reduce)",
+                 strategy_name(c->req));
+        break;
+    default: /* NO_SHARD */
+        c->group = 1;
+        c->ar_size = c->dp;
+        break;
+    }
+    if (c->group == 1 && c->req != PCS__V1__STRATEGY__STRATEGY_NO_SHARD) {
+        /* FSDP1 _init_core_state: a shard group of one rank runs NO_SHARD. pcs all-reduces over
+         * every data-parallel rank (PyTorch would all-reduce over the size-1 group only). */
+        note(c, "strategy: %s with a shard group of 1 runs as no_shard", strategy_name(c->req));
+        c->eff = PCS__V1__STRATEGY__STRATEGY_NO_SHARD;
+        c->ar_size = c->dp;
+    }
+    const Pcs__V1__TrainingSpec *t = c->spec->training;
+    if (t && t->gradient_divide_factor) {
+        double f = t->gradient_divide_factor->value;
+        if (!isfinite(f) || !(f > 0))
+            pcs_errlist_add(&c->errs, "training.gradient_divide_factor: must be finite and > 0");
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// precision validation and override matching
+
+static void check_dtype(ctx_t *c, int dt, const char *path)
+{
+    if (dt == 0)
+        return;
+    if (dt < 0 || dt >= PCS_DTYPE_COUNT)
+        pcs_errlist_add(&c->errs, "%s: unknown dtype %d", path, dt);
+    else if (!pcs_dtype_is_float((pcs_dtype_t)dt))
+        pcs_errlist_add(&c->errs, "%s: %s is not a floating dtype", path,
+                        pcs_dtype_name((pcs_dtype_t)dt));
+}
+
+static void check_precision(ctx_t *c)
+{
+    const Pcs__V1__PrecisionSpec *p = c->spec->precision;
+    if (!p)
+        return;
+    check_dtype(c, p->param_dtype, "precision.param_dtype");
+    check_dtype(c, p->reduce_dtype, "precision.reduce_dtype");
+    check_dtype(c, p->buffer_dtype, "precision.buffer_dtype");
+    check_dtype(c, p->output_dtype, "precision.output_dtype");
+    check_dtype(c, p->master_dtype, "precision.master_dtype");
+    char path[96];
+    for (size_t i = 0; i < p->n_overrides; i++) {
+        const Pcs__V1__PrecisionOverride *o = p->overrides[i];
+        const Pcs__V1__OverrideMatch *mt = o->match;
+        if (!mt || ((!mt->module_class || !*mt->module_class) && (!mt->path || !*mt->path)))
+            pcs_errlist_add(&c->errs,
+                            "precision.overrides[%zu].match: required (module_class "
+                            "or path)",
+                            i);
+#define CHK(f)                                                                                     \
+    snprintf(path, sizeof path, "precision.overrides[%zu]." #f, i);                                \
+    check_dtype(c, o->f, path)
+        CHK(param_dtype);
+        CHK(reduce_dtype);
+        CHK(buffer_dtype);
+        CHK(output_dtype);
+#undef CHK
+    }
+}
+
+static bool override_matches(const Pcs__V1__PrecisionOverride *o, const pcs_model_module_t *mod)
+{
+    const Pcs__V1__OverrideMatch *mt = o->match;
+    if (!mt)
+        return false;
+    bool has_cls = mt->module_class && *mt->module_class;
+    bool has_path = mt->path && *mt->path;
+    if (!has_cls && !has_path)
+        return false;
+    if (has_cls && strcmp(mt->module_class, mod->cls) != 0)
+        return false;
+    if (has_path) {
+        size_t n = strlen(mt->path);
+        if (mt->path[n - 1] == '*') {
+            if (strncmp(mod->path, mt->path, n - 1) != 0)
+                return false;
+        } else if (strcmp(mt->path, mod->path) != 0) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static bool override_is_prefix(const Pcs__V1__PrecisionOverride *o)
+{
+    const char *p = o->match ? o->match->path : NULL;
+    return p && *p && p[strlen(p) - 1] == '*';
+}
+
+// ----------------------------------------------------------------------------------------------
+// units: FSDP1 _recursive_wrap over the tree, iteratively (explicit trees may be deep)
+
+static bool class_in(const char *cls, char *const *list, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (list[i] && strcmp(list[i], cls) == 0)
+            return true;
+    return false;
+}
+
+static void select_units(ctx_t *c)
+{
+    pcs_model_t *m = c->m;
+    const Pcs__V1__WrapSpec *w = c->spec->wrap;
+    const Pcs__V1__PrecisionSpec *prec = c->spec->precision;
+    uint32_t n = m->n_modules;
+
+    /* ignored classes: default the BatchNorms; [none] disables */
+    static char *const default_ignored[] = {"BatchNorm1d", "BatchNorm2d", "BatchNorm3d"};
+    char *const *ign = default_ignored;
+    size_t n_ign = 3;
+    if (w && w->n_ignored_module_classes) {
+        ign = w->ignored_module_classes;
+        n_ign = w->n_ignored_module_classes;
+        for (size_t i = 0; i < n_ign; i++)
+            if (ign[i] && strcasecmp(ign[i], "none") == 0)
+                n_ign = 0;
+    }
+    uint32_t n_ignored = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (class_in(m->modules[i].cls, ign, n_ign)) {
+            c->ignored[i] = 1;
+            n_ignored++;
+        }
+    if (n_ignored)
+        note(c,
+             "wrap: %u module(s) of ignored classes are their own units with mixed precision "
+             "off",
+             n_ignored);
+
+    /* overrides: a unit's flat buffer has one policy, so a matched module becomes a unit */
+    uint32_t n_promoted = 0;
+    for (size_t o = 0; prec && o < prec->n_overrides; o++) {
+        const Pcs__V1__PrecisionOverride *ov = prec->overrides[o];
+        bool prefix = override_is_prefix(ov);
+        uint32_t hits = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            if (!override_matches(ov, &m->modules[i]))
+                continue;
+            hits++;
+            if (i == 0)
+                continue;
+            /* a prefix match promotes only the topmost matched modules */
+            if (prefix && override_matches(ov, &m->modules[m->modules[i].parent]))
+                continue;
+            if (!c->promoted[i] && !c->ignored[i])
+                n_promoted++;
+            c->promoted[i] = 1;
+        }
+        if (!hits)
+            note(c, "precision.overrides[%zu]: matches no module", o);
+    }
+    if (n_promoted)
+        note(c, "precision.overrides: %u module(s) made their own units", n_promoted);
+
+    int policy = w ? (int)w->policy_case : 0;
+    uint64_t min_params = 0;
+    if (policy == PCS__V1__WRAP_SPEC__POLICY_SIZE_BASED) {
+        min_params = w->size_based ? w->size_based->min_num_params : 0;
+        if (min_params < 1) {
+            pcs_errlist_add(&c->errs, "wrap.size_based.min_num_params: must be >= 1");
+            return;
+        }
+    }
+    uint8_t *explicit_set = NULL;
+    if (policy == PCS__V1__WRAP_SPEC__POLICY_EXPLICIT) {
+        if (pcs_calloc(n, 1, (void **)&explicit_set) != PCS_OK) {
+            c->oom = true;
+            return;
+        }
+        const Pcs__V1__ExplicitWrap *ew = w->explicit_;
+        for (size_t i = 0; ew && i < ew->n_paths; i++) {
+            int32_t mi = pcs_model_find(m, ew->paths[i] ? ew->paths[i] : "");
+            if (mi < 0)
+                pcs_errlist_add(&c->errs, "wrap.explicit.paths[%zu]: no module '%s'", i,
+                                ew->paths[i] ? ew->paths[i] : "");
+            else
+                explicit_set[mi] = 1;
+        }
+    }
+    bool individual = false;
+    for (uint32_t i = 1; i < n && !individual; i++)
+        individual = c->ignored[i] || c->promoted[i];
+
+    /* recurse(i): FSDP1 recurses into a module's children iff the policy says so for it */
+    uint8_t *visit = NULL;
+    uint64_t *ret = NULL;
+    if (pcs_calloc(n, 1, (void **)&visit) != PCS_OK ||
+        pcs_calloc(n, sizeof *ret, (void **)&ret) != PCS_OK) {
+        c->oom = true;
+        goto out;
+    }
+    uint8_t *recurse = c->wrapped; /* scratch until the bottom-up pass overwrites it */
+    for (uint32_t i = 0; i < n; i++) {
+        const pcs_model_module_t *mod = &m->modules[i];
+        bool r;
+        if (policy == PCS__V1__WRAP_SPEC__POLICY_SIZE_BASED)
+            r = mod->subtree_numel >= min_params && strcmp(mod->cls, "MultiheadAttention") != 0;
+        else
+            r = policy != 0; /* module_class and explicit policies always recurse */
+        recurse[i] = r || individual;
+        visit[i] = i == 0 || (visit[mod->parent] && recurse[mod->parent]);
+    }
+    /* bottom-up: remainder = subtree - wrapped children; wrap if the policy says so */
+    for (uint32_t i = n; i-- > 0;) {
+        const pcs_model_module_t *mod = &m->modules[i];
+        bool wrap = false;
+        if (visit[i] && recurse[i]) {
+            uint64_t wrapped_numel = ret[i]; /* children added their returns here */
+            uint64_t rem = mod->subtree_numel - wrapped_numel;
+            if (i != 0) {
+                if (c->ignored[i] || c->promoted[i])
+                    wrap = true;
+                else if (policy == PCS__V1__WRAP_SPEC__POLICY_SIZE_BASED)
+                    wrap = rem >= min_params && strcmp(mod->cls, "ModuleList") != 0 &&
+                           strcmp(mod->cls, "ModuleDict") != 0;
+                else if (policy == PCS__V1__WRAP_SPEC__POLICY_MODULE_CLASS)
+                    wrap = w->module_class &&
+                           class_in(mod->cls, w->module_class->classes, w->module_class->n_classes);
+                else if (policy == PCS__V1__WRAP_SPEC__POLICY_EXPLICIT)
+                    wrap = explicit_set[i];
+            }
+            ret[i] = wrap ? mod->subtree_numel : wrapped_numel;
+        } else {
+            ret[i] = 0;
+        }
+        if (i)
+            ret[mod->parent] += ret[i];
+        c->wrapped[i] = wrap;
+    }
+out:
+    free(visit);
+    free(ret);
+    free(explicit_set);
+}
+
+// ----------------------------------------------------------------------------------------------
+// pipeline layers and stages
+
+static void find_layers(ctx_t *c)
+{
+    pcs_model_t *m = c->m;
+    c->container = 0;
+    for (uint32_t i = 1; i < m->n_modules; i++) {
+        const char *cls = m->modules[i].cls;
+        if ((strcmp(cls, "ModuleList") == 0 || strcmp(cls, "Sequential") == 0 ||
+             strcmp(cls, "ModuleDict") == 0) &&
+            m->modules[i].subtree_end > i + 1) {
+            c->container = (int32_t)i;
+            break;
+        }
+    }
+    c->nlayers = 0;
+    for (uint32_t i = (uint32_t)c->container + 1; i < m->modules[c->container].subtree_end;
+         i = m->modules[i].subtree_end)
+        c->nlayers++;
+}
+
+static void assign_stages(ctx_t *c)
+{
+    pcs_model_t *m = c->m;
+    const Pcs__V1__PipelineSpec *ps = c->spec->pipeline;
+    c->vstages = ps && ps->virtual_stages ? ps->virtual_stages : 1;
+    if (c->pp == 1 && c->vstages > 1) {
+        note(c, "pipeline.virtual_stages: %u ignored without a pp mesh dimension", c->vstages);
+        c->vstages = 1;
+    }
+    uint64_t S = (uint64_t)c->pp * c->vstages;
+    if (S > c->nlayers && S > 1) {
+        pcs_errlist_add(&c->errs,
+                        "mesh: pp=%u x pipeline.virtual_stages=%u = %llu stages need at least "
+                        "as many layers; the model has %u (children of '%s')",
+                        c->pp, c->vstages, (unsigned long long)S, c->nlayers,
+                        m->modules[c->container].path);
+        return;
+    }
+    c->nstages = (uint32_t)S;
+    uint32_t cont = (uint32_t)c->container, L = c->nlayers;
+    uint32_t layer = 0;
+    for (uint32_t i = 0; i < m->n_modules; i++) {
+        uint32_t st;
+        if (S <= 1)
+            st = 0;
+        else if (i <= cont)
+            st = 0; /* the container, its ancestors and everything before it */
+        else if (i >= m->modules[cont].subtree_end)
+            st = (uint32_t)S - 1; /* after the layers (final norm, head) */
+        else {
+            if ((uint32_t)m->modules[i].parent == cont && i != cont + 1)
+                layer++;
+            /* stage s holds layers [floor(s L / S), floor((s+1) L / S)) */
+            st = (uint32_t)((uint64_t)layer * S / L);
+            while (st > 0 && (uint64_t)st * L / S > layer)
+                st--;
+            while (st + 1 < S && (uint64_t)(st + 1) * L / S <= layer)
+                st++;
+        }
+        c->stage_of[i] = st;
+    }
+}
+
+// ----------------------------------------------------------------------------------------------
+// unit list and region assignment
+
+static pcs_status_t build_units(ctx_t *c)
+{
+    pcs_model_t *m = c->m;
+    uint32_t n = m->n_modules, S = c->nstages ? c->nstages : 1;
+    uint32_t nw = 0;
+    for (uint32_t i = 1; i < n; i++)
+        nw += c->wrapped[i];
+    PCS_CHECK(pcs_calloc((size_t)nw + S, sizeof *c->units, (void **)&c->units));
+    PCS_CHECK(pcs_calloc(S, sizeof *c->stage_root, (void **)&c->stage_root));
+    /* a wrapped module must lie inside one stage */
+    if (S > 1) {
+        for (uint32_t i = 1; i < n; i++)
+            if (c->wrapped[i] && pcs_model_contains(m, i, (uint32_t)c->container))
+                pcs_errlist_add(&c->errs,
+                                "wrap: unit '%s' contains the pipeline layers of '%s' and would "
+                                "span stages; wrap the layers or modules inside them",
+                                m->modules[i].path, m->modules[c->container].path);
+        if (c->errs.count)
+            return PCS_ERR_INVALID_ARG;
+    }
+    /* stage-major, then preorder: bucket the wrapped modules by stage */
+    uint32_t *cnt = NULL;
+    PCS_CHECK(pcs_calloc((size_t)S + 1, sizeof *cnt, (void **)&cnt));
+    for (uint32_t i = 1; i < n; i++)
+        if (c->wrapped[i])
+            cnt[c->stage_of[i] + 1]++;
+    uint32_t pos = 0;
+    for (uint32_t s = 0; s < S; s++) {
+        uint32_t k = cnt[s + 1];
+        cnt[s] = pos + 1; /* first slot after the stage root */
+        c->stage_root[s] = pos;
+        c->units[pos] = (unit_b_t){0, s, true, false};
+        pos += 1 + k;
+    }
+    c->nunits = pos;
+    for (uint32_t i = 1; i < n; i++)
+        if (c->wrapped[i]) {
+            uint32_t s = c->stage_of[i];
+            c->units[cnt[s]++] = (unit_b_t){i, s, false, c->ignored[i] != 0};
+        }
+    free(cnt);
+    /* region: nearest wrapped ancestor-or-self, else the root unit of the module's stage
+     * (preorder: a parent is assigned before its children) */
+    c->unit_of[0] = (int32_t)c->stage_root[c->stage_of[0]];
+    for (uint32_t k = 0; k < c->nunits; k++)
+        if (!c->units[k].is_root)
+            c->unit_of[c->units[k].root] = (int32_t)k;
+    for (uint32_t i = 1; i < n; i++) {
+        if (c->wrapped[i])
+            continue;
+        int32_t u = c->unit_of[m->modules[i].parent];
+        if (c->units[u].is_root)
+            u = (int32_t)c->stage_root[c->stage_of[i]];
+        c->unit_of[i] = u;
+    }
+    return PCS_OK;
+}
+
+// ----------------------------------------------------------------------------------------------
+// per-unit precision
+
+static pcs_status_t unit_precision(ctx_t *c, const unit_b_t *ub, pcs_dtype_t master,
+                                   pcs_precision_t *out)
+{
+    const Pcs__V1__PrecisionSpec *p = c->spec->precision;
+    const pcs_model_module_t *mod = &c->m->modules[ub->root];
+    pcs_precision_in_t in = {
+        .master = master, .cast_forward_inputs = true, .mixed_precision = !ub->ignored};
+    if (p) {
+        in.param = (pcs_dtype_t)p->param_dtype;
+        in.reduce = (pcs_dtype_t)p->reduce_dtype;
+        in.buffer = (pcs_dtype_t)p->buffer_dtype;
+        in.output = (pcs_dtype_t)p->output_dtype;
+        if (p->cast_forward_inputs)
+            in.cast_forward_inputs = p->cast_forward_inputs->value;
+        if (p->keep_low_precision_grads)
+            in.keep_low_precision_grads = p->keep_low_precision_grads->value;
+        for (size_t i = 0; i < p->n_overrides; i++) {
+            const Pcs__V1__PrecisionOverride *o = p->overrides[i];
+            if (!override_matches(o, mod))
+                continue;
+            if (o->param_dtype)
+                in.param = (pcs_dtype_t)o->param_dtype;
+            if (o->reduce_dtype)
+                in.reduce = (pcs_dtype_t)o->reduce_dtype;
+            if (o->buffer_dtype)
+                in.buffer = (pcs_dtype_t)o->buffer_dtype;
+            if (o->output_dtype)
+                in.output = (pcs_dtype_t)o->output_dtype;
+            if (o->cast_forward_inputs)
+                in.cast_forward_inputs = o->cast_forward_inputs->value;
+            if (o->keep_low_precision_grads)
+                in.keep_low_precision_grads = o->keep_low_precision_grads->value;
+            if (o->full_precision)
+                in.mixed_precision = false;
+        }
+    }
+    pcs_plan_resolve_precision(&in, out);
+    return PCS_OK;
+}
+
+// ----------------------------------------------------------------------------------------------
+// plan message assembly
+
+typedef struct pkey {
+    uint32_t unit, key, p;
+} pkey_t;
+
+static int pkey_cmp(const void *a, const void *b)
+{
+    const pkey_t *x = a, *y = b;
+    if (x->unit != y->unit)
+        return x->unit < y->unit ? -1 : 1;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return x->p < y->p ? -1 : (x->p > y->p);
+}
+
+static Pcs__V1__CollectiveSpec *coll(ctx_t *c, Pcs__V1__CollKind kind, Pcs__V1__Phase phase,
+                                     pcs_dtype_t dt, Pcs__V1__GroupKind g, uint32_t gsize,
+                                     uint64_t count)
+{
+    Pcs__V1__CollectiveSpec *cs;
+    NEW_MSG(c, cs, pcs__v1__collective_spec__init);
+    if (!cs)
+        return NULL;
+    cs->kind = kind;
+    cs->phase = phase;
+    cs->dtype = (Pcs__V1__DType)dt;
+    cs->group = g;
+    cs->group_size = gsize;
+    cs->count = count;
+    return cs;
+}
+
+static void add_coll(ctx_t *c, Pcs__V1__Unit *u, Pcs__V1__CollectiveSpec *cs)
+{
+    if (cs)
+        u->collectives[u->n_collectives++] = cs;
+}
+
+static Pcs__V1__Reduction *reduction(ctx_t *c, Pcs__V1__ReduceOp op, double pre, double post,
+                                     double premul)
+{
+    Pcs__V1__Reduction *r;
+    NEW_MSG(c, r, pcs__v1__reduction__init);
+    if (!r)
+        return NULL;
+    r->op = op;
+    r->pre_divide = pre;
+    r->post_divide = post;
+    r->premul = premul;
+    return r;
+}
+
+/* training.gradient_divide_factor (FSDP2 set_gradient_divide_factor); 0 = unset (the dp size).
+ * Checked in check_divide_factor. */
+static double grad_divide_factor(const ctx_t *c)
+{
+    const Pcs__V1__TrainingSpec *t = c->spec->training;
+    return t && t->gradient_divide_factor ? t->gradient_divide_factor->value : 0;
+}
+
+/* Fill the unit's message (params, buffers, layout, precision, strategy, collectives). */
+static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const uint32_t *mods,
+                      size_t nmods, const uint32_t *bufs, size_t nbufs, Pcs__V1__Unit *u)
+{
+    const pcs_model_t *m = c->m;
+    const unit_b_t *ub = &c->units[k];
+    const pcs_model_module_t *root = &m->modules[ub->root];
+    const Pcs__V1__PrecisionSpec *ps = c->spec->precision;
+    u->index = k;
+    u->path = dupstr(c, root->path);
+    u->module_class = dupstr(c, root->cls);
+    u->is_root = ub->is_root;
+    u->stage = ub->stage;
+    u->shard_group_size = c->group;
+
+    /* master dtype: precision.master_dtype converts the model (model.half()); else the
+     * parameters' own dtype, which must be uniform in a flat buffer */
+    pcs_dtype_t master = ps && ps->master_dtype ? (pcs_dtype_t)ps->master_dtype : PCS_DTYPE_NONE;
+    if (!master) {
+        for (size_t i = 0; i < npk; i++) {
+            pcs_dtype_t d = m->params[pk[i].p].dtype;
+            if (!master) {
+                master = d;
+            } else if (d != master) {
+                pcs_errlist_add(&c->errs,
+                                "model: unit '%s' mixes %s and %s parameters ('%s'); a flat "
+                                "buffer has one dtype: set precision.master_dtype or wrap them "
+                                "apart",
+                                root->path, pcs_dtype_name(master), pcs_dtype_name(d),
+                                m->params[pk[i].p].fqn);
+                break;
+            }
+        }
+        if (!master)
+            master = PCS_DTYPE_FP32;
+    }
+    pcs_precision_t pr;
+    unit_precision(c, ub, master, &pr);
+    u->mixed_precision = pr.mixed_precision;
+    u->master_dtype = (Pcs__V1__DType)pr.master;
+    u->param_dtype = (Pcs__V1__DType)pr.compute;
+    u->reduce_dtype = (Pcs__V1__DType)pr.reduce;
+    u->grad_dtype = (Pcs__V1__DType)pr.grad;
+    u->accum_dtype = (Pcs__V1__DType)pr.accum;
+    u->buffer_dtype = (Pcs__V1__DType)pr.buffer;
+    u->output_dtype = (Pcs__V1__DType)pr.output;
+    u->cast_forward_inputs = pr.cast_forward_inputs;
+    u->keep_low_precision_grads = pr.keep_low_precision_grads;
+
+    /* modules */
+    u->modules = calloc(nmods ? nmods : 1, sizeof *u->modules);
+    if (!u->modules)
+        c->oom = true;
+    for (size_t i = 0; u->modules && i < nmods; i++) {
+        char *s = NULL;
+        if (pcs_strdup(m->modules[mods[i]].path, &s) != PCS_OK) {
+            c->oom = true;
+            break;
+        }
+        u->modules[u->n_modules++] = s;
+    }
+
+    /* layout: FSDP1 use_orig_params=True alignment in the compute dtype */
+    uint64_t align = 16 / pcs_dtype_size(pr.compute);
+    u->align_numel = align;
+    uint64_t off = 0, numel = 0;
+    bool trainable = false;
+    u->params = calloc(npk ? npk : 1, sizeof *u->params);
+    if (!u->params)
+        c->oom = true;
+    for (size_t i = 0; u->params && i < npk; i++) {
+        const pcs_model_tensor_t *t = &m->params[pk[i].p];
+        if (i > 0 && off % align)
+            off += align - off % align;
+        Pcs__V1__ParamSlot *ps2;
+        NEW_MSG(c, ps2, pcs__v1__param_slot__init);
+        if (!ps2)
+            break;
+        ps2->fqn = dupstr(c, t->fqn);
+        ps2->shape = calloc(t->ndim ? t->ndim : 1, sizeof *ps2->shape);
+        if (ps2->shape) {
+            memcpy(ps2->shape, t->shape, t->ndim * sizeof *ps2->shape);
+            ps2->n_shape = t->ndim;
+        } else {
+            c->oom = true;
+        }
+        ps2->numel = t->numel;
+        ps2->offset = off;
+        ps2->dtype = (Pcs__V1__DType)pr.master;
+        ps2->frozen = t->frozen;
+        trainable |= !t->frozen;
+        u->params[u->n_params++] = ps2;
+        numel += t->numel; /* <= off, so it wraps only when off does (an error) */
+        /* the validator caps sizes, but the planner does not rely on it (unvalidated specs,
+         * mlp weights up to (2^32-1)^2): a wrapping offset is an error, not a small layout */
+        if (__builtin_add_overflow(off, t->numel, &off) || off > (1ull << 62)) {
+            pcs_errlist_add(&c->errs, "model: unit '%s' has more than 2^62 elements", root->path);
+            break;
+        }
+    }
+    uint64_t G = c->group ? c->group : 1;
+    u->numel = numel;
+    u->flat_numel = off;
+    u->padded_numel = (off + G - 1) / G * G;
+    u->shard_numel = u->padded_numel / G;
+
+    /* buffers: never sharded; floating ones run in buffer_dtype when mixed precision is on */
+    u->buffers = calloc(nbufs ? nbufs : 1, sizeof *u->buffers);
+    if (!u->buffers)
+        c->oom = true;
+    for (size_t i = 0; u->buffers && i < nbufs; i++) {
+        const pcs_model_tensor_t *t = &m->buffers[bufs[i]];
+        Pcs__V1__BufferSlot *bs;
+        NEW_MSG(c, bs, pcs__v1__buffer_slot__init);
+        if (!bs)
+            break;
+        bs->fqn = dupstr(c, t->fqn);
+        bs->shape = calloc(t->ndim ? t->ndim : 1, sizeof *bs->shape);
+        if (bs->shape) {
+            memcpy(bs->shape, t->shape, t->ndim * sizeof *bs->shape);
+            bs->n_shape = t->ndim;
+        } else {
+            c->oom = true;
+        }
+        bs->numel = t->numel;
+        bs->dtype = (Pcs__V1__DType)t->dtype;
+        bs->run_dtype =
+            (Pcs__V1__DType)(pr.buffer && pcs_dtype_is_float(t->dtype) ? pr.buffer : t->dtype);
+        u->buffers[u->n_buffers++] = bs;
+    }
+
+    /* resharding: root kept after forward; reshard_after_forward overrides the strategy for
+     * the other units; shard_grad_op keeps params across no-sync micro-batches */
+    bool sharded = c->eff != PCS__V1__STRATEGY__STRATEGY_NO_SHARD;
+    bool zero2 = c->eff == PCS__V1__STRATEGY__STRATEGY_SHARD_GRAD_OP ||
+                 c->eff == PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2;
+    const Pcs__V1__ReshardAfterForward *raf = c->spec->reshard_after_forward;
+    bool r = sharded && !zero2;
+    uint32_t rgroup = 0;
+    if (raf && raf->value_case == PCS__V1__RESHARD_AFTER_FORWARD__VALUE_ENABLED)
+        r = raf->enabled;
+    else if (raf && raf->value_case == PCS__V1__RESHARD_AFTER_FORWARD__VALUE_GROUP_SIZE) {
+        uint32_t gsz = raf->group_size;
+        r = gsz > 1; /* n == 1 behaves as False */
+        if (gsz > 1 && gsz < c->group)
+            rgroup = gsz;
+    }
+    if (!sharded || ub->is_root)
+        r = false, rgroup = 0;
+    u->reshard_after_forward = r;
+    u->reshard_group_size = rgroup;
+    u->reshard_after_backward = sharded && !zero2;
+
+    /* collectives, in issue order */
+    bool has_params = u->n_params > 0;
+    u->collectives = calloc(4, sizeof *u->collectives);
+    if (!u->collectives) {
+        c->oom = true;
+        return;
+    }
+    if (!has_params)
+        return;
+    pcs_dtype_t ag = pr.compute;
+    if (c->group > 1) {
+        add_coll(c, u,
+                 coll(c, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER, PCS__V1__PHASE__PHASE_FORWARD,
+                      ag, PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, c->group, u->shard_numel));
+        if (r) {
+            if (rgroup)
+                add_coll(c, u,
+                         coll(c, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER,
+                              PCS__V1__PHASE__PHASE_BACKWARD, ag,
+                              PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD, rgroup,
+                              u->padded_numel / rgroup));
+            else
+                add_coll(c, u,
+                         coll(c, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER,
+                              PCS__V1__PHASE__PHASE_BACKWARD, ag,
+                              PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, c->group, u->shard_numel));
+        }
+    }
+    if (!trainable)
+        return;
+    uint32_t rs = c->group > 1 ? c->group : 1;
+    uint32_t ar = c->ar_size;
+    Pcs__V1__ReduceOp rs_op, ar_op;
+    double premul, pre, post;
+    pcs_plan_reduce_ops(pr.reduce, rs, ar, grad_divide_factor(c), false, &rs_op, &ar_op, &premul,
+                        &pre, &post);
+    if (rs <= 1 && ar <= 1) {
+        /* World of one: no collective, but FSDP2 foreach_reduce still divides the local gradient
+         * by a custom factor (world_size 1 branch; spec §4.2). Unset factor: nothing to do. */
+        if (premul > 0 || pre != 1 || post != 1)
+            u->local_reduction = reduction(c, rs_op, pre, post, premul);
+        return;
+    }
+    if (rs > 1) {
+        Pcs__V1__CollectiveSpec *cs =
+            coll(c, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER, PCS__V1__PHASE__PHASE_STEP,
+                 pr.reduce, PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, rs, u->shard_numel);
+        if (cs)
+            cs->reduction = reduction(c, rs_op, pre, ar > 1 ? 1 : post, premul);
+        add_coll(c, u, cs);
+    }
+    if (ar > 1) {
+        bool hsdp = rs > 1;
+        Pcs__V1__CollectiveSpec *cs = coll(
+            c, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, PCS__V1__PHASE__PHASE_STEP, pr.reduce,
+            hsdp ? PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE : PCS__V1__GROUP_KIND__GROUP_KIND_DP,
+            ar, hsdp ? u->shard_numel : u->padded_numel);
+        /* No shard group: the size-1 RS leg is local (its PREMUL_SUM(1/factor) multiplies each
+         * contribution on the way into the all-reduce, as foreach_reduce divides before it). */
+        if (cs)
+            cs->reduction =
+                hsdp ? reduction(c, ar_op, 1, post, 0)
+                     : reduction(c,
+                                 rs_op == PCS__V1__REDUCE_OP__REDUCE_OP_PREMUL_SUM ? rs_op : ar_op,
+                                 pre, post, premul);
+        add_coll(c, u, cs);
+    }
+}
+
+static void add_group(ctx_t *c, Pcs__V1__Plan *p, Pcs__V1__GroupKind kind, uint32_t size,
+                      const Pcs__V1__MeshDimName *dims, size_t ndims)
+{
+    Pcs__V1__GroupSpec *g;
+    NEW_MSG(c, g, pcs__v1__group_spec__init);
+    if (!g)
+        return;
+    g->kind = kind;
+    g->size = size;
+    g->count = size ? c->ws / size : 0;
+    g->dims = calloc(ndims ? ndims : 1, sizeof *g->dims);
+    if (g->dims) {
+        memcpy(g->dims, dims, ndims * sizeof *dims);
+        g->n_dims = ndims;
+    } else {
+        c->oom = true;
+    }
+    p->groups[p->n_groups++] = g;
+}
+
+static uint32_t optimizer_states(const Pcs__V1__JobSpec *s)
+{
+    const Pcs__V1__OptimizerSpec *o = s->training ? s->training->optimizer : NULL;
+    if (!o)
+        return 0;
+    if (o->kind_case == PCS__V1__OPTIMIZER_SPEC__KIND_ADAMW)
+        return 2; /* exp_avg, exp_avg_sq */
+    if (o->kind_case == PCS__V1__OPTIMIZER_SPEC__KIND_SGD) {
+        double mom = o->sgd && o->sgd->momentum ? o->sgd->momentum->value : 0.9;
+        return mom != 0 ? 1 : 0;
+    }
+    return 0;
+}
+
+static pcs_status_t assemble(ctx_t *c, Pcs__V1__Plan *p)
+{
+    pcs_model_t *m = c->m;
+    pcs_status_t rc = PCS_OK;
+    pkey_t *pk = NULL;
+    uint32_t *mods = NULL, *mstart = NULL, *bufs = NULL, *bstart = NULL, *pstart = NULL;
+    uint32_t nu = c->nunits;
+
+    /* parameters: unit of the home module (stage roots split the root region by stage), in
+     * order of first use (owner or alias) in module-tree order */
+    PCS_CHECK_GOTO(pcs_calloc(m->n_params + 1, sizeof *pk, (void **)&pk), rc, out);
+    for (uint32_t i = 0; i < m->n_params; i++) {
+        const pcs_model_tensor_t *t = &m->params[i];
+        int32_t u = c->unit_of[t->home];
+        if (c->units[u].is_root)
+            u = (int32_t)c->stage_root[c->stage_of[t->module]];
+        pk[i] = (pkey_t){(uint32_t)u, t->module, i};
+    }
+    for (uint32_t a = 0; a < m->n_aliases; a++) {
+        const pcs_model_alias_t *al = &m->aliases[a];
+        pkey_t *k = &pk[al->param];
+        if (al->module < k->key)
+            k->key = al->module;
+        if (c->nstages > 1 && c->stage_of[al->module] != c->stage_of[m->params[al->param].module])
+            pcs_errlist_add(&c->errs,
+                            "model: parameter '%s' is shared by '%s' across pipeline stages %u "
+                            "and %u (not supported)",
+                            m->params[al->param].fqn, al->fqn,
+                            c->stage_of[m->params[al->param].module], c->stage_of[al->module]);
+    }
+    qsort(pk, m->n_params, sizeof *pk, pkey_cmp);
+    PCS_CHECK_GOTO(pcs_calloc(nu + 1, sizeof *pstart, (void **)&pstart), rc, out);
+    for (uint32_t i = 0; i < m->n_params; i++)
+        pstart[pk[i].unit + 1]++;
+    for (uint32_t k = 0; k < nu; k++)
+        pstart[k + 1] += pstart[k];
+
+    /* modules and buffers bucketed by unit (stable: preorder) */
+    PCS_CHECK_GOTO(pcs_calloc(m->n_modules + 1, sizeof *mods, (void **)&mods), rc, out);
+    PCS_CHECK_GOTO(pcs_calloc(nu + 2, sizeof *mstart, (void **)&mstart), rc, out);
+    PCS_CHECK_GOTO(pcs_calloc(m->n_buffers + 1, sizeof *bufs, (void **)&bufs), rc, out);
+    PCS_CHECK_GOTO(pcs_calloc(nu + 2, sizeof *bstart, (void **)&bstart), rc, out);
+    for (uint32_t i = 0; i < m->n_modules; i++)
+        mstart[c->unit_of[i] + 2]++;
+    for (uint32_t i = 0; i < m->n_buffers; i++)
+        bstart[c->unit_of[m->buffers[i].module] + 2]++;
+    for (uint32_t k = 0; k < nu; k++) {
+        mstart[k + 2] += mstart[k + 1];
+        bstart[k + 2] += bstart[k + 1];
+    }
+    for (uint32_t i = 0; i < m->n_modules; i++)
+        mods[mstart[c->unit_of[i] + 1]++] = i;
+    for (uint32_t i = 0; i < m->n_buffers; i++)
+        bufs[bstart[c->unit_of[m->buffers[i].module] + 1]++] = i;
+
+    p->units = calloc(nu ? nu : 1, sizeof *p->units);
+    if (!p->units) {
+        rc = PCS_ERR_NOMEM;
+        goto out;
+    }
+    for (uint32_t k = 0; k < nu && !c->oom; k++) {
+        Pcs__V1__Unit *u;
+        NEW_MSG(c, u, pcs__v1__unit__init);
+        if (!u)
+            break;
+        p->units[p->n_units++] = u;
+        fill_unit(c, k, pk + pstart[k], pstart[k + 1] - pstart[k], mods + mstart[k],
+                  mstart[k + 1] - mstart[k], bufs + bstart[k], bstart[k + 1] - bstart[k], u);
+    }
+
+    /* pcs rule, explicit where PyTorch is silent: a unit that computes in another dtype than
+     * the unit around it hands its outputs back in the enclosing unit's compute dtype unless
+     * output_dtype is set. Without it an fp32 LayerNorm override inside a bf16 model feeds fp32
+     * activations into the next bf16 matmul ("mat1 and mat2 must have the same dtype" in
+     * PyTorch); FSDP2's documented fix is output_dtype = param_dtype on such a unit. */
+    for (uint32_t k = 0; k < p->n_units && !c->oom; k++) {
+        Pcs__V1__Unit *u = p->units[k];
+        if (u->is_root || u->output_dtype)
+            continue;
+        uint32_t parent = m->modules[c->units[k].root].parent;
+        const Pcs__V1__Unit *pu = p->units[c->unit_of[parent]];
+        if (pu->param_dtype != u->param_dtype) {
+            u->output_dtype = pu->param_dtype;
+            note(c,
+                 "unit %u '%s' computes in %s inside %s unit '%s': its outputs are cast to %s "
+                 "(set output_dtype to override)",
+                 k, u->path, pcs_dtype_name((pcs_dtype_t)u->param_dtype),
+                 pcs_dtype_name((pcs_dtype_t)pu->param_dtype), pu->path,
+                 pcs_dtype_name((pcs_dtype_t)pu->param_dtype));
+        }
+    }
+
+    /* stages */
+    uint32_t S = c->nstages ? c->nstages : 1;
+    p->stages = calloc(S, sizeof *p->stages);
+    if (!p->stages)
+        c->oom = true;
+    for (uint32_t s = 0; p->stages && s < S && !c->oom; s++) {
+        Pcs__V1__StageSpec *st;
+        NEW_MSG(c, st, pcs__v1__stage_spec__init);
+        if (!st)
+            break;
+        p->stages[p->n_stages++] = st;
+        st->stage = s;
+        st->pp_rank = s % c->pp;
+        st->first_layer = (uint32_t)((uint64_t)s * c->nlayers / S);
+        st->last_layer = (uint32_t)((uint64_t)(s + 1) * c->nlayers / S);
+        uint32_t first = c->stage_root[s];
+        uint32_t last = s + 1 < S ? c->stage_root[s + 1] : nu;
+        st->units = calloc(last - first + 1, sizeof *st->units);
+        if (!st->units) {
+            c->oom = true;
+            break;
+        }
+        for (uint32_t k = first; k < last; k++)
+            st->units[st->n_units++] = k;
+    }
+out:
+    free(pk);
+    free(pstart);
+    free(mods);
+    free(mstart);
+    free(bufs);
+    free(bstart);
+    if (rc == PCS_OK && c->oom)
+        rc = PCS_ERR_NOMEM;
+    return rc;
+}
+
+static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
+{
+    const Pcs__V1__JobSpec *s = c->spec;
+    p->version = PCS_PLAN_VERSION;
+    p->world_size = c->ws;
+    p->strategy = c->eff;
+    p->pp_size = c->pp;
+    p->replicate_size = c->rep;
+    p->shard_size = c->shard;
+    p->dp_size = c->dp;
+    p->reduce_dtype_rule = dupstr(c, PCS_PLAN_REDUCE_DTYPE_RULE);
+    p->prefetch = s->training && s->training->prefetch ? s->training->prefetch : 1;
+    p->virtual_stages = c->vstages;
+    p->micro_batches = s->training && s->training->micro_batches ? s->training->micro_batches : 1;
+    p->optimizer_states = optimizer_states(s);
+    p->layer_container = dupstr(c, c->m->modules[c->container].path);
+    p->num_layers = c->nlayers;
+
+    p->mesh = calloc(3, sizeof *p->mesh);
+    if (!p->mesh)
+        return PCS_ERR_NOMEM;
+    for (uint32_t i = 0; i < c->n_order; i++) {
+        Pcs__V1__MeshDim *d;
+        NEW_MSG(c, d, pcs__v1__mesh_dim__init);
+        if (!d)
+            return PCS_ERR_NOMEM;
+        d->dim = c->order[i];
+        d->size = d->dim == PCS__V1__MESH_DIM_NAME__MESH_DIM_PP             ? c->pp
+                  : d->dim == PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE ? c->rep
+                                                                            : c->shard;
+        p->mesh[p->n_mesh++] = d;
+    }
+
+    p->groups = calloc(6, sizeof *p->groups);
+    if (!p->groups)
+        return PCS_ERR_NOMEM;
+    const Pcs__V1__MeshDimName all[3] = {PCS__V1__MESH_DIM_NAME__MESH_DIM_PP,
+                                         PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE,
+                                         PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_SHARD};
+    add_group(c, p, PCS__V1__GROUP_KIND__GROUP_KIND_WORLD, c->ws, all, 3);
+    add_group(c, p, PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, c->shard, all + 2, 1);
+    add_group(c, p, PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE, c->rep, all + 1, 1);
+    add_group(c, p, PCS__V1__GROUP_KIND__GROUP_KIND_DP, c->dp, all + 1, 2);
+    add_group(c, p, PCS__V1__GROUP_KIND__GROUP_KIND_PP, c->pp, all, 1);
+    uint32_t rg = 0;
+    for (size_t k = 0; k < p->n_units && !rg; k++)
+        rg = p->units[k]->reshard_group_size;
+    if (rg)
+        add_group(c, p, PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD, rg, all + 2, 1);
+
+    /* notes become part of the plan (and of its hash) */
+    p->notes = c->notes;
+    p->n_notes = c->n_notes;
+    c->notes = NULL;
+    c->n_notes = 0;
+    if (c->oom)
+        return PCS_ERR_NOMEM;
+
+    /* estimate_max: ranks differ by their pp coordinate, and by their shard index only when a
+     * unit mixes frozen and trainable parameters (optimizer state covers the trainable
+     * elements of the rank's shard); walking the shard indices is then O(shard x units) */
+    NEW_MSG(c, p->estimate_max, pcs__v1__rank_estimate__init);
+    if (!p->estimate_max)
+        return PCS_ERR_NOMEM;
+    bool mixed = false;
+    for (size_t i = 0; i < p->n_units && !mixed; i++) {
+        const Pcs__V1__Unit *un = p->units[i];
+        bool fz = false, tr = false;
+        for (size_t j = 0; j < un->n_params; j++) {
+            fz |= un->params[j]->frozen;
+            tr |= !un->params[j]->frozen;
+        }
+        mixed = fz && tr;
+    }
+    uint32_t nshard = mixed ? c->shard : 1;
+    for (uint32_t k = 0; k < c->pp * nshard; k++) {
+        Pcs__V1__MeshCoords mc = PCS__V1__MESH_COORDS__INIT;
+        mc.pp = k / nshard;
+        mc.dp_shard = k % nshard;
+        uint32_t rank = pcs_plan_rank_of(p, &mc);
+        Pcs__V1__RankEstimate e;
+        PCS_CHECK(pcs_plan_rank_estimate(p, rank, &e));
+        Pcs__V1__RankEstimate *x = p->estimate_max;
+        if (k == 0 || e.total_bytes > x->total_bytes)
+            x->rank = rank;
+#define MAXF(f) x->f = e.f > x->f ? e.f : x->f
+        MAXF(param_shard_bytes);
+        MAXF(grad_shard_bytes);
+        MAXF(optimizer_bytes);
+        MAXF(peak_unsharded_bytes);
+        MAXF(all_gather_bytes);
+        MAXF(reduce_scatter_bytes);
+        MAXF(all_reduce_bytes);
+        MAXF(buffer_bytes);
+        MAXF(total_bytes);
+#undef MAXF
+    }
+    p->hash = pcs_plan_hash(p);
+    return PCS_OK;
+}
+
+// ----------------------------------------------------------------------------------------------
+
+static void check_reshard(ctx_t *c)
+{
+    const Pcs__V1__ReshardAfterForward *raf = c->spec->reshard_after_forward;
+    if (!raf || raf->value_case != PCS__V1__RESHARD_AFTER_FORWARD__VALUE_GROUP_SIZE || !c->ws)
+        return;
+    uint32_t n = raf->group_size;
+    if (n < 1) {
+        pcs_errlist_add(&c->errs, "reshard_after_forward.group_size: must be >= 1");
+    } else if (c->eff == PCS__V1__STRATEGY__STRATEGY_NO_SHARD) {
+        note(c, "reshard_after_forward: %u ignored (no_shard keeps parameters replicated)", n);
+    } else if (n > c->group || c->group % n) {
+        pcs_errlist_add(&c->errs,
+                        "reshard_after_forward.group_size: %u does not divide the shard group "
+                        "size %u",
+                        n, c->group);
+    } else if (n == 1) {
+        note(c, "reshard_after_forward: 1 behaves as false (FSDP2)");
+    } else if (n == c->group) {
+        note(c, "reshard_after_forward: %u = shard group size behaves as true", n);
+    }
+}
+
+pcs_status_t pcs_plan_build(const Pcs__V1__JobSpec *spec, uint32_t world_size, Pcs__V1__Plan **out)
+{
+    *out = NULL;
+    if (!spec)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "spec: required");
+    ctx_t c = {.spec = spec};
+    pcs_status_t rc = PCS_OK;
+    Pcs__V1__Plan *p = NULL;
+
+    resolve_mesh(&c, world_size);
+    resolve_strategy(&c);
+    check_reshard(&c);
+    check_precision(&c);
+    rc = pcs_model_expand_errs(spec, &c.errs, &c.m);
+    if (rc != PCS_OK && rc != PCS_ERR_INVALID_ARG)
+        goto out;
+    if (c.errs.count)
+        goto out;
+    uint32_t n = c.m->n_modules;
+    if (pcs_calloc(n, 1, (void **)&c.wrapped) != PCS_OK ||
+        pcs_calloc(n, 1, (void **)&c.ignored) != PCS_OK ||
+        pcs_calloc(n, 1, (void **)&c.promoted) != PCS_OK ||
+        pcs_calloc(n, sizeof *c.stage_of, (void **)&c.stage_of) != PCS_OK ||
+        pcs_calloc(n, sizeof *c.unit_of, (void **)&c.unit_of) != PCS_OK) {
+        rc = PCS_ERR_NOMEM;
+        goto out;
+    }
+    select_units(&c);
+    find_layers(&c);
+    assign_stages(&c);
+    if (c.oom) {
+        rc = PCS_ERR_NOMEM;
+        goto out;
+    }
+    if (c.errs.count)
+        goto out;
+    rc = build_units(&c);
+    if (rc != PCS_OK || c.errs.count)
+        goto out;
+    NEW_MSG(&c, p, pcs__v1__plan__init);
+    if (!p) {
+        rc = PCS_ERR_NOMEM;
+        goto out;
+    }
+    rc = assemble(&c, p);
+    if (rc == PCS_OK && !c.errs.count)
+        rc = finish_plan(&c, p);
+out:
+    if (rc == PCS_OK && c.errs.count)
+        rc = PCS_ERR_INVALID_ARG;
+    if (rc == PCS_ERR_INVALID_ARG && c.errs.count) {
+        rc = pcs_errlist_finish(&c.errs);
+        PCS_DEBUG(PCS_SUB_PLAN, "plan rejected: %s", pcs_last_error());
+    } else {
+        pcs_errlist_free(&c.errs);
+        if (rc == PCS_ERR_NOMEM)
+            pcs_set_error(rc, "plan: out of memory");
+    }
+    for (size_t i = 0; i < c.n_notes; i++)
+        free(c.notes[i]);
+    free(c.notes);
+    free(c.wrapped);
+    free(c.ignored);
+    free(c.promoted);
+    free(c.stage_of);
+    free(c.unit_of);
+    free(c.units);
+    free(c.stage_root);
+    pcs_model_free(c.m);
+    if (rc != PCS_OK) {
+        pcs_plan_free(p);
+        return rc;
+    }
+    *out = p;
+    return PCS_OK;
+}

@@ -1,0 +1,457 @@
+/* The planner's rules that workers and tests call directly: precision resolution, divide factors
+ * and reduce ops, shard ranges, the plan hash, mesh coordinates and groups, per-rank estimates.
+ * Everything here reads only the Plan, so it works the same on a plan received over the wire. */
+#include "planner/plan.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "pcs/mem.h"
+
+// ----------------------------------------------------------------------------------------------
+// precision
+
+static bool is_float(pcs_dtype_t t)
+{
+    return t > PCS_DTYPE_NONE && t < PCS_DTYPE_COUNT && pcs_dtype_is_float(t);
+}
+
+void pcs_plan_resolve_precision(const pcs_precision_in_t *in, pcs_precision_t *out)
+{
+    memset(out, 0, sizeof *out);
+    pcs_dtype_t master = is_float(in->master) ? in->master : PCS_DTYPE_FP32;
+    bool mp = in->mixed_precision;
+    pcs_dtype_t p = mp && is_float(in->param) ? in->param : PCS_DTYPE_NONE;
+    pcs_dtype_t r = mp && is_float(in->reduce) ? in->reduce : PCS_DTYPE_NONE;
+    /* FSDP2 clamp, both steps on the policy values: reduce == param -> reduce unset; then
+     * param == master -> no cast. */
+    pcs_dtype_t r_c = (r == p) ? PCS_DTYPE_NONE : r;
+    pcs_dtype_t p_c = (p == master) ? PCS_DTYPE_NONE : p;
+    out->master = master;
+    out->compute = p_c ? p_c : master;
+    /* pcs rule: reduce unset -> param_dtype when set (FSDP1, FSDP2 <= 2.14), else master. */
+    out->reduce = r_c ? r_c : out->compute;
+    /* FSDP2: accumulate without sync in the (clamped) reduce dtype if set, else grad dtype. */
+    out->accum = out->reduce;
+    out->keep_low_precision_grads = mp && in->keep_low_precision_grads;
+    /* FSDP1 prepare_gradient_for_optim: keep_low_precision_grads casts to param_dtype. */
+    out->grad = out->keep_low_precision_grads ? out->compute : master;
+    out->buffer = mp && is_float(in->buffer) ? in->buffer : PCS_DTYPE_NONE;
+    out->output = mp && is_float(in->output) ? in->output : PCS_DTYPE_NONE;
+    /* FSDP2 _pre_forward casts iff cast_forward_inputs and the (unclamped) param_dtype is set. */
+    out->cast_forward_inputs = mp && in->cast_forward_inputs && p != PCS_DTYPE_NONE;
+    out->mixed_precision = mp;
+}
+
+// ----------------------------------------------------------------------------------------------
+// divide factors
+
+void pcs_plan_divide_factors(double ws, double *pre, double *post)
+{
+    double f = 1;
+    if (ws >= 1) {
+        while (ws / f == (double)(uint64_t)(ws / f) && ws / f > f)
+            f *= 2;
+    }
+    *pre = f;
+    *post = ws >= 1 ? ws / f : 1;
+}
+
+void pcs_plan_reduce_ops(pcs_dtype_t reduce, uint32_t rs_size, uint32_t ar_size, double factor,
+                         bool force_sum, Pcs__V1__ReduceOp *rs_op, Pcs__V1__ReduceOp *ar_op,
+                         double *premul, double *pre, double *post)
+{
+    bool overflow_risk = !(reduce == PCS_DTYPE_FP32 || reduce == PCS_DTYPE_BF16);
+    double dp = (double)(rs_size ? rs_size : 1) * (double)(ar_size ? ar_size : 1);
+    *premul = 0;
+    *pre = 1;
+    *post = 1;
+    *rs_op = PCS__V1__REDUCE_OP__REDUCE_OP_SUM;
+    *ar_op = PCS__V1__REDUCE_OP__REDUCE_OP_SUM;
+    if (!overflow_risk && !force_sum) {
+        if (factor <= 0) {
+            if (dp > 1) {
+                *rs_op = PCS__V1__REDUCE_OP__REDUCE_OP_AVG;
+                *ar_op = PCS__V1__REDUCE_OP__REDUCE_OP_AVG;
+            }
+            return;
+        }
+        if (rs_size > 1 && factor == (double)rs_size) {
+            *rs_op = PCS__V1__REDUCE_OP__REDUCE_OP_AVG;
+        } else {
+            *rs_op = PCS__V1__REDUCE_OP__REDUCE_OP_PREMUL_SUM;
+            *premul = 1.0 / factor;
+        }
+        return;
+    }
+    if (factor <= 0)
+        factor = dp;
+    if (overflow_risk)
+        pcs_plan_divide_factors(factor, pre, post);
+    else
+        *post = factor; /* post-multiplying touches less data */
+}
+
+// ----------------------------------------------------------------------------------------------
+// shard ranges and hash
+
+void pcs_plan_shard_range(const Pcs__V1__Unit *u, uint32_t shard_rank, uint64_t *begin,
+                          uint64_t *end)
+{
+    uint64_t c = u->shard_numel, n = u->flat_numel;
+    uint64_t b = c ? (uint64_t)shard_rank * c : 0;
+    uint64_t e = c ? b + c : 0;
+    *begin = b < n ? b : n;
+    *end = e < n ? e : n;
+}
+
+void pcs_plan_free(Pcs__V1__Plan *p)
+{
+    if (p)
+        protobuf_c_message_free_unpacked(&p->base, NULL);
+}
+
+typedef struct fnv_buffer {
+    ProtobufCBuffer base;
+    uint64_t h;
+} fnv_buffer_t;
+
+static void fnv_append(ProtobufCBuffer *b, size_t len, const uint8_t *data)
+{
+    fnv_buffer_t *f = (fnv_buffer_t *)b;
+    uint64_t h = f->h;
+    for (size_t i = 0; i < len; i++) {
+        h ^= data[i];
+        h *= 1099511628211ull;
+    }
+    f->h = h;
+}
+
+uint64_t pcs_plan_hash(const Pcs__V1__Plan *p)
+{
+    /* Shallow copy with hash = 0: packing reads only, so the caller's plan stays untouched and
+     * concurrent readers are safe. Packing streams into the hash: no buffer allocation. */
+    Pcs__V1__Plan copy = *p;
+    copy.hash = 0;
+    fnv_buffer_t f = {{fnv_append}, 1469598103934665603ull};
+    protobuf_c_message_pack_to_buffer(&copy.base, &f.base);
+    return f.h;
+}
+
+// ----------------------------------------------------------------------------------------------
+// mesh coordinates and groups
+
+typedef struct mesh {
+    uint32_t n;
+    Pcs__V1__MeshDimName dim[3];
+    uint32_t size[3];
+    uint64_t stride[3];
+} mesh_t;
+
+static bool mesh_of(const Pcs__V1__Plan *p, mesh_t *m)
+{
+    memset(m, 0, sizeof *m);
+    if (!p->n_mesh || p->n_mesh > 3)
+        return false;
+    m->n = (uint32_t)p->n_mesh;
+    for (uint32_t i = 0; i < m->n; i++) {
+        if (!p->mesh[i] || !p->mesh[i]->size)
+            return false;
+        m->dim[i] = p->mesh[i]->dim;
+        m->size[i] = p->mesh[i]->size;
+    }
+    uint64_t s = 1;
+    for (uint32_t i = m->n; i-- > 0;) {
+        m->stride[i] = s;
+        /* three uint32 sizes can wrap uint64 (to a plausible world size): a plan from the wire
+         * with such a mesh is rejected, not read with wrapped strides */
+        if (__builtin_mul_overflow(s, (uint64_t)m->size[i], &s))
+            return false;
+    }
+    return s == p->world_size;
+}
+
+/* The plan's mesh, checked, for a rank that must be inside it. */
+static pcs_status_t mesh_for_rank(const Pcs__V1__Plan *p, uint32_t rank, mesh_t *m)
+{
+    if (!mesh_of(p, m))
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: mesh does not match world size %u",
+                             p->world_size);
+    if (rank >= p->world_size)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "rank %u: must be < world size %u", rank,
+                             p->world_size);
+    return PCS_OK;
+}
+
+pcs_status_t pcs_plan_rank_coords(const Pcs__V1__Plan *p, uint32_t rank, Pcs__V1__MeshCoords *out)
+{
+    pcs__v1__mesh_coords__init(out);
+    mesh_t m;
+    PCS_CHECK(mesh_for_rank(p, rank, &m));
+    for (uint32_t i = 0; i < m.n; i++) {
+        uint32_t c = (uint32_t)((rank / m.stride[i]) % m.size[i]);
+        if (m.dim[i] == PCS__V1__MESH_DIM_NAME__MESH_DIM_PP)
+            out->pp = c;
+        else if (m.dim[i] == PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE)
+            out->dp_replicate = c;
+        else if (m.dim[i] == PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_SHARD)
+            out->dp_shard = c;
+    }
+    return PCS_OK;
+}
+
+static uint32_t coord_of(const Pcs__V1__MeshCoords *c, Pcs__V1__MeshDimName d)
+{
+    return d == PCS__V1__MESH_DIM_NAME__MESH_DIM_PP             ? c->pp
+           : d == PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE ? c->dp_replicate
+                                                                : c->dp_shard;
+}
+
+uint32_t pcs_plan_rank_of(const Pcs__V1__Plan *p, const Pcs__V1__MeshCoords *c)
+{
+    mesh_t m;
+    if (!mesh_of(p, &m))
+        return UINT32_MAX;
+    uint64_t r = 0;
+    uint32_t seen[4] = {0};
+    for (uint32_t i = 0; i < m.n; i++) {
+        uint32_t v = coord_of(c, m.dim[i]);
+        if (v >= m.size[i])
+            return UINT32_MAX;
+        if ((unsigned)m.dim[i] < 4)
+            seen[m.dim[i]] = 1;
+        r += v * m.stride[i];
+    }
+    /* a dimension missing from the mesh has size 1: its coordinate must be 0 */
+    for (int d = 1; d <= 3; d++)
+        if (!seen[d] && coord_of(c, (Pcs__V1__MeshDimName)d) != 0)
+            return UINT32_MAX;
+    return (uint32_t)r;
+}
+
+static uint32_t reshard_size(const Pcs__V1__Plan *p)
+{
+    for (size_t i = 0; i < p->n_groups; i++)
+        if (p->groups[i]->kind == PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD)
+            return p->groups[i]->size;
+    return 0;
+}
+
+pcs_status_t pcs_plan_group_ranks(const Pcs__V1__Plan *p, Pcs__V1__GroupKind k, uint32_t rank,
+                                  uint32_t *ranks, uint32_t *n, uint32_t *my_index)
+{
+    uint32_t cap = *n;
+    *n = 0;
+    mesh_t m;
+    PCS_CHECK(mesh_for_rank(p, rank, &m));
+    bool vary[4] = {false, false, false, false}; /* indexed by MeshDimName */
+    uint32_t rsz = 0;
+    switch (k) {
+    case PCS__V1__GROUP_KIND__GROUP_KIND_WORLD:
+        vary[1] = vary[2] = vary[3] = true;
+        break;
+    case PCS__V1__GROUP_KIND__GROUP_KIND_SHARD:
+        vary[PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_SHARD] = true;
+        break;
+    case PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE:
+        vary[PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE] = true;
+        break;
+    case PCS__V1__GROUP_KIND__GROUP_KIND_DP:
+        vary[PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE] = true;
+        vary[PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_SHARD] = true;
+        break;
+    case PCS__V1__GROUP_KIND__GROUP_KIND_PP:
+        vary[PCS__V1__MESH_DIM_NAME__MESH_DIM_PP] = true;
+        break;
+    case PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD:
+        vary[PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_SHARD] = true;
+        rsz = reshard_size(p);
+        if (!rsz)
+            return pcs_set_error(PCS_ERR_NOT_FOUND,
+                                 "plan: no reshard group (reshard_after_forward is not an int)");
+        break;
+    default:
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "group kind %d: unknown", (int)k);
+    }
+    /* the group's base rank: varying coordinates zeroed */
+    uint64_t base = 0, total = 1;
+    uint32_t nv = 0, vdim[3];
+    for (uint32_t i = 0; i < m.n; i++) {
+        uint64_t c = (rank / m.stride[i]) % m.size[i];
+        if ((unsigned)m.dim[i] < 4 && vary[m.dim[i]]) {
+            vdim[nv++] = i;
+            total *= m.size[i];
+        } else {
+            base += c * m.stride[i];
+        }
+    }
+    /* enumerate the varying coordinates row-major (outer first): ascending ranks */
+    uint32_t gsize = (uint32_t)total, first = 0, mine = 0;
+    if (rsz) {
+        gsize = rsz;
+    }
+    /* position of `rank` in the full (non-reshard) group */
+    uint64_t pos = 0;
+    for (uint32_t j = 0; j < nv; j++) {
+        uint32_t i = vdim[j];
+        pos = pos * m.size[i] + (rank / m.stride[i]) % m.size[i];
+    }
+    if (rsz) {
+        if (total % rsz)
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: reshard group %u does not divide %llu",
+                                 rsz, (unsigned long long)total);
+        first = (uint32_t)(pos / rsz) * rsz;
+        mine = (uint32_t)(pos % rsz);
+    } else {
+        mine = (uint32_t)pos;
+    }
+    *n = gsize;
+    if (my_index)
+        *my_index = mine;
+    if (!ranks)
+        return PCS_OK;
+    if (cap < gsize)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "group of %u ranks: capacity %u too small", gsize,
+                             cap);
+    for (uint32_t g = 0; g < gsize; g++) {
+        uint64_t idx = first + g, r = base;
+        for (uint32_t j = nv; j-- > 0;) {
+            uint32_t i = vdim[j];
+            r += (idx % m.size[i]) * m.stride[i];
+            idx /= m.size[i];
+        }
+        ranks[g] = (uint32_t)r;
+    }
+    return PCS_OK;
+}
+
+// ----------------------------------------------------------------------------------------------
+// per-rank estimates (formulas in docs/PLAN.md)
+
+static uint64_t dsz(Pcs__V1__DType t)
+{
+    return pcs_dtype_size((pcs_dtype_t)t);
+}
+
+static bool unit_trainable(const Pcs__V1__Unit *u)
+{
+    for (size_t i = 0; i < u->n_params; i++)
+        if (!u->params[i]->frozen)
+            return true;
+    return false;
+}
+
+uint64_t pcs_plan_unfrozen_numel(const Pcs__V1__Unit *u, uint32_t shard_rank)
+{
+    uint64_t c = u->shard_numel, b = (uint64_t)shard_rank * c, e = b + c, frozen = 0;
+    for (size_t i = 0; i < u->n_params; i++) {
+        const Pcs__V1__ParamSlot *ps = u->params[i];
+        if (!ps->frozen)
+            continue;
+        uint64_t lo = ps->offset > b ? ps->offset : b;
+        uint64_t hi = ps->offset + ps->numel < e ? ps->offset + ps->numel : e;
+        frozen += hi > lo ? hi - lo : 0;
+    }
+    return c - (frozen < c ? frozen : c);
+}
+
+pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
+                                    Pcs__V1__RankEstimate *out)
+{
+    pcs__v1__rank_estimate__init(out);
+    Pcs__V1__MeshCoords c;
+    PCS_CHECK(pcs_plan_rank_coords(p, rank, &c));
+    out->rank = rank;
+    uint32_t pp = p->pp_size ? p->pp_size : 1;
+    uint64_t mb = p->micro_batches ? p->micro_batches : 1;
+    uint64_t depth = p->prefetch ? p->prefetch : 1;
+
+    /* this rank's units in forward order, with their unsharded (full) and kept-after-forward
+     * bytes */
+    size_t nu = 0;
+    uint64_t *full = NULL, *kept = NULL, *gradb = NULL;
+    PCS_CHECK(pcs_calloc(p->n_units * 5 + 2, sizeof *full, (void **)&full));
+    kept = full + p->n_units;
+    gradb = kept + p->n_units;
+    uint64_t acc = 0;
+    for (size_t i = 0; i < p->n_units; i++) {
+        const Pcs__V1__Unit *u = p->units[i];
+        if (u->stage % pp != c.pp)
+            continue;
+        bool train = unit_trainable(u);
+        uint64_t sh = u->shard_numel;
+        out->param_shard_bytes += sh * dsz(u->master_dtype);
+        if (train) {
+            /* the flat sharded grad covers the whole shard (FSDP1 flat layout); optimizer state
+             * leaves out the frozen parameters' elements of this rank's shard (they have no grad,
+             * so the optimizer never makes state for them) */
+            uint32_t sg = u->shard_group_size ? u->shard_group_size : 1;
+            out->grad_shard_bytes += sh * dsz(u->grad_dtype);
+            out->optimizer_bytes += (uint64_t)p->optimizer_states *
+                                    pcs_plan_unfrozen_numel(u, sg > 1 ? c.dp_shard % sg : 0) *
+                                    dsz(u->master_dtype);
+        }
+        for (size_t b = 0; b < u->n_buffers; b++)
+            out->buffer_bytes += u->buffers[b]->numel * dsz(u->buffers[b]->run_dtype);
+        /* a replicated unit computing in its master dtype needs no separate unsharded copy */
+        bool copy = u->shard_group_size > 1 || u->param_dtype != u->master_dtype;
+        uint64_t f = copy ? u->padded_numel * dsz(u->param_dtype) : 0;
+        full[nu] = f;
+        kept[nu] = !u->reshard_after_forward ? f
+                   : u->reshard_group_size   ? f / u->reshard_group_size
+                                             : 0;
+        if (train) {
+            gradb[nu] = u->padded_numel * dsz(u->param_dtype);
+            if (u->reduce_dtype != u->param_dtype)
+                gradb[nu] += u->padded_numel * dsz(u->reduce_dtype);
+            if (mb > 1)
+                acc += u->padded_numel * dsz(u->accum_dtype);
+        }
+        nu++;
+        for (size_t k = 0; k < u->n_collectives; k++) {
+            const Pcs__V1__CollectiveSpec *cs = u->collectives[k];
+            uint64_t g = cs->group_size, bytes = cs->count * dsz(cs->dtype);
+            if (g < 2)
+                continue;
+            if (cs->kind == PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER) {
+                /* forward: every micro-batch unless params stay unsharded between no-sync
+                 * micro-batches (shard_grad_op); backward re-gather: every micro-batch */
+                uint64_t times = cs->phase == PCS__V1__PHASE__PHASE_FORWARD
+                                     ? (u->reshard_after_backward ? mb : 1)
+                                     : mb;
+                out->all_gather_bytes += times * (g - 1) * bytes;
+            } else if (cs->kind == PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER) {
+                out->reduce_scatter_bytes += (g - 1) * bytes;
+            } else if (cs->kind == PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE) {
+                out->all_reduce_bytes += 2 * (g - 1) * bytes / g;
+            }
+        }
+    }
+    /* prefix sums make both walks O(units) */
+    uint64_t *pk = gradb + p->n_units, *pf = pk + p->n_units + 1;
+    for (size_t i = 0; i < nu; i++) {
+        pk[i + 1] = pk[i] + kept[i];
+        pf[i + 1] = pf[i] + full[i];
+    }
+    /* forward: units before i hold their kept bytes, i..i+depth are fully gathered */
+    uint64_t peak = 0;
+    for (size_t i = 0; i < nu; i++) {
+        size_t hi = i + depth + 1 < nu ? i + depth + 1 : nu;
+        uint64_t s = pk[i] + (pf[hi] - pf[i]);
+        if (s > peak)
+            peak = s;
+    }
+    /* backward (reverse): units below i - depth still kept, i - depth..i gathered, plus the
+     * unsharded gradient (and its reduce-dtype copy) of unit i */
+    for (size_t i = nu; i-- > 0;) {
+        size_t lo = i > depth ? i - depth : 0;
+        uint64_t s = gradb[i] + pk[lo] + (pf[i + 1] - pf[lo]);
+        if (s > peak)
+            peak = s;
+    }
+    free(full);
+    out->peak_unsharded_bytes = peak + acc;
+    out->total_bytes = out->param_shard_bytes + out->grad_shard_bytes + out->optimizer_bytes +
+                       out->peak_unsharded_bytes + out->buffer_bytes;
+    return PCS_OK;
+}

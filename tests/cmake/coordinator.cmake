@@ -1,0 +1,26 @@
+# coordinator/: the pure state machine and the SQLite store compiled in (neither needs gRPC nor
+# the planner), bearer tokens, and the real pcs-coordinator driven by the C client, a stock gRPC
+# client, TLS and tokens.
+pcs_add_test(NAME test_coord SOURCES unit/test_coord.c ${PROJECT_SOURCE_DIR}/coordinator/coord.c
+             LIBS pcs_base LABELS unit TIMEOUT 60)
+pcs_add_test(NAME test_store SOURCES unit/test_store.c ${PROJECT_SOURCE_DIR}/coordinator/store.c
+             LIBS pcs_base PkgConfig::SQLITE LABELS unit TIMEOUT 60)
+pcs_add_test(NAME test_auth SOURCES unit/test_auth.c LIBS pcs_coord LABELS unit)
+
+pcs_add_test(NAME test_coordinator SOURCES integration/test_coordinator.c
+             LIBS pcs_common Threads::Threads LABELS integration TIMEOUT 120)
+add_dependencies(test_coordinator pcs-coordinator)
+# Wire compatibility with a stock gRPC implementation (Debian python3-grpcio); exits 77 if absent.
+add_test(NAME test_coordinator_grpcio
+  COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/integration/interop_grpcio.py)
+set_tests_properties(test_coordinator_grpcio PROPERTIES LABELS integration TIMEOUT 120
+  SKIP_RETURN_CODE 77
+  ENVIRONMENT "PCS_BIN_DIR=${CMAKE_BINARY_DIR}/bin;PCS_SOURCE_DIR=${PROJECT_SOURCE_DIR};PCS_LOG_LEVEL=warn")
+# TLS / mTLS of the real coordinator with pcsctl as client (needs the openssl CLI).
+pcs_add_test(NAME test_tls SOURCES integration/test_tls.c LIBS pcs_base LABELS integration
+             TIMEOUT 120)
+add_dependencies(test_tls pcs-coordinator pcsctl)
+# Bearer tokens by role: the real coordinator with pcsctl and a worker.
+pcs_add_test(NAME test_tokens SOURCES integration/test_tokens.c LIBS pcs_base LABELS integration
+             TIMEOUT 120)
+add_dependencies(test_tokens pcs-coordinator pcsctl pcs-worker)
