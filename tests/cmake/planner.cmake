@@ -18,3 +18,5 @@ if(PCS_FUZZ AND CMAKE_C_COMPILER_ID MATCHES "Clang")
   target_link_libraries(fuzz_yaml PRIVATE pcs_planner pcs_common)
   set_target_properties(fuzz_yaml PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/fuzz)
 endif()
+# The mesh (rank <-> coordinates <-> groups) on every mesh of up to 64 ranks.
+pcs_add_test(NAME test_mesh SOURCES unit/test_mesh.c LIBS pcs_planner LABELS unit TIMEOUT 120)
