@@ -21,8 +21,8 @@
  *
  * Thread-safety: one thread issues operations on a communicator; pcs_coll_abort() may be called
  * from any thread at any time and wakes a blocked call with PCS_ERR_CANCELLED. */
-#ifndef PCS_COLL_H
-#define PCS_COLL_H
+#ifndef PCS_COLL_COLL_H
+#define PCS_COLL_COLL_H
 
 #include <stddef.h>
 #include <stdint.h>

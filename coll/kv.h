@@ -2,8 +2,8 @@
  * (NCCL). A small vtable with two implementations: the coordinator's KvSet/KvGet RPCs (the real
  * one, scoped by job and generation) and a directory of files (tests and benches that run without
  * a coordinator). Values are opaque bytes; keys are printable, at most PCS_KV_MAX_KEY bytes. */
-#ifndef PCS_KV_H
-#define PCS_KV_H
+#ifndef PCS_COLL_KV_H
+#define PCS_COLL_KV_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,8 +1,8 @@
 /* Bearer tokens by role (DESIGN.md §10): a token file of `role token` lines maps each token to a
  * role; each RPC needs a role. Pure C (no gRPC): server.c reads the `authorization` metadata and
  * asks pcs_auth_check. */
-#ifndef PCS_AUTH_H
-#define PCS_AUTH_H
+#ifndef PCS_COORD_AUTH_H
+#define PCS_COORD_AUTH_H
 
 #include <stddef.h>
 

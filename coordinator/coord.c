@@ -14,8 +14,6 @@
 #include "pcs/mem.h"
 #include "pcs/utf8.h"
 
-#define MAX_WORLD_SIZE (1u << 20)
-
 // ---------------------------------------------------------------------------------------------
 // string -> uint32 map (open addressing, no deletion: keys live as long as their owner)
 
@@ -746,23 +744,13 @@ pcs_status_t pcs_coord_deregister(pcs_coord_t *c, const char *worker_id, const c
     return PCS_OK;
 }
 
-static pcs_status_t check_mesh(const pcs_coord_job_desc_t *d, uint32_t *world)
+pcs_status_t pcs_coord_check_mesh(uint32_t n_dims, const uint32_t *dim_name,
+                                  const uint32_t *dim_size, pcs_mesh_t *out)
 {
-    if (d->n_dims == 0)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "mesh: required (at least one dimension)");
-    if (d->n_dims > PCS_COORD_MAX_MESH_DIMS)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "mesh: more than %d dimensions",
-                             PCS_COORD_MAX_MESH_DIMS);
-    uint64_t w = 1;
-    for (uint32_t i = 0; i < d->n_dims; i++) {
-        if (d->dim_size[i] == 0)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "mesh[%" PRIu32 "].size: must be >= 1", i);
-        w *= d->dim_size[i];
-        if (w > MAX_WORLD_SIZE)
-            return pcs_set_error(PCS_ERR_INVALID_ARG,
-                                 "mesh: world size (product of sizes) exceeds %u", MAX_WORLD_SIZE);
-    }
-    *world = (uint32_t)w;
+    PCS_CHECK(pcs_mesh_init(n_dims, dim_name, dim_size, out));
+    if (out->world > PCS_COORD_MAX_WORLD)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "mesh: world size (product of sizes) exceeds %u",
+                             PCS_COORD_MAX_WORLD);
     return PCS_OK;
 }
 
@@ -771,8 +759,9 @@ static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job
 {
     pcs_coord_job_t *j = NULL;
     pcs_status_t st;
-    uint32_t world = 0;
-    PCS_CHECK_GOTO(check_mesh(d, &world), st, fail);
+    pcs_mesh_t mesh;
+    PCS_CHECK_GOTO(pcs_coord_check_mesh(d->n_dims, d->dim_name, d->dim_size, &mesh), st, fail);
+    uint32_t world = mesh.world;
     PCS_CHECK_GOTO(ensure_slot((void ***)&c->jobs, &c->n_jobs, &c->cap_jobs, number), st, fail);
     PCS_CHECK_GOTO(pcs_calloc(1, sizeof *j, (void **)&j), st, fail);
     j->spec = d->spec;
@@ -786,17 +775,12 @@ static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job
     j->number = number;
     snprintf(j->id, sizeof j->id, "job-%" PRIu32, number);
     j->world_size = world;
-    j->n_dims = d->n_dims;
-    memcpy(j->dim_name, d->dim_name, d->n_dims * sizeof *d->dim_name);
-    memcpy(j->dim_size, d->dim_size, d->n_dims * sizeof *d->dim_size);
+    j->mesh = mesh;
     j->need_cuda = d->need_cuda;
     snprintf(j->transport, sizeof j->transport, "%s",
              d->transport && strcmp(d->transport, "nccl") == 0 ? "nccl" : "gloo");
     j->plan_hash = d->plan_hash;
-    j->fp_stages = 1;
-    for (uint32_t i = 0; i < d->n_dims; i++)
-        if (d->dim_name[i] == PCS_MESH_PP)
-            j->fp_stages = d->dim_size[i];
+    j->fp_stages = pcs_mesh_size(&mesh, PCS_MESH_PP);
     PCS_CHECK_GOTO(
         pcs_calloc((size_t)j->fp_stages * FP_RING, sizeof *j->fp_ring, (void **)&j->fp_ring), st,
         fail);
@@ -860,19 +844,6 @@ void pcs_coord_job_drop_plan(pcs_coord_t *c, pcs_coord_job_t *j)
     if (c->cfg.free_payload)
         c->cfg.free_payload(c->cfg.user, NULL, j->plan);
     j->plan = NULL;
-}
-
-void pcs_coord_rank_coords(const pcs_coord_job_t *j, uint32_t rank, uint32_t coords[4])
-{
-    memset(coords, 0, 4 * sizeof *coords);
-    /* row-major: the last (innermost) dimension varies fastest, as init_device_mesh numbers ranks
-     */
-    for (uint32_t i = j->n_dims; i-- > 0;) {
-        uint32_t v = rank % j->dim_size[i];
-        rank /= j->dim_size[i];
-        if (j->dim_name[i] >= 1 && j->dim_name[i] <= 3)
-            coords[j->dim_name[i]] = v;
-    }
 }
 
 const char *pcs_coord_job_transport(const char *backend, const char *collectives)
@@ -1031,7 +1002,7 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
     }
     if (r->fingerprint) {
         uint32_t co[4];
-        pcs_coord_rank_coords(j, r->rank, co);
+        pcs_mesh_coords(&j->mesh, r->rank, co);
         fp_slot_t *slot = &j->fp_ring[(size_t)co[PCS_MESH_PP] * FP_RING + r->step % FP_RING];
         if (slot->used && slot->step == r->step && slot->fp != r->fingerprint &&
             slot->rank != r->rank) {

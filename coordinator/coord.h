@@ -12,6 +12,7 @@
 
 #include "pcs/clock.h"
 #include "pcs/status.h"
+#include "planner/mesh.h" /* a job's mesh: rank <-> coordinates (PCS_MESH_PP ...) */
 
 #ifdef __cplusplus
 extern "C" {
@@ -33,10 +34,8 @@ typedef enum {
     PCS_JOB_CANCELLED = 5
 } pcs_job_state_t;
 
-/* Mesh dimension names: equal pcs.v1.MeshDimName numbers. */
-enum { PCS_MESH_PP = 1, PCS_MESH_DP_REPLICATE = 2, PCS_MESH_DP_SHARD = 3 };
-#define PCS_COORD_MAX_MESH_DIMS 8
-#define PCS_COORD_EVENT_QUEUE   64 /* per worker; the oldest event is dropped beyond this */
+#define PCS_COORD_MAX_WORLD   (1u << 20) /* ranks of one job */
+#define PCS_COORD_EVENT_QUEUE 64         /* per worker; the oldest event is dropped beyond this */
 
 typedef enum {
     PCS_EV_ASSIGNMENT = 1, /* the worker's rank in job_id / generation */
@@ -120,9 +119,7 @@ typedef struct pcs_coord_job {
     char *reason;
     uint64_t created_wall_ms, started_wall_ms, finished_wall_ms;
     uint32_t world_size;
-    uint32_t n_dims;
-    uint32_t dim_name[PCS_COORD_MAX_MESH_DIMS]; /* PCS_MESH_* in the user's order, outer first */
-    uint32_t dim_size[PCS_COORD_MAX_MESH_DIMS];
+    pcs_mesh_t mesh; /* the dims in the user's order, outer first: pcs_mesh_coords(&j->mesh, ..) */
     bool need_cuda;
     char transport[8];   /* "gloo" | "nccl": the job's collectives, which a worker must offer */
     uint64_t generation; /* 0 while PENDING */
@@ -216,7 +213,7 @@ typedef struct pcs_coord_job_desc {
     const char *name;
     const char *request_id; /* "" or NULL: no idempotency */
     uint32_t n_dims;
-    const uint32_t *dim_name; /* PCS_MESH_* */
+    const uint32_t *dim_name; /* PCS_MESH_* (planner/mesh.h) */
     const uint32_t *dim_size;
     bool need_cuda;
     const char *transport; /* "gloo" | "nccl" (NULL: gloo); see pcs_coord_job_transport() */
@@ -231,7 +228,7 @@ const char *pcs_coord_job_transport(const char *backend, const char *collectives
 /* The job submitted earlier with this request id, or NULL. */
 pcs_coord_job_t *pcs_coord_job_by_request(pcs_coord_t *c, const char *request_id);
 /* New PENDING job (it may start at once if enough IDLE workers exist). World size = product of
- * the mesh sizes; errors: INVALID_ARG (no dims, a size of 0, a product over 1<<20). */
+ * the mesh sizes; errors: INVALID_ARG (as pcs_coord_check_mesh). */
 pcs_status_t pcs_coord_submit(pcs_coord_t *c, const pcs_coord_job_desc_t *d, pcs_coord_job_t **out);
 pcs_status_t pcs_coord_lookup_job(pcs_coord_t *c, const char *job_id, pcs_coord_job_t **out);
 pcs_coord_job_t *pcs_coord_job_by_number(pcs_coord_t *c, uint32_t number);
@@ -241,9 +238,10 @@ pcs_status_t pcs_coord_cancel(pcs_coord_t *c, const char *job_id, const char *re
 /* Release a finished job's plan (free_payload(NULL, plan)): history keeps only the spec, from
  * which the pure planner rebuilds the plan on demand. No-op for PENDING/RUNNING jobs. */
 void pcs_coord_job_drop_plan(pcs_coord_t *c, pcs_coord_job_t *j);
-/* Mesh coordinates of `rank`: row-major over the job's dims in the order given. coords is
- * indexed by PCS_MESH_* (coords[PCS_MESH_DP_SHARD]); names not in the mesh are 0. */
-void pcs_coord_rank_coords(const pcs_coord_job_t *j, uint32_t rank, uint32_t coords[4]);
+/* A job's mesh: pcs_mesh_init's rules (no dims, an unknown or repeated name, a size of 0) and a
+ * world of at most PCS_COORD_MAX_WORLD ranks; INVALID_ARG naming the field. */
+pcs_status_t pcs_coord_check_mesh(uint32_t n_dims, const uint32_t *dim_name,
+                                  const uint32_t *dim_size, pcs_mesh_t *out);
 
 typedef struct pcs_coord_report {
     const char *worker_id, *job_id;

@@ -103,36 +103,13 @@ static pcs_status_t copy_spec(const Pcs__V1__JobSpec *in, Pcs__V1__JobSpec **out
     return PCS_OK;
 }
 
-static uint32_t spec_dims(const Pcs__V1__JobSpec *spec, uint32_t *names, uint32_t *sizes)
+/* The spec's mesh as the coordinator runs it (pcs_coord_check_mesh's rules and world cap); errors
+ * name the field. */
+static pcs_status_t spec_mesh(const Pcs__V1__JobSpec *spec, pcs_mesh_t *out)
 {
-    uint32_t n = 0;
-    for (size_t i = 0; i < spec->n_mesh && n < PCS_COORD_MAX_MESH_DIMS; i++, n++) {
-        names[n] = spec->mesh[i] ? (uint32_t)spec->mesh[i]->dim : 0;
-        sizes[n] = spec->mesh[i] ? spec->mesh[i]->size : 0;
-    }
-    return n;
-}
-
-/* Product of the mesh sizes; errors name the field. */
-static pcs_status_t spec_world(const Pcs__V1__JobSpec *spec, uint32_t *world)
-{
-    if (spec->n_mesh == 0)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "mesh: required (at least one dimension)");
-    if (spec->n_mesh > PCS_COORD_MAX_MESH_DIMS)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "mesh: more than %d dimensions",
-                             PCS_COORD_MAX_MESH_DIMS);
-    uint64_t w = 1;
-    for (size_t i = 0; i < spec->n_mesh; i++) {
-        uint32_t sz = spec->mesh[i] ? spec->mesh[i]->size : 0;
-        if (sz == 0)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "mesh[%zu].size: must be >= 1", i);
-        w *= sz;
-        if (w > (1u << 20))
-            return pcs_set_error(PCS_ERR_INVALID_ARG,
-                                 "mesh: world size (product of sizes) exceeds %u", 1u << 20);
-    }
-    *world = (uint32_t)w;
-    return PCS_OK;
+    pcs_mesh_t given;
+    PCS_CHECK(pcs_mesh_from_spec(spec, &given));
+    return pcs_coord_check_mesh(given.n, given.dim, given.size, out);
 }
 
 /* Validate a spec and build its plan. On error the status carries the field path. */
@@ -148,7 +125,9 @@ static pcs_status_t check_and_plan(const Pcs__V1__JobSpec *spec, uint32_t world_
         pcs_utf8_trim_partial(err); /* the validator quotes user text into a fixed buffer */
         return pcs_set_error(st, "%s", *err ? err : pcs_last_error());
     }
-    PCS_CHECK(spec_world(spec, world));
+    pcs_mesh_t mesh;
+    PCS_CHECK(spec_mesh(spec, &mesh));
+    *world = mesh.world;
     if (world_override)
         *world = world_override;
     st = pcs_plan_build(spec, *world, plan);
@@ -230,7 +209,7 @@ static void send_event(pcs_server_t *s, pcs_coord_worker_t *w, const pcs_coord_e
     ev.seq = e->seq;
     if (e->kind == PCS_EV_ASSIGNMENT && j) {
         uint32_t co[4];
-        pcs_coord_rank_coords(j, e->rank, co);
+        pcs_mesh_coords(&j->mesh, e->rank, co);
         mc.pp = co[PCS_MESH_PP];
         mc.dp_replicate = co[PCS_MESH_DP_REPLICATE];
         mc.dp_shard = co[PCS_MESH_DP_SHARD];
@@ -527,13 +506,13 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
         pcs_plan_free(plan);
         return fail_last(call, st);
     }
-    uint32_t names[PCS_COORD_MAX_MESH_DIMS], sizes[PCS_COORD_MAX_MESH_DIMS];
-    uint32_t nd = spec_dims(spec, names, sizes);
+    pcs_mesh_t mesh;
+    (void)spec_mesh(spec, &mesh); /* checked by check_and_plan */
     pcs_coord_job_desc_t d = {.name = spec->name,
                               .request_id = req->request_id,
-                              .n_dims = nd,
-                              .dim_name = names,
-                              .dim_size = sizes,
+                              .n_dims = mesh.n,
+                              .dim_name = mesh.dim,
+                              .dim_size = mesh.size,
                               .need_cuda = strcmp(spec->backend, "cuda") == 0,
                               .transport =
                                   pcs_coord_job_transport(spec->backend, spec->collectives),
@@ -640,8 +619,9 @@ static void h_dry_run(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *use
 {
     (void)user;
     const Pcs__V1__DryRunPlanRequest *req = (const void *)m;
-    if (req->world_size > (1u << 20))
-        return pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "world_size: must be <= %u", 1u << 20);
+    if (req->world_size > PCS_COORD_MAX_WORLD)
+        return pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "world_size: must be <= %u",
+                            PCS_COORD_MAX_WORLD);
     uint32_t world;
     Pcs__V1__Plan *plan = NULL;
     pcs_status_t st = check_and_plan(req->spec, req->world_size, &world, &plan);
@@ -953,7 +933,7 @@ static void restore_job(void *user, const pcs_store_job_t *r)
     Pcs__V1__Plan *plan = NULL;
     if (r->spec_len)
         spec = pcs__v1__job_spec__unpack(NULL, r->spec_len, r->spec);
-    uint32_t names[PCS_COORD_MAX_MESH_DIMS], sizes[PCS_COORD_MAX_MESH_DIMS], nd = 0, world;
+    pcs_mesh_t mesh = {0};
     pcs_job_state_t state = (pcs_job_state_t)r->state;
     uint64_t finished_ms = r->finished_ms;
     const char *reason = r->reason;
@@ -961,11 +941,12 @@ static void restore_job(void *user, const pcs_store_job_t *r)
     bool live = state == PCS_JOB_PENDING || state == PCS_JOB_RUNNING;
     const char *resumed = state == PCS_JOB_RUNNING ? "resumed" : "started";
     if (spec) {
-        nd = spec_dims(spec, names, sizes);
         /* The plan is a pure function of the spec: rebuild it (for jobs that can still start
          * or run on) rather than store it. */
-        if (live &&
-            (spec_world(spec, &world) != PCS_OK || pcs_plan_build(spec, world, &plan) != PCS_OK)) {
+        pcs_status_t mst = spec_mesh(spec, &mesh);
+        if (mst != PCS_OK)
+            mesh.n = 0;
+        if (live && (mst != PCS_OK || pcs_plan_build(spec, mesh.world, &plan) != PCS_OK)) {
             snprintf(why, sizeof why, "not %s after a coordinator restart: %.*s", resumed,
                      pcs_utf8_prefix(pcs_last_error(), 600), pcs_last_error());
             plan = NULL;
@@ -980,17 +961,17 @@ static void restore_job(void *user, const pcs_store_job_t *r)
         reason = why;
         finished_ms = pcs_wall_ms();
     }
-    if (!nd) { /* unreadable spec: keep the history row with a 1-rank mesh */
-        names[0] = PCS_MESH_DP_SHARD;
-        sizes[0] = r->world_size ? r->world_size : 1;
-        nd = 1;
+    if (!mesh.n) { /* unreadable spec: keep the history row with a 1-rank mesh */
+        mesh.n = 1;
+        mesh.dim[0] = PCS_MESH_DP_SHARD;
+        mesh.size[0] = r->world_size ? r->world_size : 1;
     }
     pcs_coord_job_desc_t d = {
         .name = r->name,
         .request_id = r->request_id,
-        .n_dims = nd,
-        .dim_name = names,
-        .dim_size = sizes,
+        .n_dims = mesh.n,
+        .dim_name = mesh.dim,
+        .dim_size = mesh.size,
         .need_cuda = spec && strcmp(spec->backend, "cuda") == 0,
         .transport = spec ? pcs_coord_job_transport(spec->backend, spec->collectives) : NULL,
         .spec = spec,

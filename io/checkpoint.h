@@ -4,8 +4,8 @@
  * points <dir>/latest at N, then prunes stale steps. Export reads only the files the manifest
  * lists and assembles every parameter from the shards of replica 0 through the plan's flat layout
  * into a .safetensors file keyed by FQN that torch / Hugging Face load directly. */
-#ifndef PCS_CHECKPOINT_H
-#define PCS_CHECKPOINT_H
+#ifndef PCS_IO_CHECKPOINT_H
+#define PCS_IO_CHECKPOINT_H
 
 #include <stddef.h>
 #include <stdint.h>

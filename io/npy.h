@@ -1,8 +1,8 @@
 /* NumPy .npy reader (format versions 1.0, 2.0 and 3.0): parses the header dict literal
  * {'descr': '<f4', 'fortran_order': False, 'shape': (N, D), } and reads row ranges with pread, so
  * that a rank reads only its own rows. C order only; little-endian f2/f4/f8 and i4/i8. */
-#ifndef PCS_WORKER_NPY_H
-#define PCS_WORKER_NPY_H
+#ifndef PCS_IO_NPY_H
+#define PCS_IO_NPY_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -3,8 +3,8 @@
  * "__metadata__": {str: str}}, then the raw little-endian tensor bytes. Used for init-from-file,
  * file data and exporting final parameters that torch / Hugging Face load directly. The reader
  * validates as strictly as the Rust reference (contiguous, non-overlapping, fully covered data). */
-#ifndef PCS_WORKER_SAFETENSORS_H
-#define PCS_WORKER_SAFETENSORS_H
+#ifndef PCS_IO_SAFETENSORS_H
+#define PCS_IO_SAFETENSORS_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -3,8 +3,8 @@
  * data-parallel rank r of D reads the b rows starting at ((s*M + m)*D + r)*b, wrapping around the
  * dataset. Sources: synthetic (a pure function of (seed, index): no state, any rank any row) or a
  * .safetensors / .npy file of inputs and targets, of which each rank reads only its own rows. */
-#ifndef PCS_WORKER_DATA_H
-#define PCS_WORKER_DATA_H
+#ifndef PCS_MODEL_DATA_H
+#define PCS_MODEL_DATA_H
 
 #include <stdint.h>
 

@@ -2,8 +2,8 @@
  * through a counter-based RNG (splitmix64), so any world size, any shard and any rank start from
  * the same full model, and a rank can fill only its own shard. Also: loading full parameters from
  * a .safetensors file keyed by FQN (fine-tuning), with strict name/shape/dtype checks. */
-#ifndef PCS_WORKER_INIT_H
-#define PCS_WORKER_INIT_H
+#ifndef PCS_MODEL_INIT_H
+#define PCS_MODEL_INIT_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -1,8 +1,8 @@
 /* Losses of the built-in models, computed in fp32 from the model output (the output is cast to
  * fp32 first, as `loss_fn(out.float(), y)` does): MSE (mean over all elements, torch.nn.MSELoss)
  * and cross-entropy over int64 class labels (mean over rows, torch.nn.CrossEntropyLoss). */
-#ifndef PCS_WORKER_LOSS_H
-#define PCS_WORKER_LOSS_H
+#ifndef PCS_MODEL_LOSS_H
+#define PCS_MODEL_LOSS_H
 
 #include <stdint.h>
 

@@ -10,8 +10,8 @@
  * + "layers.{i}.act" ReLU|GELU (+ input if residual and in == out); "head" Linear.
  * Numerics, mixed precision and memory: see model.c's header; the numerics run through pcs/nn.h
  * on the host ("cpu") or the GPU ("cuda", pcs_mlp_create_on). Not thread-safe per model. */
-#ifndef PCS_WORKER_MODEL_H
-#define PCS_WORKER_MODEL_H
+#ifndef PCS_MODEL_MODEL_H
+#define PCS_MODEL_MODEL_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -4,8 +4,8 @@
  * compute -> accumulation -> reduce -> grad dtypes with the plan's divide factors, then the
  * optional fp16 grad scaler (unscale + skip on non-finite), grad-norm clipping and AdamW/SGD on
  * fp32 master parameters through the kernels API (pcs_backend "cpu"). Not thread-safe. */
-#ifndef PCS_WORKER_REFERENCE_H
-#define PCS_WORKER_REFERENCE_H
+#ifndef PCS_MODEL_REFERENCE_H
+#define PCS_MODEL_REFERENCE_H
 
 #include <stddef.h>
 #include <stdint.h>

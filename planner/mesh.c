@@ -7,21 +7,12 @@
 #include <stdbool.h>
 #include <string.h>
 
-static const char *dim_name(pcs_mesh_dim_t d)
+static const char *dim_name(uint32_t d)
 {
-    switch (d) {
-    case PCS_MESH_PP:
-        return "pp";
-    case PCS_MESH_DP_REPLICATE:
-        return "dp_replicate";
-    case PCS_MESH_DP_SHARD:
-        return "dp_shard";
-    }
-    return "?";
+    return d == PCS_MESH_PP ? "pp" : d == PCS_MESH_DP_REPLICATE ? "dp_replicate" : "dp_shard";
 }
 
-pcs_status_t pcs_mesh_init(uint32_t n, const pcs_mesh_dim_t *dims, const uint32_t *sizes,
-                           pcs_mesh_t *out)
+pcs_status_t pcs_mesh_init(uint32_t n, const uint32_t *dims, const uint32_t *sizes, pcs_mesh_t *out)
 {
     memset(out, 0, sizeof *out);
     if (n == 0)
@@ -32,7 +23,7 @@ pcs_status_t pcs_mesh_init(uint32_t n, const pcs_mesh_dim_t *dims, const uint32_
     bool seen[4] = {false, false, false, false};
     uint64_t world = 1;
     for (uint32_t i = 0; i < n; i++) {
-        unsigned d = (unsigned)dims[i];
+        uint32_t d = dims[i];
         if (d < PCS_MESH_PP || d > PCS_MESH_DP_SHARD)
             return pcs_set_error(PCS_ERR_INVALID_ARG,
                                  "mesh[%u].dim: required (pp, dp_replicate or dp_shard)", i);
@@ -42,11 +33,10 @@ pcs_status_t pcs_mesh_init(uint32_t n, const pcs_mesh_dim_t *dims, const uint32_
         seen[d] = true;
         if (sizes[i] == 0)
             return pcs_set_error(PCS_ERR_INVALID_ARG, "mesh[%u].size: must be >= 1", i);
-        world *= sizes[i];
-        if (world > PCS_MESH_MAX_WORLD)
+        world *= sizes[i]; /* < 2^64: the running product is <= 2^32 before this */
+        if (world > UINT32_MAX)
             return pcs_set_error(PCS_ERR_INVALID_ARG,
-                                 "mesh: world size (product of sizes) exceeds %u",
-                                 PCS_MESH_MAX_WORLD);
+                                 "mesh: world size (product of sizes) exceeds %u", UINT32_MAX);
         out->dim[i] = dims[i];
         out->size[i] = sizes[i];
     }
@@ -62,8 +52,7 @@ pcs_status_t pcs_mesh_init(uint32_t n, const pcs_mesh_dim_t *dims, const uint32_
 
 pcs_status_t pcs_mesh_from_spec(const Pcs__V1__JobSpec *spec, pcs_mesh_t *out)
 {
-    pcs_mesh_dim_t dims[PCS_MESH_MAX_DIMS];
-    uint32_t sizes[PCS_MESH_MAX_DIMS];
+    uint32_t dims[PCS_MESH_MAX_DIMS], sizes[PCS_MESH_MAX_DIMS];
     size_t n = spec ? spec->n_mesh : 0;
     if (n > PCS_MESH_MAX_DIMS) {
         memset(out, 0, sizeof *out);
@@ -71,7 +60,7 @@ pcs_status_t pcs_mesh_from_spec(const Pcs__V1__JobSpec *spec, pcs_mesh_t *out)
                              PCS_MESH_MAX_DIMS);
     }
     for (size_t i = 0; i < n; i++) {
-        dims[i] = spec->mesh[i] ? (pcs_mesh_dim_t)spec->mesh[i]->dim : (pcs_mesh_dim_t)0;
+        dims[i] = spec->mesh[i] ? (uint32_t)spec->mesh[i]->dim : 0;
         sizes[i] = spec->mesh[i] ? spec->mesh[i]->size : 0;
     }
     return pcs_mesh_init((uint32_t)n, dims, sizes, out);
@@ -79,14 +68,13 @@ pcs_status_t pcs_mesh_from_spec(const Pcs__V1__JobSpec *spec, pcs_mesh_t *out)
 
 pcs_status_t pcs_mesh_from_plan(const Pcs__V1__Plan *plan, pcs_mesh_t *out)
 {
-    pcs_mesh_dim_t dims[PCS_MESH_MAX_DIMS];
-    uint32_t sizes[PCS_MESH_MAX_DIMS];
+    uint32_t dims[PCS_MESH_MAX_DIMS], sizes[PCS_MESH_MAX_DIMS];
     size_t n = plan->n_mesh;
     bool ok = n >= 1 && n <= PCS_MESH_MAX_DIMS;
     for (size_t i = 0; ok && i < n; i++) {
         ok = plan->mesh[i] != NULL;
         if (ok) {
-            dims[i] = (pcs_mesh_dim_t)plan->mesh[i]->dim;
+            dims[i] = (uint32_t)plan->mesh[i]->dim;
             sizes[i] = plan->mesh[i]->size;
         }
     }
@@ -202,4 +190,104 @@ uint32_t pcs_mesh_data_rank(const pcs_mesh_t *m, uint32_t rank)
     uint32_t c[4];
     pcs_mesh_coords(m, rank, c);
     return c[PCS_MESH_DP_REPLICATE] * pcs_mesh_size(m, PCS_MESH_DP_SHARD) + c[PCS_MESH_DP_SHARD];
+}
+
+// ---- on a plan ---------------------------------------------------------------------------------
+
+pcs_status_t pcs_plan_rank_coords(const Pcs__V1__Plan *p, uint32_t rank, Pcs__V1__MeshCoords *out)
+{
+    pcs__v1__mesh_coords__init(out);
+    pcs_mesh_t m;
+    PCS_CHECK(pcs_mesh_from_plan(p, &m));
+    if (rank >= m.world)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "rank %u: must be < world size %u", rank,
+                             m.world);
+    uint32_t c[4];
+    pcs_mesh_coords(&m, rank, c);
+    out->pp = c[PCS_MESH_PP];
+    out->dp_replicate = c[PCS_MESH_DP_REPLICATE];
+    out->dp_shard = c[PCS_MESH_DP_SHARD];
+    return PCS_OK;
+}
+
+uint32_t pcs_plan_rank_of(const Pcs__V1__Plan *p, const Pcs__V1__MeshCoords *c)
+{
+    pcs_mesh_t m;
+    if (pcs_mesh_from_plan(p, &m) != PCS_OK)
+        return UINT32_MAX;
+    const uint32_t coords[4] = {0, c->pp, c->dp_replicate, c->dp_shard};
+    return pcs_mesh_rank(&m, coords);
+}
+
+unsigned pcs_plan_group_vary(Pcs__V1__GroupKind k)
+{
+    switch (k) {
+    case PCS__V1__GROUP_KIND__GROUP_KIND_WORLD:
+        return PCS_MESH_VARY_ALL;
+    case PCS__V1__GROUP_KIND__GROUP_KIND_SHARD:
+    case PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD:
+        return PCS_MESH_VARY(PCS_MESH_DP_SHARD);
+    case PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE:
+        return PCS_MESH_VARY(PCS_MESH_DP_REPLICATE);
+    case PCS__V1__GROUP_KIND__GROUP_KIND_DP:
+        return PCS_MESH_VARY(PCS_MESH_DP_REPLICATE) | PCS_MESH_VARY(PCS_MESH_DP_SHARD);
+    case PCS__V1__GROUP_KIND__GROUP_KIND_PP:
+        return PCS_MESH_VARY(PCS_MESH_PP);
+    default:
+        return 0;
+    }
+}
+
+/* The block size of kind k's groups: the plan's RESHARD group size, 0 for the other kinds. */
+static pcs_status_t split_of(const Pcs__V1__Plan *p, Pcs__V1__GroupKind k, uint32_t *split)
+{
+    *split = 0;
+    if (k != PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD)
+        return PCS_OK;
+    for (size_t i = 0; i < p->n_groups; i++)
+        if (p->groups[i]->kind == PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD) {
+            *split = p->groups[i]->size;
+            break;
+        }
+    if (!*split)
+        return pcs_set_error(PCS_ERR_NOT_FOUND,
+                             "plan: no reshard group (reshard_after_forward is not an int)");
+    return PCS_OK;
+}
+
+pcs_status_t pcs_plan_group(const Pcs__V1__Plan *p, Pcs__V1__GroupKind k, uint32_t rank,
+                            pcs_mesh_group_t *out)
+{
+    memset(out, 0, sizeof *out);
+    pcs_mesh_t m;
+    PCS_CHECK(pcs_mesh_from_plan(p, &m));
+    unsigned vary = pcs_plan_group_vary(k);
+    if (!vary)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "group kind %d: unknown", (int)k);
+    uint32_t split;
+    PCS_CHECK(split_of(p, k, &split));
+    return pcs_mesh_group(&m, rank, vary, split, out);
+}
+
+pcs_status_t pcs_plan_group_ranks(const Pcs__V1__Plan *p, Pcs__V1__GroupKind k, uint32_t rank,
+                                  uint32_t *ranks, uint32_t *n, uint32_t *my_index)
+{
+    uint32_t cap = *n;
+    *n = 0;
+    pcs_mesh_group_t g;
+    PCS_CHECK(pcs_plan_group(p, k, rank, &g));
+    *n = g.size;
+    if (my_index)
+        *my_index = g.index;
+    if (!ranks)
+        return PCS_OK;
+    if (cap < g.size)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "group of %u ranks: capacity %u too small",
+                             g.size, cap);
+    pcs_mesh_t m;
+    PCS_CHECK(pcs_mesh_from_plan(p, &m));
+    unsigned vary = pcs_plan_group_vary(k);
+    for (uint32_t i = 0; i < g.size; i++)
+        ranks[i] = pcs_mesh_group_member(&m, rank, vary, &g, i);
+    return PCS_OK;
 }

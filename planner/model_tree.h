@@ -2,8 +2,8 @@
  * plain-C tree of modules in module-tree (preorder) order with their parameters, buffers and
  * shared-parameter aliases. The planner builds units from it; the worker uses it to know FQNs and
  * shapes. Pure C, no RPC, no allocation outside pcs_model_expand/pcs_model_free. */
-#ifndef PCS_COORD_MODEL_H
-#define PCS_COORD_MODEL_H
+#ifndef PCS_PLANNER_MODEL_TREE_H
+#define PCS_PLANNER_MODEL_TREE_H
 
 #include <stdbool.h>
 #include <stddef.h>

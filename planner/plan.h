@@ -3,8 +3,8 @@
  * pipeline stages and per-rank estimates. Pure C over protobuf-c structs: no RPC, no globals, so
  * the coordinator, pcsctl (offline `plan`) and the workers all get the same answer.
  * Rules and pcs's choices where PyTorch versions differ: docs/PLAN.md "Plan". */
-#ifndef PCS_COORD_PLAN_H
-#define PCS_COORD_PLAN_H
+#ifndef PCS_PLANNER_PLAN_H
+#define PCS_PLANNER_PLAN_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -13,6 +13,7 @@
 #include "pcs/status.h"
 #include "pcs/v1/job.pb-c.h"
 #include "pcs/v1/plan.pb-c.h"
+#include "planner/mesh.h" /* rank <-> coordinates <-> groups of a plan */
 
 #ifdef __cplusplus
 extern "C" {
@@ -42,23 +43,10 @@ void pcs_plan_free(Pcs__V1__Plan *p);
 /* FNV-1a 64 over the packed plan with hash = 0; stable across processes and machines. */
 uint64_t pcs_plan_hash(const Pcs__V1__Plan *p);
 
-/* Rank -> (pp, dp_replicate, dp_shard), row-major over plan->mesh. out is initialised here.
- * PCS_ERR_INVALID_ARG if rank >= world size or the plan has no mesh. */
-pcs_status_t pcs_plan_rank_coords(const Pcs__V1__Plan *p, uint32_t rank, Pcs__V1__MeshCoords *out);
-/* Inverse of pcs_plan_rank_coords; UINT32_MAX if a coordinate is out of range. */
-uint32_t pcs_plan_rank_of(const Pcs__V1__Plan *p, const Pcs__V1__MeshCoords *c);
-
 /* Memory and traffic estimate of `rank` (depends only on its pp coordinate). out is initialised
  * here. Formulas: docs/PLAN.md. PCS_ERR_INVALID_ARG if rank >= world size. */
 pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
                                     Pcs__V1__RankEstimate *out);
-
-/* The ranks of `rank`'s group of kind k in group-rank order (ascending global rank), its
- * position in *my_index. *n: in = capacity of `ranks`, out = group size; ranks may be NULL to
- * ask only for the size. Errors: PCS_ERR_INVALID_ARG (bad rank/kind, capacity too small; *n is
- * still set), PCS_ERR_NOT_FOUND (kind RESHARD in a plan without int reshard_after_forward). */
-pcs_status_t pcs_plan_group_ranks(const Pcs__V1__Plan *p, Pcs__V1__GroupKind k, uint32_t rank,
-                                  uint32_t *ranks, uint32_t *n, uint32_t *my_index);
 
 /* [begin, end) of shard `shard_rank`'s unpadded part of the unit's flat buffer (torch.chunk rule:
  * c = shard_numel, begin = min(r*c, flat_numel), end = min((r+1)*c, flat_numel); trailing shards

@@ -2,8 +2,8 @@
  * bad spec is refused with the FIRST broken rule as "field.path: rule". Pure: no I/O, no RPC;
  * linked into pcs_plan so that the coordinator, pcsctl (local pre-check) and the planner share it.
  * Not a planner: divisibility of tensors by shard sizes is the planner's business. */
-#ifndef PCS_VALIDATE_H
-#define PCS_VALIDATE_H
+#ifndef PCS_PLANNER_VALIDATE_H
+#define PCS_PLANNER_VALIDATE_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -2,8 +2,8 @@
  * WatchAssignment on its own thread (a broken stream is re-opened with backoff; a coordinator that
  * restarts is re-registered with the same identity), run each assigned job with the training loop,
  * ReportStep asynchronously from a reporter thread, Deregister on exit. */
-#ifndef PCS_AGENT_H
-#define PCS_AGENT_H
+#ifndef PCS_WORKER_AGENT_H
+#define PCS_WORKER_AGENT_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -22,6 +22,7 @@
 #include "pcs/clock.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
+#include "planner/mesh.h"
 
 #define NO_UNIT UINT32_MAX
 
@@ -270,65 +271,6 @@ static pcs_coll_red_t red_of(const Pcs__V1__CollectiveSpec *c, int use_pre, int 
     }
     return r;
 }
-
-// ---- mesh groups (row-major over the plan's mesh dims, DESIGN.md §5) ----
-
-typedef struct mesh_info {
-    size_t n;
-    int dim[8];
-    uint32_t size[8];
-} mesh_info_t;
-
-static void mesh_of(const Pcs__V1__Plan *p, mesh_info_t *m)
-{
-    m->n = 0;
-    for (size_t i = 0; i < p->n_mesh && i < 8; i++) {
-        m->dim[m->n] = (int)p->mesh[i]->dim;
-        m->size[m->n] = p->mesh[i]->size ? p->mesh[i]->size : 1;
-        m->n++;
-    }
-}
-
-static void coords_of(const mesh_info_t *m, uint32_t rank, uint32_t *c)
-{
-    for (size_t i = m->n; i-- > 0;) {
-        c[i] = rank % m->size[i];
-        rank /= m->size[i];
-    }
-}
-
-/* Members of `rank`'s group varying the dims in `vary` (mask of MeshDimName bits): writes the
- * group size, my index and the group id (first member). */
-static void group_of(const mesh_info_t *m, uint32_t world, uint32_t rank, unsigned vary,
-                     uint32_t *size, uint32_t *index, uint32_t *id)
-{
-    uint32_t mine[8], other[8];
-    coords_of(m, rank, mine);
-    *size = 0;
-    *index = 0;
-    *id = rank;
-    int first = 1;
-    for (uint32_t r = 0; r < world; r++) {
-        coords_of(m, r, other);
-        int same = 1;
-        for (size_t i = 0; i < m->n; i++)
-            if (!(vary & (1u << m->dim[i])) && other[i] != mine[i])
-                same = 0;
-        if (!same)
-            continue;
-        if (first) {
-            *id = r;
-            first = 0;
-        }
-        if (r == rank)
-            *index = *size;
-        (*size)++;
-    }
-}
-
-#define VARY_SHARD (1u << PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_SHARD)
-#define VARY_REP   (1u << PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE)
-#define VARY_PP    (1u << PCS__V1__MESH_DIM_NAME__MESH_DIM_PP)
 
 static pcs_status_t make_comm(const pcs_runtime_config_t *cfg, const char *name, uint32_t id,
                               uint32_t index, uint32_t size, pcs_coll_t **out)
@@ -909,17 +851,22 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
     PCS_CHECK_GOTO(rt->be->stream_create(&rt->rs_stream), st, fail);
     PCS_CHECK_GOTO(rt->be->event_create(&rt->ev_opt), st, fail);
     PCS_CHECK_GOTO(rt->be->event_create(&rt->ev_fence), st, fail);
-    mesh_info_t m;
-    mesh_of(cfg->plan, &m);
-    uint32_t id, sz, ix;
-    group_of(&m, rt->world, rt->rank, VARY_SHARD, &rt->shard_size, &rt->shard_index, &id);
-    uint32_t shard_id = id;
-    group_of(&m, rt->world, rt->rank, VARY_REP, &rt->rep_size, &rt->rep_index, &id);
-    uint32_t rep_id = id;
-    group_of(&m, rt->world, rt->rank, VARY_SHARD | VARY_REP, &rt->dp_size, &ix, &id);
-    uint32_t dp_id = id, dp_index = ix;
-    rt->dp_index = ix;
-    (void)sz;
+    /* The plan's groups (planner/mesh.c); a group is named by its lowest rank. */
+    pcs_mesh_group_t shard_g, rep_g, dp_g;
+    PCS_CHECK_GOTO(
+        pcs_plan_group(cfg->plan, PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, rt->rank, &shard_g), st,
+        fail);
+    PCS_CHECK_GOTO(
+        pcs_plan_group(cfg->plan, PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE, rt->rank, &rep_g), st,
+        fail);
+    PCS_CHECK_GOTO(pcs_plan_group(cfg->plan, PCS__V1__GROUP_KIND__GROUP_KIND_DP, rt->rank, &dp_g),
+                   st, fail);
+    rt->shard_size = shard_g.size;
+    rt->shard_index = shard_g.index;
+    rt->rep_size = rep_g.size;
+    rt->rep_index = rep_g.index;
+    rt->dp_size = dp_g.size;
+    rt->dp_index = dp_g.index;
 
     int any_sharded = 0, any_rep = 0;
     for (size_t i = 0; i < cfg->plan->n_units; i++) {
@@ -932,15 +879,16 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
     /* Communicators are created in the same order on every rank (rendezvous is by name). */
     PCS_CHECK_GOTO(make_comm(cfg, "world", 0, rt->rank, rt->world, &rt->world_c), st, fail);
     if (any_sharded) {
-        PCS_CHECK_GOTO(
-            make_comm(cfg, "shard-ag", shard_id, rt->shard_index, rt->shard_size, &rt->shard_ag),
-            st, fail);
-        PCS_CHECK_GOTO(
-            make_comm(cfg, "shard-rs", shard_id, rt->shard_index, rt->shard_size, &rt->shard_rs),
-            st, fail);
+        PCS_CHECK_GOTO(make_comm(cfg, "shard-ag", shard_g.first, rt->shard_index, rt->shard_size,
+                                 &rt->shard_ag),
+                       st, fail);
+        PCS_CHECK_GOTO(make_comm(cfg, "shard-rs", shard_g.first, rt->shard_index, rt->shard_size,
+                                 &rt->shard_rs),
+                       st, fail);
     }
-    PCS_CHECK_GOTO(make_comm(cfg, "replicate", rep_id, rt->rep_index, rt->rep_size, &rt->rep_c), st,
-                   fail);
+    PCS_CHECK_GOTO(
+        make_comm(cfg, "replicate", rep_g.first, rt->rep_index, rt->rep_size, &rt->rep_c), st,
+        fail);
     for (size_t i = 0; i < cfg->plan->n_units; i++) {
         uint32_t n = cfg->plan->units[i]->reshard_group_size;
         if (n > 1 && n < rt->shard_size && rt->shard_size % n == 0)
@@ -948,14 +896,20 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
     }
     if (rt->reshard_n) {
         /* n consecutive ranks of the shard group (mesh.view(-1, n)) */
-        rt->reshard_index = rt->shard_index % rt->reshard_n;
-        uint32_t rid = shard_id * 65536u + rt->shard_index / rt->reshard_n;
+        pcs_mesh_t m;
+        pcs_mesh_group_t g;
+        PCS_CHECK_GOTO(pcs_mesh_from_plan(cfg->plan, &m), st, fail);
         PCS_CHECK_GOTO(
-            make_comm(cfg, "reshard", rid, rt->reshard_index, rt->reshard_n, &rt->reshard_c), st,
+            pcs_mesh_group(&m, rt->rank, PCS_MESH_VARY(PCS_MESH_DP_SHARD), rt->reshard_n, &g), st,
             fail);
+        rt->reshard_index = g.index;
+        PCS_CHECK_GOTO(
+            make_comm(cfg, "reshard", g.first, rt->reshard_index, rt->reshard_n, &rt->reshard_c),
+            st, fail);
     }
     if (any_rep)
-        PCS_CHECK_GOTO(make_comm(cfg, "dp", dp_id, dp_index, rt->dp_size, &rt->dp_c), st, fail);
+        PCS_CHECK_GOTO(make_comm(cfg, "dp", dp_g.first, rt->dp_index, rt->dp_size, &rt->dp_c), st,
+                       fail);
 
     PCS_CHECK_GOTO(alloc_shared(rt), st, fail);
     PCS_CHECK_GOTO(alloc_units(rt, cfg), st, fail);

@@ -35,8 +35,8 @@
  *    (pcs_runtime_shard_to_host copies a shard out).
  * On the cpu backend streams and events are ordering tokens and every op completes before it
  * returns, so the same code runs there (that is what the CPU tests exercise). */
-#ifndef PCS_RUNTIME_H
-#define PCS_RUNTIME_H
+#ifndef PCS_WORKER_RUNTIME_H
+#define PCS_WORKER_RUNTIME_H
 
 #include <stddef.h>
 #include <stdint.h>

@@ -282,6 +282,34 @@ static pcs_status_t setup_buffers(pcs_train_t *t)
     return PCS_OK;
 }
 
+pcs_status_t pcs_train_data_position(const Pcs__V1__Assignment *as, uint32_t *dp_rank,
+                                     uint32_t *dp_size)
+{
+    *dp_rank = 0;
+    *dp_size = 1;
+    if (!as->plan)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "assignment: no plan");
+    pcs_mesh_t m;
+    PCS_CHECK(pcs_mesh_from_plan(as->plan, &m));
+    if (as->rank >= m.world)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "assignment: rank %u: must be < world size %u",
+                             as->rank, m.world);
+    uint32_t c[4];
+    pcs_mesh_coords(&m, as->rank, c);
+    const Pcs__V1__MeshCoords *ac = as->coords;
+    if (ac && (ac->pp != c[PCS_MESH_PP] || ac->dp_replicate != c[PCS_MESH_DP_REPLICATE] ||
+               ac->dp_shard != c[PCS_MESH_DP_SHARD]))
+        return pcs_set_error(
+            PCS_ERR_INVALID_ARG,
+            "assignment: coordinates (pp %u, dp_replicate %u, dp_shard %u) are not "
+            "rank %u's in the plan's mesh (pp %u, dp_replicate %u, dp_shard %u)",
+            ac->pp, ac->dp_replicate, ac->dp_shard, as->rank, c[PCS_MESH_PP],
+            c[PCS_MESH_DP_REPLICATE], c[PCS_MESH_DP_SHARD]);
+    *dp_rank = pcs_mesh_data_rank(&m, as->rank);
+    *dp_size = pcs_mesh_size(&m, PCS_MESH_DP_REPLICATE) * pcs_mesh_size(&m, PCS_MESH_DP_SHARD);
+    return PCS_OK;
+}
+
 void pcs_train_opt_from_spec(const Pcs__V1__TrainingSpec *tr, pcs_runtime_config_t *rc)
 {
     pcs_adamw_config_default(&rc->adamw);
@@ -389,17 +417,8 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     if (tr && tr->grad_scaler && tr->grad_scaler->enabled)
         t->scale = tr->grad_scaler->init_scale ? tr->grad_scaler->init_scale->value : 65536.0;
 
-    /* Data-parallel position: the rank's index among ranks of its pp stage. */
-    {
-        Pcs__V1__MeshCoords c = PCS__V1__MESH_COORDS__INIT;
-        if (t->as->coords)
-            c = *t->as->coords;
-        uint32_t S = t->plan->shard_size ? t->plan->shard_size : 1;
-        t->D = t->plan->dp_size ? t->plan->dp_size : 1;
-        t->dp_rank = c.dp_replicate * S + c.dp_shard;
-        if (t->D == 1)
-            t->dp_rank = 0;
-    }
+    /* Data-parallel position: which samples this rank reads (DESIGN.md §5 sample order). */
+    PCS_CHECK_GOTO(pcs_train_data_position(t->as, &t->dp_rank, &t->D), st, fail);
 
     pcs_mlp_config_t mc;
     PCS_CHECK_GOTO(pcs_mlp_config_from_proto(spec->model->mlp, &mc), st, fail);

@@ -2,8 +2,8 @@
  * from an Assignment, runs the steps (micro-batches without sync, reduce, clip, scaler, optimizer),
  * reports every step, checkpoints and exports. Used by the agent (pcs-worker) and by tests that run
  * ranks without a coordinator (file KV store). Not thread-safe except pcs_train_abort(). */
-#ifndef PCS_TRAIN_H
-#define PCS_TRAIN_H
+#ifndef PCS_WORKER_TRAIN_H
+#define PCS_WORKER_TRAIN_H
 
 #include <stdint.h>
 
@@ -79,6 +79,13 @@ struct pcs_backend_ops;
 pcs_status_t pcs_train_resolve_backend(const Pcs__V1__JobSpec *spec, const char *offer_backend,
                                        const char *offer_coll, const struct pcs_backend_ops **be,
                                        int *coll);
+
+/* The rank's data-parallel sample position (pcs_mesh_data_rank of the plan's mesh) and the
+ * data-parallel size. The assignment's coordinates, when sent, must be the plan's for its rank:
+ * PCS_ERR_INVALID_ARG naming both otherwise (the plan is the contract). Shared by pcs-worker and
+ * the C API. */
+pcs_status_t pcs_train_data_position(const Pcs__V1__Assignment *as, uint32_t *dp_rank,
+                                     uint32_t *dp_size);
 
 /* The training spec's optimizer as runtime settings (kind, AdamW / SGD hyper-parameters; AdamW
  * with PyTorch's defaults when unset). Shared by pcs-worker and the C API. */

@@ -222,13 +222,7 @@ pcs_status_t pcs_worker_join(const pcs_worker_options_t *opt, pcs_worker_t **out
         PCS_CHECK_GOTO(w->be->set_device(pcs_agent_device(w->agent)), st, fail_job);
         PCS_CHECK_GOTO(w->be->stream_create(&w->stream), st, fail_job);
     }
-    {
-        uint32_t S = plan->shard_size ? plan->shard_size : 1;
-        w->dp_size = plan->dp_size ? plan->dp_size : 1;
-        w->dp_rank = as->coords ? as->coords->dp_replicate * S + as->coords->dp_shard : 0;
-        if (w->dp_size == 1)
-            w->dp_rank = 0;
-    }
+    PCS_CHECK_GOTO(pcs_train_data_position(as, &w->dp_rank, &w->dp_size), st, fail_job);
     if (tr->grad_scaler && tr->grad_scaler->enabled)
         w->scale = tr->grad_scaler->init_scale ? tr->grad_scaler->init_scale->value : 65536.0;
     pcs_runtime_config_t rc;

@@ -1,8 +1,8 @@
-# coordinator/: the pure state machine and the SQLite store compiled in (neither needs gRPC nor
-# the planner), bearer tokens, and the real pcs-coordinator driven by the C client, a stock gRPC
-# client, TLS and tokens.
+# coordinator/: the pure state machine (with the pure planner's mesh) and the SQLite store compiled
+# in (neither needs gRPC), bearer tokens, and the real pcs-coordinator driven by the C client, a
+# stock gRPC client, TLS and tokens.
 pcs_add_test(NAME test_coord SOURCES unit/test_coord.c ${PROJECT_SOURCE_DIR}/coordinator/coord.c
-             LIBS pcs_base LABELS unit TIMEOUT 60)
+             LIBS pcs_planner LABELS unit TIMEOUT 60)
 pcs_add_test(NAME test_store SOURCES unit/test_store.c ${PROJECT_SOURCE_DIR}/coordinator/store.c
              LIBS pcs_base PkgConfig::SQLITE LABELS unit TIMEOUT 60)
 pcs_add_test(NAME test_auth SOURCES unit/test_auth.c LIBS pcs_coord LABELS unit)

@@ -421,7 +421,7 @@ static void test_mesh_coords_are_row_major_in_the_given_order(void **state)
     for (uint32_t a = 0; a < 2; a++)
         for (uint32_t b = 0; b < 3; b++)
             for (uint32_t s = 0; s < 2; s++, rank++) {
-                pcs_coord_rank_coords(j, rank, co);
+                pcs_mesh_coords(&j->mesh, rank, co);
                 assert_int_equal(co[PCS_MESH_PP], a);
                 assert_int_equal(co[PCS_MESH_DP_REPLICATE], b);
                 assert_int_equal(co[PCS_MESH_DP_SHARD], s);
@@ -430,10 +430,10 @@ static void test_mesh_coords_are_row_major_in_the_given_order(void **state)
     uint32_t names2[2] = {PCS_MESH_DP_SHARD, PCS_MESH_PP}, sizes2[2] = {2, 2};
     pcs_coord_job_t *j2;
     assert_int_equal(submit(f, NULL, 2, names2, sizes2, &j2), PCS_OK);
-    pcs_coord_rank_coords(j2, 1, co);
+    pcs_mesh_coords(&j2->mesh, 1, co);
     assert_int_equal(co[PCS_MESH_PP], 1);
     assert_int_equal(co[PCS_MESH_DP_SHARD], 0);
-    pcs_coord_rank_coords(j2, 2, co);
+    pcs_mesh_coords(&j2->mesh, 2, co);
     assert_int_equal(co[PCS_MESH_PP], 0);
     assert_int_equal(co[PCS_MESH_DP_SHARD], 1);
 }

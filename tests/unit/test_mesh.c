@@ -1,10 +1,12 @@
-/* planner/mesh.c, the one home of rank <-> coordinates <-> groups, against the five places that
- * computed them before it: the planner's closed forms (pcs_plan_rank_coords / rank_of /
- * group_ranks in plan_rules.c, called live), and verbatim copies of the coordinator's
- * pcs_coord_rank_coords (coord.c), the runtime's O(world) group_of scan and reshard arithmetic
- * (runtime.c) and the data rank of train.c / worker_api.c. Every mesh of up to 64 ranks: every
- * subset of the three dims in every order, every size tuple, every rank, every group kind, every
- * reshard split of the shard group, pp > 1 included. */
+/* planner/mesh.c, the one home of rank <-> coordinates <-> groups, against the definitions, on
+ * every mesh of up to 64 ranks: every subset of the three dims in every order, every size tuple,
+ * every rank, every group kind, every reshard split of the shard group, pp > 1 included. The
+ * references are the brute-force forms the closed forms replace (before they were deleted, this
+ * test also compared mesh.c with the five copies it replaced: coord.c, plan_rules.c, runtime.c,
+ * train.c and worker_api.c): coordinates by repeated div/mod from the innermost dim, a group as a
+ * scan of every rank for those that share the non-varying coordinates, reshard blocks as
+ * consecutive runs of that list. The plan-level wrappers (pcs_plan_rank_coords / rank_of /
+ * group_ranks) must agree with both. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -19,80 +21,38 @@
 
 #define MAX_WORLD 64
 
-// ---- the old helpers (frozen copies, deleted from the tree with this test's next change) -------
+// ---- references ------------------------------------------------------------------------------
 
-/* coordinator/coord.c pcs_coord_rank_coords, on the job's dim_name/dim_size arrays */
-static void old_coord_rank_coords(uint32_t n_dims, const uint32_t *dim_name,
-                                  const uint32_t *dim_size, uint32_t rank, uint32_t coords[4])
+/* row-major: the innermost (last) dim varies fastest, as init_device_mesh numbers ranks */
+static void ref_coords(uint32_t n, const uint32_t *name, const uint32_t *size, uint32_t rank,
+                       uint32_t coords[4])
 {
     memset(coords, 0, 4 * sizeof *coords);
-    for (uint32_t i = n_dims; i-- > 0;) {
-        uint32_t v = rank % dim_size[i];
-        rank /= dim_size[i];
-        if (dim_name[i] >= 1 && dim_name[i] <= 3)
-            coords[dim_name[i]] = v;
+    for (uint32_t i = n; i-- > 0;) {
+        coords[name[i]] = rank % size[i];
+        rank /= size[i];
     }
 }
 
-/* worker/runtime.c mesh_of / coords_of / group_of */
-typedef struct mesh_info {
-    size_t n;
-    int dim[8];
-    uint32_t size[8];
-} mesh_info_t;
-
-static void old_mesh_of(const Pcs__V1__Plan *p, mesh_info_t *m)
+/* The ranks sharing every coordinate of `rank` outside `vary`, ascending; *index = rank's place. */
+static uint32_t ref_group(uint32_t n, const uint32_t *name, const uint32_t *size, uint32_t world,
+                          uint32_t rank, unsigned vary, uint32_t *members, uint32_t *index)
 {
-    m->n = 0;
-    for (size_t i = 0; i < p->n_mesh && i < 8; i++) {
-        m->dim[m->n] = (int)p->mesh[i]->dim;
-        m->size[m->n] = p->mesh[i]->size ? p->mesh[i]->size : 1;
-        m->n++;
-    }
-}
-
-static void old_coords_of(const mesh_info_t *m, uint32_t rank, uint32_t *c)
-{
-    for (size_t i = m->n; i-- > 0;) {
-        c[i] = rank % m->size[i];
-        rank /= m->size[i];
-    }
-}
-
-static void old_group_of(const mesh_info_t *m, uint32_t world, uint32_t rank, unsigned vary,
-                         uint32_t *size, uint32_t *index, uint32_t *id)
-{
-    uint32_t mine[8], other[8];
-    old_coords_of(m, rank, mine);
-    *size = 0;
-    *index = 0;
-    *id = rank;
-    int first = 1;
+    uint32_t mine[4], other[4], count = 0;
+    ref_coords(n, name, size, rank, mine);
     for (uint32_t r = 0; r < world; r++) {
-        old_coords_of(m, r, other);
+        ref_coords(n, name, size, r, other);
         int same = 1;
-        for (size_t i = 0; i < m->n; i++)
-            if (!(vary & (1u << m->dim[i])) && other[i] != mine[i])
+        for (uint32_t d = 1; d <= 3; d++)
+            if (!(vary & (1u << d)) && other[d] != mine[d])
                 same = 0;
         if (!same)
             continue;
-        if (first) {
-            *id = r;
-            first = 0;
-        }
         if (r == rank)
-            *index = *size;
-        (*size)++;
+            *index = count;
+        members[count++] = r;
     }
-}
-
-/* worker/train.c and worker/worker_api.c: the data-parallel sample position */
-static uint32_t old_dp_rank(const Pcs__V1__Plan *p, const Pcs__V1__MeshCoords *c)
-{
-    uint32_t S = p->shard_size ? p->shard_size : 1;
-    uint32_t D = p->dp_size ? p->dp_size : 1;
-    uint32_t r = c->dp_replicate * S + c->dp_shard;
-    return D == 1 ? 0 : r;
+    return count;
 }
 
 // ---- meshes ----------------------------------------------------------------------------------
@@ -120,7 +80,7 @@ static void make(fixture_t *f, uint32_t n, const uint32_t *name, const uint32_t 
     pcs__v1__plan__init(&f->plan);
     f->n = n;
     uint32_t world = 1;
-    pcs_mesh_dim_t d[3];
+    uint32_t d[3];
     for (uint32_t i = 0; i < n; i++) {
         f->name[i] = name[i];
         f->size[i] = size[i];
@@ -128,7 +88,7 @@ static void make(fixture_t *f, uint32_t n, const uint32_t *name, const uint32_t 
         f->dims[i].dim = (Pcs__V1__MeshDimName)name[i];
         f->dims[i].size = size[i];
         f->dimp[i] = &f->dims[i];
-        d[i] = (pcs_mesh_dim_t)name[i];
+        d[i] = name[i];
         world *= size[i];
     }
     f->plan.mesh = f->dimp;
@@ -168,26 +128,24 @@ static uint64_t check_mesh(fixture_t *f)
 {
     uint64_t checks = 0;
     const pcs_mesh_t *m = &f->mesh;
-    uint32_t world = m->world, ranks[MAX_WORLD];
-    mesh_info_t mi;
-    old_mesh_of(&f->plan, &mi);
+    uint32_t world = m->world, ranks[MAX_WORLD], members[MAX_WORLD];
     for (uint32_t r = 0; r < world; r++) {
-        /* coordinates: coord.c and plan_rules.c */
-        uint32_t c_new[4], c_old[4];
+        /* coordinates */
+        uint32_t c_new[4], c_ref[4];
         pcs_mesh_coords(m, r, c_new);
-        old_coord_rank_coords(f->n, f->name, f->size, r, c_old);
-        assert_memory_equal(c_new, c_old, sizeof c_new);
+        ref_coords(f->n, f->name, f->size, r, c_ref);
+        assert_memory_equal(c_new, c_ref, sizeof c_new);
         Pcs__V1__MeshCoords pc;
         assert_int_equal(pcs_plan_rank_coords(&f->plan, r, &pc), PCS_OK);
-        assert_int_equal(pc.pp, c_new[PCS_MESH_PP]);
-        assert_int_equal(pc.dp_replicate, c_new[PCS_MESH_DP_REPLICATE]);
-        assert_int_equal(pc.dp_shard, c_new[PCS_MESH_DP_SHARD]);
+        assert_int_equal(pc.pp, c_ref[PCS_MESH_PP]);
+        assert_int_equal(pc.dp_replicate, c_ref[PCS_MESH_DP_REPLICATE]);
+        assert_int_equal(pc.dp_shard, c_ref[PCS_MESH_DP_SHARD]);
         /* rank of coordinates, and out-of-range coordinates */
-        assert_int_equal(pcs_mesh_rank(m, c_new), r);
+        assert_int_equal(pcs_mesh_rank(m, c_ref), r);
         assert_int_equal(pcs_plan_rank_of(&f->plan, &pc), r);
         for (uint32_t d = 1; d <= 3; d++) {
             uint32_t bad[4];
-            memcpy(bad, c_new, sizeof bad);
+            memcpy(bad, c_ref, sizeof bad);
             bad[d] = dim_size(f, d);
             Pcs__V1__MeshCoords pb = pc;
             if (d == 1)
@@ -199,44 +157,49 @@ static uint64_t check_mesh(fixture_t *f)
             assert_int_equal(pcs_mesh_rank(m, bad), UINT32_MAX);
             assert_int_equal(pcs_plan_rank_of(&f->plan, &pb), UINT32_MAX);
         }
-        /* data rank: train.c / worker_api.c */
-        assert_int_equal(pcs_mesh_data_rank(m, r), old_dp_rank(&f->plan, &pc));
-        /* groups of every kind: plan_rules.c's lists, runtime.c's scan */
+        /* data rank (DESIGN.md section 5): dp_replicate * |dp_shard| + dp_shard */
+        assert_int_equal(pcs_mesh_data_rank(m, r),
+                         c_ref[PCS_MESH_DP_REPLICATE] * dim_size(f, 3) + c_ref[PCS_MESH_DP_SHARD]);
+        /* groups of every kind */
         for (size_t k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+            uint32_t ref_index = 0;
+            uint32_t ref_n =
+                ref_group(f->n, f->name, f->size, world, r, kind_vary[k], members, &ref_index);
             pcs_mesh_group_t g;
             assert_int_equal(pcs_mesh_group(m, r, kind_vary[k], 0, &g), PCS_OK);
+            assert_int_equal(g.size, ref_n);
+            assert_int_equal(g.index, ref_index);
+            assert_int_equal(g.first, members[0]);
+            for (uint32_t i = 0; i < ref_n; i++)
+                assert_int_equal(pcs_mesh_group_member(m, r, kind_vary[k], &g, i), members[i]);
+            assert_int_equal(pcs_plan_group_vary(kinds[k]), kind_vary[k]);
             uint32_t n = MAX_WORLD, mine = 0;
             assert_int_equal(pcs_plan_group_ranks(&f->plan, kinds[k], r, ranks, &n, &mine), PCS_OK);
-            assert_int_equal(g.size, n);
-            assert_int_equal(g.index, mine);
-            assert_int_equal(g.first, ranks[0]);
-            for (uint32_t i = 0; i < n; i++)
-                assert_int_equal(pcs_mesh_group_member(m, r, kind_vary[k], &g, i), ranks[i]);
-            uint32_t osz, oix, oid;
-            old_group_of(&mi, world, r, kind_vary[k], &osz, &oix, &oid);
-            assert_int_equal(g.size, osz);
-            assert_int_equal(g.index, oix);
-            assert_int_equal(g.first, oid);
+            assert_int_equal(n, ref_n);
+            assert_int_equal(mine, ref_index);
+            assert_memory_equal(ranks, members, n * sizeof *ranks);
             checks++;
         }
-        /* reshard blocks of the shard group: plan_rules.c, and runtime.c's index arithmetic */
+        /* reshard blocks: consecutive runs of `split` members of the shard group */
         if (f->split) {
             unsigned vs = PCS_MESH_VARY(PCS_MESH_DP_SHARD);
-            pcs_mesh_group_t g, sg;
+            uint32_t pos = 0;
+            ref_group(f->n, f->name, f->size, world, r, vs, members, &pos);
+            const uint32_t *block = members + pos / f->split * f->split;
+            pcs_mesh_group_t g;
             assert_int_equal(pcs_mesh_group(m, r, vs, f->split, &g), PCS_OK);
-            assert_int_equal(pcs_mesh_group(m, r, vs, 0, &sg), PCS_OK);
+            assert_int_equal(g.size, f->split);
+            assert_int_equal(g.index, pos % f->split);
+            assert_int_equal(g.first, block[0]);
+            for (uint32_t i = 0; i < f->split; i++)
+                assert_int_equal(pcs_mesh_group_member(m, r, vs, &g, i), block[i]);
             uint32_t n = MAX_WORLD, mine = 0;
             assert_int_equal(pcs_plan_group_ranks(&f->plan, PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD,
                                                   r, ranks, &n, &mine),
                              PCS_OK);
-            assert_int_equal(g.size, n);
-            assert_int_equal(g.index, mine);
-            assert_int_equal(g.first, ranks[0]);
-            for (uint32_t i = 0; i < n; i++)
-                assert_int_equal(pcs_mesh_group_member(m, r, vs, &g, i), ranks[i]);
-            assert_int_equal(g.index, sg.index % f->split); /* runtime: reshard_index */
-            assert_int_equal(g.first,
-                             pcs_mesh_group_member(m, r, vs, &sg, sg.index / f->split * f->split));
+            assert_int_equal(n, f->split);
+            assert_int_equal(mine, pos % f->split);
+            assert_memory_equal(ranks, block, n * sizeof *ranks);
             checks++;
         }
     }
@@ -244,7 +207,7 @@ static uint64_t check_mesh(fixture_t *f)
 }
 
 /* Every ordered choice of n of the 3 dims, every size tuple with a product <= MAX_WORLD. */
-static void test_mesh_matches_old_helpers_on_every_mesh_up_to_64_ranks(void **state)
+static void test_mesh_matches_the_definitions_on_every_mesh_up_to_64_ranks(void **state)
 {
     (void)state;
     uint64_t meshes = 0, checks = 0;
@@ -291,24 +254,24 @@ static void test_mesh_init_names_the_field(void **state)
 {
     (void)state;
     pcs_mesh_t m;
-    pcs_mesh_dim_t d[4] = {PCS_MESH_PP, PCS_MESH_DP_SHARD, PCS_MESH_DP_REPLICATE, PCS_MESH_PP};
+    uint32_t d[4] = {PCS_MESH_PP, PCS_MESH_DP_SHARD, PCS_MESH_DP_REPLICATE, PCS_MESH_PP};
     uint32_t s[4] = {2, 3, 4, 1};
     assert_int_equal(pcs_mesh_init(0, d, s, &m), PCS_ERR_INVALID_ARG);
     assert_string_equal(pcs_last_error(), "mesh: required (at least one dimension)");
     assert_int_equal(pcs_mesh_init(4, d, s, &m), PCS_ERR_INVALID_ARG);
     assert_string_equal(pcs_last_error(), "mesh: more than 3 dimensions");
-    pcs_mesh_dim_t twice[2] = {PCS_MESH_DP_SHARD, PCS_MESH_DP_SHARD};
+    uint32_t twice[2] = {PCS_MESH_DP_SHARD, PCS_MESH_DP_SHARD};
     assert_int_equal(pcs_mesh_init(2, twice, s, &m), PCS_ERR_INVALID_ARG);
     assert_string_equal(pcs_last_error(), "mesh: dimension dp_shard given twice");
-    pcs_mesh_dim_t unknown[1] = {(pcs_mesh_dim_t)7};
+    uint32_t unknown[1] = {7};
     assert_int_equal(pcs_mesh_init(1, unknown, s, &m), PCS_ERR_INVALID_ARG);
     assert_string_equal(pcs_last_error(), "mesh[0].dim: required (pp, dp_replicate or dp_shard)");
     uint32_t zero[2] = {2, 0};
     assert_int_equal(pcs_mesh_init(2, d, zero, &m), PCS_ERR_INVALID_ARG);
     assert_string_equal(pcs_last_error(), "mesh[1].size: must be >= 1");
-    uint32_t big[3] = {1024, 1024, 2};
+    uint32_t big[3] = {65536, 65536, 2};
     assert_int_equal(pcs_mesh_init(3, d, big, &m), PCS_ERR_INVALID_ARG);
-    assert_string_equal(pcs_last_error(), "mesh: world size (product of sizes) exceeds 1048576");
+    assert_string_equal(pcs_last_error(), "mesh: world size (product of sizes) exceeds 4294967295");
     assert_int_equal(pcs_mesh_init(3, d, s, &m), PCS_OK);
     assert_int_equal(m.world, 24);
     /* row-major, innermost fastest: rank 23 = (pp 1, dp_shard 2, dp_replicate 3) */
@@ -346,7 +309,7 @@ static void test_mesh_from_plan_refuses_a_mesh_that_is_not_the_world(void **stat
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_mesh_matches_old_helpers_on_every_mesh_up_to_64_ranks),
+        cmocka_unit_test(test_mesh_matches_the_definitions_on_every_mesh_up_to_64_ranks),
         cmocka_unit_test(test_mesh_init_names_the_field),
         cmocka_unit_test(test_mesh_from_plan_refuses_a_mesh_that_is_not_the_world),
     };

@@ -55,6 +55,18 @@ static pcs_status_t sgd_lr1_config(pcs_runtime_config_t *rc, const Pcs__V1__Plan
     return pcs_backend_get("cpu", &rc->be);
 }
 
+/* The plan's mesh for a world of one (the planner always emits one; the runtime refuses a plan
+ * without). */
+static void world_of_one(Pcs__V1__Plan *plan)
+{
+    static Pcs__V1__MeshDim one = PCS__V1__MESH_DIM__INIT, *onep[1] = {&one};
+    one.dim = PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_SHARD;
+    one.size = 1;
+    plan->world_size = 1;
+    plan->n_mesh = 1;
+    plan->mesh = onep;
+}
+
 static pcs_status_t init_one(void *ctx, const Pcs__V1__ParamSlot *p, uint64_t first, uint64_t n,
                              float *out)
 {
@@ -95,7 +107,7 @@ static void test_frozen_parameters_are_not_updated_or_counted(void **state)
     unit.shard_numel = 24;
     unit.n_params = 3;
     unit.params = psp;
-    plan.world_size = 1;
+    world_of_one(&plan);
     plan.n_units = 1;
     plan.units = up;
     for (int opt = 0; opt < 2; opt++) {
@@ -159,7 +171,7 @@ static void test_sync_on_every_micro_batch_reduces_each_hand_in_once(void **stat
     unit.shard_numel = N;
     unit.n_params = 1;
     unit.params = psp;
-    plan.world_size = 1;
+    world_of_one(&plan);
     plan.n_units = 1;
     plan.units = up;
 
@@ -234,7 +246,7 @@ static void test_world_of_one_divides_by_a_custom_factor(void **state)
             red.post_divide = 2;
         }
         unit.local_reduction = &red;
-        plan.world_size = 1;
+        world_of_one(&plan);
         plan.n_units = 1;
         plan.units = up;
         pcs_runtime_config_t rc;
@@ -280,7 +292,7 @@ static void test_no_sync_hand_in_with_one_micro_batch_is_accumulated(void **stat
     unit.shard_numel = 8;
     unit.n_params = 1;
     unit.params = psp;
-    plan.world_size = 1;
+    world_of_one(&plan);
     plan.n_units = 1;
     plan.units = up;
     for (int prefetch = 0; prefetch <= 1; prefetch++) {
