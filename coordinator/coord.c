@@ -12,92 +12,8 @@
 
 #include "pcs/log.h"
 #include "pcs/mem.h"
+#include "pcs/strmap.h"
 #include "pcs/utf8.h"
-
-// ---------------------------------------------------------------------------------------------
-// string -> uint32 map (open addressing, no deletion: keys live as long as their owner)
-
-typedef struct strmap {
-    const char **keys;
-    uint32_t *vals;
-    size_t cap, len;
-} strmap_t;
-
-static uint64_t fnv1a(const char *s)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
-static bool strmap_get(const strmap_t *m, const char *key, uint32_t *val)
-{
-    if (!m->cap)
-        return false;
-    size_t mask = m->cap - 1;
-    for (size_t i = (size_t)fnv1a(key) & mask;; i = (i + 1) & mask) {
-        if (!m->keys[i])
-            return false;
-        if (strcmp(m->keys[i], key) == 0) {
-            *val = m->vals[i];
-            return true;
-        }
-    }
-}
-
-static void strmap_free(strmap_t *m)
-{
-    free(m->keys);
-    free(m->vals);
-    memset(m, 0, sizeof *m);
-}
-
-/* Insert or overwrite; `key` is retained (owned by the caller's record). */
-static pcs_status_t strmap_put(strmap_t *m, const char *key, uint32_t val)
-{
-    if ((m->len + 1) * 2 > m->cap) {
-        size_t ncap = m->cap ? m->cap * 2 : 16;
-        strmap_t n = {0};
-        PCS_CHECK(pcs_calloc(ncap, sizeof *n.keys, (void **)&n.keys));
-        pcs_status_t st = pcs_calloc(ncap, sizeof *n.vals, (void **)&n.vals);
-        if (st != PCS_OK) {
-            free(n.keys);
-            return st;
-        }
-        n.cap = ncap;
-        for (size_t i = 0; i < m->cap; i++) {
-            if (m->keys[i]) {
-                size_t j = (size_t)fnv1a(m->keys[i]) & (ncap - 1);
-                while (n.keys[j])
-                    j = (j + 1) & (ncap - 1);
-                n.keys[j] = m->keys[i];
-                n.vals[j] = m->vals[i];
-                n.len++;
-            }
-        }
-        strmap_free(m);
-        *m = n;
-    }
-    size_t mask = m->cap - 1;
-    for (size_t i = (size_t)fnv1a(key) & mask;; i = (i + 1) & mask) {
-        if (!m->keys[i]) {
-            m->keys[i] = key;
-            m->vals[i] = val;
-            m->len++;
-            return PCS_OK;
-        }
-        if (strcmp(m->keys[i], key) == 0) {
-            m->keys[i] = key;
-            m->vals[i] = val;
-            return PCS_OK;
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 
 #define FP_RING 16 /* steps remembered per pipeline stage */
 /* Ids are handed out one after another, so a store row numbered past this is corrupt: restoring
@@ -122,9 +38,9 @@ struct pcs_coord {
     size_t n_workers, cap_workers;
     pcs_coord_job_t **jobs; /* index = number - 1 */
     size_t n_jobs, cap_jobs;
-    strmap_t by_identity; /* identity -> worker number */
-    strmap_t by_request;  /* request id -> job number */
-    uint32_t idle_live;   /* IDLE workers (gang start checks this before scanning) */
+    pcs_strmap_t by_identity; /* identity -> worker number (keys: the workers' identities) */
+    pcs_strmap_t by_request;  /* request id -> job number (keys: the jobs' request ids) */
+    uint32_t idle_live;       /* IDLE workers (gang start checks this before scanning) */
     uint32_t n_pending;
 };
 
@@ -195,7 +111,7 @@ static void kv_clear(pcs_coord_job_t *j)
     j->kv_len = j->kv_cap = 0;
     j->kv_bytes = 0;
     if (j->kv_index) {
-        strmap_free(j->kv_index);
+        pcs_strmap_free(j->kv_index);
         free(j->kv_index);
         j->kv_index = NULL;
     }
@@ -251,8 +167,8 @@ void pcs_coord_destroy(pcs_coord_t *c)
     for (size_t i = 0; i < c->n_workers; i++)
         worker_free(c->workers[i]);
     free(c->workers);
-    strmap_free(&c->by_identity);
-    strmap_free(&c->by_request);
+    pcs_strmap_free(&c->by_identity);
+    pcs_strmap_free(&c->by_request);
     free(c);
 }
 
@@ -478,7 +394,7 @@ static pcs_status_t new_worker(pcs_coord_t *c, uint32_t number, const char *iden
     PCS_CHECK(pcs_calloc(1, sizeof *w, (void **)&w));
     pcs_status_t st = pcs_strdup(identity, &w->identity);
     if (st == PCS_OK)
-        st = strmap_put(&c->by_identity, w->identity, number);
+        st = pcs_strmap_put(&c->by_identity, w->identity, number);
     if (st != PCS_OK) {
         worker_free(w);
         return st;
@@ -534,7 +450,7 @@ pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
     uint32_t num;
     pcs_coord_worker_t *w = NULL;
     bool is_new = false;
-    if (strmap_get(&c->by_identity, r->identity, &num)) {
+    if (pcs_strmap_get(&c->by_identity, r->identity, &num)) {
         w = pcs_coord_worker_by_number(c, num);
         *reregistered = true;
         if (w->state == PCS_WORKER_ASSIGNED && w->job && r->pid && w->pid && r->pid != w->pid) {
@@ -771,7 +687,7 @@ static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job
     PCS_CHECK_GOTO(pcs_calloc(world, sizeof *j->rank_worker, (void **)&j->rank_worker), st, fail);
     PCS_CHECK_GOTO(pcs_calloc(world, 1, (void **)&j->rank_done), st, fail);
     if (*j->request_id)
-        PCS_CHECK_GOTO(strmap_put(&c->by_request, j->request_id, number), st, fail);
+        PCS_CHECK_GOTO(pcs_strmap_put(&c->by_request, j->request_id, number), st, fail);
     j->number = number;
     snprintf(j->id, sizeof j->id, "job-%" PRIu32, number);
     j->world_size = world;
@@ -800,7 +716,7 @@ fail:
 pcs_coord_job_t *pcs_coord_job_by_request(pcs_coord_t *c, const char *request_id)
 {
     uint32_t n;
-    if (!request_id || !*request_id || !strmap_get(&c->by_request, request_id, &n))
+    if (!request_id || !*request_id || !pcs_strmap_get(&c->by_request, request_id, &n))
         return NULL;
     return pcs_coord_job_by_number(c, n);
 }
@@ -1073,10 +989,10 @@ pcs_status_t pcs_coord_kv_set(pcs_coord_t *c, const char *job_id, uint64_t gener
                              "value: %zu bytes exceeds the limit of %" PRIu32 " bytes", len,
                              c->cfg.kv_max_value_bytes);
     if (!j->kv_index) {
-        PCS_CHECK(pcs_calloc(1, sizeof(strmap_t), &j->kv_index));
+        PCS_CHECK(pcs_calloc(1, sizeof(pcs_strmap_t), &j->kv_index));
     }
     uint32_t idx;
-    bool exists = strmap_get(j->kv_index, key, &idx);
+    bool exists = pcs_strmap_get(j->kv_index, key, &idx);
     uint64_t old = exists ? j->kv[idx].len + strlen(key) : 0;
     uint64_t total = j->kv_bytes - old + len + strlen(key);
     if (total > c->cfg.kv_max_job_bytes)
@@ -1095,7 +1011,7 @@ pcs_status_t pcs_coord_kv_set(pcs_coord_t *c, const char *job_id, uint64_t gener
         if (st == PCS_OK)
             st = pcs_strdup(key, &k);
         if (st == PCS_OK)
-            st = strmap_put(j->kv_index, k, (uint32_t)j->kv_len);
+            st = pcs_strmap_put(j->kv_index, k, (uint32_t)j->kv_len);
         if (st != PCS_OK) {
             free(k);
             free(copy);
@@ -1143,7 +1059,7 @@ pcs_status_t pcs_coord_kv_get(pcs_coord_t *c, const char *job_id, uint64_t gener
     pcs_coord_job_t *j;
     PCS_CHECK(kv_scope(c, job_id, generation, key, &j));
     uint32_t idx;
-    if (j->kv_index && strmap_get(j->kv_index, key, &idx)) {
+    if (j->kv_index && pcs_strmap_get(j->kv_index, key, &idx)) {
         *found = 1;
         *value = j->kv[idx].value;
         *len = j->kv[idx].len;
@@ -1291,7 +1207,7 @@ pcs_status_t pcs_coord_restore_worker(pcs_coord_t *c, uint32_t number, const cha
                              "restore: worker number %" PRIu32 " exceeds %u (corrupt store row)",
                              number, MAX_RESTORED_NUMBER);
     uint32_t n;
-    if (pcs_coord_worker_by_number(c, number) || strmap_get(&c->by_identity, identity, &n))
+    if (pcs_coord_worker_by_number(c, number) || pcs_strmap_get(&c->by_identity, identity, &n))
         return pcs_set_error(PCS_ERR_EXISTS, "restore: worker %" PRIu32 " / %s already known",
                              number, identity);
     pcs_coord_worker_t *w;

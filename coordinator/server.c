@@ -976,7 +976,9 @@ static void restore_job(void *user, const pcs_store_job_t *r)
         .transport = spec ? pcs_coord_job_transport(spec->backend, spec->collectives) : NULL,
         .spec = spec,
         .plan = plan,
-        .plan_hash = r->plan_hash};
+        /* the rebuilt plan's own hash: the one its workers check (a coordinator of another
+         * version may have stored another) */
+        .plan_hash = plan ? pcs_plan_hash(plan) : r->plan_hash};
     if (pcs_coord_restore_job(s->coord, r->number, &d, state, reason, r->created_ms, r->started_ms,
                               finished_ms, r->generation) != PCS_OK) {
         PCS_WARN(PCS_SUB_STORE, "store: job %" PRIu32 " not restored: %s", r->number,

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "pcs/hash.h"
 #include "pcs/mem.h"
 #include "io/safetensors.h"
 
@@ -30,19 +31,9 @@ float pcs_rng_normal(uint64_t key, uint64_t counter)
     return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
 }
 
-uint64_t pcs_fqn_hash(const char *fqn)
-{
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (const unsigned char *p = (const unsigned char *)fqn; p && *p; p++) {
-        h ^= *p;
-        h *= 0x100000001b3ull;
-    }
-    return h;
-}
-
 uint64_t pcs_rng_key(uint64_t seed, const char *name)
 {
-    return pcs_rng_u64(seed ^ 0x5ca1ab1e0ddba11ull, pcs_fqn_hash(name));
+    return pcs_rng_u64(seed ^ 0x5ca1ab1e0ddba11ull, pcs_fnv1a64_str(name));
 }
 
 void pcs_init_uniform(uint64_t seed, const char *fqn, float lo, float hi, uint64_t first,

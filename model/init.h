@@ -35,10 +35,8 @@ uint64_t pcs_rng_u64(uint64_t key, uint64_t counter);
 float pcs_rng_uniform(uint64_t key, uint64_t counter);
 /* Standard normal (Box-Muller over counters 2c and 2c+1). */
 float pcs_rng_normal(uint64_t key, uint64_t counter);
-/* FNV-1a 64 of a string: the per-tensor stream id. */
-uint64_t pcs_fqn_hash(const char *fqn);
-/* Key of the stream for (seed, name): mixes both so that equal FQNs under different seeds differ.
- */
+/* Key of the stream for (seed, name): mixes both so that equal FQNs under different seeds differ
+ * (the name's stream id is its FNV-1a 64, pcs/hash.h). */
 uint64_t pcs_rng_key(uint64_t seed, const char *name);
 
 // ---- parameter init ----

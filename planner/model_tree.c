@@ -74,72 +74,19 @@ pcs_status_t pcs_errlist_finish(pcs_errlist_t *e)
 }
 
 // ----------------------------------------------------------------------------------------------
-// string hash table of indices (open addressing; slot = index + 1, 0 = empty)
+// path and FQN lookups: pcs/strmap.h maps borrowing the module paths / FQNs (owned by the model or
+// the node list, which outlive the maps)
 
-typedef const char *(*key_fn)(const void *ctx, uint32_t i);
-
-typedef struct strmap {
-    uint32_t *slot;
-    uint32_t cap; /* power of two */
-} strmap_t;
-
-static uint64_t fnv1a(const char *s)
+/* Index stored for `k`, -1 if absent. */
+static int32_t find(const pcs_strmap_t *h, const char *k)
 {
-    uint64_t h = 1469598103934665603ull;
-    for (; *s; s++) {
-        h ^= (unsigned char)*s;
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
-static pcs_status_t strmap_init(strmap_t *h, uint32_t n)
-{
-    uint32_t cap = 16;
-    while (cap < 2u * n + 1)
-        cap *= 2;
-    h->cap = cap;
-    return pcs_calloc(cap, sizeof *h->slot, (void **)&h->slot);
-}
-
-static int32_t strmap_get(const strmap_t *h, key_fn key, const void *ctx, const char *k)
-{
-    if (!h->slot)
-        return -1;
-    uint32_t mask = h->cap - 1;
-    for (uint32_t i = (uint32_t)fnv1a(k) & mask;; i = (i + 1) & mask) {
-        uint32_t s = h->slot[i];
-        if (!s)
-            return -1;
-        if (strcmp(key(ctx, s - 1), k) == 0)
-            return (int32_t)(s - 1);
-    }
-}
-
-/* Insert index `idx` (whose key must not be present yet). The table never fills: cap > 2n. */
-static void strmap_put(strmap_t *h, key_fn key, const void *ctx, uint32_t idx)
-{
-    uint32_t mask = h->cap - 1;
-    uint32_t i = (uint32_t)fnv1a(key(ctx, idx)) & mask;
-    while (h->slot[i])
-        i = (i + 1) & mask;
-    h->slot[i] = idx + 1;
-}
-
-static const char *module_key(const void *ctx, uint32_t i)
-{
-    return ((const pcs_model_t *)ctx)->modules[i].path;
-}
-
-static const char *param_key(const void *ctx, uint32_t i)
-{
-    return ((const pcs_model_t *)ctx)->params[i].fqn;
+    uint32_t i;
+    return pcs_strmap_get(h, k, &i) ? (int32_t)i : -1;
 }
 
 int32_t pcs_model_find(const pcs_model_t *m, const char *path)
 {
-    strmap_t h = {m->index, m->index_cap};
-    return strmap_get(&h, module_key, m, path);
+    return find(&m->index, path);
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -264,13 +211,10 @@ static pcs_status_t finalize(pcs_model_t *m)
     }
     for (uint32_t i = m->n_modules; i-- > 1;)
         m->modules[m->modules[i].parent].subtree_numel += m->modules[i].subtree_numel;
-    if (!m->index) {
-        strmap_t h;
-        PCS_CHECK(strmap_init(&h, m->n_modules));
+    if (!pcs_strmap_len(&m->index)) {
+        PCS_CHECK(pcs_strmap_reserve(&m->index, m->n_modules));
         for (uint32_t i = 0; i < m->n_modules; i++)
-            strmap_put(&h, module_key, m, i);
-        m->index = h.slot;
-        m->index_cap = h.cap;
+            PCS_CHECK(pcs_strmap_put(&m->index, m->modules[i].path, i));
     }
     return PCS_OK;
 }
@@ -293,7 +237,7 @@ void pcs_model_free(pcs_model_t *m)
     free(m->params);
     free(m->buffers);
     free(m->aliases);
-    free(m->index);
+    pcs_strmap_free(&m->index);
     free(m);
 }
 
@@ -380,15 +324,12 @@ typedef struct nodes {
     size_t cap;
 } nodes_t;
 
-static const char *node_key(const void *ctx, uint32_t i)
-{
-    return ((const nodes_t *)ctx)->v[i].path;
-}
-
-static pcs_status_t node_add(nodes_t *ns, strmap_t *h, const char *path, char *owned,
+/* A node for `path` (borrowed from the spec, or `owned`), indexed in h by path. */
+static pcs_status_t node_add(nodes_t *ns, pcs_strmap_t *h, const char *path, char *owned,
                              int32_t parent)
 {
     PCS_CHECK(pcs_grow((void **)&ns->v, &ns->cap, ns->n + 1, sizeof *ns->v));
+    PCS_CHECK(pcs_strmap_put(h, path, ns->n));
     node_t *nd = &ns->v[ns->n];
     nd->path = path;
     nd->owned = owned;
@@ -403,7 +344,6 @@ static pcs_status_t node_add(nodes_t *ns, strmap_t *h, const char *path, char *o
             p->first_child = (int32_t)ns->n;
         p->last_child = (int32_t)ns->n;
     }
-    strmap_put(h, node_key, ns, ns->n);
     ns->n++;
     return PCS_OK;
 }
@@ -477,7 +417,7 @@ static pcs_status_t expand_explicit(const Pcs__V1__ExplicitModel *em, pcs_errlis
     pcs_status_t rc = PCS_OK;
     uint32_t before = errs->count;
     nodes_t ns = {0};
-    strmap_t h = {0};
+    pcs_strmap_t h = PCS_STRMAP_BORROWED;
     int32_t *stack = NULL;
     int32_t *mdecl = NULL; /* module index -> declaration index (-1 synthesized) */
     size_t nd = em ? em->n_modules : 0;
@@ -502,7 +442,7 @@ static pcs_status_t expand_explicit(const Pcs__V1__ExplicitModel *em, pcs_errlis
             return PCS_ERR_INVALID_ARG;
         }
     }
-    PCS_CHECK_GOTO(strmap_init(&h, (uint32_t)cap), rc, out);
+    PCS_CHECK_GOTO(pcs_strmap_reserve(&h, cap), rc, out);
     PCS_CHECK_GOTO(node_add(&ns, &h, "", NULL, -1), rc, out);
 
     for (size_t i = 0; i < nd; i++) {
@@ -526,7 +466,7 @@ static pcs_status_t expand_explicit(const Pcs__V1__ExplicitModel *em, pcs_errlis
             }
             memcpy(pre, path, k);
             pre[k] = '\0';
-            int32_t f = strmap_get(&h, node_key, &ns, pre);
+            int32_t f = find(&h, pre);
             if (f >= 0) {
                 free(pre);
                 parent = f;
@@ -615,16 +555,18 @@ static pcs_status_t expand_explicit(const Pcs__V1__ExplicitModel *em, pcs_errlis
     /* local names unique per module (params + buffers + shared) */
     {
         pcs_model_t *m = b->m;
-        strmap_t ph = {0};
-        PCS_CHECK_GOTO(strmap_init(&ph, m->n_params), rc, out);
+        pcs_strmap_t ph = PCS_STRMAP_BORROWED; /* FQN -> parameter index */
+        PCS_CHECK_GOTO(pcs_strmap_reserve(&ph, m->n_params), rc, out);
         for (uint32_t p = 0; p < m->n_params; p++) {
-            if (strmap_get(&ph, param_key, m, m->params[p].fqn) >= 0)
+            bool added;
+            rc = pcs_strmap_add(&ph, m->params[p].fqn, p, &added);
+            if (rc != PCS_OK)
+                break;
+            if (!added)
                 pcs_errlist_add(errs, "model.explicit: duplicate parameter '%s'", m->params[p].fqn);
-            else
-                strmap_put(&ph, param_key, m, p);
         }
         for (uint32_t bu = 0; bu < m->n_buffers; bu++)
-            if (strmap_get(&ph, param_key, m, m->buffers[bu].fqn) >= 0)
+            if (find(&ph, m->buffers[bu].fqn) >= 0)
                 pcs_errlist_add(errs, "model.explicit: '%s' is both a parameter and a buffer",
                                 m->buffers[bu].fqn);
         /* shared parameters, in module order so aliases stay grouped per module */
@@ -643,7 +585,7 @@ static pcs_status_t expand_explicit(const Pcs__V1__ExplicitModel *em, pcs_errlis
                                     di, j);
                     continue;
                 }
-                int32_t target = strmap_get(&ph, param_key, m, sp2->shares ? sp2->shares : "");
+                int32_t target = find(&ph, sp2->shares ? sp2->shares : "");
                 if (target < 0) {
                     pcs_errlist_add(errs,
                                     "model.explicit.modules[%d].shared[%zu].shares: no "
@@ -656,7 +598,7 @@ static pcs_status_t expand_explicit(const Pcs__V1__ExplicitModel *em, pcs_errlis
                     rc = PCS_ERR_NOMEM;
                     break;
                 }
-                if (strmap_get(&ph, param_key, m, fqn) >= 0) {
+                if (find(&ph, fqn) >= 0) {
                     pcs_errlist_add(errs,
                                     "model.explicit.modules[%d].shared[%zu].name: '%s' is "
                                     "already a parameter",
@@ -677,7 +619,7 @@ static pcs_status_t expand_explicit(const Pcs__V1__ExplicitModel *em, pcs_errlis
                 m->modules[mi].alias_end = m->n_aliases;
             }
         }
-        free(ph.slot);
+        pcs_strmap_free(&ph);
     }
     if (rc == PCS_OK && errs->count != before)
         rc = PCS_ERR_INVALID_ARG;
@@ -685,7 +627,7 @@ out:
     for (uint32_t i = 0; i < ns.n; i++)
         free(ns.v[i].owned);
     free(ns.v);
-    free(h.slot);
+    pcs_strmap_free(&h);
     free(stack);
     free(mdecl);
     return rc;

@@ -11,6 +11,7 @@
 
 #include "pcs/dtype.h"
 #include "pcs/status.h"
+#include "pcs/strmap.h"
 #include "pcs/v1/job.pb-c.h"
 
 #ifdef __cplusplus
@@ -62,9 +63,8 @@ typedef struct pcs_model {
     uint32_t n_buffers;
     pcs_model_alias_t *aliases;
     uint32_t n_aliases;
-    uint64_t numel;  /* total parameter elements (shared ones once) */
-    uint32_t *index; /* path hash table (internal) */
-    uint32_t index_cap;
+    uint64_t numel;     /* total parameter elements (shared ones once) */
+    pcs_strmap_t index; /* module path -> module index (pcs_model_find) */
 } pcs_model_t;
 
 /* Expand spec->model. MLP FQN scheme (fixed; the worker computes with these names): root ""

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pcs/hash.h"
 #include "pcs/mem.h"
 
 // ----------------------------------------------------------------------------------------------
@@ -120,12 +121,7 @@ typedef struct fnv_buffer {
 static void fnv_append(ProtobufCBuffer *b, size_t len, const uint8_t *data)
 {
     fnv_buffer_t *f = (fnv_buffer_t *)b;
-    uint64_t h = f->h;
-    for (size_t i = 0; i < len; i++) {
-        h ^= data[i];
-        h *= 1099511628211ull;
-    }
-    f->h = h;
+    f->h = pcs_fnv1a64(f->h, data, len);
 }
 
 uint64_t pcs_plan_hash(const Pcs__V1__Plan *p)
@@ -134,7 +130,7 @@ uint64_t pcs_plan_hash(const Pcs__V1__Plan *p)
      * concurrent readers are safe. Packing streams into the hash: no buffer allocation. */
     Pcs__V1__Plan copy = *p;
     copy.hash = 0;
-    fnv_buffer_t f = {{fnv_append}, 1469598103934665603ull};
+    fnv_buffer_t f = {{fnv_append}, PCS_FNV1A64_OFFSET};
     protobuf_c_message_pack_to_buffer(&copy.base, &f.base);
     return f.h;
 }

@@ -6,6 +6,7 @@
 #include "planner/validate.h"
 
 #include "pcs/dtype.h"
+#include "pcs/strmap.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -21,70 +22,15 @@
 #define MAX_PATH_LEN       768 /* module paths: FQNs (path + local name) fit 1 KiB buffers */
 #define MAX_LOCAL_NAME_LEN 128
 
-// ---- a small string set (duplicate FQNs / module paths in O(n)) --------------------------------
+// ---- string sets (duplicate FQNs / module paths in O(n)): pcs/strmap.h, owning its keys ------
 
-typedef struct sset {
-    char **keys;
-    uint8_t *kind; /* what the key names: 1 = module, 2 = parameter, 3 = buffer */
-    size_t cap, n;
-} sset_t;
-
-static uint64_t hash_str(const char *s)
-{
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
-    return h;
-}
-
-static pcs_status_t sset_init(sset_t *s, size_t expect)
-{
-    size_t cap = 16;
-    while (cap < expect * 2 + 1)
-        cap *= 2;
-    s->keys = calloc(cap, sizeof *s->keys);
-    s->kind = calloc(cap, 1);
-    s->cap = cap;
-    s->n = 0;
-    if (!s->keys || !s->kind)
-        return pcs_set_error(PCS_ERR_NOMEM, "out of memory validating the job spec");
-    return PCS_OK;
-}
-
-static void sset_free(sset_t *s)
-{
-    for (size_t i = 0; s->keys && i < s->cap; i++)
-        free(s->keys[i]);
-    free(s->keys);
-    free(s->kind);
-    memset(s, 0, sizeof *s);
-}
+enum { KIND_MODULE = 1, KIND_PARAM = 2, KIND_BUFFER = 3 }; /* what a key of a set names */
 
 /* Kind of `key` in the set, 0 if absent. */
-static int sset_get(const sset_t *s, const char *key)
+static int kind_of(const pcs_strmap_t *s, const char *key)
 {
-    if (!s->cap)
-        return 0;
-    for (size_t i = hash_str(key) & (s->cap - 1);; i = (i + 1) & (s->cap - 1)) {
-        if (!s->keys[i])
-            return 0;
-        if (!strcmp(s->keys[i], key))
-            return s->kind[i];
-    }
-}
-
-/* Insert; the set was sized for every key up front, so it never fills. */
-static pcs_status_t sset_add(sset_t *s, const char *key, int kind)
-{
-    size_t i = hash_str(key) & (s->cap - 1);
-    while (s->keys[i])
-        i = (i + 1) & (s->cap - 1);
-    s->keys[i] = strdup(key);
-    if (!s->keys[i])
-        return pcs_set_error(PCS_ERR_NOMEM, "out of memory validating the job spec");
-    s->kind[i] = (uint8_t)kind;
-    s->n++;
-    return PCS_OK;
+    uint32_t kind = 0;
+    return pcs_strmap_get(s, key, &kind) ? (int)kind : 0;
 }
 
 // ---- context and small helpers ------------------------------------------------------------------
@@ -92,9 +38,9 @@ static pcs_status_t sset_add(sset_t *s, const char *key, int kind)
 typedef struct vctx {
     char *err;
     size_t errlen;
-    sset_t modules; /* module paths of an explicit model, as declared */
-    sset_t tree;    /* every module path of the model, implicit ancestors included */
-    sset_t tensors; /* parameter and buffer FQNs of an explicit model */
+    pcs_strmap_t modules; /* module paths of an explicit model, as declared */
+    pcs_strmap_t tree;    /* every module path of the model, implicit ancestors included */
+    pcs_strmap_t tensors; /* parameter and buffer FQNs of an explicit model */
     int explicit_model;
 } vctx_t;
 
@@ -249,9 +195,9 @@ static pcs_status_t check_tensor(vctx_t *v, const char *mpath, const char *what,
         return bad(v, "%s: unknown dtype value %d", dp, (int)t->dtype);
     }
     fqn(full, sizeof full, mpath, t->name);
-    if (sset_get(&v->tensors, full))
+    if (kind_of(&v->tensors, full))
         return bad(v, "%s.name: duplicate FQN '%s'", p, full);
-    return sset_add(&v->tensors, full, is_param ? 2 : 3);
+    return pcs_strmap_put(&v->tensors, full, is_param ? KIND_PARAM : KIND_BUFFER);
 }
 
 static pcs_status_t check_explicit(vctx_t *v, const Pcs__V1__ExplicitModel *e)
@@ -262,8 +208,8 @@ static pcs_status_t check_explicit(vctx_t *v, const Pcs__V1__ExplicitModel *e)
     for (size_t i = 0; i < e->n_modules; i++)
         if (e->modules[i])
             ntensors += e->modules[i]->n_params + e->modules[i]->n_buffers;
-    PCS_CHECK(sset_init(&v->modules, e->n_modules));
-    PCS_CHECK(sset_init(&v->tensors, ntensors));
+    PCS_CHECK(pcs_strmap_reserve(&v->modules, e->n_modules));
+    PCS_CHECK(pcs_strmap_reserve(&v->tensors, ntensors));
     for (size_t i = 0; i < e->n_modules; i++) {
         const Pcs__V1__ModuleDecl *m = e->modules[i];
         if (!m)
@@ -274,10 +220,10 @@ static pcs_status_t check_explicit(vctx_t *v, const Pcs__V1__ExplicitModel *e)
                        MAX_PATH_LEN);
         if (!valid_module_path(path))
             return bad(v, "model.explicit.modules[%zu].path: '%s' is not a module path", i, path);
-        if (sset_get(&v->modules, path))
+        if (kind_of(&v->modules, path))
             return bad(v, "model.explicit.modules[%zu].path: duplicate module path '%s'", i,
                        *path ? path : "(root)");
-        PCS_CHECK(sset_add(&v->modules, path, 1));
+        PCS_CHECK(pcs_strmap_put(&v->modules, path, KIND_MODULE));
         for (size_t j = 0; j < m->n_params; j++)
             PCS_CHECK(check_tensor(v, path, "params", i, j, m->params[j], 1));
         for (size_t j = 0; j < m->n_buffers; j++)
@@ -297,14 +243,14 @@ static pcs_status_t check_explicit(vctx_t *v, const Pcs__V1__ExplicitModel *e)
                            "(no '.', at most %d characters)",
                            i, k, MAX_LOCAL_NAME_LEN);
             fqn(full, sizeof full, m->path ? m->path : "", sp->name);
-            if (sset_get(&v->tensors, full))
+            if (kind_of(&v->tensors, full))
                 return bad(v,
                            "model.explicit.modules[%zu].shared[%zu].name: '%s' is also declared "
                            "as a parameter or buffer",
                            i, k, full);
             if (!sp->shares || !*sp->shares)
                 return bad(v, "model.explicit.modules[%zu].shared[%zu].shares: required", i, k);
-            if (sset_get(&v->tensors, sp->shares) != 2)
+            if (kind_of(&v->tensors, sp->shares) != KIND_PARAM)
                 return bad(v, "model.explicit.modules[%zu].shared[%zu].shares: no parameter '%s'",
                            i, k, sp->shares);
         }
@@ -318,9 +264,9 @@ static pcs_status_t tree_add(vctx_t *v, const char *path)
     char buf[1024];
     snprintf(buf, sizeof buf, "%s", path);
     for (;;) {
-        if (sset_get(&v->tree, buf))
+        if (kind_of(&v->tree, buf))
             return PCS_OK; /* its ancestors are in already */
-        PCS_CHECK(sset_add(&v->tree, buf, 1));
+        PCS_CHECK(pcs_strmap_put(&v->tree, buf, KIND_MODULE));
         char *dot = strrchr(buf, '.');
         if (!dot) {
             if (!buf[0])
@@ -339,7 +285,7 @@ static pcs_status_t build_tree(vctx_t *v, const Pcs__V1__ModelSpec *m)
     char path[64];
     if (m->kind_case == PCS__V1__MODEL_SPEC__KIND_MLP) {
         const Pcs__V1__MlpModel *mlp = m->mlp;
-        PCS_CHECK(sset_init(&v->tree, 3 + 4 * mlp->n_hidden_dims));
+        PCS_CHECK(pcs_strmap_reserve(&v->tree, 3 + 4 * mlp->n_hidden_dims));
         PCS_CHECK(tree_add(v, "head"));
         PCS_CHECK(tree_add(v, "layers"));
         int norm = mlp->norm == PCS__V1__NORM__NORM_LAYERNORM ||
@@ -363,7 +309,7 @@ static pcs_status_t build_tree(vctx_t *v, const Pcs__V1__ModelSpec *m)
         for (const char *c = e->modules[i]->path; c && *c; c++)
             n += *c == '.';
     }
-    PCS_CHECK(sset_init(&v->tree, n));
+    PCS_CHECK(pcs_strmap_reserve(&v->tree, n));
     for (size_t i = 0; i < e->n_modules; i++)
         PCS_CHECK(tree_add(v, e->modules[i]->path ? e->modules[i]->path : ""));
     return PCS_OK;
@@ -374,8 +320,8 @@ static int tree_matches(const vctx_t *v, const char *pattern)
 {
     size_t n = strlen(pattern);
     if (n == 0 || pattern[n - 1] != '*')
-        return sset_get(&v->tree, pattern) != 0;
-    for (size_t i = 0; i < v->tree.cap; i++)
+        return kind_of(&v->tree, pattern) != 0;
+    for (size_t i = 0; i < v->tree.cap; i++) /* every key of the set: its table's slots */
         if (v->tree.keys[i] && !strncmp(v->tree.keys[i], pattern, n - 1))
             return 1;
     return 0;
@@ -415,8 +361,8 @@ static pcs_status_t check_wrap(vctx_t *v, const Pcs__V1__WrapSpec *w)
     case PCS__V1__WRAP_SPEC__POLICY_EXPLICIT: {
         if (!w->explicit_ || w->explicit_->n_paths == 0)
             return bad(v, "wrap.explicit.paths: required");
-        sset_t seen = {0};
-        PCS_CHECK(sset_init(&seen, w->explicit_->n_paths));
+        pcs_strmap_t seen = PCS_STRMAP_OWNED;
+        PCS_CHECK(pcs_strmap_reserve(&seen, w->explicit_->n_paths));
         pcs_status_t rc = PCS_OK;
         for (size_t i = 0; i < w->explicit_->n_paths && rc == PCS_OK; i++) {
             const char *p = w->explicit_->paths[i] ? w->explicit_->paths[i] : "";
@@ -427,14 +373,14 @@ static pcs_status_t check_wrap(vctx_t *v, const Pcs__V1__WrapSpec *w)
                          i);
             else if (!valid_module_path(p))
                 rc = bad(v, "wrap.explicit.paths[%zu]: '%s' is not a module path", i, p);
-            else if (sset_get(&seen, p))
+            else if (kind_of(&seen, p))
                 rc = bad(v, "wrap.explicit.paths[%zu]: '%s' given twice", i, p);
-            else if (!sset_get(&v->tree, p))
+            else if (!kind_of(&v->tree, p))
                 rc = bad(v, "wrap.explicit.paths[%zu]: no module '%s' in the model", i, p);
             else
-                rc = sset_add(&seen, p, 1);
+                rc = pcs_strmap_put(&seen, p, KIND_MODULE);
         }
-        sset_free(&seen);
+        pcs_strmap_free(&seen);
         PCS_CHECK(rc);
         break;
     }
@@ -723,7 +669,11 @@ static pcs_status_t check_name(vctx_t *v, const char *name)
 
 pcs_status_t pcs_job_validate(const Pcs__V1__JobSpec *spec, char *err, size_t errlen)
 {
-    vctx_t v = {.err = err, .errlen = errlen};
+    vctx_t v = {.err = err,
+                .errlen = errlen,
+                .modules = PCS_STRMAP_OWNED,
+                .tree = PCS_STRMAP_OWNED,
+                .tensors = PCS_STRMAP_OWNED};
     if (err && errlen)
         err[0] = '\0';
     if (!spec)
@@ -739,9 +689,9 @@ pcs_status_t pcs_job_validate(const Pcs__V1__JobSpec *spec, char *err, size_t er
     PCS_CHECK_GOTO(check_data(&v, spec->data), rc, out);
     PCS_CHECK_GOTO(check_rest(&v, spec), rc, out);
 out:
-    sset_free(&v.modules);
-    sset_free(&v.tree);
-    sset_free(&v.tensors);
+    pcs_strmap_free(&v.modules);
+    pcs_strmap_free(&v.tree);
+    pcs_strmap_free(&v.tensors);
     if (rc != PCS_OK && rc != PCS_ERR_INVALID_ARG && err && errlen)
         snprintf(err, errlen, "%s", pcs_last_error());
     return rc;

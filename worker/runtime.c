@@ -20,6 +20,7 @@
 
 #include "coll/coll.h"
 #include "pcs/clock.h"
+#include "pcs/hash.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
 #include "planner/mesh.h"
@@ -166,15 +167,6 @@ static double ms_since(uint64_t t0_us)
     return (double)(pcs_now_us() - t0_us) / 1000.0;
 }
 
-static uint64_t fnv_mix(uint64_t h, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) {
-        h ^= (v >> (8 * i)) & 0xff;
-        h *= 1099511628211ull;
-    }
-    return h;
-}
-
 /* "<prefix>: <current last error>": pcs_set_error must not read pcs_last_error()'s own buffer
  * while writing it, so the cause is copied first. */
 static pcs_status_t wrap_err(pcs_status_t st, const char *fmt, ...)
@@ -224,7 +216,9 @@ static void record(pcs_runtime_t *rt, int kind, uint32_t unit, pcs_dtype_t dt, u
     r->bytes = count * group * pcs_dtype_size(dt);
     r->audit_ok = ok;
     uint64_t *h = on_ag_thread ? &rt->h_ag : &rt->h_main;
-    *h = fnv_mix(fnv_mix(fnv_mix(fnv_mix(*h, (uint64_t)kind), unit), (uint64_t)dt), count);
+    *h = pcs_fnv1a64_u64(
+        pcs_fnv1a64_u64(pcs_fnv1a64_u64(pcs_fnv1a64_u64(*h, (uint64_t)kind), unit), (uint64_t)dt),
+        count);
 }
 
 static const Pcs__V1__CollectiveSpec *find_coll(const Pcs__V1__Unit *u, int kind)
@@ -1072,7 +1066,7 @@ pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt)
     rt->inline_reduce_ms = rt->drain_ms = 0;
     rt->ag_bytes = rt->rs_bytes = rt->ar_bytes = 0;
     rt->n_recs = 0;
-    rt->h_ag = rt->h_main = 1469598103934665603ull;
+    rt->h_ag = rt->h_main = PCS_FNV1A64_OFFSET;
     rt->audit_ok = 1;
     rt->max_unsharded = rt->n_unsharded;
     pthread_mutex_unlock(&rt->mu);

@@ -27,3 +27,5 @@ if(PCS_FUZZ AND CMAKE_C_COMPILER_ID MATCHES "Clang")
 elseif(PCS_FUZZ)
   message(STATUS "pcs: PCS_FUZZ needs clang; libFuzzer targets skipped (replay drivers still built)")
 endif()
+# The one string map and the one hash (FNV-1a 64 test vectors).
+pcs_add_test(NAME test_strmap SOURCES unit/test_strmap.c LIBS pcs_base LABELS unit TIMEOUT 60)
