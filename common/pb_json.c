@@ -4,6 +4,7 @@
  * and oneofs of scalars print as plain scalars, doubles print with the fewest digits that round
  * trip, and non-finite numbers print as the strings "inf", "-inf", "nan". */
 #include "pcs/pbtext.h"
+#include "pcs/utf8.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -67,39 +68,6 @@ static void sb_newline(sbuf_t *s, int indent, int level)
         sb_put(s, " ", 1);
 }
 
-/* Length of a valid UTF-8 sequence at p (1..4), or 0 if invalid. */
-static size_t utf8_len(const unsigned char *p, size_t avail)
-{
-    unsigned char c = p[0];
-    size_t n;
-    uint32_t cp;
-    if (c < 0x80)
-        return 1;
-    if ((c & 0xe0) == 0xc0) {
-        n = 2;
-        cp = c & 0x1f;
-    } else if ((c & 0xf0) == 0xe0) {
-        n = 3;
-        cp = c & 0x0f;
-    } else if ((c & 0xf8) == 0xf0) {
-        n = 4;
-        cp = c & 0x07;
-    } else {
-        return 0;
-    }
-    if (n > avail)
-        return 0;
-    for (size_t i = 1; i < n; i++) {
-        if ((p[i] & 0xc0) != 0x80)
-            return 0;
-        cp = (cp << 6) | (p[i] & 0x3f);
-    }
-    if ((n == 2 && cp < 0x80) || (n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) ||
-        cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
-        return 0;
-    return n;
-}
-
 /* JSON string; bytes that are not valid UTF-8 become U+FFFD so the output is always valid. */
 static void sb_json_string(sbuf_t *s, const char *str)
 {
@@ -128,7 +96,7 @@ static void sb_json_string(sbuf_t *s, const char *str)
             }
             i++;
         } else {
-            size_t n = utf8_len(p + i, len - i);
+            size_t n = pcs_utf8_seq((const char *)p + i, len - i);
             uint32_t cp = 0;
             if (n == 2)
                 cp = ((uint32_t)(p[i] & 0x1f) << 6) | (p[i + 1] & 0x3f);

@@ -19,34 +19,42 @@ static size_t seq_len(unsigned char b)
     return 0; /* 0x80..0xc1 (continuation, overlong lead), 0xf5..0xff */
 }
 
-size_t pcs_utf8_check(const char *s, size_t len)
+size_t pcs_utf8_seq(const char *s, size_t len)
 {
     const unsigned char *p = (const unsigned char *)s;
+    if (len == 0)
+        return 0;
+    unsigned char b = p[0];
+    if (b < 0x80)
+        return 1;
+    size_t n = seq_len(b);
+    if (n == 0 || len < n)
+        return 0;
+    /* the second byte's range carries the overlong / surrogate / > U+10FFFF rules */
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (b == 0xe0)
+        lo = 0xa0; /* below: overlong 3-byte */
+    else if (b == 0xed)
+        hi = 0x9f; /* above: U+D800..U+DFFF surrogates */
+    else if (b == 0xf0)
+        lo = 0x90; /* below: overlong 4-byte */
+    else if (b == 0xf4)
+        hi = 0x8f; /* above: > U+10FFFF */
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (size_t k = 2; k < n; k++)
+        if ((p[k] & 0xc0) != 0x80)
+            return 0;
+    return n;
+}
+
+size_t pcs_utf8_check(const char *s, size_t len)
+{
     size_t i = 0;
     while (i < len) {
-        unsigned char b = p[i];
-        if (b < 0x80) {
-            i++;
-            continue;
-        }
-        size_t n = seq_len(b);
-        if (n == 0 || len - i < n)
+        size_t n = pcs_utf8_seq(s + i, len - i);
+        if (n == 0)
             return i;
-        /* the second byte's range carries the overlong / surrogate / > U+10FFFF rules */
-        unsigned char lo = 0x80, hi = 0xbf;
-        if (b == 0xe0)
-            lo = 0xa0; /* below: overlong 3-byte */
-        else if (b == 0xed)
-            hi = 0x9f; /* above: U+D800..U+DFFF surrogates */
-        else if (b == 0xf0)
-            lo = 0x90; /* below: overlong 4-byte */
-        else if (b == 0xf4)
-            hi = 0x8f; /* above: > U+10FFFF */
-        if (p[i + 1] < lo || p[i + 1] > hi)
-            return i;
-        for (size_t k = 2; k < n; k++)
-            if ((p[i + k] & 0xc0) != 0x80)
-                return i;
         i += n;
     }
     return len;

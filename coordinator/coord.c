@@ -534,33 +534,10 @@ pcs_status_t pcs_coord_heartbeat(pcs_coord_t *c, const char *worker_id, pcs_coor
  * as a proto3 string, which clients such as grpcio refuse to decode when it is not UTF-8. */
 static void one_line_utf8(char *s)
 {
-    unsigned char *p = (unsigned char *)s;
-    while (*p) {
-        if (*p < 0x20 || *p == 0x7f) {
-            *p++ = ' ';
-            continue;
-        }
-        if (*p < 0x80) {
-            p++;
-            continue;
-        }
-        int n = (*p >= 0xc2 && *p <= 0xdf)   ? 1
-                : (*p >= 0xe0 && *p <= 0xef) ? 2
-                : (*p >= 0xf0 && *p <= 0xf4) ? 3
-                                             : 0;
-        bool ok = n > 0;
-        for (int i = 1; ok && i <= n; i++) /* stops at the NUL: (0 & 0xc0) != 0x80 */
-            ok = (p[i] & 0xc0) == 0x80;
-        /* no overlong forms, no surrogates, nothing above U+10FFFF */
-        if (ok && ((*p == 0xe0 && p[1] < 0xa0) || (*p == 0xed && p[1] > 0x9f) ||
-                   (*p == 0xf0 && p[1] < 0x90) || (*p == 0xf4 && p[1] > 0x8f)))
-            ok = false;
-        if (!ok) {
-            *p++ = '?';
-            continue;
-        }
-        p += n + 1;
-    }
+    for (unsigned char *p = (unsigned char *)s; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            *p = ' ';
+    pcs_utf8_sanitize(s);
 }
 
 static void job_set_reason(pcs_coord_job_t *j, const char *fmt, ...)

@@ -12,6 +12,10 @@
 extern "C" {
 #endif
 
+/* Length (1..4) of the well-formed UTF-8 sequence that starts `s` (len bytes available), or 0
+ * when it does not start one (the rules of pcs_utf8_check). */
+size_t pcs_utf8_seq(const char *s, size_t len);
+
 /* Offset of the first byte of `s` (len bytes, NULs allowed) that is not part of a well-formed
  * UTF-8 sequence, or len when all of it is valid. Rejected: stray continuation bytes, C0/C1
  * overlong forms, surrogates (U+D800..U+DFFF), code points above U+10FFFF, sequences cut short
