@@ -33,8 +33,9 @@ struct pcs_kv {
     const pcs_kv_ops_t *ops;
 };
 
-/* Set `key` to `len` bytes (overwrites). Errors: INVALID_ARG for a bad key or a value over
- * PCS_KV_MAX_VALUE, SYSTEM/REMOTE from the backend. Thread-safe. */
+/* Set `key` to `len` bytes (overwrites). Keys are 1..PCS_KV_MAX_KEY bytes of printable ASCII.
+ * Errors: INVALID_ARG for a bad key or a value over PCS_KV_MAX_VALUE, SYSTEM/REMOTE from the
+ * backend. Thread-safe. */
 pcs_status_t pcs_kv_set(pcs_kv_t *kv, const char *key, const void *val, size_t len);
 /* Get `key`, waiting up to wait_ms for it to be set. *val is malloc'd (one extra NUL byte is
  * appended so string values can be read directly); caller frees. NOT_FOUND after the wait.
@@ -42,9 +43,6 @@ pcs_status_t pcs_kv_set(pcs_kv_t *kv, const char *key, const void *val, size_t l
 pcs_status_t pcs_kv_get(pcs_kv_t *kv, const char *key, int wait_ms, void **val, size_t *len);
 /* Accepts NULL. */
 void pcs_kv_destroy(pcs_kv_t *kv);
-
-/* Key rules shared by the implementations: 1..PCS_KV_MAX_KEY bytes of printable ASCII. */
-pcs_status_t pcs_kv_check_key(const char *key);
 
 /* File store: one file per key in `dir` (created if missing), written to a temp name and renamed
  * so readers never see partial values. Works across processes on one host. */

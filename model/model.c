@@ -92,7 +92,6 @@ struct pcs_mlp {
     uint32_t max_rows;
     const pcs_backend_ops_t *be; /* memory of slots and scratch */
     pcs_nn_t *nn;                /* numerics, on be's stream */
-    const pcs_nn_ops_t *ops;
     pcs_mlp_module_t *mods;
     uint32_t n_mods;
     pcs_named_tensor_t *params;
@@ -310,7 +309,6 @@ pcs_status_t pcs_mlp_create_on(const pcs_mlp_config_t *cfg, uint32_t max_rows,
     PCS_CHECK(pcs_calloc(1, sizeof *m, (void **)&m));
     m->be = be;
     PCS_CHECK_GOTO(pcs_nn_create(be, stream, &m->nn), rc, fail);
-    m->ops = pcs_nn_ops(m->nn);
     m->cfg = *cfg;
     m->max_rows = max_rows;
     uint32_t nh = cfg->n_hidden;
@@ -724,7 +722,7 @@ static pcs_status_t cast_op(pcs_mlp_t *m, uint32_t mod, int in, pcs_dtype_t to, 
     PCS_CHECK(new_slot(m, to, si->width, &o));
     si = &m->slots[in];
     size_t n = (size_t)m->rows * si->width;
-    PCS_CHECK(m->ops->copy_round(m->nn, m->slots[o].v, si->v, n, to));
+    PCS_CHECK(pcs_nn_copy_round(m->nn, m->slots[o].v, si->v, n, to));
     PCS_CHECK(push_op(m, OP_CAST, mod, in, -1, o, NULL));
     *out = o;
     return PCS_OK;
@@ -764,7 +762,7 @@ static pcs_status_t linear_fwd(pcs_mlp_t *m, uint32_t mod, int in, int *out)
     int o;
     PCS_CHECK(new_slot(m, dt, N, &o));
     pcs_nn_linear_t l = linear_desc(m, mod, dt);
-    PCS_CHECK(m->ops->linear_fwd(m->nn, &l, m->slots[in].v, m->slots[o].v));
+    PCS_CHECK(pcs_nn_linear_fwd(m->nn, &l, m->slots[in].v, m->slots[o].v));
     op_t *op;
     PCS_CHECK(push_op(m, OP_LINEAR, mod, in, -1, o, &op));
     op->wdt = dt;
@@ -827,7 +825,7 @@ static pcs_status_t norm_fwd(pcs_mlp_t *m, uint32_t mod, int in, int training, i
     /* LayerNorm: sized for max_rows, never regrown (see grad_target) */
     PCS_CHECK(ensure(m, &op->save, &op->save_cap, bn ? 4 * (size_t)D : 2 * (size_t)m->max_rows));
     pcs_nn_norm_t p = norm_desc(m, mod, dt, op->save, training);
-    PCS_CHECK(m->ops->norm_fwd(m->nn, &p, m->slots[in].v, m->slots[o].v));
+    PCS_CHECK(pcs_nn_norm_fwd(m->nn, &p, m->slots[in].v, m->slots[o].v));
     *out = o;
     return PCS_OK;
 }
@@ -840,8 +838,8 @@ static pcs_status_t act_fwd(pcs_mlp_t *m, uint32_t mod, int in, int *out)
     const slot_t *si = &m->slots[in];
     size_t n = (size_t)m->rows * si->width;
     int relu = md->kind == PCS_MOD_RELU;
-    PCS_CHECK(m->ops->act_fwd(m->nn, relu ? PCS_NN_RELU : PCS_NN_GELU, m->slots[o].v, si->v, n,
-                              si->dtype));
+    PCS_CHECK(pcs_nn_act_fwd(m->nn, relu ? PCS_NN_RELU : PCS_NN_GELU, m->slots[o].v, si->v, n,
+                             si->dtype));
     PCS_CHECK(push_op(m, relu ? OP_RELU : OP_GELU, mod, in, -1, o, NULL));
     *out = o;
     return PCS_OK;
@@ -853,7 +851,7 @@ static pcs_status_t add_fwd(pcs_mlp_t *m, uint32_t mod, int a, int b, int *out)
     int o;
     PCS_CHECK(new_slot(m, dt, m->slots[a].width, &o));
     size_t n = (size_t)m->rows * m->slots[a].width;
-    PCS_CHECK(m->ops->add(m->nn, m->slots[o].v, m->slots[a].v, m->slots[b].v, n, dt));
+    PCS_CHECK(pcs_nn_add(m->nn, m->slots[o].v, m->slots[a].v, m->slots[b].v, n, dt));
     PCS_CHECK(push_op(m, OP_ADD, mod, a, b, o, NULL));
     *out = o;
     return PCS_OK;
@@ -1012,12 +1010,12 @@ static pcs_status_t grad_commit(pcs_mlp_t *m, int s, float *src)
 {
     slot_t *sl = &m->slots[s];
     size_t n = (size_t)m->rows * sl->width;
-    PCS_CHECK(m->ops->copy_round(m->nn, src, src, n, sl->dtype));
+    PCS_CHECK(pcs_nn_copy_round(m->nn, src, src, n, sl->dtype));
     if (!sl->gvalid) {
         sl->gvalid = 1;
         return PCS_OK;
     }
-    return m->ops->add(m->nn, sl->g, sl->g, src, n, sl->dtype);
+    return pcs_nn_add(m->nn, sl->g, sl->g, src, n, sl->dtype);
 }
 
 static pcs_status_t linear_bwd(pcs_mlp_t *m, const op_t *op)
@@ -1030,7 +1028,7 @@ static pcs_status_t linear_bwd(pcs_mlp_t *m, const op_t *op)
     if (md->n_params > 1)
         gb = grad_dst(m, pw + 1);
     if (gw.data || gb.data)
-        PCS_CHECK(m->ops->linear_bwd_params(m->nn, &l, dY, X, &gw, &gb));
+        PCS_CHECK(pcs_nn_linear_bwd_params(m->nn, &l, dY, X, &gw, &gb));
     if (op->in == 0 && !m->want_in_grad)
         return PCS_OK; /* the model input needs no gradient */
     /* the weight values the forward used: the fp32 binding or forward's saved copy */
@@ -1040,7 +1038,7 @@ static pcs_status_t linear_bwd(pcs_mlp_t *m, const op_t *op)
                              m->params[pw].fqn);
     float *dX;
     PCS_CHECK(grad_target(m, op->in, &dX));
-    PCS_CHECK(m->ops->linear_bwd_input(m->nn, &l, dY, dX));
+    PCS_CHECK(pcs_nn_linear_bwd_input(m->nn, &l, dY, dX));
     return grad_commit(m, op->in, dX);
 }
 
@@ -1058,7 +1056,7 @@ static pcs_status_t norm_bwd(pcs_mlp_t *m, const op_t *op)
     float *dX = NULL;
     if (op->in != 0 || m->want_in_grad)
         PCS_CHECK(grad_target(m, op->in, &dX));
-    PCS_CHECK(m->ops->norm_bwd(m->nn, &p, m->slots[op->in].v, m->slots[op->out].g, dX, &gw, &gb));
+    PCS_CHECK(pcs_nn_norm_bwd(m->nn, &p, m->slots[op->in].v, m->slots[op->out].g, dX, &gw, &gb));
     if (dX)
         PCS_CHECK(grad_commit(m, op->in, dX));
     return PCS_OK;
@@ -1077,7 +1075,7 @@ static pcs_status_t elementwise_bwd(pcs_mlp_t *m, const op_t *op)
             if (ins[k] == 0 && !m->want_in_grad)
                 continue;
             PCS_CHECK(grad_target(m, ins[k], &dX));
-            PCS_CHECK(m->ops->copy_round(m->nn, dX, dY, n, PCS_DTYPE_FP32));
+            PCS_CHECK(pcs_nn_copy_round(m->nn, dX, dY, n, PCS_DTYPE_FP32));
             PCS_CHECK(grad_commit(m, ins[k], dX));
         }
         return PCS_OK;
@@ -1085,10 +1083,10 @@ static pcs_status_t elementwise_bwd(pcs_mlp_t *m, const op_t *op)
     PCS_CHECK(grad_target(m, op->in, &dX));
     const float *X = m->slots[op->in].v, *Y = m->slots[op->out].v;
     if (op->kind == OP_CAST)
-        PCS_CHECK(m->ops->copy_round(m->nn, dX, dY, n, PCS_DTYPE_FP32));
+        PCS_CHECK(pcs_nn_copy_round(m->nn, dX, dY, n, PCS_DTYPE_FP32));
     else
-        PCS_CHECK(m->ops->act_bwd(m->nn, op->kind == OP_RELU ? PCS_NN_RELU : PCS_NN_GELU, dX, X, Y,
-                                  dY, n));
+        PCS_CHECK(pcs_nn_act_bwd(m->nn, op->kind == OP_RELU ? PCS_NN_RELU : PCS_NN_GELU, dX, X, Y,
+                                 dY, n));
     return grad_commit(m, op->in, dX);
 }
 
@@ -1104,7 +1102,7 @@ pcs_status_t pcs_mlp_backward_input(pcs_mlp_t *m, const float *grad_out,
     slot_t *sf = &m->slots[fin];
     size_t n = (size_t)m->rows * sf->width;
     PCS_CHECK(ensure(m, &sf->g, &sf->gcap, (size_t)m->max_rows * sf->width)); /* grad_target */
-    PCS_CHECK(m->ops->copy_round(m->nn, sf->g, grad_out, n, sf->dtype));
+    PCS_CHECK(pcs_nn_copy_round(m->nn, sf->g, grad_out, n, sf->dtype));
     sf->gvalid = 1;
     m->trained = 0; /* one backward per forward, like retain_graph=False */
     m->want_in_grad = grad_in != NULL;
@@ -1142,7 +1140,7 @@ pcs_status_t pcs_mlp_backward_input(pcs_mlp_t *m, const float *grad_out,
             PCS_CHECK(
                 m->be->copy(grad_in, m->slots[0].g, n0 * sizeof(float), PCS_COPY_DEFAULT, st));
         else
-            PCS_CHECK(m->be->fill(grad_in, PCS_DTYPE_FP32, n0, 0.0, st));
+            PCS_CHECK(pcs_kernel_fill(m->be, grad_in, PCS_DTYPE_FP32, n0, 0.0, st));
     }
     return PCS_OK;
 }

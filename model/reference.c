@@ -767,18 +767,19 @@ pcs_status_t pcs_ref_step(pcs_reference_t *r, pcs_ref_step_result_t *res)
     float found = 0.0f;
     if (r->scaler) {
         float inv = (float)(1.0 / r->scale);
-        PCS_CHECK_GOTO(r->be->nonfinite_check_and_unscale(tg, count, &found, &inv, NULL), rc, out);
+        PCS_CHECK_GOTO(pcs_kernel_nonfinite_check_and_unscale(r->be, tg, count, &found, &inv, NULL),
+                       rc, out);
         for (uint32_t k = 0; k < r->n_units; k++)
             pcs_round_to(r->units[k].sum_v, r->units[k].numel, r->units[k].grad);
     }
     float ss = 0.0f;
-    PCS_CHECK_GOTO(r->be->sum_squares(tg, count, &ss, NULL), rc, out);
+    PCS_CHECK_GOTO(pcs_kernel_sum_squares_list(r->be, tg, count, &ss, NULL), rc, out);
     double norm = sqrt((double)ss);
     if (r->clip > 0) {
         /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), clamped to 1 */
         double coef = r->clip / (norm + 1e-6);
         if (coef < 1.0) {
-            PCS_CHECK_GOTO(r->be->scale(tg, count, (float)coef, NULL), rc, out);
+            PCS_CHECK_GOTO(pcs_kernel_scale_list(r->be, tg, count, (float)coef, NULL), rc, out);
             for (uint32_t k = 0; k < r->n_units; k++)
                 pcs_round_to(r->units[k].sum_v, r->units[k].numel, r->units[k].grad);
         }
@@ -787,11 +788,12 @@ pcs_status_t pcs_ref_step(pcs_reference_t *r, pcs_ref_step_result_t *res)
     if (!skipped) {
         r->opt_steps++;
         if (r->opt == OPT_ADAMW)
-            PCS_CHECK_GOTO(
-                r->be->adamw_update(tp, tg, ta, tb, count, &r->adamw, r->opt_steps, NULL), rc, out);
+            PCS_CHECK_GOTO(pcs_kernel_adamw_update(r->be, tp, tg, ta, tb, count, &r->adamw,
+                                                   r->opt_steps, NULL),
+                           rc, out);
         else
-            PCS_CHECK_GOTO(r->be->sgd_update(tp, tg, r->sgd.momentum != 0 ? ta : NULL, count,
-                                             &r->sgd, r->opt_steps == 1, NULL),
+            PCS_CHECK_GOTO(pcs_kernel_sgd_update(r->be, tp, tg, r->sgd.momentum != 0 ? ta : NULL,
+                                                 count, &r->sgd, r->opt_steps == 1, NULL),
                            rc, out);
         for (uint32_t k = 0; k < r->n_units; k++) {
             ref_unit_t *u = &r->units[k];

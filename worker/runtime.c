@@ -587,7 +587,7 @@ static pcs_status_t alloc_zero(pcs_runtime_t *rt, uint64_t n, pcs_dtype_t dt, vo
 {
     *out = NULL;
     PCS_CHECK(rt->be->alloc((size_t)n * pcs_dtype_size(dt), out));
-    return rt->be->fill(*out, dt, (size_t)n, 0.0, rt->cstream);
+    return pcs_kernel_fill(rt->be, *out, dt, (size_t)n, 0.0, rt->cstream);
 }
 
 /* The same for a buffer allocated lazily, while a step may run: the prefetch and reduction
@@ -600,7 +600,7 @@ static pcs_status_t alloc_zero_async(pcs_runtime_t *rt, uint64_t n, pcs_dtype_t 
 {
     *out = NULL;
     PCS_CHECK(rt->be->alloc_async((size_t)n * pcs_dtype_size(dt), rt->cstream, out));
-    return rt->be->fill(*out, dt, (size_t)n, 0.0, rt->cstream);
+    return pcs_kernel_fill(rt->be, *out, dt, (size_t)n, 0.0, rt->cstream);
 }
 
 /* The shard [b, e) minus the frozen parameters in it, as local element ranges (see rt_unit_t).
@@ -1051,7 +1051,7 @@ pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt)
         rt_unit_t *u = &rt->units[i];
         /* on the compute stream: the optimizer that read it ran there, and every reduction
          * waits for a copy-in enqueued after this */
-        PCS_CHECK(rt->be->fill(u->grad_shard, u->grad, u->c, 0.0, rt->cstream));
+        PCS_CHECK(pcs_kernel_fill(rt->be, u->grad_shard, u->grad, u->c, 0.0, rt->cstream));
         u->accum_valid = 0;
     }
     pthread_mutex_lock(&rt->mu);
@@ -1195,10 +1195,10 @@ pcs_status_t pcs_runtime_reshard_partial(pcs_runtime_t *rt, uint32_t unit)
         uint8_t *b = u->unsharded;
         uint64_t lo = rt->reshard_index * chunk;
         /* on the compute stream, after the forward work that still reads the buffer */
-        st = rt->be->fill(b, u->param, (size_t)lo, 0.0, rt->cstream);
+        st = pcs_kernel_fill(rt->be, b, u->param, (size_t)lo, 0.0, rt->cstream);
         if (st == PCS_OK)
-            st = rt->be->fill(b + (size_t)(lo + chunk) * pe, u->param,
-                              (size_t)(u->padded - lo - chunk), 0.0, rt->cstream);
+            st = pcs_kernel_fill(rt->be, b + (size_t)(lo + chunk) * pe, u->param,
+                                 (size_t)(u->padded - lo - chunk), 0.0, rt->cstream);
         u->partial = 1;
         u->state = U_SHARDED;
         rt->n_unsharded--;
@@ -1227,7 +1227,7 @@ pcs_status_t pcs_runtime_grad_buffer(pcs_runtime_t *rt, uint32_t unit, void **gr
 {
     PCS_CHECK(check_unit(rt, unit));
     rt_unit_t *u = &rt->units[unit];
-    PCS_CHECK(rt->be->fill(u->grads, u->param, u->padded, 0.0, rt->cstream));
+    PCS_CHECK(pcs_kernel_fill(rt->be, u->grads, u->param, u->padded, 0.0, rt->cstream));
     *grads = u->grads;
     *dtype = u->param;
     return PCS_OK;
@@ -1539,11 +1539,12 @@ static pcs_status_t update_unit(pcs_runtime_t *rt, rt_unit_t *u, float *g, pcs_s
             b[n] = (pcs_tensor_t){u->opt_b ? u->opt_b + off : NULL, PCS_DTYPE_FP32, len};
         }
         if (rt->opt == PCS_OPT_ADAMW) {
-            PCS_CHECK(be->adamw_update(p, gt, a, b, n, &rt->adamw, (int64_t)rt->opt_steps, cs));
+            PCS_CHECK(pcs_kernel_adamw_update(be, p, gt, a, b, n, &rt->adamw,
+                                              (int64_t)rt->opt_steps, cs));
         } else {
             int need_buf = rt->sgd.momentum != 0;
-            PCS_CHECK(
-                be->sgd_update(p, gt, need_buf ? a : NULL, n, &rt->sgd, rt->opt_steps == 1, cs));
+            PCS_CHECK(pcs_kernel_sgd_update(be, p, gt, need_buf ? a : NULL, n, &rt->sgd,
+                                            rt->opt_steps == 1, cs));
         }
         done += n;
     }
@@ -1568,26 +1569,26 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         rt_unit_t *u = &rt->units[i];
         size_t esz = pcs_dtype_size(u->grad);
         for (size_t k = 0; k < u->n_frz; k++)
-            PCS_CHECK(be->fill((uint8_t *)u->grad_shard + u->frz_off[k] * esz, u->grad,
-                               u->frz_len[k], 0.0, cs));
+            PCS_CHECK(pcs_kernel_fill(be, (uint8_t *)u->grad_shard + u->frz_off[k] * esz, u->grad,
+                                      u->frz_len[k], 0.0, cs));
     }
     /* fp32 view of every grad shard (keep_low_precision_grads keeps them in the param dtype:
      * FSDP1 hands those to the optimizer; we widen for the fp32 update). */
     if (o->inject_inf && rt->n_units > 0) {
         rt_unit_t *u = &rt->units[0];
         /* fill rounds +Inf once to the grad dtype: the same bits a cast of an fp32 +Inf gives */
-        PCS_CHECK(be->fill(u->grad_shard, u->grad, 1, (double)INFINITY, cs));
+        PCS_CHECK(pcs_kernel_fill(be, u->grad_shard, u->grad, 1, (double)INFINITY, cs));
         PCS_INFO(PCS_SUB_WORKER, "test hook: injected +Inf into unit 0's gradient");
     }
     if (o->scaler) {
         float found = 0.0f, inv = (float)(1.0 / o->loss_scale);
         float *d_found = &rt->d_scal[0], *d_inv = &rt->d_scal[1];
-        PCS_CHECK(be->fill(d_found, PCS_DTYPE_FP32, 1, 0.0, cs));
-        PCS_CHECK(be->fill(d_inv, PCS_DTYPE_FP32, 1, (double)inv, cs));
+        PCS_CHECK(pcs_kernel_fill(be, d_found, PCS_DTYPE_FP32, 1, 0.0, cs));
+        PCS_CHECK(pcs_kernel_fill(be, d_inv, PCS_DTYPE_FP32, 1, (double)inv, cs));
         for (size_t i = 0; i < rt->n_units; i++) {
             rt_unit_t *u = &rt->units[i];
             pcs_tensor_t t = {u->grad_shard, u->grad, u->c};
-            PCS_CHECK(be->nonfinite_check_and_unscale(&t, 1, d_found, d_inv, cs));
+            PCS_CHECK(pcs_kernel_nonfinite_check_and_unscale(be, &t, 1, d_found, d_inv, cs));
         }
         rt->opt_ms += ms_since(t0);
         /* One verdict for the world: every rank skips together (spec §5). */
@@ -1628,7 +1629,7 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         rt->opt_ms += ms_since(t0);
         if (rt->shard_rs) {
             /* fill rounds the double once to fp32: exactly tot */
-            PCS_CHECK(be->fill(&rt->d_scal[2], PCS_DTYPE_FP32, 1, (double)tot, cs));
+            PCS_CHECK(pcs_kernel_fill(be, &rt->d_scal[2], PCS_DTYPE_FP32, 1, (double)tot, cs));
             pcs_status_t st =
                 world_all_reduce_f32(rt, rt->shard_rs, &rt->d_scal[2], &tot, PCS_RED_SUM);
             if (st != PCS_OK)
@@ -1697,7 +1698,7 @@ pcs_status_t pcs_runtime_mean_over_dp(pcs_runtime_t *rt, double *v)
     PCS_CHECK(wait_reductions(rt));
     /* through the backend scalar (device memory for NCCL), on the compute stream */
     float f = (float)*v;
-    PCS_CHECK(rt->be->fill(&rt->d_scal[2], PCS_DTYPE_FP32, 1, (double)f, rt->cstream));
+    PCS_CHECK(pcs_kernel_fill(rt->be, &rt->d_scal[2], PCS_DTYPE_FP32, 1, (double)f, rt->cstream));
     PCS_CHECK(scalar_reduce(rt, c, &rt->d_scal[2], PCS_RED_SUM, &f));
     *v = (double)f / (double)pcs_coll_size(c);
     return PCS_OK;

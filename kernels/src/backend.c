@@ -1,7 +1,8 @@
 /* Backend registry ("cpu" always, "cuda" when built and a device exists, or simulated with
- * PCS_SIMULATE_CUDA=1), PyTorch's optimizer
- * defaults, the single-tensor conveniences over the list ops, and the argument validation every
- * backend runs before touching memory (bad input gets a status and a message, never a crash). */
+ * PCS_SIMULATE_CUDA=1), PyTorch's optimizer defaults, and the front door of the element-wise ops:
+ * every pcs_kernel_*() validates its arguments here, once for every backend (as NCCL's
+ * ncclEnqueueCheck), then calls the backend's unchecked op. Bad input gets a status and a message
+ * naming the op and the argument, never a crash. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -61,53 +62,23 @@ void pcs_sgd_config_default(pcs_sgd_config_t *cfg)
     cfg->maximize = 0;
 }
 
-// ---- single-tensor conveniences ----
+// ---- argument checks: each records a message naming `op` with pcs_set_error() ----
 
-static pcs_status_t check_be(const pcs_backend_ops_t *be, const char *op)
+#define DT_BIT(d) (1u << (unsigned)(d))
+#define DT_HALFS  (DT_BIT(PCS_DTYPE_FP32) | DT_BIT(PCS_DTYPE_BF16) | DT_BIT(PCS_DTYPE_FP16))
+#define DT_FLOATS (DT_HALFS | DT_BIT(PCS_DTYPE_FP64))
+#define DT_FP32   DT_BIT(PCS_DTYPE_FP32)
+
+static pcs_status_t check_backend(const pcs_backend_ops_t *be, const char *op)
 {
-    if (be == NULL)
+    if (be == NULL || be->kernels == NULL)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: NULL backend", op);
     return PCS_OK;
 }
 
-pcs_status_t pcs_kernel_cast(const pcs_backend_ops_t *be, void *dst, pcs_dtype_t dst_dtype,
-                             const void *src, pcs_dtype_t src_dtype, size_t n, pcs_stream_t s)
-{
-    PCS_CHECK(check_be(be, "cast"));
-    pcs_tensor_t d = {dst, dst_dtype, n};
-    pcs_tensor_t t = {(void *)(uintptr_t)src, src_dtype, n};
-    return be->cast(&d, &t, 1, s);
-}
-
-pcs_status_t pcs_kernel_scale(const pcs_backend_ops_t *be, void *t, pcs_dtype_t dtype, size_t n,
-                              float factor, pcs_stream_t s)
-{
-    PCS_CHECK(check_be(be, "scale"));
-    pcs_tensor_t x = {t, dtype, n};
-    return be->scale(&x, 1, factor, s);
-}
-
-pcs_status_t pcs_kernel_accumulate(const pcs_backend_ops_t *be, void *dst, pcs_dtype_t dst_dtype,
-                                   const void *src, pcs_dtype_t src_dtype, size_t n, pcs_stream_t s)
-{
-    PCS_CHECK(check_be(be, "accumulate"));
-    pcs_tensor_t d = {dst, dst_dtype, n};
-    pcs_tensor_t t = {(void *)(uintptr_t)src, src_dtype, n};
-    return be->accumulate(&d, &t, 1, s);
-}
-
-pcs_status_t pcs_kernel_sum_squares(const pcs_backend_ops_t *be, const void *t, pcs_dtype_t dtype,
-                                    size_t n, float *out, pcs_stream_t s)
-{
-    PCS_CHECK(check_be(be, "sum_squares"));
-    pcs_tensor_t x = {(void *)(uintptr_t)t, dtype, n};
-    return be->sum_squares(&x, 1, out, s);
-}
-
-// ---- validation ----
-
-pcs_status_t pcs_kv_buffer(const char *op, const char *what, const void *p, pcs_dtype_t dt,
-                           size_t n)
+/* A buffer of n elements of `dt`: NULL with n > 0, or misaligned for the element size. */
+static pcs_status_t check_buffer(const char *op, const char *what, const void *p, pcs_dtype_t dt,
+                                 size_t n)
 {
     size_t es = pcs_dtype_size(dt);
     if (es == 0)
@@ -125,8 +96,10 @@ pcs_status_t pcs_kv_buffer(const char *op, const char *what, const void *p, pcs_
     return PCS_OK;
 }
 
-pcs_status_t pcs_kv_list(const char *op, const char *what, const pcs_tensor_t *t, size_t count,
-                         unsigned allowed)
+/* A tensor list: NULL with count > 0; each dtype in `allowed` (a DT_BIT mask); each buffer as
+ * check_buffer. */
+static pcs_status_t check_list(const char *op, const char *what, const pcs_tensor_t *t,
+                               size_t count, unsigned allowed)
 {
     if (count == 0)
         return PCS_OK;
@@ -134,16 +107,17 @@ pcs_status_t pcs_kv_list(const char *op, const char *what, const pcs_tensor_t *t
         return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: %s list is NULL with count = %zu", op, what,
                              count);
     for (size_t k = 0; k < count; k++) {
-        if ((unsigned)t[k].dtype >= 32u || !(allowed & PCS_DT_BIT(t[k].dtype)))
+        if ((unsigned)t[k].dtype >= 32u || !(allowed & DT_BIT(t[k].dtype)))
             return pcs_set_error(PCS_ERR_UNSUPPORTED, "%s: %s[%zu] dtype %s is not supported", op,
                                  what, k, pcs_dtype_name(t[k].dtype));
-        PCS_CHECK(pcs_kv_buffer(op, what, t[k].data, t[k].dtype, t[k].n));
+        PCS_CHECK(check_buffer(op, what, t[k].data, t[k].dtype, t[k].n));
     }
     return PCS_OK;
 }
 
-pcs_status_t pcs_kv_pair(const char *op, const char *a_name, const pcs_tensor_t *a,
-                         const char *b_name, const pcs_tensor_t *b, size_t count)
+/* Two lists whose tensors pair up with equal n. */
+static pcs_status_t check_pair(const char *op, const char *a_name, const pcs_tensor_t *a,
+                               const char *b_name, const pcs_tensor_t *b, size_t count)
 {
     for (size_t k = 0; k < count; k++)
         if (a[k].n != b[k].n)
@@ -152,7 +126,15 @@ pcs_status_t pcs_kv_pair(const char *op, const char *a_name, const pcs_tensor_t 
     return PCS_OK;
 }
 
-pcs_status_t pcs_kv_adamw(const pcs_adamw_config_t *cfg, int64_t step)
+/* b: an fp32 list paired with the fp32 list a. */
+static pcs_status_t check_f32_like(const char *op, const char *an, const pcs_tensor_t *a,
+                                   const char *bn, const pcs_tensor_t *b, size_t count)
+{
+    PCS_CHECK(check_list(op, bn, b, count, DT_FP32));
+    return check_pair(op, an, a, bn, b, count);
+}
+
+static pcs_status_t check_adamw(const pcs_adamw_config_t *cfg, int64_t step)
 {
     if (cfg == NULL)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "adamw_update: NULL config");
@@ -168,7 +150,7 @@ pcs_status_t pcs_kv_adamw(const pcs_adamw_config_t *cfg, int64_t step)
     return PCS_OK;
 }
 
-pcs_status_t pcs_kv_sgd(const pcs_sgd_config_t *cfg)
+static pcs_status_t check_sgd(const pcs_sgd_config_t *cfg)
 {
     if (cfg == NULL)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "sgd_update: NULL config");
@@ -183,6 +165,136 @@ pcs_status_t pcs_kv_sgd(const pcs_sgd_config_t *cfg)
             PCS_ERR_INVALID_ARG,
             "sgd_update: nesterov momentum requires a momentum and zero dampening");
     return PCS_OK;
+}
+
+// ---- the front door ----
+
+pcs_status_t pcs_kernel_fill(const pcs_backend_ops_t *be, void *dst, pcs_dtype_t dt, size_t n,
+                             double value, pcs_stream_t s)
+{
+    PCS_CHECK(check_backend(be, "fill"));
+    if (dt != PCS_DTYPE_INT64 && !pcs_dtype_is_float(dt))
+        return pcs_set_error(PCS_ERR_UNSUPPORTED, "fill: dtype %d is not supported", (int)dt);
+    PCS_CHECK(check_buffer("fill", "dst", dst, dt, n));
+    if (dt == PCS_DTYPE_INT64 &&
+        !(value >= -9223372036854775808.0 && value < 9223372036854775808.0))
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "fill: %g does not fit int64", value);
+    return be->kernels->fill(dst, dt, n, value, s);
+}
+
+pcs_status_t pcs_kernel_cast_list(const pcs_backend_ops_t *be, const pcs_tensor_t *dst,
+                                  const pcs_tensor_t *src, size_t count, pcs_stream_t s)
+{
+    PCS_CHECK(check_backend(be, "cast"));
+    PCS_CHECK(check_list("cast", "dst", dst, count, DT_FLOATS));
+    PCS_CHECK(check_list("cast", "src", src, count, DT_FLOATS));
+    PCS_CHECK(check_pair("cast", "dst", dst, "src", src, count));
+    return be->kernels->cast(dst, src, count, s);
+}
+
+pcs_status_t pcs_kernel_scale_list(const pcs_backend_ops_t *be, const pcs_tensor_t *t, size_t count,
+                                   float factor, pcs_stream_t s)
+{
+    PCS_CHECK(check_backend(be, "scale"));
+    PCS_CHECK(check_list("scale", "t", t, count, DT_FLOATS));
+    return be->kernels->scale(t, count, factor, s);
+}
+
+pcs_status_t pcs_kernel_accumulate_list(const pcs_backend_ops_t *be, const pcs_tensor_t *dst,
+                                        const pcs_tensor_t *src, size_t count, pcs_stream_t s)
+{
+    PCS_CHECK(check_backend(be, "accumulate"));
+    PCS_CHECK(check_list("accumulate", "dst", dst, count, DT_HALFS));
+    PCS_CHECK(check_list("accumulate", "src", src, count, DT_HALFS));
+    PCS_CHECK(check_pair("accumulate", "dst", dst, "src", src, count));
+    return be->kernels->accumulate(dst, src, count, s);
+}
+
+pcs_status_t pcs_kernel_nonfinite_check_and_unscale(const pcs_backend_ops_t *be,
+                                                    const pcs_tensor_t *t, size_t count,
+                                                    float *found_inf, const float *inv_scale,
+                                                    pcs_stream_t s)
+{
+    const char *op = "nonfinite_check_and_unscale";
+    PCS_CHECK(check_backend(be, op));
+    PCS_CHECK(check_buffer(op, "found_inf", found_inf, PCS_DTYPE_FP32, 1));
+    PCS_CHECK(check_buffer(op, "inv_scale", inv_scale, PCS_DTYPE_FP32, 1));
+    PCS_CHECK(check_list(op, "t", t, count, DT_HALFS));
+    return be->kernels->nonfinite_check_and_unscale(t, count, found_inf, inv_scale, s);
+}
+
+pcs_status_t pcs_kernel_sum_squares_list(const pcs_backend_ops_t *be, const pcs_tensor_t *t,
+                                         size_t count, float *out, pcs_stream_t s)
+{
+    PCS_CHECK(check_backend(be, "sum_squares"));
+    PCS_CHECK(check_buffer("sum_squares", "out", out, PCS_DTYPE_FP32, 1));
+    PCS_CHECK(check_list("sum_squares", "t", t, count, DT_HALFS));
+    return be->kernels->sum_squares(t, count, out, s);
+}
+
+pcs_status_t pcs_kernel_adamw_update(const pcs_backend_ops_t *be, const pcs_tensor_t *param,
+                                     const pcs_tensor_t *grad, const pcs_tensor_t *exp_avg,
+                                     const pcs_tensor_t *exp_avg_sq, size_t count,
+                                     const pcs_adamw_config_t *cfg, int64_t step, pcs_stream_t s)
+{
+    const char *op = "adamw_update";
+    PCS_CHECK(check_backend(be, op));
+    PCS_CHECK(check_adamw(cfg, step));
+    PCS_CHECK(check_list(op, "param", param, count, DT_FP32));
+    PCS_CHECK(check_f32_like(op, "param", param, "grad", grad, count));
+    PCS_CHECK(check_f32_like(op, "param", param, "exp_avg", exp_avg, count));
+    PCS_CHECK(check_f32_like(op, "param", param, "exp_avg_sq", exp_avg_sq, count));
+    return be->kernels->adamw_update(param, grad, exp_avg, exp_avg_sq, count, cfg, step, s);
+}
+
+pcs_status_t pcs_kernel_sgd_update(const pcs_backend_ops_t *be, const pcs_tensor_t *param,
+                                   const pcs_tensor_t *grad, const pcs_tensor_t *buf, size_t count,
+                                   const pcs_sgd_config_t *cfg, int first_step, pcs_stream_t s)
+{
+    const char *op = "sgd_update";
+    PCS_CHECK(check_backend(be, op));
+    PCS_CHECK(check_sgd(cfg));
+    PCS_CHECK(check_list(op, "param", param, count, DT_FP32));
+    PCS_CHECK(check_f32_like(op, "param", param, "grad", grad, count));
+    if (cfg->momentum != 0.0) {
+        if (buf == NULL && count > 0)
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: momentum %g needs momentum buffers", op,
+                                 cfg->momentum);
+        PCS_CHECK(check_f32_like(op, "param", param, "momentum_buf", buf, count));
+    }
+    return be->kernels->sgd_update(param, grad, buf, count, cfg, first_step, s);
+}
+
+// ---- single-tensor forms ----
+
+pcs_status_t pcs_kernel_cast(const pcs_backend_ops_t *be, void *dst, pcs_dtype_t dst_dtype,
+                             const void *src, pcs_dtype_t src_dtype, size_t n, pcs_stream_t s)
+{
+    pcs_tensor_t d = {dst, dst_dtype, n};
+    pcs_tensor_t t = {(void *)(uintptr_t)src, src_dtype, n};
+    return pcs_kernel_cast_list(be, &d, &t, 1, s);
+}
+
+pcs_status_t pcs_kernel_scale(const pcs_backend_ops_t *be, void *t, pcs_dtype_t dtype, size_t n,
+                              float factor, pcs_stream_t s)
+{
+    pcs_tensor_t x = {t, dtype, n};
+    return pcs_kernel_scale_list(be, &x, 1, factor, s);
+}
+
+pcs_status_t pcs_kernel_accumulate(const pcs_backend_ops_t *be, void *dst, pcs_dtype_t dst_dtype,
+                                   const void *src, pcs_dtype_t src_dtype, size_t n, pcs_stream_t s)
+{
+    pcs_tensor_t d = {dst, dst_dtype, n};
+    pcs_tensor_t t = {(void *)(uintptr_t)src, src_dtype, n};
+    return pcs_kernel_accumulate_list(be, &d, &t, 1, s);
+}
+
+pcs_status_t pcs_kernel_sum_squares(const pcs_backend_ops_t *be, const void *t, pcs_dtype_t dtype,
+                                    size_t n, float *out, pcs_stream_t s)
+{
+    pcs_tensor_t x = {(void *)(uintptr_t)t, dtype, n};
+    return pcs_kernel_sum_squares_list(be, &x, 1, out, s);
 }
 
 // ---- optimizer scalars ----

@@ -28,24 +28,29 @@ pcs_status_t pcs_devsim_arg(const char *op, const char *what, const void *p, voi
  * block the simulator frees after running it (also when queueing fails). */
 pcs_status_t pcs_devsim_submit(pcs_stream_t s, pcs_status_t (*run)(void *arg), void *arg);
 
-/* Validation: each records a message with pcs_set_error() naming `op`, and returns the status. */
-/* A buffer of n elements of `dt` (NULL with n > 0, or misaligned for the element size). */
-pcs_status_t pcs_kv_buffer(const char *op, const char *what, const void *p, pcs_dtype_t dt,
-                           size_t n);
-/* A tensor list (NULL list with count > 0; each tensor's dtype in `allowed` bitmask of
- * 1u << dtype; each data pointer as pcs_kv_buffer). */
-pcs_status_t pcs_kv_list(const char *op, const char *what, const pcs_tensor_t *t, size_t count,
-                         unsigned allowed);
-/* Two lists of the same length whose tensors pair up with equal n. */
-pcs_status_t pcs_kv_pair(const char *op, const char *a_name, const pcs_tensor_t *a,
-                         const char *b_name, const pcs_tensor_t *b, size_t count);
-pcs_status_t pcs_kv_adamw(const pcs_adamw_config_t *cfg, int64_t step);
-pcs_status_t pcs_kv_sgd(const pcs_sgd_config_t *cfg);
-
-#define PCS_DT_BIT(d) (1u << (unsigned)(d))
-#define PCS_DT_HALFS                                                                               \
-    (PCS_DT_BIT(PCS_DTYPE_FP32) | PCS_DT_BIT(PCS_DTYPE_BF16) | PCS_DT_BIT(PCS_DTYPE_FP16))
-#define PCS_DT_FLOATS (PCS_DT_HALFS | PCS_DT_BIT(PCS_DTYPE_FP64))
+/* The element-wise ops of one backend, unchecked: only the front door (backend.c,
+ * pcs_kernel_*() in pcs/kernels.h, which states each op's contract) calls them, after it has
+ * validated every argument. A backend checks only what is its own (device pointers of the
+ * simulated device, CUDA launch errors). */
+typedef struct pcs_kernel_ops {
+    pcs_status_t (*fill)(void *dst, pcs_dtype_t dtype, size_t n, double value, pcs_stream_t s);
+    pcs_status_t (*cast)(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
+                         pcs_stream_t s);
+    pcs_status_t (*scale)(const pcs_tensor_t *t, size_t count, float factor, pcs_stream_t s);
+    pcs_status_t (*accumulate)(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
+                               pcs_stream_t s);
+    pcs_status_t (*nonfinite_check_and_unscale)(const pcs_tensor_t *t, size_t count,
+                                                float *found_inf, const float *inv_scale,
+                                                pcs_stream_t s);
+    pcs_status_t (*sum_squares)(const pcs_tensor_t *t, size_t count, float *out, pcs_stream_t s);
+    pcs_status_t (*adamw_update)(const pcs_tensor_t *param, const pcs_tensor_t *grad,
+                                 const pcs_tensor_t *exp_avg, const pcs_tensor_t *exp_avg_sq,
+                                 size_t count, const pcs_adamw_config_t *cfg, int64_t step,
+                                 pcs_stream_t s);
+    pcs_status_t (*sgd_update)(const pcs_tensor_t *param, const pcs_tensor_t *grad,
+                               const pcs_tensor_t *momentum_buf, size_t count,
+                               const pcs_sgd_config_t *cfg, int first_step, pcs_stream_t s);
+} pcs_kernel_ops_t;
 
 /* Host-side scalar setup, double precision then rounded once (as PyTorch passes Python floats). */
 void pcs_adamw_coef(const pcs_adamw_config_t *cfg, int64_t step, pcs_adamw_coef_t *out);

@@ -1,6 +1,7 @@
-/* The nn registry (pcs_nn_get / pcs_nn_create), the argument checks both implementations share,
- * and the host conversion helpers of the CPU twin (also what model/model.c's pcs_round_to and
- * friends are). The numerics themselves live in nn_cpu.c and nn_cuda.cu. */
+/* The nn registry (pcs_nn_get / pcs_nn_create), the front door of the ops (every pcs_nn_*()
+ * validates its arguments here, once for every implementation, then calls the implementation's
+ * unchecked op), and the host conversion helpers of the CPU twin (also what model/model.c's
+ * pcs_round_to and friends are). The numerics themselves live in nn_cpu.c and nn_cuda.cu. */
 #include <stdint.h>
 #include <string.h>
 
@@ -43,6 +44,16 @@ pcs_status_t pcs_nn_create(const pcs_backend_ops_t *be, pcs_stream_t s, pcs_nn_t
     return ops->create(be, s, out);
 }
 
+pcs_status_t pcs_nn_create_with(const pcs_nn_ops_t *ops, const pcs_backend_ops_t *be,
+                                pcs_stream_t s, pcs_nn_t **out)
+{
+    if (!ops || !out)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_nn_create_with: NULL %s",
+                             ops ? "out" : "ops");
+    *out = NULL;
+    return ops->create(be, s, out);
+}
+
 void pcs_nn_destroy(pcs_nn_t *nn)
 {
     if (nn)
@@ -52,6 +63,11 @@ void pcs_nn_destroy(pcs_nn_t *nn)
 const pcs_nn_ops_t *pcs_nn_ops(const pcs_nn_t *nn)
 {
     return nn ? nn->ops : NULL;
+}
+
+const char *pcs_nn_ops_name(const pcs_nn_ops_t *ops)
+{
+    return ops ? ops->name : NULL;
 }
 
 const pcs_backend_ops_t *pcs_nn_backend(const pcs_nn_t *nn)
@@ -77,17 +93,19 @@ static int is_compute(pcs_dtype_t t)
     return t == PCS_DTYPE_FP32 || t == PCS_DTYPE_BF16 || t == PCS_DTYPE_FP16;
 }
 
-pcs_status_t pcs_nn_check_ctx(const char *op, const pcs_nn_t *nn)
+static pcs_status_t check_ctx(const char *op, const pcs_nn_t *nn)
 {
     if (!nn)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: NULL context", op);
     return PCS_OK;
 }
 
-pcs_status_t pcs_nn_check_ew(const char *op, const pcs_nn_t *nn, const void *a, const void *b,
+/* Up to four arrays of n elements, each non-NULL when n > 0 (repeat one for an unused slot);
+ * `dt` must be FP32/BF16/FP16. */
+static pcs_status_t check_ew(const char *op, const pcs_nn_t *nn, const void *a, const void *b,
                              const void *c, const void *d, size_t n, pcs_dtype_t dt)
 {
-    PCS_CHECK(pcs_nn_check_ctx(op, nn));
+    PCS_CHECK(check_ctx(op, nn));
     if (!is_compute(dt))
         return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: dtype %s is not fp32/bf16/fp16", op,
                              pcs_dtype_name(dt));
@@ -96,10 +114,15 @@ pcs_status_t pcs_nn_check_ew(const char *op, const pcs_nn_t *nn, const void *a, 
     return PCS_OK;
 }
 
-pcs_status_t pcs_nn_check_linear(const char *op, const pcs_nn_t *nn, const pcs_nn_linear_t *l,
-                                 pcs_nn_read_t reads)
+/* What an op reads of a Linear's weight: forward reads `weight` (and fills `saved` for low
+ * precision), input-backward reads `weight` (fp32) or `saved`, parameter-backward neither. */
+typedef enum { READ_FWD, READ_BWD_INPUT, READ_BWD_PARAMS } read_t;
+
+/* A Linear: dims in [1, 2^31), compute dtype, the weight / saved buffer the op reads. */
+static pcs_status_t check_linear(const char *op, const pcs_nn_t *nn, const pcs_nn_linear_t *l,
+                                 read_t reads)
 {
-    PCS_CHECK(pcs_nn_check_ctx(op, nn));
+    PCS_CHECK(check_ctx(op, nn));
     if (!l)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: NULL linear", op);
     if (l->rows == 0 || l->in_dim == 0 || l->out_dim == 0 || l->rows > INT32_MAX ||
@@ -111,9 +134,9 @@ pcs_status_t pcs_nn_check_linear(const char *op, const pcs_nn_t *nn, const pcs_n
         return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: dtype %s is not fp32/bf16/fp16", op,
                              pcs_dtype_name(l->dtype));
     int low = l->dtype != PCS_DTYPE_FP32;
-    if (reads == PCS_NN_READ_BWD_PARAMS)
+    if (reads == READ_BWD_PARAMS)
         return PCS_OK;
-    if (!l->weight && (reads == PCS_NN_READ_FWD || !low))
+    if (!l->weight && (reads == READ_FWD || !low))
         return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: NULL weight", op);
     if (low && !l->saved)
         return pcs_set_error(PCS_ERR_INVALID_ARG,
@@ -122,10 +145,12 @@ pcs_status_t pcs_nn_check_linear(const char *op, const pcs_nn_t *nn, const pcs_n
     return PCS_OK;
 }
 
-pcs_status_t pcs_nn_check_norm(const char *op, const pcs_nn_t *nn, const pcs_nn_norm_t *p,
+/* A norm: kind, dims, dtypes, weight/bias/save present; forward of a BatchNorm: running stats
+ * present and training with more than one row (backward reads neither). */
+static pcs_status_t check_norm(const char *op, const pcs_nn_t *nn, const pcs_nn_norm_t *p,
                                int forward)
 {
-    PCS_CHECK(pcs_nn_check_ctx(op, nn));
+    PCS_CHECK(check_ctx(op, nn));
     if (!p)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: NULL norm", op);
     if (p->kind != PCS_NN_LAYERNORM && p->kind != PCS_NN_BATCHNORM)
@@ -159,7 +184,9 @@ pcs_status_t pcs_nn_check_norm(const char *op, const pcs_nn_t *nn, const pcs_nn_
     return PCS_OK;
 }
 
-pcs_status_t pcs_nn_check_grad(const char *op, const char *what, const pcs_nn_grad_t *g)
+/* A gradient destination (NULL or NULL data = skipped): dtype FP32/BF16/FP16/FP64, param dtype
+ * a compute dtype. */
+static pcs_status_t check_grad(const char *op, const char *what, const pcs_nn_grad_t *g)
 {
     if (!pcs_nn_wants(g))
         return PCS_OK;
@@ -167,6 +194,92 @@ pcs_status_t pcs_nn_check_grad(const char *op, const char *what, const pcs_nn_gr
         return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: %s gradient dtype %s of a %s parameter",
                              op, what, pcs_dtype_name(g->dtype), pcs_dtype_name(g->param_dtype));
     return PCS_OK;
+}
+
+static pcs_status_t check_act(const char *op, pcs_nn_act_t act)
+{
+    if (act != PCS_NN_RELU && act != PCS_NN_GELU)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: unknown activation %d", op, (int)act);
+    return PCS_OK;
+}
+
+// ---- the front door ----
+
+pcs_status_t pcs_nn_copy_round(pcs_nn_t *nn, float *dst, const float *src, size_t n, pcs_dtype_t dt)
+{
+    PCS_CHECK(check_ew("copy_round", nn, dst, src, src, src, n, dt));
+    return nn->ops->copy_round(nn, dst, src, n, dt);
+}
+
+pcs_status_t pcs_nn_add(pcs_nn_t *nn, float *y, const float *a, const float *b, size_t n,
+                        pcs_dtype_t dt)
+{
+    PCS_CHECK(check_ew("add", nn, y, a, b, b, n, dt));
+    return nn->ops->add(nn, y, a, b, n, dt);
+}
+
+pcs_status_t pcs_nn_act_fwd(pcs_nn_t *nn, pcs_nn_act_t act, float *y, const float *x, size_t n,
+                            pcs_dtype_t dt)
+{
+    PCS_CHECK(check_ew("act_fwd", nn, y, x, x, x, n, dt));
+    PCS_CHECK(check_act("act_fwd", act));
+    return nn->ops->act_fwd(nn, act, y, x, n, dt);
+}
+
+pcs_status_t pcs_nn_act_bwd(pcs_nn_t *nn, pcs_nn_act_t act, float *dx, const float *x,
+                            const float *y, const float *dy, size_t n)
+{
+    PCS_CHECK(check_ew("act_bwd", nn, dx, x, y, dy, n, PCS_DTYPE_FP32));
+    PCS_CHECK(check_act("act_bwd", act));
+    return nn->ops->act_bwd(nn, act, dx, x, y, dy, n);
+}
+
+pcs_status_t pcs_nn_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *x, float *y)
+{
+    PCS_CHECK(check_linear("linear_fwd", nn, l, READ_FWD));
+    if (!x || !y)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_fwd: NULL x or y");
+    return nn->ops->linear_fwd(nn, l, x, y);
+}
+
+pcs_status_t pcs_nn_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy,
+                                      const float *x, const pcs_nn_grad_t *dw,
+                                      const pcs_nn_grad_t *db)
+{
+    PCS_CHECK(check_linear("linear_bwd_params", nn, l, READ_BWD_PARAMS));
+    PCS_CHECK(check_grad("linear_bwd_params", "weight", dw));
+    PCS_CHECK(check_grad("linear_bwd_params", "bias", db));
+    if (!dy || (pcs_nn_wants(dw) && !x))
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_bwd_params: NULL dy or x");
+    return nn->ops->linear_bwd_params(nn, l, dy, x, dw, db);
+}
+
+pcs_status_t pcs_nn_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy,
+                                     float *dx)
+{
+    PCS_CHECK(check_linear("linear_bwd_input", nn, l, READ_BWD_INPUT));
+    if (!dy || !dx)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_bwd_input: NULL dy or dx");
+    return nn->ops->linear_bwd_input(nn, l, dy, dx);
+}
+
+pcs_status_t pcs_nn_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, float *y)
+{
+    PCS_CHECK(check_norm("norm_fwd", nn, p, 1));
+    if (!x || !y)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_fwd: NULL x or y");
+    return nn->ops->norm_fwd(nn, p, x, y);
+}
+
+pcs_status_t pcs_nn_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, const float *dy,
+                             float *dx, const pcs_nn_grad_t *dw, const pcs_nn_grad_t *db)
+{
+    PCS_CHECK(check_norm("norm_bwd", nn, p, 0));
+    PCS_CHECK(check_grad("norm_bwd", "weight", dw));
+    PCS_CHECK(check_grad("norm_bwd", "bias", db));
+    if (!x || !dy)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_bwd: NULL x or dy");
+    return nn->ops->norm_bwd(nn, p, x, dy, dx, dw, db);
 }
 
 // ---- host conversions ----

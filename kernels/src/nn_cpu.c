@@ -85,7 +85,6 @@ static pcs_status_t cpu_create(const pcs_backend_ops_t *be, pcs_stream_t s, pcs_
 static pcs_status_t cpu_copy_round(pcs_nn_t *nn, float *dst, const float *src, size_t n,
                                    pcs_dtype_t dt)
 {
-    PCS_CHECK(pcs_nn_check_ew("copy_round", nn, dst, src, src, src, n, dt));
     if (n == 0)
         return PCS_OK;
     if (dst != src)
@@ -97,25 +96,15 @@ static pcs_status_t cpu_copy_round(pcs_nn_t *nn, float *dst, const float *src, s
 static pcs_status_t cpu_add(pcs_nn_t *nn, float *y, const float *a, const float *b, size_t n,
                             pcs_dtype_t dt)
 {
-    PCS_CHECK(pcs_nn_check_ew("add", nn, y, a, b, b, n, dt));
     for (size_t i = 0; i < n; i++)
         y[i] = a[i] + b[i];
     pcs_nn_host_round(y, n, dt);
     return PCS_OK;
 }
 
-static pcs_status_t check_act(const char *op, pcs_nn_act_t act)
-{
-    if (act != PCS_NN_RELU && act != PCS_NN_GELU)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: unknown activation %d", op, (int)act);
-    return PCS_OK;
-}
-
 static pcs_status_t cpu_act_fwd(pcs_nn_t *nn, pcs_nn_act_t act, float *Y, const float *X, size_t n,
                                 pcs_dtype_t dt)
 {
-    PCS_CHECK(pcs_nn_check_ew("act_fwd", nn, Y, X, X, X, n, dt));
-    PCS_CHECK(check_act("act_fwd", act));
     if (act == PCS_NN_RELU) {
         for (size_t i = 0; i < n; i++)
             Y[i] = pcs_nn_relu_fwd(X[i]);
@@ -130,8 +119,6 @@ static pcs_status_t cpu_act_fwd(pcs_nn_t *nn, pcs_nn_act_t act, float *Y, const 
 static pcs_status_t cpu_act_bwd(pcs_nn_t *nn, pcs_nn_act_t act, float *dX, const float *X,
                                 const float *Y, const float *dY, size_t n)
 {
-    PCS_CHECK(pcs_nn_check_ew("act_bwd", nn, dX, X, Y, dY, n, PCS_DTYPE_FP32));
-    PCS_CHECK(check_act("act_bwd", act));
     if (act == PCS_NN_RELU) {
         for (size_t i = 0; i < n; i++)
             dX[i] = pcs_nn_relu_bwd(Y[i], dY[i]);
@@ -146,9 +133,6 @@ static pcs_status_t cpu_act_bwd(pcs_nn_t *nn, pcs_nn_act_t act, float *dX, const
 
 static pcs_status_t cpu_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *X, float *Y)
 {
-    PCS_CHECK(pcs_nn_check_linear("linear_fwd", nn, l, PCS_NN_READ_FWD));
-    if (!X || !Y)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_fwd: NULL x or y");
     cpu_nn_t *c = impl(nn);
     uint32_t K = l->in_dim, N = l->out_dim;
     int R = (int)l->rows;
@@ -181,7 +165,6 @@ static pcs_status_t cpu_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l
                                           const float *X, const pcs_nn_grad_t *dw,
                                           const pcs_nn_grad_t *db)
 {
-    PCS_CHECK(pcs_nn_check_linear_bwd_params(nn, l, dY, X, dw, db));
     cpu_nn_t *c = impl(nn);
     uint32_t K = l->in_dim, N = l->out_dim;
     int R = (int)l->rows;
@@ -207,9 +190,6 @@ static pcs_status_t cpu_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l
 static pcs_status_t cpu_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dY,
                                          float *dX)
 {
-    PCS_CHECK(pcs_nn_check_linear("linear_bwd_input", nn, l, PCS_NN_READ_BWD_INPUT));
-    if (!dY || !dX)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_bwd_input: NULL dy or dx");
     uint32_t K = l->in_dim, N = l->out_dim;
     int R = (int)l->rows;
     /* the weight values the forward used: the fp32 binding or forward's converted copy */
@@ -223,9 +203,6 @@ static pcs_status_t cpu_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l,
 
 static pcs_status_t cpu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *X, float *Y)
 {
-    PCS_CHECK(pcs_nn_check_norm("norm_fwd", nn, p, 1));
-    if (!X || !Y)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_fwd: NULL x or y");
     cpu_nn_t *c = impl(nn);
     uint32_t D = p->dim, R = p->rows;
     PCS_CHECK(ensure(&c->vec, &c->vec_cap, 2 * (size_t)D));
@@ -281,7 +258,6 @@ static pcs_status_t cpu_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const flo
                                  const float *dY, float *dX, const pcs_nn_grad_t *dwg,
                                  const pcs_nn_grad_t *dbg)
 {
-    PCS_CHECK(pcs_nn_check_norm_bwd(nn, p, X, dY, dwg, dbg));
     cpu_nn_t *c = impl(nn);
     uint32_t D = p->dim, R = p->rows;
     PCS_CHECK(ensure(&c->vec, &c->vec_cap, 4 * (size_t)D));

@@ -476,7 +476,6 @@ pcs_status_t cu_create(const pcs_backend_ops_t *be, pcs_stream_t s, pcs_nn_t **o
 
 pcs_status_t cu_copy_round(pcs_nn_t *nn, float *dst, const float *src, size_t n, pcs_dtype_t dt)
 {
-    PCS_CHECK(pcs_nn_check_ew("copy_round", nn, dst, src, src, src, n, dt));
     if (n == 0)
         return PCS_OK;
     if (dt == PCS_DTYPE_FP32) {
@@ -493,7 +492,6 @@ pcs_status_t cu_copy_round(pcs_nn_t *nn, float *dst, const float *src, size_t n,
 pcs_status_t cu_add(pcs_nn_t *nn, float *y, const float *a, const float *b, size_t n,
                     pcs_dtype_t dt)
 {
-    PCS_CHECK(pcs_nn_check_ew("add", nn, y, a, b, b, n, dt));
     if (n == 0)
         return PCS_OK;
     k_add<<<blocks_for(n), kThreads, 0, cs(nn)>>>(y, a, b, n, (int)dt);
@@ -501,18 +499,9 @@ pcs_status_t cu_add(pcs_nn_t *nn, float *y, const float *a, const float *b, size
     return PCS_OK;
 }
 
-pcs_status_t check_act(const char *op, pcs_nn_act_t act)
-{
-    if (act != PCS_NN_RELU && act != PCS_NN_GELU)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: unknown activation %d", op, (int)act);
-    return PCS_OK;
-}
-
 pcs_status_t cu_act_fwd(pcs_nn_t *nn, pcs_nn_act_t act, float *y, const float *x, size_t n,
                         pcs_dtype_t dt)
 {
-    PCS_CHECK(pcs_nn_check_ew("act_fwd", nn, y, x, x, x, n, dt));
-    PCS_CHECK(check_act("act_fwd", act));
     if (n == 0)
         return PCS_OK;
     if (act == PCS_NN_RELU)
@@ -526,8 +515,6 @@ pcs_status_t cu_act_fwd(pcs_nn_t *nn, pcs_nn_act_t act, float *y, const float *x
 pcs_status_t cu_act_bwd(pcs_nn_t *nn, pcs_nn_act_t act, float *dx, const float *x, const float *y,
                         const float *dy, size_t n)
 {
-    PCS_CHECK(pcs_nn_check_ew("act_bwd", nn, dx, x, y, dy, n, PCS_DTYPE_FP32));
-    PCS_CHECK(check_act("act_bwd", act));
     if (n == 0)
         return PCS_OK;
     if (act == PCS_NN_RELU)
@@ -550,9 +537,6 @@ pcs_status_t cu_act_bwd(pcs_nn_t *nn, pcs_nn_act_t act, float *dx, const float *
  *            gemm(N, T, m=K, n=N, k=R, A=X lda=K, B=dY ldb=N, C=dW ldc=K) */
 pcs_status_t cu_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *x, float *y)
 {
-    PCS_CHECK(pcs_nn_check_linear("linear_fwd", nn, l, PCS_NN_READ_FWD));
-    if (!x || !y)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_fwd: NULL x or y");
     CudaNN *c = impl(nn);
     int R = (int)l->rows, K = (int)l->in_dim, N = (int)l->out_dim;
     if (l->dtype == PCS_DTYPE_FP32) {
@@ -578,7 +562,6 @@ pcs_status_t cu_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *
 pcs_status_t cu_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy,
                                   const float *x, const pcs_nn_grad_t *dw, const pcs_nn_grad_t *db)
 {
-    PCS_CHECK(pcs_nn_check_linear_bwd_params(nn, l, dy, x, dw, db));
     CudaNN *c = impl(nn);
     int R = (int)l->rows, K = (int)l->in_dim, N = (int)l->out_dim;
     size_t nw = (size_t)N * K;
@@ -612,9 +595,6 @@ pcs_status_t cu_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l, const 
 
 pcs_status_t cu_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy, float *dx)
 {
-    PCS_CHECK(pcs_nn_check_linear("linear_bwd_input", nn, l, PCS_NN_READ_BWD_INPUT));
-    if (!dy || !dx)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_bwd_input: NULL dy or dx");
     CudaNN *c = impl(nn);
     int R = (int)l->rows, K = (int)l->in_dim, N = (int)l->out_dim;
     if (l->dtype == PCS_DTYPE_FP32)
@@ -626,9 +606,6 @@ pcs_status_t cu_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l, const f
 
 pcs_status_t cu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, float *y)
 {
-    PCS_CHECK(pcs_nn_check_norm("norm_fwd", nn, p, 1));
-    if (!x || !y)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_fwd: NULL x or y");
     uint32_t R = p->rows, D = p->dim;
     if (p->kind == PCS_NN_LAYERNORM) {
         k_ln_fwd<<<R, kThreads, 0, cs(nn)>>>(y, x, D, p->weight, (int)p->weight_dtype, p->bias,
@@ -651,7 +628,6 @@ pcs_status_t cu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, f
 pcs_status_t cu_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, const float *dy,
                          float *dx, const pcs_nn_grad_t *dw, const pcs_nn_grad_t *db)
 {
-    PCS_CHECK(pcs_nn_check_norm_bwd(nn, p, x, dy, dw, db));
     CudaNN *c = impl(nn);
     uint32_t R = p->rows, D = p->dim;
     PCS_CHECK(grow(nn, (void **)&c->f32, &c->f32_bytes, 2 * (size_t)D * sizeof(float)));

@@ -30,11 +30,6 @@ static pcs_nn_t *inner(pcs_nn_t *nn)
         *(out) = h_;                                                                               \
     } while (0)
 
-static pcs_status_t ctx(const char *op, pcs_nn_t *nn)
-{
-    return pcs_nn_check_ctx(op, nn);
-}
-
 /* One queued nn op: its arguments, untagged and copied (descriptors by value). */
 typedef enum {
     NN_COPY_ROUND,
@@ -103,71 +98,11 @@ static pcs_status_t new_task(pcs_nn_t *nn, nn_op_t op, nn_task_t **out)
     return PCS_OK;
 }
 
-/* The CPU twin's argument checks, run when the op is queued (as nn_cuda.cu validates before
- * launching): bad input is an immediate status, not a sticky error at the next sync. */
-static pcs_status_t validate(const nn_task_t *t)
-{
-    pcs_nn_t *in = t->in;
-    float *const *p = t->p;
-    const pcs_nn_linear_t *L = t->has_l ? &t->l : NULL;
-    const pcs_nn_norm_t *P = t->has_nm ? &t->nm : NULL;
-    const pcs_nn_grad_t *GW = t->has_gw ? &t->gw : NULL, *GB = t->has_gb ? &t->gb : NULL;
-    int act_ok = t->act == PCS_NN_RELU || t->act == PCS_NN_GELU;
-    switch (t->op) {
-    case NN_COPY_ROUND:
-        return pcs_nn_check_ew("copy_round", in, p[0], p[1], p[1], p[1], t->n, t->dt);
-    case NN_ADD:
-        return pcs_nn_check_ew("add", in, p[0], p[1], p[2], p[2], t->n, t->dt);
-    case NN_ACT_FWD:
-        PCS_CHECK(pcs_nn_check_ew("act_fwd", in, p[0], p[1], p[1], p[1], t->n, t->dt));
-        break;
-    case NN_ACT_BWD:
-        PCS_CHECK(pcs_nn_check_ew("act_bwd", in, p[0], p[1], p[2], p[3], t->n, PCS_DTYPE_FP32));
-        break;
-    case NN_LIN_FWD:
-        PCS_CHECK(pcs_nn_check_linear("linear_fwd", in, L, PCS_NN_READ_FWD));
-        if (!p[0] || !p[1])
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_fwd: NULL x or y");
-        return PCS_OK;
-    case NN_LIN_BWD_P:
-        PCS_CHECK(pcs_nn_check_linear("linear_bwd_params", in, L, PCS_NN_READ_BWD_PARAMS));
-        PCS_CHECK(pcs_nn_check_grad("linear_bwd_params", "weight", GW));
-        PCS_CHECK(pcs_nn_check_grad("linear_bwd_params", "bias", GB));
-        if (!p[0] || (pcs_nn_wants(GW) && !p[1]))
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_bwd_params: NULL dy or x");
-        return PCS_OK;
-    case NN_LIN_BWD_I:
-        PCS_CHECK(pcs_nn_check_linear("linear_bwd_input", in, L, PCS_NN_READ_BWD_INPUT));
-        if (!p[0] || !p[1])
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "nn linear_bwd_input: NULL dy or dx");
-        return PCS_OK;
-    case NN_NORM_FWD:
-        PCS_CHECK(pcs_nn_check_norm("norm_fwd", in, P, 1));
-        if (!p[0] || !p[1])
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_fwd: NULL x or y");
-        return PCS_OK;
-    case NN_NORM_BWD:
-        PCS_CHECK(pcs_nn_check_norm("norm_bwd", in, P, 0));
-        PCS_CHECK(pcs_nn_check_grad("norm_bwd", "weight", GW));
-        PCS_CHECK(pcs_nn_check_grad("norm_bwd", "bias", GB));
-        if (!p[0] || !p[1])
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "nn norm_bwd: NULL x or dy");
-        return PCS_OK;
-    }
-    if (!act_ok)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: unknown activation %d",
-                             t->op == NN_ACT_FWD ? "act_fwd" : "act_bwd", (int)t->act);
-    return PCS_OK;
-}
-
-/* Validate, then queue t on the context's stream (the task is freed there, also on failure). */
+/* Queue t on the context's stream (the task is freed there, also on failure). The front door
+ * (nn.c) validated the arguments when the op was called, as nn_cuda.cu's host side does before a
+ * launch: bad input is an immediate status, not a sticky error at the next sync. */
 static pcs_status_t submit(pcs_nn_t *nn, nn_task_t *t)
 {
-    pcs_status_t st = validate(t);
-    if (st != PCS_OK) {
-        free(t);
-        return st;
-    }
     return pcs_devsim_submit(nn->stream, run_nn, t);
 }
 
@@ -273,7 +208,6 @@ static pcs_status_t ds_copy_round(pcs_nn_t *nn, float *dst, const float *src, si
                                   pcs_dtype_t dt)
 {
     const char *op = "copy_round";
-    PCS_CHECK(ctx(op, nn));
     nn_task_t *t = NULL;
     PCS_CHECK(new_task(nn, NN_COPY_ROUND, &t));
     TDEV(t, op, "dst", dst, &t->p[0]);
@@ -287,7 +221,6 @@ static pcs_status_t ds_add(pcs_nn_t *nn, float *y, const float *a, const float *
                            pcs_dtype_t dt)
 {
     const char *op = "add";
-    PCS_CHECK(ctx(op, nn));
     nn_task_t *t = NULL;
     PCS_CHECK(new_task(nn, NN_ADD, &t));
     TDEV(t, op, "y", y, &t->p[0]);
@@ -302,7 +235,6 @@ static pcs_status_t ds_act_fwd(pcs_nn_t *nn, pcs_nn_act_t act, float *y, const f
                                pcs_dtype_t dt)
 {
     const char *op = "act_fwd";
-    PCS_CHECK(ctx(op, nn));
     nn_task_t *t = NULL;
     PCS_CHECK(new_task(nn, NN_ACT_FWD, &t));
     TDEV(t, op, "y", y, &t->p[0]);
@@ -317,7 +249,6 @@ static pcs_status_t ds_act_bwd(pcs_nn_t *nn, pcs_nn_act_t act, float *dx, const 
                                const float *y, const float *dy, size_t n)
 {
     const char *op = "act_bwd";
-    PCS_CHECK(ctx(op, nn));
     nn_task_t *t = NULL;
     PCS_CHECK(new_task(nn, NN_ACT_BWD, &t));
     TDEV(t, op, "dx", dx, &t->p[0]);
@@ -334,7 +265,6 @@ static pcs_status_t ds_act_bwd(pcs_nn_t *nn, pcs_nn_act_t act, float *dx, const 
 static pcs_status_t ds_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *x, float *y)
 {
     const char *op = "linear_fwd";
-    PCS_CHECK(ctx(op, nn));
     nn_task_t *t = NULL;
     PCS_CHECK(new_task(nn, NN_LIN_FWD, &t));
     const pcs_nn_linear_t *L;
@@ -350,7 +280,6 @@ static pcs_status_t ds_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l,
                                          const pcs_nn_grad_t *db)
 {
     const char *op = "linear_bwd_params";
-    PCS_CHECK(ctx(op, nn));
     nn_task_t *t = NULL;
     PCS_CHECK(new_task(nn, NN_LIN_BWD_P, &t));
     const pcs_nn_linear_t *L;
@@ -370,7 +299,6 @@ static pcs_status_t ds_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l, 
                                         float *dx)
 {
     const char *op = "linear_bwd_input";
-    PCS_CHECK(ctx(op, nn));
     nn_task_t *t = NULL;
     PCS_CHECK(new_task(nn, NN_LIN_BWD_I, &t));
     const pcs_nn_linear_t *L;
@@ -386,7 +314,6 @@ static pcs_status_t ds_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l, 
 static pcs_status_t ds_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, float *y)
 {
     const char *op = "norm_fwd";
-    PCS_CHECK(ctx(op, nn));
     nn_task_t *t = NULL;
     PCS_CHECK(new_task(nn, NN_NORM_FWD, &t));
     const pcs_nn_norm_t *P;
@@ -402,7 +329,6 @@ static pcs_status_t ds_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const floa
                                 const pcs_nn_grad_t *db)
 {
     const char *op = "norm_bwd";
-    PCS_CHECK(ctx(op, nn));
     nn_task_t *t = NULL;
     PCS_CHECK(new_task(nn, NN_NORM_BWD, &t));
     const pcs_nn_norm_t *P;

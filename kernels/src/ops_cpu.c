@@ -62,9 +62,6 @@ static pcs_status_t cpu_copy(void *dst, const void *src, size_t bytes, pcs_copy_
 
 static pcs_status_t cpu_fill(void *dst, pcs_dtype_t dt, size_t n, double value, pcs_stream_t s)
 {
-    if (dt != PCS_DTYPE_INT64 && !pcs_dtype_is_float(dt))
-        return pcs_set_error(PCS_ERR_UNSUPPORTED, "fill: dtype %d is not supported", (int)dt);
-    PCS_CHECK(pcs_kv_buffer("fill", "dst", dst, dt, n));
     switch (dt) {
     case PCS_DTYPE_FP64: {
         double *d = dst;
@@ -78,9 +75,7 @@ static pcs_status_t cpu_fill(void *dst, pcs_dtype_t dt, size_t n, double value, 
             d[i] = v;
         break;
     }
-    case PCS_DTYPE_INT64: {
-        if (!(value >= -9223372036854775808.0 && value < 9223372036854775808.0))
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "fill: %g does not fit int64", value);
+    case PCS_DTYPE_INT64: { /* the front door checked that value fits */
         int64_t *d = dst, v = (int64_t)value;
         for (size_t i = 0; i < n; i++)
             d[i] = v;
@@ -255,9 +250,6 @@ static int hidx(pcs_dtype_t t)
 static pcs_status_t cpu_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
                              pcs_stream_t s)
 {
-    PCS_CHECK(pcs_kv_list("cast", "dst", dst, count, PCS_DT_FLOATS));
-    PCS_CHECK(pcs_kv_list("cast", "src", src, count, PCS_DT_FLOATS));
-    PCS_CHECK(pcs_kv_pair("cast", "dst", dst, "src", src, count));
     for (size_t k = 0; k < count; k++)
         PCS_CHECK(
             pcs_cpu_cast_array(dst[k].data, dst[k].dtype, src[k].data, src[k].dtype, src[k].n));
@@ -267,7 +259,6 @@ static pcs_status_t cpu_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, s
 static pcs_status_t cpu_scale(const pcs_tensor_t *t, size_t count, float factor, pcs_stream_t s)
 {
     static void (*const loops[3])(void *, size_t, float) = {scale_fp32, scale_bf16, scale_fp16};
-    PCS_CHECK(pcs_kv_list("scale", "t", t, count, PCS_DT_FLOATS));
     for (size_t k = 0; k < count; k++) {
         if (t[k].dtype == PCS_DTYPE_FP64) {
             double *d = t[k].data, f = (double)factor;
@@ -288,9 +279,6 @@ static pcs_status_t cpu_accumulate(const pcs_tensor_t *dst, const pcs_tensor_t *
         {acc_bf16_fp32, acc_bf16_bf16, acc_bf16_fp16},
         {acc_fp16_fp32, acc_fp16_bf16, acc_fp16_fp16},
     };
-    PCS_CHECK(pcs_kv_list("accumulate", "dst", dst, count, PCS_DT_HALFS));
-    PCS_CHECK(pcs_kv_list("accumulate", "src", src, count, PCS_DT_HALFS));
-    PCS_CHECK(pcs_kv_pair("accumulate", "dst", dst, "src", src, count));
     for (size_t k = 0; k < count; k++)
         loops[hidx(dst[k].dtype)][hidx(src[k].dtype)](dst[k].data, src[k].data, dst[k].n);
     return PCS_OK;
@@ -301,11 +289,6 @@ static pcs_status_t cpu_nonfinite(const pcs_tensor_t *t, size_t count, float *fo
 {
     static int (*const loops[3])(void *, size_t, float) = {unscale_fp32, unscale_bf16,
                                                            unscale_fp16};
-    PCS_CHECK(
-        pcs_kv_buffer("nonfinite_check_and_unscale", "found_inf", found_inf, PCS_DTYPE_FP32, 1));
-    PCS_CHECK(
-        pcs_kv_buffer("nonfinite_check_and_unscale", "inv_scale", inv_scale, PCS_DTYPE_FP32, 1));
-    PCS_CHECK(pcs_kv_list("nonfinite_check_and_unscale", "t", t, count, PCS_DT_HALFS));
     const float inv = *inv_scale;
     int found = 0;
     for (size_t k = 0; k < count; k++)
@@ -319,8 +302,6 @@ static pcs_status_t cpu_nonfinite(const pcs_tensor_t *t, size_t count, float *fo
 static pcs_status_t cpu_sum_squares(const pcs_tensor_t *t, size_t count, float *out, pcs_stream_t s)
 {
     static double (*const loops[3])(const void *, size_t) = {sumsq_fp32, sumsq_bf16, sumsq_fp16};
-    PCS_CHECK(pcs_kv_buffer("sum_squares", "out", out, PCS_DTYPE_FP32, 1));
-    PCS_CHECK(pcs_kv_list("sum_squares", "t", t, count, PCS_DT_HALFS));
     double total = 0.0;
     for (size_t k = 0; k < count; k++)
         total += t[k].n > 0 ? loops[hidx(t[k].dtype)](t[k].data, t[k].n) : 0.0;
@@ -328,24 +309,11 @@ static pcs_status_t cpu_sum_squares(const pcs_tensor_t *t, size_t count, float *
     return PCS_OK;
 }
 
-static pcs_status_t check_f32_same(const char *op, const char *an, const pcs_tensor_t *a,
-                                   const char *bn, const pcs_tensor_t *b, size_t count)
-{
-    PCS_CHECK(pcs_kv_list(op, bn, b, count, PCS_DT_BIT(PCS_DTYPE_FP32)));
-    return pcs_kv_pair(op, an, a, bn, b, count);
-}
-
 static pcs_status_t cpu_adamw(const pcs_tensor_t *param, const pcs_tensor_t *grad,
                               const pcs_tensor_t *exp_avg, const pcs_tensor_t *exp_avg_sq,
                               size_t count, const pcs_adamw_config_t *cfg, int64_t step,
                               pcs_stream_t s)
 {
-    const char *op = "adamw_update";
-    PCS_CHECK(pcs_kv_adamw(cfg, step));
-    PCS_CHECK(pcs_kv_list(op, "param", param, count, PCS_DT_BIT(PCS_DTYPE_FP32)));
-    PCS_CHECK(check_f32_same(op, "param", param, "grad", grad, count));
-    PCS_CHECK(check_f32_same(op, "param", param, "exp_avg", exp_avg, count));
-    PCS_CHECK(check_f32_same(op, "param", param, "exp_avg_sq", exp_avg_sq, count));
     pcs_adamw_coef_t c;
     pcs_adamw_coef(cfg, step, &c);
     for (size_t k = 0; k < count; k++) {
@@ -365,16 +333,6 @@ static pcs_status_t cpu_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad,
                             const pcs_tensor_t *buf, size_t count, const pcs_sgd_config_t *cfg,
                             int first_step, pcs_stream_t s)
 {
-    const char *op = "sgd_update";
-    PCS_CHECK(pcs_kv_sgd(cfg));
-    PCS_CHECK(pcs_kv_list(op, "param", param, count, PCS_DT_BIT(PCS_DTYPE_FP32)));
-    PCS_CHECK(check_f32_same(op, "param", param, "grad", grad, count));
-    if (cfg->momentum != 0.0) {
-        if (buf == NULL && count > 0)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: momentum %g needs momentum buffers", op,
-                                 cfg->momentum);
-        PCS_CHECK(check_f32_same(op, "param", param, "momentum_buf", buf, count));
-    }
     pcs_sgd_coef_t c;
     pcs_sgd_coef(cfg, first_step, &c);
     for (size_t k = 0; k < count; k++) {
@@ -434,6 +392,17 @@ static void cpu_free_async(void *p, pcs_stream_t s)
     cpu_free(p);
 }
 
+static const pcs_kernel_ops_t cpu_kernels = {
+    .fill = cpu_fill,
+    .cast = cpu_cast,
+    .scale = cpu_scale,
+    .accumulate = cpu_accumulate,
+    .nonfinite_check_and_unscale = cpu_nonfinite,
+    .sum_squares = cpu_sum_squares,
+    .adamw_update = cpu_adamw,
+    .sgd_update = cpu_sgd,
+};
+
 static const pcs_backend_ops_t cpu_ops = {
     .name = "cpu",
     .alloc = cpu_alloc,
@@ -441,7 +410,6 @@ static const pcs_backend_ops_t cpu_ops = {
     .host_alloc = cpu_alloc,
     .host_free = cpu_free,
     .copy = cpu_copy,
-    .fill = cpu_fill,
     .stream_create = cpu_stream_create,
     .stream_destroy = cpu_stream_destroy,
     .sync = cpu_sync,
@@ -450,13 +418,7 @@ static const pcs_backend_ops_t cpu_ops = {
     .event_record = cpu_event_record,
     .stream_wait_event = cpu_stream_wait_event,
     .event_sync = cpu_event_sync,
-    .cast = cpu_cast,
-    .scale = cpu_scale,
-    .accumulate = cpu_accumulate,
-    .nonfinite_check_and_unscale = cpu_nonfinite,
-    .sum_squares = cpu_sum_squares,
-    .adamw_update = cpu_adamw,
-    .sgd_update = cpu_sgd,
+    .kernels = &cpu_kernels,
     .device_count = cpu_device_count,
     .set_device = cpu_set_device,
     .device_info = cpu_device_info,

@@ -616,8 +616,7 @@ pcs_status_t cu_fill(void *dst, pcs_dtype_t dt, size_t n, double value, pcs_stre
 {
     uint64_t pattern = 0; /* 8-byte aligned: the CPU fill checks element alignment */
     /* the CPU twin rounds the value (once, to the dtype) into a host word */
-    PCS_CHECK(pcs_backend_cpu()->fill(&pattern, dt, 1, value, NULL));
-    PCS_CHECK(pcs_kv_buffer("fill", "dst", dst, dt, n));
+    PCS_CHECK(pcs_backend_cpu()->kernels->fill(&pattern, dt, 1, value, NULL));
     if (n == 0)
         return PCS_OK;
     switch (pcs_dtype_size(dt)) {
@@ -707,9 +706,6 @@ pcs_status_t cu_event_elapsed_ms(pcs_event_t start, pcs_event_t end, float *ms)
 
 pcs_status_t cu_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count, pcs_stream_t s)
 {
-    PCS_CHECK(pcs_kv_list("cast", "dst", dst, count, PCS_DT_FLOATS));
-    PCS_CHECK(pcs_kv_list("cast", "src", src, count, PCS_DT_FLOATS));
-    PCS_CHECK(pcs_kv_pair("cast", "dst", dst, "src", src, count));
     auto vec = [&](size_t k) { return aligned16(dst[k].data) && aligned16(src[k].data); };
     auto key = [&](size_t k) { return dkey(dst[k].dtype, src[k].dtype, vec(k)); };
     return for_batches(count, src, key, [&](const size_t *idx, size_t nb) -> pcs_status_t {
@@ -747,7 +743,6 @@ pcs_status_t cu_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t co
 
 pcs_status_t cu_scale(const pcs_tensor_t *t, size_t count, float factor, pcs_stream_t s)
 {
-    PCS_CHECK(pcs_kv_list("scale", "t", t, count, PCS_DT_FLOATS));
     auto key = [&](size_t k) { return dkey(t[k].dtype, t[k].dtype, aligned16(t[k].data)); };
     return for_batches(count, t, key, [&](const size_t *idx, size_t nb) -> pcs_status_t {
         Batch2 b;
@@ -774,9 +769,6 @@ pcs_status_t cu_scale(const pcs_tensor_t *t, size_t count, float factor, pcs_str
 pcs_status_t cu_accumulate(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
                            pcs_stream_t s)
 {
-    PCS_CHECK(pcs_kv_list("accumulate", "dst", dst, count, PCS_DT_HALFS));
-    PCS_CHECK(pcs_kv_list("accumulate", "src", src, count, PCS_DT_HALFS));
-    PCS_CHECK(pcs_kv_pair("accumulate", "dst", dst, "src", src, count));
     auto vec = [&](size_t k) { return aligned16(dst[k].data) && aligned16(src[k].data); };
     auto key = [&](size_t k) { return dkey(dst[k].dtype, src[k].dtype, vec(k)); };
     return for_batches(count, src, key, [&](const size_t *idx, size_t nb) -> pcs_status_t {
@@ -808,11 +800,6 @@ pcs_status_t cu_accumulate(const pcs_tensor_t *dst, const pcs_tensor_t *src, siz
 pcs_status_t cu_nonfinite(const pcs_tensor_t *t, size_t count, float *found_inf,
                           const float *inv_scale, pcs_stream_t s)
 {
-    PCS_CHECK(
-        pcs_kv_buffer("nonfinite_check_and_unscale", "found_inf", found_inf, PCS_DTYPE_FP32, 1));
-    PCS_CHECK(
-        pcs_kv_buffer("nonfinite_check_and_unscale", "inv_scale", inv_scale, PCS_DTYPE_FP32, 1));
-    PCS_CHECK(pcs_kv_list("nonfinite_check_and_unscale", "t", t, count, PCS_DT_HALFS));
     auto key = [&](size_t k) { return dkey(t[k].dtype, t[k].dtype, false); };
     return for_batches(count, t, key, [&](const size_t *idx, size_t nb) -> pcs_status_t {
         Batch2 b;
@@ -833,8 +820,6 @@ pcs_status_t cu_nonfinite(const pcs_tensor_t *t, size_t count, float *found_inf,
 
 pcs_status_t cu_sum_squares(const pcs_tensor_t *t, size_t count, float *out, pcs_stream_t s)
 {
-    PCS_CHECK(pcs_kv_buffer("sum_squares", "out", out, PCS_DTYPE_FP32, 1));
-    PCS_CHECK(pcs_kv_list("sum_squares", "t", t, count, PCS_DT_HALFS));
     auto key = [&](size_t k) { return dkey(t[k].dtype, t[k].dtype, false); };
     /* pass 1 on the host: count the partial sums the batches will produce */
     size_t npart = 0;
@@ -877,23 +862,10 @@ pcs_status_t cu_sum_squares(const pcs_tensor_t *t, size_t count, float *out, pcs
     return rc;
 }
 
-pcs_status_t check_f32_same(const char *op, const char *an, const pcs_tensor_t *a, const char *bn,
-                            const pcs_tensor_t *b, size_t count)
-{
-    PCS_CHECK(pcs_kv_list(op, bn, b, count, PCS_DT_BIT(PCS_DTYPE_FP32)));
-    return pcs_kv_pair(op, an, a, bn, b, count);
-}
-
 pcs_status_t cu_adamw(const pcs_tensor_t *param, const pcs_tensor_t *grad,
                       const pcs_tensor_t *exp_avg, const pcs_tensor_t *exp_avg_sq, size_t count,
                       const pcs_adamw_config_t *cfg, int64_t step, pcs_stream_t s)
 {
-    const char *op = "adamw_update";
-    PCS_CHECK(pcs_kv_adamw(cfg, step));
-    PCS_CHECK(pcs_kv_list(op, "param", param, count, PCS_DT_BIT(PCS_DTYPE_FP32)));
-    PCS_CHECK(check_f32_same(op, "param", param, "grad", grad, count));
-    PCS_CHECK(check_f32_same(op, "param", param, "exp_avg", exp_avg, count));
-    PCS_CHECK(check_f32_same(op, "param", param, "exp_avg_sq", exp_avg_sq, count));
     pcs_adamw_coef_t c;
     pcs_adamw_coef(cfg, step, &c);
     auto vec = [&](size_t k) {
@@ -926,16 +898,6 @@ pcs_status_t cu_adamw(const pcs_tensor_t *param, const pcs_tensor_t *grad,
 pcs_status_t cu_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad, const pcs_tensor_t *buf,
                     size_t count, const pcs_sgd_config_t *cfg, int first_step, pcs_stream_t s)
 {
-    const char *op = "sgd_update";
-    PCS_CHECK(pcs_kv_sgd(cfg));
-    PCS_CHECK(pcs_kv_list(op, "param", param, count, PCS_DT_BIT(PCS_DTYPE_FP32)));
-    PCS_CHECK(check_f32_same(op, "param", param, "grad", grad, count));
-    if (cfg->momentum != 0.0) {
-        if (buf == NULL && count > 0)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: momentum %g needs momentum buffers", op,
-                                 cfg->momentum);
-        PCS_CHECK(check_f32_same(op, "param", param, "momentum_buf", buf, count));
-    }
     pcs_sgd_coef_t c;
     pcs_sgd_coef(cfg, first_step, &c);
     auto key = [&](size_t k) { return 0u; };
@@ -987,6 +949,11 @@ pcs_status_t cu_device_info(int ordinal, char *name, size_t cap, uint64_t *memor
     return PCS_OK;
 }
 
+const pcs_kernel_ops_t cuda_kernels = {
+    cu_fill, cu_cast, cu_scale, cu_accumulate, cu_nonfinite, cu_sum_squares, cu_adamw, cu_sgd,
+};
+
+/* positional, in kernels.h order */
 const pcs_backend_ops_t cuda_ops = {
     "cuda",
     cu_alloc,
@@ -994,7 +961,6 @@ const pcs_backend_ops_t cuda_ops = {
     cu_host_alloc,
     cu_host_free,
     cu_copy,
-    cu_fill,
     cu_stream_create,
     cu_stream_destroy,
     cu_sync,
@@ -1003,17 +969,11 @@ const pcs_backend_ops_t cuda_ops = {
     cu_event_record,
     cu_stream_wait_event,
     cu_event_sync,
-    cu_cast,
-    cu_scale,
-    cu_accumulate,
-    cu_nonfinite,
-    cu_sum_squares,
-    cu_adamw,
-    cu_sgd,
+    &cuda_kernels,
     cu_device_count,
     cu_set_device,
     cu_device_info,
-    cu_event_elapsed_ms, /* appended members, in kernels.h order: */
+    cu_event_elapsed_ms,
     cu_alloc_async,
     cu_free_async,
 };

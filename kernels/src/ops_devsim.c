@@ -574,7 +574,7 @@ typedef struct fill_task {
 static pcs_status_t run_fill(void *arg)
 {
     fill_task_t *t = arg;
-    return cpu()->fill(t->dst, t->dt, t->n, t->value, NULL);
+    return cpu()->kernels->fill(t->dst, t->dt, t->n, t->value, NULL);
 }
 
 static pcs_status_t ds_fill(void *dst, pcs_dtype_t dt, size_t n, double value, pcs_stream_t s)
@@ -582,12 +582,6 @@ static pcs_status_t ds_fill(void *dst, pcs_dtype_t dt, size_t n, double value, p
     void *d = NULL;
     if (n > 0)
         PCS_CHECK(dev_arg("fill", "dst", dst, &d));
-    if (dt != PCS_DTYPE_INT64 && !pcs_dtype_is_float(dt))
-        return pcs_set_error(PCS_ERR_UNSUPPORTED, "fill: dtype %d is not supported", (int)dt);
-    PCS_CHECK(pcs_kv_buffer("fill", "dst", d, dt, n));
-    if (dt == PCS_DTYPE_INT64 &&
-        !(value >= -9223372036854775808.0 && value < 9223372036854775808.0))
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "fill: %g does not fit int64", value);
     fill_task_t *t = malloc(sizeof *t);
     if (t == NULL)
         return pcs_set_error(PCS_ERR_NOMEM, "simulated cuda fill: out of memory");
@@ -615,7 +609,7 @@ typedef struct list_task {
 static pcs_status_t run_list(void *arg)
 {
     list_task_t *t = arg;
-    const pcs_backend_ops_t *c = cpu();
+    const pcs_kernel_ops_t *c = cpu()->kernels;
     pcs_status_t st = PCS_OK;
     switch (t->op) {
     case OP_CAST:
@@ -677,76 +671,11 @@ static pcs_status_t list_task(const char *opname, list_op_t op, size_t count, co
     return PCS_OK;
 }
 
-/* The CPU twin's argument checks, run when the op is queued (as the cuda backend validates on the
- * host before launching), so bad input is an immediate status, not a sticky error at the next
- * sync. The twin checks again when the op runs. */
-static pcs_status_t f32_same(const char *op, const char *an, const pcs_tensor_t *a, const char *bn,
-                             const pcs_tensor_t *b, size_t count)
-{
-    PCS_CHECK(pcs_kv_list(op, bn, b, count, PCS_DT_BIT(PCS_DTYPE_FP32)));
-    return pcs_kv_pair(op, an, a, bn, b, count);
-}
-
-static pcs_status_t validate(const list_task_t *t)
-{
-    size_t n = t->count;
-    switch (t->op) {
-    case OP_CAST:
-        PCS_CHECK(pcs_kv_list("cast", "dst", t->a, n, PCS_DT_FLOATS));
-        PCS_CHECK(pcs_kv_list("cast", "src", t->b, n, PCS_DT_FLOATS));
-        return pcs_kv_pair("cast", "dst", t->a, "src", t->b, n);
-    case OP_SCALE:
-        return pcs_kv_list("scale", "t", t->a, n, PCS_DT_FLOATS);
-    case OP_ACC:
-        PCS_CHECK(pcs_kv_list("accumulate", "dst", t->a, n, PCS_DT_HALFS));
-        PCS_CHECK(pcs_kv_list("accumulate", "src", t->b, n, PCS_DT_HALFS));
-        return pcs_kv_pair("accumulate", "dst", t->a, "src", t->b, n);
-    case OP_NONFINITE: {
-        const char *op = "nonfinite_check_and_unscale";
-        PCS_CHECK(pcs_kv_buffer(op, "found_inf", t->p1, PCS_DTYPE_FP32, 1));
-        PCS_CHECK(pcs_kv_buffer(op, "inv_scale", t->p2, PCS_DTYPE_FP32, 1));
-        return pcs_kv_list(op, "t", t->a, n, PCS_DT_HALFS);
-    }
-    case OP_SUMSQ:
-        PCS_CHECK(pcs_kv_buffer("sum_squares", "out", t->p1, PCS_DTYPE_FP32, 1));
-        return pcs_kv_list("sum_squares", "t", t->a, n, PCS_DT_HALFS);
-    case OP_ADAMW: {
-        const char *op = "adamw_update";
-        PCS_CHECK(pcs_kv_adamw(&t->adamw, t->step));
-        PCS_CHECK(pcs_kv_list(op, "param", t->a, n, PCS_DT_BIT(PCS_DTYPE_FP32)));
-        PCS_CHECK(f32_same(op, "param", t->a, "grad", t->b, n));
-        PCS_CHECK(f32_same(op, "param", t->a, "exp_avg", t->c, n));
-        return f32_same(op, "param", t->a, "exp_avg_sq", t->d, n);
-    }
-    case OP_SGD: {
-        const char *op = "sgd_update";
-        PCS_CHECK(pcs_kv_sgd(&t->sgd));
-        PCS_CHECK(pcs_kv_list(op, "param", t->a, n, PCS_DT_BIT(PCS_DTYPE_FP32)));
-        PCS_CHECK(f32_same(op, "param", t->a, "grad", t->b, n));
-        if (t->sgd.momentum != 0.0) {
-            if (!t->has_c && n > 0)
-                return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: momentum %g needs momentum buffers",
-                                     op, t->sgd.momentum);
-            return f32_same(op, "param", t->a, "momentum_buf", t->c, n);
-        }
-        return PCS_OK;
-    }
-    }
-    return PCS_OK;
-}
-
-/* Validate, then queue (the task is freed on either failure). */
+/* Queue (the front door validated the arguments when the op was called, as the cuda backend's
+ * host side does before a launch, so bad input is an immediate status, not a sticky error at the
+ * next sync). */
 static pcs_status_t submit_list(pcs_stream_t s, list_task_t *t)
 {
-    pcs_status_t st = validate(t);
-    if (st != PCS_OK) {
-        free(t->a);
-        free(t->b);
-        free(t->c);
-        free(t->d);
-        free(t);
-        return st;
-    }
     return pcs_devsim_submit(s, run_list, t);
 }
 
@@ -806,8 +735,7 @@ static pcs_status_t ds_adamw(const pcs_tensor_t *param, const pcs_tensor_t *grad
                              size_t count, const pcs_adamw_config_t *cfg, int64_t step,
                              pcs_stream_t s)
 {
-    PCS_CHECK(pcs_kv_adamw(cfg, step)); /* the config is read now, not when the update runs */
-    list_task_t *t = NULL;
+    list_task_t *t = NULL; /* the config is copied now, not read when the update runs */
     PCS_CHECK(list_task("adamw_update", OP_ADAMW, count, param, "param", grad, "grad", exp_avg,
                         "exp_avg", exp_avg_sq, "exp_avg_sq", &t));
     t->adamw = *cfg;
@@ -819,7 +747,6 @@ static pcs_status_t ds_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad,
                            const pcs_tensor_t *buf, size_t count, const pcs_sgd_config_t *cfg,
                            int first_step, pcs_stream_t s)
 {
-    PCS_CHECK(pcs_kv_sgd(cfg));
     list_task_t *t = NULL;
     PCS_CHECK(list_task("sgd_update", OP_SGD, count, param, "param", grad, "grad", buf,
                         "momentum_buf", NULL, NULL, &t));
@@ -859,6 +786,17 @@ static pcs_status_t ds_device_info(int ordinal, char *name, size_t cap, uint64_t
     return PCS_OK;
 }
 
+static const pcs_kernel_ops_t devsim_kernels = {
+    .fill = ds_fill,
+    .cast = ds_cast,
+    .scale = ds_scale,
+    .accumulate = ds_accumulate,
+    .nonfinite_check_and_unscale = ds_nonfinite,
+    .sum_squares = ds_sum_squares,
+    .adamw_update = ds_adamw,
+    .sgd_update = ds_sgd,
+};
+
 static const pcs_backend_ops_t devsim_ops = {
     .name = "cuda",
     .alloc = ds_alloc,
@@ -866,7 +804,6 @@ static const pcs_backend_ops_t devsim_ops = {
     .host_alloc = ds_host_alloc,
     .host_free = ds_host_free,
     .copy = ds_copy,
-    .fill = ds_fill,
     .stream_create = ds_stream_create,
     .stream_destroy = ds_stream_destroy,
     .sync = ds_sync,
@@ -875,13 +812,7 @@ static const pcs_backend_ops_t devsim_ops = {
     .event_record = ds_event_record,
     .stream_wait_event = ds_stream_wait_event,
     .event_sync = ds_event_sync,
-    .cast = ds_cast,
-    .scale = ds_scale,
-    .accumulate = ds_accumulate,
-    .nonfinite_check_and_unscale = ds_nonfinite,
-    .sum_squares = ds_sum_squares,
-    .adamw_update = ds_adamw,
-    .sgd_update = ds_sgd,
+    .kernels = &devsim_kernels,
     .device_count = ds_device_count,
     .set_device = ds_set_device,
     .device_info = ds_device_info,

@@ -107,7 +107,7 @@ static void test_single_gpu_ops_match_cpu_twin_and_respect_stream_order(void **s
         assert_memory_equal(hout, hin, n * es);
 
         /* stream order: fill on the caller's stream, then all_gather, then copy back */
-        assert_int_equal(be->fill(din, dt, n, 3.0, strm), PCS_OK);
+        assert_int_equal(pcs_kernel_fill(be, din, dt, n, 3.0, strm), PCS_OK);
         assert_int_equal(pcs_coll_all_gather(c, din, dout, n, dt, strm), PCS_OK);
         assert_int_equal(be->copy(hout, dout, n * es, PCS_COPY_D2H, strm), PCS_OK);
         assert_int_equal(be->sync(strm), PCS_OK);

@@ -200,8 +200,8 @@ static void test_cuda_cast_list_of_many_small_tensors_equals_cpu_twin(void **sta
         dd[k] = (pcs_tensor_t){ddst + at, dt, sizes[k]};
         at += sizes[k];
     }
-    assert_int_equal(cpu->cast(hd, hs, T, NULL), PCS_OK);
-    assert_int_equal(gpu->cast(dd, ds, T, stream), PCS_OK);
+    assert_int_equal(pcs_kernel_cast_list(cpu, hd, hs, T, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_cast_list(gpu, dd, ds, T, stream), PCS_OK);
     d2h(got, ddst, total * 2);
     assert_memory_equal(got, want, total * 2);
     gpu->free(dsrc);
@@ -279,8 +279,10 @@ static void test_cuda_nonfinite_check_and_unscale_equals_cpu_twin(void **state)
         h2d(dflag, flag, 8);
         pcs_tensor_t ht[2] = {{f, PCS_DTYPE_FP32, n}, {h, PCS_DTYPE_FP16, n}};
         pcs_tensor_t dt[2] = {{df, PCS_DTYPE_FP32, n}, {dh, PCS_DTYPE_FP16, n}};
-        assert_int_equal(cpu->nonfinite_check_and_unscale(ht, 2, &flag[0], &flag[1], NULL), PCS_OK);
-        assert_int_equal(gpu->nonfinite_check_and_unscale(dt, 2, dflag, dflag + 1, stream), PCS_OK);
+        assert_int_equal(
+            pcs_kernel_nonfinite_check_and_unscale(cpu, ht, 2, &flag[0], &flag[1], NULL), PCS_OK);
+        assert_int_equal(
+            pcs_kernel_nonfinite_check_and_unscale(gpu, dt, 2, dflag, dflag + 1, stream), PCS_OK);
         float gflag[2];
         d2h(gflag, dflag, 8);
         d2h(gf, df, n * 4);
@@ -318,8 +320,8 @@ static void test_cuda_sum_squares_agrees_with_cpu_to_fp32_rounding(void **state)
     pcs_tensor_t dt[3] = {
         {df, PCS_DTYPE_FP32, n}, {db, PCS_DTYPE_BF16, n}, {df, PCS_DTYPE_FP32, 0}};
     float want = 0.0f, got = -1.0f;
-    assert_int_equal(cpu->sum_squares(ht, 3, &want, NULL), PCS_OK);
-    assert_int_equal(gpu->sum_squares(dt, 3, dout, stream), PCS_OK);
+    assert_int_equal(pcs_kernel_sum_squares_list(cpu, ht, 3, &want, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_sum_squares_list(gpu, dt, 3, dout, stream), PCS_OK);
     d2h(&got, dout, 4);
     /* both accumulate in fp64 (different order) and round once: at most 1 fp32 ulp apart */
     assert_true(fabsf(got - want) <= 1.2e-7f * want);
@@ -360,8 +362,9 @@ static void test_cuda_adamw_and_sgd_equal_cpu_twin_bit_for_bit(void **state)
         for (size_t i = 0; i < n; i++)
             g[i] = rndf(-0.1f, 0.1f);
         h2d(dg, g, bytes);
-        assert_int_equal(cpu->adamw_update(&hp, &hg, &hm, &hv, 1, &ac, s, NULL), PCS_OK);
-        assert_int_equal(gpu->adamw_update(&tp, &tg, &tm, &tv, 1, &ac, s, stream), PCS_OK);
+        assert_int_equal(pcs_kernel_adamw_update(cpu, &hp, &hg, &hm, &hv, 1, &ac, s, NULL), PCS_OK);
+        assert_int_equal(pcs_kernel_adamw_update(gpu, &tp, &tg, &tm, &tv, 1, &ac, s, stream),
+                         PCS_OK);
     }
     d2h(got, dp, bytes);
     assert_memory_equal(got, p, bytes);
@@ -380,8 +383,8 @@ static void test_cuda_adamw_and_sgd_equal_cpu_twin_bit_for_bit(void **state)
         for (size_t i = 0; i < n; i++)
             g[i] = rndf(-1.0f, 1.0f);
         h2d(dg, g, bytes);
-        assert_int_equal(cpu->sgd_update(&hp, &hg, &hm, 1, &sc, s == 1, NULL), PCS_OK);
-        assert_int_equal(gpu->sgd_update(&tp, &tg, &tm, 1, &sc, s == 1, stream), PCS_OK);
+        assert_int_equal(pcs_kernel_sgd_update(cpu, &hp, &hg, &hm, 1, &sc, s == 1, NULL), PCS_OK);
+        assert_int_equal(pcs_kernel_sgd_update(gpu, &tp, &tg, &tm, 1, &sc, s == 1, stream), PCS_OK);
     }
     d2h(got, dp, bytes);
     assert_memory_equal(got, p, bytes);
@@ -411,7 +414,7 @@ static void test_cuda_fill_copy_and_events_order_work_across_streams(void **stat
     uint16_t *d = dalloc(n * 2), *d2 = dalloc(n * 2);
     uint16_t *h = NULL;
     assert_int_equal(gpu->host_alloc(n * 2, (void **)&h), PCS_OK);
-    assert_int_equal(gpu->fill(d, PCS_DTYPE_BF16, n, 0.1, stream), PCS_OK);
+    assert_int_equal(pcs_kernel_fill(gpu, d, PCS_DTYPE_BF16, n, 0.1, stream), PCS_OK);
     assert_int_equal(gpu->event_record(e, stream), PCS_OK);
     assert_int_equal(gpu->stream_wait_event(s2, e), PCS_OK); /* s2 sees the fill */
     assert_int_equal(gpu->copy(d2, d, n * 2, PCS_COPY_D2D, s2), PCS_OK);

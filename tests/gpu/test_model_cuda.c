@@ -361,7 +361,6 @@ static void test_column_sums_cover_layers_wider_than_the_grid_cap(void **state)
     pcs_nn_t *cn = NULL, *gn = NULL;
     assert_int_equal(pcs_nn_create(NULL, NULL, &cn), PCS_OK);
     assert_int_equal(pcs_nn_create(gpu, stream, &gn), PCS_OK);
-    const pcs_nn_ops_t *co = pcs_nn_ops(cn), *go = pcs_nn_ops(gn);
     float *hx = malloc(n * sizeof(float)), *hdy = malloc(n * sizeof(float));
     float *hw = malloc(D * sizeof(float)), *hb = malloc(D * sizeof(float));
     float *hsave = malloc(4 * (size_t)D * sizeof(float));
@@ -393,7 +392,8 @@ static void test_column_sums_cover_layers_wider_than_the_grid_cap(void **state)
     h2d(db, hb, D * sizeof(float));
     h2d(dsave, hsave, 4 * (size_t)D * sizeof(float));
     for (int kind = PCS_NN_LAYERNORM; kind <= PCS_NN_BATCHNORM + 1; kind++) {
-        assert_int_equal(gpu->fill(dout, PCS_DTYPE_FP32, 2 * (size_t)D, NAN, stream), PCS_OK);
+        assert_int_equal(pcs_kernel_fill(gpu, dout, PCS_DTYPE_FP32, 2 * (size_t)D, NAN, stream),
+                         PCS_OK);
         memset(cout, 0xff, 2 * (size_t)D * sizeof(float));
         pcs_nn_grad_t cgw = {cout, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
         pcs_nn_grad_t cgb = {cout + D, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
@@ -411,18 +411,18 @@ static void test_column_sums_cover_layers_wider_than_the_grid_cap(void **state)
             p.weight = hw;
             p.bias = hb;
             p.save = hsave;
-            assert_int_equal(co->norm_bwd(cn, &p, hx, hdy, NULL, &cgw, &cgb), PCS_OK);
+            assert_int_equal(pcs_nn_norm_bwd(cn, &p, hx, hdy, NULL, &cgw, &cgb), PCS_OK);
             p.weight = dw;
             p.bias = db;
             p.save = dsave;
-            assert_int_equal(go->norm_bwd(gn, &p, dx, ddy, NULL, &ggw, &ggb), PCS_OK);
+            assert_int_equal(pcs_nn_norm_bwd(gn, &p, dx, ddy, NULL, &ggw, &ggb), PCS_OK);
         } else {
             what = "Linear db";
             pcs_nn_linear_t l = {R, 1, D, PCS_DTYPE_FP32, hw, NULL, NULL};
             pcs_nn_grad_t none = {NULL, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
-            assert_int_equal(co->linear_bwd_params(cn, &l, hdy, hx, &none, &cgb), PCS_OK);
+            assert_int_equal(pcs_nn_linear_bwd_params(cn, &l, hdy, hx, &none, &cgb), PCS_OK);
             l.weight = dw;
-            assert_int_equal(go->linear_bwd_params(gn, &l, ddy, dx, &none, &ggb), PCS_OK);
+            assert_int_equal(pcs_nn_linear_bwd_params(gn, &l, ddy, dx, &none, &ggb), PCS_OK);
         }
         d2h(gout, dout, 2 * (size_t)D * sizeof(float));
         size_t first = kind <= PCS_NN_BATCHNORM ? 0 : D, bad = 0, first_bad = 0;

@@ -87,7 +87,7 @@ static void test_env_selects_a_simulated_backend_named_cuda_with_one_device(void
     /* the nn registry follows the same switch */
     const pcs_nn_ops_t *ops = NULL;
     assert_int_equal(pcs_nn_get("cuda", &ops), PCS_OK);
-    assert_string_equal(ops->name, "cuda");
+    assert_string_equal(pcs_nn_ops_name(ops), "cuda");
 }
 
 static void test_without_the_env_cuda_is_not_the_simulator(void **state)
@@ -221,7 +221,7 @@ static void test_alloc_async_is_ordered_on_its_stream_and_another_stream_must_wa
     assert_int_equal(g_sim->alloc_async(N * sizeof(float), a, (void **)&d), PCS_OK);
     assert_true(((uintptr_t)d & TAG) != 0);
     assert_int_equal(((uintptr_t)d & ~TAG) % 256, 0);
-    assert_int_equal(g_sim->fill(d, PCS_DTYPE_FP32, N, 2.5, a), PCS_OK);
+    assert_int_equal(pcs_kernel_fill(g_sim, d, PCS_DTYPE_FP32, N, 2.5, a), PCS_OK);
     assert_int_equal(g_sim->sync(a), PCS_OK);
     download(back, d, N);
     for (int i = 0; i < N; i++)
@@ -230,7 +230,7 @@ static void test_alloc_async_is_ordered_on_its_stream_and_another_stream_must_wa
 
     /* another stream without waiting: the allocation's NaN fill runs after its write */
     assert_int_equal(g_sim->alloc_async(N * sizeof(float), a, (void **)&d), PCS_OK);
-    assert_int_equal(g_sim->fill(d, PCS_DTYPE_FP32, N, 1.0, b), PCS_OK);
+    assert_int_equal(pcs_kernel_fill(g_sim, d, PCS_DTYPE_FP32, N, 1.0, b), PCS_OK);
     assert_int_equal(g_sim->sync(b), PCS_OK);
     assert_int_equal(g_sim->sync(a), PCS_OK);
     download(back, d, N);
@@ -242,7 +242,7 @@ static void test_alloc_async_is_ordered_on_its_stream_and_another_stream_must_wa
     assert_int_equal(g_sim->alloc_async(N * sizeof(float), a, (void **)&d), PCS_OK);
     assert_int_equal(g_sim->event_record(ev, a), PCS_OK);
     assert_int_equal(g_sim->stream_wait_event(b, ev), PCS_OK);
-    assert_int_equal(g_sim->fill(d, PCS_DTYPE_FP32, N, 1.0, b), PCS_OK);
+    assert_int_equal(pcs_kernel_fill(g_sim, d, PCS_DTYPE_FP32, N, 1.0, b), PCS_OK);
     assert_int_equal(g_sim->sync(b), PCS_OK);
     assert_int_equal(g_sim->sync(a), PCS_OK);
     download(back, d, N);
@@ -287,7 +287,7 @@ static void test_free_async_runs_after_the_work_queued_before_it(void **state)
     float *out = upload(h, N);
     float *tmp = NULL;
     assert_int_equal(g_sim->alloc_async(N * sizeof(float), a, (void **)&tmp), PCS_OK);
-    assert_int_equal(g_sim->fill(tmp, PCS_DTYPE_FP32, N, -3.0, a), PCS_OK);
+    assert_int_equal(pcs_kernel_fill(g_sim, tmp, PCS_DTYPE_FP32, N, -3.0, a), PCS_OK);
     assert_int_equal(g_sim->copy(out, tmp, N * sizeof(float), PCS_COPY_D2D, a), PCS_OK);
     g_sim->free_async(tmp, a); /* queued: the copy above still reads tmp */
     download(back, out, N);    /* not yet synced: the NULL stream does not wait for a */
@@ -409,7 +409,7 @@ static void test_pinned_copies_on_a_stream_complete_at_its_sync(void **state)
     /* bad input to a queued op is refused when it is queued (as the cuda backend validates on
      * the host), and nothing is left to fail at the next sync */
     pcs_tensor_t bad = {d, PCS_DTYPE_INT64, 1};
-    assert_int_equal(g_sim->scale(&bad, 1, 2.0f, s), PCS_ERR_UNSUPPORTED);
+    assert_int_equal(pcs_kernel_scale_list(g_sim, &bad, 1, 2.0f, s), PCS_ERR_UNSUPPORTED);
     assert_non_null(strstr(pcs_last_error(), "scale"));
     assert_int_equal(g_sim->sync(s), PCS_OK);
 
@@ -483,11 +483,12 @@ static void test_ops_on_device_pointers_give_the_cpu_twins_bits(void **state)
     float *dfi = NULL, *dinv = NULL, fi = 0.0f, inv = 0.5f, rfi = 0.0f;
     assert_int_equal(g_sim->alloc(sizeof(float), (void **)&dfi), PCS_OK);
     assert_int_equal(g_sim->alloc(sizeof(float), (void **)&dinv), PCS_OK);
-    assert_int_equal(g_sim->fill(dfi, PCS_DTYPE_FP32, 1, 0.0, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_fill(g_sim, dfi, PCS_DTYPE_FP32, 1, 0.0, NULL), PCS_OK);
     assert_int_equal(g_sim->copy(dinv, &inv, sizeof inv, PCS_COPY_H2D, NULL), PCS_OK);
     pcs_tensor_t t = {da, PCS_DTYPE_FP32, N}, rt = {ra, PCS_DTYPE_FP32, N};
-    assert_int_equal(g_sim->nonfinite_check_and_unscale(&t, 1, dfi, dinv, NULL), PCS_OK);
-    assert_int_equal(g_cpu->nonfinite_check_and_unscale(&rt, 1, &rfi, &inv, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_nonfinite_check_and_unscale(g_sim, &t, 1, dfi, dinv, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_nonfinite_check_and_unscale(g_cpu, &rt, 1, &rfi, &inv, NULL),
+                     PCS_OK);
     download(&fi, dfi, 1);
     assert_true(fi == 1.0f && rfi == 1.0f);
     download(out, da, N);
@@ -501,8 +502,8 @@ static void test_ops_on_device_pointers_give_the_cpu_twins_bits(void **state)
     float *dm = NULL, *dv = NULL, rm[N], rv[N];
     assert_int_equal(g_sim->alloc(sizeof rm, (void **)&dm), PCS_OK);
     assert_int_equal(g_sim->alloc(sizeof rv, (void **)&dv), PCS_OK);
-    assert_int_equal(g_sim->fill(dm, PCS_DTYPE_FP32, N, 0.0, NULL), PCS_OK);
-    assert_int_equal(g_sim->fill(dv, PCS_DTYPE_FP32, N, 0.0, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_fill(g_sim, dm, PCS_DTYPE_FP32, N, 0.0, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_fill(g_sim, dv, PCS_DTYPE_FP32, N, 0.0, NULL), PCS_OK);
     memset(rm, 0, sizeof rm);
     memset(rv, 0, sizeof rv);
     pcs_adamw_config_t cfg;
@@ -511,8 +512,9 @@ static void test_ops_on_device_pointers_give_the_cpu_twins_bits(void **state)
     pcs_tensor_t m = {dm + 1, PCS_DTYPE_FP32, N - 1}, v = {dv + 1, PCS_DTYPE_FP32, N - 1};
     pcs_tensor_t rp = {ra + 1, PCS_DTYPE_FP32, N - 1}, rg = {rb + 1, PCS_DTYPE_FP32, N - 1};
     pcs_tensor_t rmt = {rm + 1, PCS_DTYPE_FP32, N - 1}, rvt = {rv + 1, PCS_DTYPE_FP32, N - 1};
-    assert_int_equal(g_sim->adamw_update(&p, &g, &m, &v, 1, &cfg, 1, NULL), PCS_OK);
-    assert_int_equal(g_cpu->adamw_update(&rp, &rg, &rmt, &rvt, 1, &cfg, 1, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_adamw_update(g_sim, &p, &g, &m, &v, 1, &cfg, 1, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_adamw_update(g_cpu, &rp, &rg, &rmt, &rvt, 1, &cfg, 1, NULL),
+                     PCS_OK);
     download(out, da, N);
     assert_memory_equal(out, ra, sizeof ra);
     download(out, dv, N);
@@ -542,13 +544,13 @@ static void test_a_host_pointer_given_to_a_device_op_is_refused_with_its_name(vo
     assert_int_equal(pcs_kernel_sum_squares(g_sim, d, PCS_DTYPE_FP32, 8, &hs, NULL),
                      PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "out"));
-    assert_int_equal(g_sim->fill(h, PCS_DTYPE_FP32, 8, 0.0, NULL), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_kernel_fill(g_sim, h, PCS_DTYPE_FP32, 8, 0.0, NULL), PCS_ERR_INVALID_ARG);
     pcs_tensor_t t[2] = {{d, PCS_DTYPE_FP32, 8}, {h, PCS_DTYPE_FP32, 8}};
-    assert_int_equal(g_sim->scale(t, 2, 2.0f, NULL), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_kernel_scale_list(g_sim, t, 2, 2.0f, NULL), PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "t[1]"));
     /* an empty tensor is never read: any pointer is fine */
     t[1].n = 0;
-    assert_int_equal(g_sim->scale(t, 2, 2.0f, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_scale_list(g_sim, t, 2, 2.0f, NULL), PCS_OK);
     g_sim->free(d);
 }
 
@@ -573,10 +575,9 @@ static void test_nn_ops_on_device_pointers_give_the_cpu_ops_bits(void **state)
 
     pcs_nn_t *sim = NULL, *ref = NULL;
     assert_int_equal(pcs_nn_create(g_sim, NULL, &sim), PCS_OK);
-    assert_string_equal(pcs_nn_ops(sim)->name, "cuda");
+    assert_string_equal(pcs_nn_ops_name(pcs_nn_ops(sim)), "cuda");
     assert_true(pcs_nn_backend(sim) == g_sim);
     assert_int_equal(pcs_nn_create(g_cpu, NULL, &ref), PCS_OK);
-    const pcs_nn_ops_t *so = pcs_nn_ops(sim), *ro = pcs_nn_ops(ref);
 
     /* bf16 Linear forward + both backwards */
     void *dwb = NULL, *dbb = NULL, *dsaved = NULL;
@@ -591,12 +592,12 @@ static void test_nn_ops_on_device_pointers_give_the_cpu_ops_bits(void **state)
     float rsaved[NO * K], ry[R * NO], y[R * NO], rdx[R * K], gx[R * K];
     pcs_nn_linear_t l = {R, K, NO, PCS_DTYPE_BF16, dwb, dbb, dsaved};
     pcs_nn_linear_t rl = {R, K, NO, PCS_DTYPE_BF16, wb, bb, rsaved};
-    assert_int_equal(so->linear_fwd(sim, &l, dx, dy), PCS_OK);
-    assert_int_equal(ro->linear_fwd(ref, &rl, x, ry), PCS_OK);
+    assert_int_equal(pcs_nn_linear_fwd(sim, &l, dx, dy), PCS_OK);
+    assert_int_equal(pcs_nn_linear_fwd(ref, &rl, x, ry), PCS_OK);
     download(y, dy, R * NO);
     assert_memory_equal(y, ry, sizeof ry);
-    assert_int_equal(so->linear_bwd_input(sim, &l, dy, ddx), PCS_OK);
-    assert_int_equal(ro->linear_bwd_input(ref, &rl, ry, rdx), PCS_OK);
+    assert_int_equal(pcs_nn_linear_bwd_input(sim, &l, dy, ddx), PCS_OK);
+    assert_int_equal(pcs_nn_linear_bwd_input(ref, &rl, ry, rdx), PCS_OK);
     download(gx, ddx, R * K);
     assert_memory_equal(gx, rdx, sizeof rdx);
     void *dgw = NULL;
@@ -604,8 +605,8 @@ static void test_nn_ops_on_device_pointers_give_the_cpu_ops_bits(void **state)
     assert_int_equal(g_sim->alloc(sizeof gw, &dgw), PCS_OK);
     pcs_nn_grad_t g = {dgw, PCS_DTYPE_BF16, PCS_DTYPE_BF16},
                   rg = {rgw, PCS_DTYPE_BF16, PCS_DTYPE_BF16};
-    assert_int_equal(so->linear_bwd_params(sim, &l, dy, dx, &g, NULL), PCS_OK);
-    assert_int_equal(ro->linear_bwd_params(ref, &rl, ry, x, &rg, NULL), PCS_OK);
+    assert_int_equal(pcs_nn_linear_bwd_params(sim, &l, dy, dx, &g, NULL), PCS_OK);
+    assert_int_equal(pcs_nn_linear_bwd_params(ref, &rl, ry, x, &rg, NULL), PCS_OK);
     assert_int_equal(g_sim->copy(gw, dgw, sizeof gw, PCS_COPY_D2H, NULL), PCS_OK);
     assert_memory_equal(gw, rgw, sizeof rgw);
 
@@ -624,7 +625,7 @@ static void test_nn_ops_on_device_pointers_give_the_cpu_ops_bits(void **state)
     assert_int_equal(g_sim->alloc(sizeof save, (void **)&dsave), PCS_OK);
     assert_int_equal(g_sim->alloc(R * K * sizeof(float), (void **)&dny), PCS_OK);
     assert_int_equal(g_sim->alloc(sizeof nbt, (void **)&dnbt), PCS_OK);
-    assert_int_equal(g_sim->fill(dnbt, PCS_DTYPE_INT64, 1, 0.0, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_fill(g_sim, dnbt, PCS_DTYPE_INT64, 1, 0.0, NULL), PCS_OK);
     const pcs_nn_norm_t f32bn = {.kind = PCS_NN_BATCHNORM,
                                  .rows = R,
                                  .dim = K,
@@ -648,8 +649,8 @@ static void test_nn_ops_on_device_pointers_give_the_cpu_ops_bits(void **state)
     rnp.running_var = rvar;
     rnp.num_batches_tracked = &rnbt;
     float ny[R * K], rny[R * K];
-    assert_int_equal(so->norm_fwd(sim, &np, dx, dny), PCS_OK);
-    assert_int_equal(ro->norm_fwd(ref, &rnp, x, rny), PCS_OK);
+    assert_int_equal(pcs_nn_norm_fwd(sim, &np, dx, dny), PCS_OK);
+    assert_int_equal(pcs_nn_norm_fwd(ref, &rnp, x, rny), PCS_OK);
     download(ny, dny, R * K);
     assert_memory_equal(ny, rny, sizeof rny);
     float m2[K];
@@ -660,24 +661,24 @@ static void test_nn_ops_on_device_pointers_give_the_cpu_ops_bits(void **state)
     assert_int_equal(rnbt, 1);
 
     /* a host array anywhere in an op is refused, naming the op and the argument */
-    assert_int_equal(so->add(sim, dy, dy, ry, R * NO, PCS_DTYPE_FP32), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_nn_add(sim, dy, dy, ry, R * NO, PCS_DTYPE_FP32), PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "add"));
     l.bias = bb;
-    assert_int_equal(so->linear_fwd(sim, &l, dx, dy), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_nn_linear_fwd(sim, &l, dx, dy), PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "bias"));
     np.num_batches_tracked = &nbt;
-    assert_int_equal(so->norm_fwd(sim, &np, dx, dny), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_nn_norm_fwd(sim, &np, dx, dny), PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "num_batches_tracked"));
     l.bias = dbb;
     g.data = gw;
-    assert_int_equal(so->linear_bwd_params(sim, &l, dy, dx, &g, NULL), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_nn_linear_bwd_params(sim, &l, dy, dx, &g, NULL), PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "dweight"));
     /* and the cpu nn refuses the simulated backend (it is not "cpu") */
     const pcs_nn_ops_t *cpu_nn = NULL;
     pcs_nn_t *bad = NULL;
     assert_int_equal(pcs_nn_get("cpu", &cpu_nn), PCS_OK);
-    assert_int_equal(cpu_nn->create(g_sim, NULL, &bad), PCS_ERR_INVALID_ARG);
-    assert_int_equal(so->create(g_cpu, NULL, &bad), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_nn_create_with(cpu_nn, g_sim, NULL, &bad), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_nn_create_with(pcs_nn_ops(sim), g_cpu, NULL, &bad), PCS_ERR_INVALID_ARG);
 
     void *bufs[] = {dwb, dbb, dsaved, dx, dy, ddx, dgw, dmean, dvar, dnw, dnb, dsave, dny, dnbt};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)

@@ -337,7 +337,7 @@ static void test_cast_list_handles_mixed_dtypes_and_lengths(void **state)
     pcs_tensor_t dst[3] = {
         {ab, PCS_DTYPE_BF16, 5}, {bh, PCS_DTYPE_FP16, 3}, {c, PCS_DTYPE_FP64, 2}};
     pcs_tensor_t src[3] = {{a, PCS_DTYPE_FP32, 5}, {b, PCS_DTYPE_FP32, 3}, {a, PCS_DTYPE_FP32, 2}};
-    assert_int_equal(cpu->cast(dst, src, 3, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_cast_list(cpu, dst, src, 3, NULL), PCS_OK);
     for (int i = 0; i < 5; i++)
         assert_int_equal(ab[i], ref_round(&BF, a[i]));
     for (int i = 0; i < 3; i++)
@@ -365,7 +365,7 @@ static void test_scale_rounds_once_from_fp32_product_in_each_dtype(void **state)
                          {b, PCS_DTYPE_BF16, N},
                          {h, PCS_DTYPE_FP16, N},
                          {d, PCS_DTYPE_FP64, N}};
-    assert_int_equal(cpu->scale(t, 4, factor, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_scale_list(cpu, t, 4, factor, NULL), PCS_OK);
     for (int i = 0; i < N; i++) {
         /* the product of two fp32 values is exact in double; (float) rounds it once */
         assert_true(fbits(f[i]) == fbits((float)((double)f0[i] * factor)));
@@ -394,7 +394,7 @@ static void test_accumulate_adds_in_fp32_and_rounds_once_to_dst(void **state)
     pcs_tensor_t dst[3] = {{f, PCS_DTYPE_FP32, N}, {b, PCS_DTYPE_BF16, N}, {h, PCS_DTYPE_FP16, N}};
     pcs_tensor_t src[3] = {
         {gb, PCS_DTYPE_BF16, N}, {gf, PCS_DTYPE_FP32, N}, {gh, PCS_DTYPE_FP16, N}};
-    assert_int_equal(cpu->accumulate(dst, src, 3, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_accumulate_list(cpu, dst, src, 3, NULL), PCS_OK);
     for (int i = 0; i < N; i++) {
         float s0 = (float)((double)f0[i] + ref_decode(&BF, gb[i]));
         float s1 = (float)(ref_decode(&BF, b0[i]) + (double)gf[i]);
@@ -421,7 +421,7 @@ static void test_nonfinite_check_sets_flag_and_unscales_every_tensor(void **stat
     uint16_t h[2] = {ref_round(&FP, 6.0f), ref_round(&FP, 0.5f)};
     pcs_tensor_t t[3] = {{a, PCS_DTYPE_FP32, 4}, {b, PCS_DTYPE_BF16, 3}, {h, PCS_DTYPE_FP16, 2}};
     float found = 0.0f, inv = 0.5f;
-    assert_int_equal(cpu->nonfinite_check_and_unscale(t, 3, &found, &inv, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_nonfinite_check_and_unscale(cpu, t, 3, &found, &inv, NULL), PCS_OK);
     assert_true(found == 1.0f);
     assert_true(a[0] == 0.5f && a[3] == 4.0f);
     assert_true(ref_decode(&BF, b[0]) == 1.5 && ref_decode(&BF, b[1]) == -2.5);
@@ -435,16 +435,19 @@ static void test_nonfinite_check_never_clears_flag_and_skips_multiply_when_inv_i
     float b[2] = {1.0f, 2.0f};
     pcs_tensor_t ta = {a, PCS_DTYPE_FP32, 3}, tb = {b, PCS_DTYPE_FP32, 2};
     float found = 0.0f, inv = 1.0f;
-    assert_int_equal(cpu->nonfinite_check_and_unscale(&ta, 1, &found, &inv, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_nonfinite_check_and_unscale(cpu, &ta, 1, &found, &inv, NULL),
+                     PCS_OK);
     assert_true(found == 1.0f);
     assert_int_equal(fbits(a[1]), 0x7fc00123u); /* untouched, payload and all */
     assert_true(a[0] == 1.0f && a[2] == -3.0f);
     /* all finite: flag stays as it was (1 here, 0 below) */
-    assert_int_equal(cpu->nonfinite_check_and_unscale(&tb, 1, &found, &inv, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_nonfinite_check_and_unscale(cpu, &tb, 1, &found, &inv, NULL),
+                     PCS_OK);
     assert_true(found == 1.0f);
     found = 0.0f;
     inv = 0.25f;
-    assert_int_equal(cpu->nonfinite_check_and_unscale(&tb, 1, &found, &inv, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_nonfinite_check_and_unscale(cpu, &tb, 1, &found, &inv, NULL),
+                     PCS_OK);
     assert_true(found == 0.0f);
     assert_true(b[0] == 0.25f && b[1] == 0.5f);
 }
@@ -470,7 +473,7 @@ static void test_sum_squares_over_list_matches_long_double_reference(void **stat
     }
     pcs_tensor_t t[3] = {{f, PCS_DTYPE_FP32, N}, {b, PCS_DTYPE_BF16, N}, {h, PCS_DTYPE_FP16, N}};
     float out = -1.0f;
-    assert_int_equal(cpu->sum_squares(t, 3, &out, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_sum_squares_list(cpu, t, 3, &out, NULL), PCS_OK);
     /* fp64 accumulation of 3e5 exact squares: error << one fp32 ulp, so within 1 ulp */
     double rel = fabs((double)out - (double)ref) / (double)ref;
     assert_true(rel <= 1.2e-7);
@@ -506,7 +509,7 @@ static void run_adamw(const pcs_adamw_config_t *cfg)
     for (int s = 1; s <= STEPS; s++) {
         for (int i = 0; i < N; i++)
             g[i] = rndf(-0.1f, 0.1f) * (i % 7 == 0 ? 100.0f : 1.0f);
-        assert_int_equal(cpu->adamw_update(&tp, &tg, &tm, &tv, 1, cfg, s, NULL), PCS_OK);
+        assert_int_equal(pcs_kernel_adamw_update(cpu, &tp, &tg, &tm, &tv, 1, cfg, s, NULL), PCS_OK);
         for (int i = 0; i < N; i++)
             ref_adamw(&rp[i], g[i], &rm[i], &rv[i], cfg->lr, cfg->beta1, cfg->beta2, cfg->eps,
                       cfg->weight_decay, s, cfg->maximize);
@@ -595,7 +598,7 @@ static void test_adamw_first_step_moves_each_param_by_about_lr(void **state)
     float p[2] = {1.0f, -2.0f}, g[2] = {0.5f, -4.0f}, m[2] = {0}, v[2] = {0};
     pcs_tensor_t tp = {p, PCS_DTYPE_FP32, 2}, tg = {g, PCS_DTYPE_FP32, 2};
     pcs_tensor_t tm = {m, PCS_DTYPE_FP32, 2}, tv = {v, PCS_DTYPE_FP32, 2};
-    assert_int_equal(cpu->adamw_update(&tp, &tg, &tm, &tv, 1, &c, 1, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_adamw_update(cpu, &tp, &tg, &tm, &tv, 1, &c, 1, NULL), PCS_OK);
     assert_true(fabs(p[0] - (1.0 * (1 - 1e-5) - 1e-3)) < 1e-6);
     assert_true(fabs(p[1] - (-2.0 * (1 - 1e-5) + 1e-3)) < 1e-6);
 }
@@ -617,9 +620,9 @@ static void run_sgd(const pcs_sgd_config_t *cfg)
         for (int i = 0; i < N; i++)
             g[i] = rndf(-1.0f, 1.0f);
         float g0 = g[0];
-        assert_int_equal(
-            cpu->sgd_update(&tp, &tg, cfg->momentum != 0.0 ? &tb : NULL, 1, cfg, s == 1, NULL),
-            PCS_OK);
+        assert_int_equal(pcs_kernel_sgd_update(cpu, &tp, &tg, cfg->momentum != 0.0 ? &tb : NULL, 1,
+                                               cfg, s == 1, NULL),
+                         PCS_OK);
         assert_true(g[0] == g0); /* grad is read-only */
         for (int i = 0; i < N; i++)
             ref_sgd(&rp[i], g[i], &rb[i], cfg->lr, cfg->momentum, cfg->dampening, cfg->weight_decay,
@@ -660,9 +663,9 @@ static void test_sgd_first_step_copies_grad_into_momentum_buffer(void **state)
     float p[1] = {1.0f}, g[1] = {2.0f}, b[1] = {-7.0f};
     pcs_tensor_t tp = {p, PCS_DTYPE_FP32, 1}, tg = {g, PCS_DTYPE_FP32, 1},
                  tb = {b, PCS_DTYPE_FP32, 1};
-    assert_int_equal(cpu->sgd_update(&tp, &tg, &tb, 1, &c, 1, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_sgd_update(cpu, &tp, &tg, &tb, 1, &c, 1, NULL), PCS_OK);
     assert_true(b[0] == 2.0f && p[0] == 0.0f);
-    assert_int_equal(cpu->sgd_update(&tp, &tg, &tb, 1, &c, 0, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_sgd_update(cpu, &tp, &tg, &tb, 1, &c, 0, NULL), PCS_OK);
     assert_true(b[0] == 0.9f * 2.0f + 0.5f * 2.0f); /* 2.8 */
     assert_true(p[0] == 0.0f - 0.5f * b[0]);
 }
@@ -683,7 +686,7 @@ static void test_optimizer_loops_equal_the_shared_element_math_bit_for_bit(void 
     pcs_adamw_config_default(&ac);
     pcs_tensor_t tp = {p, PCS_DTYPE_FP32, N}, tg = {g, PCS_DTYPE_FP32, N};
     pcs_tensor_t tm = {m, PCS_DTYPE_FP32, N}, tv = {v, PCS_DTYPE_FP32, N};
-    assert_int_equal(cpu->adamw_update(&tp, &tg, &tm, &tv, 1, &ac, 7, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_adamw_update(cpu, &tp, &tg, &tm, &tv, 1, &ac, 7, NULL), PCS_OK);
     pcs_adamw_coef_t c;
     pcs_adamw_coef(&ac, 7, &c);
     for (int i = 0; i < N; i++)
@@ -698,7 +701,7 @@ static void test_optimizer_loops_equal_the_shared_element_math_bit_for_bit(void 
     sc.momentum = 0.9;
     sc.dampening = 0.1;
     sc.weight_decay = 1e-3;
-    assert_int_equal(cpu->sgd_update(&tp, &tg, &tm, 1, &sc, 0, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_sgd_update(cpu, &tp, &tg, &tm, 1, &sc, 0, NULL), PCS_OK);
     pcs_sgd_coef_t sgc;
     pcs_sgd_coef(&sc, 0, &sgc);
     for (int i = 0; i < N; i++)
@@ -716,15 +719,15 @@ static void test_fill_rounds_the_value_once_per_dtype(void **state)
     uint16_t b[3], h[3];
     double d[2];
     int64_t q[2];
-    assert_int_equal(cpu->fill(f, PCS_DTYPE_FP32, 5, 0.1, NULL), PCS_OK);
-    assert_int_equal(cpu->fill(b, PCS_DTYPE_BF16, 3, 0.1, NULL), PCS_OK);
-    assert_int_equal(cpu->fill(h, PCS_DTYPE_FP16, 3, 1e6, NULL), PCS_OK);
-    assert_int_equal(cpu->fill(d, PCS_DTYPE_FP64, 2, 0.1, NULL), PCS_OK);
-    assert_int_equal(cpu->fill(q, PCS_DTYPE_INT64, 2, -42.0, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_fill(cpu, f, PCS_DTYPE_FP32, 5, 0.1, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_fill(cpu, b, PCS_DTYPE_BF16, 3, 0.1, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_fill(cpu, h, PCS_DTYPE_FP16, 3, 1e6, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_fill(cpu, d, PCS_DTYPE_FP64, 2, 0.1, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_fill(cpu, q, PCS_DTYPE_INT64, 2, -42.0, NULL), PCS_OK);
     assert_true(f[4] == 0.1f && d[1] == 0.1 && q[1] == -42);
     assert_int_equal(b[2], ref_round(&BF, 0.1f));
     assert_int_equal(h[0], 0x7c00); /* 1e6 overflows fp16 */
-    assert_int_equal(cpu->fill(q, PCS_DTYPE_INT64, 2, 1e30, NULL), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_kernel_fill(cpu, q, PCS_DTYPE_INT64, 2, 1e30, NULL), PCS_ERR_INVALID_ARG);
 }
 
 static void test_memory_streams_and_events_work_on_cpu(void **state)
@@ -769,14 +772,14 @@ static void test_bad_input_gets_a_status_never_a_crash(void **state)
     assert_int_equal(pcs_kernel_cast(cpu, NULL, PCS_DTYPE_BF16, NULL, PCS_DTYPE_FP32, 0, NULL),
                      PCS_OK);
     assert_int_equal(pcs_kernel_scale(cpu, NULL, PCS_DTYPE_FP32, 0, 2.0f, NULL), PCS_OK);
-    assert_int_equal(cpu->cast(NULL, NULL, 0, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_cast_list(cpu, NULL, NULL, 0, NULL), PCS_OK);
     /* NULL with n > 0 */
     assert_int_equal(pcs_kernel_cast(cpu, NULL, PCS_DTYPE_BF16, f, PCS_DTYPE_FP32, 8, NULL),
                      PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "NULL"));
     assert_int_equal(pcs_kernel_cast(cpu, h, PCS_DTYPE_BF16, NULL, PCS_DTYPE_FP32, 8, NULL),
                      PCS_ERR_INVALID_ARG);
-    assert_int_equal(cpu->cast(NULL, NULL, 2, NULL), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_kernel_cast_list(cpu, NULL, NULL, 2, NULL), PCS_ERR_INVALID_ARG);
     /* misaligned */
     assert_int_equal(pcs_kernel_cast(cpu, h, PCS_DTYPE_BF16, mis, PCS_DTYPE_FP32, 4, NULL),
                      PCS_ERR_INVALID_ARG);
@@ -795,36 +798,43 @@ static void test_bad_input_gets_a_status_never_a_crash(void **state)
                      PCS_ERR_UNSUPPORTED);
     assert_int_equal(pcs_kernel_sum_squares(cpu, f, PCS_DTYPE_INT64, 1, &out, NULL),
                      PCS_ERR_UNSUPPORTED);
-    assert_int_equal(cpu->fill(f, PCS_DTYPE_NONE, 1, 0.0, NULL), PCS_ERR_UNSUPPORTED);
+    assert_int_equal(pcs_kernel_fill(cpu, f, PCS_DTYPE_NONE, 1, 0.0, NULL), PCS_ERR_UNSUPPORTED);
     /* mismatched lengths */
     pcs_tensor_t d1 = {h, PCS_DTYPE_BF16, 3}, s1 = {f, PCS_DTYPE_FP32, 4};
-    assert_int_equal(cpu->cast(&d1, &s1, 1, NULL), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_kernel_cast_list(cpu, &d1, &s1, 1, NULL), PCS_ERR_INVALID_ARG);
     /* NULL scalars of the AMP op and the sum */
     pcs_tensor_t tf = {f, PCS_DTYPE_FP32, 8};
-    assert_int_equal(cpu->nonfinite_check_and_unscale(&tf, 1, NULL, &inv, NULL),
+    assert_int_equal(pcs_kernel_nonfinite_check_and_unscale(cpu, &tf, 1, NULL, &inv, NULL),
                      PCS_ERR_INVALID_ARG);
-    assert_int_equal(cpu->nonfinite_check_and_unscale(&tf, 1, &found, NULL, NULL),
+    assert_int_equal(pcs_kernel_nonfinite_check_and_unscale(cpu, &tf, 1, &found, NULL, NULL),
                      PCS_ERR_INVALID_ARG);
-    assert_int_equal(cpu->sum_squares(&tf, 1, NULL, NULL), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_kernel_sum_squares_list(cpu, &tf, 1, NULL, NULL), PCS_ERR_INVALID_ARG);
     /* optimizer configs and dtypes */
     pcs_adamw_config_t ac;
     pcs_adamw_config_default(&ac);
-    assert_int_equal(cpu->adamw_update(&tf, &tf, &tf, &tf, 1, &ac, 0, NULL), PCS_ERR_INVALID_ARG);
-    assert_int_equal(cpu->adamw_update(&tf, &tf, &tf, &tf, 1, NULL, 1, NULL), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_kernel_adamw_update(cpu, &tf, &tf, &tf, &tf, 1, &ac, 0, NULL),
+                     PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_kernel_adamw_update(cpu, &tf, &tf, &tf, &tf, 1, NULL, 1, NULL),
+                     PCS_ERR_INVALID_ARG);
     ac.beta1 = 1.0;
-    assert_int_equal(cpu->adamw_update(&tf, &tf, &tf, &tf, 1, &ac, 1, NULL), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_kernel_adamw_update(cpu, &tf, &tf, &tf, &tf, 1, &ac, 1, NULL),
+                     PCS_ERR_INVALID_ARG);
     pcs_adamw_config_default(&ac);
     pcs_tensor_t th = {h, PCS_DTYPE_BF16, 8};
-    assert_int_equal(cpu->adamw_update(&tf, &th, &tf, &tf, 1, &ac, 1, NULL), PCS_ERR_UNSUPPORTED);
+    assert_int_equal(pcs_kernel_adamw_update(cpu, &tf, &th, &tf, &tf, 1, &ac, 1, NULL),
+                     PCS_ERR_UNSUPPORTED);
     pcs_sgd_config_t sc;
     pcs_sgd_config_default(&sc);
     sc.nesterov = 1; /* without momentum */
-    assert_int_equal(cpu->sgd_update(&tf, &tf, NULL, 1, &sc, 1, NULL), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_kernel_sgd_update(cpu, &tf, &tf, NULL, 1, &sc, 1, NULL),
+                     PCS_ERR_INVALID_ARG);
     sc.nesterov = 0;
     sc.momentum = 0.9;
-    assert_int_equal(cpu->sgd_update(&tf, &tf, NULL, 1, &sc, 1, NULL), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_kernel_sgd_update(cpu, &tf, &tf, NULL, 1, &sc, 1, NULL),
+                     PCS_ERR_INVALID_ARG);
     sc.lr = -1.0;
-    assert_int_equal(cpu->sgd_update(&tf, &tf, &tf, 1, &sc, 1, NULL), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_kernel_sgd_update(cpu, &tf, &tf, &tf, 1, &sc, 1, NULL),
+                     PCS_ERR_INVALID_ARG);
     /* copy and handles */
     assert_int_equal(cpu->copy(NULL, f, 4, PCS_COPY_D2D, NULL), PCS_ERR_INVALID_ARG);
     assert_int_equal(cpu->copy(f, f, 4, (pcs_copy_kind_t)42, NULL), PCS_ERR_INVALID_ARG);

@@ -43,12 +43,12 @@ static void test_registry_knows_cpu_and_reports_cuda_and_unknown_names(void **st
     (void)state;
     const pcs_nn_ops_t *ops = NULL;
     assert_int_equal(pcs_nn_get("cpu", &ops), PCS_OK);
-    assert_string_equal(ops->name, "cpu");
+    assert_string_equal(pcs_nn_ops_name(ops), "cpu");
     pcs_status_t rc = pcs_nn_get("cuda", &ops);
     /* this host may or may not have a device: either the table or UNSUPPORTED, nothing else */
     assert_true(rc == PCS_OK || rc == PCS_ERR_UNSUPPORTED);
     if (rc == PCS_OK)
-        assert_string_equal(ops->name, "cuda");
+        assert_string_equal(pcs_nn_ops_name(ops), "cuda");
     else
         assert_non_null(strstr(pcs_last_error(), "cuda"));
     assert_int_equal(pcs_nn_get("tpu", &ops), PCS_ERR_NOT_FOUND);
@@ -57,7 +57,7 @@ static void test_registry_knows_cpu_and_reports_cuda_and_unknown_names(void **st
 
     pcs_nn_t *nn = NULL;
     assert_int_equal(pcs_nn_create(NULL, NULL, &nn), PCS_OK);
-    assert_string_equal(pcs_nn_ops(nn)->name, "cpu");
+    assert_string_equal(pcs_nn_ops_name(pcs_nn_ops(nn)), "cpu");
     assert_string_equal(pcs_nn_backend(nn)->name, "cpu");
     pcs_nn_destroy(nn);
     pcs_nn_destroy(NULL);
@@ -97,50 +97,49 @@ static void test_every_op_rejects_bad_arguments_with_a_message(void **state)
     (void)state;
     pcs_nn_t *nn = NULL;
     assert_int_equal(pcs_nn_create(NULL, NULL, &nn), PCS_OK);
-    const pcs_nn_ops_t *o = pcs_nn_ops(nn);
     float a[64] = {0}, b[64] = {0}, c[64] = {0}, save[64] = {0};
     uint16_t w16[64] = {0};
 
-    expect_invalid(o->copy_round(nn, a, NULL, 4, PCS_DTYPE_BF16), "copy_round");
-    expect_invalid(o->copy_round(nn, a, b, 4, PCS_DTYPE_INT64), "copy_round");
-    expect_invalid(o->copy_round(NULL, a, b, 4, PCS_DTYPE_FP32), "copy_round");
-    assert_int_equal(o->copy_round(nn, NULL, NULL, 0, PCS_DTYPE_FP16), PCS_OK); /* n == 0 */
-    expect_invalid(o->add(nn, a, b, NULL, 4, PCS_DTYPE_FP32), "add");
-    expect_invalid(o->add(nn, a, b, c, 4, PCS_DTYPE_FP64), "add");
-    expect_invalid(o->act_fwd(nn, (pcs_nn_act_t)7, a, b, 4, PCS_DTYPE_FP32), "act_fwd");
-    expect_invalid(o->act_fwd(nn, PCS_NN_GELU, NULL, b, 4, PCS_DTYPE_FP32), "act_fwd");
-    expect_invalid(o->act_bwd(nn, PCS_NN_RELU, a, b, NULL, c, 4), "act_bwd");
+    expect_invalid(pcs_nn_copy_round(nn, a, NULL, 4, PCS_DTYPE_BF16), "copy_round");
+    expect_invalid(pcs_nn_copy_round(nn, a, b, 4, PCS_DTYPE_INT64), "copy_round");
+    expect_invalid(pcs_nn_copy_round(NULL, a, b, 4, PCS_DTYPE_FP32), "copy_round");
+    assert_int_equal(pcs_nn_copy_round(nn, NULL, NULL, 0, PCS_DTYPE_FP16), PCS_OK); /* n == 0 */
+    expect_invalid(pcs_nn_add(nn, a, b, NULL, 4, PCS_DTYPE_FP32), "add");
+    expect_invalid(pcs_nn_add(nn, a, b, c, 4, PCS_DTYPE_FP64), "add");
+    expect_invalid(pcs_nn_act_fwd(nn, (pcs_nn_act_t)7, a, b, 4, PCS_DTYPE_FP32), "act_fwd");
+    expect_invalid(pcs_nn_act_fwd(nn, PCS_NN_GELU, NULL, b, 4, PCS_DTYPE_FP32), "act_fwd");
+    expect_invalid(pcs_nn_act_bwd(nn, PCS_NN_RELU, a, b, NULL, c, 4), "act_bwd");
 
     pcs_nn_linear_t l = {2, 3, 4, PCS_DTYPE_BF16, w16, NULL, save};
     pcs_nn_linear_t bad = l;
     bad.rows = 0;
-    expect_invalid(o->linear_fwd(nn, &bad, a, b), "linear_fwd");
+    expect_invalid(pcs_nn_linear_fwd(nn, &bad, a, b), "linear_fwd");
     bad = l;
     bad.in_dim = 0x80000000u;
-    expect_invalid(o->linear_fwd(nn, &bad, a, b), "linear_fwd");
+    expect_invalid(pcs_nn_linear_fwd(nn, &bad, a, b), "linear_fwd");
     bad = l;
     bad.dtype = PCS_DTYPE_FP64;
-    expect_invalid(o->linear_fwd(nn, &bad, a, b), "linear_fwd");
+    expect_invalid(pcs_nn_linear_fwd(nn, &bad, a, b), "linear_fwd");
     bad = l;
     bad.saved = NULL; /* a bf16 weight needs somewhere to save it for backward */
-    expect_invalid(o->linear_fwd(nn, &bad, a, b), "linear_fwd");
+    expect_invalid(pcs_nn_linear_fwd(nn, &bad, a, b), "linear_fwd");
     bad = l;
     bad.weight = NULL;
-    expect_invalid(o->linear_fwd(nn, &bad, a, b), "linear_fwd");
-    expect_invalid(o->linear_fwd(nn, &l, NULL, b), "linear_fwd");
-    expect_invalid(o->linear_fwd(nn, NULL, a, b), "linear_fwd");
+    expect_invalid(pcs_nn_linear_fwd(nn, &bad, a, b), "linear_fwd");
+    expect_invalid(pcs_nn_linear_fwd(nn, &l, NULL, b), "linear_fwd");
+    expect_invalid(pcs_nn_linear_fwd(nn, NULL, a, b), "linear_fwd");
     /* backward of a bf16 weight reads `saved`, not the (possibly resharded) weight */
-    assert_int_equal(o->linear_bwd_input(nn, &bad, a, b), PCS_OK);
+    assert_int_equal(pcs_nn_linear_bwd_input(nn, &bad, a, b), PCS_OK);
     bad.dtype = PCS_DTYPE_FP32;
-    expect_invalid(o->linear_bwd_input(nn, &bad, a, b), "linear_bwd_input");
-    expect_invalid(o->linear_bwd_input(nn, &l, a, NULL), "linear_bwd_input");
+    expect_invalid(pcs_nn_linear_bwd_input(nn, &bad, a, b), "linear_bwd_input");
+    expect_invalid(pcs_nn_linear_bwd_input(nn, &l, a, NULL), "linear_bwd_input");
     pcs_nn_grad_t g = {c, PCS_DTYPE_INT64, PCS_DTYPE_BF16};
-    expect_invalid(o->linear_bwd_params(nn, &l, a, b, &g, NULL), "linear_bwd_params");
+    expect_invalid(pcs_nn_linear_bwd_params(nn, &l, a, b, &g, NULL), "linear_bwd_params");
     g.dtype = PCS_DTYPE_FP32;
     g.param_dtype = PCS_DTYPE_NONE;
-    expect_invalid(o->linear_bwd_params(nn, &l, a, b, NULL, &g), "linear_bwd_params");
+    expect_invalid(pcs_nn_linear_bwd_params(nn, &l, a, b, NULL, &g), "linear_bwd_params");
     g.param_dtype = PCS_DTYPE_BF16;
-    expect_invalid(o->linear_bwd_params(nn, &l, NULL, b, &g, NULL), "linear_bwd_params");
+    expect_invalid(pcs_nn_linear_bwd_params(nn, &l, NULL, b, &g, NULL), "linear_bwd_params");
 
     float nw[4] = {1, 1, 1, 1}, nb[4] = {0}, rm[4] = {0}, rv[4] = {1, 1, 1, 1};
     pcs_nn_norm_t p = {PCS_NN_BATCHNORM,
@@ -158,29 +157,29 @@ static void test_every_op_rejects_bad_arguments_with_a_message(void **state)
                        PCS_DTYPE_FP32,
                        NULL,
                        1};
-    expect_invalid(o->norm_fwd(nn, &p, a, b), "norm_fwd"); /* training BN with one row */
+    expect_invalid(pcs_nn_norm_fwd(nn, &p, a, b), "norm_fwd"); /* training BN with one row */
     assert_non_null(strstr(pcs_last_error(), "more than 1 value per channel"));
     pcs_nn_norm_t q = p;
     q.training = 0;
-    assert_int_equal(o->norm_fwd(nn, &q, a, b), PCS_OK); /* eval with one row is fine */
+    assert_int_equal(pcs_nn_norm_fwd(nn, &q, a, b), PCS_OK); /* eval with one row is fine */
     q.running_var = NULL;
-    expect_invalid(o->norm_fwd(nn, &q, a, b), "norm_fwd");
+    expect_invalid(pcs_nn_norm_fwd(nn, &q, a, b), "norm_fwd");
     q = p;
     q.kind = (pcs_nn_norm_kind_t)9;
-    expect_invalid(o->norm_fwd(nn, &q, a, b), "norm_fwd");
+    expect_invalid(pcs_nn_norm_fwd(nn, &q, a, b), "norm_fwd");
     q = p;
     q.dim = 0;
-    expect_invalid(o->norm_fwd(nn, &q, a, b), "norm_fwd");
+    expect_invalid(pcs_nn_norm_fwd(nn, &q, a, b), "norm_fwd");
     q = p;
     q.weight_dtype = PCS_DTYPE_INT64;
-    expect_invalid(o->norm_fwd(nn, &q, a, b), "norm_fwd");
+    expect_invalid(pcs_nn_norm_fwd(nn, &q, a, b), "norm_fwd");
     q = p;
     q.kind = PCS_NN_LAYERNORM;
     q.save = NULL;
-    expect_invalid(o->norm_fwd(nn, &q, a, b), "norm_fwd");
-    expect_invalid(o->norm_bwd(nn, &q, a, b, c, NULL, NULL), "norm_bwd");
+    expect_invalid(pcs_nn_norm_fwd(nn, &q, a, b), "norm_fwd");
+    expect_invalid(pcs_nn_norm_bwd(nn, &q, a, b, c, NULL, NULL), "norm_bwd");
     q.save = save;
-    expect_invalid(o->norm_bwd(nn, &q, NULL, b, c, NULL, NULL), "norm_bwd");
+    expect_invalid(pcs_nn_norm_bwd(nn, &q, NULL, b, c, NULL, NULL), "norm_bwd");
     pcs_nn_destroy(nn);
 }
 
@@ -193,7 +192,6 @@ static void test_bf16_linear_rounds_once_after_the_bias_and_saves_the_weight(voi
     (void)state;
     pcs_nn_t *nn = NULL;
     assert_int_equal(pcs_nn_create(NULL, NULL, &nn), PCS_OK);
-    const pcs_nn_ops_t *o = pcs_nn_ops(nn);
     enum { R = 3, K = 5, N = 4 };
     float x[R * K], w[N * K], bias[N], y[R * N], saved[N * K];
     uint16_t w16[N * K], b16[N];
@@ -208,7 +206,7 @@ static void test_bf16_linear_rounds_once_after_the_bias_and_saves_the_weight(voi
     float bias_bf[N];
     pcs_to_f32(b16, PCS_DTYPE_BF16, N, bias_bf);
     pcs_nn_linear_t l = {R, K, N, PCS_DTYPE_BF16, w16, b16, saved};
-    assert_int_equal(o->linear_fwd(nn, &l, x, y), PCS_OK);
+    assert_int_equal(pcs_nn_linear_fwd(nn, &l, x, y), PCS_OK);
     for (int r = 0; r < R; r++)
         for (int j = 0; j < N; j++) {
             float s = 0;
@@ -224,7 +222,7 @@ static void test_bf16_linear_rounds_once_after_the_bias_and_saves_the_weight(voi
     for (int i = 0; i < R * N; i++)
         dy[i] = (float)(i % 5 - 2) / 4.0f;
     l.weight = NULL;
-    assert_int_equal(o->linear_bwd_input(nn, &l, dy, dx), PCS_OK);
+    assert_int_equal(pcs_nn_linear_bwd_input(nn, &l, dy, dx), PCS_OK);
     for (int r = 0; r < R; r++)
         for (int k = 0; k < K; k++) {
             float s = 0;
@@ -237,7 +235,7 @@ static void test_bf16_linear_rounds_once_after_the_bias_and_saves_the_weight(voi
     float db[N];
     pcs_nn_grad_t gw = {dw, PCS_DTYPE_FP64, PCS_DTYPE_BF16},
                   gb = {db, PCS_DTYPE_FP32, PCS_DTYPE_BF16};
-    assert_int_equal(o->linear_bwd_params(nn, &l, dy, x, &gw, &gb), PCS_OK);
+    assert_int_equal(pcs_nn_linear_bwd_params(nn, &l, dy, x, &gw, &gb), PCS_OK);
     for (int j = 0; j < N; j++) {
         float sb = 0;
         for (int r = 0; r < R; r++)
@@ -258,15 +256,14 @@ static void test_gradient_accumulation_rounds_each_contribution_then_the_sum(voi
     (void)state;
     pcs_nn_t *nn = NULL;
     assert_int_equal(pcs_nn_create(NULL, NULL, &nn), PCS_OK);
-    const pcs_nn_ops_t *o = pcs_nn_ops(nn);
     /* 1 + 2^-8 is halfway between bf16 neighbours (ties to even: 1); 0.01171875 = 3 * 2^-8 is
      * bf16; the sums then round again */
     float g[3] = {1.0f, 256.0f, -3.0f}, src[3] = {1.00390625f, 1.0f, 0.01171875f};
     float want[3];
     for (int i = 0; i < 3; i++)
         want[i] = ref_bf16(g[i] + ref_bf16(src[i]));
-    assert_int_equal(o->copy_round(nn, src, src, 3, PCS_DTYPE_BF16), PCS_OK);
-    assert_int_equal(o->add(nn, g, g, src, 3, PCS_DTYPE_BF16), PCS_OK);
+    assert_int_equal(pcs_nn_copy_round(nn, src, src, 3, PCS_DTYPE_BF16), PCS_OK);
+    assert_int_equal(pcs_nn_add(nn, g, g, src, 3, PCS_DTYPE_BF16), PCS_OK);
     for (int i = 0; i < 3; i++)
         assert_true(g[i] == want[i]);
     pcs_nn_destroy(nn);

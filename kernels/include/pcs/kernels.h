@@ -60,12 +60,16 @@ typedef struct pcs_sgd_config {
 void pcs_adamw_config_default(pcs_adamw_config_t *cfg);
 void pcs_sgd_config_default(pcs_sgd_config_t *cfg);
 
-/* Backend vtable. Every op validates its arguments and returns PCS_ERR_INVALID_ARG (NULL with
- * n > 0, a pointer not aligned to its element size, mismatched lengths), PCS_ERR_UNSUPPORTED (a
- * dtype the op does not take) or PCS_ERR_CUDA; n == 0 is a no-op returning PCS_OK. Ops on a
- * stream are asynchronous on cuda (results are ready after sync(s)); on cpu they complete before
- * returning. Pointers passed to an op must stay valid until the stream has synchronized.
- * Thread-safety: the table is immutable; concurrent ops on different streams are fine. */
+/* The element-wise ops of a backend (kernels/src/kernels_internal.h): reached only through the
+ * pcs_kernel_*() front door below, which validates every argument once for every backend. */
+struct pcs_kernel_ops;
+
+/* Backend vtable: memory, streams and events, devices. Each entry checks what is its own to check
+ * (NULL out-parameters, copy kinds, device ordinals) and returns PCS_ERR_INVALID_ARG,
+ * PCS_ERR_UNSUPPORTED or PCS_ERR_CUDA with a message. Ops on a stream are asynchronous on cuda
+ * (results are ready after sync(s)); on cpu they complete before returning. Pointers passed to an
+ * op must stay valid until the stream has synchronized. Thread-safety: the table is immutable;
+ * concurrent ops on different streams are fine. */
 typedef struct pcs_backend_ops {
     const char *name; /* "cpu" | "cuda" */
 
@@ -78,8 +82,6 @@ typedef struct pcs_backend_ops {
     void (*host_free)(void *p);
     pcs_status_t (*copy)(void *dst, const void *src, size_t bytes, pcs_copy_kind_t kind,
                          pcs_stream_t s);
-    /* dst[i] = value rounded once to dtype (fp32/bf16/fp16/fp64/int64). */
-    pcs_status_t (*fill)(void *dst, pcs_dtype_t dtype, size_t n, double value, pcs_stream_t s);
 
     /* ---- streams and events ---- */
     pcs_status_t (*stream_create)(pcs_stream_t *out);
@@ -92,44 +94,8 @@ typedef struct pcs_backend_ops {
                                       pcs_event_t e); /* s waits for e, no host sync */
     pcs_status_t (*event_sync)(pcs_event_t e);
 
-    /* ---- element-wise ops (lists: one launch for many small tensors) ---- */
-    /* dst[k] = cast(src[k]) for k < count; dst[k].n must equal src[k].n. Every pair of fp32, bf16,
-     * fp16, fp64 is supported; fp32->bf16/fp16 rounds to nearest even (see pcs/half.h). */
-    pcs_status_t (*cast)(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
-                         pcs_stream_t s);
-    /* t[k] *= factor, computed in fp32 (fp64 for fp64 tensors) and rounded once to the tensor's
-     * dtype (ATen's opmath). For FSDP's pre/post-divide t.div_(d), pass factor = 1.0f / d (the
-     * reciprocal rounded to fp32): that is exactly what ATen's CUDA div by a scalar computes
-     * (a * reciprocal(b)); ATen's CPU kernel divides, which can differ by one fp32 ulp. */
-    pcs_status_t (*scale)(const pcs_tensor_t *t, size_t count, float factor, pcs_stream_t s);
-    /* dst[k] += cast(src[k]): dst fp32/bf16/fp16, src fp32/bf16/fp16; the sum is computed in fp32
-     * and rounded once to dst's dtype. */
-    pcs_status_t (*accumulate)(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
-                               pcs_stream_t s);
-    /* torch._amp_foreach_non_finite_check_and_unscale_: for every element x of every tensor
-     * (fp32/bf16/fp16): if x is Inf/NaN set *found_inf = 1.0f (never cleared); x = x * *inv_scale
-     * (skipped when *inv_scale == 1). found_inf and inv_scale are 1-element fp32 device buffers. */
-    pcs_status_t (*nonfinite_check_and_unscale)(const pcs_tensor_t *t, size_t count,
-                                                float *found_inf, const float *inv_scale,
-                                                pcs_stream_t s);
-    /* *out (1-element fp32 device buffer) = sum over all tensors of x*x, each x widened to fp32;
-     * every square is exact in fp64 and the sum is accumulated in fp64, then rounded once to fp32.
-     * Order: cpu sums each tensor front to back, then the per-tensor sums in list order; cuda sums
-     * per-block partials (fixed grid, so run-to-run deterministic) then all partials in one
-     * block. The two agree to within 1 fp32 ulp. Empty input writes 0. */
-    pcs_status_t (*sum_squares)(const pcs_tensor_t *t, size_t count, float *out, pcs_stream_t s);
-    /* AdamW on fp32 shards: param/grad/exp_avg/exp_avg_sq [k] all fp32 with equal n. `step` is the
-     * 1-based step count after this update's increment (bias correction uses it). */
-    pcs_status_t (*adamw_update)(const pcs_tensor_t *param, const pcs_tensor_t *grad,
-                                 const pcs_tensor_t *exp_avg, const pcs_tensor_t *exp_avg_sq,
-                                 size_t count, const pcs_adamw_config_t *cfg, int64_t step,
-                                 pcs_stream_t s);
-    /* SGD on fp32 shards. momentum_buf may be NULL iff cfg->momentum == 0. first_step != 0 means
-     * the buffer is initialised from the gradient (torch: momentum_buffer is None). grad is not
-     * modified. */
-    pcs_status_t (*sgd_update)(const pcs_tensor_t *param, const pcs_tensor_t *grad,
-                               const pcs_tensor_t *momentum_buf, size_t count,
-                               const pcs_sgd_config_t *cfg, int first_step, pcs_stream_t s);
+    /* ---- element-wise ops: pcs_kernel_*() ---- */
+    const struct pcs_kernel_ops *kernels;
 
     /* ---- devices ---- */
     /* Devices this backend can use (cpu: 1). */
@@ -181,7 +147,59 @@ int pcs_backend_built(const char *name);
  * NCCL cannot use its buffers. */
 int pcs_backend_is_simulated(const pcs_backend_ops_t *be);
 
-/* ---- single-tensor conveniences: each builds a pcs_tensor_t and calls the list op ---- */
+/* ---- element-wise ops: the front door ---------------------------------------------------
+ * Every op validates its arguments here, once, whatever the backend, and returns
+ * PCS_ERR_INVALID_ARG (NULL backend, NULL with n > 0, a pointer not aligned to its element size,
+ * mismatched lengths, bad hyper-parameters), PCS_ERR_UNSUPPORTED (a dtype the op does not take)
+ * or PCS_ERR_CUDA, with a message naming the op and the argument; n == 0 is a no-op returning
+ * PCS_OK. Lists: one launch for many small tensors. Asynchronous on cuda like the vtable's ops. */
+
+/* dst[i] = value rounded once to dtype (fp32/bf16/fp16/fp64/int64; int64: value must fit). */
+pcs_status_t pcs_kernel_fill(const pcs_backend_ops_t *be, void *dst, pcs_dtype_t dtype, size_t n,
+                             double value, pcs_stream_t s);
+/* dst[k] = cast(src[k]) for k < count; dst[k].n must equal src[k].n. Every pair of fp32, bf16,
+ * fp16, fp64 is supported; fp32->bf16/fp16 rounds to nearest even (see pcs/half.h). */
+pcs_status_t pcs_kernel_cast_list(const pcs_backend_ops_t *be, const pcs_tensor_t *dst,
+                                  const pcs_tensor_t *src, size_t count, pcs_stream_t s);
+/* t[k] *= factor, computed in fp32 (fp64 for fp64 tensors) and rounded once to the tensor's
+ * dtype (ATen's opmath). For FSDP's pre/post-divide t.div_(d), pass factor = 1.0f / d (the
+ * reciprocal rounded to fp32): that is exactly what ATen's CUDA div by a scalar computes
+ * (a * reciprocal(b)); ATen's CPU kernel divides, which can differ by one fp32 ulp. */
+pcs_status_t pcs_kernel_scale_list(const pcs_backend_ops_t *be, const pcs_tensor_t *t, size_t count,
+                                   float factor, pcs_stream_t s);
+/* dst[k] += cast(src[k]): dst fp32/bf16/fp16, src fp32/bf16/fp16; the sum is computed in fp32
+ * and rounded once to dst's dtype. */
+pcs_status_t pcs_kernel_accumulate_list(const pcs_backend_ops_t *be, const pcs_tensor_t *dst,
+                                        const pcs_tensor_t *src, size_t count, pcs_stream_t s);
+/* torch._amp_foreach_non_finite_check_and_unscale_: for every element x of every tensor
+ * (fp32/bf16/fp16): if x is Inf/NaN set *found_inf = 1.0f (never cleared); x = x * *inv_scale
+ * (skipped when *inv_scale == 1). found_inf and inv_scale are 1-element fp32 device buffers. */
+pcs_status_t pcs_kernel_nonfinite_check_and_unscale(const pcs_backend_ops_t *be,
+                                                    const pcs_tensor_t *t, size_t count,
+                                                    float *found_inf, const float *inv_scale,
+                                                    pcs_stream_t s);
+/* *out (1-element fp32 device buffer) = sum over all tensors of x*x, each x widened to fp32;
+ * every square is exact in fp64 and the sum is accumulated in fp64, then rounded once to fp32.
+ * Order: cpu sums each tensor front to back, then the per-tensor sums in list order; cuda sums
+ * per-block partials (fixed grid, so run-to-run deterministic) then all partials in one
+ * block. The two agree to within 1 fp32 ulp. Empty input writes 0. */
+pcs_status_t pcs_kernel_sum_squares_list(const pcs_backend_ops_t *be, const pcs_tensor_t *t,
+                                         size_t count, float *out, pcs_stream_t s);
+/* AdamW on fp32 shards: param/grad/exp_avg/exp_avg_sq [k] all fp32 with equal n. `step` is the
+ * 1-based step count after this update's increment (bias correction uses it). */
+pcs_status_t pcs_kernel_adamw_update(const pcs_backend_ops_t *be, const pcs_tensor_t *param,
+                                     const pcs_tensor_t *grad, const pcs_tensor_t *exp_avg,
+                                     const pcs_tensor_t *exp_avg_sq, size_t count,
+                                     const pcs_adamw_config_t *cfg, int64_t step, pcs_stream_t s);
+/* SGD on fp32 shards. momentum_buf may be NULL iff cfg->momentum == 0. first_step != 0 means
+ * the buffer is initialised from the gradient (torch: momentum_buffer is None). grad is not
+ * modified. */
+pcs_status_t pcs_kernel_sgd_update(const pcs_backend_ops_t *be, const pcs_tensor_t *param,
+                                   const pcs_tensor_t *grad, const pcs_tensor_t *momentum_buf,
+                                   size_t count, const pcs_sgd_config_t *cfg, int first_step,
+                                   pcs_stream_t s);
+
+/* Single-tensor forms: each builds a pcs_tensor_t and calls the list op. */
 pcs_status_t pcs_kernel_cast(const pcs_backend_ops_t *be, void *dst, pcs_dtype_t dst_dtype,
                              const void *src, pcs_dtype_t src_dtype, size_t n, pcs_stream_t s);
 pcs_status_t pcs_kernel_scale(const pcs_backend_ops_t *be, void *t, pcs_dtype_t dtype, size_t n,

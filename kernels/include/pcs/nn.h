@@ -67,50 +67,52 @@ typedef struct pcs_nn_norm {
     int training;
 } pcs_nn_norm_t;
 
-/* Every op: pointers are in the backend's memory; work is enqueued on the context's stream (cpu:
- * done on return; cuda: ready after be->sync(stream)). Bad arguments (NULL with n > 0, zero dims,
- * a dtype the op does not take, BatchNorm training with 1 row) -> PCS_ERR_INVALID_ARG with a
- * message naming the op; device failures -> PCS_ERR_CUDA with one WARN naming the call. n == 0 is
- * a no-op. fp32 results called "unrounded" are what the caller then rounds (grad accumulation). */
-typedef struct pcs_nn_ops {
-    const char *name; /* "cpu" | "cuda" */
-    /* Context on `be` (must be this implementation's backend) and stream `s` (retained). */
-    pcs_status_t (*create)(const pcs_backend_ops_t *be, pcs_stream_t s, pcs_nn_t **out);
-    void (*destroy)(pcs_nn_t *nn); /* accepts NULL */
+/* An implementation's table (kernels/src/nn_internal.h): its ops are reached only through the
+ * pcs_nn_*() front door below, which validates every argument once for every implementation. */
+typedef struct pcs_nn_ops pcs_nn_ops_t;
 
-    /* ---- element-wise, fp32 arrays carrying `dt` values ---- */
-    /* dst[i] = round(src[i], dt); dst may equal src; dt FP32 = plain copy. */
-    pcs_status_t (*copy_round)(pcs_nn_t *nn, float *dst, const float *src, size_t n,
+// ---- the ops: the front door ------------------------------------------------------------------
+/* Every op: pointers are in the backend's memory; work is enqueued on the context's stream (cpu:
+ * done on return; cuda: ready after be->sync(stream)). Bad arguments (a NULL context, NULL with
+ * n > 0, zero dims, a dtype the op does not take, BatchNorm training with 1 row) ->
+ * PCS_ERR_INVALID_ARG with a message naming the op, checked here for every implementation;
+ * device failures -> PCS_ERR_CUDA with one WARN naming the call. n == 0 is a no-op. fp32 results
+ * called "unrounded" are what the caller then rounds (grad accumulation). */
+
+/* ---- element-wise, fp32 arrays carrying `dt` values ---- */
+/* dst[i] = round(src[i], dt); dst may equal src; dt FP32 = plain copy. */
+pcs_status_t pcs_nn_copy_round(pcs_nn_t *nn, float *dst, const float *src, size_t n,
                                pcs_dtype_t dt);
-    /* y[i] = round(a[i] + b[i], dt) (y may alias a or b): residual add, gradient accumulation. */
-    pcs_status_t (*add)(pcs_nn_t *nn, float *y, const float *a, const float *b, size_t n,
+/* y[i] = round(a[i] + b[i], dt) (y may alias a or b): residual add, gradient accumulation. */
+pcs_status_t pcs_nn_add(pcs_nn_t *nn, float *y, const float *a, const float *b, size_t n,
                         pcs_dtype_t dt);
-    /* ReLU (exact, NaN kept) or GELU (erf form, computed in fp32, rounded to dt). */
-    pcs_status_t (*act_fwd)(pcs_nn_t *nn, pcs_nn_act_t act, float *y, const float *x, size_t n,
+/* ReLU (exact, NaN kept) or GELU (erf form, computed in fp32, rounded to dt). */
+pcs_status_t pcs_nn_act_fwd(pcs_nn_t *nn, pcs_nn_act_t act, float *y, const float *x, size_t n,
                             pcs_dtype_t dt);
-    /* dx (unrounded) from the forward's x, y and dy: ReLU passes dy where y > 0 or y is NaN. */
-    pcs_status_t (*act_bwd)(pcs_nn_t *nn, pcs_nn_act_t act, float *dx, const float *x,
+/* dx (unrounded) from the forward's x, y and dy: ReLU passes dy where y > 0 or y is NaN. */
+pcs_status_t pcs_nn_act_bwd(pcs_nn_t *nn, pcs_nn_act_t act, float *dx, const float *x,
                             const float *y, const float *dy, size_t n);
 
-    /* ---- Linear ---- */
-    pcs_status_t (*linear_fwd)(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *x, float *y);
-    /* dW = dy^T x and db = column sums of dy (fp32, rows in order), stored through dw/db (either
-     * may be NULL or have NULL data). dy carries l->dtype values. */
-    pcs_status_t (*linear_bwd_params)(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy,
+/* ---- Linear ---- */
+pcs_status_t pcs_nn_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *x, float *y);
+/* dW = dy^T x and db = column sums of dy (fp32, rows in order), stored through dw/db (either
+ * may be NULL or have NULL data). dy carries l->dtype values. */
+pcs_status_t pcs_nn_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy,
                                       const float *x, const pcs_nn_grad_t *dw,
                                       const pcs_nn_grad_t *db);
-    /* dx (unrounded) = dy . W, W being l->weight for fp32, else what forward left in l->saved
-     * (l->weight is not read then and may be NULL). */
-    pcs_status_t (*linear_bwd_input)(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy,
+/* dx (unrounded) = dy . W, W being l->weight for fp32, else what forward left in l->saved
+ * (l->weight is not read then and may be NULL). */
+pcs_status_t pcs_nn_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy,
                                      float *dx);
 
-    /* ---- LayerNorm / BatchNorm1d ---- */
-    pcs_status_t (*norm_fwd)(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, float *y);
-    /* From the training forward's x and p->save: dx (unrounded; NULL = not wanted), dweight and
-     * dbias through dw/db. Reads p->weight. */
-    pcs_status_t (*norm_bwd)(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, const float *dy,
+/* ---- LayerNorm / BatchNorm1d ---- */
+pcs_status_t pcs_nn_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, float *y);
+/* From the training forward's x and p->save: dx (unrounded; NULL = not wanted), dweight and
+ * dbias through dw/db. Reads p->weight. */
+pcs_status_t pcs_nn_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, const float *dy,
                              float *dx, const pcs_nn_grad_t *dw, const pcs_nn_grad_t *db);
-} pcs_nn_ops_t;
+
+// ---- implementations and contexts ----------------------------------------------------------
 
 /* The implementation called `name` ("cpu", "cuda"): PCS_ERR_UNSUPPORTED when cuda was not built
  * or no device is present, PCS_ERR_NOT_FOUND for another name. The table is static. */
@@ -119,8 +121,14 @@ pcs_status_t pcs_nn_get(const char *name, const pcs_nn_ops_t **out);
 /* Context for backend `be` (NULL = "cpu") on stream `s`: looks up pcs_nn_get(be->name) and calls
  * its create. Caller destroys with pcs_nn_destroy(). */
 pcs_status_t pcs_nn_create(const pcs_backend_ops_t *be, pcs_stream_t s, pcs_nn_t **out);
+/* Context of implementation `ops` (from pcs_nn_get) on `be`: PCS_ERR_INVALID_ARG naming both
+ * when be is not that implementation's backend. Caller destroys with pcs_nn_destroy(). */
+pcs_status_t pcs_nn_create_with(const pcs_nn_ops_t *ops, const pcs_backend_ops_t *be,
+                                pcs_stream_t s, pcs_nn_t **out);
 void pcs_nn_destroy(pcs_nn_t *nn);
 const pcs_nn_ops_t *pcs_nn_ops(const pcs_nn_t *nn);
+/* The implementation's name: "cpu" | "cuda" (NULL for NULL). */
+const char *pcs_nn_ops_name(const pcs_nn_ops_t *ops);
 const pcs_backend_ops_t *pcs_nn_backend(const pcs_nn_t *nn);
 pcs_stream_t pcs_nn_stream(const pcs_nn_t *nn);
 
