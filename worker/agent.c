@@ -131,7 +131,7 @@ static pcs_status_t do_register(pcs_agent_t *a)
     size_t nb = 0;
     int cuda = strcmp(a->backend, "cuda") == 0;
     const pcs_backend_ops_t *cbe = NULL;
-    /* the simulated device (PCS_SIMULATE_CUDA, CI) has no NCCL: never offer it there */
+    /* the simulated device (simulate-cuda, CI) has no NCCL: never offer it there */
     int nccl = cuda && pcs_backend_get("cuda", &cbe) == PCS_OK && !pcs_backend_is_simulated(cbe);
     if (nccl && strcmp(a->coll, "gloo") != 0)
         backends[nb++] = (char *)"nccl";

@@ -7,6 +7,7 @@
 
 #include "worker/agent.h"
 #include "pcs/config.h"
+#include "pcs/kernels.h"
 #include "pcs/log.h"
 
 static const pcs_opt_t worker_opts[] = {
@@ -27,6 +28,8 @@ static const pcs_opt_t worker_opts[] = {
     {"max-jobs", PCS_OPT_U32, "0", 0, 1000000, "exit after this many jobs (0 = serve forever)"},
     {"report-dir", PCS_OPT_STRING, "", 0, 0, "also write each step report to this directory"},
     {"log-level", PCS_OPT_STRING, "info", 0, 0, "error | warn | info | debug | trace"},
+    {"simulate-cuda", PCS_OPT_U32, "0", 0, PCS_SIMULATE_CUDA_MAX_DEVICES,
+     "test hook: N > 0 makes backend cuda a simulated device (N devices) computing on the host"},
     {"inject-inf-step", PCS_OPT_U64, "0", 0, 1e18, "test hook: +Inf into a gradient at this step"},
     {"inject-inf-rank", PCS_OPT_U32, "0", 0, 1000000, "test hook: rank that injects the +Inf"},
 };
@@ -59,6 +62,12 @@ int main(int argc, char **argv)
         pcs_log_set_level((pcs_log_level_t)lvl);
     pcs_log_set_role("w-");
     pcs_config_log_nondefault(cfg);
+
+    if (pcs_backend_simulate_cuda(pcs_config_u32(cfg, "simulate-cuda")) != PCS_OK) {
+        fprintf(stderr, "pcs-worker: %s\n", pcs_last_error());
+        pcs_config_free(cfg);
+        return 2;
+    }
 
     pcs_agent_config_t ac;
     memset(&ac, 0, sizeof ac);

@@ -837,7 +837,7 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
         /* its device pointers are poisoned host memory: NCCL would fault on them */
         st = pcs_set_error(PCS_ERR_UNSUPPORTED,
                            "runtime: NCCL cannot run on the simulated cuda device "
-                           "(PCS_SIMULATE_CUDA=1); use collectives: gloo");
+                           "(simulate-cuda); use collectives: gloo");
         goto fail;
     }
     PCS_CHECK_GOTO(rt->be->set_device(rt->device), st, fail);

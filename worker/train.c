@@ -485,10 +485,7 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     rc.stream = t->stream; /* the model's compute stream */
     rc.device = t->device;
     rc.coll = t->coll;
-    /* PCS_RUNTIME_STAGE_HOST=1: collectives through host staging buffers on the cpu backend too
-     * (a test switch: the staged path must give the direct path's bits) */
-    const char *stage_env = getenv("PCS_RUNTIME_STAGE_HOST");
-    rc.stage_host = stage_env && strcmp(stage_env, "1") == 0;
+    rc.stage_host = cfg->stage_host;
     t->depth = rc.prefetch > 0 ? (uint32_t)rc.prefetch : 0;
     pcs_train_opt_from_spec(tr, &rc);
     PCS_CHECK_GOTO(load_init_file(t), st, fail);

@@ -37,6 +37,9 @@ typedef struct pcs_train_config {
      * (1-based; 0 = off) on rank inject_inf_rank. */
     uint64_t inject_inf_step;
     uint32_t inject_inf_rank;
+    /* Test hook: 1 = collectives through host staging buffers on the cpu backend too (the staged
+     * path must give the direct path's bits). */
+    int stage_host;
     /* Overrides for the bench: -1 = plan's prefetch depth. */
     int prefetch;
 } pcs_train_config_t;

@@ -1,5 +1,5 @@
-/* Backend registry ("cpu" always, "cuda" when built and a device exists, or simulated with
- * PCS_SIMULATE_CUDA=1), PyTorch's optimizer defaults, and the front door of the element-wise ops:
+/* Backend registry ("cpu" always, "cuda" when built and a device exists, or simulated after
+ * pcs_backend_simulate_cuda), PyTorch's optimizer defaults, and the front door of the element-wise ops:
  * every pcs_kernel_*() validates its arguments here, once for every backend (as NCCL's
  * ncclEnqueueCheck), then calls the backend's unchecked op. Bad input gets a status and a message
  * naming the op and the argument, never a crash. */

@@ -17,7 +17,7 @@ pcs_status_t pcs_backend_cuda_get(const pcs_backend_ops_t **out);
 int pcs_backend_cuda_built(void);
 
 /* The simulated "cuda" backend (ops_devsim.c, always built; tests only): pcs_backend_get("cuda")
- * returns it when pcs_devsim_enabled() (PCS_SIMULATE_CUDA=1). Its device pointers are host
+ * returns it when pcs_devsim_enabled() (pcs_backend_simulate_cuda). Its device pointers are host
  * pointers with a poison tag; pcs_devsim_arg() checks one is tagged (NULL passes) and gives the
  * host address, or records PCS_ERR_INVALID_ARG naming `op` and `what`. */
 const pcs_backend_ops_t *pcs_backend_devsim(void);

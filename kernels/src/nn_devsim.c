@@ -1,4 +1,4 @@
-/* The simulated "cuda" nn implementation (PCS_SIMULATE_CUDA=1, tests only): every op clears the
+/* The simulated "cuda" nn implementation (pcs_backend_simulate_cuda, tests only): every op clears the
  * poison tag of each device pointer it is given (arrays, the pointers inside the Linear / norm
  * descriptors and gradient destinations) and runs the "cpu" op on the untagged copies, so a model
  * that hands the device ops a host array fails with a message naming the op and the argument,

@@ -1,6 +1,6 @@
-/* A simulated "cuda" backend for machines without a GPU (PCS_SIMULATE_CUDA=1, tests only): device
- * memory is host memory handed out with bit 62 set, a non-canonical x86-64 address, so any host
- * load or store through a device pointer faults at once (also under ASan); every op clears the
+/* A simulated "cuda" backend for machines without a GPU (pcs_backend_simulate_cuda, tests only):
+ * device memory is host memory handed out with bit 62 set, a non-canonical x86-64 address, so any
+ * host load or store through a device pointer faults at once (also under ASan); every op clears the
  * tag before calling the CPU twin, copies check that their kind matches which side is tagged, new
  * buffers hold NaN bytes (never zeros), and freeing with the wrong allocator aborts. Stream work
  * is queued until waited for (see below), so missing event waits break results; stream-ordered
@@ -19,7 +19,7 @@
 #define DEVSIM_TAG    ((uintptr_t)1 << 62)
 #define DEVSIM_LIST_N 32 /* tensors untagged on the stack; longer lists are malloc'd */
 
-static const char k_devsim_name[] = "simulated (PCS_SIMULATE_CUDA)";
+static const char k_devsim_name[] = "simulated (simulate-cuda)";
 
 // ---- tags ----
 
@@ -758,11 +758,12 @@ static pcs_status_t ds_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad,
 
 // ---- devices ----
 
+/* Simulated devices (pcs_backend_simulate_cuda): 0 = the simulator is off. */
+static unsigned g_devices;
+
 static int ds_device_count(void)
 {
-    const char *e = getenv("PCS_SIMULATE_CUDA_DEVICES");
-    long n = e && *e ? strtol(e, NULL, 10) : 1;
-    return n >= 1 && n <= 64 ? (int)n : 1;
+    return (int)g_devices;
 }
 
 static pcs_status_t ds_set_device(int ordinal)
@@ -825,8 +826,16 @@ static const pcs_backend_ops_t devsim_ops = {
 
 int pcs_devsim_enabled(void)
 {
-    const char *e = getenv("PCS_SIMULATE_CUDA");
-    return e != NULL && strcmp(e, "1") == 0;
+    return g_devices > 0;
+}
+
+pcs_status_t pcs_backend_simulate_cuda(unsigned devices)
+{
+    if (devices > PCS_SIMULATE_CUDA_MAX_DEVICES)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "simulate-cuda: %u devices (at most %d)", devices,
+                             PCS_SIMULATE_CUDA_MAX_DEVICES);
+    g_devices = devices;
+    return PCS_OK;
 }
 
 static pthread_once_t g_warn_once = PTHREAD_ONCE_INIT;
@@ -834,7 +843,7 @@ static pthread_once_t g_warn_once = PTHREAD_ONCE_INIT;
 static void warn_simulated(void)
 {
     PCS_WARN(PCS_SUB_KERNEL,
-             "kernel backend 'cuda' is SIMULATED on the host (PCS_SIMULATE_CUDA=1, pid %ld): the "
+             "kernel backend 'cuda' is SIMULATED on the host (simulate-cuda, pid %ld): the "
              "CPU twin computes, device pointers are poisoned host memory; for tests only",
              (long)getpid());
 }

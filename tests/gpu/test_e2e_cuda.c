@@ -151,6 +151,8 @@ static void test_nccl_job_is_not_given_to_a_simulated_worker(void **state)
 
 int main(void)
 {
+    /* this process only looks; the workers it starts read PCS_SIMULATE_CUDA themselves */
+    pcs_backend_simulate_cuda(pcs_test_simulated_cuda_devices());
     const pcs_backend_ops_t *be = NULL;
     if (pcs_backend_get("cuda", &be) != PCS_OK) {
         fprintf(stderr, "test_e2e_cuda: no CUDA device (%s): skipped\n", pcs_last_error());

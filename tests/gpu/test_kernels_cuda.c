@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "pcs/half.h"
+#include "test_util.h"
 #include "pcs/kernels.h"
 
 static const pcs_backend_ops_t *cpu, *gpu;
@@ -450,6 +451,7 @@ static void test_cuda_bad_input_gets_a_status_never_a_crash(void **state)
 
 int main(void)
 {
+    pcs_backend_simulate_cuda(pcs_test_simulated_cuda_devices());
     const pcs_backend_ops_t *be = NULL;
     if (pcs_backend_get("cuda", &be) != PCS_OK) {
         printf("# skipped: %s\n", pcs_last_error());

@@ -33,6 +33,7 @@
 #include "model/model.h"
 #include "pcs/kernels.h"
 #include "pcs/nn.h"
+#include "test_util.h"
 
 enum { ROWS = 33, MAX_ROWS = 40, IN = 32, OUT = 10, NH = 3, MAXP = 32 };
 static const uint32_t k_hidden[NH] = {64, 64, 48};
@@ -466,6 +467,7 @@ static int teardown(void **state)
 
 int main(void)
 {
+    pcs_backend_simulate_cuda(pcs_test_simulated_cuda_devices());
     const pcs_backend_ops_t *be = NULL;
     if (pcs_backend_get("cuda", &be) != PCS_OK) {
         printf("# skipped: %s\n", pcs_last_error());

@@ -131,6 +131,7 @@ static void test_two_ranks_nccl_on_two_devices_match_cpu(void **s)
 
 int main(void)
 {
+    pcs_backend_simulate_cuda(pcs_test_simulated_cuda_devices()); /* the forked ranks inherit it */
     fflush(NULL);
     pid_t probe = fork();
     if (probe == 0) {

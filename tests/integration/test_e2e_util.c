@@ -445,6 +445,11 @@ static int local_rank_main(const char *yaml, const char *dir, const char *ckpt, 
     tc.inject_inf_step = inj_step;
     tc.inject_inf_rank = inj_rank;
     tc.prefetch = -1;
+    /* switches the parent sets for its forked ranks (test_e2e_procs' bit-parity variants) */
+    const char *stage = getenv("PCS_RUNTIME_STAGE_HOST");
+    tc.stage_host = stage && strcmp(stage, "1") == 0;
+    if (pcs_backend_simulate_cuda(pcs_test_simulated_cuda_devices()) != PCS_OK)
+        return 2;
     /* this process is the job's worker: it offers the backend the job asks for (a cuda job runs
      * on the simulated device when PCS_SIMULATE_CUDA=1 is inherited) */
     if (spec->backend && spec->backend[0])

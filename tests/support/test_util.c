@@ -202,3 +202,10 @@ pid_t pcs_test_start_coordinator(const char *dir, const char *const *extra_args,
     free(port);
     return pid;
 }
+
+unsigned pcs_test_simulated_cuda_devices(void)
+{
+    const char *e = getenv("PCS_SIMULATE_CUDA");
+    long n = e && *e ? strtol(e, NULL, 10) : 0;
+    return n > 0 && n <= 64 ? (unsigned)n : 0;
+}

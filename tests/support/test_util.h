@@ -21,7 +21,8 @@ const char *pcs_test_src(const char *rel, char *buf, size_t n);
 pid_t pcs_test_spawn(char *const argv[], const char *log_path);
 /* SIGTERM, wait up to timeout_ms, then SIGKILL. Returns the exit status as from waitpid. */
 int pcs_test_stop(pid_t pid, int timeout_ms);
-/* Wait for the child to exit by itself up to timeout_ms; returns waitpid status or -1 on timeout. */
+/* Wait for the child to exit by itself up to timeout_ms; returns waitpid status or -1 on timeout.
+ */
 int pcs_test_wait(pid_t pid, int timeout_ms);
 
 /* Wait until `path` exists and is non-empty (up to timeout_ms); read it into a malloc'd string. */
@@ -32,6 +33,11 @@ char *pcs_test_read_file(const char *path, size_t *len);
 char *pcs_test_run(const char *cmd, int *status);
 /* Sleep ms milliseconds. */
 void pcs_test_sleep_ms(int ms);
+
+/* The simulated cuda device a test process should switch on (pcs_backend_simulate_cuda): the
+ * device count in PCS_SIMULATE_CUDA (ctest sets 1 for the *_sim entries, as pcs-worker reads its
+ * --simulate-cuda from that variable), 0 when unset. */
+unsigned pcs_test_simulated_cuda_devices(void);
 
 /* Start pcs-coordinator on 127.0.0.1:0 with extra args; returns pid and fills addr ("127.0.0.1:N").
  * The coordinator writes its bound port to a file given by --port-file. */

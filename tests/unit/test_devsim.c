@@ -1,6 +1,6 @@
 /* Unit tests of the simulated "cuda" backend (kernels/src/ops_devsim.c, nn_devsim.c): selected by
- * PCS_SIMULATE_CUDA=1, named "cuda", device pointers carry a poison tag a host access faults on,
- * ops on device pointers give the CPU twin's bits, copies whose kind does not match where the
+ * pcs_backend_simulate_cuda, named "cuda", device pointers carry a poison tag a host access faults
+ * on, ops on device pointers give the CPU twin's bits, copies whose kind does not match where the
  * pointers live and host pointers handed to device ops are refused with a message, freeing
  * with the wrong allocator aborts, and stream-ordered allocations (alloc_async/free_async) take
  * effect in their stream's order. References: pcs/half.h rounding and the "cpu" backend/nn ops
@@ -38,8 +38,8 @@ static float urand(void)
 static int setup(void **state)
 {
     (void)state;
-    setenv("PCS_SIMULATE_CUDA", "1", 1);
-    unsetenv("PCS_SIMULATE_CUDA_DEVICES");
+    if (pcs_backend_simulate_cuda(1) != PCS_OK)
+        return -1;
     if (pcs_backend_get("cuda", &g_sim) != PCS_OK || pcs_backend_get("cpu", &g_cpu) != PCS_OK)
         return -1;
     return 0;
@@ -61,7 +61,7 @@ static void download(float *h, const void *d, size_t n)
 
 // ---- selection and devices ----
 
-static void test_env_selects_a_simulated_backend_named_cuda_with_one_device(void **state)
+static void test_switch_selects_a_simulated_backend_named_cuda_with_one_device(void **state)
 {
     (void)state;
     assert_string_equal(g_sim->name, "cuda");
@@ -72,17 +72,19 @@ static void test_env_selects_a_simulated_backend_named_cuda_with_one_device(void
     char name[64];
     uint64_t mem = 0;
     assert_int_equal(g_sim->device_info(0, name, sizeof name, &mem), PCS_OK);
-    assert_string_equal(name, "simulated (PCS_SIMULATE_CUDA)");
+    assert_string_equal(name, "simulated (simulate-cuda)");
     assert_true(mem > 0);
     assert_int_equal(g_sim->set_device(0), PCS_OK);
     assert_int_equal(g_sim->set_device(1), PCS_ERR_INVALID_ARG);
     assert_int_equal(g_sim->device_info(1, name, sizeof name, &mem), PCS_ERR_INVALID_ARG);
 
-    setenv("PCS_SIMULATE_CUDA_DEVICES", "3", 1);
+    assert_int_equal(pcs_backend_simulate_cuda(3), PCS_OK);
     assert_int_equal(g_sim->device_count(), 3);
     assert_int_equal(g_sim->set_device(2), PCS_OK);
     assert_int_equal(g_sim->set_device(3), PCS_ERR_INVALID_ARG);
-    unsetenv("PCS_SIMULATE_CUDA_DEVICES");
+    assert_int_equal(pcs_backend_simulate_cuda(PCS_SIMULATE_CUDA_MAX_DEVICES + 1),
+                     PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_backend_simulate_cuda(1), PCS_OK);
 
     /* the nn registry follows the same switch */
     const pcs_nn_ops_t *ops = NULL;
@@ -90,13 +92,13 @@ static void test_env_selects_a_simulated_backend_named_cuda_with_one_device(void
     assert_string_equal(pcs_nn_ops_name(ops), "cuda");
 }
 
-static void test_without_the_env_cuda_is_not_the_simulator(void **state)
+static void test_without_the_switch_cuda_is_not_the_simulator(void **state)
 {
     (void)state;
-    unsetenv("PCS_SIMULATE_CUDA");
+    assert_int_equal(pcs_backend_simulate_cuda(0), PCS_OK);
     const pcs_backend_ops_t *be = NULL;
     pcs_status_t rc = pcs_backend_get("cuda", &be);
-    setenv("PCS_SIMULATE_CUDA", "1", 1);
+    assert_int_equal(pcs_backend_simulate_cuda(1), PCS_OK);
     /* a real device or UNSUPPORTED (none here / not built): never the simulator */
     assert_true(rc == PCS_OK || rc == PCS_ERR_UNSUPPORTED);
     if (rc == PCS_OK)
@@ -690,8 +692,8 @@ static void test_nn_ops_on_device_pointers_give_the_cpu_ops_bits(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_env_selects_a_simulated_backend_named_cuda_with_one_device),
-        cmocka_unit_test(test_without_the_env_cuda_is_not_the_simulator),
+        cmocka_unit_test(test_switch_selects_a_simulated_backend_named_cuda_with_one_device),
+        cmocka_unit_test(test_without_the_switch_cuda_is_not_the_simulator),
         cmocka_unit_test(test_device_pointers_are_tagged_and_host_memory_is_not),
         cmocka_unit_test(test_host_store_through_a_device_pointer_faults),
         cmocka_unit_test(test_freeing_with_the_wrong_allocator_aborts),

@@ -141,10 +141,17 @@ pcs_status_t pcs_backend_get(const char *name, const pcs_backend_ops_t **out);
 /* 1 if `name` is a backend compiled into this build (the device may still be missing). */
 int pcs_backend_built(const char *name);
 
-/* 1 if `be` is the simulated "cuda" backend: with PCS_SIMULATE_CUDA=1 in the environment,
- * pcs_backend_get("cuda") returns a table named "cuda" that computes with the CPU twin on host
- * memory whose device pointers are poisoned (a host dereference faults), for CI without a GPU.
- * NCCL cannot use its buffers. */
+/* The simulated "cuda" device, for CI without a GPU: an explicit switch of the process, set by
+ * pcs-worker's --simulate-cuda N (env PCS_SIMULATE_CUDA) and by tests. devices > 0 makes
+ * pcs_backend_get("cuda") and pcs_nn_get("cuda") return a table named "cuda" with that many
+ * devices that computes with the CPU twin on host memory whose device pointers are poisoned (a
+ * host dereference faults); NCCL cannot use its buffers. 0 restores the real "cuda" backend.
+ * Call at start-up, before any lookup (not thread-safe against concurrent lookups).
+ * PCS_ERR_INVALID_ARG above PCS_SIMULATE_CUDA_MAX_DEVICES. */
+#define PCS_SIMULATE_CUDA_MAX_DEVICES 64
+pcs_status_t pcs_backend_simulate_cuda(unsigned devices);
+
+/* 1 if `be` is the simulated "cuda" backend (pcs_backend_simulate_cuda). */
 int pcs_backend_is_simulated(const pcs_backend_ops_t *be);
 
 /* ---- element-wise ops: the front door ---------------------------------------------------
