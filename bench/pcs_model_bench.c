@@ -21,9 +21,7 @@
 #include "pcs/pbtext.h"
 #include "pcs/v1/job.pb-c.h"
 #include "model/reference.h"
-#ifdef PCS_BENCH_HAVE_PLAN
 #include "planner/plan.h"
-#endif
 
 /* Timings are the best of REPS repetitions of the mean over `iters`: the development box is
  * shared, and the minimum is the least disturbed estimate of both the model and the baseline. */
@@ -49,24 +47,14 @@ static int run_job(const char *path, int global_batch, int use_plan, const char 
     o.global_batch = global_batch;
     pcs_reference_t *r = NULL;
     Pcs__V1__Plan *plan = NULL;
-    if (use_plan) {
-#ifdef PCS_BENCH_HAVE_PLAN
-        if (pcs_plan_build(spec, 0, &plan) != PCS_OK) {
-            fprintf(stderr, "pcs-model-bench: plan: %s\n", pcs_last_error());
-            protobuf_c_message_free_unpacked(msg, NULL);
-            return 1;
-        }
-#else
-        fprintf(stderr, "pcs-model-bench: built without the planner\n");
+    if (use_plan && pcs_plan_build(spec, 0, &plan) != PCS_OK) {
+        fprintf(stderr, "pcs-model-bench: plan: %s\n", pcs_last_error());
         protobuf_c_message_free_unpacked(msg, NULL);
-        return 2;
-#endif
+        return 1;
     }
     double t0 = now_s();
     pcs_status_t crc = pcs_ref_create(spec, plan, &o, &r);
-#ifdef PCS_BENCH_HAVE_PLAN
     pcs_plan_free(plan);
-#endif
     if (crc != PCS_OK) {
         fprintf(stderr, "pcs-model-bench: %s\n", pcs_last_error());
         protobuf_c_message_free_unpacked(msg, NULL);

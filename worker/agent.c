@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "coll/kv.h"
+#include "io/report.h"
 #include "pcs/clock.h"
 #include "pcs/kernels.h"
 #include "pcs/log.h"
@@ -444,20 +445,8 @@ static void enqueue_report(pcs_agent_t *a, const Pcs__V1__StepReport *rep)
         return;
     }
     pcs__v1__report_step_request__pack(&req, buf);
-    if (a->report_file) {
-        /* The local copy carries the same bytes as the RPC: the report of this rank. */
-        size_t rn = pcs__v1__step_report__get_packed_size(rep);
-        uint8_t *rb = malloc(rn ? rn : 1);
-        if (rb) {
-            pcs__v1__step_report__pack(rep, rb);
-            uint8_t hdr[4] = {(uint8_t)rn, (uint8_t)(rn >> 8), (uint8_t)(rn >> 16),
-                              (uint8_t)(rn >> 24)};
-            fwrite(hdr, 1, 4, a->report_file);
-            fwrite(rb, 1, rn, a->report_file);
-            fflush(a->report_file);
-            free(rb);
-        }
-    }
+    if (a->report_file && pcs_report_file_append(a->report_file, rep) != PCS_OK)
+        PCS_WARN(PCS_SUB_WORKER, "report file: %s", pcs_last_error()); /* the local copy only */
     it->req = pcs__v1__report_step_request__unpack(NULL, n, buf);
     free(buf);
     int done_ok = rep->done && !(rep->error && rep->error[0]); /* rep may point at clean_err */
@@ -539,7 +528,7 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
 
     if (a->report_dir) {
         char path[1024];
-        pcs_agent_report_path(a->report_dir, as->job_id, as->rank, path, sizeof path);
+        pcs_report_file_path(a->report_dir, as->job_id, as->rank, path, sizeof path);
         a->report_file = fopen(path, "wb");
         if (!a->report_file)
             PCS_WARN(PCS_SUB_WORKER, "cannot write reports to %s", path);
@@ -622,11 +611,6 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
 int pcs_agent_device(const pcs_agent_t *a)
 {
     return a ? a->device : 0;
-}
-
-void pcs_agent_report_path(const char *dir, const char *job_id, uint32_t rank, char *buf, size_t n)
-{
-    snprintf(buf, n, "%s/%s.rank%u.reports", dir, job_id ? job_id : "job", rank);
 }
 
 /* Check the offered backends now, so a misconfigured pod fails at start with a message instead of

@@ -26,9 +26,6 @@ struct pcs_kv;
 typedef pcs_status_t (*pcs_agent_job_fn)(void *ctx, pcs_agent_t *a,
                                          const struct Pcs__V1__Assignment *as, struct pcs_kv *kv);
 
-/* Path of a rank's report file in report_dir (see pcs_agent_config_t.report_dir). */
-void pcs_agent_report_path(const char *dir, const char *job_id, uint32_t rank, char *buf, size_t n);
-
 typedef struct pcs_agent_config {
     const char *coordinator;  /* "127.0.0.1:7070" */
     const char *identity;     /* idempotency key for Register; NULL = "<host>:<pid>" */
@@ -43,7 +40,7 @@ typedef struct pcs_agent_config {
     uint32_t heartbeat_ms;    /* 0 = the interval the coordinator returns */
     uint32_t max_jobs;        /* exit after this many jobs (0 = serve until stopped) */
     const char *report_dir;   /* also append every StepReport to <dir>/<job>.rank<R>.reports
-                               * (u32 little-endian length + packed StepReport); NULL = off */
+                               * (io/report.h); NULL = off */
     uint64_t inject_inf_step; /* test hook, see pcs_train_config_t */
     uint32_t inject_inf_rank;
     pcs_agent_job_fn job_fn; /* NULL = the built-in training loop (pcs-worker) */

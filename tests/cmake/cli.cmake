@@ -7,7 +7,7 @@ add_dependencies(test_pcsctl pcsctl pcs-coordinator)
 pcs_add_test(NAME test_e2e_cli SOURCES integration/test_e2e_cli.c ${PCS_E2E_UTIL}
              LIBS pcs_worker LABELS integration TIMEOUT 300)
 set_target_properties(test_e2e_cli PROPERTIES LINKER_LANGUAGE CXX)
-add_dependencies(test_e2e_cli pcsctl pcs-worker pcs-coordinator)
+add_dependencies(test_e2e_cli pcsctl pcs-worker pcs-coordinator pcs-reference)
 
 # pcsctl plan (offline, no coordinator): the demo job re-planned for 8 ranks, one rank's view.
 add_test(NAME plan_cli_demo COMMAND pcsctl plan ${PROJECT_SOURCE_DIR}/examples/demo-job.yaml

@@ -16,6 +16,7 @@
 #include "coll/kv.h"
 #include "worker/train.h"
 #include "io/checkpoint.h"
+#include "io/report.h"
 #include "pcs/clock.h"
 #include "pcs/pbtext.h"
 #include "pcs/rpc.h"
@@ -136,21 +137,10 @@ int e2e_load_reports(e2e_cluster_t *c, e2e_job_t *job)
             pcs__v1__step_report__free_unpacked(job->reports[r][i], NULL);
         job->n_reports[r] = 0;
         char path[1100];
-        pcs_agent_report_path(c->dir, job->job_id, (uint32_t)r, path, sizeof path);
-        size_t len = 0;
-        char *buf = pcs_test_read_file(path, &len);
-        if (!buf)
-            continue;
-        size_t off = 0;
-        while (off + 4 <= len) {
-            const uint8_t *h = (const uint8_t *)buf + off;
-            size_t n = (size_t)h[0] | (size_t)h[1] << 8 | (size_t)h[2] << 16 | (size_t)h[3] << 24;
-            if (off + 4 + n > len)
-                break;
-            Pcs__V1__StepReport *rep =
-                pcs__v1__step_report__unpack(NULL, n, (const uint8_t *)buf + off + 4);
-            if (!rep)
-                break;
+        pcs_report_file_path(c->dir, job->job_id, (uint32_t)r, path, sizeof path);
+        long off = 0;
+        Pcs__V1__StepReport *rep = NULL;
+        while (pcs_report_file_next(path, &off, &rep)) {
             if (job->n_reports[r] == E2E_MAX_STEPS + 2) {
                 /* keep the latest reports (a long job's last one carries done/error) */
                 pcs__v1__step_report__free_unpacked(job->reports[r][0], NULL);
@@ -159,9 +149,7 @@ int e2e_load_reports(e2e_cluster_t *c, e2e_job_t *job)
                 job->n_reports[r]--;
             }
             job->reports[r][job->n_reports[r]++] = rep;
-            off += 4 + n;
         }
-        free(buf);
     }
     return 0;
 }
@@ -391,16 +379,7 @@ typedef struct local_ctx {
 static void local_report(void *ctx, const Pcs__V1__StepReport *rep)
 {
     local_ctx_t *lc = ctx;
-    size_t n = pcs__v1__step_report__get_packed_size(rep);
-    uint8_t *b = malloc(n ? n : 1);
-    if (!b)
-        return;
-    pcs__v1__step_report__pack(rep, b);
-    uint8_t h[4] = {(uint8_t)n, (uint8_t)(n >> 8), (uint8_t)(n >> 16), (uint8_t)(n >> 24)};
-    fwrite(h, 1, 4, lc->f);
-    fwrite(b, 1, n, lc->f);
-    fflush(lc->f);
-    free(b);
+    (void)pcs_report_file_append(lc->f, rep);
 }
 
 static int local_rank_main(const char *yaml, const char *dir, const char *ckpt, int world, int rank,
@@ -431,7 +410,7 @@ static int local_rank_main(const char *yaml, const char *dir, const char *ckpt, 
     pcs_kv_t *kv = NULL;
     if (pcs_kv_file_create(kvdir, &kv) != PCS_OK)
         return 2;
-    pcs_agent_report_path(dir, "local", (uint32_t)rank, path, sizeof path);
+    pcs_report_file_path(dir, "local", (uint32_t)rank, path, sizeof path);
     local_ctx_t lc = {fopen(path, "wb")};
     if (!lc.f)
         return 2;
