@@ -244,6 +244,116 @@ static pcs_status_t manifest_read(const char *sdir, manifest_t *m, int *legacy)
     return st;
 }
 
+// ---- assembling a rank file ----
+
+struct pcs_ckpt_rank_file {
+    pcs_st_entry_t *e; /* up to 3 per unit + 1 per buffer */
+    char **names;      /* owned, one per entry */
+    uint64_t (*shapes)[1];
+    size_t n, cap;
+    pcs_ckpt_unit_meta_t *units;
+    size_t n_units, cap_units, cap_buffers, n_buffers;
+};
+
+pcs_status_t pcs_ckpt_rank_file_create(size_t n_units, size_t n_buffers, pcs_ckpt_rank_file_t **out)
+{
+    *out = NULL;
+    pcs_ckpt_rank_file_t *f = NULL;
+    pcs_status_t st;
+    size_t cap = 3 * n_units + n_buffers + 1;
+    PCS_CHECK(pcs_calloc(1, sizeof *f, (void **)&f));
+    f->cap = cap;
+    f->cap_units = n_units;
+    f->cap_buffers = n_buffers;
+    PCS_CHECK_GOTO(pcs_calloc(cap, sizeof *f->e, (void **)&f->e), st, fail);
+    PCS_CHECK_GOTO(pcs_calloc(cap, sizeof *f->names, (void **)&f->names), st, fail);
+    PCS_CHECK_GOTO(pcs_calloc(cap, sizeof *f->shapes, (void **)&f->shapes), st, fail);
+    PCS_CHECK_GOTO(pcs_calloc(n_units + 1, sizeof *f->units, (void **)&f->units), st, fail);
+    *out = f;
+    return PCS_OK;
+fail:
+    pcs_ckpt_rank_file_free(f);
+    return st;
+}
+
+/* The next entry: a 1-d (or 0-d) tensor named "<a><b>". */
+static pcs_status_t add_entry(pcs_ckpt_rank_file_t *f, const char *a, const char *b, pcs_dtype_t dt,
+                              int ndim, uint64_t numel, const void *data)
+{
+    size_t len = strlen(a) + strlen(b) + 1;
+    PCS_CHECK(pcs_calloc(len, 1, (void **)&f->names[f->n]));
+    snprintf(f->names[f->n], len, "%s%s", a, b);
+    f->shapes[f->n][0] = numel;
+    f->e[f->n] = (pcs_st_entry_t){f->names[f->n], dt, ndim, f->shapes[f->n], data};
+    f->n++;
+    return PCS_OK;
+}
+
+pcs_status_t pcs_ckpt_rank_file_add_unit(pcs_ckpt_rank_file_t *f, const pcs_ckpt_unit_meta_t *um,
+                                         uint64_t numel, pcs_dtype_t master_dtype,
+                                         const void *master, const float *exp_avg,
+                                         const float *exp_avg_sq, const float *momentum)
+{
+    if (f->n_units == f->cap_units || !master || (momentum && (exp_avg || exp_avg_sq)))
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "checkpoint: unit %u: %s", um->unit,
+                             f->n_units == f->cap_units ? "more units than the file was made for"
+                             : !master                  ? "no master shard"
+                                       : "AdamW state and a momentum buffer both given");
+    f->units[f->n_units++] = *um;
+    const struct {
+        const char *what;
+        pcs_dtype_t dt;
+        const void *p;
+    } parts[4] = {{"param", master_dtype, master},
+                  {"exp_avg", PCS_DTYPE_FP32, exp_avg},
+                  {"exp_avg_sq", PCS_DTYPE_FP32, exp_avg_sq},
+                  {"momentum", PCS_DTYPE_FP32, momentum}};
+    for (int j = 0; j < 4; j++) {
+        if (!parts[j].p)
+            continue;
+        char key[64];
+        pcs_ckpt_unit_key(um->unit, parts[j].what, key, sizeof key);
+        PCS_CHECK(add_entry(f, key, "", parts[j].dt, 1, numel, parts[j].p));
+    }
+    return PCS_OK;
+}
+
+pcs_status_t pcs_ckpt_rank_file_add_buffer(pcs_ckpt_rank_file_t *f, const char *fqn,
+                                           pcs_dtype_t dtype, uint64_t numel, int scalar,
+                                           const void *data)
+{
+    if (f->n_buffers == f->cap_buffers || !fqn || !data)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "checkpoint: buffer %s: %s", fqn ? fqn : "?",
+                             f->n_buffers == f->cap_buffers ? "more buffers than the file was "
+                                                              "made for"
+                                                            : "no data");
+    PCS_CHECK(add_entry(f, "buffer.", fqn, dtype, scalar ? 0 : 1, numel, data));
+    f->n_buffers++;
+    return PCS_OK;
+}
+
+pcs_status_t pcs_ckpt_rank_file_write(const char *dir, const pcs_ckpt_rank_meta_t *m,
+                                      const pcs_ckpt_rank_file_t *f)
+{
+    pcs_ckpt_rank_meta_t mm = *m;
+    mm.units = f->units;
+    mm.n_units = f->n_units;
+    return pcs_ckpt_write_rank(dir, &mm, f->e, f->n);
+}
+
+void pcs_ckpt_rank_file_free(pcs_ckpt_rank_file_t *f)
+{
+    if (!f)
+        return;
+    for (size_t i = 0; f->names && i < f->n; i++)
+        free(f->names[i]);
+    free(f->e);
+    free(f->names);
+    free(f->shapes);
+    free(f->units);
+    free(f);
+}
+
 pcs_status_t pcs_ckpt_commit(const char *dir, uint64_t step, const Pcs__V1__Plan *plan)
 {
     if (!dir || !plan || plan->world_size == 0)

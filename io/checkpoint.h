@@ -53,6 +53,33 @@ void pcs_ckpt_unit_key(uint32_t unit, const char *what, char *buf, size_t n);
  * INVALID_ARG. */
 pcs_status_t pcs_ckpt_write_rank(const char *dir, const pcs_ckpt_rank_meta_t *m,
                                  const pcs_st_entry_t *e, size_t n);
+/* ---- assembling a rank file ----
+ * The rank's units and buffers, given as host arrays; the builder names them as the format says
+ * ("unit.<i>.param" in the master dtype, "unit.<i>.exp_avg" / ".exp_avg_sq" (AdamW) or
+ * ".momentum" (SGD) in fp32, "buffer.<fqn>" flat in the state_dict dtype) and records each unit's
+ * indices. Arrays are borrowed until pcs_ckpt_rank_file_write returns. Not thread-safe. */
+typedef struct pcs_ckpt_rank_file pcs_ckpt_rank_file_t;
+
+/* Room for n_units units and n_buffers buffers. Caller frees with pcs_ckpt_rank_file_free(). */
+pcs_status_t pcs_ckpt_rank_file_create(size_t n_units, size_t n_buffers,
+                                       pcs_ckpt_rank_file_t **out);
+/* Unit um->unit's shard of `numel` elements: the master values (master_dtype) and its optimizer
+ * state (fp32; NULL = none: a frozen-only unit, or SGD without momentum). PCS_ERR_INVALID_ARG
+ * past the capacity or with AdamW state and a momentum buffer both given. */
+pcs_status_t pcs_ckpt_rank_file_add_unit(pcs_ckpt_rank_file_t *f, const pcs_ckpt_unit_meta_t *um,
+                                         uint64_t numel, pcs_dtype_t master_dtype,
+                                         const void *master, const float *exp_avg,
+                                         const float *exp_avg_sq, const float *momentum);
+/* A module buffer: numel values of `dtype`, stored flat (export restores the plan's shape), or as
+ * a 0-d tensor when `scalar`. */
+pcs_status_t pcs_ckpt_rank_file_add_buffer(pcs_ckpt_rank_file_t *f, const char *fqn,
+                                           pcs_dtype_t dtype, uint64_t numel, int scalar,
+                                           const void *data);
+/* pcs_ckpt_write_rank of what was added, with its per-unit indices (m->units is not read). */
+pcs_status_t pcs_ckpt_rank_file_write(const char *dir, const pcs_ckpt_rank_meta_t *m,
+                                      const pcs_ckpt_rank_file_t *f);
+void pcs_ckpt_rank_file_free(pcs_ckpt_rank_file_t *f); /* accepts NULL */
+
 /* Called by one rank after every rank has written: checks that rank files 0..W-1 all belong to
  * this step, job and plan (rank 0's file gives the job and plan hash; a stale file of another
  * run is PCS_ERR_STATE naming it), then writes plan.pb, COMPLETE (the manifest) and latest. */

@@ -7,7 +7,22 @@
  * prefetch thread with its own communicator so the compute thread only waits when it is ahead.
  * Buffers are backend memory (device memory on cuda): the host only fills them through the
  * backend and reads back scalars with a D2H copy; streams and events order the compute stream,
- * the all-gather stream and the reduction stream (runtime.h states the contract). */
+ * the all-gather stream and the reduction stream (runtime.h states the contract).
+ *
+ * Sections: units and the runtime object; small helpers; collectives on backend buffers (direct
+ * or staged); unshard (prefetch thread); create / destroy; step (unshard, reshard, gradients);
+ * reductions (reduction thread); optimizer step; stats and shards. Timings and collective
+ * records live in runtime_stats.c.
+ *
+ * Legend of the short names used throughout:
+ *   rt         the runtime                      u     one unit (rt_unit_t); u->u its plan Unit
+ *   c          elements of a rank's shard of the unit (Unit.shard_numel); `padded` = c * sg
+ *   sg         the unit's shard group size (1: a replicated unit)
+ *   rg         reshard group size (FSDP2 reshard_after_forward = int), 0 when none
+ *   ag, rs, ar all-gather, reduce-scatter, all-reduce (their streams, threads, communicators)
+ *   cs         the compute stream (the caller's)  be    the kernels backend
+ *   master / param / reduce / grad / accum   the unit's dtypes, as the plan resolved them */
+
 #include "worker/runtime.h"
 
 #include <math.h>
@@ -20,31 +35,16 @@
 
 #include "coll/coll.h"
 #include "pcs/clock.h"
-#include "pcs/hash.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
 #include "planner/mesh.h"
+#include "worker/runtime_stats.h"
+
+// ---- units and the runtime object ----
 
 #define NO_UNIT UINT32_MAX
 
 enum { U_SHARDED = 0, U_QUEUED, U_RUNNING, U_UNSHARDED };
-
-/* One timed collective: events recorded on its stream before and after it, resolved into
- * milliseconds when stats are read (device work is asynchronous: host time around the call would
- * measure the enqueue only). */
-typedef struct rt_timing {
-    pcs_event_t t0, t1;
-    int kind; /* T_* */
-} rt_timing_t;
-
-enum { T_AG = 0, T_RS = 1, T_AR = 2 };
-
-/* Timings of one issuing stream: v[0, n_used) are published (both events recorded), v[0, n_done)
- * resolved. One writer at a time (the stream's thread); growth and publication under mu. */
-typedef struct rt_tpool {
-    rt_timing_t **v;
-    size_t n_alloc, n_used, n_done;
-} rt_tpool_t;
 
 typedef struct rt_unit {
     const Pcs__V1__Unit *u;
@@ -96,21 +96,22 @@ struct pcs_runtime {
     const pcs_backend_ops_t *be;
     int device;
     pcs_coll_backend_t coll;
-    int stage;               /* collectives on host staging buffers */
-    pcs_stream_t cstream;    /* the caller's compute stream (borrowed) */
-    pcs_stream_t ag_stream;  /* all-gathers (prefetch thread, or inline) */
-    pcs_stream_t rs_stream;  /* reductions (reduction thread, or inline) */
-    pcs_event_t ev_opt;      /* compute stream: optimizer update of the master shards done */
-    pcs_event_t ev_fence;    /* recorded on an idle side stream, waited by the compute stream */
-    void *stage_ag;          /* host staging of the all-gather stream (padded fp32 of the largest
-                              * unit); NULL without staging */
-    void *stage_rs;          /* host staging of the reduction stream ((padded + c) fp32) */
-    float *d_scal;           /* backend: [0] found_inf, [1] inv_scale, [2] scalar all-reduce,
-                              * [3 + i] sum of squares of unit i */
-    float *h_scal;           /* pinned host: read-back of d_scal, and staged scalar reductions */
-    float *d_tmp;            /* backend: max shard fp32 scratch (grad widening, master rounding) */
-    rt_tpool_t tp_ag, tp_rs; /* collective timings of the all-gather and reduction streams */
-    double ev_ms[3];         /* resolved timings of this step by T_* (under mu) */
+    int stage;              /* collectives on host staging buffers */
+    pcs_stream_t cstream;   /* the caller's compute stream (borrowed) */
+    pcs_stream_t ag_stream; /* all-gathers (prefetch thread, or inline) */
+    pcs_stream_t rs_stream; /* reductions (reduction thread, or inline) */
+    pcs_event_t ev_opt;     /* compute stream: optimizer update of the master shards done */
+    pcs_event_t ev_fence;   /* recorded on an idle side stream, waited by the compute stream */
+    void *stage_ag;         /* host staging of the all-gather stream (padded fp32 of the largest
+                             * unit); NULL without staging */
+    void *stage_rs;         /* host staging of the reduction stream ((padded + c) fp32) */
+    float *d_scal;          /* backend: [0] found_inf, [1] inv_scale, [2] scalar all-reduce,
+                             * [3 + i] sum of squares of unit i */
+    float *h_scal;          /* pinned host: read-back of d_scal, and staged scalar reductions */
+    float *d_tmp;           /* backend: max shard fp32 scratch (grad widening, master rounding) */
+    pcs_rt_tpool_t tp_ag, tp_rs; /* collective timings of the all-gather and reduction
+                                  * streams (runtime_stats.h) */
+    double ev_ms[3];             /* resolved timings of this step by PCS_RT_T_* (under mu) */
     uint32_t rank, world;
     uint32_t micro_batches;
     pcs_opt_kind_t opt;
@@ -153,10 +154,7 @@ struct pcs_runtime {
     double inline_reduce_ms; /* reductions run on the compute thread (no reduction thread) */
     double drain_ms;         /* optimizer step waiting for queued reductions */
     uint64_t ag_bytes, rs_bytes, ar_bytes;
-    pcs_rt_coll_rec_t *recs;
-    size_t n_recs, cap_recs;
-    uint64_t h_ag, h_main;
-    int audit_ok;
+    pcs_rt_records_t recs; /* this step's collectives, audit and fingerprint */
     uint32_t n_unsharded, max_unsharded;
 };
 
@@ -185,40 +183,6 @@ static pcs_status_t wrap_err(pcs_status_t st, const char *fmt, ...)
 static pcs_dtype_t dt_or(int v, pcs_dtype_t def)
 {
     return v > 0 ? (pcs_dtype_t)v : def;
-}
-
-/* Record one collective (called with mu held by the AG thread, or by the main thread). */
-static void record(pcs_runtime_t *rt, int kind, uint32_t unit, pcs_dtype_t dt, uint64_t count,
-                   uint64_t group, const Pcs__V1__CollectiveSpec *spec, int on_ag_thread)
-{
-    int ok = spec ? (pcs_dtype_t)spec->dtype == dt : 1;
-    if (!ok) {
-        PCS_WARN(PCS_SUB_WORKER, "dtype audit: unit %u %s ran in %s, plan says %s", unit,
-                 kind == PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER       ? "all-gather"
-                 : kind == PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER ? "reduce-scatter"
-                                                                        : "all-reduce",
-                 pcs_dtype_name(dt), pcs_dtype_name((pcs_dtype_t)spec->dtype));
-        rt->audit_ok = 0;
-    }
-    if (rt->n_recs == rt->cap_recs) {
-        size_t nc = rt->cap_recs ? rt->cap_recs * 2 : 64;
-        pcs_rt_coll_rec_t *n = realloc(rt->recs, nc * sizeof *n);
-        if (!n)
-            return; /* stats only */
-        rt->recs = n;
-        rt->cap_recs = nc;
-    }
-    pcs_rt_coll_rec_t *r = &rt->recs[rt->n_recs++];
-    r->kind = kind;
-    r->unit = unit;
-    r->dtype = dt;
-    r->count = count;
-    r->bytes = count * group * pcs_dtype_size(dt);
-    r->audit_ok = ok;
-    uint64_t *h = on_ag_thread ? &rt->h_ag : &rt->h_main;
-    *h = pcs_fnv1a64_u64(
-        pcs_fnv1a64_u64(pcs_fnv1a64_u64(pcs_fnv1a64_u64(*h, (uint64_t)kind), unit), (uint64_t)dt),
-        count);
 }
 
 static const Pcs__V1__CollectiveSpec *find_coll(const Pcs__V1__Unit *u, int kind)
@@ -369,84 +333,6 @@ static pcs_status_t fence_compute_after(pcs_runtime_t *rt, pcs_stream_t s)
     return rt->be->stream_wait_event(rt->cstream, rt->ev_fence);
 }
 
-// ---- collective timing by events ----
-
-/* The next free timing of pool `p` with its start recorded on `s`; NULL when none could be had
- * (timings are stats only: the collective runs untimed). */
-static rt_timing_t *timing_start(pcs_runtime_t *rt, rt_tpool_t *p, pcs_stream_t s)
-{
-    rt_timing_t *t = NULL;
-    pthread_mutex_lock(&rt->mu);
-    if (p->n_used == p->n_alloc) {
-        rt_timing_t **nv = realloc(p->v, (p->n_alloc + 1) * sizeof *nv);
-        rt_timing_t *e = calloc(1, sizeof *e);
-        if (nv)
-            p->v = nv;
-        if (nv && e && rt->be->event_create(&e->t0) == PCS_OK &&
-            rt->be->event_create(&e->t1) == PCS_OK) {
-            p->v[p->n_alloc++] = e;
-        } else if (e) {
-            if (e->t0)
-                rt->be->event_destroy(e->t0);
-            free(e);
-        }
-    }
-    if (p->n_used < p->n_alloc)
-        t = p->v[p->n_used];
-    pthread_mutex_unlock(&rt->mu);
-    if (t && rt->be->event_record(t->t0, s) != PCS_OK)
-        t = NULL;
-    return t;
-}
-
-/* Record the end of `t` on `s` and publish it. */
-static void timing_end(pcs_runtime_t *rt, rt_tpool_t *p, rt_timing_t *t, pcs_stream_t s, int kind)
-{
-    if (!t || rt->be->event_record(t->t1, s) != PCS_OK)
-        return;
-    pthread_mutex_lock(&rt->mu);
-    t->kind = kind;
-    p->n_used++;
-    pthread_mutex_unlock(&rt->mu);
-}
-
-/* Resolve the published, unresolved timings of `p` into rt->ev_ms. Called by the compute thread
- * only (as begin_step, which resets the pools), without holding mu while waiting for the events:
- * a collective may need a peer that waits for one of our streams' threads, which need mu. */
-static void timing_resolve(pcs_runtime_t *rt, rt_tpool_t *p)
-{
-    pthread_mutex_lock(&rt->mu);
-    size_t lo = p->n_done, hi = p->n_used;
-    pthread_mutex_unlock(&rt->mu);
-    double ms[3] = {0, 0, 0};
-    for (size_t i = lo; i < hi; i++) {
-        /* the array may grow (realloc) under mu; elements never move and published ones are
-         * not rewritten until begin_step */
-        pthread_mutex_lock(&rt->mu);
-        rt_timing_t *t = p->v[i];
-        pthread_mutex_unlock(&rt->mu);
-        float m = 0;
-        if (rt->be->event_sync(t->t1) == PCS_OK &&
-            rt->be->event_elapsed_ms(t->t0, t->t1, &m) == PCS_OK && m > 0)
-            ms[t->kind] += m;
-    }
-    pthread_mutex_lock(&rt->mu);
-    for (int k = 0; k < 3; k++)
-        rt->ev_ms[k] += ms[k];
-    p->n_done = hi;
-    pthread_mutex_unlock(&rt->mu);
-}
-
-static void timing_pool_free(pcs_runtime_t *rt, rt_tpool_t *p)
-{
-    for (size_t i = 0; i < p->n_alloc; i++) {
-        rt->be->event_destroy(p->v[i]->t0);
-        rt->be->event_destroy(p->v[i]->t1);
-        free(p->v[i]);
-    }
-    free(p->v);
-}
-
 // ---- unshard (runs on the prefetch thread, or inline) ----
 
 static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full);
@@ -468,17 +354,17 @@ static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full)
          * its 1/rg slice of the unsharded buffer after forward. */
         uint64_t chunk = u->padded / u->rg;
         size_t pe = pcs_dtype_size(u->param);
-        rt_timing_t *tm = timing_start(rt, &rt->tp_ag, rt->ag_stream);
+        pcs_rt_timing_t *tm = pcs_rt_timing_start(&rt->tp_ag, rt->ag_stream);
         pcs_status_t st =
             coll_ag(rt, rt->reshard_c, rt->stage_ag, rt->ag_stream,
                     (uint8_t *)u->unsharded + (size_t)(rt->reshard_index * chunk) * pe,
                     u->unsharded, chunk, u->param);
         if (st == PCS_OK)
-            timing_end(rt, &rt->tp_ag, tm, rt->ag_stream, T_AG);
+            pcs_rt_timing_end(&rt->tp_ag, tm, rt->ag_stream, PCS_RT_T_AG);
         pthread_mutex_lock(&rt->mu);
         rt->ag_bytes += chunk * u->rg * pe;
-        record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER, u->index, u->param, chunk, u->rg,
-               u->ag_bwd, 1);
+        pcs_rt_record(&rt->recs, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER, u->index, u->param,
+                      chunk, u->rg, u->ag_bwd, 1);
         pthread_mutex_unlock(&rt->mu);
         if (st != PCS_OK)
             return wrap_err(st, "reshard-group all-gather of unit %u", u->index);
@@ -505,15 +391,15 @@ static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full)
         pthread_mutex_unlock(&rt->mu);
         return PCS_OK;
     }
-    rt_timing_t *tm = timing_start(rt, &rt->tp_ag, rt->ag_stream);
+    pcs_rt_timing_t *tm = pcs_rt_timing_start(&rt->tp_ag, rt->ag_stream);
     pcs_status_t st = coll_ag(rt, rt->shard_ag, rt->stage_ag, rt->ag_stream, src, dst, u->c, dt);
     if (st == PCS_OK)
-        timing_end(rt, &rt->tp_ag, tm, rt->ag_stream, T_AG);
+        pcs_rt_timing_end(&rt->tp_ag, tm, rt->ag_stream, PCS_RT_T_AG);
     pthread_mutex_lock(&rt->mu);
     rt->cast_ms += cast_ms;
     rt->ag_bytes += u->c * u->sg * esz;
-    record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER, u->index, dt, u->c, u->sg,
-           full ? NULL : u->ag, 1);
+    pcs_rt_record(&rt->recs, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER, u->index, dt, u->c, u->sg,
+                  full ? NULL : u->ag, 1);
     pthread_mutex_unlock(&rt->mu);
     if (st != PCS_OK)
         return wrap_err(st, "all-gather of unit %u", u->index);
@@ -810,7 +696,9 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
     rt->adamw = cfg->adamw;
     rt->sgd = cfg->sgd;
     rt->prefetch = cfg->prefetch;
-    rt->audit_ok = 1;
+    pcs_rt_tpool_init(&rt->tp_ag, cfg->be, &rt->mu);
+    pcs_rt_tpool_init(&rt->tp_rs, cfg->be, &rt->mu);
+    pcs_rt_records_reset(&rt->recs);
     rt->device = cfg->device;
     rt->coll = cfg->coll ? cfg->coll : PCS_COLL_GLOO;
     rt->cstream = cfg->stream;
@@ -1011,8 +899,8 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
     }
     if (rt->be) {
         (void)rt->be->sync(rt->cstream); /* the free_async above have run */
-        timing_pool_free(rt, &rt->tp_ag);
-        timing_pool_free(rt, &rt->tp_rs);
+        pcs_rt_tpool_free(&rt->tp_ag);
+        pcs_rt_tpool_free(&rt->tp_rs);
         rt->be->free(rt->d_tmp);
         rt->be->free(rt->d_scal);
         rt->be->host_free(rt->h_scal);
@@ -1028,7 +916,7 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
     free(rt->units);
     free(rt->queue);
     free(rt->rs_queue);
-    free(rt->recs);
+    pcs_rt_records_free(&rt->recs);
     pthread_cond_destroy(&rt->cv);
     pthread_mutex_destroy(&rt->mu);
     free(rt);
@@ -1056,18 +944,16 @@ pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt)
     }
     pthread_mutex_lock(&rt->mu);
     rt->ar_ms = rt->cast_ms = rt->opt_ms = rt->wait_ms = 0;
-    rt->ev_ms[T_AG] = rt->ev_ms[T_RS] = rt->ev_ms[T_AR] = 0;
+    rt->ev_ms[PCS_RT_T_AG] = rt->ev_ms[PCS_RT_T_RS] = rt->ev_ms[PCS_RT_T_AR] = 0;
     /* timings of the last step not read through stats are dropped; the reductions drained
      * above, and a prefetch the caller queued before begin_step may still hold a slot */
-    rt->tp_rs.n_used = rt->tp_rs.n_done = 0;
+    pcs_rt_tpool_reset(&rt->tp_rs);
     if (!rt->q_len && !ag_in_flight(rt)) /* no timing slot held by the prefetch thread */
-        rt->tp_ag.n_used = rt->tp_ag.n_done = 0;
+        pcs_rt_tpool_reset(&rt->tp_ag);
     rt->rs_cast_ms = 0;
     rt->inline_reduce_ms = rt->drain_ms = 0;
     rt->ag_bytes = rt->rs_bytes = rt->ar_bytes = 0;
-    rt->n_recs = 0;
-    rt->h_ag = rt->h_main = PCS_FNV1A64_OFFSET;
-    rt->audit_ok = 1;
+    pcs_rt_records_reset(&rt->recs);
     rt->max_unsharded = rt->n_unsharded;
     pthread_mutex_unlock(&rt->mu);
     return PCS_OK;
@@ -1233,6 +1119,8 @@ pcs_status_t pcs_runtime_grad_buffer(pcs_runtime_t *rt, uint32_t unit, void **gr
     return PCS_OK;
 }
 
+// ---- reductions (the reduction thread, or inline) ----
+
 /* Copy-in on the compute thread: cast (accumulator or grads) to the reduce dtype into rs_in, so
  * the grads buffer is free for the next backward while the collective runs. */
 static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
@@ -1296,15 +1184,15 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
     if (u->sg > 1) {
         int hsdp = u->ar_comm != NULL;
         pcs_coll_red_t red = red_of(u->rs, 1, !hsdp);
-        rt_timing_t *tm = timing_start(rt, &rt->tp_rs, rt->rs_stream);
+        pcs_rt_timing_t *tm = pcs_rt_timing_start(&rt->tp_rs, rt->rs_stream);
         st = coll_rs(rt, rt->shard_rs, rt->stage_rs, rt->rs_stream, u->rs_in, u->rs_out, u->c,
                      u->reduce, &red);
         if (st == PCS_OK)
-            timing_end(rt, &rt->tp_rs, tm, rt->rs_stream, T_RS);
+            pcs_rt_timing_end(&rt->tp_rs, tm, rt->rs_stream, PCS_RT_T_RS);
         pthread_mutex_lock(&rt->mu);
         rt->rs_bytes += u->c * u->sg * pcs_dtype_size(u->reduce);
-        record(rt, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER, u->index, u->reduce, u->c, u->sg,
-               u->rs, 0);
+        pcs_rt_record(&rt->recs, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER, u->index, u->reduce,
+                      u->c, u->sg, u->rs, 0);
         pthread_mutex_unlock(&rt->mu);
         if (st != PCS_OK)
             return wrap_err(st, "reduce-scatter of unit %u", u->index);
@@ -1313,16 +1201,16 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
             pcs_coll_red_t ared = red_of(u->ar ? u->ar : u->rs, 0, 1);
             if (!u->ar) /* unplanned HSDP leg: keep the RS op, post-divide after it */
                 ared.pre_div = 0;
-            tm = timing_start(rt, &rt->tp_rs, rt->rs_stream);
+            tm = pcs_rt_timing_start(&rt->tp_rs, rt->rs_stream);
             st = coll_ar(rt, u->ar_comm, rt->stage_rs, rt->rs_stream, u->rs_out, u->c, u->reduce,
                          &ared);
             if (st == PCS_OK)
-                timing_end(rt, &rt->tp_rs, tm, rt->rs_stream, T_AR);
+                pcs_rt_timing_end(&rt->tp_rs, tm, rt->rs_stream, PCS_RT_T_AR);
             uint32_t g = (uint32_t)pcs_coll_size(u->ar_comm);
             pthread_mutex_lock(&rt->mu);
             rt->ar_bytes += u->c * pcs_dtype_size(u->reduce);
-            record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, u->index, u->reduce, u->c, g,
-                   u->ar, 0);
+            pcs_rt_record(&rt->recs, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, u->index, u->reduce,
+                          u->c, g, u->ar, 0);
             pthread_mutex_unlock(&rt->mu);
             if (st != PCS_OK)
                 return wrap_err(st, "all-reduce (replicas) of unit %u", u->index);
@@ -1331,15 +1219,15 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
         pcs_coll_red_t red = red_of(u->ar, 1, 1);
         if (!u->ar) /* replicated unit without a planned collective: average over the ranks */
             red.op = PCS_RED_AVG;
-        rt_timing_t *tm = timing_start(rt, &rt->tp_rs, rt->rs_stream);
+        pcs_rt_timing_t *tm = pcs_rt_timing_start(&rt->tp_rs, rt->rs_stream);
         st = coll_ar(rt, u->ar_comm, rt->stage_rs, rt->rs_stream, u->rs_in, u->padded, u->reduce,
                      &red);
         if (st == PCS_OK)
-            timing_end(rt, &rt->tp_rs, tm, rt->rs_stream, T_AR);
+            pcs_rt_timing_end(&rt->tp_rs, tm, rt->rs_stream, PCS_RT_T_AR);
         pthread_mutex_lock(&rt->mu);
         rt->ar_bytes += u->padded * pcs_dtype_size(u->reduce);
-        record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, u->index, u->reduce, u->padded,
-               (uint32_t)pcs_coll_size(u->ar_comm), u->ar, 0);
+        pcs_rt_record(&rt->recs, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, u->index, u->reduce,
+                      u->padded, (uint32_t)pcs_coll_size(u->ar_comm), u->ar, 0);
         pthread_mutex_unlock(&rt->mu);
         if (st != PCS_OK)
             return wrap_err(st, "all-reduce of unit %u", u->index);
@@ -1501,8 +1389,8 @@ static pcs_status_t world_all_reduce_f32(pcs_runtime_t *rt, pcs_coll_t *c, float
     rt->ar_ms += ms_since(t0);
     rt->ar_bytes += 4;
     pthread_mutex_lock(&rt->mu);
-    record(rt, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, NO_UNIT, PCS_DTYPE_FP32, 1,
-           (uint32_t)pcs_coll_size(c), NULL, 0);
+    pcs_rt_record(&rt->recs, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, NO_UNIT, PCS_DTYPE_FP32, 1,
+                  (uint32_t)pcs_coll_size(c), NULL, 0);
     pthread_mutex_unlock(&rt->mu);
     return st;
 }
@@ -1677,6 +1565,8 @@ out:
     return st;
 }
 
+// ---- barrier, scalars, stats and shards ----
+
 pcs_status_t pcs_runtime_barrier(pcs_runtime_t *rt)
 {
     if (!rt->world_c)
@@ -1708,12 +1598,12 @@ void pcs_runtime_stats(const pcs_runtime_t *rt, pcs_rt_stats_t *s)
 {
     pcs_runtime_t *m = (pcs_runtime_t *)rt;
     /* collective times come from events (waits for the timed collectives to finish) */
-    timing_resolve(m, &m->tp_ag);
-    timing_resolve(m, &m->tp_rs);
+    pcs_rt_timing_resolve(&m->tp_ag, m->ev_ms);
+    pcs_rt_timing_resolve(&m->tp_rs, m->ev_ms);
     pthread_mutex_lock(&m->mu);
-    s->all_gather_ms = rt->ev_ms[T_AG];
-    s->reduce_scatter_ms = rt->ev_ms[T_RS];
-    s->all_reduce_ms = rt->ar_ms + rt->ev_ms[T_AR];
+    s->all_gather_ms = rt->ev_ms[PCS_RT_T_AG];
+    s->reduce_scatter_ms = rt->ev_ms[PCS_RT_T_RS];
+    s->all_reduce_ms = rt->ar_ms + rt->ev_ms[PCS_RT_T_AR];
     s->cast_ms = rt->cast_ms + rt->rs_cast_ms;
     s->optimizer_ms = rt->opt_ms;
     s->unshard_wait_ms = rt->wait_ms;
@@ -1722,10 +1612,10 @@ void pcs_runtime_stats(const pcs_runtime_t *rt, pcs_rt_stats_t *s)
     s->all_gather_bytes = rt->ag_bytes;
     s->reduce_scatter_bytes = rt->rs_bytes;
     s->all_reduce_bytes = rt->ar_bytes;
-    s->n_colls = rt->n_recs;
-    s->colls = rt->recs;
-    s->fingerprint = rt->h_ag ^ ((rt->h_main << 1) | (rt->h_main >> 63));
-    s->audit_ok = rt->audit_ok;
+    s->n_colls = rt->recs.n;
+    s->colls = rt->recs.v;
+    s->fingerprint = pcs_rt_records_fingerprint(&rt->recs);
+    s->audit_ok = rt->recs.audit_ok;
     s->max_unsharded = rt->max_unsharded;
     pthread_mutex_unlock(&m->mu);
 }

@@ -59,6 +59,8 @@ struct pcs_train {
 
     /* step state */
     int sync, training, full_eval;
+    /* M micro-batches per step, b rows per micro-batch, D data-parallel ranks (the sample-order
+     * rule of DESIGN.md §5), dp_rank this rank's place among them, in_dim the model's input width */
     uint32_t M, b, D, dp_rank, in_dim;
     uint32_t depth;         /* units all-gathered ahead (plan.prefetch; 0 = inline) */
     pcs_dtype_t feed_dtype; /* dtype the inputs are fed in (pure low precision: the model's) */
@@ -718,27 +720,21 @@ void pcs_train_scaler_update(const Pcs__V1__GradScalerSpec *g, int found_inf, do
     }
 }
 
+/* Write this rank's checkpoint of `step` (io/checkpoint.h): device shards and buffers copied to
+ * the host in the dtypes the format keeps, handed to the rank-file builder; rank 0 commits and
+ * prunes after every rank has written. */
 static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
 {
     const char *dir = t->spec->checkpoint ? t->spec->checkpoint->dir : NULL;
     if (!dir || !dir[0])
         return PCS_OK;
-    size_t n = t->n_units * 3 + t->n_buffers;
-    pcs_st_entry_t *e = NULL;
-    char(*names)[96] = NULL;
-    uint64_t(*shapes)[1] = NULL;
-    void **conv = NULL, **mconv = NULL;
-    pcs_ckpt_unit_meta_t *um = NULL; /* each unit's own shard/replica indices */
+    pcs_ckpt_rank_file_t *f = NULL;
+    void **host = NULL; /* per unit: master (storage dtype), state a, state b, master dtype;
+                         * then one converted copy per buffer */
+    size_t n_host = t->n_units * 4 + t->n_buffers;
     pcs_status_t st;
-    /* per unit: host copies of master (fp32 storage), state a, state b, master in its dtype */
-    PCS_CHECK_GOTO(pcs_calloc(t->n_units * 4 + 1, sizeof *mconv, (void **)&mconv), st, out);
-    PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, sizeof *e, (void **)&e), st, out);
-    PCS_CHECK_GOTO(pcs_calloc(t->n_units ? t->n_units : 1, sizeof *um, (void **)&um), st, out);
-    PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, sizeof *names, (void **)&names), st, out);
-    PCS_CHECK_GOTO(pcs_calloc(n ? n : 1, sizeof *shapes, (void **)&shapes), st, out);
-    PCS_CHECK_GOTO(pcs_calloc(t->n_buffers ? t->n_buffers : 1, sizeof *conv, (void **)&conv), st,
-                   out);
-    size_t k = 0;
+    PCS_CHECK_GOTO(pcs_ckpt_rank_file_create(t->n_units, t->n_buffers, &f), st, out);
+    PCS_CHECK_GOTO(pcs_calloc(n_host + 1, sizeof *host, (void **)&host), st, out);
     pcs_rt_shard_t sh;
     memset(&sh, 0, sizeof sh);
     const pcs_backend_ops_t *host_be = NULL; /* host-side conversions of the copied shards */
@@ -746,8 +742,7 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
     for (size_t i = 0; i < t->n_units; i++) {
         /* the shard's pointers are backend (device) memory: copy it to host buffers */
         PCS_CHECK_GOTO(pcs_runtime_shard(t->rt, (uint32_t)i, &sh), st, out);
-        um[i] = (pcs_ckpt_unit_meta_t){(uint32_t)i, sh.shard_index, sh.replicate_index};
-        void **h = &mconv[i * 4];
+        void **h = &host[i * 4];
         size_t nb = (sh.numel ? sh.numel : 1) * sizeof(float);
         PCS_CHECK_GOTO(pcs_calloc(1, nb, &h[0]), st, out);
         if (sh.exp_avg || sh.momentum)
@@ -766,25 +761,11 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
                            st, out);
             master = h[3];
         }
-        struct {
-            const char *what;
-            pcs_dtype_t dt;
-            const void *p;
-        } parts[3] = {{"param", sh.master_dtype, master},
-                      {sh.momentum ? "momentum" : "exp_avg", PCS_DTYPE_FP32, h[1]},
-                      {"exp_avg_sq", PCS_DTYPE_FP32, h[2]}};
-        for (int j = 0; j < 3; j++) {
-            if (!parts[j].p)
-                continue;
-            pcs_ckpt_unit_key((uint32_t)i, parts[j].what, names[k], sizeof names[k]);
-            shapes[k][0] = sh.numel;
-            e[k].name = names[k];
-            e[k].dtype = parts[j].dt;
-            e[k].ndim = 1;
-            e[k].shape = shapes[k];
-            e[k].data = parts[j].p;
-            k++;
-        }
+        pcs_ckpt_unit_meta_t um = {(uint32_t)i, sh.shard_index, sh.replicate_index};
+        PCS_CHECK_GOTO(pcs_ckpt_rank_file_add_unit(f, &um, sh.numel, sh.master_dtype, master,
+                                                   sh.momentum ? NULL : h[1], h[2],
+                                                   sh.momentum ? h[1] : NULL),
+                       st, out);
     }
     for (size_t i = 0; i < t->n_buffers; i++) {
         train_buffer_t *b = &t->buffers[i];
@@ -800,23 +781,21 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
         const void *data = b->data;
         if (orig != b->run_dtype && orig != PCS_DTYPE_INT64) {
             /* state_dict gives buffers in their original dtype (spec §1.4) */
-            float *f = NULL;
-            PCS_CHECK_GOTO(pcs_calloc(numel, sizeof(float), (void **)&f), st, out);
-            pcs_to_f32(b->data, b->run_dtype, numel, f);
-            PCS_CHECK_GOTO(pcs_calloc(numel, pcs_dtype_size(orig), &conv[i]), st, out);
-            pcs_from_f32(f, numel, orig, conv[i]);
-            free(f);
-            data = conv[i];
+            void **conv = &host[t->n_units * 4 + i];
+            float *tmp = NULL;
+            PCS_CHECK_GOTO(pcs_calloc(numel, sizeof(float), (void **)&tmp), st, out);
+            pcs_to_f32(b->data, b->run_dtype, numel, tmp);
+            st = pcs_calloc(numel, pcs_dtype_size(orig), conv);
+            if (st == PCS_OK)
+                pcs_from_f32(tmp, numel, orig, *conv);
+            free(tmp);
+            if (st != PCS_OK)
+                goto out;
+            data = *conv;
         }
-        snprintf(names[k], sizeof names[k], "buffer.%s", b->slot->fqn);
-        e[k].name = names[k];
-        e[k].dtype = orig;
-        /* saved flat (all numel elements); export restores the plan's shape */
-        e[k].ndim = b->slot->n_shape ? 1 : 0;
-        shapes[k][0] = numel;
-        e[k].shape = shapes[k];
-        e[k].data = data;
-        k++;
+        PCS_CHECK_GOTO(pcs_ckpt_rank_file_add_buffer(f, b->slot->fqn, orig, numel,
+                                                     b->slot->n_shape == 0, data),
+                       st, out);
     }
     {
         pcs_ckpt_rank_meta_t m;
@@ -831,9 +810,7 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
         m.replicate_index = sh.replicate_index;
         m.plan_hash = t->as->plan_hash;
         m.loss_scale = t->scale;
-        m.units = um;
-        m.n_units = t->n_units;
-        PCS_CHECK_GOTO(pcs_ckpt_write_rank(dir, &m, e, k), st, out);
+        PCS_CHECK_GOTO(pcs_ckpt_rank_file_write(dir, &m, f), st, out);
     }
     PCS_CHECK_GOTO(pcs_runtime_barrier(t->rt), st, out);
     if (t->as->rank == 0) {
@@ -847,18 +824,10 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
               dir);
     st = PCS_OK;
 out:
-    free(um);
-    if (conv)
-        for (size_t i = 0; i < t->n_buffers; i++)
-            free(conv[i]);
-    free(conv);
-    if (mconv)
-        for (size_t i = 0; i < t->n_units * 4; i++)
-            free(mconv[i]);
-    free(mconv);
-    free(e);
-    free(names);
-    free(shapes);
+    pcs_ckpt_rank_file_free(f);
+    for (size_t i = 0; host && i < n_host; i++)
+        free(host[i]);
+    free(host);
     return st;
 }
 

@@ -179,6 +179,88 @@ static void test_export_rebuilds_full_parameters_from_uneven_shards(void **state
     free(dir);
 }
 
+/* The rank-file builder (what pcs-worker writes with): units named and typed as the format says,
+ * optimizer state per unit, buffers flat or 0-d, per-unit indices in the metadata; what it writes
+ * exports to the original parameters. Misuse is an error, never a broken file. */
+static void test_rank_file_builder_writes_what_export_reads(void **state)
+{
+    (void)state;
+    fixture_t f;
+    make_plan(&f);
+    char *dir = pcs_test_tmpdir("ckpt-build");
+    float m[6] = {1, 2, 3, 4, 5, 6}, v[6] = {7, 8, 9, 10, 11, 12}, mom[3] = {-1, -2, -3};
+    uint16_t bn[4] = {0x3f80, 0x4000, 0x4040, 0x4080}; /* bf16 1, 2, 3, 4 */
+    int64_t tracked = 5;
+    for (uint32_t r = 0; r < 2; r++) {
+        pcs_ckpt_rank_file_t *b = NULL;
+        assert_int_equal(pcs_ckpt_rank_file_create(2, 2, &b), PCS_OK);
+        pcs_ckpt_unit_meta_t u0 = {0, r, 0}, u1 = {1, r, 0};
+        assert_int_equal(
+            pcs_ckpt_rank_file_add_unit(b, &u0, 6, PCS_DTYPE_FP32, f.flat0 + r * 6, m, v, NULL),
+            PCS_OK);
+        /* AdamW state and a momentum buffer together is not a unit's state */
+        assert_int_equal(
+            pcs_ckpt_rank_file_add_unit(b, &u1, 3, PCS_DTYPE_FP32, f.flat1 + r * 3, m, NULL, mom),
+            PCS_ERR_INVALID_ARG);
+        assert_int_equal(pcs_ckpt_rank_file_add_unit(b, &u1, 3, PCS_DTYPE_FP32, f.flat1 + r * 3,
+                                                     NULL, NULL, mom),
+                         PCS_OK);
+        assert_int_equal(
+            pcs_ckpt_rank_file_add_unit(b, &u1, 3, PCS_DTYPE_FP32, f.flat1, NULL, NULL, NULL),
+            PCS_ERR_INVALID_ARG); /* a third unit in a file made for two */
+        assert_int_equal(
+            pcs_ckpt_rank_file_add_buffer(b, "enc.norm.running_mean", PCS_DTYPE_BF16, 4, 0, bn),
+            PCS_OK);
+        assert_int_equal(pcs_ckpt_rank_file_add_buffer(b, "enc.norm.num_batches_tracked",
+                                                       PCS_DTYPE_INT64, 1, 1, &tracked),
+                         PCS_OK);
+        assert_int_equal(pcs_ckpt_rank_file_add_buffer(b, "extra", PCS_DTYPE_FP32, 1, 1, &m[0]),
+                         PCS_ERR_INVALID_ARG);
+        pcs_ckpt_rank_meta_t meta;
+        memset(&meta, 0, sizeof meta);
+        meta.job_id = "job-b";
+        meta.step = 4;
+        meta.rank = r;
+        meta.world_size = 2;
+        meta.loss_scale = 1.0;
+        assert_int_equal(pcs_ckpt_rank_file_write(dir, &meta, b), PCS_OK);
+        pcs_ckpt_rank_file_free(b);
+    }
+    char path[1200];
+    snprintf(path, sizeof path, "%s/step-00000004/rank-00001.safetensors", dir);
+    pcs_st_file_t *st = NULL;
+    assert_int_equal(pcs_st_open(path, &st), PCS_OK);
+    const char *want[] = {"unit.0.param",
+                          "unit.0.exp_avg",
+                          "unit.0.exp_avg_sq",
+                          "unit.1.param",
+                          "unit.1.momentum",
+                          "buffer.enc.norm.running_mean",
+                          "buffer.enc.norm.num_batches_tracked"};
+    assert_int_equal(pcs_st_count(st), 7);
+    for (size_t i = 0; i < 7; i++)
+        assert_non_null(pcs_st_find(st, want[i]));
+    assert_int_equal(pcs_st_find(st, "unit.1.momentum")->dtype, PCS_DTYPE_FP32);
+    assert_int_equal(pcs_st_find(st, "buffer.enc.norm.running_mean")->dtype, PCS_DTYPE_BF16);
+    assert_int_equal(pcs_st_find(st, "buffer.enc.norm.running_mean")->ndim, 1);
+    assert_int_equal(pcs_st_find(st, "buffer.enc.norm.num_batches_tracked")->ndim, 0);
+    assert_string_equal(pcs_st_metadata(st, "unit.1.shard_index"), "1");
+    assert_string_equal(pcs_st_metadata(st, "unit.0.replicate_index"), "0");
+    pcs_st_close(st);
+    assert_int_equal(pcs_ckpt_commit(dir, 4, &f.plan), PCS_OK);
+    char out[1200];
+    snprintf(out, sizeof out, "%s/full.safetensors", dir);
+    assert_int_equal(pcs_ckpt_export(dir, 4, out, NULL), PCS_OK);
+    assert_int_equal(pcs_st_open(out, &st), PCS_OK);
+    float got[5];
+    assert_int_equal(pcs_st_read_f32(st, pcs_st_find(st, "c"), 0, 5, got), PCS_OK);
+    for (int i = 0; i < 5; i++)
+        assert_true(got[i] == -1.0f - (float)i);
+    pcs_st_close(st);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
 static void test_export_without_a_complete_checkpoint_is_not_found(void **state)
 {
     (void)state;
@@ -579,6 +661,7 @@ int main(void)
         cmocka_unit_test(test_prune_keeps_the_last_committed_steps_of_this_job),
         cmocka_unit_test(test_an_empty_complete_is_not_a_checkpoint),
         cmocka_unit_test(test_export_uses_per_unit_indices_for_mixed_sharded_and_replicated_units),
+        cmocka_unit_test(test_rank_file_builder_writes_what_export_reads),
     };
     return cmocka_run_group_tests_name("checkpoint", tests, NULL, NULL);
 }
