@@ -1,7 +1,8 @@
-# Warning set of STYLE.md B10; PCS_WERROR turns them into errors (CI does).
-set(PCS_C_WARNINGS -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2
+# Warning set of STYLE.md B10 plus -Wpedantic (ISO C11/C++17, no GNU extensions); PCS_WERROR
+# turns them into errors (CI does).
+set(PCS_C_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wformat=2
     -Wno-unused-parameter)
-set(PCS_CXX_WARNINGS -Wall -Wextra -Wshadow -Wformat=2 -Wno-unused-parameter)
+set(PCS_CXX_WARNINGS -Wall -Wextra -Wpedantic -Wshadow -Wformat=2 -Wno-unused-parameter)
 if(PCS_WERROR)
   list(APPEND PCS_C_WARNINGS -Werror)
   list(APPEND PCS_CXX_WARNINGS -Werror)

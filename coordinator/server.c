@@ -268,11 +268,15 @@ static void h_watch(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
     const Pcs__V1__WatchAssignmentRequest *req = (const void *)m;
     pcs_coord_worker_t *w;
     pcs_status_t st = pcs_coord_lookup_worker(s->coord, req->worker_id, &w);
-    if (st != PCS_OK)
-        return fail_last(call, st);
-    if (w->state == PCS_WORKER_LOST || w->state == PCS_WORKER_GONE)
-        return pcs_rpc_fail(call, PCS_ERR_STATE, "worker %s is %s: re-register", w->id,
-                            pcs_worker_state_name(w->state));
+    if (st != PCS_OK) {
+        fail_last(call, st);
+        return;
+    }
+    if (w->state == PCS_WORKER_LOST || w->state == PCS_WORKER_GONE) {
+        pcs_rpc_fail(call, PCS_ERR_STATE, "worker %s is %s: re-register", w->id,
+                     pcs_worker_state_name(w->state));
+        return;
+    }
     if (w->watch) {
         pcs_rpc_call_t *old = w->watch;
         w->watch = NULL;
@@ -295,12 +299,18 @@ static void h_register(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *us
     REFUSE_IF_STOPPING(s, call);
     const Pcs__V1__RegisterRequest *req = (const void *)m;
     pcs_coord_device_t *devs = NULL;
-    if (req->n_devices > 4096)
-        return pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "devices: more than 4096 entries");
-    if (req->n_backends > 64)
-        return pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "backends: more than 64 entries");
-    if (req->n_devices && pcs_calloc(req->n_devices, sizeof *devs, (void **)&devs) != PCS_OK)
-        return fail_last(call, PCS_ERR_NOMEM);
+    if (req->n_devices > 4096) {
+        pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "devices: more than 4096 entries");
+        return;
+    }
+    if (req->n_backends > 64) {
+        pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "backends: more than 64 entries");
+        return;
+    }
+    if (req->n_devices && pcs_calloc(req->n_devices, sizeof *devs, (void **)&devs) != PCS_OK) {
+        fail_last(call, PCS_ERR_NOMEM);
+        return;
+    }
     for (size_t i = 0; i < req->n_devices; i++) {
         const Pcs__V1__Device *d = req->devices[i];
         devs[i].index = d->index;
@@ -321,8 +331,10 @@ static void h_register(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *us
     bool rereg;
     pcs_status_t st = pcs_coord_register(s->coord, &r, &w, &rereg);
     free(devs);
-    if (st != PCS_OK)
-        return fail_last(call, st);
+    if (st != PCS_OK) {
+        fail_last(call, st);
+        return;
+    }
     const pcs_coord_config_t *cc = pcs_coord_config(s->coord);
     Pcs__V1__RegisterResponse resp = PCS__V1__REGISTER_RESPONSE__INIT;
     resp.worker_id = w->id;
@@ -339,8 +351,10 @@ static void h_heartbeat(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *u
     const Pcs__V1__HeartbeatRequest *req = (const void *)m;
     pcs_coord_worker_t *w;
     pcs_status_t st = pcs_coord_heartbeat(s->coord, req->worker_id, &w);
-    if (st != PCS_OK)
-        return fail_last(call, st);
+    if (st != PCS_OK) {
+        fail_last(call, st);
+        return;
+    }
     Pcs__V1__HeartbeatResponse resp = PCS__V1__HEARTBEAT_RESPONSE__INIT;
     resp.state = (Pcs__V1__WorkerState)w->state;
     resp.lease_ms = pcs_coord_config(s->coord)->lease_ms;
@@ -357,8 +371,10 @@ static void h_deregister(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *
     REFUSE_IF_STOPPING(s, call);
     const Pcs__V1__DeregisterRequest *req = (const void *)m;
     pcs_status_t st = pcs_coord_deregister(s->coord, req->worker_id, req->reason);
-    if (st != PCS_OK)
-        return fail_last(call, st);
+    if (st != PCS_OK) {
+        fail_last(call, st);
+        return;
+    }
     pcs_coord_worker_t *w;
     if (pcs_coord_lookup_worker(s->coord, req->worker_id, &w) == PCS_OK && w->watch) {
         pcs_rpc_call_t *wc = w->watch;
@@ -374,8 +390,10 @@ static void h_report_step(pcs_rpc_call_t *call, const ProtobufCMessage *m, void 
     pcs_server_t *s = user;
     REFUSE_IF_STOPPING(s, call);
     const Pcs__V1__ReportStepRequest *req = (const void *)m;
-    if (!req->report)
-        return pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "report: required");
+    if (!req->report) {
+        pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "report: required");
+        return;
+    }
     const Pcs__V1__StepReport *sr = req->report;
     pcs_coord_report_t r = {.worker_id = req->worker_id,
                             .job_id = req->job_id,
@@ -397,8 +415,10 @@ static void h_report_step(pcs_rpc_call_t *call, const ProtobufCMessage *m, void 
     int dir = 0;
     char reason[512];
     pcs_status_t st = pcs_coord_report_step(s->coord, &r, &dir, reason, sizeof reason);
-    if (st != PCS_OK)
-        return fail_last(call, st);
+    if (st != PCS_OK) {
+        fail_last(call, st);
+        return;
+    }
     Pcs__V1__ReportStepResponse resp = PCS__V1__REPORT_STEP_RESPONSE__INIT;
     Pcs__V1__Directive d = PCS__V1__DIRECTIVE__INIT;
     if (dir) {
@@ -419,8 +439,10 @@ static void h_kv_set(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     const Pcs__V1__KvSetRequest *req = (const void *)m;
     pcs_status_t st = pcs_coord_kv_set(s->coord, req->job_id, req->generation, req->key,
                                        req->value.data, req->value.len);
-    if (st != PCS_OK)
-        return fail_last(call, st);
+    if (st != PCS_OK) {
+        fail_last(call, st);
+        return;
+    }
     Pcs__V1__KvSetResponse resp = PCS__V1__KV_SET_RESPONSE__INIT;
     pcs_rpc_reply(call, &resp.base);
 }
@@ -444,8 +466,10 @@ static void on_kv_wake(void *user, void *waiter, pcs_status_t st, const void *va
 {
     (void)user;
     pcs_rpc_call_t *call = waiter;
-    if (st != PCS_OK)
-        return fail_last(call, st);
+    if (st != PCS_OK) {
+        fail_last(call, st);
+        return;
+    }
     kv_reply(call, value, len);
 }
 
@@ -463,8 +487,10 @@ static void h_kv_get(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     size_t len;
     pcs_status_t st = pcs_coord_kv_get(s->coord, req->job_id, req->generation, req->key, wait, call,
                                        &found, &v, &len);
-    if (st != PCS_OK)
-        return fail_last(call, st);
+    if (st != PCS_OK) {
+        fail_last(call, st);
+        return;
+    }
     if (found == -1) {
         pcs_rpc_call_set_cancel(call, kv_get_cancelled, s);
         return;
@@ -491,20 +517,24 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
         job_pb_free(&jp);
         return;
     }
-    if (strlen(req->request_id) > 256)
-        return pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "request_id: longer than 256 bytes");
+    if (strlen(req->request_id) > 256) {
+        pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "request_id: longer than 256 bytes");
+        return;
+    }
     uint32_t world;
     Pcs__V1__Plan *plan = NULL;
     pcs_status_t st = check_and_plan(req->spec, 0, &world, &plan);
     if (st != PCS_OK) {
         PCS_DEBUG(PCS_SUB_COORD, "SubmitJob rejected: %s", pcs_last_error());
-        return fail_last(call, st);
+        fail_last(call, st);
+        return;
     }
     Pcs__V1__JobSpec *spec;
     st = copy_spec(req->spec, &spec);
     if (st != PCS_OK) {
         pcs_plan_free(plan);
-        return fail_last(call, st);
+        fail_last(call, st);
+        return;
     }
     pcs_mesh_t mesh;
     (void)spec_mesh(spec, &mesh); /* checked by check_and_plan */
@@ -520,8 +550,10 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
                               .plan = plan,
                               .plan_hash = pcs_plan_hash(plan)};
     st = pcs_coord_submit(s->coord, &d, &j); /* takes the payload */
-    if (st != PCS_OK)
-        return fail_last(call, st);
+    if (st != PCS_OK) {
+        fail_last(call, st);
+        return;
+    }
     job_to_pb(s, j, true, &jp);
     resp.job = &jp.job;
     pcs_rpc_reply(call, &resp.base);
@@ -534,8 +566,10 @@ static void h_get_job(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *use
     const Pcs__V1__GetJobRequest *req = (const void *)m;
     pcs_coord_job_t *j;
     pcs_status_t st = pcs_coord_lookup_job(s->coord, req->job_id, &j);
-    if (st != PCS_OK)
-        return fail_last(call, st);
+    if (st != PCS_OK) {
+        fail_last(call, st);
+        return;
+    }
     job_pb_t jp;
     job_to_pb(s, j, true, &jp);
     Pcs__V1__GetJobResponse resp = PCS__V1__GET_JOB_RESPONSE__INIT;
@@ -554,7 +588,8 @@ static void h_list_jobs(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *u
     if (max && (pcs_calloc(max, sizeof *jps, (void **)&jps) != PCS_OK ||
                 pcs_calloc(max, sizeof *ptrs, (void **)&ptrs) != PCS_OK)) {
         free(jps);
-        return fail_last(call, PCS_ERR_NOMEM);
+        fail_last(call, PCS_ERR_NOMEM);
+        return;
     }
     size_t n = 0;
     for (uint32_t i = 1; i <= max; i++) {
@@ -582,8 +617,10 @@ static void h_cancel(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     const Pcs__V1__CancelJobRequest *req = (const void *)m;
     pcs_coord_job_t *j;
     pcs_status_t st = pcs_coord_cancel(s->coord, req->job_id, req->reason, &j);
-    if (st != PCS_OK)
-        return fail_last(call, st);
+    if (st != PCS_OK) {
+        fail_last(call, st);
+        return;
+    }
     job_pb_t jp;
     job_to_pb(s, j, false, &jp);
     Pcs__V1__CancelJobResponse resp = PCS__V1__CANCEL_JOB_RESPONSE__INIT;
@@ -598,16 +635,22 @@ static void h_get_plan(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *us
     const Pcs__V1__GetPlanRequest *req = (const void *)m;
     pcs_coord_job_t *j;
     pcs_status_t st = pcs_coord_lookup_job(s->coord, req->job_id, &j);
-    if (st != PCS_OK)
-        return fail_last(call, st);
+    if (st != PCS_OK) {
+        fail_last(call, st);
+        return;
+    }
     Pcs__V1__Plan *rebuilt = NULL;
     if (!j->plan) {
         /* finished jobs keep only their spec; the planner is pure, so rebuild */
-        if (!j->spec)
-            return pcs_rpc_fail(call, PCS_ERR_NOT_FOUND, "job %s: no spec kept", j->id);
+        if (!j->spec) {
+            pcs_rpc_fail(call, PCS_ERR_NOT_FOUND, "job %s: no spec kept", j->id);
+            return;
+        }
         st = pcs_plan_build(j->spec, j->world_size, &rebuilt);
-        if (st != PCS_OK)
-            return fail_last(call, st);
+        if (st != PCS_OK) {
+            fail_last(call, st);
+            return;
+        }
     }
     Pcs__V1__GetPlanResponse resp = PCS__V1__GET_PLAN_RESPONSE__INIT;
     resp.plan = j->plan ? j->plan : rebuilt;
@@ -619,14 +662,17 @@ static void h_dry_run(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *use
 {
     (void)user;
     const Pcs__V1__DryRunPlanRequest *req = (const void *)m;
-    if (req->world_size > PCS_COORD_MAX_WORLD)
-        return pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "world_size: must be <= %u",
-                            PCS_COORD_MAX_WORLD);
+    if (req->world_size > PCS_COORD_MAX_WORLD) {
+        pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "world_size: must be <= %u", PCS_COORD_MAX_WORLD);
+        return;
+    }
     uint32_t world;
     Pcs__V1__Plan *plan = NULL;
     pcs_status_t st = check_and_plan(req->spec, req->world_size, &world, &plan);
-    if (st != PCS_OK)
-        return fail_last(call, st);
+    if (st != PCS_OK) {
+        fail_last(call, st);
+        return;
+    }
     Pcs__V1__DryRunPlanResponse resp = PCS__V1__DRY_RUN_PLAN_RESPONSE__INIT;
     resp.plan = plan;
     pcs_rpc_reply(call, &resp.base);
@@ -654,7 +700,8 @@ static void h_list_workers(pcs_rpc_call_t *call, const ProtobufCMessage *m, void
         (n_dev && (pcs_calloc(n_dev, sizeof *ds, (void **)&ds) != PCS_OK ||
                    pcs_calloc(n_dev, sizeof *dp, (void **)&dp) != PCS_OK))) {
         free(ws), free(wp), free(ds);
-        return fail_last(call, PCS_ERR_NOMEM);
+        fail_last(call, PCS_ERR_NOMEM);
+        return;
     }
     size_t n = 0, k = 0;
     for (uint32_t i = 1; i <= max; i++) {
@@ -710,8 +757,10 @@ static void h_get_status(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *
                               .config = s->cfg.config};
     char *text = NULL;
     pcs_status_t st = pcs_status_text(s->coord, &info, &text);
-    if (st != PCS_OK)
-        return fail_last(call, st);
+    if (st != PCS_OK) {
+        fail_last(call, st);
+        return;
+    }
     Pcs__V1__GetStatusResponse resp = PCS__V1__GET_STATUS_RESPONSE__INIT;
     resp.version = PCS_VERSION_STRING;
     resp.uptime_ms = info.uptime_ms;
@@ -751,9 +800,11 @@ static void h_health_check(pcs_rpc_call_t *call, const ProtobufCMessage *m, void
 {
     pcs_server_t *s = user;
     const Grpc__Health__V1__HealthCheckRequest *req = (const void *)m;
-    if (!health_known(req->service))
-        return pcs_rpc_fail(call, PCS_ERR_NOT_FOUND, "unknown service %.*s",
-                            pcs_utf8_prefix(req->service, 200), req->service);
+    if (!health_known(req->service)) {
+        pcs_rpc_fail(call, PCS_ERR_NOT_FOUND, "unknown service %.*s",
+                     pcs_utf8_prefix(req->service, 200), req->service);
+        return;
+    }
     Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
     resp.status = health_status(s, 1);
     pcs_rpc_reply(call, &resp.base);
@@ -789,10 +840,11 @@ static void h_health_watch(pcs_rpc_call_t *call, const ProtobufCMessage *m, void
         s->hw_refused++;
         PCS_DEBUG(PCS_SUB_RPC, "Health/Watch from %s refused: %zu streams open",
                   pcs_rpc_call_peer(call), s->n_hw);
-        return pcs_rpc_fail(call, PCS_ERR_LIMIT,
-                            "too many open Health/Watch streams: %zu of max-watch-streams %" PRIu32
-                            " (close one, use Health/Check, or raise --max-watch-streams)",
-                            s->n_hw, s->max_hw);
+        pcs_rpc_fail(call, PCS_ERR_LIMIT,
+                     "too many open Health/Watch streams: %zu of max-watch-streams %" PRIu32
+                     " (close one, use Health/Check, or raise --max-watch-streams)",
+                     s->n_hw, s->max_hw);
+        return;
     }
     /* The health protocol: Watch of an unknown service streams SERVICE_UNKNOWN (not an error). */
     health_send(s, call, known);
