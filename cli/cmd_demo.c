@@ -185,8 +185,14 @@ static int compare_params(const Pcs__V1__JobSpec *spec, const char *exported, co
     for (uint32_t i = 0; i < m->n_params; i++) {
         const char *fqn = m->params[i].fqn;
         const pcs_st_tensor_t *te = pcs_st_find(fe, fqn), *tr = pcs_st_find(fr, fqn);
-        if (!te || !tr || te->numel != tr->numel) {
+        if (!te || !tr) {
             fprintf(stderr, "pcsctl demo: %s missing from %s\n", fqn, !te ? exported : ref);
+            goto out;
+        }
+        if (te->numel != m->params[i].numel || tr->numel != m->params[i].numel) {
+            fprintf(stderr, "pcsctl demo: %s has %llu elements in %s, %llu in %s, the job %llu\n",
+                    fqn, (unsigned long long)te->numel, exported, (unsigned long long)tr->numel,
+                    ref, (unsigned long long)m->params[i].numel);
             goto out;
         }
         free(be);
@@ -232,19 +238,21 @@ static int reference_parity(const char *bindir, const char *dir, const Pcs__V1__
     uint64_t t0 = pcs_now_ms();
     char *json = NULL;
     FILE *f = NULL;
-    if (pcs_pb_to_json(&spec->base, 2, &json) != PCS_OK || !(f = fopen(job, "w")) ||
-        fputs(json, f) < 0 || fclose(f) != 0) {
+    int written = pcs_pb_to_json(&spec->base, 2, &json) == PCS_OK && (f = fopen(job, "w")) &&
+                  fputs(json, f) >= 0;
+    if (f && fclose(f) != 0)
+        written = 0;
+    free(json);
+    if (!written) {
         fprintf(stderr, "pcsctl demo: cannot write %s\n", job);
-        free(json);
         return 1;
     }
-    free(json);
     char *args[] = {bin, job, "--world", ws, "--out", out, "--losses", lpath, NULL};
-    pid_t pid = spawn(args, log);
+    pid_t pid = spawn(args, log), waited = -1;
     int wst = 0;
-    while (pid > 0 && waitpid(pid, &wst, 0) < 0 && errno == EINTR)
+    while (pid > 0 && (waited = waitpid(pid, &wst, 0)) < 0 && errno == EINTR)
         ;
-    if (pid <= 0 || !WIFEXITED(wst) || WEXITSTATUS(wst) != 0) {
+    if (pid <= 0 || waited != pid || !WIFEXITED(wst) || WEXITSTATUS(wst) != 0) {
         fprintf(stderr, "pcsctl demo: the reference run failed (see %s)\n", log);
         return 1;
     }

@@ -663,8 +663,6 @@ static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job
     PCS_CHECK_GOTO(dup_or_empty(d->request_id, &j->request_id), st, fail);
     PCS_CHECK_GOTO(pcs_calloc(world, sizeof *j->rank_worker, (void **)&j->rank_worker), st, fail);
     PCS_CHECK_GOTO(pcs_calloc(world, 1, (void **)&j->rank_done), st, fail);
-    if (*j->request_id)
-        PCS_CHECK_GOTO(pcs_strmap_put(&c->by_request, j->request_id, number), st, fail);
     j->number = number;
     snprintf(j->id, sizeof j->id, "job-%" PRIu32, number);
     j->world_size = world;
@@ -677,6 +675,9 @@ static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job
     PCS_CHECK_GOTO(
         pcs_calloc((size_t)j->fp_stages * FP_RING, sizeof *j->fp_ring, (void **)&j->fp_ring), st,
         fail);
+    /* last: the map borrows j->request_id, which a failure above would free */
+    if (*j->request_id)
+        PCS_CHECK_GOTO(pcs_strmap_put(&c->by_request, j->request_id, number), st, fail);
     j->progress.audit_ok = true;
     c->jobs[number - 1] = j;
     *out = j;

@@ -537,7 +537,13 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
         return;
     }
     pcs_mesh_t mesh;
-    (void)spec_mesh(spec, &mesh); /* checked by check_and_plan */
+    st = spec_mesh(spec, &mesh); /* check_and_plan accepted it */
+    if (st != PCS_OK) {
+        pcs_plan_free(plan);
+        pcs__v1__job_spec__free_unpacked(spec, NULL);
+        fail_last(call, st);
+        return;
+    }
     pcs_coord_job_desc_t d = {.name = spec->name,
                               .request_id = req->request_id,
                               .n_dims = mesh.n,

@@ -280,6 +280,8 @@ fail:
 static pcs_status_t add_entry(pcs_ckpt_rank_file_t *f, const char *a, const char *b, pcs_dtype_t dt,
                               int ndim, uint64_t numel, const void *data)
 {
+    if (f->n == f->cap) /* cannot happen: 3 per unit (AdamW xor momentum) + 1 per buffer */
+        return pcs_set_error(PCS_ERR_INTERNAL, "checkpoint: rank file full at %s%s", a, b);
     size_t len = strlen(a) + strlen(b) + 1;
     PCS_CHECK(pcs_calloc(len, 1, (void **)&f->names[f->n]));
     snprintf(f->names[f->n], len, "%s%s", a, b);

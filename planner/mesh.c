@@ -5,6 +5,7 @@
 #include "planner/mesh.h"
 
 #include <stdbool.h>
+#include <stdio.h>
 #include <string.h>
 
 static const char *dim_name(uint32_t d)
@@ -70,16 +71,22 @@ pcs_status_t pcs_mesh_from_plan(const Pcs__V1__Plan *plan, pcs_mesh_t *out)
 {
     uint32_t dims[PCS_MESH_MAX_DIMS], sizes[PCS_MESH_MAX_DIMS];
     size_t n = plan->n_mesh;
-    bool ok = n >= 1 && n <= PCS_MESH_MAX_DIMS;
-    for (size_t i = 0; ok && i < n; i++) {
-        ok = plan->mesh[i] != NULL;
-        if (ok) {
-            dims[i] = (uint32_t)plan->mesh[i]->dim;
-            sizes[i] = plan->mesh[i]->size;
+    if (n > PCS_MESH_MAX_DIMS)
+        n = PCS_MESH_MAX_DIMS + 1; /* pcs_mesh_init names it */
+    for (size_t i = 0; i < n && i < PCS_MESH_MAX_DIMS; i++) {
+        if (!plan->mesh[i]) {
+            memset(out, 0, sizeof *out);
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: mesh[%zu]: missing", i);
         }
+        dims[i] = (uint32_t)plan->mesh[i]->dim;
+        sizes[i] = plan->mesh[i]->size;
     }
-    if (!ok || pcs_mesh_init((uint32_t)n, dims, sizes, out) != PCS_OK ||
-        out->world != plan->world_size)
+    if (pcs_mesh_init((uint32_t)n, dims, sizes, out) != PCS_OK) {
+        char why[256];
+        snprintf(why, sizeof why, "%s", pcs_last_error());
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: %s", why);
+    }
+    if (out->world != plan->world_size)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: mesh does not match world size %u",
                              plan->world_size);
     return PCS_OK;

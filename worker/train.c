@@ -21,6 +21,7 @@
 #include "pcs/clock.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
+#include "planner/mesh.h"
 #include "planner/plan.h"
 #include "worker/runtime.h"
 
@@ -60,7 +61,8 @@ struct pcs_train {
     /* step state */
     int sync, training, full_eval;
     /* M micro-batches per step, b rows per micro-batch, D data-parallel ranks (the sample-order
-     * rule of DESIGN.md §5), dp_rank this rank's place among them, in_dim the model's input width */
+     * rule of DESIGN.md §5), dp_rank this rank's place among them, in_dim the model's input width
+     */
     uint32_t M, b, D, dp_rank, in_dim;
     uint32_t depth;         /* units all-gathered ahead (plan.prefetch; 0 = inline) */
     pcs_dtype_t feed_dtype; /* dtype the inputs are fed in (pure low precision: the model's) */

@@ -1,5 +1,6 @@
-/* Internal to kernels/: argument validation shared by every backend, the per-backend getters the
- * registry calls, and the host-side coefficient setup of the optimizer updates. Not installed. */
+/* Internal to kernels/: the backends' unchecked element-wise op tables (the front door in
+ * backend.c validates before calling them), the per-backend getters the registry calls, and the
+ * host-side coefficient setup of the optimizer updates. Not installed. */
 #ifndef PCS_KERNELS_INTERNAL_H
 #define PCS_KERNELS_INTERNAL_H
 

@@ -121,8 +121,8 @@ pcs_status_t pcs_nn_get(const char *name, const pcs_nn_ops_t **out);
 /* Context for backend `be` (NULL = "cpu") on stream `s`: looks up pcs_nn_get(be->name) and calls
  * its create. Caller destroys with pcs_nn_destroy(). */
 pcs_status_t pcs_nn_create(const pcs_backend_ops_t *be, pcs_stream_t s, pcs_nn_t **out);
-/* Context of implementation `ops` (from pcs_nn_get) on `be`: PCS_ERR_INVALID_ARG naming both
- * when be is not that implementation's backend. Caller destroys with pcs_nn_destroy(). */
+/* Context of implementation `ops` (from pcs_nn_get) on `be`: PCS_ERR_INVALID_ARG naming the
+ * backend when it is not that implementation's. Caller destroys with pcs_nn_destroy(). */
 pcs_status_t pcs_nn_create_with(const pcs_nn_ops_t *ops, const pcs_backend_ops_t *be,
                                 pcs_stream_t s, pcs_nn_t **out);
 void pcs_nn_destroy(pcs_nn_t *nn);
