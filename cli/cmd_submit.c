@@ -56,9 +56,7 @@ static pcs_status_t read_stdin_job(ProtobufCMessage **out)
     pcs_status_t st = pcs_pb_from_yaml(buf, len, &pcs__v1__job_spec__descriptor, out);
     free(buf);
     if (st != PCS_OK) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", pcs_last_error());
-        pcs_set_error(st, "<stdin>: %s", why);
+        pcs_set_error(st, "<stdin>: %s", pcs_last_error());
     }
     return st;
 }

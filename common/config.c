@@ -423,9 +423,7 @@ pcs_status_t pcs_config_load(const pcs_opt_t *table, size_t n, int argc, char **
     for (size_t i = 0; i < n; i++) {
         st = set_value(c, i, table[i].def, PCS_SRC_DEFAULT, "default");
         if (st != PCS_OK) {
-            char why[512]; /* copy: pcs_last_error() is the buffer pcs_set_error writes */
-            snprintf(why, sizeof why, "%s", pcs_last_error());
-            st = pcs_set_error(PCS_ERR_INTERNAL, "config table bug: %s", why);
+            st = pcs_set_error(PCS_ERR_INTERNAL, "config table bug: %s", pcs_last_error());
             goto fail;
         }
     }

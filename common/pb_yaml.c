@@ -899,9 +899,7 @@ pcs_status_t pcs_pb_from_yaml_file(const char *path, const ProtobufCMessageDescr
     }
     rc = pcs_pb_from_yaml(buf, len, d, out);
     if (rc != PCS_OK) {
-        char why[1024];
-        snprintf(why, sizeof why, "%s", pcs_last_error());
-        pcs_set_error(rc, "%s: %s", path, why);
+        pcs_set_error(rc, "%s: %s", path, pcs_last_error());
     }
 out:
     free(buf);

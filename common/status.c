@@ -57,9 +57,13 @@ void pcs_clear_error(void)
 
 pcs_status_t pcs_set_errorv(pcs_status_t s, const char *fmt, va_list ap)
 {
+    /* Formatted aside first: an argument may be pcs_last_error() itself ("prefix: %s" around
+     * the cause), which vsnprintf must not read while it writes the same buffer. */
+    char buf[sizeof last_error];
     /* errors quote user text and reach clients as gRPC details: never end mid-character */
-    if (vsnprintf(last_error, sizeof last_error, fmt, ap) >= (int)sizeof last_error)
-        pcs_utf8_trim_partial(last_error);
+    if (vsnprintf(buf, sizeof buf, fmt, ap) >= (int)sizeof buf)
+        pcs_utf8_trim_partial(buf);
+    memcpy(last_error, buf, strlen(buf) + 1);
     return s;
 }
 

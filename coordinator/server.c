@@ -130,13 +130,7 @@ static pcs_status_t check_and_plan(const Pcs__V1__JobSpec *spec, uint32_t world_
     *world = mesh.world;
     if (world_override)
         *world = world_override;
-    st = pcs_plan_build(spec, *world, plan);
-    if (st != PCS_OK) {
-        char msg[1024];
-        snprintf(msg, sizeof msg, "%s", pcs_last_error());
-        return pcs_set_error(st, "%s", msg);
-    }
-    return PCS_OK;
+    return pcs_plan_build(spec, *world, plan); /* its error names the field */
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -5,7 +5,6 @@
 #include "planner/mesh.h"
 
 #include <stdbool.h>
-#include <stdio.h>
 #include <string.h>
 
 static const char *dim_name(uint32_t d)
@@ -81,11 +80,8 @@ pcs_status_t pcs_mesh_from_plan(const Pcs__V1__Plan *plan, pcs_mesh_t *out)
         dims[i] = (uint32_t)plan->mesh[i]->dim;
         sizes[i] = plan->mesh[i]->size;
     }
-    if (pcs_mesh_init((uint32_t)n, dims, sizes, out) != PCS_OK) {
-        char why[256];
-        snprintf(why, sizeof why, "%s", pcs_last_error());
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: %s", why);
-    }
+    if (pcs_mesh_init((uint32_t)n, dims, sizes, out) != PCS_OK)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: %s", pcs_last_error());
     if (out->world != plan->world_size)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: mesh does not match world size %u",
                              plan->world_size);

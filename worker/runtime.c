@@ -165,19 +165,17 @@ static double ms_since(uint64_t t0_us)
     return (double)(pcs_now_us() - t0_us) / 1000.0;
 }
 
-/* "<prefix>: <current last error>": pcs_set_error must not read pcs_last_error()'s own buffer
- * while writing it, so the cause is copied first. */
+/* "<prefix>: <current last error>". */
 static pcs_status_t wrap_err(pcs_status_t st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static pcs_status_t wrap_err(pcs_status_t st, const char *fmt, ...)
 {
-    char cause[768], prefix[256];
-    snprintf(cause, sizeof cause, "%s", pcs_last_error());
+    char prefix[256];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
-    return pcs_set_error(st, "%s: %s", prefix, cause);
+    return pcs_set_error(st, "%s: %s", prefix, pcs_last_error());
 }
 
 static pcs_dtype_t dt_or(int v, pcs_dtype_t def)

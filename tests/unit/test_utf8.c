@@ -184,6 +184,31 @@ static void test_sanitize_replaces_only_the_bad_bytes(void **state)
 
 // ---- descriptor walk over decoded messages ----
 
+/* pcs_set_error may take its own last error as an argument: "prefix: %s" around the cause (it
+ * used to format the buffer into itself: "init.from: init.from:  init.safetensors: No such
+ * file"). A long result is cut at a character boundary. */
+static void test_set_error_can_prefix_its_own_last_error(void **state)
+{
+    (void)state;
+    pcs_set_error(PCS_ERR_NOT_FOUND, "open %s: No such file or directory", "init.safetensors");
+    assert_int_equal(pcs_set_error(PCS_ERR_NOT_FOUND, "init.from: %s", pcs_last_error()),
+                     PCS_ERR_NOT_FOUND);
+    assert_string_equal(pcs_last_error(),
+                        "init.from: open init.safetensors: No such file or directory");
+    pcs_set_error(PCS_ERR_INVALID_ARG, "%s", "bad magic");
+    pcs_set_error(PCS_ERR_INVALID_ARG, "data.file: %s: %s", pcs_last_error(), pcs_last_error());
+    assert_string_equal(pcs_last_error(), "data.file: bad magic: bad magic");
+    char big[2000];
+    memset(big, 'a', sizeof big);
+    memcpy(big + 1010, "\xe2\x82\xac", 3); /* a 3-byte character across the 1 KiB limit */
+    big[sizeof big - 1] = '\0';
+    pcs_set_error(PCS_ERR_INVALID_ARG, "%s", big);
+    pcs_set_error(PCS_ERR_INVALID_ARG, "x: %s", pcs_last_error());
+    size_t n = strlen(pcs_last_error());
+    assert_true(n > 1000 && n < 1024);
+    assert_true(pcs_utf8_valid(pcs_last_error(), n));
+}
+
 static void test_message_walk_names_a_top_level_field(void **state)
 {
     (void)state;
@@ -276,6 +301,7 @@ int main(void)
         cmocka_unit_test(test_prefix_never_cuts_a_character),
         cmocka_unit_test(test_trim_partial_drops_only_an_incomplete_tail),
         cmocka_unit_test(test_sanitize_replaces_only_the_bad_bytes),
+        cmocka_unit_test(test_set_error_can_prefix_its_own_last_error),
         cmocka_unit_test(test_message_walk_names_a_top_level_field),
         cmocka_unit_test(test_message_walk_names_repeated_and_nested_fields),
         cmocka_unit_test(test_decoded_wire_bytes_with_bad_utf8_are_refused),

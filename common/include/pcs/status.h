@@ -41,7 +41,9 @@ int pcs_status_to_grpc(pcs_status_t s);
 const char *pcs_last_error(void);
 
 /* Record the cause of an error for pcs_last_error() without logging it, and return `s` so that
- * callers can write `return pcs_set_error(PCS_ERR_INVALID_ARG, "field %s: ...", name);`. */
+ * callers can write `return pcs_set_error(PCS_ERR_INVALID_ARG, "field %s: ...", name);`. An
+ * argument may be pcs_last_error() itself (`pcs_set_error(st, "init.from: %s",
+ * pcs_last_error())` prefixes the cause). */
 pcs_status_t pcs_set_error(pcs_status_t s, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 pcs_status_t pcs_set_errorv(pcs_status_t s, const char *fmt, va_list ap)
