@@ -55,6 +55,8 @@ struct pcs_rpc_call {
     bool ended;           /* the handler finished the call (reply/fail/finish) */
     bool closed;          /* close_tag seen */
     bool cancel_notified; /* on_cancel ran */
+    bool ungated;         /* its output never waits for the gate (pcs_rpc_call_set_ungated) */
+    bool held;            /* output waiting for the gate to open */
     out_msg_t *q_head, *q_tail;
     grpc_byte_buffer *sending; /* message of the in-flight batch */
     grpc_status_code code;
@@ -86,6 +88,8 @@ struct pcs_rpc_server {
     bool started, shutting_down, shutdown_seen, cq_shut, torn_down;
     pcs_rpc_tag_t shutdown_tag;
     pcs_rpc_call_t *live; /* every call object (armed, active, zombie) */
+    bool gate_closed;     /* gated calls' output waits (pcs_rpc_server_gate_close) */
+    bool tick_soon;       /* run tick once the ready events are handled */
 };
 
 static const double lat_bounds_s[PCS_RPC_LAT_BUCKETS - 1] = {
@@ -225,6 +229,10 @@ static void flush(pcs_rpc_call_t *c)
 {
     if (c->send_in_flight || c->closed || c->send_failed || c->status_in_batch || c->status_sent)
         return;
+    if (c->srv->gate_closed && !c->ungated) {
+        c->held = true; /* pcs_rpc_server_gate_open / _fail send it */
+        return;
+    }
     if (c->srv->cq_shut) { /* no new work after the queue is shut down */
         c->send_failed = true;
         return;
@@ -451,6 +459,75 @@ int64_t pcs_rpc_call_remaining_ms(const pcs_rpc_call_t *c)
     gpr_timespec left = gpr_time_sub(d, gpr_now(GPR_CLOCK_MONOTONIC));
     int64_t ms = (int64_t)left.tv_sec * 1000 + left.tv_nsec / 1000000;
     return ms > 0 ? ms : 0;
+}
+
+void pcs_rpc_call_set_ungated(pcs_rpc_call_t *c)
+{
+    if (c)
+        c->ungated = true;
+}
+
+// ---- the gate ----
+
+void pcs_rpc_server_gate_close(pcs_rpc_server_t *s)
+{
+    if (s)
+        s->gate_closed = true;
+}
+
+void pcs_rpc_server_gate_open(pcs_rpc_server_t *s)
+{
+    if (!s)
+        return;
+    s->gate_closed = false;
+    for (pcs_rpc_call_t *c = s->live; c; c = c->next) {
+        if (!c->held)
+            continue;
+        c->held = false;
+        flush(c); /* starts a batch at most: the call stays on the list */
+    }
+}
+
+void pcs_rpc_server_gate_fail(pcs_rpc_server_t *s, pcs_status_t st, const char *fmt, ...)
+{
+    if (!s)
+        return;
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    pcs_utf8_trim_partial(msg);
+    pcs_rpc_call_t *next;
+    for (pcs_rpc_call_t *c = s->live; c; c = next) {
+        next = c->next;
+        if (!c->held)
+            continue;
+        c->held = false;
+        c->ungated = true; /* what it sends now is only the failure */
+        drop_queue(c);     /* nothing it was going to say is durable */
+        if (!c->ended && !c->cancel_notified && c->on_cancel) {
+            /* a stream the handler keeps: it forgets the call first, as when a client leaves */
+            c->cancel_notified = true;
+            c->refs++;
+            c->on_cancel(c, c->cancel_arg);
+            c->refs--;
+        }
+        c->ended = true;
+        c->state = CALL_SEND;
+        c->code = (grpc_status_code)pcs_status_to_grpc(st);
+        grpc_slice_unref(c->status_details);
+        c->status_details = grpc_slice_from_copied_string(msg);
+        c->status_queued = true;
+        flush(c);
+        maybe_free(c);
+    }
+}
+
+void pcs_rpc_server_tick_soon(pcs_rpc_server_t *s)
+{
+    if (s)
+        s->tick_soon = true;
 }
 
 // ---- receiving ----
@@ -742,8 +819,21 @@ pcs_status_t pcs_rpc_server_run(pcs_rpc_server_t *s)
         if (ev.type == GRPC_QUEUE_SHUTDOWN)
             break;
         dispatch(ev);
+        if (s->tick_soon) {
+            /* group commit: handle what is ready now (bounded), then tick once for all of it */
+            for (int k = 0; k < 4096 && ev.type == GRPC_OP_COMPLETE && !s->stop; k++) {
+                ev = grpc_completion_queue_next(s->cq, gpr_time_0(GPR_CLOCK_MONOTONIC), NULL);
+                if (ev.type == GRPC_QUEUE_SHUTDOWN)
+                    break;
+                dispatch(ev);
+            }
+            if (ev.type == GRPC_QUEUE_SHUTDOWN)
+                break;
+            next_tick = 0;
+        }
         now = pcs_now_ms();
         if (now >= next_tick) {
+            s->tick_soon = false; /* this tick is the one asked for */
             if (s->tick)
                 s->tick(s->user, now);
             next_tick = now + (uint64_t)s->tick_ms;

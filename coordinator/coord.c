@@ -319,6 +319,23 @@ static pcs_status_t ensure_slot(void ***arr, size_t *n, size_t *cap, uint32_t nu
     return PCS_OK;
 }
 
+pcs_status_t pcs_coord_reserve_ids(pcs_coord_t *c, uint64_t next_worker, uint64_t next_job)
+{
+    if (next_worker > MAX_RESTORED_NUMBER || next_job > MAX_RESTORED_NUMBER)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "stored id counters %llu / %llu are past %u: not ids this "
+                             "coordinator handed out",
+                             (unsigned long long)next_worker, (unsigned long long)next_job,
+                             MAX_RESTORED_NUMBER);
+    if (next_worker > 1)
+        PCS_CHECK(ensure_slot((void ***)&c->workers, &c->n_workers, &c->cap_workers,
+                              (uint32_t)next_worker - 1));
+    if (next_job > 1)
+        PCS_CHECK(
+            ensure_slot((void ***)&c->jobs, &c->n_jobs, &c->cap_jobs, (uint32_t)next_job - 1));
+    return PCS_OK;
+}
+
 static pcs_status_t dup_or_empty(const char *s, char **out)
 {
     return pcs_strdup(s ? s : "", out);
@@ -822,6 +839,8 @@ pcs_status_t pcs_coord_cancel(pcs_coord_t *c, const char *job_id, const char *re
     pcs_coord_job_t *j;
     PCS_CHECK(pcs_coord_lookup_job(c, job_id, &j));
     *out = j;
+    if (j->state == PCS_JOB_CANCELLED)
+        return PCS_OK; /* idempotent: a retried cancel (after UNAVAILABLE) sees its own result */
     if (pcs_job_state_terminal(j->state))
         return pcs_set_error(PCS_ERR_STATE, "job %s is already %s", j->id,
                              pcs_job_state_name(j->state));

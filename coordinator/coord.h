@@ -232,7 +232,12 @@ pcs_coord_job_t *pcs_coord_job_by_request(pcs_coord_t *c, const char *request_id
 pcs_status_t pcs_coord_submit(pcs_coord_t *c, const pcs_coord_job_desc_t *d, pcs_coord_job_t **out);
 pcs_status_t pcs_coord_lookup_job(pcs_coord_t *c, const char *job_id, pcs_coord_job_t **out);
 pcs_coord_job_t *pcs_coord_job_by_number(pcs_coord_t *c, uint32_t number);
-/* CANCELLED (+ STOP to its workers). A finished job gets PCS_ERR_STATE. */
+/* After a restore: new workers and jobs are numbered from next_worker / next_job on (at least),
+ * so an id is never handed out twice even when its history row is gone. INVALID_ARG for a
+ * counter no coordinator could have reached (a corrupt store). */
+pcs_status_t pcs_coord_reserve_ids(pcs_coord_t *c, uint64_t next_worker, uint64_t next_job);
+/* CANCELLED (+ STOP to its workers). A job already CANCELLED is left as it is (PCS_OK: a retry
+ * sees its own result); one that SUCCEEDED or FAILED gets PCS_ERR_STATE. */
 pcs_status_t pcs_coord_cancel(pcs_coord_t *c, const char *job_id, const char *reason,
                               pcs_coord_job_t **out);
 /* Release a finished job's plan (free_payload(NULL, plan)): history keeps only the spec, from

@@ -40,6 +40,8 @@ static const pcs_opt_t options[] = {
     {"db", PCS_OPT_STRING, "", 0, 0,
      "SQLite file for job history and worker ids (empty: --state-dir, else in memory)"},
     {"state-dir", PCS_OPT_STRING, "", 0, 0, "directory for coordinator.db when --db is empty"},
+    {"store-sync", PCS_OPT_STRING, "full", 0, 0,
+     "full: a reply means the change survives a power loss | normal: a process crash only"},
     {"metrics-listen", PCS_OPT_STRING, "", 0, 0,
      "HTTP /metrics /healthz /readyz on host:port (empty: off; port 0 = any)"},
     {"metrics-port-file", PCS_OPT_STRING, "", 0, 0, "write the bound metrics port to this file"},
@@ -100,6 +102,12 @@ int main(int argc, char **argv)
         }
         pcs_log_set_level((pcs_log_level_t)l);
     }
+    const char *sync = pcs_config_str(cfg, "store-sync");
+    if (strcmp(sync, "full") != 0 && strcmp(sync, "normal") != 0) {
+        fprintf(stderr, "pcs-coordinator: store-sync '%s': expected full or normal\n", sync);
+        pcs_config_free(cfg);
+        return 2;
+    }
     const char *listen = pcs_config_str(cfg, "listen");
     const char *tls_cert = pcs_config_str(cfg, "tls-cert");
     const char *tls_key = pcs_config_str(cfg, "tls-key");
@@ -156,6 +164,8 @@ int main(int argc, char **argv)
                               .kv_max_value_bytes = pcs_config_u32(cfg, "kv-max-value-bytes"),
                               .kv_max_job_bytes = pcs_config_u64(cfg, "kv-max-job-bytes"),
                               .db_path = db,
+                              .store_sync_normal =
+                                  strcmp(pcs_config_str(cfg, "store-sync"), "normal") == 0,
                               .metrics_listen = pcs_config_str(cfg, "metrics-listen"),
                               .metrics_port_file = pcs_config_str(cfg, "metrics-port-file"),
                               .config = cfg,

@@ -39,6 +39,14 @@ typedef struct health_watch {
     int known; /* service name known: status follows the server's state */
 } health_watch_t;
 
+/* Numbers of jobs or workers changed since the last commit (each once). */
+typedef struct dirty_set {
+    uint32_t *list;
+    size_t n, cap;
+    uint8_t *mark; /* by number */
+    size_t mark_cap;
+} dirty_set_t;
+
 struct pcs_server {
     pcs_server_config_t cfg;
     pcs_coord_t *coord;
@@ -56,6 +64,13 @@ struct pcs_server {
     uint64_t hw_refused; /* Watch calls refused at the cap, for /metrics */
     bool restoring;      /* store callbacks off while replaying the store */
     pcs_auth_t *auth;    /* NULL: no token checks */
+    /* Durability (DESIGN.md §8): a state change marks its job/worker dirty and closes the rpc
+     * gate; persist() writes the dirty rows in one transaction and opens the gate after the
+     * COMMIT, so no client or worker hears of a change before it is on disk. */
+    dirty_set_t dirty_jobs, dirty_workers;
+    bool store_failed;     /* the last commit failed: NOT_SERVING until one works */
+    char store_error[512]; /* why, for GetStatus and the replies it fails */
+    uint64_t commits, commit_failures;
 };
 
 static const char *const health_services[] = {"", "pcs.v1.WorkerService", "pcs.v1.JobService",
@@ -68,6 +83,56 @@ static void fail_last(pcs_rpc_call_t *call, pcs_status_t st)
 {
     const char *msg = pcs_last_error();
     pcs_rpc_fail(call, st, "%s", *msg ? msg : pcs_status_str(st));
+}
+
+static bool dirty_add(dirty_set_t *d, uint32_t number)
+{
+    if (number >= d->mark_cap) {
+        size_t cap = d->mark_cap ? d->mark_cap : 64;
+        while (cap <= number)
+            cap *= 2;
+        uint8_t *m = realloc(d->mark, cap);
+        if (!m)
+            return false;
+        memset(m + d->mark_cap, 0, cap - d->mark_cap);
+        d->mark = m;
+        d->mark_cap = cap;
+    }
+    if (d->mark[number])
+        return true;
+    if (pcs_grow((void **)&d->list, &d->cap, d->n + 1, sizeof *d->list) != PCS_OK)
+        return false;
+    d->mark[number] = 1;
+    d->list[d->n++] = number;
+    return true;
+}
+
+static void dirty_clear(dirty_set_t *d)
+{
+    for (size_t i = 0; i < d->n; i++)
+        d->mark[d->list[i]] = 0;
+    d->n = 0;
+}
+
+static void dirty_free(dirty_set_t *d)
+{
+    free(d->list);
+    free(d->mark);
+    memset(d, 0, sizeof *d);
+}
+
+/* A change to remember: from now on replies wait for the commit that holds it, which runs as
+ * soon as the requests ready now are handled (group commit). */
+static void mark_dirty(pcs_server_t *s, dirty_set_t *d, uint32_t number)
+{
+    if (!s->store || s->restoring)
+        return;
+    if (!dirty_add(d, number))
+        PCS_WARN(PCS_SUB_STORE, "out of memory remembering a change to persist");
+    if (s->rpc) {
+        pcs_rpc_server_gate_close(s->rpc);
+        pcs_rpc_server_tick_soon(s->rpc);
+    }
 }
 
 /* New calls during the shutdown grace period get UNAVAILABLE at once. */
@@ -431,6 +496,7 @@ static void h_kv_set(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     pcs_server_t *s = user;
     REFUSE_IF_STOPPING(s, call);
     const Pcs__V1__KvSetRequest *req = (const void *)m;
+    pcs_rpc_call_set_ungated(call); /* rendezvous data is not persisted: nothing to wait for */
     pcs_status_t st = pcs_coord_kv_set(s->coord, req->job_id, req->generation, req->key,
                                        req->value.data, req->value.len);
     if (st != PCS_OK) {
@@ -472,6 +538,7 @@ static void h_kv_get(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     pcs_server_t *s = user;
     REFUSE_IF_STOPPING(s, call);
     const Pcs__V1__KvGetRequest *req = (const void *)m;
+    pcs_rpc_call_set_ungated(call);
     uint32_t wait = req->wait_ms > MAX_KV_WAIT_MS ? MAX_KV_WAIT_MS : req->wait_ms;
     int64_t left = pcs_rpc_call_remaining_ms(call) - 50;
     if (left < (int64_t)wait) /* answer not-found a little before the client gives up */
@@ -747,13 +814,19 @@ static void h_get_status(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *
 {
     (void)m;
     pcs_server_t *s = user;
+    /* the operator's view answers at once, also while the store fails (it says so); it is the
+     * one reply that may show a change not yet committed */
+    pcs_rpc_call_set_ungated(call);
     pcs_coord_counts_t cn;
     pcs_coord_counts(s->coord, &cn);
     pcs_status_info_t info = {.uptime_ms = pcs_now_ms() - s->start_ms,
                               .listen = s->cfg.listen,
                               .port = pcs_server_port(s),
                               .metrics_port = pcs_server_metrics_port(s),
-                              .db_path = s->cfg.db_path,
+                              .db_path = s->store ? s->cfg.db_path : NULL,
+                              .store_error = s->store_failed ? s->store_error : NULL,
+                              .commits = s->commits,
+                              .commit_failures = s->commit_failures,
                               .config = s->cfg.config};
     char *text = NULL;
     pcs_status_t st = pcs_status_text(s->coord, &info, &text);
@@ -792,13 +865,15 @@ static Grpc__Health__V1__HealthCheckResponse__ServingStatus health_status(const 
 {
     if (!known)
         return GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
-    return s->stopping ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
-                       : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
+    return s->stopping || s->store_failed
+               ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING
+               : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING;
 }
 
 static void h_health_check(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
 {
     pcs_server_t *s = user;
+    pcs_rpc_call_set_ungated(call); /* health is answered now, durable state or not */
     const Grpc__Health__V1__HealthCheckRequest *req = (const void *)m;
     if (!health_known(req->service)) {
         pcs_rpc_fail(call, PCS_ERR_NOT_FOUND, "unknown service %.*s",
@@ -817,6 +892,13 @@ static void health_send(pcs_server_t *s, pcs_rpc_call_t *call, int known)
     (void)pcs_rpc_send(call, &resp.base);
 }
 
+/* The serving status changed (a commit failed or works again): every watcher hears it. */
+static void health_changed(pcs_server_t *s)
+{
+    for (size_t i = 0; i < s->n_hw; i++)
+        health_send(s, s->hw[i].call, s->hw[i].known);
+}
+
 static void health_watch_cancelled(pcs_rpc_call_t *call, void *arg)
 {
     pcs_server_t *s = arg;
@@ -831,6 +913,7 @@ static void health_watch_cancelled(pcs_rpc_call_t *call, void *arg)
 static void h_health_watch(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
 {
     pcs_server_t *s = user;
+    pcs_rpc_call_set_ungated(call);
     const Grpc__Health__V1__HealthCheckRequest *req = (const void *)m;
     int known = health_known(req->service);
     /* Each open stream holds a call and its memory until the client leaves: a prober that never
@@ -911,9 +994,7 @@ static const pcs_rpc_method_t methods[] = {
 static void on_worker_new(void *user, const pcs_coord_worker_t *w)
 {
     pcs_server_t *s = user;
-    if (s->store && !s->restoring &&
-        pcs_store_put_worker(s->store, w->number, w->identity, w->host) != PCS_OK)
-        PCS_WARN(PCS_SUB_STORE, "cannot persist worker %s: %s", w->id, pcs_last_error());
+    mark_dirty(s, &s->dirty_workers, w->number);
 }
 
 static void on_job_change(void *user, const pcs_coord_job_t *j)
@@ -921,12 +1002,16 @@ static void on_job_change(void *user, const pcs_coord_job_t *j)
     pcs_server_t *s = user;
     if (pcs_job_state_terminal(j->state) && j->plan) /* history need not hold plans in memory */
         pcs_coord_job_drop_plan(s->coord, (pcs_coord_job_t *)j);
-    if (!s->store || s->restoring)
-        return;
+    mark_dirty(s, &s->dirty_jobs, j->number);
+}
+
+/* The job's row as it is now (into the open transaction). */
+static pcs_status_t put_job(pcs_server_t *s, const pcs_coord_job_t *j)
+{
     uint8_t *buf = NULL;
     size_t n = j->spec ? pcs__v1__job_spec__get_packed_size(j->spec) : 0;
-    if (n && pcs_calloc(n, 1, (void **)&buf) != PCS_OK)
-        return;
+    if (n)
+        PCS_CHECK(pcs_calloc(n, 1, (void **)&buf));
     if (n)
         pcs__v1__job_spec__pack(j->spec, buf);
     /* rank -> worker (and its pid) of a running job, so a restarted coordinator can hold those
@@ -964,10 +1049,72 @@ static void on_job_change(void *user, const pcs_coord_job_t *j)
                          .rank_worker = ranks,
                          .rank_pid = ranks ? ranks + j->world_size : NULL,
                          .n_ranks = ranks ? j->world_size : 0};
-    if (pcs_store_put_job(s->store, &r) != PCS_OK)
-        PCS_WARN(PCS_SUB_STORE, "cannot persist job %s: %s", j->id, pcs_last_error());
+    pcs_status_t st = pcs_store_put_job(s->store, &r);
     free(ranks);
     free(buf);
+    return st;
+}
+
+static void health_changed(pcs_server_t *s);
+
+/* Write every dirty row and the id counters in one transaction and commit. Success opens the
+ * gate (the replies and events that waited go out); failure ends them with UNAVAILABLE, keeps
+ * the rows dirty for the next attempt, and turns health NOT_SERVING until a commit works. */
+static pcs_status_t persist(pcs_server_t *s)
+{
+    if (!s->store || (!s->dirty_jobs.n && !s->dirty_workers.n))
+        return PCS_OK;
+    pcs_status_t st = PCS_OK;
+    for (size_t i = 0; i < s->dirty_workers.n && st == PCS_OK; i++) {
+        const pcs_coord_worker_t *w =
+            pcs_coord_worker_by_number(s->coord, s->dirty_workers.list[i]);
+        if (w)
+            st = pcs_store_put_worker(s->store, w->number, w->identity, w->host);
+    }
+    for (size_t i = 0; i < s->dirty_jobs.n && st == PCS_OK; i++) {
+        const pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, s->dirty_jobs.list[i]);
+        if (j)
+            st = put_job(s, j);
+    }
+    /* ids are never handed out twice, even when history rows are gone */
+    if (st == PCS_OK)
+        st = pcs_store_put_meta(s->store, "next_worker", pcs_coord_max_worker(s->coord) + 1ull);
+    if (st == PCS_OK)
+        st = pcs_store_put_meta(s->store, "next_job", pcs_coord_max_job(s->coord) + 1ull);
+    if (st == PCS_OK)
+        st = pcs_store_flush(s->store);
+    else
+        pcs_store_rollback(s->store);
+    if (st == PCS_OK) {
+        dirty_clear(&s->dirty_jobs);
+        dirty_clear(&s->dirty_workers);
+        s->commits++;
+        if (s->store_failed) {
+            s->store_failed = false;
+            PCS_INFO(PCS_SUB_STORE, "store writes again: serving");
+            health_changed(s);
+        }
+        if (s->rpc)
+            pcs_rpc_server_gate_open(s->rpc);
+        return PCS_OK;
+    }
+    s->commit_failures++;
+    snprintf(s->store_error, sizeof s->store_error, "%s", pcs_last_error());
+    pcs_utf8_trim_partial(s->store_error);
+    if (!s->store_failed) {
+        s->store_failed = true;
+        PCS_WARN(PCS_SUB_STORE,
+                 "cannot persist the coordinator's state (%s): not serving until "
+                 "a commit works; retrying every tick",
+                 s->store_error);
+        health_changed(s);
+    }
+    if (s->rpc)
+        pcs_rpc_server_gate_fail(s->rpc, PCS_ERR_REMOTE,
+                                 "coordinator cannot persist its state (%s); nothing was "
+                                 "acknowledged, retry",
+                                 s->store_error);
+    return st;
 }
 
 static void restore_worker(void *user, uint32_t number, const char *identity, const char *host)
@@ -1085,6 +1232,18 @@ static void publish_metrics(pcs_server_t *s)
     fprintf(f, "# HELP pcs_health_watch_refused_total Health/Watch calls refused at the cap.\n"
                "# TYPE pcs_health_watch_refused_total counter\n");
     metrics_line(f, "pcs_health_watch_refused_total", NULL, (double)s->hw_refused);
+    if (s->store) {
+        fprintf(f,
+                "# HELP pcs_store_ok 1 while the last commit of the state worked (0: replies are "
+                "refused with UNAVAILABLE).\n# TYPE pcs_store_ok gauge\n");
+        metrics_line(f, "pcs_store_ok", NULL, s->store_failed ? 0 : 1);
+        fprintf(f, "# HELP pcs_store_commits_total Commits of the coordinator's state.\n"
+                   "# TYPE pcs_store_commits_total counter\n");
+        metrics_line(f, "pcs_store_commits_total", NULL, (double)s->commits);
+        fprintf(f, "# HELP pcs_store_commit_failures_total Commits that failed (each answered "
+                   "UNAVAILABLE).\n# TYPE pcs_store_commit_failures_total counter\n");
+        metrics_line(f, "pcs_store_commit_failures_total", NULL, (double)s->commit_failures);
+    }
     fprintf(f, "# HELP pcs_workers Workers by state.\n# TYPE pcs_workers gauge\n");
     for (int st = PCS_WORKER_IDLE; st <= PCS_WORKER_GONE; st++) {
         snprintf(lab, sizeof lab, "state=\"%s\"", pcs_worker_state_name((pcs_worker_state_t)st));
@@ -1184,7 +1343,7 @@ static void publish_metrics(pcs_server_t *s)
         free(rows);
     }
     fclose(f);
-    pcs_http_publish(s->http, buf, len, !s->stopping);
+    pcs_http_publish(s->http, buf, len, !s->stopping && !s->store_failed);
     free(buf);
 }
 
@@ -1210,8 +1369,7 @@ static void begin_shutdown(pcs_server_t *s, uint64_t now)
         pcs_rpc_finish(s->hw[i].call);
     }
     s->n_hw = 0;
-    if (s->store)
-        (void)pcs_store_flush(s->store);
+    (void)persist(s); /* what was answered is committed; what cannot be is refused */
     publish_metrics(s);
 }
 
@@ -1226,8 +1384,7 @@ static void tick(void *user, uint64_t now)
         return;
     }
     pcs_coord_tick(s->coord);
-    if (s->store && pcs_store_flush(s->store) != PCS_OK)
-        PCS_WARN(PCS_SUB_STORE, "store flush failed: %s", pcs_last_error());
+    (void)persist(s); /* replies and events of this batch go out after its commit */
     if (now >= s->next_metrics_ms) {
         publish_metrics(s);
         s->next_metrics_ms = now + METRICS_EVERY_MS;
@@ -1279,21 +1436,29 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
                              .on_worker_new = on_worker_new};
     PCS_CHECK_GOTO(pcs_coord_create(&cc, &s->coord), st, fail);
     if (cfg->db_path && *cfg->db_path && strcmp(cfg->db_path, ":memory:") != 0) {
-        PCS_CHECK_GOTO(pcs_store_open(cfg->db_path, &s->store), st, fail);
+        PCS_CHECK_GOTO(pcs_store_open(cfg->db_path, !cfg->store_sync_normal, &s->store), st, fail);
         s->restoring = true;
         st = pcs_store_load(s->store, restore_worker, restore_job, s);
+        uint64_t next_worker = 0, next_job = 0;
+        if (st == PCS_OK)
+            st = pcs_store_get_meta(s->store, "next_worker", &next_worker);
+        if (st == PCS_OK)
+            st = pcs_store_get_meta(s->store, "next_job", &next_job);
+        if (st == PCS_OK)
+            st = pcs_coord_reserve_ids(s->coord, next_worker, next_job);
         s->restoring = false;
         if (st != PCS_OK)
             goto fail;
-        /* jobs that were running are now FAILED: persist that */
-        for (uint32_t i = 1; i <= pcs_coord_max_job(s->coord); i++) {
-            pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, i);
-            if (j)
-                on_job_change(s, j);
-        }
-        PCS_CHECK_GOTO(pcs_store_flush(s->store), st, fail);
-        PCS_INFO(PCS_SUB_STORE, "restored %" PRIu32 " worker ids and %" PRIu32 " jobs from %s",
-                 pcs_coord_max_worker(s->coord), pcs_coord_max_job(s->coord), cfg->db_path);
+        /* restored jobs may have changed (running ones without a plan are FAILED now): write
+         * them all back; a store that cannot be written (a full disk) does not stop the start,
+         * the coordinator comes up NOT_SERVING and retries every tick */
+        for (uint32_t i = 1; i <= pcs_coord_max_job(s->coord); i++)
+            if (pcs_coord_job_by_number(s->coord, i))
+                mark_dirty(s, &s->dirty_jobs, i);
+        (void)persist(s);
+        PCS_INFO(PCS_SUB_STORE, "restored %" PRIu32 " worker ids and %" PRIu32 " jobs from %s%s",
+                 pcs_coord_max_worker(s->coord), pcs_coord_max_job(s->coord), cfg->db_path,
+                 s->store_failed ? " (not writable now: NOT_SERVING until it is)" : "");
     }
     pcs_rpc_server_config_t rc = {.listen = cfg->listen,
                                   .methods = methods,
@@ -1352,6 +1517,8 @@ void pcs_server_destroy(pcs_server_t *s)
     pcs_coord_destroy(s->coord);
     pcs_store_close(s->store);
     pcs_auth_free(s->auth);
+    dirty_free(&s->dirty_jobs);
+    dirty_free(&s->dirty_workers);
     free(s->hw);
     free(s);
 }

@@ -4,6 +4,7 @@
 #ifndef PCS_COORD_SERVER_H
 #define PCS_COORD_SERVER_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -25,6 +26,8 @@ typedef struct pcs_server_config {
     uint32_t kv_max_value_bytes;
     uint64_t kv_max_job_bytes;
     const char *db_path;           /* SQLite file; NULL, "" or ":memory:" = no persistence */
+    bool store_sync_normal;        /* synchronous=NORMAL (durable across a process crash only)
+                                    * instead of FULL (across a power loss) */
     const char *metrics_listen;    /* "127.0.0.1:9090"; NULL or "" = no HTTP endpoint */
     const char *metrics_port_file; /* written with the bound metrics port (may be NULL) */
     const pcs_config_t *config;    /* borrowed, for GetStatus "# Config" (may be NULL) */
@@ -58,6 +61,8 @@ typedef struct pcs_status_info {
     int port;
     int metrics_port;
     const char *db_path;
+    const char *store_error; /* why the last commit failed; NULL or "" when it worked */
+    uint64_t commits, commit_failures;
     const pcs_config_t *config; /* may be NULL */
 } pcs_status_info_t;
 

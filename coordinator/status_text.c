@@ -29,6 +29,14 @@ pcs_status_t pcs_status_text(pcs_coord_t *c, const pcs_status_info_t *info, char
     fprintf(f, "port:%d\n", info->port);
     fprintf(f, "metrics_port:%d\n", info->metrics_port);
     fprintf(f, "db:%s\n", info->db_path && *info->db_path ? info->db_path : ":memory:");
+    if (info->db_path && *info->db_path) {
+        int ok = !info->store_error || !*info->store_error;
+        fprintf(f, "store_ok:%d\n", ok);
+        if (!ok)
+            fprintf(f, "store_error:%s\n", info->store_error);
+        fprintf(f, "store_commits:%" PRIu64 "\n", info->commits);
+        fprintf(f, "store_commit_failures:%" PRIu64 "\n", info->commit_failures);
+    }
     fprintf(f, "heartbeat_interval_ms:%" PRIu32 "\n", cc->heartbeat_interval_ms);
     fprintf(f, "lease_ms:%" PRIu32 "\n", cc->lease_ms);
 

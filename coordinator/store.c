@@ -1,6 +1,9 @@
 /* SQLite (WAL) persistence of job history and worker identities (see store.h). Writes join one
- * open transaction that the loop commits each tick, so a burst of registrations costs one fsync
- * instead of one each; synchronous=NORMAL is durable across process crashes in WAL mode. */
+ * open transaction that the loop commits once per batch of requests (group commit), so a burst of
+ * registrations costs one fsync instead of one each. synchronous=FULL (the default) makes every
+ * commit durable across a power loss or a node crash, not only a crash of the process (NORMAL in
+ * WAL mode): a coordinator acknowledges only what is committed, and on Kubernetes the node may go
+ * as well as the pod. */
 #include "coordinator/store.h"
 
 #include <sqlite3.h>
@@ -13,14 +16,13 @@
 
 struct pcs_store {
     sqlite3 *db;
-    sqlite3_stmt *put_worker, *put_job;
+    sqlite3_stmt *put_worker, *put_job, *put_meta;
     bool in_tx;
     char *path;
 };
 
 static const char *const schema =
-    "PRAGMA journal_mode=WAL;"
-    "PRAGMA synchronous=NORMAL;"
+    "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value INTEGER NOT NULL);"
     "CREATE TABLE IF NOT EXISTS workers(number INTEGER PRIMARY KEY, identity TEXT NOT NULL UNIQUE,"
     " host TEXT NOT NULL DEFAULT '');"
     "CREATE TABLE IF NOT EXISTS jobs(number INTEGER PRIMARY KEY, name TEXT NOT NULL DEFAULT '',"
@@ -49,7 +51,7 @@ static pcs_status_t db_error(pcs_store_t *s, const char *what)
                          sqlite3_errmsg(s->db));
 }
 
-pcs_status_t pcs_store_open(const char *path, pcs_store_t **out)
+pcs_status_t pcs_store_open(const char *path, bool sync_full, pcs_store_t **out)
 {
     *out = NULL;
     pcs_store_t *s;
@@ -63,6 +65,14 @@ pcs_status_t pcs_store_open(const char *path, pcs_store_t **out)
     }
     sqlite3_busy_timeout(s->db, 2000);
     char *err = NULL;
+    /* WAL is a property of the file: a database that is already in WAL mode keeps it even when
+     * this cannot write (a full disk after a crash), and the coordinator still starts */
+    (void)sqlite3_exec(s->db, "PRAGMA journal_mode=WAL", NULL, NULL, NULL);
+    if (sqlite3_exec(s->db, sync_full ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL",
+                     NULL, NULL, NULL) != SQLITE_OK) {
+        st = db_error(s, "synchronous");
+        goto fail;
+    }
     if (sqlite3_exec(s->db, schema, NULL, NULL, &err) != SQLITE_OK) {
         st = pcs_set_error(PCS_ERR_SYSTEM, "store %s: schema: %s", path, err ? err : "?");
         sqlite3_free(err);
@@ -86,7 +96,9 @@ pcs_status_t pcs_store_open(const char *path, pcs_store_t **out)
                            "INSERT OR REPLACE INTO jobs(number, name, request_id, state, reason,"
                            " created_ms, started_ms, finished_ms, generation, plan_hash,"
                            " world_size, spec, ranks) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                           -1, &s->put_job, NULL) != SQLITE_OK) {
+                           -1, &s->put_job, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO meta(key, value) VALUES(?,?)", -1,
+                           &s->put_meta, NULL) != SQLITE_OK) {
         st = db_error(s, "prepare");
         goto fail;
     }
@@ -103,9 +115,23 @@ pcs_status_t pcs_store_flush(pcs_store_t *s)
     if (!s || !s->in_tx)
         return PCS_OK;
     s->in_tx = false;
-    if (sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) != SQLITE_OK)
-        return db_error(s, "commit");
-    return PCS_OK;
+    if (sqlite3_exec(s->db, "COMMIT", NULL, NULL, NULL) == SQLITE_OK)
+        return PCS_OK;
+    pcs_status_t st = db_error(s, "commit");
+    /* SQLite may have rolled the transaction back (a full disk) or kept it open (busy): end it
+     * either way, so the caller's next attempt starts clean and writes every row again */
+    if (!sqlite3_get_autocommit(s->db))
+        (void)sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
+    return st;
+}
+
+void pcs_store_rollback(pcs_store_t *s)
+{
+    if (!s || !s->in_tx)
+        return;
+    s->in_tx = false;
+    if (!sqlite3_get_autocommit(s->db))
+        (void)sqlite3_exec(s->db, "ROLLBACK", NULL, NULL, NULL);
 }
 
 void pcs_store_close(pcs_store_t *s)
@@ -116,6 +142,7 @@ void pcs_store_close(pcs_store_t *s)
         (void)pcs_store_flush(s);
     sqlite3_finalize(s->put_worker);
     sqlite3_finalize(s->put_job);
+    sqlite3_finalize(s->put_meta);
     sqlite3_close(s->db);
     free(s->path);
     free(s);
@@ -138,6 +165,31 @@ static pcs_status_t step(pcs_store_t *s, sqlite3_stmt *q, const char *what)
     sqlite3_reset(q);
     sqlite3_clear_bindings(q);
     return st;
+}
+
+pcs_status_t pcs_store_put_meta(pcs_store_t *s, const char *key, uint64_t value)
+{
+    PCS_CHECK(begin(s));
+    sqlite3_bind_text(s->put_meta, 1, key, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(s->put_meta, 2, (sqlite3_int64)value);
+    return step(s, s->put_meta, "put meta");
+}
+
+pcs_status_t pcs_store_get_meta(pcs_store_t *s, const char *key, uint64_t *value)
+{
+    *value = 0;
+    sqlite3_stmt *q = NULL;
+    if (sqlite3_prepare_v2(s->db, "SELECT value FROM meta WHERE key = ?", -1, &q, NULL) !=
+        SQLITE_OK)
+        return db_error(s, "get meta");
+    sqlite3_bind_text(q, 1, key, -1, SQLITE_TRANSIENT);
+    int rc = sqlite3_step(q);
+    if (rc == SQLITE_ROW)
+        *value = (uint64_t)sqlite3_column_int64(q, 0);
+    sqlite3_finalize(q);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
+        return db_error(s, "get meta");
+    return PCS_OK;
 }
 
 pcs_status_t pcs_store_put_worker(pcs_store_t *s, uint32_t number, const char *identity,

@@ -1,11 +1,13 @@
 /* SQLite (WAL) persistence of the coordinator: job history (spec bytes, state, timestamps,
- * reason, request id, rank -> worker map) and worker identity -> id numbers, so a restarted
- * coordinator keeps ids and history. Writes are batched: put_* statements join one open transaction
- * that pcs_store_flush() commits from the loop's tick, so no RPC waits on an fsync. Heartbeats are
- * never persisted. Single-threaded (the RPC loop). */
+ * reason, request id, rank -> worker map), worker identity -> id numbers and the id counters, so
+ * a restarted coordinator keeps ids and history. Writes are batched: put_* statements join one
+ * open transaction that pcs_store_flush() commits (the coordinator does it once per batch of
+ * requests and answers them after it). Heartbeats are never persisted. Single-threaded (the RPC
+ * loop). */
 #ifndef PCS_COORD_STORE_H
 #define PCS_COORD_STORE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,15 +34,24 @@ typedef struct pcs_store_job {
     uint32_t n_ranks;
 } pcs_store_job_t;
 
-/* Open (creating tables) the database at `path`. Errors: PCS_ERR_SYSTEM naming the file. */
-pcs_status_t pcs_store_open(const char *path, pcs_store_t **out);
+/* Open (creating tables) the database at `path`; sync_full: synchronous=FULL (every commit
+ * durable across a power loss), else NORMAL (across a crash of the process). A database that
+ * cannot be written now (a full disk) still opens when its tables exist. Errors: PCS_ERR_SYSTEM
+ * naming the file. */
+pcs_status_t pcs_store_open(const char *path, bool sync_full, pcs_store_t **out);
 /* Commits pending writes. NULL is fine. */
 void pcs_store_close(pcs_store_t *s);
 pcs_status_t pcs_store_put_worker(pcs_store_t *s, uint32_t number, const char *identity,
                                   const char *host);
 pcs_status_t pcs_store_put_job(pcs_store_t *s, const pcs_store_job_t *j);
-/* Commit the open transaction (if any). */
+/* Commit the open transaction (if any). On failure the transaction is gone (rolled back), the
+ * error names the file and SQLite's reason, and the caller writes its rows again. */
 pcs_status_t pcs_store_flush(pcs_store_t *s);
+/* Drop the open transaction (a put failed half way). */
+void pcs_store_rollback(pcs_store_t *s);
+/* A named counter (the coordinator's next ids), in the open transaction / read now. */
+pcs_status_t pcs_store_put_meta(pcs_store_t *s, const char *key, uint64_t value);
+pcs_status_t pcs_store_get_meta(pcs_store_t *s, const char *key, uint64_t *value);
 /* Call on_worker / on_job for every stored row (workers first, by number). Pointers passed to
  * the callbacks are valid during the call only. */
 pcs_status_t pcs_store_load(pcs_store_t *s,

@@ -24,3 +24,8 @@ add_dependencies(test_tls pcs-coordinator pcsctl)
 pcs_add_test(NAME test_tokens SOURCES integration/test_tokens.c LIBS pcs_base LABELS integration
              TIMEOUT 120)
 add_dependencies(test_tokens pcs-coordinator pcsctl pcs-worker)
+# Nothing acknowledged is lost: SIGKILL during submit and cancel bursts, a full state disk (a
+# tmpfs; root only, skipped otherwise).
+pcs_add_test(NAME test_durability SOURCES integration/test_durability.c
+             LIBS pcs_common Threads::Threads LABELS integration TIMEOUT 300)
+add_dependencies(test_durability pcs-coordinator)

@@ -544,7 +544,9 @@ static void test_reregister_from_new_pid_fails_running_job_but_same_pid_keeps_it
     assert_ptr_equal(worker(f, 1)->job, next);
 }
 
-static void test_cancel_sends_stop_and_second_cancel_is_state_error(void **state)
+/* A second cancel is idempotent (a client that got UNAVAILABLE retries and must see its own
+ * result, not an error); no second STOP is queued. */
+static void test_cancel_sends_stop_and_second_cancel_is_idempotent(void **state)
 {
     fixture_t *f = *state;
     reg_n(f, 2);
@@ -559,8 +561,10 @@ static void test_cancel_sends_stop_and_second_cancel_is_state_error(void **state
     assert_int_equal(e.kind, PCS_EV_STOP);
     assert_int_equal(e.seq, 2);
     assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
-    assert_int_equal(pcs_coord_cancel(f->c, "job-1", NULL, &out), PCS_ERR_STATE);
-    assert_string_equal(pcs_last_error(), "job job-1 is already CANCELLED");
+    assert_int_equal(pcs_coord_cancel(f->c, "job-1", "again", &out), PCS_OK);
+    assert_ptr_equal(out, j);
+    assert_string_equal(j->reason, "cancelled: user request"); /* the first cancel's */
+    assert_false(pcs_coord_pop_event(f->c, worker(f, 1), &e));
     /* a pending job can be cancelled too */
     pcs_coord_job_t *p = submit_shard(f, 5, NULL);
     assert_int_equal(pcs_coord_cancel(f->c, p->id, NULL, &out), PCS_OK);
@@ -651,6 +655,10 @@ static void test_reports_done_from_all_ranks_succeed_the_job(void **state)
     assert_int_equal(j->state, PCS_JOB_RUNNING);
     r.worker_id = "w-1", r.rank = 0;
     assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(j->state, PCS_JOB_SUCCEEDED);
+    pcs_coord_job_t *out = NULL; /* a finished job cannot be cancelled */
+    assert_int_equal(pcs_coord_cancel(f->c, "job-1", NULL, &out), PCS_ERR_STATE);
+    assert_string_equal(pcs_last_error(), "job job-1 is already SUCCEEDED");
     assert_int_equal(j->state, PCS_JOB_SUCCEEDED);
     assert_int_equal(j->progress.reports, 4);
     assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
@@ -1255,7 +1263,7 @@ int main(void)
         T(test_lost_worker_fails_running_job_naming_worker_and_rank),
         T(test_deregistered_worker_fails_its_running_job),
         T(test_reregister_from_new_pid_fails_running_job_but_same_pid_keeps_it),
-        T(test_cancel_sends_stop_and_second_cancel_is_state_error),
+        T(test_cancel_sends_stop_and_second_cancel_is_idempotent),
         T(test_freed_workers_start_the_next_pending_job),
         T(test_watch_started_requeues_current_assignment_once),
         T(test_event_queue_drops_oldest_when_full),

@@ -56,7 +56,7 @@ static void test_rank_map_round_trips_through_the_database(void **state)
     (void)state;
     char *dir, *path = db_path(&dir);
     pcs_store_t *s;
-    assert_int_equal(pcs_store_open(path, &s), PCS_OK);
+    assert_int_equal(pcs_store_open(path, true, &s), PCS_OK);
     uint32_t workers[3] = {7, 3, 0x01020304}, pids[3] = {4242, 0, 0xfffffffe};
     pcs_store_job_t running = {.number = 1,
                                .name = "run",
@@ -71,7 +71,7 @@ static void test_rank_map_round_trips_through_the_database(void **state)
     assert_int_equal(pcs_store_put_job(s, &pending), PCS_OK);
     pcs_store_close(s); /* commits */
 
-    assert_int_equal(pcs_store_open(path, &s), PCS_OK);
+    assert_int_equal(pcs_store_open(path, true, &s), PCS_OK);
     loaded_t l = {0};
     assert_int_equal(pcs_store_load(s, on_worker, on_job, &l), PCS_OK);
     assert_int_equal(l.n_jobs, 2);
@@ -87,7 +87,7 @@ static void test_rank_map_round_trips_through_the_database(void **state)
     running.n_ranks = 0;
     assert_int_equal(pcs_store_put_job(s, &running), PCS_OK);
     pcs_store_close(s);
-    assert_int_equal(pcs_store_open(path, &s), PCS_OK);
+    assert_int_equal(pcs_store_open(path, true, &s), PCS_OK);
     memset(&l, 0, sizeof l);
     assert_int_equal(pcs_store_load(s, on_worker, on_job, &l), PCS_OK);
     assert_int_equal(l.n_ranks[0], 0);
@@ -119,7 +119,7 @@ static void test_database_without_ranks_column_is_upgraded_in_place(void **state
         SQLITE_OK);
     sqlite3_close(db);
     pcs_store_t *s;
-    assert_int_equal(pcs_store_open(path, &s), PCS_OK);
+    assert_int_equal(pcs_store_open(path, true, &s), PCS_OK);
     loaded_t l = {0};
     assert_int_equal(pcs_store_load(s, on_worker, on_job, &l), PCS_OK);
     assert_int_equal(l.n_jobs, 1);
@@ -135,7 +135,7 @@ static void test_database_without_ranks_column_is_upgraded_in_place(void **state
                          .n_ranks = 2};
     assert_int_equal(pcs_store_put_job(s, &j), PCS_OK);
     pcs_store_close(s);
-    assert_int_equal(pcs_store_open(path, &s), PCS_OK); /* the second open finds the column */
+    assert_int_equal(pcs_store_open(path, true, &s), PCS_OK); /* the second open finds the column */
     memset(&l, 0, sizeof l);
     assert_int_equal(pcs_store_load(s, on_worker, on_job, &l), PCS_OK);
     assert_int_equal(l.n_ranks[0], 2);
@@ -152,7 +152,7 @@ static void test_rank_map_not_matching_the_world_size_is_not_handed_back(void **
     (void)state;
     char *dir, *path = db_path(&dir);
     pcs_store_t *s;
-    assert_int_equal(pcs_store_open(path, &s), PCS_OK);
+    assert_int_equal(pcs_store_open(path, true, &s), PCS_OK);
     uint32_t workers[2] = {1, 2};
     pcs_store_job_t j = {.number = 1,
                          .name = "j",
@@ -167,7 +167,7 @@ static void test_rank_map_not_matching_the_world_size_is_not_handed_back(void **
     assert_int_equal(sqlite3_exec(db, "UPDATE jobs SET world_size = 3", NULL, NULL, NULL),
                      SQLITE_OK);
     sqlite3_close(db);
-    assert_int_equal(pcs_store_open(path, &s), PCS_OK);
+    assert_int_equal(pcs_store_open(path, true, &s), PCS_OK);
     loaded_t l = {0};
     assert_int_equal(pcs_store_load(s, on_worker, on_job, &l), PCS_OK);
     assert_int_equal(l.n_jobs, 1);

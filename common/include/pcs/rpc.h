@@ -182,6 +182,22 @@ pcs_status_t pcs_rpc_server_run(pcs_rpc_server_t *s);
 void pcs_rpc_server_stop(pcs_rpc_server_t *s);
 void pcs_rpc_server_destroy(pcs_rpc_server_t *s);
 
+/* The gate: a server whose replies must wait for something (the coordinator's state to be
+ * durable) closes it; from then on everything a gated call would send (replies, stream messages,
+ * statuses) is held, in order, until pcs_rpc_server_gate_open() sends it, or
+ * pcs_rpc_server_gate_fail() replaces it: every held call then ends with `st` and the message
+ * (a stream the handler still keeps gets its on_cancel first, as when a client leaves, and ends).
+ * Calls marked with pcs_rpc_call_set_ungated() (health, rendezvous) are never held. Open and
+ * fail leave calls that hold nothing alone. Loop thread only. */
+void pcs_rpc_server_gate_close(pcs_rpc_server_t *s);
+void pcs_rpc_server_gate_open(pcs_rpc_server_t *s);
+void pcs_rpc_server_gate_fail(pcs_rpc_server_t *s, pcs_status_t st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void pcs_rpc_call_set_ungated(pcs_rpc_call_t *call);
+/* Run tick as soon as the events ready now are handled (at most a few thousand more), instead of
+ * at the next tick_ms: group commit of the requests that arrived together. Loop thread only. */
+void pcs_rpc_server_tick_soon(pcs_rpc_server_t *s);
+
 /* Unary: end the call with OK and `resp` (packed before return; borrowed). */
 pcs_status_t pcs_rpc_reply(pcs_rpc_call_t *call, const ProtobufCMessage *resp);
 /* Unary or streaming: end the call with the gRPC code of `st` and a message (the details). */
