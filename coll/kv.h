@@ -53,6 +53,11 @@ pcs_status_t pcs_kv_file_create(const char *dir, pcs_kv_t **out);
  * makes its own RPC client. */
 pcs_status_t pcs_kv_coord_create(const char *target, const char *job_id, uint64_t generation,
                                  int rpc_timeout_ms, pcs_kv_t **out);
+/* Same over a client the caller owns (borrowed: it must outlive the store), so a worker's KV
+ * calls share its channel, its credentials and its reconnect settings. */
+struct pcs_rpc_client;
+pcs_status_t pcs_kv_coord_create_on(struct pcs_rpc_client *client, const char *job_id,
+                                    uint64_t generation, int rpc_timeout_ms, pcs_kv_t **out);
 
 #ifdef __cplusplus
 }

@@ -2,6 +2,7 @@
  * generation) so that a restarted job never reads the previous generation's addresses. Long
  * waits are split into bounded KvGet calls, so a coordinator restart costs one RPC, not a hang.
  * The only RPC code of the collectives layer; it goes through common/include/pcs/rpc.h. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,6 +16,7 @@
 typedef struct kv_coord {
     pcs_kv_t base;
     pcs_rpc_client_t *client;
+    bool own_client; /* made here (pcs_kv_coord_create), not borrowed */
     char *job_id;
     uint64_t generation;
     int rpc_timeout_ms;
@@ -91,17 +93,18 @@ static pcs_status_t coord_get(pcs_kv_t *kv, const char *key, int wait_ms, void *
 static void coord_destroy(pcs_kv_t *kv)
 {
     kv_coord_t *c = (kv_coord_t *)kv;
-    pcs_rpc_client_destroy(c->client);
+    if (c->own_client)
+        pcs_rpc_client_destroy(c->client);
     free(c->job_id);
     free(c);
 }
 
 static const pcs_kv_ops_t coord_ops = {"coord", coord_set, coord_get, coord_destroy};
 
-pcs_status_t pcs_kv_coord_create(const char *target, const char *job_id, uint64_t generation,
-                                 int rpc_timeout_ms, pcs_kv_t **out)
+static pcs_status_t kv_coord_new(pcs_rpc_client_t *client, const char *target, const char *job_id,
+                                 uint64_t generation, int rpc_timeout_ms, pcs_kv_t **out)
 {
-    if (!target || !target[0] || !job_id || !out)
+    if ((!client && (!target || !target[0])) || !job_id || !out)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "kv coord: NULL target, job id or out");
     pcs_status_t rc;
     kv_coord_t *c = NULL;
@@ -110,11 +113,30 @@ pcs_status_t pcs_kv_coord_create(const char *target, const char *job_id, uint64_
     c->generation = generation;
     c->rpc_timeout_ms = rpc_timeout_ms > 0 ? rpc_timeout_ms : 5000;
     PCS_CHECK_GOTO(pcs_strdup(job_id, &c->job_id), rc, fail);
-    PCS_CHECK_GOTO(pcs_rpc_client_create(target, &c->client), rc, fail);
+    if (client) {
+        c->client = client;
+    } else {
+        PCS_CHECK_GOTO(pcs_rpc_client_create(target, &c->client), rc, fail);
+        c->own_client = true;
+    }
     *out = &c->base;
     return PCS_OK;
 fail:
     free(c->job_id);
     free(c);
     return rc;
+}
+
+pcs_status_t pcs_kv_coord_create(const char *target, const char *job_id, uint64_t generation,
+                                 int rpc_timeout_ms, pcs_kv_t **out)
+{
+    return kv_coord_new(NULL, target, job_id, generation, rpc_timeout_ms, out);
+}
+
+pcs_status_t pcs_kv_coord_create_on(pcs_rpc_client_t *client, const char *job_id,
+                                    uint64_t generation, int rpc_timeout_ms, pcs_kv_t **out)
+{
+    if (!client)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "kv coord: NULL client");
+    return kv_coord_new(client, NULL, job_id, generation, rpc_timeout_ms, out);
 }

@@ -1,7 +1,15 @@
 /* Real and fake clocks behind pcs_clock_t. */
 #include "pcs/clock.h"
 
+#include <errno.h>
 #include <time.h>
+
+void pcs_sleep_ms(uint32_t ms)
+{
+    struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
 
 uint64_t pcs_now_ms(void)
 {

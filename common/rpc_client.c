@@ -43,14 +43,24 @@ static const char *env_nonempty(const char *name)
  * PCS_TLS_CLIENT_CERT + PCS_TLS_CLIENT_KEY (client certificate for mTLS), PCS_TOKEN (bearer
  * token). The names differ from the coordinator's own --tls-cert/--tls-key (env PCS_TLS_CERT,
  * PCS_TLS_KEY) so that one shell can run both. */
+static pcs_status_t client_create(const char *target, const pcs_rpc_tls_t *tls,
+                                  uint32_t reconnect_max_ms, pcs_rpc_client_t **out);
+
 pcs_status_t pcs_rpc_client_create(const char *target, pcs_rpc_client_t **out)
 {
+    return pcs_rpc_client_create_with(target, NULL, out);
+}
+
+pcs_status_t pcs_rpc_client_create_with(const char *target, const pcs_rpc_client_options_t *o,
+                                        pcs_rpc_client_t **out)
+{
+    uint32_t reconnect_max_ms = o && o->reconnect_max_ms ? o->reconnect_max_ms : 0;
     pcs_rpc_tls_t tls = {.cert_file = env_nonempty("PCS_TLS_CLIENT_CERT"),
                          .key_file = env_nonempty("PCS_TLS_CLIENT_KEY"),
                          .ca_file = env_nonempty("PCS_TLS_CA"),
                          .target_name_override = env_nonempty("PCS_TLS_TARGET_NAME")};
     int use_tls = tls.ca_file || tls.cert_file;
-    PCS_CHECK(pcs_rpc_client_create_tls(target, use_tls ? &tls : NULL, out));
+    PCS_CHECK(client_create(target, use_tls ? &tls : NULL, reconnect_max_ms, out));
     const char *token = env_nonempty("PCS_TOKEN");
     if (token) {
         pcs_status_t st = pcs_rpc_client_set_token(*out, token);
@@ -66,7 +76,24 @@ pcs_status_t pcs_rpc_client_create(const char *target, pcs_rpc_client_t **out)
 pcs_status_t pcs_rpc_client_create_tls(const char *target, const pcs_rpc_tls_t *tls,
                                        pcs_rpc_client_t **out)
 {
+    return client_create(target, tls, 0, out);
+}
+
+/* Reconnect backoff: gRPC's default grows to 120 s, so a channel that lost its server during a
+ * 20 s coordinator restart could wait two more minutes before it tried again, while the restarted
+ * coordinator waits for its workers. pcs clients start at 100 ms and cap at reconnect_max_ms
+ * (0: PCS_RPC_RECONNECT_MAX_MS); gRPC adds its own +-20 % jitter, which spreads a fleet's
+ * reconnects. The connect deadline (MIN_RECONNECT_BACKOFF) stays gRPC's 20 s: a refused connect
+ * fails at once on its own, a slow one is not cut short. */
+static pcs_status_t client_create(const char *target, const pcs_rpc_tls_t *tls,
+                                  uint32_t reconnect_max_ms, pcs_rpc_client_t **out)
+{
     *out = NULL;
+    if (!reconnect_max_ms)
+        reconnect_max_ms = PCS_RPC_RECONNECT_MAX_MS;
+    if (reconnect_max_ms > INT32_MAX)
+        reconnect_max_ms = INT32_MAX;
+    int initial_ms = reconnect_max_ms < 100 ? (int)reconnect_max_ms : 100;
     if (!target || !*target)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "rpc client: empty target address");
     pcs_rpc_client_t *c;
@@ -95,6 +122,10 @@ pcs_status_t pcs_rpc_client_create_tls(const char *target, const pcs_rpc_tls_t *
          (char *)GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
          {.integer = PCS_RPC_CLIENT_KEEPALIVE_TIMEOUT_MS}},
         {GRPC_ARG_INTEGER, (char *)GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, {.integer = 0}},
+        {GRPC_ARG_INTEGER, (char *)GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, {.integer = initial_ms}},
+        {GRPC_ARG_INTEGER,
+         (char *)GRPC_ARG_MAX_RECONNECT_BACKOFF_MS,
+         {.integer = (int)reconnect_max_ms}},
         {GRPC_ARG_STRING,
          (char *)GRPC_SSL_TARGET_NAME_OVERRIDE_ARG,
          {.string = tls ? (char *)tls->target_name_override : NULL}},

@@ -42,6 +42,7 @@ struct pcs_coord {
     pcs_strmap_t by_request;  /* request id -> job number (keys: the jobs' request ids) */
     uint32_t idle_live;       /* IDLE workers (gang start checks this before scanning) */
     uint32_t n_pending;
+    uint64_t last_tick_ms; /* 0 before the first tick */
 };
 
 static const char *const worker_names[] = {"UNSPECIFIED", "IDLE", "ASSIGNED", "LOST", "GONE"};
@@ -85,6 +86,8 @@ pcs_status_t pcs_coord_create(const pcs_coord_config_t *cfg, pcs_coord_t **out)
         c->cfg.heartbeat_interval_ms = 1000;
     if (!c->cfg.lease_ms)
         c->cfg.lease_ms = 10000;
+    if (!c->cfg.readopt_ms)
+        c->cfg.readopt_ms = c->cfg.lease_ms + 5000;
     if (!c->cfg.kv_max_key_bytes)
         c->cfg.kv_max_key_bytes = 256;
     if (!c->cfg.kv_max_value_bytes)
@@ -1110,9 +1113,40 @@ void pcs_coord_kv_fail_all(pcs_coord_t *c, pcs_status_t st, const char *why)
 // ---------------------------------------------------------------------------------------------
 // time
 
-void pcs_coord_tick(pcs_coord_t *c)
+/* The coordinator did not run for `gap` ms: nobody could reach it, so nobody failed to. */
+static void stalled(pcs_coord_t *c, uint64_t now, uint64_t gap)
+{
+    uint32_t renewed = 0, moved = 0;
+    for (size_t i = 0; i < c->n_workers; i++) {
+        pcs_coord_worker_t *w = c->workers[i];
+        if (w && (w->state == PCS_WORKER_IDLE || w->state == PCS_WORKER_ASSIGNED) &&
+            w->last_heartbeat_ms < now) {
+            w->last_heartbeat_ms = now;
+            renewed++;
+        }
+    }
+    for (size_t i = 0; i < c->n_jobs; i++) {
+        pcs_coord_job_t *j = c->jobs[i];
+        if (j && j->state == PCS_JOB_RUNNING && j->n_unclaimed) {
+            j->reclaim_by_ms += gap;
+            moved++;
+        }
+    }
+    PCS_WARN(PCS_SUB_COORD,
+             "coordinator stalled for %" PRIu64 " ms (more than half the lease, %" PRIu32
+             " ms): renewed %" PRIu32 " leases, moved %" PRIu32 " re-adoption deadlines",
+             gap, c->cfg.lease_ms, renewed, moved);
+}
+
+uint64_t pcs_coord_tick(pcs_coord_t *c)
 {
     uint64_t now = now_ms(c);
+    uint64_t gap = c->last_tick_ms && now > c->last_tick_ms ? now - c->last_tick_ms : 0;
+    c->last_tick_ms = now;
+    if (gap > c->cfg.lease_ms / 2)
+        stalled(c, now, gap);
+    else
+        gap = 0;
     for (size_t i = 0; i < c->n_workers; i++) {
         pcs_coord_worker_t *w = c->workers[i];
         if (!w || (w->state != PCS_WORKER_IDLE && w->state != PCS_WORKER_ASSIGNED))
@@ -1155,9 +1189,8 @@ void pcs_coord_tick(pcs_coord_t *c)
         }
         job_set_reason(j,
                        "%" PRIu32 " of %" PRIu32 " ranks (first: rank %" PRIu32 ") did not come "
-                       "back within the lease (%" PRIu32 " ms) after a coordinator restart; "
-                       "missing ranks: %s",
-                       j->n_unclaimed, j->world_size, r, c->cfg.lease_ms, missing);
+                       "back within %" PRIu32 " ms of a coordinator restart; missing ranks: %s",
+                       j->n_unclaimed, j->world_size, r, c->cfg.readopt_ms, missing);
         PCS_WARN(PCS_SUB_COORD, "job %s: %s", j->id, j->reason);
         j->n_unclaimed = 0;
         job_finish(c, j, PCS_JOB_FAILED);
@@ -1178,6 +1211,7 @@ void pcs_coord_tick(pcs_coord_t *c)
             }
         }
     }
+    return gap;
 }
 
 void pcs_coord_counts(const pcs_coord_t *c, pcs_coord_counts_t *out)
@@ -1238,10 +1272,10 @@ pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_co
     if (reason && *reason)
         job_set_reason(j, "%s", reason);
     if (state == PCS_JOB_RUNNING) {
-        /* Its workers train on (collectives never go through the coordinator): wait a lease
-         * for each rank to come back through its step reports. */
+        /* Its workers train on (collectives never go through the coordinator): wait for each
+         * rank to come back through a re-register or a step report. */
         j->n_unclaimed = j->world_size;
-        j->reclaim_by_ms = now_ms(c) + c->cfg.lease_ms;
+        j->reclaim_by_ms = now_ms(c) + c->cfg.readopt_ms;
     }
     j->state = state;
     if (state == PCS_JOB_PENDING) {

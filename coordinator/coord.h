@@ -153,6 +153,9 @@ typedef struct pcs_coord_config {
     const pcs_clock_t *clock;       /* NULL = real clock */
     uint32_t heartbeat_interval_ms; /* told to workers; default 1000 */
     uint32_t lease_ms;              /* default 10000 */
+    uint32_t readopt_ms;            /* a RUNNING job restored from the store waits this long for
+                                     * its ranks to come back; 0 = lease_ms + 5000. It must cover a
+                                     * lease plus the workers' longest reconnect backoff. */
     uint32_t kv_max_key_bytes;      /* default 256 */
     uint32_t kv_max_value_bytes;    /* default 64 KiB */
     uint64_t kv_max_job_bytes;      /* default 16 MiB */
@@ -287,8 +290,13 @@ void pcs_coord_kv_cancel(pcs_coord_t *c, void *waiter);
 void pcs_coord_kv_fail_all(pcs_coord_t *c, pcs_status_t st, const char *why);
 
 // ---- time ----
-/* Expire leases and parked KV waits; called from the loop at least every few hundred ms. */
-void pcs_coord_tick(pcs_coord_t *c);
+/* Expire leases and parked KV waits; called from the loop at least every few hundred ms.
+ * A gap of more than lease_ms / 2 since the previous tick means the coordinator itself stalled
+ * (SIGSTOP, a frozen VM, a long fsync): heartbeats sent meanwhile are still unread in its
+ * sockets, so the tick renews every live lease and moves the restored jobs' deadlines by the gap
+ * instead of expiring healthy workers (etcd renews its leases after a leader change the same
+ * way). Returns the stall in ms (0: none). */
+uint64_t pcs_coord_tick(pcs_coord_t *c);
 
 // ---- views ----
 /* Iterate by number: returns NULL for numbers never used. Numbers run 1..max. */
@@ -312,7 +320,7 @@ pcs_status_t pcs_coord_restore_worker(pcs_coord_t *c, uint32_t number, const cha
                                       const char *host);
 /* Recreate a job of a previous life; payload ownership passes. A RUNNING job stays RUNNING in
  * its generation: each worker that re-registers and reports a step of it takes its rank back
- * (training never waits on the coordinator); ranks not back within lease_ms fail the job. */
+ * (training never waits on the coordinator); ranks not back within readopt_ms fail the job. */
 pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job_desc_t *d,
                                    pcs_job_state_t state, const char *reason,
                                    uint64_t created_wall_ms, uint64_t started_wall_ms,
@@ -325,7 +333,7 @@ pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_co
  * (or an unknown one) takes its rank back at once (ASSIGNED, an assignment event queued), so no
  * PENDING job can take it first; one that re-registers from another pid was restarted while the
  * coordinator was down, so the job fails naming it and the worker comes back IDLE. Ranks still
- * away after lease_ms fail the job as before, naming them. Errors: INVALID_ARG (job not
+ * away after readopt_ms fail the job as before, naming them. Errors: INVALID_ARG (job not
  * RUNNING and waiting for its ranks, n != world_size, a worker number unknown or listed twice):
  * nothing is reserved and ranks come back only through step reports. Arrays are borrowed. */
 pcs_status_t pcs_coord_restore_ranks(pcs_coord_t *c, pcs_coord_job_t *j, const uint32_t *worker,

@@ -29,6 +29,8 @@ static const pcs_opt_t options[] = {
     {"heartbeat-interval-ms", PCS_OPT_U32, "1000", 10, 60000, "worker heartbeat period"},
     {"lease-ms", PCS_OPT_U32, "10000", 50, 600000,
      "a worker without a heartbeat for this long is LOST"},
+    {"readopt-ms", PCS_OPT_U32, "0", 0, 3600000,
+     "after a restart, how long a RUNNING job waits for its ranks (0 = lease-ms + 5000)"},
     {"kv-max-key-bytes", PCS_OPT_U32, "256", 1, 65536, "rendezvous KV: longest key"},
     {"kv-max-value-bytes", PCS_OPT_U32, "65536", 1, 67108864, "rendezvous KV: largest value"},
     {"kv-max-job-bytes", PCS_OPT_U64, "16777216", 1, 17179869184.0,
@@ -139,6 +141,19 @@ int main(int argc, char **argv)
         pcs_config_free(cfg);
         return 2;
     }
+    /* and a re-adoption window shorter than a lease plus the workers' reconnect backoff fails
+     * jobs whose workers are merely slow to notice the restart */
+    uint32_t readopt = pcs_config_u32(cfg, "readopt-ms");
+    if (readopt && (uint64_t)readopt < (uint64_t)pcs_config_u32(cfg, "lease-ms") +
+                                           PCS_RPC_RECONNECT_MAX_MS) {
+        fprintf(stderr,
+                "pcs-coordinator: readopt-ms (%u, %s) must be 0 or at least lease-ms + %u (the "
+                "workers' default reconnect backoff): %u\n",
+                readopt, pcs_config_origin(cfg, "readopt-ms"), PCS_RPC_RECONNECT_MAX_MS,
+                pcs_config_u32(cfg, "lease-ms") + PCS_RPC_RECONNECT_MAX_MS);
+        pcs_config_free(cfg);
+        return 2;
+    }
     char db[4096] = "";
     const char *state_dir = pcs_config_str(cfg, "state-dir");
     if (*pcs_config_str(cfg, "db"))
@@ -160,6 +175,7 @@ int main(int argc, char **argv)
                               .max_message_bytes = pcs_config_u32(cfg, "max-message-bytes"),
                               .heartbeat_interval_ms = pcs_config_u32(cfg, "heartbeat-interval-ms"),
                               .lease_ms = pcs_config_u32(cfg, "lease-ms"),
+                              .readopt_ms = pcs_config_u32(cfg, "readopt-ms"),
                               .kv_max_key_bytes = pcs_config_u32(cfg, "kv-max-key-bytes"),
                               .kv_max_value_bytes = pcs_config_u32(cfg, "kv-max-value-bytes"),
                               .kv_max_job_bytes = pcs_config_u64(cfg, "kv-max-job-bytes"),

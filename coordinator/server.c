@@ -71,6 +71,7 @@ struct pcs_server {
     bool store_failed;     /* the last commit failed: NOT_SERVING until one works */
     char store_error[512]; /* why, for GetStatus and the replies it fails */
     uint64_t commits, commit_failures;
+    uint64_t stalls, stalled_ms; /* ticks that found the loop stalled > lease / 2 */
 };
 
 static const char *const health_services[] = {"", "pcs.v1.WorkerService", "pcs.v1.JobService",
@@ -827,6 +828,7 @@ static void h_get_status(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *
                               .store_error = s->store_failed ? s->store_error : NULL,
                               .commits = s->commits,
                               .commit_failures = s->commit_failures,
+                              .stalls = s->stalls,
                               .config = s->cfg.config};
     char *text = NULL;
     pcs_status_t st = pcs_status_text(s->coord, &info, &text);
@@ -1232,6 +1234,13 @@ static void publish_metrics(pcs_server_t *s)
     fprintf(f, "# HELP pcs_health_watch_refused_total Health/Watch calls refused at the cap.\n"
                "# TYPE pcs_health_watch_refused_total counter\n");
     metrics_line(f, "pcs_health_watch_refused_total", NULL, (double)s->hw_refused);
+    fprintf(f, "# HELP pcs_coordinator_stalls_total Times the coordinator's loop did not run for "
+               "over half a lease (leases were renewed after each).\n"
+               "# TYPE pcs_coordinator_stalls_total counter\n");
+    metrics_line(f, "pcs_coordinator_stalls_total", NULL, (double)s->stalls);
+    fprintf(f, "# HELP pcs_coordinator_stalled_seconds_total Time spent in those stalls.\n"
+               "# TYPE pcs_coordinator_stalled_seconds_total counter\n");
+    metrics_line(f, "pcs_coordinator_stalled_seconds_total", NULL, (double)s->stalled_ms / 1e3);
     if (s->store) {
         fprintf(f,
                 "# HELP pcs_store_ok 1 while the last commit of the state worked (0: replies are "
@@ -1383,7 +1392,11 @@ static void tick(void *user, uint64_t now)
             pcs_rpc_server_stop(s->rpc);
         return;
     }
-    pcs_coord_tick(s->coord);
+    uint64_t stall = pcs_coord_tick(s->coord);
+    if (stall) {
+        s->stalls++;
+        s->stalled_ms += stall;
+    }
     (void)persist(s); /* replies and events of this batch go out after its commit */
     if (now >= s->next_metrics_ms) {
         publish_metrics(s);
@@ -1425,6 +1438,7 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
     pcs_coord_config_t cc = {.clock = pcs_clock_real(),
                              .heartbeat_interval_ms = cfg->heartbeat_interval_ms,
                              .lease_ms = cfg->lease_ms,
+                             .readopt_ms = cfg->readopt_ms,
                              .kv_max_key_bytes = cfg->kv_max_key_bytes,
                              .kv_max_value_bytes = cfg->kv_max_value_bytes,
                              .kv_max_job_bytes = cfg->kv_max_job_bytes,

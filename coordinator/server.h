@@ -22,6 +22,8 @@ typedef struct pcs_server_config {
     size_t max_message_bytes;       /* 0 = 4 MiB */
     uint32_t heartbeat_interval_ms; /* 0 = 1000 */
     uint32_t lease_ms;              /* 0 = 10000 */
+    uint32_t readopt_ms;            /* restored RUNNING jobs wait this long for their ranks;
+                                     * 0 = lease_ms + 5000 */
     uint32_t kv_max_key_bytes;
     uint32_t kv_max_value_bytes;
     uint64_t kv_max_job_bytes;
@@ -63,6 +65,7 @@ typedef struct pcs_status_info {
     const char *db_path;
     const char *store_error; /* why the last commit failed; NULL or "" when it worked */
     uint64_t commits, commit_failures;
+    uint64_t stalls; /* ticks that found the loop stalled for over half a lease */
     const pcs_config_t *config; /* may be NULL */
 } pcs_status_info_t;
 

@@ -39,6 +39,8 @@ pcs_status_t pcs_status_text(pcs_coord_t *c, const pcs_status_info_t *info, char
     }
     fprintf(f, "heartbeat_interval_ms:%" PRIu32 "\n", cc->heartbeat_interval_ms);
     fprintf(f, "lease_ms:%" PRIu32 "\n", cc->lease_ms);
+    fprintf(f, "readopt_ms:%" PRIu32 "\n", cc->readopt_ms);
+    fprintf(f, "stalls:%" PRIu64 "\n", info->stalls);
 
     fprintf(f, "\n# Workers\n");
     fprintf(f, "workers_idle:%" PRIu32 "\n", cn.workers[PCS_WORKER_IDLE]);

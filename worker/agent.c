@@ -1,8 +1,10 @@
 /* The worker agent: Register, a heartbeat thread, a WatchAssignment thread (re-opened with backoff
  * when the stream breaks; re-registers when the coordinator forgot us), a reporter thread that
  * sends ReportStep in order without blocking the training loop, and the main loop that runs each
- * assigned job. A coordinator restart does not stop training: heartbeats and reports are retried.
- * Only the collectives carry step data; the coordinator is never on the hot path. */
+ * assigned job. A coordinator restart or pause does not stop training: heartbeats are retried,
+ * reports wait in the queue until the coordinator is back (progress reports merge while they
+ * wait; the final one is never dropped for being late). Only the collectives carry step data;
+ * the coordinator is never on the hot path. */
 #include "worker/agent.h"
 
 #include <errno.h>
@@ -31,20 +33,30 @@
 typedef struct report_item {
     struct report_item *next;
     Pcs__V1__ReportStepRequest *req; /* unpacked deep copy, freed after sending */
+    int final;                       /* done or error: decides the job's state */
 } report_item_t;
+
+/* Queued reports beyond this merge: a progress report that cannot be sent yet (the coordinator is
+ * away) is superseded by the next one, its byte counts added in. A 60 s outage at 100 steps/s
+ * then costs a few dozen RPCs at reconnect rather than 6,000, and the queue stays bounded. */
+#define REPORT_MERGE_AT 32
+/* Re-registrations one report may cause before it is dropped (a coordinator that lost its store
+ * no longer knows the job either). */
+#define REPORT_MAX_REREGISTER 3
 
 struct pcs_agent {
     char *coordinator, *identity, *backend, *coll, *hostname, *report_dir;
     FILE *report_file; /* training thread only */
-    uint32_t rpc_timeout_ms, coll_timeout_ms, heartbeat_ms, max_jobs;
+    uint32_t rpc_timeout_ms, coll_timeout_ms, heartbeat_ms, max_jobs, flush_ms;
     int device; /* resolved ordinal (0 on cpu) */
     uint64_t inject_inf_step;
-    uint32_t inject_inf_rank;
+    uint32_t inject_inf_rank, step_pause_ms;
 
     pcs_rpc_client_t *rpc;
     atomic_int stop; /* set by pcs_agent_stop (signal handler) */
     atomic_int quit; /* threads end */
     atomic_int reopen_watch;
+    atomic_int leaving; /* Deregister is under way or done: never register again */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -65,7 +77,9 @@ struct pcs_agent {
     uint64_t last_step;
 
     report_item_t *rq_head, *rq_tail; /* under mu */
+    size_t rq_len;
     int rq_busy;
+    uint64_t rq_give_up_ms; /* under mu: exit flush deadline (0: keep trying) */
 
     pthread_t hb_thread, watch_thread, report_thread;
     int threads_started; /* bit 0 heartbeat, 1 watch, 2 reporter: joined in destroy */
@@ -73,19 +87,12 @@ struct pcs_agent {
 
 // ---- helpers ----
 
-static void sleep_ms(uint32_t ms)
-{
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
 /* Sleep up to ms, returning early when the agent quits. */
 static void nap(pcs_agent_t *a, uint32_t ms)
 {
     while (ms > 0 && !atomic_load(&a->quit) && !atomic_load(&a->stop)) {
         uint32_t d = ms > 50 ? 50 : ms;
-        sleep_ms(d);
+        pcs_sleep_ms(d);
         ms -= d;
     }
 }
@@ -103,6 +110,8 @@ static void abs_deadline(struct timespec *ts, uint32_t ms)
 
 static pcs_status_t do_register(pcs_agent_t *a)
 {
+    if (atomic_load(&a->leaving))
+        return pcs_set_error(PCS_ERR_STATE, "worker is leaving: not registering again");
     Pcs__V1__RegisterRequest req = PCS__V1__REGISTER_REQUEST__INIT;
     Pcs__V1__Device dev = PCS__V1__DEVICE__INIT;
     Pcs__V1__Device *devs[1] = {&dev};
@@ -198,7 +207,7 @@ static void *heartbeat_main(void *arg)
 {
     pcs_agent_t *a = arg;
     uint32_t backoff = 100;
-    while (!atomic_load(&a->quit)) {
+    while (!atomic_load(&a->quit) && !atomic_load(&a->leaving)) {
         char wid[64], job[64];
         uint64_t gen;
         uint32_t interval;
@@ -224,6 +233,8 @@ static void *heartbeat_main(void *arg)
             nap(a, interval);
             continue;
         }
+        if (atomic_load(&a->leaving))
+            break; /* deregistered (or about to be): a GONE answer is the expected one */
         if (code == GRPC_NOT_FOUND || code == GRPC_FAILED_PRECONDITION) {
             /* The coordinator restarted without our id or declared us LOST: register again with
              * the same identity and re-open the assignment stream. The running job continues. */
@@ -341,6 +352,101 @@ static void *watch_main(void *arg)
 
 // ---- reporter thread ----
 
+/* The report goes out under the worker's current id: a coordinator that lost its store hands a
+ * re-registering worker a new one. */
+static void refresh_worker_id(pcs_agent_t *a, Pcs__V1__ReportStepRequest *req)
+{
+    char wid[64];
+    copy_worker_id(a, wid, sizeof wid);
+    if (req->worker_id && strcmp(req->worker_id, wid) == 0)
+        return;
+    char *copy = strdup(wid); /* protobuf-c's default allocator is malloc/free */
+    if (!copy)
+        return;
+    free(req->worker_id);
+    req->worker_id = copy;
+}
+
+static int report_give_up(pcs_agent_t *a)
+{
+    if (atomic_load(&a->quit))
+        return 1;
+    pthread_mutex_lock(&a->mu);
+    uint64_t at = a->rq_give_up_ms;
+    pthread_mutex_unlock(&a->mu);
+    return at && pcs_now_ms() >= at;
+}
+
+/* Deliver one report. While the coordinator is unreachable (UNAVAILABLE, DEADLINE_EXCEEDED: a
+ * restart, a pause, a rescheduled pod) it is retried every <= 1 s for as long as it takes: the
+ * final report decides whether a job that finished during an outage is SUCCEEDED, and progress
+ * reports merge behind it (enqueue_report), so waiting costs no memory. It gives up only when the
+ * agent quits or the exit flush deadline passes. A coordinator that does not know this worker
+ * (NOT_FOUND) or holds it GONE/LOST (FAILED_PRECONDITION: restored from its store, or its lease
+ * ran out during a pause) gets a Register from the same identity and the report again, which is
+ * how a restored RUNNING job takes this rank back. Any other refusal drops the report. */
+static void send_report(pcs_agent_t *a, report_item_t *it)
+{
+    uint32_t backoff = 100;
+    int reregistered = 0, said = 0;
+    uint64_t since = 0;
+    for (;;) {
+        refresh_worker_id(a, it->req);
+        ProtobufCMessage *resp = NULL;
+        int code = 0;
+        pcs_status_t st = pcs_rpc_call(a->rpc, PCS_M_REPORT_STEP, &it->req->base,
+                                       &pcs__v1__report_step_response__descriptor,
+                                       (int)a->rpc_timeout_ms, &resp, &code);
+        if (st == PCS_OK) {
+            Pcs__V1__ReportStepResponse *r = (Pcs__V1__ReportStepResponse *)resp;
+            if (r->directive && r->directive->kind != 0) {
+                char reason[512];
+                snprintf(reason, sizeof reason, "directive in ReportStep reply: %s",
+                         r->directive->reason ? r->directive->reason : "");
+                abort_running(a, it->req->job_id, reason);
+            }
+            protobuf_c_message_free_unpacked(resp, NULL);
+            if (said)
+                PCS_INFO(PCS_SUB_WORKER, "coordinator back: step %llu report delivered after %llu ms",
+                         (unsigned long long)(it->req->report ? it->req->report->step : 0),
+                         (unsigned long long)(pcs_now_ms() - since));
+            return;
+        }
+        uint64_t step = it->req->report ? it->req->report->step : 0;
+        if ((code == GRPC_NOT_FOUND || code == GRPC_FAILED_PRECONDITION) &&
+            reregistered < REPORT_MAX_REREGISTER && !atomic_load(&a->leaving)) {
+            reregistered++;
+            PCS_INFO(PCS_SUB_WORKER, "ReportStep for step %llu refused (%s): re-registering",
+                     (unsigned long long)step, pcs_last_error());
+            if (do_register(a) == PCS_OK) {
+                atomic_store(&a->reopen_watch, 1);
+                continue;
+            }
+            /* not reachable now: wait below like any other outage */
+        } else if (st != PCS_ERR_REMOTE && st != PCS_ERR_TIMEOUT) {
+            PCS_WARN(PCS_SUB_WORKER, "ReportStep for step %llu dropped: %s",
+                     (unsigned long long)step, pcs_last_error());
+            return;
+        }
+        if (!since)
+            since = pcs_now_ms();
+        if (report_give_up(a)) {
+            PCS_WARN(PCS_SUB_WORKER, "%sReportStep for step %llu undeliverable after %llu ms: %s",
+                     it->final ? "final " : "", (unsigned long long)step,
+                     (unsigned long long)(pcs_now_ms() - since), pcs_last_error());
+            return;
+        }
+        if (!said && pcs_now_ms() - since >= 2000) {
+            said = 1;
+            PCS_WARN(PCS_SUB_WORKER,
+                     "coordinator unreachable (%s): step reports wait until it is back",
+                     pcs_last_error());
+        }
+        nap(a, backoff);
+        backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
+    }
+}
+
 static void *report_main(void *arg)
 {
     pcs_agent_t *a = arg;
@@ -357,44 +463,15 @@ static void *report_main(void *arg)
         a->rq_head = it->next;
         if (!a->rq_head)
             a->rq_tail = NULL;
+        a->rq_len--;
         a->rq_busy = 1;
         pthread_mutex_unlock(&a->mu);
 
-        /* Retry while the coordinator is unreachable (a restart), at most ~30 s per report;
-         * reports rejected for a reason (stale generation, unknown job) are dropped. */
-        uint32_t backoff = 100, waited = 0;
-        for (;;) {
-            ProtobufCMessage *resp = NULL;
-            int code = 0;
-            pcs_status_t st = pcs_rpc_call(a->rpc, PCS_M_REPORT_STEP, &it->req->base,
-                                           &pcs__v1__report_step_response__descriptor,
-                                           (int)a->rpc_timeout_ms, &resp, &code);
-            if (st == PCS_OK) {
-                Pcs__V1__ReportStepResponse *r = (Pcs__V1__ReportStepResponse *)resp;
-                if (r->directive && r->directive->kind != 0) {
-                    char reason[512];
-                    snprintf(reason, sizeof reason, "directive in ReportStep reply: %s",
-                             r->directive->reason ? r->directive->reason : "");
-                    abort_running(a, it->req->job_id, reason);
-                }
-                protobuf_c_message_free_unpacked(resp, NULL);
-                break;
-            }
-            if (st != PCS_ERR_REMOTE && st != PCS_ERR_TIMEOUT) {
-                PCS_WARN(PCS_SUB_WORKER, "ReportStep for step %llu dropped: %s",
-                         (unsigned long long)(it->req->report ? it->req->report->step : 0),
-                         pcs_last_error());
-                break;
-            }
-            if (waited > 30000 || (atomic_load(&a->quit) && waited > 2000)) {
-                PCS_WARN(PCS_SUB_WORKER, "ReportStep undeliverable after %u ms: %s", waited,
-                         pcs_last_error());
-                break;
-            }
-            sleep_ms(backoff);
-            waited += backoff;
-            backoff = backoff * 2 > 1000 ? 1000 : backoff * 2;
-        }
+        if (report_give_up(a))
+            PCS_WARN(PCS_SUB_WORKER, "ReportStep for step %llu not sent: worker exiting",
+                     (unsigned long long)(it->req->report ? it->req->report->step : 0));
+        else
+            send_report(a, it);
         protobuf_c_message_free_unpacked(&it->req->base, NULL);
         free(it);
         pthread_mutex_lock(&a->mu);
@@ -403,6 +480,16 @@ static void *report_main(void *arg)
     }
     pthread_mutex_unlock(&a->mu);
     return NULL;
+}
+
+/* `older` (queued, not sent) is superseded by `newer`: newer keeps its own step, loss and
+ * fingerprint; the per-step byte counts add up and a failed audit stays failed. */
+static void merge_progress(const Pcs__V1__StepReport *older, Pcs__V1__StepReport *newer)
+{
+    newer->all_gather_bytes += older->all_gather_bytes;
+    newer->reduce_scatter_bytes += older->reduce_scatter_bytes;
+    newer->all_reduce_bytes += older->all_reduce_bytes;
+    newer->audit_ok = newer->audit_ok && older->audit_ok;
 }
 
 /* Enqueue a deep copy (pack + unpack) of the report: the training thread never waits on the
@@ -450,18 +537,36 @@ static void enqueue_report(pcs_agent_t *a, const Pcs__V1__StepReport *rep)
     it->req = pcs__v1__report_step_request__unpack(NULL, n, buf);
     free(buf);
     int done_ok = rep->done && !(rep->error && rep->error[0]); /* rep may point at clean_err */
+    int final = rep->done || (rep->error && rep->error[0]);
     free(clean_err);
     if (!it->req) {
         free(it);
         PCS_WARN(PCS_SUB_WORKER, "could not copy a step report");
         return;
     }
+    it->final = final;
     pthread_mutex_lock(&a->mu);
-    if (a->rq_tail)
-        a->rq_tail->next = it;
+    report_item_t *tail = a->rq_tail;
+    if (!it->final && tail && !tail->final && a->rq_len >= REPORT_MERGE_AT && tail->req->report &&
+        it->req->report && it->req->generation == tail->req->generation &&
+        strcmp(it->req->job_id, tail->req->job_id) == 0) {
+        /* the reporter is stuck on an older report: the tail is superseded (swap the reports,
+         * free the older one with the new item's shell) */
+        merge_progress(tail->req->report, it->req->report);
+        Pcs__V1__StepReport *older = tail->req->report;
+        tail->req->report = it->req->report;
+        it->req->report = older;
+        pthread_mutex_unlock(&a->mu);
+        protobuf_c_message_free_unpacked(&it->req->base, NULL);
+        free(it);
+        return;
+    }
+    if (tail)
+        tail->next = it;
     else
         a->rq_head = it;
     a->rq_tail = it;
+    a->rq_len++;
     if (done_ok)
         a->finished = 1;
     pthread_cond_broadcast(&a->cv);
@@ -489,12 +594,14 @@ void pcs_agent_set_abort(pcs_agent_t *a, void (*fn)(void *ctx, const char *reaso
         fn(ctx, "worker is shutting down");
 }
 
-/* Wait until the report queue is empty (bounded), so done/error reports reach the coordinator
- * before we deregister. */
-static void flush_reports(pcs_agent_t *a, uint32_t max_ms)
+/* Wait until the report queue is empty, at most max_ms. At exit (`last`), the reporter stops
+ * retrying at that deadline too, so a coordinator that stays away cannot hold the process. */
+static void flush_reports(pcs_agent_t *a, uint32_t max_ms, int last)
 {
     uint64_t end = pcs_now_ms() + max_ms;
     pthread_mutex_lock(&a->mu);
+    if (last)
+        a->rq_give_up_ms = end;
     while ((a->rq_head || a->rq_busy) && pcs_now_ms() < end) {
         struct timespec ts;
         abs_deadline(&ts, 50);
@@ -538,8 +645,8 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
     pcs_train_result_t res;
     memset(&res, 0, sizeof res);
     uint64_t t0 = pcs_now_ms();
-    pcs_status_t st = pcs_kv_coord_create(a->coordinator, as->job_id, as->generation,
-                                          (int)a->rpc_timeout_ms, &kv);
+    pcs_status_t st =
+        pcs_kv_coord_create_on(a->rpc, as->job_id, as->generation, (int)a->rpc_timeout_ms, &kv);
     if (st == PCS_OK && a->job_fn) {
         st = a->job_fn(a->job_ctx, a, as, kv);
         pthread_mutex_lock(&a->mu);
@@ -559,6 +666,7 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
         tc.report_ctx = a;
         tc.inject_inf_step = a->inject_inf_step;
         tc.inject_inf_rank = a->inject_inf_rank;
+        tc.step_pause_ms = a->step_pause_ms;
         tc.prefetch = -1;
         st = pcs_train_create(&tc, &t);
     }
@@ -586,7 +694,7 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
                  as->job_id, (unsigned long long)(t ? res.steps : a->last_step),
                  (double)(pcs_now_ms() - t0) / 1e3, res.last_loss);
     }
-    flush_reports(a, 10000);
+    flush_reports(a, 10000, 0); /* the rest goes on in the background */
     pthread_mutex_lock(&a->mu);
     a->train = NULL;
     a->finished = 0;
@@ -673,11 +781,14 @@ pcs_status_t pcs_agent_create(const pcs_agent_config_t *cfg, pcs_agent_t **out)
     a->coll_timeout_ms = cfg->coll_timeout_ms ? cfg->coll_timeout_ms : 30000;
     a->heartbeat_ms = cfg->heartbeat_ms;
     a->max_jobs = cfg->max_jobs;
+    a->flush_ms = cfg->flush_ms ? cfg->flush_ms : 30000;
     a->inject_inf_step = cfg->inject_inf_step;
     a->inject_inf_rank = cfg->inject_inf_rank;
+    a->step_pause_ms = cfg->step_pause_ms;
     a->job_fn = cfg->job_fn;
     a->job_ctx = cfg->job_ctx;
-    PCS_CHECK_GOTO(pcs_rpc_client_create(a->coordinator, &a->rpc), st, fail);
+    pcs_rpc_client_options_t ro = {.reconnect_max_ms = cfg->reconnect_max_ms};
+    PCS_CHECK_GOTO(pcs_rpc_client_create_with(a->coordinator, &ro, &a->rpc), st, fail);
     *out = a;
     return PCS_OK;
 fail:
@@ -741,7 +852,11 @@ pcs_status_t pcs_agent_run(pcs_agent_t *a)
         jobs++;
     }
 
-    flush_reports(a, 5000);
+    flush_reports(a, a->flush_ms, 1);
+    /* From here on nothing registers again: the Deregister below makes this worker GONE, and a
+     * heartbeat or report answered "re-register" must not bring it back as a phantom IDLE
+     * worker that the next job would be gang-started on. */
+    atomic_store(&a->leaving, 1);
     char wid[64];
     copy_worker_id(a, wid, sizeof wid);
     Pcs__V1__DeregisterRequest dreq = PCS__V1__DEREGISTER_REQUEST__INIT;

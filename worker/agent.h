@@ -39,10 +39,15 @@ typedef struct pcs_agent_config {
     uint32_t coll_timeout_ms; /* collective timeout; 0 = 30000 */
     uint32_t heartbeat_ms;    /* 0 = the interval the coordinator returns */
     uint32_t max_jobs;        /* exit after this many jobs (0 = serve until stopped) */
+    uint32_t reconnect_max_ms; /* longest wait between connection attempts to the coordinator;
+                                * 0 = PCS_RPC_RECONNECT_MAX_MS (1 s) */
+    uint32_t flush_ms;         /* at exit, how long queued step reports may wait for a coordinator
+                                * that is away; 0 = 30000 */
     const char *report_dir;   /* also append every StepReport to <dir>/<job>.rank<R>.reports
                                * (io/report.h); NULL = off */
     uint64_t inject_inf_step; /* test hook, see pcs_train_config_t */
     uint32_t inject_inf_rank;
+    uint32_t step_pause_ms; /* test hook, see pcs_train_config_t */
     pcs_agent_job_fn job_fn; /* NULL = the built-in training loop (pcs-worker) */
     void *job_ctx;
 } pcs_agent_config_t;
@@ -52,7 +57,9 @@ typedef struct pcs_agent_config {
  * cpu worker fail with PCS_ERR_UNSUPPORTED / PCS_ERR_INVALID_ARG and a message. */
 pcs_status_t pcs_agent_create(const pcs_agent_config_t *cfg, pcs_agent_t **out);
 /* Register (retrying while the coordinator is unreachable), then serve assignments until
- * pcs_agent_stop() or max_jobs jobs ran; Deregister before returning. */
+ * pcs_agent_stop() or max_jobs jobs ran; wait up to flush_ms for queued reports, Deregister and
+ * return. From the moment it leaves, the agent never registers again: a coordinator that answers
+ * "re-register" to a late heartbeat gets no phantom worker. */
 pcs_status_t pcs_agent_run(pcs_agent_t *a);
 /* The device ordinal resolved at create (0 on the cpu backend). */
 int pcs_agent_device(const pcs_agent_t *a);

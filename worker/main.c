@@ -26,12 +26,18 @@ static const pcs_opt_t worker_opts[] = {
     {"heartbeat-interval-ms", PCS_OPT_U32, "0", 0, 60000,
      "heartbeat period (0 = the coordinator's value)"},
     {"max-jobs", PCS_OPT_U32, "0", 0, 1000000, "exit after this many jobs (0 = serve forever)"},
+    {"reconnect-max-ms", PCS_OPT_U32, "1000", 10, 600000,
+     "longest wait between attempts to reach a coordinator that is away (gRPC's own: 120 s)"},
+    {"report-flush-ms", PCS_OPT_U32, "30000", 1, 3600000,
+     "at exit, how long queued step reports (a job's final one) wait for the coordinator"},
     {"report-dir", PCS_OPT_STRING, "", 0, 0, "also write each step report to this directory"},
     {"log-level", PCS_OPT_STRING, "info", 0, 0, "error | warn | info | debug | trace"},
     {"simulate-cuda", PCS_OPT_U32, "0", 0, PCS_SIMULATE_CUDA_MAX_DEVICES,
      "test hook: N > 0 makes backend cuda a simulated device (N devices) computing on the host"},
     {"inject-inf-step", PCS_OPT_U64, "0", 0, 1e18, "test hook: +Inf into a gradient at this step"},
     {"inject-inf-rank", PCS_OPT_U32, "0", 0, 1000000, "test hook: rank that injects the +Inf"},
+    {"step-pause-ms", PCS_OPT_U32, "0", 0, 60000,
+     "test hook: sleep this long after each step (a fault test's job runs for a known time)"},
 };
 
 static pcs_agent_t *g_agent;
@@ -93,9 +99,12 @@ int main(int argc, char **argv)
     ac.coll_timeout_ms = pcs_config_u32(cfg, "coll-timeout-ms");
     ac.heartbeat_ms = pcs_config_u32(cfg, "heartbeat-interval-ms");
     ac.max_jobs = pcs_config_u32(cfg, "max-jobs");
+    ac.reconnect_max_ms = pcs_config_u32(cfg, "reconnect-max-ms");
+    ac.flush_ms = pcs_config_u32(cfg, "report-flush-ms");
     ac.report_dir = pcs_config_str(cfg, "report-dir");
     ac.inject_inf_step = pcs_config_u64(cfg, "inject-inf-step");
     ac.inject_inf_rank = pcs_config_u32(cfg, "inject-inf-rank");
+    ac.step_pause_ms = pcs_config_u32(cfg, "step-pause-ms");
 
     if (pcs_agent_create(&ac, &g_agent) != PCS_OK) {
         fprintf(stderr, "pcs-worker: %s\n", pcs_last_error());

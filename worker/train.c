@@ -973,6 +973,9 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
                   step_ms);
         if (t->cfg.report)
             t->cfg.report(t->cfg.report_ctx, &r);
+        for (uint32_t p = 0; p < t->cfg.step_pause_ms && s < steps && !atomic_load(&t->aborted);
+             p += 10)
+            pcs_sleep_ms(t->cfg.step_pause_ms - p < 10 ? t->cfg.step_pause_ms - p : 10);
         if (result) {
             result->steps = s;
             result->last_loss = loss;

@@ -37,6 +37,9 @@ typedef struct pcs_train_config {
      * (1-based; 0 = off) on rank inject_inf_rank. */
     uint64_t inject_inf_step;
     uint32_t inject_inf_rank;
+    /* Test hook: sleep this long after each step's report (0 = off), so that a fault test's job
+     * runs for a known time whatever the machine's speed; an abort cuts the sleep short. */
+    uint32_t step_pause_ms;
     /* Test hook: 1 = collectives through host staging buffers on the cpu backend too (the staged
      * path must give the direct path's bits). */
     int stage_host;

@@ -29,3 +29,13 @@ add_dependencies(test_tokens pcs-coordinator pcsctl pcs-worker)
 pcs_add_test(NAME test_durability SOURCES integration/test_durability.c
              LIBS pcs_common Threads::Threads LABELS integration TIMEOUT 300)
 add_dependencies(test_durability pcs-coordinator)
+# No healthy job is failed by the control plane: the coordinator killed and restarted (test_outage,
+# argument restart) or SIGSTOPped (test_outage_pause) for 30 s and then 60 s while two jobs train;
+# both must succeed. About two minutes each, mostly waiting: ctest runs them beside other tests.
+pcs_add_test(NAME test_outage SOURCES integration/test_outage.c ${PCS_E2E_UTIL}
+             LIBS pcs_worker LABELS integration TIMEOUT 480 ARGS restart)
+add_test(NAME test_outage_pause COMMAND test_outage pause)
+set_tests_properties(test_outage_pause PROPERTIES LABELS integration TIMEOUT 480
+  ENVIRONMENT "PCS_BIN_DIR=${CMAKE_BINARY_DIR}/bin;PCS_SOURCE_DIR=${PROJECT_SOURCE_DIR};PCS_LOG_LEVEL=warn")
+set_target_properties(test_outage PROPERTIES LINKER_LANGUAGE CXX)
+add_dependencies(test_outage pcs-coordinator pcs-worker)

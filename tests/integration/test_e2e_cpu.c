@@ -15,10 +15,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <stdio.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
@@ -231,39 +228,7 @@ static void test_killed_worker_fails_the_job_naming_it(void **state)
     assert_true(took < 8.0 + 4.0);
 }
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    int port = -1;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
-
-static pid_t start_coord_at(const char *dir, int port)
-{
-    char listen[64], db[1100], log[1100];
-    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
-    snprintf(db, sizeof db, "%s/coordinator.db", dir);
-    snprintf(log, sizeof log, "%s/coord-restart.log", dir);
-    const char *argv[] = {pcs_test_bin("pcs-coordinator"),
-                          "--listen",
-                          listen,
-                          "--db",
-                          db,
-                          "--lease-ms",
-                          "20000",
-                          NULL};
-    return pcs_test_spawn((char *const *)argv, log);
-}
+static const char *const k_restart_args[] = {"--lease-ms", "20000", NULL};
 
 /* The coordinator is SIGKILLed mid-job and restarted on the same address and database a second
  * later: the workers keep training (collectives never go through the coordinator), retry their
@@ -274,12 +239,9 @@ static void test_coordinator_restart_does_not_stop_training(void **state)
     (void)state;
     e2e_cluster_t *cl = &g_cluster;
     pcs_test_stop(cl->coord, 5000); /* replace the setup's coordinator by one on a fixed port */
-    int port = free_port();
+    int port = e2e_free_port();
     assert_true(port > 0);
-    cl->coord = start_coord_at(cl->dir, port);
-    assert_true(cl->coord > 0);
-    snprintf(cl->addr, sizeof cl->addr, "127.0.0.1:%d", port);
-    pcs_test_sleep_ms(500);
+    assert_int_equal(e2e_start_coord_at(cl, port, k_restart_args), 0);
     char yaml[4096];
     snprintf(yaml, sizeof yaml, K_JOB_FMT, 2, 400);
     assert_int_equal(e2e_spawn_workers(cl, 2, NULL), 0);
@@ -304,8 +266,7 @@ static void test_coordinator_restart_does_not_stop_training(void **state)
     pcs_test_sleep_ms(1000);
     e2e_load_reports(cl, &g_job);
     uint64_t while_down = g_job.reports[0][g_job.n_reports[0] - 1]->step;
-    cl->coord = start_coord_at(cl->dir, port);
-    assert_true(cl->coord > 0);
+    assert_int_equal(e2e_start_coord_at(cl, port, k_restart_args), 0);
     /* the workers finish on their own (--max-jobs 1) */
     for (int i = 0; i < cl->n_workers; i++) {
         int ws = pcs_test_wait(cl->workers[i], 60000);
@@ -337,12 +298,9 @@ static void test_job_that_ended_while_coordinator_was_down_is_not_run_again(void
     (void)state;
     e2e_cluster_t *cl = &g_cluster;
     pcs_test_stop(cl->coord, 5000);
-    int port = free_port();
+    int port = e2e_free_port();
     assert_true(port > 0);
-    cl->coord = start_coord_at(cl->dir, port);
-    assert_true(cl->coord > 0);
-    snprintf(cl->addr, sizeof cl->addr, "127.0.0.1:%d", port);
-    pcs_test_sleep_ms(500);
+    assert_int_equal(e2e_start_coord_at(cl, port, k_restart_args), 0);
     char yaml[4096];
     snprintf(yaml, sizeof yaml, K_JOB_FMT, 2, 300);
     const char *const serve[] = {"--max-jobs", "0", NULL}; /* keep serving after the job */
@@ -371,8 +329,7 @@ static void test_job_that_ended_while_coordinator_was_down_is_not_run_again(void
             done = done && g_job.n_reports[r] > 0 && g_job.reports[r][g_job.n_reports[r] - 1]->done;
     }
     assert_true(done);
-    cl->coord = start_coord_at(cl->dir, port);
-    assert_true(cl->coord > 0);
+    assert_int_equal(e2e_start_coord_at(cl, port, k_restart_args), 0);
     assert_int_equal(e2e_wait_job(cl, &g_job, 30000), 0);
     assert_int_equal(g_job.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
     pcs_test_sleep_ms(1500); /* time for a wrongly accepted re-run to show */

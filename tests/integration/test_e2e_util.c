@@ -2,8 +2,11 @@
  * per-rank report files, export from the sharded checkpoint, parity against the reference. */
 #include "test_e2e_util.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <execinfo.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -68,6 +71,59 @@ int e2e_spawn_workers(e2e_cluster_t *c, int n, const char *const *extra)
         c->workers[c->n_workers++] = pid;
     }
     return 0;
+}
+
+int e2e_free_port(void)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (fd >= 0)
+        close(fd);
+    return port;
+}
+
+int e2e_start_coord_at(e2e_cluster_t *c, int port, const char *const *extra)
+{
+    char listen[64], db[1100], log[1100];
+    snprintf(listen, sizeof listen, "127.0.0.1:%d", port);
+    snprintf(db, sizeof db, "%s/coordinator.db", c->dir);
+    snprintf(log, sizeof log, "%s/coord-%d.log", c->dir, port);
+    const char *argv[40] = {pcs_test_bin("pcs-coordinator"), "--listen", listen, "--db", db};
+    int k = 5;
+    for (int j = 0; extra && extra[j] && k < 39; j++)
+        argv[k++] = extra[j];
+    argv[k] = NULL;
+    c->coord = pcs_test_spawn((char *const *)argv, log);
+    if (c->coord < 0)
+        return -1;
+    snprintf(c->addr, sizeof c->addr, "%s", listen);
+    pcs_rpc_client_t *cl = NULL;
+    if (pcs_rpc_client_create(c->addr, &cl) != PCS_OK)
+        return -1;
+    int rc = -1;
+    for (uint64_t t0 = pcs_now_ms(); rc != 0 && pcs_now_ms() - t0 < 15000;) {
+        Pcs__V1__GetStatusRequest req = PCS__V1__GET_STATUS_REQUEST__INIT;
+        ProtobufCMessage *resp = NULL;
+        if (pcs_rpc_call(cl, PCS_M_GET_STATUS, &req.base, &pcs__v1__get_status_response__descriptor,
+                         1000, &resp, NULL) == PCS_OK) {
+            protobuf_c_message_free_unpacked(resp, NULL);
+            rc = 0;
+        } else {
+            pcs_test_sleep_ms(50);
+        }
+    }
+    pcs_rpc_client_destroy(cl);
+    if (rc != 0)
+        fprintf(stderr, "e2e: coordinator on %s does not answer (log %s)\n", listen, log);
+    return rc;
 }
 
 Pcs__V1__JobSpec *e2e_parse_spec(const char *yaml)

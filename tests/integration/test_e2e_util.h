@@ -36,6 +36,14 @@ typedef struct e2e_job {
 
 /* Start a coordinator (in-memory DB) in a fresh temp dir. 0 on success. */
 int e2e_start(e2e_cluster_t *c, const char *tag);
+/* A free TCP port on 127.0.0.1 (bound, read and let go, so a restarted coordinator can take it
+ * again); -1 on error. */
+int e2e_free_port(void);
+/* (Re)start the cluster's coordinator on 127.0.0.1:port with its SQLite state in
+ * <dir>/coordinator.db (log: <dir>/coord-<port>.log, appended), extra args appended; sets c->coord
+ * and c->addr and returns 0 once it answers GetStatus (within 15 s). For fault tests that kill
+ * and restart it on the same address. */
+int e2e_start_coord_at(e2e_cluster_t *c, int port, const char *const *extra);
 /* Spawn n workers (--max-jobs 1, reports into the cluster dir); extra args appended to each. */
 int e2e_spawn_workers(e2e_cluster_t *c, int n, const char *const *extra);
 /* Submit `yaml` (a JobSpec; the checkpoint dir is set to <dir>/ckpt-<tag>), wait for a terminal

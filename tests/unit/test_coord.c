@@ -145,6 +145,29 @@ static pcs_coord_job_t *submit_shard(fixture_t *f, uint32_t n, const char *reque
     return j;
 }
 
+/* Let `ms` pass with the loop running: a tick every 50 ms, as the server's loop does. (One jump
+ * of the clock between two ticks is a stall of the coordinator itself: see the stall tests.) */
+static void run_for(fixture_t *f, uint64_t ms)
+{
+    for (uint64_t t = 0; t < ms; t += 50) {
+        f->clock.now += ms - t < 50 ? ms - t : 50;
+        assert_int_equal(pcs_coord_tick(f->c), 0);
+    }
+}
+
+/* run_for with workers w-1 .. w-<n> heartbeating every 100 ms */
+static void run_alive(fixture_t *f, uint64_t ms, uint32_t n)
+{
+    for (uint64_t t = 0; t < ms; t += 100) {
+        for (uint32_t k = 1; k <= n; k++) {
+            char id[16];
+            snprintf(id, sizeof id, "w-%u", k);
+            pcs_coord_heartbeat(f->c, id, &(pcs_coord_worker_t *){NULL});
+        }
+        run_for(f, ms - t < 100 ? ms - t : 100);
+    }
+}
+
 static pcs_coord_worker_t *worker(fixture_t *f, uint32_t number)
 {
     pcs_coord_worker_t *w = pcs_coord_worker_by_number(f->c, number);
@@ -247,9 +270,43 @@ static void test_lease_expires_only_after_lease_ms_without_heartbeat(void **stat
     pcs_coord_tick(f->c);
     assert_int_equal(a->state, PCS_WORKER_LOST);
     assert_int_equal(b->state, PCS_WORKER_IDLE);
-    f->clock.now += 6000;
-    pcs_coord_tick(f->c);
+    run_for(f, 6000);
     assert_int_equal(b->state, PCS_WORKER_LOST);
+}
+
+/* A coordinator that did not run (SIGSTOP, a frozen VM) read no heartbeats meanwhile: they wait
+ * in its sockets. Its first tick after the stall must not expire the leases of workers that
+ * sent them; a worker that really went away is still found a lease later. */
+static void test_a_stalled_coordinator_renews_every_lease_instead_of_expiring_them(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 3);
+    pcs_coord_job_t *j = submit_shard(f, 2, NULL);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    run_for(f, 1000);
+    f->clock.now += 60000; /* a 60 s SIGSTOP */
+    assert_int_equal(pcs_coord_tick(f->c), 60000);
+    for (uint32_t n = 1; n <= 3; n++)
+        assert_int_not_equal(worker(f, n)->state, PCS_WORKER_LOST);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    /* a gap of exactly half the lease is not a stall: leases keep running through it */
+    f->clock.now += 5000;
+    assert_int_equal(pcs_coord_tick(f->c), 0);
+    /* w-1 and w-3 heartbeat from here on; w-2 (rank 1) never does */
+    pcs_coord_worker_t *w;
+    for (int i = 0; i < 60; i++) {
+        assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", &w), PCS_OK);
+        assert_int_equal(pcs_coord_heartbeat(f->c, "w-3", &w), PCS_OK);
+        run_for(f, 100);
+        if (worker(f, 2)->state == PCS_WORKER_LOST)
+            break;
+    }
+    /* renewed at the stall's end, then 5000 + 5000 ms without a heartbeat */
+    assert_int_equal(worker(f, 2)->state, PCS_WORKER_LOST);
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    assert_non_null(strstr(j->reason, "worker w-2 (rank 1) lost"));
+    assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
+    assert_int_equal(worker(f, 3)->state, PCS_WORKER_IDLE);
 }
 
 static void test_heartbeat_from_lost_worker_is_failed_precondition(void **state)
@@ -1035,24 +1092,46 @@ static void test_restored_running_job_takes_its_ranks_back_from_reports(void **s
     assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
 }
 
-static void test_restored_running_job_fails_when_a_rank_stays_away_a_lease(void **state)
+/* The window is readopt_ms (default lease + 5 s), not the lease: workers notice a restart only
+ * after their reconnect backoff, and their first heartbeat is then refused (GONE) before they
+ * register again. */
+static void test_restored_running_job_fails_when_a_rank_stays_away_past_the_window(void **state)
 {
     fixture_t *f = *state;
+    assert_int_equal(pcs_coord_config(f->c)->readopt_ms, 15000);
     pcs_coord_job_t *j = restore_running(f);
     assert_int_equal(report(f, "w-1", 1, 7, false), 0);
-    f->clock.now += 9999;
-    pcs_coord_heartbeat(f->c, "w-1", &(pcs_coord_worker_t *){NULL});
-    pcs_coord_tick(f->c);
+    run_alive(f, 14900, 2);
+    f->clock.now += 99;
+    pcs_coord_tick(f->c); /* 14999 ms after the restore */
     assert_int_equal(j->state, PCS_JOB_RUNNING);
     f->clock.now += 1;
     pcs_coord_tick(f->c);
     assert_int_equal(j->state, PCS_JOB_FAILED);
-    assert_string_equal(j->reason,
-                        "1 of 2 ranks (first: rank 0) did not come back within the "
-                        "lease (10000 ms) after a coordinator restart; missing ranks: 0");
+    assert_string_equal(j->reason, "1 of 2 ranks (first: rank 0) did not come back within "
+                                   "15000 ms of a coordinator restart; missing ranks: 0");
     assert_null(worker(f, 1)->job); /* the rank that came back is freed with a STOP */
     assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
     assert_int_equal(report(f, "w-2", 0, 8, false), PCS_EV_STOP);
+}
+
+/* A job that finished while the coordinator was down: its ranks' final reports arrive late,
+ * after a stall of the restarted coordinator too; the job SUCCEEDS. */
+static void test_late_done_reports_of_a_restored_job_succeed_it_even_after_a_stall(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_job_t *j = restore_running(f);
+    run_alive(f, 14000, 2);
+    f->clock.now += 30000; /* stalled: the window moves by the gap */
+    assert_int_equal(pcs_coord_tick(f->c), 30000);
+    run_alive(f, 500, 2);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    assert_int_equal(report(f, "w-2", 0, 6000, true), 0); /* only the final report, no progress */
+    run_alive(f, 200, 2);
+    assert_int_equal(report(f, "w-1", 1, 6000, true), 0);
+    assert_int_equal(j->state, PCS_JOB_SUCCEEDED);
+    assert_string_equal(j->reason, "all 2 ranks finished at step 6000");
+    assert_int_equal(j->progress.step, 6000);
 }
 
 static pcs_coord_worker_t *reg_pid(fixture_t *f, const char *identity, uint32_t pid)
@@ -1159,13 +1238,12 @@ static void test_reserved_rank_away_a_lease_fails_the_job_naming_rank_and_worker
     pcs_coord_job_t *pending;
     pcs_coord_job_t *j = restore_with_rank_map(f, &pending);
     reg_pid(f, "pod-a", 43);
-    f->clock.now += 10000;
+    f->clock.now += 15000;
     pcs_coord_heartbeat(f->c, "w-1", &(pcs_coord_worker_t *){NULL});
     pcs_coord_tick(f->c);
     assert_int_equal(j->state, PCS_JOB_FAILED);
-    assert_string_equal(j->reason, "1 of 2 ranks (first: rank 0) did not come back within the "
-                                   "lease (10000 ms) after a coordinator restart; missing ranks: "
-                                   "0 (w-2)");
+    assert_string_equal(j->reason, "1 of 2 ranks (first: rank 0) did not come back within "
+                                   "15000 ms of a coordinator restart; missing ranks: 0 (w-2)");
     /* w-1 was freed with a STOP and went to the pending job; w-2's reservation is over */
     assert_int_equal(worker(f, 2)->reserved_job, 0);
     assert_ptr_equal(worker(f, 1)->job, pending);
@@ -1249,6 +1327,7 @@ int main(void)
         T(test_register_without_identity_is_invalid_arg),
         T(test_heartbeat_unknown_or_empty_worker_id_is_rejected),
         T(test_lease_expires_only_after_lease_ms_without_heartbeat),
+        T(test_a_stalled_coordinator_renews_every_lease_instead_of_expiring_them),
         T(test_heartbeat_from_lost_worker_is_failed_precondition),
         T(test_reregister_revives_lost_worker_as_idle_with_same_id),
         T(test_deregister_makes_worker_gone_and_is_idempotent),
@@ -1281,7 +1360,8 @@ int main(void)
         T(test_restore_keeps_ids_and_new_ids_continue_after_them),
         T(test_restore_refuses_absurd_ids),
         T(test_restored_running_job_takes_its_ranks_back_from_reports),
-        T(test_restored_running_job_fails_when_a_rank_stays_away_a_lease),
+        T(test_restored_running_job_fails_when_a_rank_stays_away_past_the_window),
+        T(test_late_done_reports_of_a_restored_job_succeed_it_even_after_a_stall),
         T(test_restored_rank_map_gives_a_reregistered_worker_its_rank_before_pending_jobs),
         T(test_reserved_worker_back_from_a_new_process_fails_its_job_and_is_idle),
         T(test_reserved_rank_away_a_lease_fails_the_job_naming_rank_and_worker),

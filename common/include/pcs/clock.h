@@ -20,6 +20,8 @@ const pcs_clock_t *pcs_clock_real(void);
 uint64_t pcs_now_ms(void);
 uint64_t pcs_now_us(void);
 uint64_t pcs_wall_ms(void);
+/* Sleep ms milliseconds (a signal does not cut it short). */
+void pcs_sleep_ms(uint32_t ms);
 
 /* A fake clock for tests: both clocks read *ctx (a uint64_t ms counter the test advances). */
 typedef struct pcs_fake_clock {

@@ -48,8 +48,19 @@ typedef struct pcs_rpc_tls {
 /* ---- client ---- */
 typedef struct pcs_rpc_client pcs_rpc_client_t;
 
-/* Connect lazily to `target` ("127.0.0.1:7070", "unix:/path"). Caller destroys. */
+/* Connect lazily to `target` ("127.0.0.1:7070", "unix:/path"). TLS and the bearer token come from
+ * the environment (PCS_TLS_CA, PCS_TLS_CLIENT_CERT/_KEY, PCS_TLS_TARGET_NAME, PCS_TOKEN). A lost
+ * connection is retried after 100 ms, doubling up to PCS_RPC_RECONNECT_MAX_MS (gRPC's own default
+ * grows to 120 s). Caller destroys. */
 pcs_status_t pcs_rpc_client_create(const char *target, pcs_rpc_client_t **out);
+
+#define PCS_RPC_RECONNECT_MAX_MS 1000
+typedef struct pcs_rpc_client_options {
+    uint32_t reconnect_max_ms; /* longest wait between connection attempts; 0 = the default */
+} pcs_rpc_client_options_t;
+/* pcs_rpc_client_create with options (o NULL: the defaults). */
+pcs_status_t pcs_rpc_client_create_with(const char *target, const pcs_rpc_client_options_t *o,
+                                        pcs_rpc_client_t **out);
 /* Send "authorization: Bearer <token>" with every later call (NULL or "": stop). The token is
  * copied. Not thread-safe against calls in flight on this client: set it before use. */
 pcs_status_t pcs_rpc_client_set_token(pcs_rpc_client_t *c, const char *token);
