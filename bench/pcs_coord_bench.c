@@ -227,6 +227,16 @@ static int gang_start(pcs_rpc_client_t *c, unsigned w, row_t *r, row_t *submit_r
         if (pcs_rpc_call(c, PCS_M_CANCEL_JOB, &req.base, &pcs__v1__cancel_job_response__descriptor,
                          T_MS, &resp, NULL) == PCS_OK)
             protobuf_c_message_free_unpacked(resp, NULL);
+        /* as an agent does once its job loop ended: a heartbeat naming no job makes the
+         * STOPPING worker IDLE for the next round */
+        for (unsigned i = 0; i < w; i++) {
+            Pcs__V1__HeartbeatRequest hb = PCS__V1__HEARTBEAT_REQUEST__INIT;
+            snprintf(id, sizeof id, "w-%u", i + 1);
+            hb.worker_id = id;
+            if (pcs_rpc_call(c, PCS_M_HEARTBEAT, &hb.base, &pcs__v1__heartbeat_response__descriptor,
+                             T_MS, &resp, NULL) == PCS_OK)
+                protobuf_c_message_free_unpacked(resp, NULL);
+        }
     }
     for (unsigned i = 0; i < w; i++)
         if (s[i])

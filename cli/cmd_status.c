@@ -34,8 +34,8 @@ static int cluster_status(int full)
     Pcs__V1__GetStatusResponse *s = (Pcs__V1__GetStatusResponse *)r;
     printf("coordinator  %s  version %s  up ", pcs_cli()->addr, *s->version ? s->version : "?");
     print_duration(s->uptime_ms);
-    printf("\nworkers      idle %u  assigned %u  lost %u\n", s->workers_idle, s->workers_assigned,
-           s->workers_lost);
+    printf("\nworkers      idle %u  assigned %u  stopping %u  lost %u\n", s->workers_idle,
+           s->workers_assigned, s->workers_stopping, s->workers_lost);
     printf("jobs         pending %u  running %u  finished %u\n", s->jobs_pending, s->jobs_running,
            s->jobs_finished);
     if (full && s->text && *s->text) {

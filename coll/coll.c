@@ -296,6 +296,15 @@ void pcs_coll_destroy(pcs_coll_t *c)
     free(c);
 }
 
+int pcs_coll_blame(const pcs_coll_t *c, pcs_coll_fault_t *fault)
+{
+    int f = PCS_COLL_FAULT_NONE;
+    int r = c && c->ops->blame ? c->ops->blame(c->impl, &f) : -1;
+    if (fault)
+        *fault = r >= 0 ? (pcs_coll_fault_t)f : PCS_COLL_FAULT_NONE;
+    return r;
+}
+
 void pcs_coll_abort(pcs_coll_t *c, const char *reason)
 {
     if (!c)

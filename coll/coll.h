@@ -122,6 +122,18 @@ void pcs_coll_abort(pcs_coll_t *c, const char *reason);
 /* Release everything. No call may be running (abort first). Accepts NULL. */
 void pcs_coll_destroy(pcs_coll_t *c);
 
+/* Why a failed communicator failed, when a peer is to blame (values equal pcs.v1.PeerFault). */
+typedef enum pcs_coll_fault {
+    PCS_COLL_FAULT_NONE = 0,
+    PCS_COLL_FAULT_DIED = 1,  /* it closed its connections: its process died or was killed */
+    PCS_COLL_FAULT_SILENT = 2 /* it made no progress within the timeout */
+} pcs_coll_fault_t;
+/* The rank (in this communicator) the first failure is blamed on, -1 when none is: no failure,
+ * a failure of this rank's own, an abort, or a backend that cannot tell (NCCL). Another rank's
+ * failure note counts (a rank that gave up because of rank 2 blames rank 2). *fault gets the
+ * kind. Thread-safe. */
+int pcs_coll_blame(const pcs_coll_t *c, pcs_coll_fault_t *fault);
+
 // ---- backend vtable (implemented by coll_gloo.cc and coll_nccl.c) ----
 
 /* Arguments are already checked by coll.c (dtype, counts, ranks, NULLs, poisoned state). */
@@ -144,6 +156,7 @@ typedef struct pcs_coll_ops {
     pcs_status_t (*group_end)(void *impl);
     void (*abort)(void *impl, const char *reason);
     void (*destroy)(void *impl);
+    int (*blame)(void *impl, int *fault); /* pcs_coll_blame; NULL: never known */
 } pcs_coll_ops_t;
 
 typedef pcs_status_t (*pcs_coll_backend_create_fn)(const pcs_coll_config_t *cfg,

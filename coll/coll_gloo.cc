@@ -55,8 +55,9 @@ struct PeerError : std::runtime_error {
     int peer;
     bool timeout;
     int reported_by; // >= 0: another rank's failure note named `peer`
-    PeerError(int p, bool t, const std::string &m, int by = -1)
-        : std::runtime_error(m), peer(p), timeout(t), reported_by(by)
+    int fault;       // with reported_by: the note's PCS_COLL_FAULT_*
+    PeerError(int p, bool t, const std::string &m, int by = -1, int f = PCS_COLL_FAULT_NONE)
+        : std::runtime_error(m), peer(p), timeout(t), reported_by(by), fault(f)
     {
     }
 };
@@ -168,13 +169,16 @@ struct GlooComm {
     uint64_t seq = 0; // collective sequence number: slot of the next collective
     uint32_t raw_tag = 1;
 
-    std::mutex mu;              // guards live, aborted, abort_reason, peer_failed, peer_msg, noted
+    std::mutex mu; // guards live, aborted, abort_reason, peer_*, noted, blamed*
     std::map<UBuf *, int> live; // registered buffers -> peer of their pending operation (-1: none)
     bool aborted = false;
     std::string abort_reason;
     int peer_failed = -1; // culprit named by another rank's failure note (watchdog)
     int peer_reporter = -1;
+    int peer_fault = PCS_COLL_FAULT_NONE;
     std::string peer_msg;
+    int blamed = -1; // the rank this communicator's failure is blamed on (pcs_coll_blame)
+    int blamed_fault = PCS_COLL_FAULT_NONE;
 
     // Watchdog: Gloo does not fail an unbound send whose data was partly written when the peer
     // died (its TCP pair signals only bound buffers of queued writes), so such a send would wait
@@ -210,7 +214,7 @@ Buf::Buf(GlooComm *g, void *ptr, size_t bytes) : g_(g)
     if (g->aborted)
         throw Cancelled();
     if (g->peer_failed >= 0)
-        throw PeerError(g->peer_failed, false, g->peer_msg, g->peer_reporter);
+        throw PeerError(g->peer_failed, false, g->peer_msg, g->peer_reporter, g->peer_fault);
     g->live[b_.get()] = -1;
 }
 
@@ -226,7 +230,7 @@ static void set_pending(GlooComm *g, UBuf *b, int peer)
 {
     std::lock_guard<std::mutex> lk(g->mu);
     if (!g->aborted && g->peer_failed >= 0)
-        throw PeerError(g->peer_failed, false, g->peer_msg, g->peer_reporter);
+        throw PeerError(g->peer_failed, false, g->peer_msg, g->peer_reporter, g->peer_fault);
     throw Cancelled();
 }
 
@@ -298,7 +302,8 @@ std::string any_note_key(const GlooComm *g)
 
 // `failure`: also publish under fail/any for the other ranks' watchdogs (an abort is local and
 // only explains this rank's dropped connections).
-void write_note(GlooComm *g, int culprit, const std::string &msg, bool failure)
+// A note starts "<culprit>:<fault>" (PCS_COLL_FAULT_*); a note without ":<fault>" has none.
+void write_note(GlooComm *g, int culprit, int fault, const std::string &msg, bool failure)
 {
     {
         std::lock_guard<std::mutex> lk(g->mu);
@@ -306,16 +311,26 @@ void write_note(GlooComm *g, int culprit, const std::string &msg, bool failure)
             return;
         g->noted = true;
     }
-    std::string v = std::to_string(culprit) + "\n" + msg;
+    std::string who = std::to_string(culprit) + ":" + std::to_string(fault);
+    std::string v = who + "\n" + msg;
     (void)pcs_kv_set(g->kv, note_key(g, g->rank).c_str(), v.data(), v.size());
     if (failure && culprit >= 0) {
-        std::string a = std::to_string(culprit) + "\n" + std::to_string(g->rank) + "\n" + msg;
+        std::string a = who + "\n" + std::to_string(g->rank) + "\n" + msg;
         (void)pcs_kv_set(g->kv, any_note_key(g).c_str(), a.data(), a.size());
     }
 }
 
+// "<culprit>[:<fault>]" at the start of a note
+void parse_who(const std::string &v, int *culprit, int *fault)
+{
+    char *end = nullptr;
+    *culprit = (int)strtol(v.c_str(), &end, 10);
+    long f = end && *end == ':' ? strtol(end + 1, nullptr, 10) : (long)PCS_COLL_FAULT_NONE;
+    *fault = f == PCS_COLL_FAULT_DIED || f == PCS_COLL_FAULT_SILENT ? (int)f : PCS_COLL_FAULT_NONE;
+}
+
 // Peer p dropped its connection: did it die, or did it give up because of someone else?
-bool read_note(GlooComm *g, int p, int *culprit, std::string *msg)
+bool read_note(GlooComm *g, int p, int *culprit, int *fault, std::string *msg)
 {
     if (!g->kv || p < 0)
         return false;
@@ -328,7 +343,7 @@ bool read_note(GlooComm *g, int p, int *culprit, std::string *msg)
     std::string v((char *)val, len);
     free(val);
     size_t nl = v.find('\n');
-    *culprit = atoi(v.c_str());
+    parse_who(v, culprit, fault);
     *msg = nl == std::string::npos ? v : v.substr(nl + 1);
     return true;
 }
@@ -363,7 +378,8 @@ void watchdog_loop(GlooComm *g)
         size_t a = v.find('\n'), b = a == std::string::npos ? a : v.find('\n', a + 1);
         if (b == std::string::npos)
             continue;
-        int culprit = atoi(v.c_str()), reporter = atoi(v.c_str() + a + 1);
+        int culprit, fault, reporter = atoi(v.c_str() + a + 1);
+        parse_who(v, &culprit, &fault);
         if (reporter == g->rank)
             continue;
         std::lock_guard<std::mutex> lk(g->mu);
@@ -371,6 +387,7 @@ void watchdog_loop(GlooComm *g)
             continue;
         g->peer_failed = culprit;
         g->peer_reporter = reporter;
+        g->peer_fault = fault;
         g->peer_msg = v.substr(b + 1);
         for (const auto &kv : g->live) {
             kv.first->abortWaitRecv();
@@ -389,31 +406,42 @@ pcs_status_t fail_peer(GlooComm *g, const char *op, const PeerError &e)
     }
     pcs_status_t st;
     std::string msg;
-    int culprit = e.peer;
-    int ncul;
+    int culprit = e.peer, fault = PCS_COLL_FAULT_NONE;
+    int ncul, nfault;
     std::string nmsg;
     if (e.peer < 0) {
         st = e.timeout ? PCS_ERR_TIMEOUT : PCS_ERR_REMOTE;
         msg = e.what();
     } else if (e.reported_by >= 0) {
         st = PCS_ERR_REMOTE;
+        fault = e.fault;
         msg = "peer rank " + std::to_string(e.peer) + " failed (reported by rank " +
               std::to_string(e.reported_by) + ": " + e.what() + ")";
-    } else if (read_note(g, e.peer, &ncul, &nmsg)) {
+    } else if (read_note(g, e.peer, &ncul, &nfault, &nmsg)) {
         // The peer failed first and said why; its culprit is the root cause.
         st = PCS_ERR_REMOTE;
         culprit = ncul;
+        fault = nfault;
         msg = "rank " + std::to_string(e.peer) + " gave up: " + nmsg;
     } else if (e.timeout) {
         st = PCS_ERR_TIMEOUT;
+        fault = PCS_COLL_FAULT_SILENT;
         msg = "peer rank " + std::to_string(e.peer) + " made no progress within " +
               std::to_string(g->timeout.count()) + " ms (" + e.what() + ")";
     } else {
         st = PCS_ERR_REMOTE;
+        fault = PCS_COLL_FAULT_DIED;
         msg = "peer rank " + std::to_string(e.peer) +
               " closed the connection (process died?): " + e.what();
     }
-    write_note(g, culprit, msg, true);
+    {
+        std::lock_guard<std::mutex> lk(g->mu);
+        if (g->blamed < 0 && culprit >= 0 && culprit < g->size && fault != PCS_COLL_FAULT_NONE) {
+            g->blamed = culprit;
+            g->blamed_fault = fault;
+        }
+    }
+    write_note(g, culprit, fault, msg, true);
     try {
         g->ctx->closeConnections();
     } catch (...) {
@@ -872,8 +900,8 @@ extern "C" void g_abort(void *impl, const char *reason)
             kv.first->abortWaitSend();
         }
     }
-    write_note(g, g->rank, std::string("rank ") + std::to_string(g->rank) + " aborted: " + reason,
-               false);
+    write_note(g, g->rank, PCS_COLL_FAULT_NONE,
+               std::string("rank ") + std::to_string(g->rank) + " aborted: " + reason, false);
     try {
         if (g->ctx)
             g->ctx->closeConnections();
@@ -893,6 +921,14 @@ void stop_watchdog(GlooComm *g)
     g->watchdog.join();
 }
 
+extern "C" int g_blame(void *impl, int *fault)
+{
+    GlooComm *g = G(impl);
+    std::lock_guard<std::mutex> lk(g->mu);
+    *fault = g->blamed_fault;
+    return g->blamed;
+}
+
 extern "C" void g_destroy(void *impl)
 {
     stop_watchdog(G(impl));
@@ -902,6 +938,7 @@ extern "C" void g_destroy(void *impl)
 const pcs_coll_ops_t gloo_ops = {
     "gloo", g_all_gather, g_reduce_scatter, g_all_reduce, g_broadcast, g_send,
     g_recv, g_barrier,    g_group_start,    g_group_end,  g_abort,     g_destroy,
+    g_blame,
 };
 
 } // namespace

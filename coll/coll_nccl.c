@@ -501,6 +501,7 @@ static void n_destroy(void *impl)
 static const pcs_coll_ops_t nccl_ops = {
     "nccl", n_all_gather, n_reduce_scatter, n_all_reduce, n_broadcast, n_send,
     n_recv, n_barrier,    n_group_start,    n_group_end,  n_abort,     n_destroy,
+    NULL, /* blame: NCCL does not say which peer failed */
 };
 
 // ---- create ----

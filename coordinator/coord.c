@@ -45,13 +45,14 @@ struct pcs_coord {
     uint64_t last_tick_ms; /* 0 before the first tick */
 };
 
-static const char *const worker_names[] = {"UNSPECIFIED", "IDLE", "ASSIGNED", "LOST", "GONE"};
+static const char *const worker_names[] = {"UNSPECIFIED", "IDLE", "ASSIGNED",
+                                           "LOST",        "GONE", "STOPPING"};
 static const char *const job_names[] = {"UNSPECIFIED", "PENDING", "RUNNING",
                                         "SUCCEEDED",   "FAILED",  "CANCELLED"};
 
 const char *pcs_worker_state_name(pcs_worker_state_t s)
 {
-    return (s >= PCS_WORKER_IDLE && s <= PCS_WORKER_GONE) ? worker_names[s] : "UNSPECIFIED";
+    return (s >= PCS_WORKER_IDLE && s <= PCS_WORKER_STOPPING) ? worker_names[s] : "UNSPECIFIED";
 }
 
 const char *pcs_job_state_name(pcs_job_state_t s)
@@ -223,6 +224,18 @@ bool pcs_coord_pop_event(pcs_coord_t *c, pcs_coord_worker_t *w, pcs_coord_event_
 
 void pcs_coord_watch_started(pcs_coord_t *c, pcs_coord_worker_t *w)
 {
+    if (w->state == PCS_WORKER_STOPPING) {
+        /* a STOP popped for a stream that broke before it went out is sent again */
+        pcs_coord_job_t *j = pcs_coord_job_by_number(c, w->stop_job);
+        for (size_t i = 0; j && i < w->ev_len; i++) {
+            const pcs_coord_event_t *e = &w->events[w->ev_head + i];
+            if (e->kind == PCS_EV_STOP && e->job == j->number)
+                return;
+        }
+        if (j)
+            push_event(c, w, PCS_EV_STOP, j, j->reason);
+        return;
+    }
     if (w->state != PCS_WORKER_ASSIGNED || !w->job)
         return;
     for (size_t i = 0; i < w->ev_len; i++) {
@@ -443,6 +456,28 @@ static pcs_coord_job_t *reserved_job(pcs_coord_t *c, const pcs_coord_worker_t *w
     return j;
 }
 
+/* Is a Register from (pid, incarnation) the process `w` knew? Incarnations decide when both
+ * sides have one (every container's worker may be pid 1); otherwise pids, and an unknown pid is
+ * trusted. */
+static bool same_process(const pcs_coord_worker_t *w, uint32_t pid, uint64_t incarnation)
+{
+    if (w->incarnation && incarnation)
+        return w->incarnation == incarnation;
+    return !w->pid || !pid || w->pid == pid;
+}
+
+/* A STOPPING worker confirmed it left its job: schedulable again. */
+static void stop_confirmed(pcs_coord_t *c, pcs_coord_worker_t *w, const char *how)
+{
+    if (w->state != PCS_WORKER_STOPPING)
+        return;
+    PCS_DEBUG(PCS_SUB_COORD, "worker %s left job-%" PRIu32 " (%s): IDLE", w->id, w->stop_job, how);
+    w->stop_job = 0;
+    w->stop_gen = 0;
+    set_worker_state(c, w, PCS_WORKER_IDLE);
+    try_start_jobs(c);
+}
+
 /* A rank of a job restored from the store comes back to `w` (IDLE or reviving). */
 static void take_rank_back(pcs_coord_t *c, pcs_coord_job_t *j, pcs_coord_worker_t *w, uint32_t rank,
                            const char *how)
@@ -469,11 +504,12 @@ pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
         return pcs_set_error(PCS_ERR_INVALID_ARG, "identity: longer than 256 bytes");
     uint32_t num;
     pcs_coord_worker_t *w = NULL;
-    bool is_new = false;
+    bool is_new = false, same = true;
     if (pcs_strmap_get(&c->by_identity, r->identity, &num)) {
         w = pcs_coord_worker_by_number(c, num);
         *reregistered = true;
-        if (w->state == PCS_WORKER_ASSIGNED && w->job && r->pid && w->pid && r->pid != w->pid) {
+        same = same_process(w, r->pid, r->incarnation);
+        if (w->state == PCS_WORKER_ASSIGNED && w->job && !same) {
             /* Same identity, new process (a restarted pod): the old process's communicators
              * are gone, so its job cannot go on with this rank. */
             char why[128];
@@ -492,6 +528,7 @@ pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
     pcs_status_t st = worker_fill(w, r);
     if (st != PCS_OK)
         return st; /* a new worker stays GONE-like (state 0) and invisible to gang start */
+    w->incarnation = r->incarnation;
     w->last_heartbeat_ms = now_ms(c);
     w->last_heartbeat_wall_ms = wall_ms(c);
     if (is_new) {
@@ -509,12 +546,13 @@ pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
             w->registered_wall_ms = wall_ms(c);
         pcs_coord_job_t *rj = reserved_job(c, w);
         w->reserved_job = 0;
-        if (rj && (old_pid == 0 || r->pid == 0 || old_pid == r->pid)) {
+        if (rj && same) {
             /* held a rank before the coordinator restarted: take it back before any pending
              * job can claim this worker */
             take_rank_back(c, rj, w, w->reserved_rank, "re-registered");
             push_event(c, w, PCS_EV_ASSIGNMENT, rj, "rank taken back after a coordinator restart");
         } else {
+            w->stop_job = 0;
             set_worker_state(c, w, PCS_WORKER_IDLE);
             if (rj) {
                 job_set_reason(rj,
@@ -526,13 +564,24 @@ pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
                 job_finish(c, rj, PCS_JOB_FAILED);
             }
         }
+    } else if (w->state == PCS_WORKER_STOPPING && !same) {
+        /* the process that had to leave the job is gone: nothing of it runs anymore */
+        stop_confirmed(c, w, "re-registered from a new process");
     }
     *out = w;
     try_start_jobs(c);
     return PCS_OK;
 }
 
-pcs_status_t pcs_coord_heartbeat(pcs_coord_t *c, const char *worker_id, pcs_coord_worker_t **out)
+/* A worker silent for more than half a lease (paused, partitioned, dying) is not given a new job,
+ * though it is not LOST yet: the job would only fail when the lease runs out. */
+static bool fresh(const pcs_coord_t *c, const pcs_coord_worker_t *w)
+{
+    return now_ms(c) - w->last_heartbeat_ms <= c->cfg.lease_ms / 2;
+}
+
+pcs_status_t pcs_coord_heartbeat(pcs_coord_t *c, const char *worker_id, const char *job_id,
+                                 uint64_t generation, pcs_coord_worker_t **out)
 {
     pcs_coord_worker_t *w;
     PCS_CHECK(pcs_coord_lookup_worker(c, worker_id, &w));
@@ -540,8 +589,17 @@ pcs_status_t pcs_coord_heartbeat(pcs_coord_t *c, const char *worker_id, pcs_coor
     if (w->state == PCS_WORKER_LOST || w->state == PCS_WORKER_GONE)
         return pcs_set_error(PCS_ERR_STATE, "worker %s is %s: re-register", w->id,
                              pcs_worker_state_name(w->state));
+    bool was_fresh = fresh(c, w);
     w->last_heartbeat_ms = now_ms(c);
     w->last_heartbeat_wall_ms = wall_ms(c);
+    if (w->state == PCS_WORKER_STOPPING) {
+        uint32_t n = 0;
+        if (!job_id || !*job_id || parse_number(job_id, "job-", &n) != PCS_OK ||
+            n != w->stop_job || generation != w->stop_gen)
+            stop_confirmed(c, w, "heartbeat");
+    } else if (w->state == PCS_WORKER_IDLE && !was_fresh && c->n_pending) {
+        try_start_jobs(c); /* back from a silence: it may complete a gang */
+    }
     return PCS_OK;
 }
 
@@ -595,8 +653,10 @@ static void kv_fail_waiters(pcs_coord_t *c, pcs_coord_job_t *j, pcs_status_t st,
     free(ws);
 }
 
-/* Move a RUNNING/PENDING job to a terminal state: workers go IDLE with a STOP directive (the
- * `except` worker, already LOST/GONE, gets its STOP queued too for when it comes back). */
+/* Move a RUNNING/PENDING job to a terminal state. Its workers get a STOP directive (a LOST/GONE
+ * one too, for when it comes back). A worker whose rank sent its final report (done, or the
+ * error that ends the job) has left the job and is IDLE; the others are STOPPING until they
+ * confirm it (pcs_worker_state_t), so a dead, paused or wedged one is never scheduled. */
 static void job_finish(pcs_coord_t *c, pcs_coord_job_t *j, pcs_job_state_t state)
 {
     pcs_job_state_t prev = j->state;
@@ -616,8 +676,13 @@ static void job_finish(pcs_coord_t *c, pcs_coord_job_t *j, pcs_job_state_t state
             if (!w || w->job != j)
                 continue;
             w->job = NULL;
-            if (w->state == PCS_WORKER_ASSIGNED)
+            if (w->state == PCS_WORKER_ASSIGNED && j->rank_done[r]) {
                 set_worker_state(c, w, PCS_WORKER_IDLE);
+            } else if (w->state == PCS_WORKER_ASSIGNED) {
+                w->stop_job = j->number;
+                w->stop_gen = j->generation;
+                set_worker_state(c, w, PCS_WORKER_STOPPING);
+            }
             push_event(c, w, PCS_EV_STOP, j, j->reason);
         }
     }
@@ -781,9 +846,9 @@ static bool offers(const pcs_coord_worker_t *w, const char *transport)
     return false;
 }
 
-static bool eligible(const pcs_coord_worker_t *w, const pcs_coord_job_t *j)
+static bool eligible(const pcs_coord_t *c, const pcs_coord_worker_t *w, const pcs_coord_job_t *j)
 {
-    return w && w->state == PCS_WORKER_IDLE && (!j->need_cuda || w->has_cuda) &&
+    return w && w->state == PCS_WORKER_IDLE && fresh(c, w) && (!j->need_cuda || w->has_cuda) &&
            offers(w, j->transport);
 }
 
@@ -793,7 +858,7 @@ static void start_job(pcs_coord_t *c, pcs_coord_job_t *j)
     /* FIFO by registration: worker numbers are handed out in registration order. */
     for (size_t i = 0; i < c->n_workers && r < j->world_size; i++) {
         pcs_coord_worker_t *w = c->workers[i];
-        if (eligible(w, j))
+        if (eligible(c, w, j))
             j->rank_worker[r++] = w->number;
     }
     if (r < j->world_size)
@@ -875,6 +940,9 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
          * worker is not given to whoever reports it) */
         take_rank_back(c, j, w, r->rank, "step report");
     }
+    if (w->state == PCS_WORKER_STOPPING && w->stop_job == j->number &&
+        w->stop_gen == r->generation && (r->done || (r->error && *r->error)))
+        stop_confirmed(c, w, "final report"); /* its loop over the job has ended */
     if (j->state != PCS_JOB_RUNNING || w->job != j || r->generation != j->generation) {
         /* Not an error: the worker is behind. Tell it to stop. */
         *directive = PCS_EV_STOP;
@@ -891,6 +959,30 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
                              w->rank);
     w->last_heartbeat_ms = now_ms(c); /* a report is proof of life too */
     w->last_heartbeat_wall_ms = wall_ms(c);
+    if (r->error && *r->error) {
+        /* An error report is no step: progress, loss and the audit keep the last real step.
+         * The reason leads with the rank the reporter blames (the one that died or went
+         * silent), then who reported it. */
+        pcs_coord_worker_t *peer =
+            r->peer_fault && r->peer_rank < j->world_size && r->peer_rank != r->rank
+                ? pcs_coord_worker_by_number(c, j->rank_worker[r->peer_rank])
+                : NULL;
+        if (peer)
+            job_set_reason(j,
+                           "rank %" PRIu32 " (worker %s) %s; reported by rank %" PRIu32
+                           " (worker %s) at step %" PRIu64 ": %.*s",
+                           r->peer_rank, peer->id,
+                           r->peer_fault == 2 ? "made no progress" : "died", r->rank, w->id,
+                           r->step, pcs_utf8_prefix(r->error, 300), r->error);
+        else
+            job_set_reason(j, "rank %" PRIu32 " (worker %s) failed at step %" PRIu64 ": %.*s",
+                           r->rank, w->id, r->step, pcs_utf8_prefix(r->error, 300), r->error);
+        j->rank_done[r->rank] = 1; /* its loop over the job has ended: it is IDLE at once */
+        job_finish(c, j, PCS_JOB_FAILED);
+        *directive = PCS_EV_STOP;
+        snprintf(reason, reason_len, "%s", j->reason);
+        return PCS_OK;
+    }
     pcs_coord_progress_t *p = &j->progress;
     p->reports++;
     if (r->step >= p->step) {
@@ -908,14 +1000,6 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
     p->all_gather_bytes += r->all_gather_bytes;
     p->reduce_scatter_bytes += r->reduce_scatter_bytes;
     p->all_reduce_bytes += r->all_reduce_bytes;
-    if (r->error && *r->error) {
-        job_set_reason(j, "rank %" PRIu32 " (worker %s) failed at step %" PRIu64 ": %.*s", r->rank,
-                       w->id, r->step, pcs_utf8_prefix(r->error, 300), r->error);
-        job_finish(c, j, PCS_JOB_FAILED);
-        *directive = PCS_EV_STOP;
-        snprintf(reason, reason_len, "%s", j->reason);
-        return PCS_OK;
-    }
     if (r->fingerprint) {
         uint32_t co[4];
         pcs_mesh_coords(&j->mesh, r->rank, co);
@@ -1119,7 +1203,9 @@ static void stalled(pcs_coord_t *c, uint64_t now, uint64_t gap)
     uint32_t renewed = 0, moved = 0;
     for (size_t i = 0; i < c->n_workers; i++) {
         pcs_coord_worker_t *w = c->workers[i];
-        if (w && (w->state == PCS_WORKER_IDLE || w->state == PCS_WORKER_ASSIGNED) &&
+        if (w &&
+            (w->state == PCS_WORKER_IDLE || w->state == PCS_WORKER_ASSIGNED ||
+             w->state == PCS_WORKER_STOPPING) &&
             w->last_heartbeat_ms < now) {
             w->last_heartbeat_ms = now;
             renewed++;
@@ -1149,7 +1235,8 @@ uint64_t pcs_coord_tick(pcs_coord_t *c)
         gap = 0;
     for (size_t i = 0; i < c->n_workers; i++) {
         pcs_coord_worker_t *w = c->workers[i];
-        if (!w || (w->state != PCS_WORKER_IDLE && w->state != PCS_WORKER_ASSIGNED))
+        if (!w || (w->state != PCS_WORKER_IDLE && w->state != PCS_WORKER_ASSIGNED &&
+                   w->state != PCS_WORKER_STOPPING))
             continue;
         if (now > w->last_heartbeat_ms + c->cfg.lease_ms) {
             char why[128];
@@ -1218,7 +1305,7 @@ void pcs_coord_counts(const pcs_coord_t *c, pcs_coord_counts_t *out)
 {
     memset(out, 0, sizeof *out);
     for (size_t i = 0; i < c->n_workers; i++)
-        if (c->workers[i] && c->workers[i]->state >= 1 && c->workers[i]->state <= 4)
+        if (c->workers[i] && c->workers[i]->state >= 1 && c->workers[i]->state <= 5)
             out->workers[c->workers[i]->state]++;
     for (size_t i = 0; i < c->n_jobs; i++)
         if (c->jobs[i])
@@ -1286,7 +1373,7 @@ pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_co
 }
 
 pcs_status_t pcs_coord_restore_ranks(pcs_coord_t *c, pcs_coord_job_t *j, const uint32_t *worker,
-                                     const uint32_t *pid, uint32_t n)
+                                     const uint32_t *pid, const uint64_t *incarnation, uint32_t n)
 {
     if (!j || j->state != PCS_JOB_RUNNING || !j->n_unclaimed || j->n_unclaimed != j->world_size)
         return pcs_set_error(PCS_ERR_INVALID_ARG,
@@ -1324,8 +1411,11 @@ pcs_status_t pcs_coord_restore_ranks(pcs_coord_t *c, pcs_coord_job_t *j, const u
     PCS_CHECK_GOTO(pcs_calloc(n, sizeof *j->rank_reserved, (void **)&j->rank_reserved), st, undo);
     for (r = 0; r < n; r++) {
         j->rank_reserved[r] = worker[r];
-        if (worker[r]) /* what a re-register is compared against */
-            pcs_coord_worker_by_number(c, worker[r])->pid = pid ? pid[r] : 0;
+        if (worker[r]) { /* what a re-register is compared against */
+            pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, worker[r]);
+            w->pid = pid ? pid[r] : 0;
+            w->incarnation = incarnation ? incarnation[r] : 0;
+        }
     }
     return PCS_OK;
 undo:

@@ -23,7 +23,12 @@ typedef enum {
     PCS_WORKER_IDLE = 1,
     PCS_WORKER_ASSIGNED = 2,
     PCS_WORKER_LOST = 3,
-    PCS_WORKER_GONE = 4
+    PCS_WORKER_GONE = 4,
+    /* Its job ended (failed or cancelled) and it has not confirmed yet that it left it: a
+     * heartbeat naming no job or another one, its final report, or a Register from a new
+     * process does. Not scheduled meanwhile, so a worker a peer saw die, or one that is paused
+     * or wedged, never gets the next job; its lease still runs. */
+    PCS_WORKER_STOPPING = 5
 } pcs_worker_state_t;
 
 typedef enum {
@@ -68,6 +73,7 @@ typedef struct pcs_coord_worker {
     uint32_t number;
     char *identity, *host, *address, *version;
     uint32_t pid;
+    uint64_t incarnation; /* random per process (0: not sent by an older worker) */
     pcs_coord_device_t *devices;
     size_t n_devices;
     char **backends;
@@ -76,6 +82,8 @@ typedef struct pcs_coord_worker {
     pcs_worker_state_t state;
     struct pcs_coord_job *job; /* while ASSIGNED */
     uint32_t rank;
+    uint32_t stop_job;    /* while STOPPING: the number of the job it must confirm it left */
+    uint64_t stop_gen;    /* and its generation */
     uint64_t registered_wall_ms;
     uint64_t last_heartbeat_ms; /* monotonic */
     uint64_t last_heartbeat_wall_ms;
@@ -185,6 +193,7 @@ typedef struct pcs_coord_register {
     const char *identity; /* required: the idempotency key */
     const char *host, *address, *version;
     uint32_t pid;
+    uint64_t incarnation; /* random per worker process; 0 = not sent (compare pids then) */
     const pcs_coord_device_t *devices;
     size_t n_devices;
     const char *const *backends;
@@ -192,23 +201,27 @@ typedef struct pcs_coord_register {
 } pcs_coord_register_t;
 
 /* Register or re-register (same identity -> same worker, *reregistered = true). A LOST or GONE
- * worker comes back IDLE; an IDLE/ASSIGNED one keeps its state (an agent that only lost its
- * connection gets its assignment again on its next WatchAssignment). An ASSIGNED worker that
- * re-registers from a different pid was restarted: its job fails naming it, and it comes back
- * IDLE. Strings are copied. */
+ * worker comes back IDLE; an IDLE/ASSIGNED/STOPPING one keeps its state (an agent that only lost
+ * its connection gets its assignment again on its next WatchAssignment). One that re-registers
+ * from another process (another incarnation; without incarnations, another pid) was restarted:
+ * an ASSIGNED worker's job fails naming it, and it comes back IDLE. Strings are copied. */
 pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
                                 pcs_coord_worker_t **out, bool *reregistered);
 /* Errors: INVALID_ARG for an empty id, NOT_FOUND for an unknown one. */
 pcs_status_t pcs_coord_lookup_worker(pcs_coord_t *c, const char *worker_id,
                                      pcs_coord_worker_t **out);
-/* Renew the lease. LOST/GONE workers get PCS_ERR_STATE ("worker w-3 is LOST: re-register"). */
-pcs_status_t pcs_coord_heartbeat(pcs_coord_t *c, const char *worker_id, pcs_coord_worker_t **out);
+/* Renew the lease; job_id / generation: the job the worker is running ("" or NULL: none). A
+ * STOPPING worker whose heartbeat no longer names the job it must leave is IDLE again. LOST/GONE
+ * workers get PCS_ERR_STATE ("worker w-3 is LOST: re-register"). */
+pcs_status_t pcs_coord_heartbeat(pcs_coord_t *c, const char *worker_id, const char *job_id,
+                                 uint64_t generation, pcs_coord_worker_t **out);
 /* GONE; a RUNNING job it belonged to fails, naming the worker and rank. */
 pcs_status_t pcs_coord_deregister(pcs_coord_t *c, const char *worker_id, const char *reason);
 /* Pop the oldest queued event; false if none. */
 bool pcs_coord_pop_event(pcs_coord_t *c, pcs_coord_worker_t *w, pcs_coord_event_t *out);
 /* A watch stream (re)opened: an ASSIGNED worker whose queue holds no assignment for its current
- * job gets it queued again, so a reconnecting agent never misses its assignment. */
+ * job gets it queued again, so a reconnecting agent never misses its assignment; a STOPPING one
+ * gets its STOP again. */
 void pcs_coord_watch_started(pcs_coord_t *c, pcs_coord_worker_t *w);
 
 // ---- jobs ----
@@ -260,6 +273,9 @@ typedef struct pcs_coord_report {
     uint64_t skipped_steps;
     bool audit_ok, done;
     const char *error;    /* non-empty: the worker failed the job */
+    int peer_fault;       /* with error: 1 = peer_rank died, 2 = it made no progress (the
+                           * pcs.v1.PeerFault values); 0 = not a peer's fault */
+    uint32_t peer_rank;
     uint64_t fingerprint; /* of the step's collective sequence; 0 = not given */
     uint64_t all_gather_bytes, reduce_scatter_bytes, all_reduce_bytes;
 } pcs_coord_report_t;
@@ -305,7 +321,7 @@ pcs_coord_worker_t *pcs_coord_worker_by_number(pcs_coord_t *c, uint32_t number);
 uint32_t pcs_coord_max_job(const pcs_coord_t *c);
 
 typedef struct pcs_coord_counts {
-    uint32_t workers[5]; /* by pcs_worker_state_t */
+    uint32_t workers[6]; /* by pcs_worker_state_t */
     uint32_t jobs[6];    /* by pcs_job_state_t */
 } pcs_coord_counts_t;
 void pcs_coord_counts(const pcs_coord_t *c, pcs_coord_counts_t *out);
@@ -328,16 +344,17 @@ pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_co
 
 /* After pcs_coord_restore_job of a RUNNING job: which worker held each rank (n = world_size
  * worker numbers of restored workers; 0 = holder unknown, that rank comes back by step report
- * only) and the pid it had when it got the rank (0 = unknown).
- * Reserves those workers for the job: a reserved worker that re-registers from the same pid
- * (or an unknown one) takes its rank back at once (ASSIGNED, an assignment event queued), so no
- * PENDING job can take it first; one that re-registers from another pid was restarted while the
+ * only) and the pid and incarnation it had when it got the rank (0 = unknown; either array may
+ * be NULL).
+ * Reserves those workers for the job: a reserved worker that re-registers from the same process
+ * (same incarnation; without one, the same pid or an unknown one) takes its rank back at once (ASSIGNED, an assignment event queued), so no
+ * PENDING job can take it first; one that re-registers from another process was restarted while the
  * coordinator was down, so the job fails naming it and the worker comes back IDLE. Ranks still
  * away after readopt_ms fail the job as before, naming them. Errors: INVALID_ARG (job not
  * RUNNING and waiting for its ranks, n != world_size, a worker number unknown or listed twice):
  * nothing is reserved and ranks come back only through step reports. Arrays are borrowed. */
 pcs_status_t pcs_coord_restore_ranks(pcs_coord_t *c, pcs_coord_job_t *j, const uint32_t *worker,
-                                     const uint32_t *pid, uint32_t n);
+                                     const uint32_t *pid, const uint64_t *incarnation, uint32_t n);
 
 #ifdef __cplusplus
 }

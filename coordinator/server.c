@@ -383,6 +383,7 @@ static void h_register(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *us
                               .address = req->address,
                               .version = req->version,
                               .pid = req->pid,
+                              .incarnation = req->incarnation,
                               .devices = devs,
                               .n_devices = req->n_devices,
                               .backends = (const char *const *)req->backends,
@@ -410,7 +411,8 @@ static void h_heartbeat(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *u
     REFUSE_IF_STOPPING(s, call);
     const Pcs__V1__HeartbeatRequest *req = (const void *)m;
     pcs_coord_worker_t *w;
-    pcs_status_t st = pcs_coord_heartbeat(s->coord, req->worker_id, &w);
+    pcs_status_t st =
+        pcs_coord_heartbeat(s->coord, req->worker_id, req->job_id, req->generation, &w);
     if (st != PCS_OK) {
         fail_last(call, st);
         return;
@@ -468,6 +470,8 @@ static void h_report_step(pcs_rpc_call_t *call, const ProtobufCMessage *m, void 
                             .audit_ok = sr->audit_ok,
                             .done = sr->done,
                             .error = sr->error,
+                            .peer_fault = (int)sr->peer_fault,
+                            .peer_rank = sr->peer_rank,
                             .fingerprint = sr->fingerprint,
                             .all_gather_bytes = sr->all_gather_bytes,
                             .reduce_scatter_bytes = sr->reduce_scatter_bytes,
@@ -842,6 +846,7 @@ static void h_get_status(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *
     resp.workers_idle = cn.workers[PCS_WORKER_IDLE];
     resp.workers_assigned = cn.workers[PCS_WORKER_ASSIGNED];
     resp.workers_lost = cn.workers[PCS_WORKER_LOST];
+    resp.workers_stopping = cn.workers[PCS_WORKER_STOPPING];
     resp.jobs_pending = cn.jobs[PCS_JOB_PENDING];
     resp.jobs_running = cn.jobs[PCS_JOB_RUNNING];
     resp.jobs_finished =
@@ -1016,11 +1021,13 @@ static pcs_status_t put_job(pcs_server_t *s, const pcs_coord_job_t *j)
         PCS_CHECK(pcs_calloc(n, 1, (void **)&buf));
     if (n)
         pcs__v1__job_spec__pack(j->spec, buf);
-    /* rank -> worker (and its pid) of a running job, so a restarted coordinator can hold those
-     * workers for it; a rank not back yet after a restart keeps its reservation */
+    /* rank -> worker (and its pid and incarnation) of a running job, so a restarted coordinator
+     * can hold those workers for it; a rank not back yet after a restart keeps its reservation */
     uint32_t *ranks = NULL, known = 0;
+    uint64_t *incs = NULL;
     if (j->state == PCS_JOB_RUNNING && j->world_size &&
-        pcs_calloc((size_t)j->world_size * 2, sizeof *ranks, (void **)&ranks) == PCS_OK) {
+        pcs_calloc((size_t)j->world_size * 2, sizeof *ranks, (void **)&ranks) == PCS_OK &&
+        pcs_calloc(j->world_size, sizeof *incs, (void **)&incs) == PCS_OK) {
         for (uint32_t k = 0; k < j->world_size; k++) {
             uint32_t num = j->rank_worker[k];
             if (!num && j->rank_reserved)
@@ -1028,12 +1035,15 @@ static pcs_status_t put_job(pcs_server_t *s, const pcs_coord_job_t *j)
             const pcs_coord_worker_t *w = pcs_coord_worker_by_number(s->coord, num);
             ranks[k] = num;
             ranks[j->world_size + k] = w ? w->pid : 0;
+            incs[k] = w ? w->incarnation : 0;
             known += num != 0;
         }
-        if (!known) { /* a restored job with no map and no rank back yet: nothing to keep */
-            free(ranks);
-            ranks = NULL;
-        }
+    }
+    if (!known) { /* no map, or a restored job with no rank back yet: nothing to keep */
+        free(ranks);
+        free(incs);
+        ranks = NULL;
+        incs = NULL;
     }
     pcs_store_job_t r = {.number = j->number,
                          .name = j->name,
@@ -1050,9 +1060,11 @@ static pcs_status_t put_job(pcs_server_t *s, const pcs_coord_job_t *j)
                          .spec_len = n,
                          .rank_worker = ranks,
                          .rank_pid = ranks ? ranks + j->world_size : NULL,
+                         .rank_incarnation = incs,
                          .n_ranks = ranks ? j->world_size : 0};
     pcs_status_t st = pcs_store_put_job(s->store, &r);
     free(ranks);
+    free(incs);
     free(buf);
     return st;
 }
@@ -1189,7 +1201,8 @@ static void restore_job(void *user, const pcs_store_job_t *r)
     pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, r->number);
     if (j && state == PCS_JOB_RUNNING && r->n_ranks) {
         /* hold its workers for it: a pending job must not take one before it is back */
-        if (pcs_coord_restore_ranks(s->coord, j, r->rank_worker, r->rank_pid, r->n_ranks) == PCS_OK)
+        if (pcs_coord_restore_ranks(s->coord, j, r->rank_worker, r->rank_pid, r->rank_incarnation,
+                                    r->n_ranks) == PCS_OK)
             PCS_INFO(PCS_SUB_STORE, "job %s: %" PRIu32 " ranks reserved for their workers", j->id,
                      r->n_ranks);
         else
@@ -1254,7 +1267,7 @@ static void publish_metrics(pcs_server_t *s)
         metrics_line(f, "pcs_store_commit_failures_total", NULL, (double)s->commit_failures);
     }
     fprintf(f, "# HELP pcs_workers Workers by state.\n# TYPE pcs_workers gauge\n");
-    for (int st = PCS_WORKER_IDLE; st <= PCS_WORKER_GONE; st++) {
+    for (int st = PCS_WORKER_IDLE; st <= PCS_WORKER_STOPPING; st++) {
         snprintf(lab, sizeof lab, "state=\"%s\"", pcs_worker_state_name((pcs_worker_state_t)st));
         metrics_line(f, "pcs_workers", lab, cn.workers[st]);
     }

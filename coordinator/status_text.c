@@ -47,6 +47,7 @@ pcs_status_t pcs_status_text(pcs_coord_t *c, const pcs_status_info_t *info, char
     fprintf(f, "workers_assigned:%" PRIu32 "\n", cn.workers[PCS_WORKER_ASSIGNED]);
     fprintf(f, "workers_lost:%" PRIu32 "\n", cn.workers[PCS_WORKER_LOST]);
     fprintf(f, "workers_gone:%" PRIu32 "\n", cn.workers[PCS_WORKER_GONE]);
+    fprintf(f, "workers_stopping:%" PRIu32 "\n", cn.workers[PCS_WORKER_STOPPING]);
     /* one line per live worker, capped so a 10k-worker cluster does not produce megabytes */
     uint32_t shown = 0;
     for (uint32_t i = 1; i <= pcs_coord_max_worker(c) && shown < 64; i++) {

@@ -30,9 +30,12 @@ static const char *const schema =
     " created_ms INTEGER, started_ms INTEGER, finished_ms INTEGER, generation INTEGER,"
     " plan_hash INTEGER, world_size INTEGER, spec BLOB, ranks BLOB);";
 
-/* ranks: 8 bytes per rank, little-endian worker number then pid (a fixed layout, so the file
- * moves between hosts). Databases written before the column existed get it added on open. */
-#define RANK_BYTES 8
+/* ranks: 16 bytes per rank, little-endian worker number (u32), pid (u32), incarnation (u64): a
+ * fixed layout, so the file moves between hosts. Rows of 8 bytes per rank (number, pid; written
+ * before incarnations) are still read. Databases written before the column existed get it added
+ * on open. */
+#define RANK_BYTES    16
+#define RANK_BYTES_V1 8
 
 static void put_u32le(uint8_t *p, uint32_t v)
 {
@@ -228,6 +231,9 @@ pcs_status_t pcs_store_put_job(pcs_store_t *s, const pcs_store_job_t *j)
         for (uint32_t r = 0; r < j->n_ranks; r++) {
             put_u32le(ranks + (size_t)r * RANK_BYTES, j->rank_worker[r]);
             put_u32le(ranks + (size_t)r * RANK_BYTES + 4, j->rank_pid ? j->rank_pid[r] : 0);
+            uint64_t inc = j->rank_incarnation ? j->rank_incarnation[r] : 0;
+            put_u32le(ranks + (size_t)r * RANK_BYTES + 8, (uint32_t)inc);
+            put_u32le(ranks + (size_t)r * RANK_BYTES + 12, (uint32_t)(inc >> 32));
         }
         sqlite3_bind_blob(q, 13, ranks, (int)((size_t)j->n_ranks * RANK_BYTES), SQLITE_TRANSIENT);
     } else {
@@ -290,18 +296,28 @@ pcs_status_t pcs_store_load(pcs_store_t *s,
         const uint8_t *rb = sqlite3_column_blob(q, 12);
         size_t rlen = (size_t)sqlite3_column_bytes(q, 12);
         uint32_t *rw = NULL;
-        if (rb && j.world_size && rlen == (size_t)j.world_size * RANK_BYTES &&
-            pcs_calloc((size_t)j.world_size * 2, sizeof *rw, (void **)&rw) == PCS_OK) {
+        uint64_t *ri = NULL;
+        size_t per = !rb || !j.world_size                          ? 0
+                     : rlen == (size_t)j.world_size * RANK_BYTES    ? RANK_BYTES
+                     : rlen == (size_t)j.world_size * RANK_BYTES_V1 ? RANK_BYTES_V1
+                                                                    : 0;
+        if (per && pcs_calloc((size_t)j.world_size * 2, sizeof *rw, (void **)&rw) == PCS_OK &&
+            pcs_calloc(j.world_size, sizeof *ri, (void **)&ri) == PCS_OK) {
             for (uint32_t r = 0; r < j.world_size; r++) {
-                rw[r] = get_u32le(rb + (size_t)r * RANK_BYTES);
-                rw[j.world_size + r] = get_u32le(rb + (size_t)r * RANK_BYTES + 4);
+                const uint8_t *e = rb + (size_t)r * per;
+                rw[r] = get_u32le(e);
+                rw[j.world_size + r] = get_u32le(e + 4);
+                if (per == RANK_BYTES)
+                    ri[r] = get_u32le(e + 8) | (uint64_t)get_u32le(e + 12) << 32;
             }
             j.rank_worker = rw;
             j.rank_pid = rw + j.world_size;
+            j.rank_incarnation = ri;
             j.n_ranks = j.world_size;
         }
         on_job(user, &j);
         free(rw);
+        free(ri);
     }
     sqlite3_finalize(q);
     if (rc != SQLITE_DONE)

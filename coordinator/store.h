@@ -27,10 +27,12 @@ typedef struct pcs_store_job {
     uint32_t world_size;
     const void *spec; /* packed pcs.v1.JobSpec */
     size_t spec_len;
-    /* rank -> worker of a started job: worker number and its pid when it got the rank (0 =
-     * unknown), n_ranks entries each; n_ranks 0 = none stored (PENDING, or a row written before
-     * the column existed). Lets a restarted coordinator reserve a RUNNING job's workers. */
+    /* rank -> worker of a started job: worker number, and its pid and incarnation when it got
+     * the rank (0 = unknown), n_ranks entries each; n_ranks 0 = none stored (PENDING, or a row
+     * written before the column existed). Lets a restarted coordinator reserve a RUNNING job's
+     * workers. rank_incarnation may be NULL (all 0). */
     const uint32_t *rank_worker, *rank_pid;
+    const uint64_t *rank_incarnation;
     uint32_t n_ranks;
 } pcs_store_job_t;
 

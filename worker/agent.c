@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -49,6 +50,7 @@ struct pcs_agent {
     FILE *report_file; /* training thread only */
     uint32_t rpc_timeout_ms, coll_timeout_ms, heartbeat_ms, max_jobs, flush_ms;
     int device; /* resolved ordinal (0 on cpu) */
+    uint64_t incarnation; /* random, nonzero: this process's Registers (RegisterRequest) */
     uint64_t inject_inf_step;
     uint32_t inject_inf_rank, step_pause_ms;
 
@@ -156,6 +158,7 @@ static pcs_status_t do_register(pcs_agent_t *a)
     req.backends = backends;
     req.version = (char *)"0.1.0";
     req.address = a->hostname;
+    req.incarnation = a->incarnation;
     ProtobufCMessage *resp = NULL;
     pcs_status_t st =
         pcs_rpc_call(a->rpc, PCS_M_REGISTER, &req.base, &pcs__v1__register_response__descriptor,
@@ -228,6 +231,11 @@ static void *heartbeat_main(void *arg)
                                        &pcs__v1__heartbeat_response__descriptor,
                                        (int)a->rpc_timeout_ms, &resp, &code);
         if (st == PCS_OK) {
+            const Pcs__V1__HeartbeatResponse *hr = (const Pcs__V1__HeartbeatResponse *)resp;
+            /* The coordinator ended the job this worker still runs (a STOP that did not arrive):
+             * stop it, so the worker confirms it left and is scheduled again. */
+            if (job[0] && hr->state == PCS__V1__WORKER_STATE__WORKER_STATE_STOPPING)
+                abort_running(a, job, "the coordinator ended this job (heartbeat: STOPPING)");
             protobuf_c_message_free_unpacked(resp, NULL);
             backoff = 100;
             nap(a, interval);
@@ -612,11 +620,17 @@ static void flush_reports(pcs_agent_t *a, uint32_t max_ms, int last)
 
 // ---- job ----
 
-static void report_error(pcs_agent_t *a, uint64_t step, const char *msg)
+/* The job failed here; blamed >= 0: the peer (global rank) the failure is blamed on. */
+static void report_error(pcs_agent_t *a, uint64_t step, const char *msg, int blamed,
+                         pcs_coll_fault_t fault)
 {
     Pcs__V1__StepReport rep = PCS__V1__STEP_REPORT__INIT;
     rep.step = step;
     rep.error = (char *)msg;
+    if (blamed >= 0 && fault != PCS_COLL_FAULT_NONE) {
+        rep.peer_fault = (Pcs__V1__PeerFault)fault;
+        rep.peer_rank = (uint32_t)blamed;
+    }
     enqueue_report(a, &rep);
 }
 
@@ -688,7 +702,9 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
         pthread_mutex_lock(&a->mu);
         step = a->last_step + 1;
         pthread_mutex_unlock(&a->mu);
-        report_error(a, step, msg);
+        pcs_coll_fault_t fault;
+        int blamed = pcs_train_blame(t, &fault);
+        report_error(a, step, msg, blamed, fault);
     } else if (st == PCS_OK) {
         PCS_INFO(PCS_SUB_WORKER, "job %s finished: %llu steps in %.1f s, last loss %.6g",
                  as->job_id, (unsigned long long)(t ? res.steps : a->last_step),
@@ -781,6 +797,10 @@ pcs_status_t pcs_agent_create(const pcs_agent_config_t *cfg, pcs_agent_t **out)
     a->coll_timeout_ms = cfg->coll_timeout_ms ? cfg->coll_timeout_ms : 30000;
     a->heartbeat_ms = cfg->heartbeat_ms;
     a->max_jobs = cfg->max_jobs;
+    if (getrandom(&a->incarnation, sizeof a->incarnation, 0) != (ssize_t)sizeof a->incarnation)
+        a->incarnation = pcs_now_us() ^ ((uint64_t)getpid() << 32); /* no entropy source */
+    if (!a->incarnation)
+        a->incarnation = 1;
     a->flush_ms = cfg->flush_ms ? cfg->flush_ms : 30000;
     a->inject_inf_step = cfg->inject_inf_step;
     a->inject_inf_rank = cfg->inject_inf_rank;

@@ -824,6 +824,44 @@ void pcs_runtime_abort(pcs_runtime_t *rt, const char *reason)
             pcs_coll_abort(cs[i], reason);
 }
 
+int pcs_runtime_blame(const pcs_runtime_t *rt, pcs_coll_fault_t *fault)
+{
+    if (fault)
+        *fault = PCS_COLL_FAULT_NONE;
+    if (!rt)
+        return -1;
+    /* each communicator with the plan group its ranks index (the world's index is the rank) */
+    const struct {
+        pcs_coll_t *c;
+        Pcs__V1__GroupKind kind;
+    } cs[] = {{rt->world_c, PCS__V1__GROUP_KIND__GROUP_KIND_WORLD},
+              {rt->shard_ag, PCS__V1__GROUP_KIND__GROUP_KIND_SHARD},
+              {rt->shard_rs, PCS__V1__GROUP_KIND__GROUP_KIND_SHARD},
+              {rt->rep_c, PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE},
+              {rt->dp_c, PCS__V1__GROUP_KIND__GROUP_KIND_DP},
+              {rt->reshard_c, PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD}};
+    for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
+        pcs_coll_fault_t f;
+        int idx = cs[i].c ? pcs_coll_blame(cs[i].c, &f) : -1;
+        if (idx < 0)
+            continue;
+        uint32_t n = 0, my = 0;
+        (void)pcs_plan_group_ranks(rt->plan, cs[i].kind, rt->rank, NULL, &n, &my);
+        uint32_t *ranks = NULL;
+        int global = -1;
+        if (n > (uint32_t)idx && pcs_calloc(n, sizeof *ranks, (void **)&ranks) == PCS_OK &&
+            pcs_plan_group_ranks(rt->plan, cs[i].kind, rt->rank, ranks, &n, &my) == PCS_OK)
+            global = (int)ranks[idx];
+        free(ranks);
+        if (global >= 0) {
+            if (fault)
+                *fault = f;
+            return global;
+        }
+    }
+    return -1;
+}
+
 void pcs_runtime_destroy(pcs_runtime_t *rt)
 {
     if (!rt)

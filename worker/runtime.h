@@ -117,6 +117,9 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
 void pcs_runtime_destroy(pcs_runtime_t *rt);
 /* Wake blocked collectives (any thread). */
 void pcs_runtime_abort(pcs_runtime_t *rt, const char *reason);
+/* After a failed step: the global rank a communicator blames the failure on (pcs_coll_blame
+ * mapped through the plan's groups), -1 when none does. Call once the step has returned. */
+int pcs_runtime_blame(const pcs_runtime_t *rt, pcs_coll_fault_t *fault);
 
 size_t pcs_runtime_n_units(const pcs_runtime_t *rt);
 

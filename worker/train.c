@@ -557,6 +557,13 @@ void pcs_train_abort(pcs_train_t *t, const char *reason)
     pcs_runtime_abort(t->rt, reason);
 }
 
+int pcs_train_blame(const pcs_train_t *t, pcs_coll_fault_t *fault)
+{
+    if (fault)
+        *fault = PCS_COLL_FAULT_NONE;
+    return t ? pcs_runtime_blame(t->rt, fault) : -1;
+}
+
 void pcs_train_destroy(pcs_train_t *t)
 {
     if (!t)

@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 
+#include "coll/coll.h"
 #include "pcs/status.h"
 #include "pcs/v1/worker.pb-c.h"
 
@@ -65,6 +66,9 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result);
 /* Wake every blocked collective with an error and make run() return PCS_ERR_CANCELLED.
  * Thread-safe; may be called before or during run(). */
 void pcs_train_abort(pcs_train_t *t, const char *reason);
+/* After pcs_train_run failed: the global rank the failure is blamed on and how (a peer that died
+ * or went silent: pcs_runtime_blame), -1 when none is (NULL t too). */
+int pcs_train_blame(const pcs_train_t *t, pcs_coll_fault_t *fault);
 void pcs_train_destroy(pcs_train_t *t);
 
 /* Fill a report's timing, byte, audit and per-collective fields from the runtime's stats of the

@@ -42,6 +42,7 @@ import health_pb2  # noqa: E402
 
 PENDING, RUNNING, CANCELLED = (types_pb2.JOB_STATE_PENDING, types_pb2.JOB_STATE_RUNNING,
                                types_pb2.JOB_STATE_CANCELLED)
+IDLE = types_pb2.WORKER_STATE_IDLE
 
 
 def read(path):
@@ -166,6 +167,16 @@ class CoordinatorInterop(unittest.TestCase):
                             coordinator_pb2.CancelJobResponse)
         self.assertEqual(cancel(coordinator_pb2.CancelJobRequest(job_id=resp.job.job_id),
                                 timeout=5).job.state, CANCELLED)
+        # STOPPING until each confirms it left the job: a heartbeat naming no job does
+        status = self.unary("/pcs.v1.ClusterService/GetStatus", coordinator_pb2.GetStatusRequest,
+                            coordinator_pb2.GetStatusResponse)
+        st = status(coordinator_pb2.GetStatusRequest(), timeout=5)
+        self.assertEqual((st.workers_stopping, st.workers_idle), (2, 0))
+        hb = self.unary("/pcs.v1.WorkerService/Heartbeat", worker_pb2.HeartbeatRequest,
+                        worker_pb2.HeartbeatResponse)
+        for wid in ids:
+            self.assertEqual(hb(worker_pb2.HeartbeatRequest(worker_id=wid), timeout=5).state,
+                             IDLE)
 
     def test_05_invalid_spec_names_the_field(self):
         submit = self.unary("/pcs.v1.JobService/SubmitJob", coordinator_pb2.SubmitJobRequest,

@@ -317,7 +317,8 @@ static int child_matrix(int rank, int P, const char *dir)
     return 0;
 }
 
-/* Repeated large all_reduce until killed or failed; writes "<status> <ms>\n<message>". */
+/* Repeated large all_reduce until killed or failed; writes
+ * "<status> <ms> <blamed rank> <fault>\n<message>". */
 static int child_loop(int rank, int P, const char *dir)
 {
     pcs_kv_t *kv;
@@ -343,7 +344,12 @@ static int child_loop(int rank, int P, const char *dir)
     snprintf(path, sizeof path, "%s/result.%d", dir, rank);
     f = fopen(path, "w");
     if (f) {
-        fprintf(f, "%d %llu\n%s", (int)rc, (unsigned long long)t_fail, pcs_last_error());
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", pcs_last_error());
+        pcs_coll_fault_t fault;
+        int blamed = pcs_coll_blame(c, &fault);
+        fprintf(f, "%d %llu %d %d\n%s", (int)rc, (unsigned long long)t_fail, blamed, (int)fault,
+                msg);
         fclose(f);
     }
     free(buf);
@@ -377,6 +383,10 @@ static int child_silent(int rank, int P, const char *dir)
         CHILD_FAIL("timeout message does not name rank 1: %s", pcs_last_error());
     if (dt < 400 || dt > 2500)
         CHILD_FAIL("timed out after %llu ms, want ~500", (unsigned long long)dt);
+    pcs_coll_fault_t fault;
+    if (pcs_coll_blame(c, &fault) != 1 || fault != PCS_COLL_FAULT_SILENT)
+        CHILD_FAIL("blame: rank %d fault %d, want rank 1 SILENT", pcs_coll_blame(c, NULL),
+                   (int)fault);
     /* poisoned afterwards */
     if (pcs_coll_all_reduce(c, &v, &v, 1, PCS_DTYPE_FP32, &red, NULL) != PCS_ERR_STATE)
         CHILD_FAIL("second call after a timeout is not a state error");
@@ -422,6 +432,8 @@ static int child_abort(int rank, int P, const char *dir)
             CHILD_FAIL("abort took %llu ms to wake the call", (unsigned long long)dt);
         if (!strstr(pcs_last_error(), "membership changed"))
             CHILD_FAIL("cancel message lacks the reason: %s", pcs_last_error());
+        if (pcs_coll_blame(c, NULL) != -1)
+            CHILD_FAIL("an abort blames rank %d", pcs_coll_blame(c, NULL));
         pcs_test_sleep_ms(1500); /* let rank 1 see the closed connection */
     } else {
         pcs_test_sleep_ms(800);
@@ -434,6 +446,10 @@ static int child_abort(int rank, int P, const char *dir)
             CHILD_FAIL("error after %llu ms", (unsigned long long)dt);
         if (!strstr(pcs_last_error(), "rank 0"))
             CHILD_FAIL("error does not name rank 0: %s", pcs_last_error());
+        /* rank 0 left on purpose (its note says so): that is not a peer fault */
+        if (pcs_coll_blame(c, NULL) != -1)
+            CHILD_FAIL("a peer's abort blamed on rank %d: %s", pcs_coll_blame(c, NULL),
+                       pcs_last_error());
     }
     pcs_coll_destroy(c);
     pcs_kv_destroy(kv);
@@ -677,10 +693,13 @@ static void test_sigkill_mid_collective_fails_survivors_within_timeout_naming_ra
         snprintf(path, sizeof path, "%s/result.%d", dir, r);
         char *res = pcs_test_read_file(path, NULL);
         assert_non_null(res);
-        int code = -1;
+        int code = -1, blamed = -2, fault = -1;
         unsigned long long t_fail = 0;
-        assert_int_equal(sscanf(res, "%d %llu", &code, &t_fail), 2);
+        assert_int_equal(sscanf(res, "%d %llu %d %d", &code, &t_fail, &blamed, &fault), 4);
         assert_int_equal(code, PCS_ERR_REMOTE);
+        /* every survivor blames the killed rank, also those that heard it from a note */
+        assert_int_equal(blamed, victim);
+        assert_int_equal(fault, PCS_COLL_FAULT_DIED);
         assert_true((long long)t_fail - (long long)t_kill < TIMEOUT_MS);
         char want[32];
         snprintf(want, sizeof want, "peer rank %d ", victim);

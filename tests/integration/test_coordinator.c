@@ -699,7 +699,7 @@ static void test_get_status_text_has_all_sections(void **state)
     Pcs__V1__GetStatusResponse *resp = NULL;
     assert_int_equal(
         call(A, PCS_M_GET_STATUS, &req, &pcs__v1__get_status_response__descriptor, &resp), 0);
-    assert_int_equal(resp->workers_idle + resp->workers_assigned, 100);
+    assert_int_equal(resp->workers_idle + resp->workers_assigned + resp->workers_stopping, 100);
     assert_non_null(strstr(resp->text, "# Coordinator\n"));
     assert_non_null(strstr(resp->text, "# Workers\n"));
     assert_non_null(strstr(resp->text, "# Jobs\n"));

@@ -272,6 +272,62 @@ int e2e_run_job(e2e_cluster_t *c, const char *yaml, const char *tag, int timeout
     return e2e_wait_job(c, job, timeout_ms);
 }
 
+int e2e_job_state(e2e_cluster_t *c, const char *job_id, char *reason, size_t n)
+{
+    pcs_rpc_client_t *cl = NULL;
+    if (pcs_rpc_client_create(c->addr, &cl) != PCS_OK)
+        return 0;
+    Pcs__V1__GetJobRequest req = PCS__V1__GET_JOB_REQUEST__INIT;
+    req.job_id = (char *)job_id;
+    ProtobufCMessage *resp = NULL;
+    int state = 0;
+    if (pcs_rpc_call(cl, PCS_M_GET_JOB, &req.base, &pcs__v1__get_job_response__descriptor, 5000,
+                     &resp, NULL) == PCS_OK) {
+        Pcs__V1__GetJobResponse *r = (Pcs__V1__GetJobResponse *)resp;
+        state = r->job ? (int)r->job->state : 0;
+        if (reason)
+            snprintf(reason, n, "%s", r->job && r->job->reason ? r->job->reason : "");
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    pcs_rpc_client_destroy(cl);
+    return state;
+}
+
+/* ListWorkers: count those in `state` (> 0), or the state of the one with `pid` (state 0). */
+static int list_workers(e2e_cluster_t *c, int state, pid_t pid)
+{
+    pcs_rpc_client_t *cl = NULL;
+    if (pcs_rpc_client_create(c->addr, &cl) != PCS_OK)
+        return -1;
+    Pcs__V1__ListWorkersRequest req = PCS__V1__LIST_WORKERS_REQUEST__INIT;
+    ProtobufCMessage *resp = NULL;
+    int n = -1;
+    if (pcs_rpc_call(cl, PCS_M_LIST_WORKERS, &req.base, &pcs__v1__list_workers_response__descriptor,
+                     5000, &resp, NULL) == PCS_OK) {
+        Pcs__V1__ListWorkersResponse *r = (Pcs__V1__ListWorkersResponse *)resp;
+        n = 0;
+        for (size_t i = 0; i < r->n_workers; i++) {
+            if (state > 0)
+                n += (int)r->workers[i]->state == state;
+            else if ((pid_t)r->workers[i]->pid == pid)
+                n = (int)r->workers[i]->state;
+        }
+        protobuf_c_message_free_unpacked(resp, NULL);
+    }
+    pcs_rpc_client_destroy(cl);
+    return n;
+}
+
+int e2e_workers_in(e2e_cluster_t *c, int state)
+{
+    return list_workers(c, state, 0);
+}
+
+int e2e_worker_state_of_pid(e2e_cluster_t *c, pid_t pid)
+{
+    return list_workers(c, 0, pid);
+}
+
 pid_t e2e_worker_pid(e2e_cluster_t *c, const char *job_id, uint32_t rank)
 {
     pcs_rpc_client_t *cl = NULL;

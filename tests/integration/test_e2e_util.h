@@ -54,6 +54,13 @@ int e2e_run_job(e2e_cluster_t *c, const char *yaml, const char *tag, int timeout
 /* Same but only submits; e2e_wait_job finishes it. */
 int e2e_submit(e2e_cluster_t *c, const char *yaml, const char *tag, e2e_job_t *job);
 int e2e_wait_job(e2e_cluster_t *c, e2e_job_t *job, int timeout_ms);
+/* GetJob now: the state (PCS__V1__JOB_STATE__*) and reason (may be NULL); 0 when the coordinator
+ * did not answer. */
+int e2e_job_state(e2e_cluster_t *c, const char *job_id, char *reason, size_t n);
+/* ListWorkers now: how many are in `state` (PCS__V1__WORKER_STATE__*); -1 without an answer. */
+int e2e_workers_in(e2e_cluster_t *c, int state);
+/* ListWorkers now: the state of the worker with this pid (0: not listed, -1: no answer). */
+int e2e_worker_state_of_pid(e2e_cluster_t *c, pid_t pid);
 /* pid of the worker that holds `rank` in the job (ListWorkers); -1 if unknown. */
 pid_t e2e_worker_pid(e2e_cluster_t *c, const char *job_id, uint32_t rank);
 /* Reports of one rank from its report file (re-read). */

@@ -58,26 +58,9 @@ static int teardown(void **state)
     return 0;
 }
 
-/* GetJob: the state (PCS__V1__JOB_STATE__*) and reason; 0 when the coordinator did not answer. */
 static int job_state(const char *job_id, char *reason, size_t n)
 {
-    pcs_rpc_client_t *cl = NULL;
-    if (pcs_rpc_client_create(g_cl.addr, &cl) != PCS_OK)
-        return 0;
-    Pcs__V1__GetJobRequest req = PCS__V1__GET_JOB_REQUEST__INIT;
-    req.job_id = (char *)job_id;
-    ProtobufCMessage *resp = NULL;
-    int state = 0;
-    if (pcs_rpc_call(cl, PCS_M_GET_JOB, &req.base, &pcs__v1__get_job_response__descriptor, 5000,
-                     &resp, NULL) == PCS_OK) {
-        Pcs__V1__GetJobResponse *r = (Pcs__V1__GetJobResponse *)resp;
-        state = r->job ? (int)r->job->state : 0;
-        if (reason)
-            snprintf(reason, n, "%s", r->job && r->job->reason ? r->job->reason : "");
-        protobuf_c_message_free_unpacked(resp, NULL);
-    }
-    pcs_rpc_client_destroy(cl);
-    return state;
+    return e2e_job_state(&g_cl, job_id, reason, n);
 }
 
 static int terminal(int s)
@@ -145,23 +128,9 @@ static void fault(fault_t f, int ms, e2e_job_t *running)
         assert_int_equal(kill(g_cl.coord, SIGCONT), 0);
 }
 
-/* ListWorkers: how many are in `state` (PCS__V1__WORKER_STATE__*). */
 static int workers_in(int state)
 {
-    pcs_rpc_client_t *cl = NULL;
-    assert_int_equal(pcs_rpc_client_create(g_cl.addr, &cl), PCS_OK);
-    Pcs__V1__ListWorkersRequest req = PCS__V1__LIST_WORKERS_REQUEST__INIT;
-    ProtobufCMessage *resp = NULL;
-    assert_int_equal(pcs_rpc_call(cl, PCS_M_LIST_WORKERS, &req.base,
-                                  &pcs__v1__list_workers_response__descriptor, 5000, &resp, NULL),
-                     PCS_OK);
-    Pcs__V1__ListWorkersResponse *r = (Pcs__V1__ListWorkersResponse *)resp;
-    int n = 0;
-    for (size_t i = 0; i < r->n_workers; i++)
-        n += (int)r->workers[i]->state == state;
-    protobuf_c_message_free_unpacked(resp, NULL);
-    pcs_rpc_client_destroy(cl);
-    return n;
+    return e2e_workers_in(&g_cl, state);
 }
 
 static void check_finished(e2e_job_t *job, const char *name, int steps)

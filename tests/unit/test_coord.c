@@ -162,7 +162,7 @@ static void run_alive(fixture_t *f, uint64_t ms, uint32_t n)
         for (uint32_t k = 1; k <= n; k++) {
             char id[16];
             snprintf(id, sizeof id, "w-%u", k);
-            pcs_coord_heartbeat(f->c, id, &(pcs_coord_worker_t *){NULL});
+            pcs_coord_heartbeat(f->c, id, NULL, 0, &(pcs_coord_worker_t *){NULL});
         }
         run_for(f, ms - t < 100 ? ms - t : 100);
     }
@@ -173,6 +173,18 @@ static pcs_coord_worker_t *worker(fixture_t *f, uint32_t number)
     pcs_coord_worker_t *w = pcs_coord_worker_by_number(f->c, number);
     assert_non_null(w);
     return w;
+}
+
+/* The agent of w-<number> left its job (its heartbeat names none): STOPPING -> IDLE (and at once
+ * ASSIGNED when a pending job was waiting for it). */
+static void left_job(fixture_t *f, uint32_t number)
+{
+    assert_int_equal(worker(f, number)->state, PCS_WORKER_STOPPING);
+    assert_int_equal(
+        pcs_coord_heartbeat(f->c, worker(f, number)->id, "", 0, &(pcs_coord_worker_t *){NULL}),
+        PCS_OK);
+    pcs_worker_state_t s = worker(f, number)->state;
+    assert_true(s == PCS_WORKER_IDLE || s == PCS_WORKER_ASSIGNED);
 }
 
 // ---- membership ----
@@ -247,14 +259,14 @@ static void test_heartbeat_unknown_or_empty_worker_id_is_rejected(void **state)
     fixture_t *f = *state;
     pcs_coord_worker_t *w;
     reg(f, "a", NULL);
-    assert_int_equal(pcs_coord_heartbeat(f->c, "", &w), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "", NULL, 0, &w), PCS_ERR_INVALID_ARG);
     assert_string_equal(pcs_last_error(), "worker_id: required");
-    assert_int_equal(pcs_coord_heartbeat(f->c, "w-2", &w), PCS_ERR_NOT_FOUND);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-2", NULL, 0, &w), PCS_ERR_NOT_FOUND);
     assert_non_null(strstr(pcs_last_error(), "w-2"));
-    assert_int_equal(pcs_coord_heartbeat(f->c, "w-0", &w), PCS_ERR_NOT_FOUND);
-    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1x", &w), PCS_ERR_NOT_FOUND);
-    assert_int_equal(pcs_coord_heartbeat(f->c, "w-99999999999999", &w), PCS_ERR_NOT_FOUND);
-    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", &w), PCS_OK);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-0", NULL, 0, &w), PCS_ERR_NOT_FOUND);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1x", NULL, 0, &w), PCS_ERR_NOT_FOUND);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-99999999999999", NULL, 0, &w), PCS_ERR_NOT_FOUND);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", NULL, 0, &w), PCS_OK);
 }
 
 static void test_lease_expires_only_after_lease_ms_without_heartbeat(void **state)
@@ -262,7 +274,7 @@ static void test_lease_expires_only_after_lease_ms_without_heartbeat(void **stat
     fixture_t *f = *state;
     pcs_coord_worker_t *a = reg(f, "a", NULL), *b = reg(f, "b", NULL), *w;
     f->clock.now += 6000;
-    assert_int_equal(pcs_coord_heartbeat(f->c, "w-2", &w), PCS_OK); /* b renews at +6 s */
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-2", NULL, 0, &w), PCS_OK); /* b renews at +6 s */
     f->clock.now += 4000;                                           /* a: exactly at the lease */
     pcs_coord_tick(f->c);
     assert_int_equal(a->state, PCS_WORKER_IDLE);
@@ -295,8 +307,8 @@ static void test_a_stalled_coordinator_renews_every_lease_instead_of_expiring_th
     /* w-1 and w-3 heartbeat from here on; w-2 (rank 1) never does */
     pcs_coord_worker_t *w;
     for (int i = 0; i < 60; i++) {
-        assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", &w), PCS_OK);
-        assert_int_equal(pcs_coord_heartbeat(f->c, "w-3", &w), PCS_OK);
+        assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", NULL, 0, &w), PCS_OK);
+        assert_int_equal(pcs_coord_heartbeat(f->c, "w-3", NULL, 0, &w), PCS_OK);
         run_for(f, 100);
         if (worker(f, 2)->state == PCS_WORKER_LOST)
             break;
@@ -305,8 +317,9 @@ static void test_a_stalled_coordinator_renews_every_lease_instead_of_expiring_th
     assert_int_equal(worker(f, 2)->state, PCS_WORKER_LOST);
     assert_int_equal(j->state, PCS_JOB_FAILED);
     assert_non_null(strstr(j->reason, "worker w-2 (rank 1) lost"));
-    assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
+    assert_int_equal(worker(f, 1)->state, PCS_WORKER_STOPPING); /* rank 0 must leave the job */
     assert_int_equal(worker(f, 3)->state, PCS_WORKER_IDLE);
+    left_job(f, 1);
 }
 
 static void test_heartbeat_from_lost_worker_is_failed_precondition(void **state)
@@ -316,7 +329,7 @@ static void test_heartbeat_from_lost_worker_is_failed_precondition(void **state)
     f->clock.now += 10001;
     pcs_coord_tick(f->c);
     pcs_coord_worker_t *w;
-    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", &w), PCS_ERR_STATE);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", NULL, 0, &w), PCS_ERR_STATE);
     assert_string_equal(pcs_last_error(), "worker w-1 is LOST: re-register");
 }
 
@@ -331,7 +344,7 @@ static void test_reregister_revives_lost_worker_as_idle_with_same_id(void **stat
     assert_true(rr);
     assert_string_equal(w->id, "w-1");
     assert_int_equal(w->state, PCS_WORKER_IDLE);
-    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", &w), PCS_OK);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", NULL, 0, &w), PCS_OK);
 }
 
 static void test_deregister_makes_worker_gone_and_is_idempotent(void **state)
@@ -341,7 +354,7 @@ static void test_deregister_makes_worker_gone_and_is_idempotent(void **state)
     assert_int_equal(pcs_coord_deregister(f->c, "w-1", "bye"), PCS_OK);
     assert_int_equal(w->state, PCS_WORKER_GONE);
     assert_int_equal(pcs_coord_deregister(f->c, "w-1", "bye"), PCS_OK);
-    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", &w), PCS_ERR_STATE);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", NULL, 0, &w), PCS_ERR_STATE);
     assert_string_equal(pcs_last_error(), "worker w-1 is GONE: re-register");
     assert_int_equal(pcs_coord_deregister(f->c, "w-7", NULL), PCS_ERR_NOT_FOUND);
 }
@@ -385,8 +398,8 @@ static void test_gang_start_skips_lost_workers_and_uses_registration_order(void 
     reg_n(f, 3);
     f->clock.now += 9000;
     pcs_coord_worker_t *w;
-    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", &w), PCS_OK);
-    assert_int_equal(pcs_coord_heartbeat(f->c, "w-3", &w), PCS_OK);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", NULL, 0, &w), PCS_OK);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-3", NULL, 0, &w), PCS_OK);
     f->clock.now += 2000;
     pcs_coord_tick(f->c); /* w-2 lost */
     pcs_coord_job_t *j = submit_shard(f, 2, NULL);
@@ -542,7 +555,7 @@ static void test_lost_worker_fails_running_job_naming_worker_and_rank(void **sta
     pcs_coord_worker_t *w;
     for (uint32_t n = 1; n <= 5; n++)
         if (n != 3)
-            assert_int_equal(pcs_coord_heartbeat(f->c, worker(f, n)->id, &w), PCS_OK);
+            assert_int_equal(pcs_coord_heartbeat(f->c, worker(f, n)->id, NULL, 0, &w), PCS_OK);
     f->clock.now += 5001;
     pcs_coord_tick(f->c);
     assert_int_equal(worker(f, 3)->state, PCS_WORKER_LOST);
@@ -553,7 +566,7 @@ static void test_lost_worker_fails_running_job_naming_worker_and_rank(void **sta
     for (uint32_t n = 1; n <= 4; n++) {
         w = worker(f, n);
         assert_null(w->job);
-        assert_int_equal(w->state, n == 3 ? PCS_WORKER_LOST : PCS_WORKER_IDLE);
+        assert_int_equal(w->state, n == 3 ? PCS_WORKER_LOST : PCS_WORKER_STOPPING);
         assert_true(pcs_coord_pop_event(f->c, w, &e));
         assert_int_equal(e.kind, PCS_EV_STOP);
         assert_int_equal(e.job, j->number);
@@ -570,7 +583,7 @@ static void test_deregistered_worker_fails_its_running_job(void **state)
     assert_int_equal(pcs_coord_deregister(f->c, "w-2", "node drained"), PCS_OK);
     assert_int_equal(j->state, PCS_JOB_FAILED);
     assert_non_null(strstr(j->reason, "worker w-2 (rank 1) deregistered: node drained"));
-    assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
+    left_job(f, 1);
 }
 
 static void test_reregister_from_new_pid_fails_running_job_but_same_pid_keeps_it(void **state)
@@ -594,7 +607,11 @@ static void test_reregister_from_new_pid_fails_running_job_but_same_pid_keeps_it
     assert_non_null(strstr(j->reason, "worker w-2 (rank 1) restarted: re-registered from a new "
                                       "process (pid 42 -> 43)"));
     assert_int_equal(w->pid, 43);
-    /* both workers were freed, so the job queued behind starts with the restarted worker too */
+    /* the restarted worker is IDLE at once (nothing of the old process runs); w-1 must first
+     * leave the failed job, then the job queued behind starts on both */
+    assert_int_equal(w->state, PCS_WORKER_IDLE);
+    assert_int_equal(next->state, PCS_JOB_PENDING);
+    left_job(f, 1);
     assert_int_equal(next->state, PCS_JOB_RUNNING);
     assert_int_equal(w->state, PCS_WORKER_ASSIGNED);
     assert_ptr_equal(w->job, next);
@@ -617,7 +634,7 @@ static void test_cancel_sends_stop_and_second_cancel_is_idempotent(void **state)
     assert_true(pcs_coord_pop_event(f->c, worker(f, 1), &e));
     assert_int_equal(e.kind, PCS_EV_STOP);
     assert_int_equal(e.seq, 2);
-    assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
+    left_job(f, 1);
     assert_int_equal(pcs_coord_cancel(f->c, "job-1", "again", &out), PCS_OK);
     assert_ptr_equal(out, j);
     assert_string_equal(j->reason, "cancelled: user request"); /* the first cancel's */
@@ -639,6 +656,10 @@ static void test_freed_workers_start_the_next_pending_job(void **state)
     pcs_coord_job_t *a = submit_shard(f, 2, NULL), *b = submit_shard(f, 2, NULL), *out;
     assert_int_equal(b->state, PCS_JOB_PENDING);
     assert_int_equal(pcs_coord_cancel(f->c, a->id, NULL, &out), PCS_OK);
+    assert_int_equal(b->state, PCS_JOB_PENDING); /* until both workers left job a */
+    left_job(f, 1);
+    assert_int_equal(b->state, PCS_JOB_PENDING);
+    left_job(f, 2);
     assert_int_equal(b->state, PCS_JOB_RUNNING);
     pcs_coord_event_t e;
     assert_true(pcs_coord_pop_event(f->c, worker(f, 1), &e)); /* assignment a */
@@ -677,6 +698,7 @@ static void test_event_queue_drops_oldest_when_full(void **state)
     for (int i = 0; i < PCS_COORD_EVENT_QUEUE; i++) {
         pcs_coord_job_t *j = submit_shard(f, 1, NULL);
         assert_int_equal(pcs_coord_cancel(f->c, j->id, NULL, &out), PCS_OK);
+        left_job(f, 1);
     }
     pcs_coord_worker_t *w = worker(f, 1);
     assert_int_equal(w->ev_len, PCS_COORD_EVENT_QUEUE);
@@ -725,6 +747,147 @@ static void test_reports_done_from_all_ranks_succeed_the_job(void **state)
     assert_non_null(strstr(why, "SUCCEEDED"));
 }
 
+static int send_report(fixture_t *f, const pcs_coord_report_t *r)
+{
+    int dir = -1;
+    char why[512];
+    assert_int_equal(pcs_coord_report_step(f->c, r, &dir, why, sizeof why), PCS_OK);
+    return dir;
+}
+
+/* Issue 11: a survivor reports that rank 1 died. The reason names the dead rank first; the
+ * reporter, whose loop over the job has ended, is IDLE at once; the dead rank's worker stays
+ * STOPPING (it never confirms), so the next job runs on the reporter and the spare, never on it;
+ * its lease then makes it LOST. The error report counts as no step: progress, loss and the audit
+ * keep the last real step. */
+static void test_a_worker_a_peer_saw_die_is_never_given_the_next_job(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 3);
+    pcs_coord_job_t *j = submit_shard(f, 2, NULL);
+    pcs_coord_report_t ok = {.worker_id = "w-1",
+                             .job_id = j->id,
+                             .generation = 1,
+                             .rank = 0,
+                             .step = 4,
+                             .loss = 0.25,
+                             .step_ms = 12,
+                             .audit_ok = true};
+    assert_int_equal(send_report(f, &ok), 0);
+    pcs_coord_report_t err = {.worker_id = "w-1",
+                              .job_id = j->id,
+                              .generation = 1,
+                              .rank = 0,
+                              .step = 5,
+                              .error = "rank 0: all-gather of unit 1: peer rank 1 closed the "
+                                       "connection (process died?)",
+                              .peer_fault = 1,
+                              .peer_rank = 1};
+    assert_int_equal(send_report(f, &err), PCS_EV_STOP);
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    assert_string_equal(j->reason, "rank 1 (worker w-2) died; reported by rank 0 (worker w-1) at "
+                                   "step 5: rank 0: all-gather of unit 1: peer rank 1 closed the "
+                                   "connection (process died?)");
+    assert_int_equal(j->progress.step, 4);
+    assert_true(j->progress.loss == 0.25);
+    assert_true(j->progress.step_ms == 12);
+    assert_int_equal(j->progress.reports, 1);
+    assert_true(j->progress.audit_ok);
+    assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
+    assert_int_equal(worker(f, 2)->state, PCS_WORKER_STOPPING);
+    pcs_coord_job_t *k = submit_shard(f, 2, NULL);
+    assert_int_equal(k->state, PCS_JOB_RUNNING);
+    assert_int_equal(k->rank_worker[0], 1);
+    assert_int_equal(k->rank_worker[1], 3);
+    run_alive(f, 10100, 1); /* w-3 is silent too, but ASSIGNED: LOST as well */
+    assert_int_equal(worker(f, 2)->state, PCS_WORKER_LOST);
+    /* a silent peer reads "made no progress" */
+    reg(f, "host-2", NULL);
+    reg(f, "host-3", NULL);
+    pcs_coord_job_t *m = submit_shard(f, 2, NULL);
+    assert_int_equal(m->state, PCS_JOB_RUNNING);
+    pcs_coord_report_t silent = {.worker_id = pcs_coord_worker_by_number(f->c, m->rank_worker[1])->id,
+                                 .job_id = m->id,
+                                 .generation = 1,
+                                 .rank = 1,
+                                 .step = 2,
+                                 .error = "timeout",
+                                 .peer_fault = 2,
+                                 .peer_rank = 0};
+    assert_int_equal(send_report(f, &silent), PCS_EV_STOP);
+    char want[200];
+    snprintf(want, sizeof want,
+             "rank 0 (worker %s) made no progress; reported by rank 1 (worker %s) at step 2: "
+             "timeout",
+             pcs_coord_worker_by_number(f->c, m->rank_worker[0])->id, silent.worker_id);
+    assert_string_equal(m->reason, want);
+}
+
+/* STOPPING ends only when the worker shows it left the job: not by a heartbeat that still names
+ * it, nor by a progress report of it, nor by a reconnect of the same process; by a heartbeat
+ * naming no job, by its final report, or by a Register from a new process. */
+static void test_a_stopping_worker_is_idle_only_once_it_left_the_job(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_worker_t *w;
+    bool rr;
+    for (int i = 1; i <= 2; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "host-%d", i);
+        pcs_coord_register_t r = {.identity = id, .pid = 1, .incarnation = 100 + (uint64_t)i};
+        assert_int_equal(pcs_coord_register(f->c, &r, &w, &rr), PCS_OK);
+    }
+    pcs_coord_job_t *j = submit_shard(f, 2, NULL), *out;
+    assert_int_equal(pcs_coord_cancel(f->c, j->id, NULL, &out), PCS_OK);
+    pcs_coord_job_t *k = submit_shard(f, 2, NULL);
+    assert_int_equal(k->state, PCS_JOB_PENDING);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", j->id, 1, &w), PCS_OK);
+    assert_int_equal(w->state, PCS_WORKER_STOPPING); /* still in its loop over job-1 */
+    pcs_coord_report_t prog = {.worker_id = "w-1", .job_id = j->id, .generation = 1, .step = 9};
+    assert_int_equal(send_report(f, &prog), PCS_EV_STOP);
+    assert_int_equal(w->state, PCS_WORKER_STOPPING);
+    pcs_coord_register_t again = {.identity = "host-1", .pid = 1, .incarnation = 101};
+    assert_int_equal(pcs_coord_register(f->c, &again, &w, &rr), PCS_OK);
+    assert_int_equal(w->state, PCS_WORKER_STOPPING); /* a reconnect of the same process */
+    pcs_coord_report_t fin = {
+        .worker_id = "w-1", .job_id = j->id, .generation = 1, .step = 9, .error = "aborted"};
+    assert_int_equal(send_report(f, &fin), PCS_EV_STOP);
+    assert_int_equal(w->state, PCS_WORKER_IDLE);
+    assert_int_equal(k->state, PCS_JOB_PENDING);
+    /* host-2 restarted (same pid 1, as in every container; a new incarnation) */
+    pcs_coord_register_t restarted = {.identity = "host-2", .pid = 1, .incarnation = 999};
+    assert_int_equal(pcs_coord_register(f->c, &restarted, &w, &rr), PCS_OK);
+    assert_int_equal(k->state, PCS_JOB_RUNNING);
+    assert_int_equal(w->state, PCS_WORKER_ASSIGNED);
+    /* and the same incarnation rule finds a restart of an ASSIGNED worker with pid 1 */
+    pcs_coord_register_t again2 = {.identity = "host-2", .pid = 1, .incarnation = 1000};
+    assert_int_equal(pcs_coord_register(f->c, &again2, &w, &rr), PCS_OK);
+    assert_int_equal(k->state, PCS_JOB_FAILED);
+    assert_non_null(strstr(k->reason, "worker w-2 (rank 1) restarted"));
+    /* a STOPPING worker that goes silent is LOST after its lease */
+    assert_int_equal(worker(f, 1)->state, PCS_WORKER_STOPPING);
+    run_alive(f, 10100, 0);
+    assert_int_equal(worker(f, 1)->state, PCS_WORKER_LOST);
+}
+
+/* A worker silent for more than half a lease (SIGSTOPped, partitioned) is not given a job it
+ * would only fail a lease later; it is again once it heartbeats. */
+static void test_an_idle_worker_silent_for_half_a_lease_is_not_scheduled(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 2);
+    run_for(f, 3000);
+    pcs_coord_worker_t *w;
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", NULL, 0, &w), PCS_OK);
+    run_for(f, 2100); /* w-2: 5100 ms silent */
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-1", NULL, 0, &w), PCS_OK);
+    pcs_coord_job_t *j = submit_shard(f, 2, NULL);
+    assert_int_equal(j->state, PCS_JOB_PENDING);
+    assert_int_equal(worker(f, 2)->state, PCS_WORKER_IDLE);
+    assert_int_equal(pcs_coord_heartbeat(f->c, "w-2", NULL, 0, &w), PCS_OK);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+}
+
 static void test_report_with_error_fails_the_job_with_reason(void **state)
 {
     fixture_t *f = *state;
@@ -767,6 +930,8 @@ static void test_failure_reason_is_one_line_of_valid_utf8(void **state)
     assert_null(strchr(j->reason, '?'));
     assert_null(strchr(j->reason, '\xc3'));
 
+    left_job(f, 1); /* w-2 sent the error: it left the job already */
+    assert_int_equal(worker(f, 2)->state, PCS_WORKER_IDLE);
     pcs_coord_job_t *k = submit_shard(f, 2, NULL);
     pcs_coord_report_t r2 = {
         .worker_id = "w-2",
@@ -1082,8 +1247,8 @@ static void test_restored_running_job_takes_its_ranks_back_from_reports(void **s
     assert_int_equal(report(f, "w-1", 1, 41, false), 0);
     assert_int_equal(worker(f, 1)->rank, 1);
     f->clock.now += 20000; /* past the lease: every rank is back, nothing fails */
-    pcs_coord_heartbeat(f->c, "w-1", &(pcs_coord_worker_t *){NULL});
-    pcs_coord_heartbeat(f->c, "w-2", &(pcs_coord_worker_t *){NULL});
+    pcs_coord_heartbeat(f->c, "w-1", NULL, 0, &(pcs_coord_worker_t *){NULL});
+    pcs_coord_heartbeat(f->c, "w-2", NULL, 0, &(pcs_coord_worker_t *){NULL});
     pcs_coord_tick(f->c);
     assert_int_equal(j->state, PCS_JOB_RUNNING);
     assert_int_equal(report(f, "w-1", 1, 100, true), 0);
@@ -1111,7 +1276,7 @@ static void test_restored_running_job_fails_when_a_rank_stays_away_past_the_wind
     assert_string_equal(j->reason, "1 of 2 ranks (first: rank 0) did not come back within "
                                    "15000 ms of a coordinator restart; missing ranks: 0");
     assert_null(worker(f, 1)->job); /* the rank that came back is freed with a STOP */
-    assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
+    left_job(f, 1);
     assert_int_equal(report(f, "w-2", 0, 8, false), PCS_EV_STOP);
 }
 
@@ -1155,7 +1320,7 @@ static pcs_coord_job_t *restore_with_rank_map(fixture_t *f, pcs_coord_job_t **pe
     assert_int_equal(pcs_coord_restore_job(f->c, 1, &d, PCS_JOB_RUNNING, NULL, 1, 2, 0, 3), PCS_OK);
     pcs_coord_job_t *j = pcs_coord_job_by_number(f->c, 1);
     uint32_t held[2] = {2, 1}, pids[2] = {42, 43};
-    assert_int_equal(pcs_coord_restore_ranks(f->c, j, held, pids, 2), PCS_OK);
+    assert_int_equal(pcs_coord_restore_ranks(f->c, j, held, pids, NULL, 2), PCS_OK);
     pcs_coord_job_desc_t p = {.n_dims = 1, .dim_name = names, .dim_size = one};
     assert_int_equal(pcs_coord_restore_job(f->c, 2, &p, PCS_JOB_PENDING, NULL, 5, 0, 0, 0), PCS_OK);
     *pending = pcs_coord_job_by_number(f->c, 2);
@@ -1203,7 +1368,7 @@ test_restored_rank_map_gives_a_reregistered_worker_its_rank_before_pending_jobs(
     for (uint32_t n = 1; n <= 4; n++) {
         char id[16];
         snprintf(id, sizeof id, "w-%u", n);
-        pcs_coord_heartbeat(f->c, id, &(pcs_coord_worker_t *){NULL});
+        pcs_coord_heartbeat(f->c, id, NULL, 0, &(pcs_coord_worker_t *){NULL});
     }
     pcs_coord_tick(f->c);
     assert_int_equal(j->state, PCS_JOB_RUNNING);
@@ -1239,13 +1404,16 @@ static void test_reserved_rank_away_a_lease_fails_the_job_naming_rank_and_worker
     pcs_coord_job_t *j = restore_with_rank_map(f, &pending);
     reg_pid(f, "pod-a", 43);
     f->clock.now += 15000;
-    pcs_coord_heartbeat(f->c, "w-1", &(pcs_coord_worker_t *){NULL});
+    pcs_coord_heartbeat(f->c, "w-1", NULL, 0, &(pcs_coord_worker_t *){NULL});
     pcs_coord_tick(f->c);
     assert_int_equal(j->state, PCS_JOB_FAILED);
     assert_string_equal(j->reason, "1 of 2 ranks (first: rank 0) did not come back within "
                                    "15000 ms of a coordinator restart; missing ranks: 0 (w-2)");
-    /* w-1 was freed with a STOP and went to the pending job; w-2's reservation is over */
+    /* w-1 was freed with a STOP and, once it left the job, went to the pending one; w-2's
+     * reservation is over */
     assert_int_equal(worker(f, 2)->reserved_job, 0);
+    left_job(f, 1);
+    assert_int_equal(worker(f, 1)->state, PCS_WORKER_ASSIGNED);
     assert_ptr_equal(worker(f, 1)->job, pending);
     pcs_coord_worker_t *b = reg_pid(f, "pod-b", 42);
     assert_int_equal(b->state, PCS_WORKER_IDLE);
@@ -1256,11 +1424,11 @@ static void test_restore_ranks_refuses_bad_maps_and_reserves_nothing(void **stat
     fixture_t *f = *state;
     pcs_coord_job_t *j = restore_running_no_rereg(f);
     uint32_t too_few[1] = {1}, unknown[2] = {1, 9}, twice[2] = {2, 2}, ok[2] = {1, 2};
-    assert_int_equal(pcs_coord_restore_ranks(f->c, j, too_few, NULL, 1), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_coord_restore_ranks(f->c, j, too_few, NULL, NULL, 1), PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "1 ranks stored, world size 2"));
-    assert_int_equal(pcs_coord_restore_ranks(f->c, j, unknown, NULL, 2), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_coord_restore_ranks(f->c, j, unknown, NULL, NULL, 2), PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "unknown worker 9"));
-    assert_int_equal(pcs_coord_restore_ranks(f->c, j, twice, NULL, 2), PCS_ERR_INVALID_ARG);
+    assert_int_equal(pcs_coord_restore_ranks(f->c, j, twice, NULL, NULL, 2), PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "listed twice"));
     assert_int_equal(worker(f, 1)->reserved_job, 0);
     assert_int_equal(worker(f, 2)->reserved_job, 0);
@@ -1270,10 +1438,10 @@ static void test_restore_ranks_refuses_bad_maps_and_reserves_nothing(void **stat
     pcs_coord_job_desc_t d = {.n_dims = 1, .dim_name = names, .dim_size = sizes};
     assert_int_equal(pcs_coord_restore_job(f->c, 2, &d, PCS_JOB_SUCCEEDED, NULL, 1, 2, 3, 1),
                      PCS_OK);
-    assert_int_equal(pcs_coord_restore_ranks(f->c, pcs_coord_job_by_number(f->c, 2), ok, NULL, 2),
+    assert_int_equal(pcs_coord_restore_ranks(f->c, pcs_coord_job_by_number(f->c, 2), ok, NULL, NULL, 2),
                      PCS_ERR_INVALID_ARG);
     /* with an unknown pid (0) the same worker is trusted back */
-    assert_int_equal(pcs_coord_restore_ranks(f->c, j, ok, NULL, 2), PCS_OK);
+    assert_int_equal(pcs_coord_restore_ranks(f->c, j, ok, NULL, NULL, 2), PCS_OK);
     pcs_coord_worker_t *b = reg_pid(f, "pod-b", 1234);
     assert_int_equal(b->state, PCS_WORKER_ASSIGNED);
     assert_int_equal(b->rank, 1);
@@ -1286,7 +1454,7 @@ static void test_rank_with_unknown_holder_comes_back_by_report(void **state)
     fixture_t *f = *state;
     pcs_coord_job_t *j = restore_running_no_rereg(f);
     uint32_t held[2] = {0, 2};
-    assert_int_equal(pcs_coord_restore_ranks(f->c, j, held, NULL, 2), PCS_OK);
+    assert_int_equal(pcs_coord_restore_ranks(f->c, j, held, NULL, NULL, 2), PCS_OK);
     assert_int_equal(worker(f, 1)->reserved_job, 0);
     pcs_coord_worker_t *a = reg_pid(f, "pod-a", 5);
     assert_int_equal(a->state, PCS_WORKER_IDLE);
@@ -1348,6 +1516,9 @@ int main(void)
         T(test_event_queue_drops_oldest_when_full),
         T(test_reports_done_from_all_ranks_succeed_the_job),
         T(test_report_with_error_fails_the_job_with_reason),
+        T(test_a_worker_a_peer_saw_die_is_never_given_the_next_job),
+        T(test_a_stopping_worker_is_idle_only_once_it_left_the_job),
+        T(test_an_idle_worker_silent_for_half_a_lease_is_not_scheduled),
         T(test_failure_reason_is_one_line_of_valid_utf8),
         T(test_report_with_wrong_rank_or_generation_is_rejected_or_stopped),
         T(test_diverging_fingerprints_in_one_stage_fail_the_job_naming_both_ranks),
