@@ -30,10 +30,13 @@ static const char *const schema =
     " created_ms INTEGER, started_ms INTEGER, finished_ms INTEGER, generation INTEGER,"
     " plan_hash INTEGER, world_size INTEGER, spec BLOB, ranks BLOB);";
 
-/* ranks: 16 bytes per rank, little-endian worker number (u32), pid (u32), incarnation (u64): a
- * fixed layout, so the file moves between hosts. Rows of 8 bytes per rank (number, pid; written
- * before incarnations) are still read. Databases written before the column existed get it added
- * on open. */
+/* ranks: "RNK2", then 16 bytes per rank, little-endian worker number (u32), pid (u32),
+ * incarnation (u64): a fixed layout, so the file moves between hosts. Rows of 8 bytes per rank
+ * (number, pid; no header; written before incarnations) are still read: 4 + 16 W is never a
+ * multiple of 8, so the two layouts cannot be mistaken for each other. Databases written before
+ * the column existed get it added on open. */
+#define RANK_MAGIC    "RNK2"
+#define RANK_HEADER   4
 #define RANK_BYTES    16
 #define RANK_BYTES_V1 8
 
@@ -223,19 +226,22 @@ pcs_status_t pcs_store_put_job(pcs_store_t *s, const pcs_store_job_t *j)
     sqlite3_bind_blob(q, 12, j->spec, (int)j->spec_len, SQLITE_TRANSIENT);
     uint8_t *ranks = NULL;
     if (j->n_ranks && j->rank_worker) {
-        if (pcs_calloc(j->n_ranks, RANK_BYTES, (void **)&ranks) != PCS_OK) {
+        size_t len = RANK_HEADER + (size_t)j->n_ranks * RANK_BYTES;
+        if (pcs_calloc(len, 1, (void **)&ranks) != PCS_OK) {
             sqlite3_reset(q);
             sqlite3_clear_bindings(q);
             return PCS_ERR_NOMEM;
         }
+        memcpy(ranks, RANK_MAGIC, RANK_HEADER);
         for (uint32_t r = 0; r < j->n_ranks; r++) {
-            put_u32le(ranks + (size_t)r * RANK_BYTES, j->rank_worker[r]);
-            put_u32le(ranks + (size_t)r * RANK_BYTES + 4, j->rank_pid ? j->rank_pid[r] : 0);
+            uint8_t *e = ranks + RANK_HEADER + (size_t)r * RANK_BYTES;
+            put_u32le(e, j->rank_worker[r]);
+            put_u32le(e + 4, j->rank_pid ? j->rank_pid[r] : 0);
             uint64_t inc = j->rank_incarnation ? j->rank_incarnation[r] : 0;
-            put_u32le(ranks + (size_t)r * RANK_BYTES + 8, (uint32_t)inc);
-            put_u32le(ranks + (size_t)r * RANK_BYTES + 12, (uint32_t)(inc >> 32));
+            put_u32le(e + 8, (uint32_t)inc);
+            put_u32le(e + 12, (uint32_t)(inc >> 32));
         }
-        sqlite3_bind_blob(q, 13, ranks, (int)((size_t)j->n_ranks * RANK_BYTES), SQLITE_TRANSIENT);
+        sqlite3_bind_blob(q, 13, ranks, (int)len, SQLITE_TRANSIENT);
     } else {
         sqlite3_bind_null(q, 13);
     }
@@ -297,10 +303,14 @@ pcs_status_t pcs_store_load(pcs_store_t *s,
         size_t rlen = (size_t)sqlite3_column_bytes(q, 12);
         uint32_t *rw = NULL;
         uint64_t *ri = NULL;
-        size_t per = !rb || !j.world_size                          ? 0
-                     : rlen == (size_t)j.world_size * RANK_BYTES    ? RANK_BYTES
-                     : rlen == (size_t)j.world_size * RANK_BYTES_V1 ? RANK_BYTES_V1
-                                                                    : 0;
+        size_t per = 0;
+        if (rb && j.world_size && rlen == RANK_HEADER + (size_t)j.world_size * RANK_BYTES &&
+            memcmp(rb, RANK_MAGIC, RANK_HEADER) == 0) {
+            per = RANK_BYTES;
+            rb += RANK_HEADER;
+        } else if (rb && j.world_size && rlen == (size_t)j.world_size * RANK_BYTES_V1) {
+            per = RANK_BYTES_V1;
+        }
         if (per && pcs_calloc((size_t)j.world_size * 2, sizeof *rw, (void **)&rw) == PCS_OK &&
             pcs_calloc(j.world_size, sizeof *ri, (void **)&ri) == PCS_OK) {
             for (uint32_t r = 0; r < j.world_size; r++) {
