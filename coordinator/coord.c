@@ -42,7 +42,8 @@ struct pcs_coord {
     pcs_strmap_t by_request;  /* request id -> job number (keys: the jobs' request ids) */
     uint32_t idle_live;       /* IDLE workers (gang start checks this before scanning) */
     uint32_t n_pending;
-    uint64_t last_tick_ms; /* 0 before the first tick */
+    uint64_t last_tick_ms;   /* 0 before the first tick */
+    uint64_t next_watch_ms;  /* next progress watchdog pass */
 };
 
 static const char *const worker_names[] = {"UNSPECIFIED", "IDLE", "ASSIGNED",
@@ -89,6 +90,12 @@ pcs_status_t pcs_coord_create(const pcs_coord_config_t *cfg, pcs_coord_t **out)
         c->cfg.lease_ms = 10000;
     if (!c->cfg.readopt_ms)
         c->cfg.readopt_ms = c->cfg.lease_ms + 5000;
+    if (!c->cfg.step_timeout_factor)
+        c->cfg.step_timeout_factor = 10;
+    if (!c->cfg.step_timeout_min_ms)
+        c->cfg.step_timeout_min_ms = 300000;
+    if (!c->cfg.first_step_timeout_ms)
+        c->cfg.first_step_timeout_ms = 900000;
     if (!c->cfg.kv_max_key_bytes)
         c->cfg.kv_max_key_bytes = 256;
     if (!c->cfg.kv_max_value_bytes)
@@ -137,6 +144,7 @@ static void job_free(pcs_coord_t *c, pcs_coord_job_t *j)
     free(j->rank_worker);
     free(j->rank_reserved);
     free(j->rank_done);
+    free(j->rank_report_ms);
     free(j->fp_ring);
     free(j);
 }
@@ -748,6 +756,8 @@ static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job
     PCS_CHECK_GOTO(dup_or_empty(d->request_id, &j->request_id), st, fail);
     PCS_CHECK_GOTO(pcs_calloc(world, sizeof *j->rank_worker, (void **)&j->rank_worker), st, fail);
     PCS_CHECK_GOTO(pcs_calloc(world, 1, (void **)&j->rank_done), st, fail);
+    PCS_CHECK_GOTO(pcs_calloc(world, sizeof *j->rank_report_ms, (void **)&j->rank_report_ms), st,
+                   fail);
     j->number = number;
     snprintf(j->id, sizeof j->id, "job-%" PRIu32, number);
     j->world_size = world;
@@ -867,7 +877,9 @@ static void start_job(pcs_coord_t *c, pcs_coord_job_t *j)
     j->state = PCS_JOB_RUNNING;
     j->generation++;
     j->started_wall_ms = wall_ms(c);
+    j->started_mono_ms = now_ms(c);
     memset(j->rank_done, 0, j->world_size);
+    memset(j->rank_report_ms, 0, (size_t)j->world_size * sizeof *j->rank_report_ms);
     j->n_done = 0;
     if (j->fp_ring)
         memset(j->fp_ring, 0, (size_t)j->fp_stages * FP_RING * sizeof *j->fp_ring);
@@ -983,6 +995,7 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
         snprintf(reason, reason_len, "%s", j->reason);
         return PCS_OK;
     }
+    j->rank_report_ms[r->rank] = now_ms(c);
     pcs_coord_progress_t *p = &j->progress;
     p->reports++;
     if (r->step >= p->step) {
@@ -1213,15 +1226,100 @@ static void stalled(pcs_coord_t *c, uint64_t now, uint64_t gap)
     }
     for (size_t i = 0; i < c->n_jobs; i++) {
         pcs_coord_job_t *j = c->jobs[i];
-        if (j && j->state == PCS_JOB_RUNNING && j->n_unclaimed) {
+        if (!j || j->state != PCS_JOB_RUNNING)
+            continue;
+        if (j->n_unclaimed) {
             j->reclaim_by_ms += gap;
             moved++;
         }
+        /* nobody could report to a coordinator that did not run */
+        j->started_mono_ms += gap;
+        for (uint32_t r = 0; r < j->world_size; r++)
+            if (j->rank_report_ms[r])
+                j->rank_report_ms[r] += gap;
     }
     PCS_WARN(PCS_SUB_COORD,
              "coordinator stalled for %" PRIu64 " ms (more than half the lease, %" PRIu32
              " ms): renewed %" PRIu32 " leases, moved %" PRIu32 " re-adoption deadlines",
              gap, c->cfg.lease_ms, renewed, moved);
+}
+
+/* "61.0 s" / "850 ms" */
+static void fmt_ms(char *buf, size_t n, uint64_t ms)
+{
+    if (ms >= 10000)
+        snprintf(buf, n, "%.1f s", (double)ms / 1e3);
+    else
+        snprintf(buf, n, "%" PRIu64 " ms", ms);
+}
+
+/* Progress watchdog (once a second): a RUNNING job none of whose ranks may be silent longer than
+ * its limit. Ranks whose workers do not heartbeat either (dead, paused) are named first: the
+ * others are most likely waiting for them in a collective. */
+static void watch_progress(pcs_coord_t *c, uint64_t now)
+{
+    uint64_t hb_stale = 3ull * c->cfg.heartbeat_interval_ms;
+    for (size_t i = 0; i < c->n_jobs; i++) {
+        pcs_coord_job_t *j = c->jobs[i];
+        if (!j || j->state != PCS_JOB_RUNNING || j->n_unclaimed)
+            continue;
+        uint64_t step_ms = j->progress.step_ms > 0 ? (uint64_t)j->progress.step_ms : 0;
+        uint64_t limit = (uint64_t)c->cfg.step_timeout_factor * step_ms;
+        if (limit < c->cfg.step_timeout_min_ms)
+            limit = c->cfg.step_timeout_min_ms;
+        uint32_t silent = 0;
+        for (uint32_t r = 0; r < j->world_size; r++) {
+            uint64_t last = j->rank_report_ms[r];
+            if (j->rank_done[r])
+                continue; /* finished: waits for the others, says nothing more */
+            if (last ? now - last > limit
+                     : now - j->started_mono_ms > c->cfg.first_step_timeout_ms)
+                silent++;
+        }
+        if (!silent)
+            continue;
+        char list[320] = "";
+        size_t o = 0;
+        uint32_t listed = 0;
+        for (int pass = 0; pass < 2; pass++) { /* no heartbeat either first */
+            for (uint32_t r = 0; r < j->world_size && listed < 8; r++) {
+                uint64_t last = j->rank_report_ms[r];
+                if (j->rank_done[r] ||
+                    !(last ? now - last > limit
+                           : now - j->started_mono_ms > c->cfg.first_step_timeout_ms))
+                    continue;
+                pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, j->rank_worker[r]);
+                uint64_t quiet = w ? now - w->last_heartbeat_ms : UINT64_MAX;
+                if ((quiet > hb_stale) != (pass == 0))
+                    continue;
+                char q[32] = "";
+                if (w && quiet > hb_stale)
+                    fmt_ms(q, sizeof q, quiet);
+                int n = snprintf(list + o, sizeof list - o, "%s%" PRIu32 " (worker %s, %s%s)",
+                                 listed ? ", " : "", r, w ? w->id : "?",
+                                 quiet > hb_stale ? "no heartbeat for " : "heartbeating", q);
+                o += n > 0 && (size_t)n < sizeof list - o ? (size_t)n : 0;
+                listed++;
+            }
+        }
+        if (silent > listed)
+            snprintf(list + o, sizeof list - o, " and %" PRIu32 " more", silent - listed);
+        char lim[32], first[32], smin[32];
+        fmt_ms(lim, sizeof lim, limit);
+        fmt_ms(first, sizeof first, c->cfg.first_step_timeout_ms);
+        fmt_ms(smin, sizeof smin, c->cfg.step_timeout_min_ms);
+        if (j->progress.reports)
+            job_set_reason(j,
+                           "no step report for over %s (%" PRIu32 " x the %.1f ms step time, at "
+                           "least %s) from rank%s %s; last step %" PRIu64,
+                           lim, c->cfg.step_timeout_factor, j->progress.step_ms, smin,
+                           silent > 1 ? "s" : "", list, j->progress.step);
+        else
+            job_set_reason(j, "no first step report within %s of the start from rank%s %s", first,
+                           silent > 1 ? "s" : "", list);
+        PCS_WARN(PCS_SUB_COORD, "job %s: %s", j->id, j->reason);
+        job_finish(c, j, PCS_JOB_FAILED);
+    }
 }
 
 uint64_t pcs_coord_tick(pcs_coord_t *c)
@@ -1233,6 +1331,10 @@ uint64_t pcs_coord_tick(pcs_coord_t *c)
         stalled(c, now, gap);
     else
         gap = 0;
+    if (now >= c->next_watch_ms) {
+        c->next_watch_ms = now + 1000;
+        watch_progress(c, now);
+    }
     for (size_t i = 0; i < c->n_workers; i++) {
         pcs_coord_worker_t *w = c->workers[i];
         if (!w || (w->state != PCS_WORKER_IDLE && w->state != PCS_WORKER_ASSIGNED &&
@@ -1363,6 +1465,10 @@ pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_co
          * rank to come back through a re-register or a step report. */
         j->n_unclaimed = j->world_size;
         j->reclaim_by_ms = now_ms(c) + c->cfg.readopt_ms;
+        /* the watchdog starts over: every rank gets a full window from the restore */
+        j->started_mono_ms = now_ms(c);
+        for (uint32_t r = 0; r < j->world_size; r++)
+            j->rank_report_ms[r] = j->started_mono_ms;
     }
     j->state = state;
     if (state == PCS_JOB_PENDING) {

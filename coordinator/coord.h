@@ -144,6 +144,10 @@ typedef struct pcs_coord_job {
     uint32_t *rank_reserved;
     uint8_t *rank_done;
     uint32_t n_done;
+    /* progress watchdog (monotonic ms): when the current generation started (or was restored),
+     * and each rank's last step report (0: none yet) */
+    uint64_t started_mono_ms;
+    uint64_t *rank_report_ms;
     pcs_coord_progress_t progress;
     struct pcs_coord_fp_slot *fp_ring; /* recent step fingerprints per pp stage (coord.c) */
     uint32_t fp_stages;
@@ -164,6 +168,13 @@ typedef struct pcs_coord_config {
     uint32_t readopt_ms;            /* a RUNNING job restored from the store waits this long for
                                      * its ranks to come back; 0 = lease_ms + 5000. It must cover a
                                      * lease plus the workers' longest reconnect backoff. */
+    /* Progress watchdog: a RUNNING job fails, naming the silent ranks, when a rank sent no step
+     * report for step_timeout_factor x the job's step time (but at least step_timeout_min_ms),
+     * or none at all within first_step_timeout_ms of the start (set-up: data, init.from,
+     * rendezvous). 0 = 10, 300000 and 900000. */
+    uint32_t step_timeout_factor;
+    uint32_t step_timeout_min_ms;
+    uint32_t first_step_timeout_ms;
     uint32_t kv_max_key_bytes;      /* default 256 */
     uint32_t kv_max_value_bytes;    /* default 64 KiB */
     uint64_t kv_max_job_bytes;      /* default 16 MiB */

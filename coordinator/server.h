@@ -24,6 +24,9 @@ typedef struct pcs_server_config {
     uint32_t lease_ms;              /* 0 = 10000 */
     uint32_t readopt_ms;            /* restored RUNNING jobs wait this long for their ranks;
                                      * 0 = lease_ms + 5000 */
+    uint32_t step_timeout_factor;   /* progress watchdog (pcs_coord_config_t); 0 = defaults */
+    uint32_t step_timeout_min_ms;
+    uint32_t first_step_timeout_ms;
     uint32_t kv_max_key_bytes;
     uint32_t kv_max_value_bytes;
     uint64_t kv_max_job_bytes;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "pcs/dtype.h"
+#include "pcs/file.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
 
@@ -177,9 +178,12 @@ static pcs_status_t manifest_read(const char *sdir, manifest_t *m, int *legacy)
 {
     char path[1100];
     snprintf(path, sizeof path, "%s/COMPLETE", sdir);
-    FILE *f = fopen(path, "r");
-    if (!f)
+    FILE *f = NULL;
+    pcs_status_t ost = pcs_file_fopen_read(path, "checkpoint manifest", "r", &f);
+    if (ost == PCS_ERR_NOT_FOUND)
         return pcs_set_error(PCS_ERR_NOT_FOUND, "checkpoint %s is incomplete (no COMPLETE)", sdir);
+    if (ost != PCS_OK)
+        return ost;
     char line[1400] = ""; /* an empty file leaves it untouched by fgets */
     pcs_status_t st = PCS_OK;
     *legacy = 0;
@@ -524,10 +528,13 @@ pcs_status_t pcs_ckpt_latest(const char *dir, uint64_t *step)
 {
     char path[1100];
     snprintf(path, sizeof path, "%s/latest", dir);
-    FILE *f = fopen(path, "r");
-    if (!f)
+    FILE *f = NULL;
+    pcs_status_t ost = pcs_file_fopen_read(path, "checkpoint", "r", &f);
+    if (ost == PCS_ERR_NOT_FOUND)
         return pcs_set_error(PCS_ERR_NOT_FOUND, "no complete checkpoint in %s (%s missing)", dir,
                              path);
+    if (ost != PCS_OK)
+        return ost;
     unsigned long long s = 0;
     int ok = fscanf(f, "%llu", &s) == 1;
     fclose(f);
@@ -539,9 +546,10 @@ pcs_status_t pcs_ckpt_latest(const char *dir, uint64_t *step)
 
 static pcs_status_t read_whole(const char *path, uint8_t **out, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return pcs_set_error(PCS_ERR_NOT_FOUND, "open %s: %s", path, strerror(errno));
+    FILE *f = NULL;
+    pcs_status_t ost = pcs_file_fopen_read(path, "checkpoint file", "rb", &f);
+    if (ost != PCS_OK)
+        return ost;
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "pcs/file.h"
 #include "pcs/half.h"
 #include "pcs/mem.h"
 
@@ -207,22 +208,16 @@ pcs_status_t pcs_npy_open(const char *path, pcs_npy_t **out)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_npy_open: NULL argument");
     *out = NULL;
     PCS_CHECK(pcs_calloc(1, sizeof *a, (void **)&a));
-    a->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (a->fd < 0) {
-        int e = errno;
+    uint64_t fsize = 0;
+    rc = pcs_file_open_read(path, "npy", &a->fd, &fsize); /* a FIFO must not wedge the worker */
+    if (rc != PCS_OK) {
         free(a);
-        return pcs_set_error(e == ENOENT ? PCS_ERR_NOT_FOUND : PCS_ERR_SYSTEM, "npy %s: %s", path,
-                             strerror(e));
+        return rc;
     }
     PCS_CHECK_GOTO(pcs_strdup(path, &a->path), rc, fail);
-    struct stat st;
-    if (fstat(a->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        rc = npy_err(path, "not a regular file");
-        goto fail;
-    }
     /* Headers are small (NumPy pads them to 64 bytes; v2 allows up to 4 GiB but nobody writes
      * that): read at most 1 MiB and let the parser report a header that is longer. */
-    size_t want = (uint64_t)st.st_size < (1u << 20) ? (size_t)st.st_size : (1u << 20);
+    size_t want = fsize < (1u << 20) ? (size_t)fsize : (1u << 20);
     PCS_CHECK_GOTO(pcs_calloc(want ? want : 1, 1, (void **)&hdr), rc, fail);
     if (pread(a->fd, hdr, want, 0) != (ssize_t)want) {
         rc = pcs_set_error(PCS_ERR_SYSTEM, "npy %s: short read", path);
@@ -230,7 +225,7 @@ pcs_status_t pcs_npy_open(const char *path, pcs_npy_t **out)
     }
     int fd = a->fd;
     char *pth = a->path;
-    PCS_CHECK_GOTO(parse_impl(path, hdr, want, (uint64_t)st.st_size, a), rc, fail);
+    PCS_CHECK_GOTO(parse_impl(path, hdr, want, fsize, a), rc, fail);
     a->fd = fd;
     a->path = pth;
     free(hdr);

@@ -15,6 +15,7 @@
 #include <unistd.h>
 #include <yaml.h>
 
+#include "pcs/file.h"
 #include "pcs/half.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
@@ -476,19 +477,9 @@ pcs_status_t pcs_st_open(const char *path, pcs_st_file_t **out)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_st_open: NULL argument");
     *out = NULL;
     PCS_CHECK(file_new(path, &f));
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        int e = errno;
-        rc = pcs_set_error(e == ENOENT ? PCS_ERR_NOT_FOUND : PCS_ERR_SYSTEM, "safetensors %s: %s",
-                           path, strerror(e));
-        goto fail;
-    }
-    struct stat st;
-    if (fstat(f->fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        rc = pcs_set_error(PCS_ERR_INVALID_ARG, "safetensors %s: not a regular file", path);
-        goto fail;
-    }
-    uint64_t size = (uint64_t)st.st_size;
+    uint64_t size = 0;
+    /* never blocks in open(2) (a FIFO as init.from must not wedge the worker), regular files only */
+    PCS_CHECK_GOTO(pcs_file_open_read(path, "safetensors", &f->fd, &size), rc, fail);
     uint8_t lenb[8];
     if (size < 8 || pread(f->fd, lenb, 8, 0) != 8) {
         rc = pcs_set_error(PCS_ERR_INVALID_ARG,

@@ -73,6 +73,10 @@ struct pcs_agent {
     char done_job[64];  /* under mu: the last job this worker ran to its end (done or failed) */
     uint64_t done_generation;
     void (*abort_fn)(void *, const char *); /* under mu: custom job's abort */
+    /* under mu: a STOP for the running job arrived before it could be aborted (while it was
+     * being set up: data, init.from, rendezvous): applied as soon as it can be */
+    int abort_pending;
+    char abort_reason[512];
     void *abort_ctx;
     pcs_agent_job_fn job_fn;
     void *job_ctx;
@@ -200,6 +204,11 @@ static void abort_running(pcs_agent_t *a, const char *job_id, const char *reason
             pcs_train_abort(a->train, reason);
         else
             a->abort_fn(a->abort_ctx, reason);
+    } else if (same && a->job_id[0] && !a->abort_pending) {
+        PCS_INFO(PCS_SUB_WORKER, "job %s is still being set up: aborting it once it can be (%s)",
+                 a->job_id, reason);
+        a->abort_pending = 1;
+        snprintf(a->abort_reason, sizeof a->abort_reason, "%s", reason);
     }
     pthread_mutex_unlock(&a->mu);
 }
@@ -597,9 +606,14 @@ void pcs_agent_set_abort(pcs_agent_t *a, void (*fn)(void *ctx, const char *reaso
     a->abort_fn = fn;
     a->abort_ctx = ctx;
     int stopping = atomic_load(&a->stop);
+    char pending[512] = "";
+    if (a->abort_pending)
+        snprintf(pending, sizeof pending, "%s", a->abort_reason);
     pthread_mutex_unlock(&a->mu);
     if (fn && stopping)
         fn(ctx, "worker is shutting down");
+    else if (fn && pending[0])
+        fn(ctx, pending);
 }
 
 /* Wait until the report queue is empty, at most max_ms. At exit (`last`), the reporter stops
@@ -645,6 +659,7 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
     a->rank = as->rank;
     a->last_step = 0;
     a->finished = 0;
+    a->abort_pending = 0;
     pthread_mutex_unlock(&a->mu);
 
     if (a->report_dir) {
@@ -688,10 +703,21 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
         pthread_mutex_lock(&a->mu);
         a->train = t;
         int stopping = atomic_load(&a->stop);
+        char pending[512] = "";
+        if (a->abort_pending)
+            snprintf(pending, sizeof pending, "%s", a->abort_reason);
         pthread_mutex_unlock(&a->mu);
         if (stopping)
             pcs_train_abort(t, "worker is shutting down");
+        else if (pending[0])
+            pcs_train_abort(t, pending); /* stopped while it was being set up */
         st = pcs_train_run(t, &res);
+    }
+    if (st != PCS_OK && st != PCS_ERR_CANCELLED) {
+        pthread_mutex_lock(&a->mu);
+        if (a->abort_pending) /* stopped during set-up: its KV or rendezvous failed for that */
+            st = pcs_set_error(PCS_ERR_CANCELLED, "%s", a->abort_reason);
+        pthread_mutex_unlock(&a->mu);
     }
     if (st != PCS_OK && st != PCS_ERR_CANCELLED) {
         char msg[1024];

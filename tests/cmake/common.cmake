@@ -1,6 +1,8 @@
 # common/: gRPC glue, config engine, UTF-8, YAML/JSON <-> protobuf, and the codec fuzzing.
 pcs_add_test(NAME test_rpc SOURCES unit/test_rpc.c LIBS pcs_common LABELS unit TIMEOUT 60)
 pcs_add_test(NAME test_config SOURCES unit/test_config.c LIBS pcs_base LABELS unit TIMEOUT 60)
+# Untrusted paths: no blocking open, regular files only (a FIFO must not wedge a worker).
+pcs_add_test(NAME test_file SOURCES unit/test_file.c LIBS pcs_base LABELS unit TIMEOUT 60)
 # UTF-8 validation of proto3 strings: byte validator, boundary cuts, request walk.
 pcs_add_test(NAME test_utf8 SOURCES unit/test_utf8.c LIBS pcs_common LABELS unit TIMEOUT 60)
 # Job files (YAML/JSON <-> protobuf through descriptors).

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -211,6 +212,95 @@ static void test_a_stopped_worker_is_not_scheduled(void **state)
     assert_int_equal(wait_end(&j, reason, sizeof reason), PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
 }
 
+/* A rank whose process is paused mid-job: its peer waits for it in a collective (whose timeout is
+ * long here), so neither reports; the coordinator's progress watchdog fails the job within its
+ * limit, naming the paused rank first, before any lease or collective timeout would. */
+static void test_the_watchdog_fails_a_stuck_job_naming_the_paused_rank(void **state)
+{
+    (void)state;
+    pcs_test_stop(g_cl.coord, 5000);
+    const char *const args[] = {"--lease-ms", "60000", "--step-timeout-min-ms", "3000", NULL};
+    assert_int_equal(e2e_start_coord_at(&g_cl, e2e_free_port(), args), 0);
+    const char *const serve[] = {"--max-jobs",      "0",     "--step-pause-ms", "10",
+                                 "--coll-timeout-ms", "120000", NULL};
+    assert_int_equal(e2e_spawn_workers(&g_cl, 2, serve), 0);
+    wait_workers(IDLE, 2);
+    e2e_job_t a;
+    memset(&a, 0, sizeof a);
+    submit("stuck", 2, 100000, &a);
+    for (int i = 0; i < 400 && (a.n_reports[0] < 3 || a.n_reports[1] < 3); i++) {
+        pcs_test_sleep_ms(50);
+        e2e_load_reports(&g_cl, &a);
+    }
+    assert_true(a.n_reports[0] >= 3 && a.n_reports[1] >= 3);
+    pid_t paused = e2e_worker_pid(&g_cl, a.job_id, 1);
+    assert_true(paused > 0);
+    kill(paused, SIGSTOP);
+    uint64_t t0 = pcs_now_ms();
+    char reason[1024];
+    int s = wait_end(&a, reason, sizeof reason);
+    double took = (double)(pcs_now_ms() - t0) / 1e3;
+    kill(paused, SIGCONT);
+    fprintf(stderr, "after %.1f s: %s\n", took, reason);
+    assert_int_equal(s, PCS__V1__JOB_STATE__JOB_STATE_FAILED);
+    assert_true(strncmp(reason, "no step report for over 3000 ms", 31) == 0);
+    assert_non_null(strstr(reason, "from ranks 1 (worker w-"));
+    assert_non_null(strstr(reason, ", no heartbeat for "));
+    assert_non_null(strstr(reason, "), 0 (worker w-"));
+    assert_true(took < 3.0 + 5.0); /* the limit, a watchdog pass, a commit: far below 60 s */
+    e2e_job_free(&a);
+}
+
+#define FIFO_JOB_HEAD                                                                              \
+    "model: {mlp: {input_dim: 8, hidden_dims: [16], output_dim: 4}}\n"                             \
+    "mesh: [{dim: dp_shard, size: 2}]\n"                                                           \
+    "training: {steps: 5, micro_batch_size: 4, optimizer: {sgd: {lr: 0.01}}}\n"
+#define FIFO_DATA_FMT                                                                              \
+    "name: fifo-data\n" FIFO_JOB_HEAD "data: {file: {path: '%s', inputs: x, targets: y}}\n"
+#define FIFO_INIT_FMT                                                                              \
+    "name: fifo-init\n" FIFO_JOB_HEAD "data: {synthetic: {seed: 3}}\ninit: {from: '%s'}\n"
+
+/* A FIFO (any file whose open blocks) as data.file.path or init.from: the job fails at once with
+ * a message naming the field and what the path is; the workers are not wedged, and the next job
+ * runs on them. */
+static void test_a_fifo_as_a_job_file_fails_the_job_without_wedging_workers(void **state)
+{
+    (void)state;
+    const char *const serve[] = {"--max-jobs", "0", NULL};
+    assert_int_equal(e2e_spawn_workers(&g_cl, 2, serve), 0);
+    wait_workers(IDLE, 2);
+    char fifo[1100];
+    snprintf(fifo, sizeof fifo, "%s/blocks.safetensors", g_cl.dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    const char *field[2] = {"data.file.path", "init.from"};
+    for (int k = 0; k < 2; k++) {
+        char yaml[1600];
+        if (k == 0)
+            snprintf(yaml, sizeof yaml, FIFO_DATA_FMT, fifo);
+        else
+            snprintf(yaml, sizeof yaml, FIFO_INIT_FMT, fifo);
+        e2e_job_t j;
+        assert_int_equal(e2e_submit(&g_cl, yaml, k ? "fifo-init" : "fifo-data", &j), 0);
+        char reason[1024] = "";
+        uint64_t t0 = pcs_now_ms();
+        int s = 0;
+        while (pcs_now_ms() - t0 < 30000) {
+            s = e2e_job_state(&g_cl, j.job_id, reason, sizeof reason);
+            if (s != RUNNING && s != PENDING && s != 0)
+                break;
+            pcs_test_sleep_ms(100);
+        }
+        fprintf(stderr, "%s: %s\n", field[k], reason);
+        assert_int_equal(s, PCS__V1__JOB_STATE__JOB_STATE_FAILED);
+        assert_non_null(strstr(reason, field[k]));
+        assert_non_null(strstr(reason, "not a regular file (a FIFO)"));
+    }
+    e2e_job_t ok;
+    submit("after", 2, 5, &ok);
+    char reason[512];
+    assert_int_equal(wait_end(&ok, reason, sizeof reason), PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -219,6 +309,10 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_a_killed_worker_costs_one_job_and_is_named_first,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_stopped_worker_is_not_scheduled, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_a_fifo_as_a_job_file_fails_the_job_without_wedging_workers, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_the_watchdog_fails_a_stuck_job_naming_the_paused_rank,
+                                        setup, teardown),
     };
     return cmocka_run_group_tests_name("lifecycle", tests, NULL, NULL);
 }

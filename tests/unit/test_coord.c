@@ -71,10 +71,8 @@ static void on_worker_new(void *user, const pcs_coord_worker_t *w)
     ((fixture_t *)user)->worker_news++;
 }
 
-static int setup(void **state)
+static pcs_coord_config_t base_config(fixture_t *f)
 {
-    fixture_t *f = calloc(1, sizeof *f);
-    pcs_fake_clock_init(&f->clock, 1000000);
     pcs_coord_config_t cfg = {
         .clock = &f->clock.clock,
         .heartbeat_interval_ms = 1000,
@@ -89,9 +87,27 @@ static int setup(void **state)
         .on_job_change = on_job_change,
         .on_worker_new = on_worker_new,
     };
+    return cfg;
+}
+
+static int setup(void **state)
+{
+    fixture_t *f = calloc(1, sizeof *f);
+    pcs_fake_clock_init(&f->clock, 1000000);
+    pcs_coord_config_t cfg = base_config(f);
     assert_int_equal(pcs_coord_create(&cfg, &f->c), PCS_OK);
     *state = f;
     return 0;
+}
+
+/* The fixture's coordinator again, with a progress watchdog of step_min_ms / first_ms. */
+static void watchdog_config(fixture_t *f, uint32_t step_min_ms, uint32_t first_ms)
+{
+    pcs_coord_destroy(f->c);
+    pcs_coord_config_t cfg = base_config(f);
+    cfg.step_timeout_min_ms = step_min_ms;
+    cfg.first_step_timeout_ms = first_ms;
+    assert_int_equal(pcs_coord_create(&cfg, &f->c), PCS_OK);
 }
 
 static int teardown(void **state)
@@ -155,14 +171,22 @@ static void run_for(fixture_t *f, uint64_t ms)
     }
 }
 
-/* run_for with workers w-1 .. w-<n> heartbeating every 100 ms */
+/* run_for with workers w-1 .. w-<n> heartbeating every 100 ms, each naming the job its agent
+ * still runs, as an agent does: the one it is ASSIGNED to, or the one it was told to stop (a
+ * STOPPING worker leaves it only through left_job). */
 static void run_alive(fixture_t *f, uint64_t ms, uint32_t n)
 {
     for (uint64_t t = 0; t < ms; t += 100) {
         for (uint32_t k = 1; k <= n; k++) {
-            char id[16];
-            snprintf(id, sizeof id, "w-%u", k);
-            pcs_coord_heartbeat(f->c, id, NULL, 0, &(pcs_coord_worker_t *){NULL});
+            pcs_coord_worker_t *w = pcs_coord_worker_by_number(f->c, k);
+            if (!w)
+                continue;
+            const pcs_coord_job_t *j =
+                w->job ? w->job
+                       : (w->state == PCS_WORKER_STOPPING ? pcs_coord_job_by_number(f->c, w->stop_job)
+                                                          : NULL);
+            pcs_coord_heartbeat(f->c, w->id, j ? j->id : NULL, j ? j->generation : 0,
+                                &(pcs_coord_worker_t *){NULL});
         }
         run_for(f, ms - t < 100 ? ms - t : 100);
     }
@@ -888,6 +912,103 @@ static void test_an_idle_worker_silent_for_half_a_lease_is_not_scheduled(void **
     assert_int_equal(j->state, PCS_JOB_RUNNING);
 }
 
+static void step_report(fixture_t *f, const char *worker_id, const pcs_coord_job_t *j, uint32_t rank,
+                        uint64_t step, double step_ms)
+{
+    pcs_coord_report_t r = {.worker_id = worker_id,
+                            .job_id = j->id,
+                            .generation = j->generation,
+                            .rank = rank,
+                            .step = step,
+                            .loss = 1,
+                            .step_ms = step_ms,
+                            .audit_ok = true};
+    assert_int_equal(send_report(f, &r), 0);
+}
+
+/* Defaults: 10 step times, at least 300 s; 900 s for the first step. */
+static void test_watchdog_defaults(void **state)
+{
+    fixture_t *f = *state;
+    const pcs_coord_config_t *cc = pcs_coord_config(f->c);
+    assert_int_equal(cc->step_timeout_factor, 10);
+    assert_int_equal(cc->step_timeout_min_ms, 300000);
+    assert_int_equal(cc->first_step_timeout_ms, 900000);
+}
+
+/* Rank 1's worker is paused: no reports, no heartbeats; rank 0 heartbeats but waits for it in a
+ * collective, so it stops reporting too. Past the limit the job fails naming rank 1 first, as the
+ * one that is silent altogether. Slow steps move the limit (10 x the step time). */
+static void test_watchdog_fails_a_job_whose_ranks_stop_reporting_naming_the_silent_first(
+    void **state)
+{
+    fixture_t *f = *state;
+    watchdog_config(f, 5000, 60000);
+    reg_n(f, 2);
+    pcs_coord_job_t *j = submit_shard(f, 2, NULL);
+    for (uint64_t s = 1; s <= 5; s++) {
+        step_report(f, "w-1", j, 0, s, 100);
+        step_report(f, "w-2", j, 1, s, 100);
+        run_alive(f, 100, 2);
+    }
+    run_alive(f, 4800, 1); /* 4.9 s since the last reports: within the limit */
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    run_alive(f, 1200, 1); /* a watchdog pass (once a second) past it */
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    const char *want_head = "no step report for over 5000 ms (10 x the 100.0 ms step time, at "
+                            "least 5000 ms) from ranks 1 (worker w-2, no heartbeat for ";
+    assert_memory_equal(j->reason, want_head, strlen(want_head));
+    assert_non_null(strstr(j->reason, " ms), 0 (worker w-1, heartbeating); last step 5"));
+    left_job(f, 1);
+    left_job(f, 2);
+    /* steps of 500 ms: the limit is max(5 s, 10 x 500 ms) */
+    watchdog_config(f, 1000, 60000);
+    reg_n(f, 2);
+    pcs_coord_job_t *k = submit_shard(f, 2, NULL);
+    assert_int_equal(k->state, PCS_JOB_RUNNING);
+    step_report(f, "w-1", k, 0, 1, 500);
+    step_report(f, "w-2", k, 1, 1, 500);
+    run_alive(f, 4900, 2);
+    assert_int_equal(k->state, PCS_JOB_RUNNING);
+    run_alive(f, 1200, 2);
+    assert_int_equal(k->state, PCS_JOB_FAILED);
+    assert_non_null(strstr(k->reason, "no step report for over 5000 ms (10 x the 500.0 ms"));
+    assert_non_null(strstr(k->reason, "ranks 0 (worker w-1, heartbeating), 1 (worker w-2, "
+                                      "heartbeating); last step 1"));
+}
+
+/* A job whose ranks never report (wedged while setting up) fails at the first-step deadline; a
+ * rank that finished is not silent; a stall of the coordinator itself moves the deadlines. */
+static void test_watchdog_first_step_deadline_finished_ranks_and_stalls(void **state)
+{
+    fixture_t *f = *state;
+    watchdog_config(f, 2000, 8000);
+    reg_n(f, 2);
+    pcs_coord_job_t *j = submit_shard(f, 2, NULL);
+    run_alive(f, 7000, 2);
+    f->clock.now += 20000; /* the coordinator stalled: no deadline passes for that */
+    assert_int_equal(pcs_coord_tick(f->c), 20000);
+    run_alive(f, 900, 2);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    run_alive(f, 1200, 2);
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    assert_string_equal(j->reason, "no first step report within 8000 ms of the start from ranks 0 "
+                                   "(worker w-1, heartbeating), 1 (worker w-2, heartbeating)");
+    left_job(f, 1);
+    left_job(f, 2);
+    /* rank 0 finished (done) and waits for rank 1's last steps: only rank 1 can be silent */
+    pcs_coord_job_t *k = submit_shard(f, 2, NULL);
+    step_report(f, "w-1", k, 0, 1, 10);
+    pcs_coord_report_t done = {.worker_id = "w-1", .job_id = k->id, .generation = 1, .rank = 0,
+                               .step = 2, .done = true};
+    assert_int_equal(send_report(f, &done), 0);
+    for (int i = 0; i < 10; i++) {
+        step_report(f, "w-2", k, 1, 1 + (uint64_t)i, 10);
+        run_alive(f, 500, 2);
+    }
+    assert_int_equal(k->state, PCS_JOB_RUNNING);
+}
+
 static void test_report_with_error_fails_the_job_with_reason(void **state)
 {
     fixture_t *f = *state;
@@ -1517,6 +1638,9 @@ int main(void)
         T(test_reports_done_from_all_ranks_succeed_the_job),
         T(test_report_with_error_fails_the_job_with_reason),
         T(test_a_worker_a_peer_saw_die_is_never_given_the_next_job),
+        T(test_watchdog_defaults),
+        T(test_watchdog_fails_a_job_whose_ranks_stop_reporting_naming_the_silent_first),
+        T(test_watchdog_first_step_deadline_finished_ranks_and_stalls),
         T(test_a_stopping_worker_is_idle_only_once_it_left_the_job),
         T(test_an_idle_worker_silent_for_half_a_lease_is_not_scheduled),
         T(test_failure_reason_is_one_line_of_valid_utf8),
