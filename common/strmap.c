@@ -102,6 +102,32 @@ pcs_status_t pcs_strmap_put(pcs_strmap_t *m, const char *key, uint32_t val)
     return store(m, slot_of(m, key), key, val);
 }
 
+bool pcs_strmap_del(pcs_strmap_t *m, const char *key)
+{
+    if (!m->cap)
+        return false;
+    size_t mask = m->cap - 1, i = slot_of(m, key);
+    if (!m->keys[i])
+        return false;
+    if (m->owns_keys)
+        free((char *)m->keys[i]);
+    m->keys[i] = NULL;
+    m->len--;
+    /* Backward shift: a later key of the same run moves into the hole unless its home slot lies
+     * cyclically in (hole, its slot], where the hole does not interrupt its probe sequence. */
+    for (size_t j = (i + 1) & mask; m->keys[j]; j = (j + 1) & mask) {
+        size_t home = (size_t)pcs_fnv1a64_str(m->keys[j]) & mask;
+        bool stays = i <= j ? (home > i && home <= j) : (home > i || home <= j);
+        if (stays)
+            continue;
+        m->keys[i] = m->keys[j];
+        m->vals[i] = m->vals[j];
+        m->keys[j] = NULL;
+        i = j;
+    }
+    return true;
+}
+
 void pcs_strmap_free(pcs_strmap_t *m)
 {
     if (m->owns_keys)

@@ -42,6 +42,11 @@ struct pcs_coord {
     pcs_strmap_t by_request;  /* request id -> job number (keys: the jobs' request ids) */
     uint32_t idle_live;       /* IDLE workers (gang start checks this before scanning) */
     uint32_t n_pending;
+    uint64_t kv_total;       /* KV bytes (keys + values) of every job */
+    /* finished jobs in the order they finished: done[done_head .. done_head + n_done) */
+    uint32_t *done;
+    size_t done_head, n_done, cap_done;
+    uint32_t forgotten; /* jobs the history no longer keeps */
     uint64_t last_tick_ms;   /* 0 before the first tick */
     uint64_t next_watch_ms;  /* next progress watchdog pass */
 };
@@ -102,6 +107,10 @@ pcs_status_t pcs_coord_create(const pcs_coord_config_t *cfg, pcs_coord_t **out)
         c->cfg.kv_max_value_bytes = 64 * 1024;
     if (!c->cfg.kv_max_job_bytes)
         c->cfg.kv_max_job_bytes = 16ull << 20;
+    if (!c->cfg.kv_max_total_bytes)
+        c->cfg.kv_max_total_bytes = 256ull << 20;
+    if (!c->cfg.max_finished_jobs)
+        c->cfg.max_finished_jobs = 10000;
     *out = c;
     return PCS_OK;
 }
@@ -111,8 +120,9 @@ const pcs_coord_config_t *pcs_coord_config(const pcs_coord_t *c)
     return &c->cfg;
 }
 
-static void kv_clear(pcs_coord_job_t *j)
+static void kv_clear(pcs_coord_t *c, pcs_coord_job_t *j)
 {
+    c->kv_total -= j->kv_bytes;
     for (size_t i = 0; i < j->kv_len; i++) {
         free(j->kv[i].key);
         free(j->kv[i].value);
@@ -132,7 +142,7 @@ static void job_free(pcs_coord_t *c, pcs_coord_job_t *j)
 {
     if (!j)
         return;
-    kv_clear(j);
+    kv_clear(c, j);
     for (size_t i = 0; i < j->n_waiters; i++)
         free(j->waiters[i].key);
     free(j->waiters);
@@ -181,6 +191,7 @@ void pcs_coord_destroy(pcs_coord_t *c)
     free(c->workers);
     pcs_strmap_free(&c->by_identity);
     pcs_strmap_free(&c->by_request);
+    free(c->done);
     free(c);
 }
 
@@ -450,6 +461,8 @@ static pcs_status_t new_worker(pcs_coord_t *c, uint32_t number, const char *iden
 static void job_set_reason(pcs_coord_job_t *j, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void job_finish(pcs_coord_t *c, pcs_coord_job_t *j, pcs_job_state_t state);
+static void remember_finished(pcs_coord_t *c, pcs_coord_job_t *j);
+static void drop_rank_state(pcs_coord_t *c, pcs_coord_job_t *j);
 
 /* The restored RUNNING job still waiting for the rank `w` holds a reservation on, or NULL. */
 static pcs_coord_job_t *reserved_job(pcs_coord_t *c, const pcs_coord_worker_t *w)
@@ -695,10 +708,11 @@ static void job_finish(pcs_coord_t *c, pcs_coord_job_t *j, pcs_job_state_t state
         }
     }
     kv_fail_waiters(c, j, PCS_ERR_STATE, "job ended while waiting for the key");
-    kv_clear(j);
+    drop_rank_state(c, j);
     PCS_INFO(PCS_SUB_COORD, "job %s %s -> %s%s%s", j->id, pcs_job_state_name(prev),
              pcs_job_state_name(state), j->reason ? ": " : "", j->reason ? j->reason : "");
     job_notify(c, j);
+    remember_finished(c, j); /* may forget older finished jobs, never this one */
     try_start_jobs(c);
 }
 
@@ -819,11 +833,74 @@ pcs_status_t pcs_coord_lookup_job(pcs_coord_t *c, const char *job_id, pcs_coord_
     pcs_coord_job_t *j = NULL;
     if (parse_number(job_id, "job-", &n) == PCS_OK)
         j = pcs_coord_job_by_number(c, n);
+    if (!j && n && n <= c->n_jobs)
+        return pcs_set_error(PCS_ERR_NOT_FOUND,
+                             "job %.*s: finished and forgotten (the history keeps the newest %" PRIu32
+                             " finished jobs: max-finished-jobs)",
+                             pcs_utf8_prefix(job_id, 64), job_id, c->cfg.max_finished_jobs);
     if (!j)
         return pcs_set_error(PCS_ERR_NOT_FOUND, "job %.*s: no such job",
                              pcs_utf8_prefix(job_id, 64), job_id);
     *out = j;
     return PCS_OK;
+}
+
+void pcs_coord_job_drop_spec(pcs_coord_t *c, pcs_coord_job_t *j)
+{
+    if (!j->spec || !pcs_job_state_terminal(j->state))
+        return;
+    if (c->cfg.free_payload)
+        c->cfg.free_payload(c->cfg.user, j->spec, NULL);
+    j->spec = NULL;
+}
+
+/* History keeps no per-rank state: a finished job of a million ranks costs what one of two does
+ * (every reader of these arrays checks for a RUNNING job first). */
+static void drop_rank_state(pcs_coord_t *c, pcs_coord_job_t *j)
+{
+    kv_clear(c, j);
+    free(j->rank_worker);
+    free(j->rank_reserved);
+    free(j->rank_done);
+    free(j->rank_report_ms);
+    free(j->fp_ring);
+    j->rank_worker = j->rank_reserved = NULL;
+    j->rank_done = NULL;
+    j->rank_report_ms = NULL;
+    j->fp_ring = NULL;
+    j->fp_stages = 0;
+}
+
+/* The history keeps the newest max_finished_jobs finished jobs: older ones are freed, their
+ * request ids no longer deduplicate, their numbers are never handed out again. */
+static void remember_finished(pcs_coord_t *c, pcs_coord_job_t *j)
+{
+    if (c->done_head + c->n_done == c->cap_done) {
+        if (c->done_head) {
+            memmove(c->done, c->done + c->done_head, c->n_done * sizeof *c->done);
+            c->done_head = 0;
+        } else if (pcs_grow((void **)&c->done, &c->cap_done, c->n_done + 1, sizeof *c->done) !=
+                   PCS_OK) {
+            return; /* kept, just never forgotten */
+        }
+    }
+    c->done[c->done_head + c->n_done++] = j->number;
+    while (c->n_done > c->cfg.max_finished_jobs) {
+        uint32_t num = c->done[c->done_head++];
+        c->n_done--;
+        pcs_coord_job_t *old = pcs_coord_job_by_number(c, num);
+        if (!old || !pcs_job_state_terminal(old->state))
+            continue;
+        if (*old->request_id)
+            pcs_strmap_del(&c->by_request, old->request_id);
+        c->jobs[num - 1] = NULL;
+        job_free(c, old);
+        c->forgotten++;
+        if (c->cfg.on_job_forget)
+            c->cfg.on_job_forget(c->cfg.user, num);
+    }
+    if (!c->n_done)
+        c->done_head = 0;
 }
 
 void pcs_coord_job_drop_plan(pcs_coord_t *c, pcs_coord_job_t *j)
@@ -1096,6 +1173,12 @@ pcs_status_t pcs_coord_kv_set(pcs_coord_t *c, const char *job_id, uint64_t gener
         return pcs_set_error(PCS_ERR_LIMIT,
                              "job %s: KV would hold %" PRIu64 " bytes, over the limit of %" PRIu64,
                              j->id, total, c->cfg.kv_max_job_bytes);
+    uint64_t all = c->kv_total - j->kv_bytes + total;
+    if (all > c->cfg.kv_max_total_bytes)
+        return pcs_set_error(PCS_ERR_LIMIT,
+                             "KV of all jobs would hold %" PRIu64 " bytes, over the limit of %" PRIu64
+                             " (kv-max-total-bytes)",
+                             all, c->cfg.kv_max_total_bytes);
     uint8_t *copy = NULL;
     PCS_CHECK(pcs_calloc(len ? len : 1, 1, (void **)&copy));
     if (len)
@@ -1119,6 +1202,7 @@ pcs_status_t pcs_coord_kv_set(pcs_coord_t *c, const char *job_id, uint64_t gener
     }
     j->kv[idx].value = copy;
     j->kv[idx].len = len;
+    c->kv_total = all;
     j->kv_bytes = total;
     /* Wake the parked gets of this key. Compact the list first: callbacks may re-enter. */
     size_t n = 0, woke = 0;
@@ -1474,6 +1558,10 @@ pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_co
     if (state == PCS_JOB_PENDING) {
         j->generation = 0;
         c->n_pending++;
+    }
+    if (pcs_job_state_terminal(state)) {
+        drop_rank_state(c, j);
+        remember_finished(c, j); /* rows come by number: the oldest are forgotten first */
     }
     return PCS_OK;
 }

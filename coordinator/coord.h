@@ -178,6 +178,9 @@ typedef struct pcs_coord_config {
     uint32_t kv_max_key_bytes;      /* default 256 */
     uint32_t kv_max_value_bytes;    /* default 64 KiB */
     uint64_t kv_max_job_bytes;      /* default 16 MiB */
+    uint64_t kv_max_total_bytes;    /* every job's KV together; default 256 MiB */
+    uint32_t max_finished_jobs;     /* history: the newest this many finished jobs are kept,
+                                     * older ones forgotten (on_job_forget); 0 = 10000 */
     void *user;
     /* Releases a job's opaque spec/plan (either may be NULL). NULL: not freed. */
     void (*free_payload)(void *user, void *spec, void *plan);
@@ -189,6 +192,8 @@ typedef struct pcs_coord_config {
     /* Persistence hooks (store.c): a job's state or a worker identity changed. May be NULL. */
     void (*on_job_change)(void *user, const pcs_coord_job_t *j);
     void (*on_worker_new)(void *user, const pcs_coord_worker_t *w);
+    /* A finished job left the history (max_finished_jobs): its number is never used again. */
+    void (*on_job_forget)(void *user, uint32_t number);
 } pcs_coord_config_t;
 
 typedef struct pcs_coord pcs_coord_t;
@@ -257,6 +262,8 @@ pcs_coord_job_t *pcs_coord_job_by_request(pcs_coord_t *c, const char *request_id
 /* New PENDING job (it may start at once if enough IDLE workers exist). World size = product of
  * the mesh sizes; errors: INVALID_ARG (as pcs_coord_check_mesh). */
 pcs_status_t pcs_coord_submit(pcs_coord_t *c, const pcs_coord_job_desc_t *d, pcs_coord_job_t **out);
+/* Errors: INVALID_ARG (empty id), NOT_FOUND ("no such job", or "finished and forgotten" for a
+ * job the history no longer keeps). */
 pcs_status_t pcs_coord_lookup_job(pcs_coord_t *c, const char *job_id, pcs_coord_job_t **out);
 pcs_coord_job_t *pcs_coord_job_by_number(pcs_coord_t *c, uint32_t number);
 /* After a restore: new workers and jobs are numbered from next_worker / next_job on (at least),
@@ -270,6 +277,9 @@ pcs_status_t pcs_coord_cancel(pcs_coord_t *c, const char *job_id, const char *re
 /* Release a finished job's plan (free_payload(NULL, plan)): history keeps only the spec, from
  * which the pure planner rebuilds the plan on demand. No-op for PENDING/RUNNING jobs. */
 void pcs_coord_job_drop_plan(pcs_coord_t *c, pcs_coord_job_t *j);
+/* Release a finished job's spec too (free_payload(spec, NULL)), once a store holds it: RAM then
+ * keeps only the job's small record. No-op for PENDING/RUNNING jobs. */
+void pcs_coord_job_drop_spec(pcs_coord_t *c, pcs_coord_job_t *j);
 /* A job's mesh: pcs_mesh_init's rules (no dims, an unknown or repeated name, a size of 0) and a
  * world of at most PCS_COORD_MAX_WORLD ranks; INVALID_ARG naming the field. */
 pcs_status_t pcs_coord_check_mesh(uint32_t n_dims, const uint32_t *dim_name,

@@ -41,6 +41,12 @@ static const pcs_opt_t options[] = {
     {"kv-max-value-bytes", PCS_OPT_U32, "65536", 1, 67108864, "rendezvous KV: largest value"},
     {"kv-max-job-bytes", PCS_OPT_U64, "16777216", 1, 17179869184.0,
      "rendezvous KV: keys + values per job"},
+    {"kv-max-total-bytes", PCS_OPT_U64, "268435456", 1, 68719476736.0,
+     "rendezvous KV: keys + values of all jobs together"},
+    {"max-spec-bytes", PCS_OPT_U32, "0", 0, 1073741824,
+     "largest job spec accepted, packed (0 = a quarter of max-message-bytes)"},
+    {"max-finished-jobs", PCS_OPT_U32, "10000", 1, 100000000,
+     "job history: finished jobs kept (older ones are forgotten, their ids never reused)"},
     {"max-message-bytes", PCS_OPT_U32, "4194304", 1024, 1073741824,
      "largest request accepted (RESOURCE_EXHAUSTED above)"},
     {"max-watch-streams", PCS_OPT_U32, "1024", 1, 1000000,
@@ -160,6 +166,17 @@ int main(int argc, char **argv)
         pcs_config_free(cfg);
         return 2;
     }
+    if (pcs_config_u32(cfg, "max-spec-bytes") &&
+        pcs_config_u32(cfg, "max-spec-bytes") >= pcs_config_u32(cfg, "max-message-bytes")) {
+        fprintf(stderr,
+                "pcs-coordinator: max-spec-bytes (%u, %s) must be less than max-message-bytes "
+                "(%u, %s): the SubmitJob request carries the spec\n",
+                pcs_config_u32(cfg, "max-spec-bytes"), pcs_config_origin(cfg, "max-spec-bytes"),
+                pcs_config_u32(cfg, "max-message-bytes"),
+                pcs_config_origin(cfg, "max-message-bytes"));
+        pcs_config_free(cfg);
+        return 2;
+    }
     char db[4096] = "";
     const char *state_dir = pcs_config_str(cfg, "state-dir");
     if (*pcs_config_str(cfg, "db"))
@@ -189,6 +206,9 @@ int main(int argc, char **argv)
                               .kv_max_key_bytes = pcs_config_u32(cfg, "kv-max-key-bytes"),
                               .kv_max_value_bytes = pcs_config_u32(cfg, "kv-max-value-bytes"),
                               .kv_max_job_bytes = pcs_config_u64(cfg, "kv-max-job-bytes"),
+                              .kv_max_total_bytes = pcs_config_u64(cfg, "kv-max-total-bytes"),
+                              .max_spec_bytes = pcs_config_u32(cfg, "max-spec-bytes"),
+                              .max_finished_jobs = pcs_config_u32(cfg, "max-finished-jobs"),
                               .db_path = db,
                               .store_sync_normal =
                                   strcmp(pcs_config_str(cfg, "store-sync"), "normal") == 0,

@@ -49,6 +49,7 @@ typedef struct dirty_set {
 
 struct pcs_server {
     pcs_server_config_t cfg;
+    size_t max_spec; /* largest packed JobSpec accepted (max-spec-bytes) */
     pcs_coord_t *coord;
     pcs_rpc_server_t *rpc;
     pcs_http_t *http;
@@ -178,13 +179,19 @@ static pcs_status_t spec_mesh(const Pcs__V1__JobSpec *spec, pcs_mesh_t *out)
     return pcs_coord_check_mesh(given.n, given.dim, given.size, out);
 }
 
-/* Validate a spec and build its plan. On error the status carries the field path. */
-static pcs_status_t check_and_plan(const Pcs__V1__JobSpec *spec, uint32_t world_override,
-                                   uint32_t *world, Pcs__V1__Plan **plan)
+/* Validate a spec and build its plan. On error the status carries the field path. A spec larger
+ * than max_spec_bytes packed is RESOURCE_EXHAUSTED before anything else looks at it: the
+ * coordinator holds every live job's spec in memory and sends it with each assignment. */
+static pcs_status_t check_and_plan(const pcs_server_t *s, const Pcs__V1__JobSpec *spec,
+                                   uint32_t world_override, uint32_t *world, Pcs__V1__Plan **plan)
 {
     *plan = NULL;
     if (!spec)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "spec: required");
+    size_t bytes = pcs__v1__job_spec__get_packed_size(spec);
+    if (bytes > s->max_spec)
+        return pcs_set_error(PCS_ERR_LIMIT, "spec: %zu bytes exceeds max-spec-bytes (%zu)", bytes,
+                             s->max_spec);
     char err[512] = "";
     pcs_status_t st = pcs_job_validate(spec, err, sizeof err);
     if (st != PCS_OK) {
@@ -208,7 +215,9 @@ typedef struct job_pb {
     char **workers;
 } job_pb_t;
 
-static void job_to_pb(pcs_server_t *s, pcs_coord_job_t *j, bool with_spec, job_pb_t *out)
+/* spec: the job's spec to include (job_spec), NULL for none. */
+static void job_to_pb(pcs_server_t *s, pcs_coord_job_t *j, const Pcs__V1__JobSpec *spec,
+                      job_pb_t *out)
 {
     Pcs__V1__Job init = PCS__V1__JOB__INIT;
     Pcs__V1__JobProgress pinit = PCS__V1__JOB_PROGRESS__INIT;
@@ -228,8 +237,7 @@ static void job_to_pb(pcs_server_t *s, pcs_coord_job_t *j, bool with_spec, job_p
     p->plan_hash = j->plan_hash;
     p->request_id = j->request_id;
     p->restarts = j->restarts;
-    if (with_spec)
-        p->spec = j->spec;
+    p->spec = (Pcs__V1__JobSpec *)spec;
     out->progress.step = j->progress.step;
     out->progress.loss = j->progress.loss;
     out->progress.step_ms = j->progress.step_ms;
@@ -253,6 +261,26 @@ static void job_to_pb(pcs_server_t *s, pcs_coord_job_t *j, bool with_spec, job_p
 static void job_pb_free(job_pb_t *jp)
 {
     free(jp->workers);
+}
+
+/* A job's spec for a reply: in memory while the job is live, else read back from the store (a
+ * finished job's spec leaves RAM once it is committed). *loaded gets what to free after the
+ * reply (NULL when nothing was loaded). NULL when there is none (a store that lost it). */
+static const Pcs__V1__JobSpec *job_spec(pcs_server_t *s, const pcs_coord_job_t *j,
+                                        Pcs__V1__JobSpec **loaded)
+{
+    *loaded = NULL;
+    if (j->spec || !s->store)
+        return j->spec;
+    void *buf = NULL;
+    size_t len = 0;
+    if (pcs_store_get_spec(s->store, j->number, &buf, &len) != PCS_OK) {
+        PCS_WARN(PCS_SUB_STORE, "job %s: spec not read back: %s", j->id, pcs_last_error());
+        return NULL;
+    }
+    *loaded = pcs__v1__job_spec__unpack(NULL, len, buf);
+    free(buf);
+    return *loaded;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -576,11 +604,14 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     job_pb_t jp;
     pcs_coord_job_t *j = pcs_coord_job_by_request(s->coord, req->request_id);
     if (j) {
-        job_to_pb(s, j, true, &jp);
+        Pcs__V1__JobSpec *loaded;
+        job_to_pb(s, j, job_spec(s, j, &loaded), &jp);
         resp.job = &jp.job;
         resp.duplicate = true;
         pcs_rpc_reply(call, &resp.base);
         job_pb_free(&jp);
+        if (loaded)
+            pcs__v1__job_spec__free_unpacked(loaded, NULL);
         return;
     }
     if (strlen(req->request_id) > 256) {
@@ -589,7 +620,7 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     }
     uint32_t world;
     Pcs__V1__Plan *plan = NULL;
-    pcs_status_t st = check_and_plan(req->spec, 0, &world, &plan);
+    pcs_status_t st = check_and_plan(s, req->spec, 0, &world, &plan);
     if (st != PCS_OK) {
         PCS_DEBUG(PCS_SUB_COORD, "SubmitJob rejected: %s", pcs_last_error());
         fail_last(call, st);
@@ -626,7 +657,7 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
         fail_last(call, st);
         return;
     }
-    job_to_pb(s, j, true, &jp);
+    job_to_pb(s, j, j->spec, &jp);
     resp.job = &jp.job;
     pcs_rpc_reply(call, &resp.base);
     job_pb_free(&jp);
@@ -643,11 +674,14 @@ static void h_get_job(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *use
         return;
     }
     job_pb_t jp;
-    job_to_pb(s, j, true, &jp);
+    Pcs__V1__JobSpec *loaded;
+    job_to_pb(s, j, job_spec(s, j, &loaded), &jp);
     Pcs__V1__GetJobResponse resp = PCS__V1__GET_JOB_RESPONSE__INIT;
     resp.job = &jp.job;
     pcs_rpc_reply(call, &resp.base);
     job_pb_free(&jp);
+    if (loaded)
+        pcs__v1__job_spec__free_unpacked(loaded, NULL);
 }
 
 static void h_list_jobs(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
@@ -668,7 +702,7 @@ static void h_list_jobs(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *u
         pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, i);
         if (!j || (req->state && (int)req->state != (int)j->state))
             continue;
-        job_to_pb(s, j, false, &jps[n]); /* specs stay out of listings: GetJob has them */
+        job_to_pb(s, j, NULL, &jps[n]); /* specs stay out of listings: GetJob has them */
         ptrs[n] = &jps[n].job;
         n++;
     }
@@ -694,7 +728,7 @@ static void h_cancel(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
         return;
     }
     job_pb_t jp;
-    job_to_pb(s, j, false, &jp);
+    job_to_pb(s, j, NULL, &jp);
     Pcs__V1__CancelJobResponse resp = PCS__V1__CANCEL_JOB_RESPONSE__INIT;
     resp.job = &jp.job;
     pcs_rpc_reply(call, &resp.base);
@@ -713,12 +747,16 @@ static void h_get_plan(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *us
     }
     Pcs__V1__Plan *rebuilt = NULL;
     if (!j->plan) {
-        /* finished jobs keep only their spec; the planner is pure, so rebuild */
-        if (!j->spec) {
+        /* finished jobs keep only their spec (in the store); the planner is pure, so rebuild */
+        Pcs__V1__JobSpec *loaded;
+        const Pcs__V1__JobSpec *spec = job_spec(s, j, &loaded);
+        if (!spec) {
             pcs_rpc_fail(call, PCS_ERR_NOT_FOUND, "job %s: no spec kept", j->id);
             return;
         }
-        st = pcs_plan_build(j->spec, j->world_size, &rebuilt);
+        st = pcs_plan_build(spec, j->world_size, &rebuilt);
+        if (loaded)
+            pcs__v1__job_spec__free_unpacked(loaded, NULL);
         if (st != PCS_OK) {
             fail_last(call, st);
             return;
@@ -732,7 +770,7 @@ static void h_get_plan(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *us
 
 static void h_dry_run(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
 {
-    (void)user;
+    const pcs_server_t *s = user;
     const Pcs__V1__DryRunPlanRequest *req = (const void *)m;
     if (req->world_size > PCS_COORD_MAX_WORLD) {
         pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "world_size: must be <= %u", PCS_COORD_MAX_WORLD);
@@ -740,7 +778,7 @@ static void h_dry_run(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *use
     }
     uint32_t world;
     Pcs__V1__Plan *plan = NULL;
-    pcs_status_t st = check_and_plan(req->spec, req->world_size, &world, &plan);
+    pcs_status_t st = check_and_plan(s, req->spec, req->world_size, &world, &plan);
     if (st != PCS_OK) {
         fail_last(call, st);
         return;
@@ -1004,6 +1042,14 @@ static void on_worker_new(void *user, const pcs_coord_worker_t *w)
     mark_dirty(s, &s->dirty_workers, w->number);
 }
 
+/* The history forgot a finished job: its row goes with the next commit (persist deletes the
+ * rows of dirty numbers that have no job). */
+static void on_job_forget(void *user, uint32_t number)
+{
+    pcs_server_t *s = user;
+    mark_dirty(s, &s->dirty_jobs, number);
+}
+
 static void on_job_change(void *user, const pcs_coord_job_t *j)
 {
     pcs_server_t *s = user;
@@ -1087,8 +1133,7 @@ static pcs_status_t persist(pcs_server_t *s)
     }
     for (size_t i = 0; i < s->dirty_jobs.n && st == PCS_OK; i++) {
         const pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, s->dirty_jobs.list[i]);
-        if (j)
-            st = put_job(s, j);
+        st = j ? put_job(s, j) : pcs_store_delete_job(s->store, s->dirty_jobs.list[i]);
     }
     /* ids are never handed out twice, even when history rows are gone */
     if (st == PCS_OK)
@@ -1100,6 +1145,12 @@ static pcs_status_t persist(pcs_server_t *s)
     else
         pcs_store_rollback(s->store);
     if (st == PCS_OK) {
+        /* a finished job's spec is in the store now: RAM keeps only its record */
+        for (size_t i = 0; i < s->dirty_jobs.n; i++) {
+            pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, s->dirty_jobs.list[i]);
+            if (j)
+                pcs_coord_job_drop_spec(s->coord, j);
+        }
         dirty_clear(&s->dirty_jobs);
         dirty_clear(&s->dirty_workers);
         s->commits++;
@@ -1173,6 +1224,11 @@ static void restore_job(void *user, const pcs_store_job_t *r)
         state = PCS_JOB_FAILED;
         reason = why;
         finished_ms = pcs_wall_ms();
+    }
+    if (spec && !live && state == (pcs_job_state_t)r->state) {
+        /* history: the spec stays in the store (job_spec reads it back when asked) */
+        pcs__v1__job_spec__free_unpacked(spec, NULL);
+        spec = NULL;
     }
     if (!mesh.n) { /* unreadable spec: keep the history row with a 1-rank mesh */
         mesh.n = 1;
@@ -1443,6 +1499,8 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
     s->cfg = *cfg;
     s->start_ms = pcs_now_ms();
     s->max_hw = cfg->max_watch_streams ? cfg->max_watch_streams : DEFAULT_MAX_WATCH_STREAMS;
+    size_t max_msg = cfg->max_message_bytes ? cfg->max_message_bytes : (4u << 20);
+    s->max_spec = cfg->max_spec_bytes ? cfg->max_spec_bytes : max_msg / 4;
     if (cfg->token_file && *cfg->token_file) {
         PCS_CHECK_GOTO(pcs_auth_load(cfg->token_file, &s->auth), st, fail);
         PCS_INFO(PCS_SUB_INIT, "bearer tokens required: %zu tokens from %s",
@@ -1463,7 +1521,10 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
                              .on_events = on_events,
                              .on_kv_wake = on_kv_wake,
                              .on_job_change = on_job_change,
-                             .on_worker_new = on_worker_new};
+                             .on_worker_new = on_worker_new,
+                             .on_job_forget = on_job_forget,
+                             .kv_max_total_bytes = cfg->kv_max_total_bytes,
+                             .max_finished_jobs = cfg->max_finished_jobs};
     PCS_CHECK_GOTO(pcs_coord_create(&cc, &s->coord), st, fail);
     if (cfg->db_path && *cfg->db_path && strcmp(cfg->db_path, ":memory:") != 0) {
         PCS_CHECK_GOTO(pcs_store_open(cfg->db_path, !cfg->store_sync_normal, &s->store), st, fail);

@@ -30,6 +30,9 @@ typedef struct pcs_server_config {
     uint32_t kv_max_key_bytes;
     uint32_t kv_max_value_bytes;
     uint64_t kv_max_job_bytes;
+    uint64_t kv_max_total_bytes;   /* every job's KV together; 0 = 256 MiB */
+    size_t max_spec_bytes;         /* largest packed JobSpec; 0 = max_message_bytes / 4 */
+    uint32_t max_finished_jobs;    /* history kept; 0 = 10000 */
     const char *db_path;           /* SQLite file; NULL, "" or ":memory:" = no persistence */
     bool store_sync_normal;        /* synchronous=NORMAL (durable across a process crash only)
                                     * instead of FULL (across a power loss) */

@@ -6,6 +6,7 @@
  * as well as the pod. */
 #include "coordinator/store.h"
 
+#include <inttypes.h>
 #include <sqlite3.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -16,7 +17,7 @@
 
 struct pcs_store {
     sqlite3 *db;
-    sqlite3_stmt *put_worker, *put_job, *put_meta;
+    sqlite3_stmt *put_worker, *put_job, *put_meta, *del_job, *get_spec;
     bool in_tx;
     char *path;
 };
@@ -98,11 +99,24 @@ pcs_status_t pcs_store_open(const char *path, bool sync_full, pcs_store_t **out)
     if (sqlite3_prepare_v2(s->db,
                            "INSERT OR REPLACE INTO workers(number, identity, host) VALUES(?,?,?)",
                            -1, &s->put_worker, NULL) != SQLITE_OK ||
+        /* an upsert: a row written without its spec (NULL) keeps the stored one, so a finished
+         * job whose spec left RAM can be written again */
         sqlite3_prepare_v2(s->db,
-                           "INSERT OR REPLACE INTO jobs(number, name, request_id, state, reason,"
+                           "INSERT INTO jobs(number, name, request_id, state, reason,"
                            " created_ms, started_ms, finished_ms, generation, plan_hash,"
-                           " world_size, spec, ranks) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                           " world_size, spec, ranks) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)"
+                           " ON CONFLICT(number) DO UPDATE SET name = excluded.name,"
+                           " request_id = excluded.request_id, state = excluded.state,"
+                           " reason = excluded.reason, created_ms = excluded.created_ms,"
+                           " started_ms = excluded.started_ms, finished_ms = excluded.finished_ms,"
+                           " generation = excluded.generation, plan_hash = excluded.plan_hash,"
+                           " world_size = excluded.world_size,"
+                           " spec = COALESCE(excluded.spec, jobs.spec), ranks = excluded.ranks",
                            -1, &s->put_job, NULL) != SQLITE_OK ||
+        sqlite3_prepare_v2(s->db, "DELETE FROM jobs WHERE number = ?", -1, &s->del_job, NULL) !=
+            SQLITE_OK ||
+        sqlite3_prepare_v2(s->db, "SELECT spec FROM jobs WHERE number = ?", -1, &s->get_spec,
+                           NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(s->db, "INSERT OR REPLACE INTO meta(key, value) VALUES(?,?)", -1,
                            &s->put_meta, NULL) != SQLITE_OK) {
         st = db_error(s, "prepare");
@@ -149,6 +163,8 @@ void pcs_store_close(pcs_store_t *s)
     sqlite3_finalize(s->put_worker);
     sqlite3_finalize(s->put_job);
     sqlite3_finalize(s->put_meta);
+    sqlite3_finalize(s->del_job);
+    sqlite3_finalize(s->get_spec);
     sqlite3_close(s->db);
     free(s->path);
     free(s);
@@ -223,7 +239,10 @@ pcs_status_t pcs_store_put_job(pcs_store_t *s, const pcs_store_job_t *j)
     sqlite3_bind_int64(q, 9, (sqlite3_int64)j->generation);
     sqlite3_bind_int64(q, 10, (sqlite3_int64)j->plan_hash);
     sqlite3_bind_int64(q, 11, j->world_size);
-    sqlite3_bind_blob(q, 12, j->spec, (int)j->spec_len, SQLITE_TRANSIENT);
+    if (j->spec)
+        sqlite3_bind_blob(q, 12, j->spec, (int)j->spec_len, SQLITE_TRANSIENT);
+    else
+        sqlite3_bind_null(q, 12); /* keeps the stored spec */
     uint8_t *ranks = NULL;
     if (j->n_ranks && j->rank_worker) {
         size_t len = RANK_HEADER + (size_t)j->n_ranks * RANK_BYTES;
@@ -247,6 +266,39 @@ pcs_status_t pcs_store_put_job(pcs_store_t *s, const pcs_store_job_t *j)
     }
     pcs_status_t st = step(s, q, "put job");
     free(ranks);
+    return st;
+}
+
+pcs_status_t pcs_store_delete_job(pcs_store_t *s, uint32_t number)
+{
+    PCS_CHECK(begin(s));
+    sqlite3_bind_int64(s->del_job, 1, number);
+    return step(s, s->del_job, "delete job");
+}
+
+pcs_status_t pcs_store_get_spec(pcs_store_t *s, uint32_t number, void **buf, size_t *len)
+{
+    *buf = NULL;
+    *len = 0;
+    sqlite3_stmt *q = s->get_spec;
+    sqlite3_bind_int64(q, 1, number);
+    int rc = sqlite3_step(q);
+    pcs_status_t st = PCS_OK;
+    if (rc == SQLITE_ROW && sqlite3_column_type(q, 0) == SQLITE_BLOB) {
+        const void *b = sqlite3_column_blob(q, 0);
+        size_t n = (size_t)sqlite3_column_bytes(q, 0);
+        st = pcs_calloc(n ? n : 1, 1, buf);
+        if (st == PCS_OK) {
+            memcpy(*buf, b, n);
+            *len = n;
+        }
+    } else if (rc == SQLITE_ROW || rc == SQLITE_DONE) {
+        st = pcs_set_error(PCS_ERR_NOT_FOUND, "store: job %" PRIu32 " has no stored spec", number);
+    } else {
+        st = db_error(s, "get spec");
+    }
+    sqlite3_reset(q);
+    sqlite3_clear_bindings(q);
     return st;
 }
 

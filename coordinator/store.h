@@ -25,7 +25,7 @@ typedef struct pcs_store_job {
     int state; /* pcs_job_state_t */
     uint64_t created_ms, started_ms, finished_ms, generation, plan_hash;
     uint32_t world_size;
-    const void *spec; /* packed pcs.v1.JobSpec */
+    const void *spec; /* packed pcs.v1.JobSpec; NULL on a put: keep the stored one */
     size_t spec_len;
     /* rank -> worker of a started job: worker number, and its pid and incarnation when it got
      * the rank (0 = unknown), n_ranks entries each; n_ranks 0 = none stored (PENDING, or a row
@@ -46,6 +46,11 @@ void pcs_store_close(pcs_store_t *s);
 pcs_status_t pcs_store_put_worker(pcs_store_t *s, uint32_t number, const char *identity,
                                   const char *host);
 pcs_status_t pcs_store_put_job(pcs_store_t *s, const pcs_store_job_t *j);
+/* Remove a job's row (in the open transaction): the history forgot it. */
+pcs_status_t pcs_store_delete_job(pcs_store_t *s, uint32_t number);
+/* The packed spec of job `number` (*buf malloc'd, caller frees), read now. PCS_ERR_NOT_FOUND
+ * when the row or its spec is not there. */
+pcs_status_t pcs_store_get_spec(pcs_store_t *s, uint32_t number, void **buf, size_t *len);
 /* Commit the open transaction (if any). On failure the transaction is gone (rolled back), the
  * error names the file and SQLite's reason, and the caller writes its rows again. */
 pcs_status_t pcs_store_flush(pcs_store_t *s);

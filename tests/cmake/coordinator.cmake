@@ -39,6 +39,11 @@ set_tests_properties(test_outage_pause PROPERTIES LABELS integration TIMEOUT 480
   ENVIRONMENT "PCS_BIN_DIR=${CMAKE_BINARY_DIR}/bin;PCS_SOURCE_DIR=${PROJECT_SOURCE_DIR};PCS_LOG_LEVEL=warn")
 set_target_properties(test_outage PROPERTIES LINKER_LANGUAGE CXX)
 add_dependencies(test_outage pcs-coordinator pcs-worker)
+# Bounded memory: the spec limit, RSS flat under a submit/cancel churn of large specs, the
+# bounded history (finished specs in SQLite, older jobs forgotten).
+pcs_add_test(NAME test_memory SOURCES integration/test_memory.c LIBS pcs_common LABELS integration
+             TIMEOUT 300)
+add_dependencies(test_memory pcs-coordinator)
 # Worker life cycle: no phantom after SIGTERM, a killed worker costs one job and is named first,
 # a SIGSTOPped worker is not scheduled.
 pcs_add_test(NAME test_lifecycle SOURCES integration/test_lifecycle.c ${PCS_E2E_UTIL}

@@ -66,7 +66,9 @@ typedef struct run {
 
 static void start_coord(run_t *r, const char *extra)
 {
-    const char *args[] = {"--db", r->db, "--lease-ms", "600000", extra, NULL};
+    /* every cancelled job stays in the history: this test counts them all */
+    const char *args[] = {"--db",      r->db, "--lease-ms", "600000", "--max-finished-jobs",
+                          "10000000", extra,   NULL};
     r->pid = pcs_test_start_coordinator(r->dir, args, r->addr, sizeof r->addr);
     assert_true(r->pid > 0);
 }

@@ -830,6 +830,8 @@ static void test_a_worker_a_peer_saw_die_is_never_given_the_next_job(void **stat
     reg(f, "host-3", NULL);
     pcs_coord_job_t *m = submit_shard(f, 2, NULL);
     assert_int_equal(m->state, PCS_JOB_RUNNING);
+    /* read before the job ends: a finished job keeps no rank map */
+    const char *w0 = pcs_coord_worker_by_number(f->c, m->rank_worker[0])->id;
     pcs_coord_report_t silent = {.worker_id = pcs_coord_worker_by_number(f->c, m->rank_worker[1])->id,
                                  .job_id = m->id,
                                  .generation = 1,
@@ -843,7 +845,7 @@ static void test_a_worker_a_peer_saw_die_is_never_given_the_next_job(void **stat
     snprintf(want, sizeof want,
              "rank 0 (worker %s) made no progress; reported by rank 1 (worker %s) at step 2: "
              "timeout",
-             pcs_coord_worker_by_number(f->c, m->rank_worker[0])->id, silent.worker_id);
+             w0, silent.worker_id);
     assert_string_equal(m->reason, want);
 }
 
@@ -1153,6 +1155,81 @@ static void test_kv_set_get_roundtrip_and_overwrite(void **state)
                      PCS_OK);
     assert_int_equal(found, 1);
     assert_int_equal(len, 0);
+}
+
+/* kv_max_total_bytes caps the KV of all jobs together; a job's end gives its bytes back. */
+static void test_kv_total_of_all_jobs_is_capped(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_destroy(f->c);
+    pcs_coord_config_t cfg = base_config(f);
+    cfg.kv_max_total_bytes = 150;
+    assert_int_equal(pcs_coord_create(&cfg, &f->c), PCS_OK);
+    reg_n(f, 3);
+    pcs_coord_job_t *a = submit_shard(f, 1, NULL), *b = submit_shard(f, 1, NULL), *out;
+    char val[32] = {0};
+    assert_int_equal(pcs_coord_kv_set(f->c, a->id, 1, "k1", val, 30), PCS_OK); /* 32 */
+    assert_int_equal(pcs_coord_kv_set(f->c, a->id, 1, "k2", val, 30), PCS_OK); /* 64 */
+    assert_int_equal(pcs_coord_kv_set(f->c, b->id, 1, "k1", val, 30), PCS_OK); /* 96 */
+    assert_int_equal(pcs_coord_kv_set(f->c, b->id, 1, "k2", val, 30), PCS_OK); /* 128 */
+    assert_int_equal(pcs_coord_kv_set(f->c, b->id, 1, "k3", val, 30), PCS_ERR_LIMIT);
+    assert_string_equal(pcs_last_error(), "KV of all jobs would hold 160 bytes, over the limit "
+                                          "of 150 (kv-max-total-bytes)");
+    assert_int_equal(pcs_coord_cancel(f->c, a->id, NULL, &out), PCS_OK); /* frees 64 */
+    assert_int_equal(pcs_coord_kv_set(f->c, b->id, 1, "k3", val, 30), PCS_OK);
+}
+
+/* The history keeps the newest max_finished_jobs finished jobs: an older one is forgotten (freed,
+ * on_job_forget, NOT_FOUND saying so, its request id free again), its number never reused; live
+ * jobs are never forgotten, whatever their age. A finished job keeps no per-rank state. */
+static int forgets;
+static uint32_t forgot[8];
+static void count_forget(void *user, uint32_t number)
+{
+    (void)user;
+    forgot[forgets++ % 8] = number;
+}
+
+static void test_history_keeps_the_newest_finished_jobs(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_destroy(f->c);
+    pcs_coord_config_t cfg = base_config(f);
+    cfg.max_finished_jobs = 2;
+    cfg.on_job_forget = count_forget;
+    forgets = 0;
+    assert_int_equal(pcs_coord_create(&cfg, &f->c), PCS_OK);
+    reg_n(f, 1);
+    pcs_coord_job_t *old_live = submit_shard(f, 5, "live"); /* pending all along */
+    pcs_coord_job_t *out;
+    char rid[16];
+    for (int i = 0; i < 4; i++) {
+        snprintf(rid, sizeof rid, "r%d", i);
+        pcs_coord_job_t *j = submit_shard(f, 1, rid);
+        assert_int_equal(pcs_coord_cancel(f->c, j->id, NULL, &out), PCS_OK);
+        assert_null(j->rank_worker); /* no per-rank state in the history */
+        assert_null(j->rank_report_ms);
+        left_job(f, 1);
+    }
+    /* job-2 .. job-5 finished in that order: job-2 and job-3 are forgotten */
+    assert_int_equal(forgets, 2);
+    assert_int_equal(forgot[0], 2);
+    assert_int_equal(forgot[1], 3);
+    assert_null(pcs_coord_job_by_number(f->c, 2));
+    assert_int_equal(pcs_coord_lookup_job(f->c, "job-2", &out), PCS_ERR_NOT_FOUND);
+    assert_string_equal(pcs_last_error(), "job job-2: finished and forgotten (the history keeps "
+                                          "the newest 2 finished jobs: max-finished-jobs)");
+    assert_int_equal(pcs_coord_lookup_job(f->c, "job-9", &out), PCS_ERR_NOT_FOUND);
+    assert_string_equal(pcs_last_error(), "job job-9: no such job");
+    assert_int_equal(pcs_coord_lookup_job(f->c, "job-5", &out), PCS_OK);
+    assert_ptr_equal(pcs_coord_job_by_number(f->c, 1), old_live); /* never forgotten */
+    assert_null(pcs_coord_job_by_request(f->c, "r0"));
+    assert_non_null(pcs_coord_job_by_request(f->c, "r3"));
+    pcs_coord_job_t *again = submit_shard(f, 1, "r0");
+    assert_string_equal(again->id, "job-6"); /* a new job, a new number */
+    pcs_coord_counts_t cn;
+    pcs_coord_counts(f->c, &cn);
+    assert_int_equal(cn.jobs[PCS_JOB_CANCELLED], 2);
 }
 
 static void test_kv_limits_on_key_value_and_job_total(void **state)
@@ -1648,6 +1725,8 @@ int main(void)
         T(test_diverging_fingerprints_in_one_stage_fail_the_job_naming_both_ranks),
         T(test_kv_set_get_roundtrip_and_overwrite),
         T(test_kv_limits_on_key_value_and_job_total),
+        T(test_kv_total_of_all_jobs_is_capped),
+        T(test_history_keeps_the_newest_finished_jobs),
         T(test_kv_stale_generation_or_finished_job_is_failed_precondition),
         T(test_kv_parked_get_is_woken_by_set_or_expires_in_tick),
         T(test_kv_parked_gets_are_capped_per_job),

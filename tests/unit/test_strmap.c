@@ -83,6 +83,54 @@ static void test_strmap_agrees_with_a_list_under_growth_and_overwrite(void **sta
     }
 }
 
+/* Random puts and deletes against a presence oracle, in a small table where runs wrap around
+ * its end: after each delete every remaining key is still found (the backward shift kept each
+ * probe sequence whole) and every deleted one is gone; the table does not grow under churn. */
+static void test_strmap_delete_keeps_every_probe_sequence_whole(void **state)
+{
+    (void)state;
+    enum { N = 600 };
+    static char keys[N][16];
+    static bool in[N];
+    static uint32_t want[N];
+    for (int owned = 0; owned < 2; owned++) {
+        pcs_strmap_t m = PCS_STRMAP_BORROWED;
+        m.owns_keys = owned != 0;
+        memset(in, 0, sizeof in);
+        srand(11 + owned);
+        for (int k = 0; k < N; k++)
+            snprintf(keys[k], sizeof keys[k], "req-%d", k);
+        size_t n = 0, cap_at_100k = 0;
+        for (int i = 0; i < 200000; i++) {
+            int k = rand() % N;
+            if (n < 40 || rand() % 2) {
+                want[k] = (uint32_t)i;
+                n += !in[k];
+                in[k] = true;
+                assert_int_equal(pcs_strmap_put(&m, keys[k], want[k]), PCS_OK);
+            } else {
+                assert_int_equal(pcs_strmap_del(&m, keys[k]), in[k]);
+                n -= in[k];
+                in[k] = false;
+            }
+            assert_int_equal(pcs_strmap_len(&m), n);
+            if (i % 997 == 0 || i > 199000) {
+                for (int q = 0; q < N; q++) {
+                    uint32_t v = 0;
+                    assert_int_equal(pcs_strmap_get(&m, keys[q], &v), in[q]);
+                    if (in[q])
+                        assert_int_equal(v, want[q]);
+                }
+            }
+            if (i == 100000)
+                cap_at_100k = m.cap;
+        }
+        assert_int_equal(m.cap, cap_at_100k); /* churn at a steady size does not grow it */
+        assert_false(pcs_strmap_del(&m, "never-there"));
+        pcs_strmap_free(&m);
+    }
+}
+
 /* An empty (zeroed) map answers lookups without a table; reserve sizes it once. */
 static void test_strmap_empty_and_reserved(void **state)
 {
@@ -108,6 +156,7 @@ int main(void)
         cmocka_unit_test(test_fnv1a64_matches_the_published_vectors),
         cmocka_unit_test(test_strmap_agrees_with_a_list_under_growth_and_overwrite),
         cmocka_unit_test(test_strmap_empty_and_reserved),
+        cmocka_unit_test(test_strmap_delete_keeps_every_probe_sequence_whole),
     };
     return cmocka_run_group_tests_name("strmap", tests, NULL, NULL);
 }

@@ -1,7 +1,8 @@
 /* A string-keyed hash map of uint32 values: open addressing with linear probing over a
  * power-of-two table kept at most half full, FNV-1a 64 (pcs/hash.h). The one map of pcs: worker
  * identities and request ids (coordinator), rendezvous keys, module paths and FQNs (planner).
- * There is no deletion: a map lives as long as the records its keys belong to.
+ * Deletion shifts the probe sequence back (no tombstones), so a map under insert/delete churn
+ * (the request ids of jobs the coordinator's history forgets) does not degrade.
  *
  * Keys are borrowed by default: the map retains the caller's pointer, which must stay valid and
  * unchanged while the map holds it (typically the key is a field of the record the value indexes).
@@ -49,6 +50,8 @@ static inline size_t pcs_strmap_len(const pcs_strmap_t *m)
 {
     return m->len;
 }
+/* Remove `key` (an owning map frees its copy); false when it was not there. */
+bool pcs_strmap_del(pcs_strmap_t *m, const char *key);
 /* Frees the table (and the keys of an owning map); the map is empty again, same ownership. */
 void pcs_strmap_free(pcs_strmap_t *m);
 
