@@ -1566,6 +1566,12 @@ pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_co
     return PCS_OK;
 }
 
+void pcs_coord_restore_progress(pcs_coord_t *c, pcs_coord_job_t *j, const pcs_coord_progress_t *p)
+{
+    (void)c;
+    j->progress = *p;
+}
+
 pcs_status_t pcs_coord_restore_ranks(pcs_coord_t *c, pcs_coord_job_t *j, const uint32_t *worker,
                                      const uint32_t *pid, const uint64_t *incarnation, uint32_t n)
 {

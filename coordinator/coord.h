@@ -363,6 +363,9 @@ pcs_status_t pcs_coord_restore_job(pcs_coord_t *c, uint32_t number, const pcs_co
                                    uint64_t created_wall_ms, uint64_t started_wall_ms,
                                    uint64_t finished_wall_ms, uint64_t generation);
 
+/* After pcs_coord_restore_job: the job's progress as stored (step, loss, step time, audit...). */
+void pcs_coord_restore_progress(pcs_coord_t *c, pcs_coord_job_t *j, const pcs_coord_progress_t *p);
+
 /* After pcs_coord_restore_job of a RUNNING job: which worker held each rank (n = world_size
  * worker numbers of restored workers; 0 = holder unknown, that rank comes back by step report
  * only) and the pid and incarnation it had when it got the rank (0 = unknown; either array may

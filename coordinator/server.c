@@ -215,6 +215,32 @@ typedef struct job_pb {
     char **workers;
 } job_pb_t;
 
+/* The operator's view of a job's progress, both ways (replies, and the store's progress column). */
+static void progress_to_pb(const pcs_coord_progress_t *in, Pcs__V1__JobProgress *out)
+{
+    out->step = in->step;
+    out->loss = in->loss;
+    out->step_ms = in->step_ms;
+    out->reports = in->reports;
+    out->audit_ok = in->audit_ok;
+    out->eval_loss = in->eval_loss;
+    out->skipped_steps = in->skipped_steps;
+    out->loss_scale = in->loss_scale;
+}
+
+static void progress_from_pb(const Pcs__V1__JobProgress *in, pcs_coord_progress_t *out)
+{
+    memset(out, 0, sizeof *out);
+    out->step = in->step;
+    out->loss = in->loss;
+    out->step_ms = in->step_ms;
+    out->reports = in->reports;
+    out->audit_ok = in->audit_ok;
+    out->eval_loss = in->eval_loss;
+    out->skipped_steps = in->skipped_steps;
+    out->loss_scale = in->loss_scale;
+}
+
 /* spec: the job's spec to include (job_spec), NULL for none. */
 static void job_to_pb(pcs_server_t *s, pcs_coord_job_t *j, const Pcs__V1__JobSpec *spec,
                       job_pb_t *out)
@@ -238,14 +264,7 @@ static void job_to_pb(pcs_server_t *s, pcs_coord_job_t *j, const Pcs__V1__JobSpe
     p->request_id = j->request_id;
     p->restarts = j->restarts;
     p->spec = (Pcs__V1__JobSpec *)spec;
-    out->progress.step = j->progress.step;
-    out->progress.loss = j->progress.loss;
-    out->progress.step_ms = j->progress.step_ms;
-    out->progress.reports = j->progress.reports;
-    out->progress.audit_ok = j->progress.audit_ok;
-    out->progress.eval_loss = j->progress.eval_loss;
-    out->progress.skipped_steps = j->progress.skipped_steps;
-    out->progress.loss_scale = j->progress.loss_scale;
+    progress_to_pb(&j->progress, &out->progress);
     p->progress = &out->progress;
     if (j->state == PCS_JOB_RUNNING &&
         pcs_calloc(j->world_size, sizeof *out->workers, (void **)&out->workers) == PCS_OK) {
@@ -1091,6 +1110,14 @@ static pcs_status_t put_job(pcs_server_t *s, const pcs_coord_job_t *j)
         ranks = NULL;
         incs = NULL;
     }
+    Pcs__V1__JobProgress prog = PCS__V1__JOB_PROGRESS__INIT;
+    progress_to_pb(&j->progress, &prog);
+    uint8_t pbuf[128]; /* a JobProgress is a few scalars: well under 128 bytes packed */
+    size_t plen = pcs__v1__job_progress__get_packed_size(&prog);
+    if (plen > sizeof pbuf)
+        plen = 0;
+    else
+        pcs__v1__job_progress__pack(&prog, pbuf);
     pcs_store_job_t r = {.number = j->number,
                          .name = j->name,
                          .request_id = j->request_id,
@@ -1107,7 +1134,9 @@ static pcs_status_t put_job(pcs_server_t *s, const pcs_coord_job_t *j)
                          .rank_worker = ranks,
                          .rank_pid = ranks ? ranks + j->world_size : NULL,
                          .rank_incarnation = incs,
-                         .n_ranks = ranks ? j->world_size : 0};
+                         .n_ranks = ranks ? j->world_size : 0,
+                         .progress = plen ? pbuf : NULL,
+                         .progress_len = plen};
     pcs_status_t st = pcs_store_put_job(s->store, &r);
     free(ranks);
     free(incs);
@@ -1255,6 +1284,15 @@ static void restore_job(void *user, const pcs_store_job_t *r)
         return;
     }
     pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, r->number);
+    Pcs__V1__JobProgress *prog =
+        j && r->progress_len ? pcs__v1__job_progress__unpack(NULL, r->progress_len, r->progress)
+                             : NULL;
+    if (prog) {
+        pcs_coord_progress_t p;
+        progress_from_pb(prog, &p);
+        pcs_coord_restore_progress(s->coord, j, &p);
+        pcs__v1__job_progress__free_unpacked(prog, NULL);
+    }
     if (j && state == PCS_JOB_RUNNING && r->n_ranks) {
         /* hold its workers for it: a pending job must not take one before it is back */
         if (pcs_coord_restore_ranks(s->coord, j, r->rank_worker, r->rank_pid, r->rank_incarnation,

@@ -29,7 +29,7 @@ static const char *const schema =
     "CREATE TABLE IF NOT EXISTS jobs(number INTEGER PRIMARY KEY, name TEXT NOT NULL DEFAULT '',"
     " request_id TEXT NOT NULL DEFAULT '', state INTEGER NOT NULL, reason TEXT NOT NULL DEFAULT '',"
     " created_ms INTEGER, started_ms INTEGER, finished_ms INTEGER, generation INTEGER,"
-    " plan_hash INTEGER, world_size INTEGER, spec BLOB, ranks BLOB);";
+    " plan_hash INTEGER, world_size INTEGER, spec BLOB, ranks BLOB, progress BLOB);";
 
 /* ranks: "RNK2", then 16 bytes per rank, little-endian worker number (u32), pid (u32),
  * incarnation (u64): a fixed layout, so the file moves between hosts. Rows of 8 bytes per rank
@@ -85,17 +85,19 @@ pcs_status_t pcs_store_open(const char *path, bool sync_full, pcs_store_t **out)
         sqlite3_free(err);
         goto fail;
     }
-    sqlite3_stmt *probe = NULL;
-    if (sqlite3_prepare_v2(s->db, "SELECT ranks FROM jobs LIMIT 0", -1, &probe, NULL) !=
-        SQLITE_OK) {
-        /* a database from before the ranks column: add it (NULL = no map stored) */
-        if (sqlite3_exec(s->db, "ALTER TABLE jobs ADD COLUMN ranks BLOB", NULL, NULL, NULL) !=
-            SQLITE_OK) {
-            st = db_error(s, "add column ranks");
+    /* columns newer databases have: one written before a column existed gets it (NULL = none) */
+    static const char *const added[][2] = {
+        {"SELECT ranks FROM jobs LIMIT 0", "ALTER TABLE jobs ADD COLUMN ranks BLOB"},
+        {"SELECT progress FROM jobs LIMIT 0", "ALTER TABLE jobs ADD COLUMN progress BLOB"}};
+    for (size_t i = 0; i < sizeof added / sizeof added[0]; i++) {
+        sqlite3_stmt *probe = NULL;
+        if (sqlite3_prepare_v2(s->db, added[i][0], -1, &probe, NULL) != SQLITE_OK &&
+            sqlite3_exec(s->db, added[i][1], NULL, NULL, NULL) != SQLITE_OK) {
+            st = db_error(s, added[i][1]);
             goto fail;
         }
+        sqlite3_finalize(probe);
     }
-    sqlite3_finalize(probe);
     if (sqlite3_prepare_v2(s->db,
                            "INSERT OR REPLACE INTO workers(number, identity, host) VALUES(?,?,?)",
                            -1, &s->put_worker, NULL) != SQLITE_OK ||
@@ -104,14 +106,16 @@ pcs_status_t pcs_store_open(const char *path, bool sync_full, pcs_store_t **out)
         sqlite3_prepare_v2(s->db,
                            "INSERT INTO jobs(number, name, request_id, state, reason,"
                            " created_ms, started_ms, finished_ms, generation, plan_hash,"
-                           " world_size, spec, ranks) VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?)"
+                           " world_size, spec, ranks, progress)"
+                           " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
                            " ON CONFLICT(number) DO UPDATE SET name = excluded.name,"
                            " request_id = excluded.request_id, state = excluded.state,"
                            " reason = excluded.reason, created_ms = excluded.created_ms,"
                            " started_ms = excluded.started_ms, finished_ms = excluded.finished_ms,"
                            " generation = excluded.generation, plan_hash = excluded.plan_hash,"
                            " world_size = excluded.world_size,"
-                           " spec = COALESCE(excluded.spec, jobs.spec), ranks = excluded.ranks",
+                           " spec = COALESCE(excluded.spec, jobs.spec), ranks = excluded.ranks,"
+                           " progress = excluded.progress",
                            -1, &s->put_job, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(s->db, "DELETE FROM jobs WHERE number = ?", -1, &s->del_job, NULL) !=
             SQLITE_OK ||
@@ -264,6 +268,10 @@ pcs_status_t pcs_store_put_job(pcs_store_t *s, const pcs_store_job_t *j)
     } else {
         sqlite3_bind_null(q, 13);
     }
+    if (j->progress && j->progress_len)
+        sqlite3_bind_blob(q, 14, j->progress, (int)j->progress_len, SQLITE_TRANSIENT);
+    else
+        sqlite3_bind_null(q, 14);
     pcs_status_t st = step(s, q, "put job");
     free(ranks);
     return st;
@@ -328,7 +336,8 @@ pcs_status_t pcs_store_load(pcs_store_t *s,
         return db_error(s, "load workers");
     if (sqlite3_prepare_v2(s->db,
                            "SELECT number, name, request_id, state, reason, created_ms, started_ms,"
-                           " finished_ms, generation, plan_hash, world_size, spec, ranks FROM jobs"
+                           " finished_ms, generation, plan_hash, world_size, spec, ranks, progress"
+                           " FROM jobs"
                            " ORDER BY number",
                            -1, &q, NULL) != SQLITE_OK)
         return db_error(s, "load jobs");
@@ -350,6 +359,8 @@ pcs_status_t pcs_store_load(pcs_store_t *s,
                              .world_size = (uint32_t)sqlite3_column_int64(q, 10)};
         j.spec = sqlite3_column_blob(q, 11);
         j.spec_len = (size_t)sqlite3_column_bytes(q, 11);
+        j.progress = sqlite3_column_blob(q, 13);
+        j.progress_len = (size_t)sqlite3_column_bytes(q, 13);
         /* a map whose size does not match the world size is not trusted: left out */
         const uint8_t *rb = sqlite3_column_blob(q, 12);
         size_t rlen = (size_t)sqlite3_column_bytes(q, 12);

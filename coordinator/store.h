@@ -34,6 +34,11 @@ typedef struct pcs_store_job {
     const uint32_t *rank_worker, *rank_pid;
     const uint64_t *rank_incarnation;
     uint32_t n_ranks;
+    /* the operator's view of the job (a packed pcs.v1.JobProgress: step, loss, step time, audit),
+     * written with every row, so a finished job does not read step 0 after a restart; NULL
+     * (progress_len 0) = none */
+    const void *progress;
+    size_t progress_len;
 } pcs_store_job_t;
 
 /* Open (creating tables) the database at `path`; sync_full: synchronous=FULL (every commit

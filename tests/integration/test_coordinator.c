@@ -790,6 +790,23 @@ static void test_restart_with_same_db_keeps_worker_ids_and_job_history(void **st
     assert_int_equal(submit(p, spec, "persist-req", &sr), 0);
     char *job = strdup(sr->job->job_id);
     protobuf_c_message_free_unpacked(&sr->base, NULL);
+    { /* rank 0 reports step 7 before the cancel: the operator's view must survive a restart */
+        Pcs__V1__ReportStepRequest req = PCS__V1__REPORT_STEP_REQUEST__INIT;
+        Pcs__V1__StepReport rep = PCS__V1__STEP_REPORT__INIT;
+        rep.step = 7;
+        rep.loss = 0.375;
+        rep.step_ms = 12.5;
+        rep.audit_ok = true;
+        req.worker_id = w1;
+        req.job_id = job;
+        req.generation = 1;
+        req.rank = 0;
+        req.report = &rep;
+        Pcs__V1__ReportStepResponse *resp = NULL;
+        assert_int_equal(
+            call(p, PCS_M_REPORT_STEP, &req, &pcs__v1__report_step_response__descriptor, &resp), 0);
+        protobuf_c_message_free_unpacked(&resp->base, NULL);
+    }
     assert_int_equal(cancel_job(p, job), 0);
     pcs_test_sleep_ms(100); /* the store commits from the loop's tick */
     stop(p);
@@ -810,6 +827,11 @@ static void test_restart_with_same_db_keeps_worker_ids_and_job_history(void **st
     assert_string_equal(gj->job->request_id, "persist-req");
     assert_non_null(gj->job->spec);
     assert_string_equal(gj->job->spec->name, "it-job");
+    assert_int_equal(gj->job->progress->step, 7);
+    assert_true(gj->job->progress->loss == 0.375);
+    assert_true(gj->job->progress->step_ms == 12.5);
+    assert_int_equal(gj->job->progress->reports, 1);
+    assert_true(gj->job->progress->audit_ok);
     protobuf_c_message_free_unpacked(&gj->base, NULL);
     /* idempotency survives the restart; new jobs continue the numbering */
     assert_int_equal(submit(p, spec, "persist-req", &sr), 0);

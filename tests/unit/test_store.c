@@ -21,6 +21,7 @@ typedef struct loaded {
     uint32_t number[4], world[4], n_ranks[4];
     uint32_t worker[4][8], pid[4][8];
     uint64_t incarnation[4][8];
+    char progress[4][16]; /* the stored bytes, as a string */
     char name[4][32];
 } loaded_t;
 
@@ -38,6 +39,8 @@ static void on_job(void *user, const pcs_store_job_t *j)
     l->world[i] = j->world_size;
     l->n_ranks[i] = j->n_ranks;
     snprintf(l->name[i], sizeof l->name[i], "%s", j->name);
+    snprintf(l->progress[i], sizeof l->progress[i], "%.*s", (int)j->progress_len,
+             j->progress ? (const char *)j->progress : "");
     for (uint32_t r = 0; r < j->n_ranks && r < 8; r++) {
         l->worker[i][r] = j->rank_worker[r];
         l->pid[i][r] = j->rank_pid[r];
@@ -69,7 +72,9 @@ static void test_rank_map_round_trips_through_the_database(void **state)
                                .rank_worker = workers,
                                .rank_pid = pids,
                                .rank_incarnation = incs,
-                               .n_ranks = 3};
+                               .n_ranks = 3,
+                               .progress = "step7",
+                               .progress_len = 5};
     pcs_store_job_t pending = {.number = 2, .name = "wait", .state = 1, .world_size = 1};
     assert_int_equal(pcs_store_put_job(s, &running), PCS_OK);
     assert_int_equal(pcs_store_put_job(s, &pending), PCS_OK);
@@ -87,6 +92,8 @@ static void test_rank_map_round_trips_through_the_database(void **state)
         assert_true(l.incarnation[0][r] == incs[r]);
     }
     assert_int_equal(l.n_ranks[1], 0); /* none stored: none handed back */
+    assert_string_equal(l.progress[0], "step7");
+    assert_string_equal(l.progress[1], "");
     /* a later write of the same job replaces its map (a job that finished keeps none) */
     running.state = 3;
     running.n_ranks = 0;
