@@ -1294,6 +1294,12 @@ void pcs_coord_kv_fail_all(pcs_coord_t *c, pcs_status_t st, const char *why)
 // ---------------------------------------------------------------------------------------------
 // time
 
+/* A time stamp taken before a stall of `gap` ms, moved forward by it, never past `now`. */
+static uint64_t shift_by_gap(uint64_t t, uint64_t gap, uint64_t now)
+{
+    return t + gap < now ? t + gap : now;
+}
+
 /* The coordinator did not run for `gap` ms: nobody could reach it, so nobody failed to. */
 static void stalled(pcs_coord_t *c, uint64_t now, uint64_t gap)
 {
@@ -1316,11 +1322,12 @@ static void stalled(pcs_coord_t *c, uint64_t now, uint64_t gap)
             j->reclaim_by_ms += gap;
             moved++;
         }
-        /* nobody could report to a coordinator that did not run */
-        j->started_mono_ms += gap;
+        /* nobody could report to a coordinator that did not run; a report read before this
+         * tick (queued during the stall) is already fresh and must not move into the future */
+        j->started_mono_ms = shift_by_gap(j->started_mono_ms, gap, now);
         for (uint32_t r = 0; r < j->world_size; r++)
             if (j->rank_report_ms[r])
-                j->rank_report_ms[r] += gap;
+                j->rank_report_ms[r] = shift_by_gap(j->rank_report_ms[r], gap, now);
     }
     PCS_WARN(PCS_SUB_COORD,
              "coordinator stalled for %" PRIu64 " ms (more than half the lease, %" PRIu32
@@ -1356,7 +1363,7 @@ static void watch_progress(pcs_coord_t *c, uint64_t now)
             uint64_t last = j->rank_report_ms[r];
             if (j->rank_done[r])
                 continue; /* finished: waits for the others, says nothing more */
-            if (last ? now - last > limit
+            if (last ? now > last && now - last > limit
                      : now - j->started_mono_ms > c->cfg.first_step_timeout_ms)
                 silent++;
         }
@@ -1369,7 +1376,7 @@ static void watch_progress(pcs_coord_t *c, uint64_t now)
             for (uint32_t r = 0; r < j->world_size && listed < 8; r++) {
                 uint64_t last = j->rank_report_ms[r];
                 if (j->rank_done[r] ||
-                    !(last ? now - last > limit
+                    !(last ? now > last && now - last > limit
                            : now - j->started_mono_ms > c->cfg.first_step_timeout_ms))
                     continue;
                 pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, j->rank_worker[r]);

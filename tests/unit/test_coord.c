@@ -1011,6 +1011,34 @@ static void test_watchdog_first_step_deadline_finished_ranks_and_stalls(void **s
     assert_int_equal(k->state, PCS_JOB_RUNNING);
 }
 
+/* After a SIGSTOP the coordinator reads the reports that queued in its sockets before its first
+ * tick sees the stall: those reports are fresh, and moving them forward by the stall would put
+ * them in the future (the watchdog then read "silent for 2^64 ms" and failed a healthy job). */
+static void test_reports_read_before_the_stall_tick_are_not_moved_into_the_future(void **state)
+{
+    fixture_t *f = *state;
+    watchdog_config(f, 5000, 60000);
+    reg_n(f, 2);
+    pcs_coord_job_t *j = submit_shard(f, 2, NULL);
+    step_report(f, "w-1", j, 0, 1, 10);
+    step_report(f, "w-2", j, 1, 1, 10);
+    run_alive(f, 1000, 2);
+    f->clock.now += 30000; /* a 30 s SIGSTOP; then the queued reports are read first */
+    step_report(f, "w-1", j, 0, 2, 10);
+    step_report(f, "w-2", j, 1, 2, 10);
+    assert_int_equal(pcs_coord_tick(f->c), 30000);
+    for (uint64_t s = 3; s <= 12; s++) {
+        run_alive(f, 400, 2);
+        assert_int_equal(j->state, PCS_JOB_RUNNING);
+        step_report(f, "w-1", j, 0, s, 10);
+        step_report(f, "w-2", j, 1, s, 10);
+    }
+    /* and the watchdog still works after it: silence past the limit fails the job */
+    run_alive(f, 6200, 2);
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    assert_non_null(strstr(j->reason, "no step report for over 5000 ms"));
+}
+
 static void test_report_with_error_fails_the_job_with_reason(void **state)
 {
     fixture_t *f = *state;
@@ -1718,6 +1746,7 @@ int main(void)
         T(test_watchdog_defaults),
         T(test_watchdog_fails_a_job_whose_ranks_stop_reporting_naming_the_silent_first),
         T(test_watchdog_first_step_deadline_finished_ranks_and_stalls),
+        T(test_reports_read_before_the_stall_tick_are_not_moved_into_the_future),
         T(test_a_stopping_worker_is_idle_only_once_it_left_the_job),
         T(test_an_idle_worker_silent_for_half_a_lease_is_not_scheduled),
         T(test_failure_reason_is_one_line_of_valid_utf8),
