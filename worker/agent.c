@@ -93,14 +93,21 @@ struct pcs_agent {
 
 // ---- helpers ----
 
-/* Sleep up to ms, returning early when the agent quits. */
-static void nap(pcs_agent_t *a, uint32_t ms)
+/* Sleep up to ms, returning early when the agent quits (its threads end) or, with
+ * `or_stop`, when it is asked to stop. The threads nap until quit only: after a SIGTERM they
+ * still pace their heartbeats and report retries while the main loop flushes and deregisters. */
+static void nap_until(pcs_agent_t *a, uint32_t ms, int or_stop)
 {
-    while (ms > 0 && !atomic_load(&a->quit) && !atomic_load(&a->stop)) {
+    while (ms > 0 && !atomic_load(&a->quit) && !(or_stop && atomic_load(&a->stop))) {
         uint32_t d = ms > 50 ? 50 : ms;
         pcs_sleep_ms(d);
         ms -= d;
     }
+}
+
+static void nap(pcs_agent_t *a, uint32_t ms)
+{
+    nap_until(a, ms, 0);
 }
 
 static void abs_deadline(struct timespec *ts, uint32_t ms)
@@ -325,7 +332,7 @@ static void *watch_main(void *arg)
 {
     pcs_agent_t *a = arg;
     uint32_t backoff = 100;
-    while (!atomic_load(&a->quit)) {
+    while (!atomic_load(&a->quit) && !atomic_load(&a->leaving)) {
         char wid[64];
         copy_worker_id(a, wid, sizeof wid);
         Pcs__V1__WatchAssignmentRequest req = PCS__V1__WATCH_ASSIGNMENT_REQUEST__INIT;
@@ -865,7 +872,7 @@ pcs_status_t pcs_agent_run(pcs_agent_t *a)
         }
         PCS_DEBUG(PCS_SUB_WORKER, "coordinator %s not reachable yet: %s", a->coordinator,
                   pcs_last_error());
-        nap(a, backoff);
+        nap_until(a, backoff, 1);
         backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
     }
     if (pthread_create(&a->hb_thread, NULL, heartbeat_main, a) == 0)
