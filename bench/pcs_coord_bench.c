@@ -107,8 +107,25 @@ static pid_t spawn_coordinator(const char *dir, char *addr, size_t n)
     return -1;
 }
 
+/* The credential of worker w-<i+1> (Register's answer): its watch and heartbeats carry it. */
+static char (*g_secret)[160];
+static unsigned g_n_secret;
+
+static const char *secret_of(unsigned i)
+{
+    return i < g_n_secret ? g_secret[i] : "";
+}
+
 static int reg_workers(pcs_rpc_client_t *c, unsigned from, unsigned to)
 {
+    if (to > g_n_secret) {
+        void *grown = realloc(g_secret, (size_t)to * sizeof *g_secret);
+        if (!grown)
+            return -1;
+        g_secret = grown;
+        memset(g_secret[g_n_secret], 0, (size_t)(to - g_n_secret) * sizeof *g_secret);
+        g_n_secret = to;
+    }
     for (unsigned i = from; i < to; i++) {
         char ident[64];
         snprintf(ident, sizeof ident, "bench-worker-%u", i);
@@ -121,6 +138,8 @@ static int reg_workers(pcs_rpc_client_t *c, unsigned from, unsigned to)
             fprintf(stderr, "pcs-coord-bench: register: %s\n", pcs_last_error());
             return -1;
         }
+        snprintf(g_secret[i], sizeof g_secret[i], "%s",
+                 ((Pcs__V1__RegisterResponse *)resp)->worker_secret);
         protobuf_c_message_free_unpacked(resp, NULL);
     }
     return 0;
@@ -172,7 +191,8 @@ static int gang_start(pcs_rpc_client_t *c, unsigned w, row_t *r, row_t *submit_r
         Pcs__V1__WatchAssignmentRequest req = PCS__V1__WATCH_ASSIGNMENT_REQUEST__INIT;
         snprintf(id, sizeof id, "w-%u", i + 1);
         req.worker_id = id;
-        if (pcs_rpc_stream_open(c, PCS_M_WATCH_ASSIGNMENT, &req.base, &s[i]) != PCS_OK)
+        if (pcs_rpc_stream_open_as(c, secret_of(i), PCS_M_WATCH_ASSIGNMENT, &req.base, &s[i]) !=
+            PCS_OK)
             rc = -1;
     }
     char yaml[2048];
@@ -233,8 +253,9 @@ static int gang_start(pcs_rpc_client_t *c, unsigned w, row_t *r, row_t *submit_r
             Pcs__V1__HeartbeatRequest hb = PCS__V1__HEARTBEAT_REQUEST__INIT;
             snprintf(id, sizeof id, "w-%u", i + 1);
             hb.worker_id = id;
-            if (pcs_rpc_call(c, PCS_M_HEARTBEAT, &hb.base, &pcs__v1__heartbeat_response__descriptor,
-                             T_MS, &resp, NULL) == PCS_OK)
+            if (pcs_rpc_call_as(c, secret_of(i), PCS_M_HEARTBEAT, &hb.base,
+                                &pcs__v1__heartbeat_response__descriptor, T_MS, &resp,
+                                NULL) == PCS_OK)
                 protobuf_c_message_free_unpacked(resp, NULL);
         }
     }
@@ -357,5 +378,6 @@ int main(int argc, char **argv)
         unlink(path);
         rmdir(dir);
     }
+    free(g_secret);
     return rc == 0 && total_wrong == 0 ? 0 : 1;
 }

@@ -47,6 +47,7 @@ typedef struct sim_worker {
     int idx;
     uint64_t start_us;
     char worker_id[64];
+    char secret[160]; /* its credential: each heartbeat carries it (pcs_rpc_async_start_as) */
     uint32_t lease_ms;
 } sim_worker_t;
 
@@ -125,8 +126,8 @@ static pcs_status_t start_call(pcs_rpc_async_t *a, phase_t ph, sim_worker_t *w, 
     }
     Pcs__V1__HeartbeatRequest req = PCS__V1__HEARTBEAT_REQUEST__INIT;
     req.worker_id = w->worker_id;
-    return pcs_rpc_async_start(a, PCS_M_HEARTBEAT, &req.base,
-                               &pcs__v1__heartbeat_response__descriptor, timeout_ms, w);
+    return pcs_rpc_async_start_as(a, w->secret, PCS_M_HEARTBEAT, &req.base,
+                                  &pcs__v1__heartbeat_response__descriptor, timeout_ms, w);
 }
 
 /* Checks the reply; returns 1 if it is wrong. */
@@ -138,8 +139,10 @@ static int check_reply(phase_t ph, sim_worker_t *w, const ProtobufCMessage *m)
     if (ph == PH_REGISTER) {
         const Pcs__V1__RegisterResponse *r = (const void *)m;
         snprintf(w->worker_id, sizeof w->worker_id, "%s", r->worker_id);
+        snprintf(w->secret, sizeof w->secret, "%s", r->worker_secret);
         w->lease_ms = r->lease_ms;
-        return r->worker_id[0] == '\0' || r->lease_ms == 0 || r->heartbeat_interval_ms == 0;
+        return r->worker_id[0] == '\0' || r->worker_secret[0] == '\0' || r->lease_ms == 0 ||
+               r->heartbeat_interval_ms == 0;
     }
     const Pcs__V1__HeartbeatResponse *r = (const void *)m;
     return r->lease_ms != w->lease_ms;

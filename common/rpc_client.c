@@ -28,7 +28,20 @@ struct pcs_rpc_client {
     size_t n_methods;
     bool has_auth; /* send "authorization: Bearer <token>" with every call */
     grpc_slice auth_key, auth_value;
+    /* "pcs-worker-secret: <secret>" with every call once set (pcs_rpc_client_set_worker_secret):
+     * replaced from one thread while others call, so each call takes a reference under mu */
+    bool has_secret;
+    grpc_slice secret_value;
 };
+
+/* The metadata one call sends: the client's headers at the time it starts (each call its own
+ * grpc_metadata: gRPC writes into their internal fields). The secret's slice is referenced until
+ * the call is released, whatever the client does meanwhile. */
+typedef struct call_md {
+    grpc_metadata md[2];
+    bool has_secret;
+    grpc_slice secret;
+} call_md_t;
 
 // ---- client ----
 
@@ -153,6 +166,8 @@ void pcs_rpc_client_destroy(pcs_rpc_client_t *c)
         grpc_slice_unref(c->auth_key);
         grpc_slice_unref(c->auth_value);
     }
+    if (c->has_secret)
+        grpc_slice_unref(c->secret_value);
     if (c->ch)
         grpc_channel_destroy(c->ch);
     for (size_t i = 0; i < c->n_methods; i++)
@@ -187,17 +202,70 @@ pcs_status_t pcs_rpc_client_set_token(pcs_rpc_client_t *c, const char *token)
     return PCS_OK;
 }
 
-/* Point a SEND_INITIAL_METADATA op at the client's auth header (one per call: gRPC writes into
- * grpc_metadata's internal fields, so concurrent calls must not share one). */
-static void add_auth(const pcs_rpc_client_t *c, grpc_metadata *md, grpc_op *op)
+/* Point a SEND_INITIAL_METADATA op at the client's headers: the bearer token and the worker
+ * secret, as they are now (or this call's own secret: NULL = the client's). */
+static void add_auth_as(pcs_rpc_client_t *c, const char *secret, call_md_t *m, grpc_op *op)
 {
-    if (!c->has_auth)
-        return;
-    memset(md, 0, sizeof *md);
-    md->key = c->auth_key;
-    md->value = c->auth_value;
-    op->data.send_initial_metadata.count = 1;
-    op->data.send_initial_metadata.metadata = md;
+    size_t n = 0;
+    memset(m->md, 0, sizeof m->md);
+    if (c->has_auth) {
+        m->md[n].key = c->auth_key;
+        m->md[n].value = c->auth_value;
+        n++;
+    }
+    if (secret) { /* this call's own (a tool acting for many workers on one channel) */
+        if (*secret) {
+            m->secret = grpc_slice_from_copied_string(secret);
+            m->has_secret = true;
+        }
+    } else {
+        pthread_mutex_lock(&c->mu);
+        if (c->has_secret) {
+            m->secret = grpc_slice_ref(c->secret_value);
+            m->has_secret = true;
+        }
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (m->has_secret) {
+        m->md[n].key = grpc_slice_from_static_string(PCS_RPC_WORKER_SECRET_HEADER);
+        m->md[n].value = m->secret;
+        n++;
+    }
+    op->data.send_initial_metadata.count = n;
+    op->data.send_initial_metadata.metadata = n ? m->md : NULL;
+}
+
+static void release_md(call_md_t *m)
+{
+    if (m->has_secret)
+        grpc_slice_unref(m->secret);
+    m->has_secret = false;
+}
+
+pcs_status_t pcs_rpc_client_set_worker_secret(pcs_rpc_client_t *c, const char *secret)
+{
+    if (!c)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "rpc client: NULL client");
+    if (secret && strlen(secret) > PCS_RPC_WORKER_SECRET_MAX)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "rpc client: worker secret longer than %d bytes",
+                             PCS_RPC_WORKER_SECRET_MAX);
+    for (const char *p = secret; p && *p; p++)
+        if (*p < 0x21 || *p > 0x7e)
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "rpc client: worker secret is not printable ASCII");
+    grpc_slice fresh = grpc_empty_slice(), old = grpc_empty_slice();
+    bool has = secret && *secret, had;
+    if (has)
+        fresh = grpc_slice_from_copied_string(secret);
+    pthread_mutex_lock(&c->mu);
+    had = c->has_secret;
+    old = c->secret_value;
+    c->secret_value = fresh;
+    c->has_secret = has;
+    pthread_mutex_unlock(&c->mu);
+    if (had)
+        grpc_slice_unref(old);
+    return PCS_OK;
 }
 
 /* Registered-call handle for `method` (cached: saves interning the path on every call). NULL if
@@ -283,7 +351,7 @@ typedef struct unary_state {
     grpc_status_code code;
     grpc_slice details;
     const char *errstr;
-    grpc_metadata auth;
+    call_md_t auth;
 } unary_state_t;
 
 static size_t unary_ops(unary_state_t *u, grpc_op ops[6])
@@ -320,11 +388,20 @@ static void unary_release(unary_state_t *u)
     grpc_slice_unref(u->details);
     if (u->errstr)
         gpr_free((void *)u->errstr);
+    release_md(&u->auth);
 }
 
 pcs_status_t pcs_rpc_call(pcs_rpc_client_t *c, const char *method, const ProtobufCMessage *req,
                           const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
                           ProtobufCMessage **resp, int *grpc_code)
+{
+    return pcs_rpc_call_as(c, NULL, method, req, resp_desc, timeout_ms, resp, grpc_code);
+}
+
+pcs_status_t pcs_rpc_call_as(pcs_rpc_client_t *c, const char *secret, const char *method,
+                             const ProtobufCMessage *req,
+                             const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
+                             ProtobufCMessage **resp, int *grpc_code)
 {
     if (resp)
         *resp = NULL;
@@ -338,7 +415,7 @@ pcs_status_t pcs_rpc_call(pcs_rpc_client_t *c, const char *method, const Protobu
         new_call(c, method, cq, pcs_rpc_deadline_ms(timeout_ms > 0 ? timeout_ms : -1));
     grpc_op ops[6];
     size_t n = unary_ops(&u, ops);
-    add_auth(c, &u.auth, &ops[0]);
+    add_auth_as(c, secret, &u.auth, &ops[0]);
     pcs_status_t st;
     char tag;
     grpc_call_error e = grpc_call_start_batch(call, ops, n, &tag, NULL);
@@ -382,13 +459,19 @@ struct pcs_rpc_stream {
     grpc_status_code code;
     grpc_slice details;
     const char *errstr;
-    grpc_metadata auth;
+    call_md_t auth;
     pcs_status_t final_st;
     char final_err[512];
 };
 
 pcs_status_t pcs_rpc_stream_open(pcs_rpc_client_t *c, const char *method,
                                  const ProtobufCMessage *req, pcs_rpc_stream_t **out)
+{
+    return pcs_rpc_stream_open_as(c, NULL, method, req, out);
+}
+
+pcs_status_t pcs_rpc_stream_open_as(pcs_rpc_client_t *c, const char *secret, const char *method,
+                                    const ProtobufCMessage *req, pcs_rpc_stream_t **out)
 {
     *out = NULL;
     PCS_CHECK(check_call_args(c, method, req));
@@ -413,7 +496,7 @@ pcs_status_t pcs_rpc_stream_open(pcs_rpc_client_t *c, const char *method,
     grpc_op ops[4];
     memset(ops, 0, sizeof ops);
     ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    add_auth(c, &s->auth, &ops[0]);
+    add_auth_as(c, secret, &s->auth, &ops[0]);
     ops[1].op = GRPC_OP_SEND_MESSAGE;
     ops[1].data.send_message.send_message = s->send_bb;
     ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
@@ -531,6 +614,7 @@ void pcs_rpc_stream_close(pcs_rpc_stream_t *s)
     grpc_slice_unref(s->details);
     if (s->errstr)
         gpr_free((void *)s->errstr);
+    release_md(&s->auth);
     if (s->call)
         grpc_call_unref(s->call);
     grpc_completion_queue_shutdown(s->cq);
@@ -627,6 +711,14 @@ pcs_status_t pcs_rpc_async_start(pcs_rpc_async_t *a, const char *method,
                                  const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
                                  void *user)
 {
+    return pcs_rpc_async_start_as(a, NULL, method, req, resp_desc, timeout_ms, user);
+}
+
+pcs_status_t pcs_rpc_async_start_as(pcs_rpc_async_t *a, const char *secret, const char *method,
+                                    const ProtobufCMessage *req,
+                                    const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
+                                    void *user)
+{
     if (!a)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "rpc async: NULL handle");
     PCS_CHECK(check_call_args(a->c, method, req));
@@ -647,7 +739,7 @@ pcs_status_t pcs_rpc_async_start(pcs_rpc_async_t *a, const char *method,
     ac->call = new_call(a->c, method, a->cq, pcs_rpc_deadline_ms(timeout_ms > 0 ? timeout_ms : -1));
     grpc_op ops[6];
     size_t n = unary_ops(&ac->u, ops);
-    add_auth(a->c, &ac->u.auth, &ops[0]);
+    add_auth_as(a->c, secret, &ac->u.auth, &ops[0]);
     grpc_call_error e = grpc_call_start_batch(ac->call, ops, n, ac, NULL);
     if (e != GRPC_CALL_OK) {
         async_free(ac);

@@ -65,6 +65,7 @@ struct pcs_rpc_call {
     void *cancel_arg;
     uint64_t start_us;
     char *peer; /* gpr_malloc'd, lazily */
+    uint64_t principal; /* set by the authorize hook for the handler (pcs_rpc_call_principal) */
 };
 
 typedef struct method_slot {
@@ -82,7 +83,7 @@ struct pcs_rpc_server {
     size_t max_message_bytes;
     int tick_ms;
     void (*tick)(void *user, uint64_t now_ms);
-    pcs_status_t (*authorize)(void *user, const pcs_rpc_method_t *m, const pcs_rpc_call_t *call);
+    pcs_status_t (*authorize)(void *user, const pcs_rpc_method_t *m, pcs_rpc_call_t *call);
     int port;
     volatile sig_atomic_t stop;
     bool started, shutting_down, shutdown_seen, cq_shut, torn_down;
@@ -424,6 +425,47 @@ const char *pcs_rpc_call_peer(const pcs_rpc_call_t *c)
     if (!c->peer)
         ((pcs_rpc_call_t *)c)->peer = grpc_call_get_peer(c->call); /* cached; logically const */
     return c->peer ? c->peer : "?";
+}
+
+void pcs_rpc_call_set_principal(pcs_rpc_call_t *c, uint64_t principal)
+{
+    if (c)
+        c->principal = principal;
+}
+
+uint64_t pcs_rpc_call_principal(const pcs_rpc_call_t *c)
+{
+    return c ? c->principal : 0;
+}
+
+int pcs_rpc_call_cert_names(const pcs_rpc_call_t *c, const char *name, char *first, size_t n)
+{
+    if (first && n)
+        first[0] = '\0';
+    if (!c || !c->call)
+        return -1;
+    grpc_auth_context *ctx = grpc_call_auth_context(c->call);
+    if (!ctx)
+        return -1;
+    int found = 0, any = 0;
+    /* the subject's common name and every subject alternative name (DNS, URI, e-mail, IP) */
+    static const char *const props[] = {GRPC_X509_CN_PROPERTY_NAME, GRPC_X509_SAN_PROPERTY_NAME};
+    for (size_t k = 0; k < sizeof props / sizeof props[0] && !found; k++) {
+        grpc_auth_property_iterator it = grpc_auth_context_find_properties_by_name(ctx, props[k]);
+        for (const grpc_auth_property *p = grpc_auth_property_iterator_next(&it); p;
+             p = grpc_auth_property_iterator_next(&it)) {
+            if (!any && first && n)
+                snprintf(first, n, "%.*s", (int)p->value_length, p->value);
+            any = 1;
+            if (name && strlen(name) == p->value_length &&
+                memcmp(name, p->value, p->value_length) == 0) {
+                found = 1;
+                break;
+            }
+        }
+    }
+    grpc_auth_context_release(ctx);
+    return any ? found : -1;
 }
 
 long pcs_rpc_call_metadata(const pcs_rpc_call_t *c, const char *key, char *buf, size_t n)

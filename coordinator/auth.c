@@ -1,8 +1,10 @@
 /* Role tokens for the coordinator's RPCs (see auth.h). Tokens are compared in constant time. */
 #include "coordinator/auth.h"
 
+#include <openssl/evp.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/random.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -207,4 +209,53 @@ pcs_status_t pcs_auth_check(const pcs_auth_t *a, const char *method, const char 
         return pcs_set_error(PCS_ERR_PERMISSION, "role %s may not call %s", have, method);
     }
     return PCS_OK;
+}
+
+// ---- worker credentials ----
+
+static pcs_status_t sha256(const void *p, size_t n, uint8_t out[PCS_AUTH_HASH_BYTES])
+{
+    unsigned int len = 0;
+    if (EVP_Digest(p, n, out, &len, EVP_sha256(), NULL) != 1 || len != PCS_AUTH_HASH_BYTES)
+        return pcs_set_error(PCS_ERR_INTERNAL, "worker secret: SHA-256 failed");
+    return PCS_OK;
+}
+
+pcs_status_t pcs_auth_secret_new(char hex[PCS_AUTH_SECRET_HEX + 1],
+                                 uint8_t hash[PCS_AUTH_HASH_BYTES])
+{
+    uint8_t raw[PCS_AUTH_SECRET_HEX / 2];
+    size_t got = 0;
+    while (got < sizeof raw) {
+        ssize_t r = getrandom(raw + got, sizeof raw - got, 0);
+        if (r < 0)
+            return pcs_set_error(PCS_ERR_SYSTEM, "worker secret: getrandom failed");
+        got += (size_t)r;
+    }
+    static const char digits[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof raw; i++) {
+        hex[2 * i] = digits[raw[i] >> 4];
+        hex[2 * i + 1] = digits[raw[i] & 15];
+    }
+    hex[PCS_AUTH_SECRET_HEX] = '\0';
+    memset(raw, 0, sizeof raw);
+    return sha256(hex, PCS_AUTH_SECRET_HEX, hash);
+}
+
+pcs_status_t pcs_auth_secret_parse(const char *secret, char *id, size_t n,
+                                   uint8_t hash[PCS_AUTH_HASH_BYTES])
+{
+    const char *dot = secret ? strrchr(secret, '.') : NULL;
+    if (!dot || dot == secret || (size_t)(dot - secret) >= n ||
+        strlen(dot + 1) != PCS_AUTH_SECRET_HEX)
+        return pcs_set_error(PCS_ERR_UNAUTHENTICATED,
+                             "pcs-worker-secret: not a worker secret (<worker id>.<%d hex digits>)",
+                             PCS_AUTH_SECRET_HEX);
+    for (const char *p = dot + 1; *p; p++)
+        if (!((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f')))
+            return pcs_set_error(PCS_ERR_UNAUTHENTICATED,
+                                 "pcs-worker-secret: not a worker secret (hex digits expected)");
+    memcpy(id, secret, (size_t)(dot - secret));
+    id[dot - secret] = '\0';
+    return sha256(dot + 1, PCS_AUTH_SECRET_HEX, hash);
 }

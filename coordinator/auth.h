@@ -5,6 +5,7 @@
 #define PCS_COORD_AUTH_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "pcs/status.h"
 
@@ -34,5 +35,23 @@ pcs_role_t pcs_auth_method_role(const char *method_path);
  * role may not call the method); the reason is in pcs_last_error() and never echoes the token. */
 pcs_status_t pcs_auth_check(const pcs_auth_t *a, const char *method_path,
                             const char *authorization);
+
+/* ---- worker credentials (DESIGN.md §10) ----
+ * Register answers each new registration a secret "<worker id>.<64 hex digits>" (256 random bits
+ * from getrandom); every later WorkerService call carries it in the pcs-worker-secret header. The
+ * coordinator keeps (and stores) only the SHA-256 of the random part; the id in front routes the
+ * lookup. */
+#define PCS_AUTH_SECRET_HEX  64
+#define PCS_AUTH_HASH_BYTES  32
+#define PCS_AUTH_SECRET_SIZE (24 + 1 + PCS_AUTH_SECRET_HEX + 1) /* with a "w-<n>" id */
+
+/* New random part (PCS_AUTH_SECRET_HEX hex digits + NUL into hex) and its hash. PCS_ERR_SYSTEM
+ * when the kernel gives no randomness. */
+pcs_status_t pcs_auth_secret_new(char hex[PCS_AUTH_SECRET_HEX + 1],
+                                 uint8_t hash[PCS_AUTH_HASH_BYTES]);
+/* Split a presented secret into its worker id (into id, n bytes) and the hash of its random
+ * part. PCS_ERR_UNAUTHENTICATED for a value that is not of the form. */
+pcs_status_t pcs_auth_secret_parse(const char *secret, char *id, size_t n,
+                                   uint8_t hash[PCS_AUTH_HASH_BYTES]);
 
 #endif

@@ -155,6 +155,7 @@ static void job_free(pcs_coord_t *c, pcs_coord_job_t *j)
     free(j->rank_reserved);
     free(j->rank_done);
     free(j->rank_report_ms);
+    free(j->rank_step);
     free(j->fp_ring);
     free(j);
 }
@@ -514,11 +515,51 @@ static void take_rank_back(pcs_coord_t *c, pcs_coord_job_t *j, pcs_coord_worker_
              j->id, w->id, rank, how, j->n_unclaimed);
 }
 
+/* Equal hashes, compared without an early exit. */
+static bool hash_equal(const uint8_t *a, const uint8_t *b)
+{
+    uint8_t d = 0;
+    for (size_t i = 0; i < PCS_COORD_SECRET_HASH_BYTES; i++)
+        d |= (uint8_t)(a[i] ^ b[i]);
+    return d == 0;
+}
+
+/* Until when `w`'s registration holds its identity (0: it does not): a live lease, or a restored
+ * worker's re-adoption window. */
+static uint64_t held_until(const pcs_coord_t *c, const pcs_coord_worker_t *w)
+{
+    if (!w->has_secret)
+        return 0;
+    if (w->state == PCS_WORKER_IDLE || w->state == PCS_WORKER_ASSIGNED ||
+        w->state == PCS_WORKER_STOPPING)
+        return w->last_heartbeat_ms + c->cfg.lease_ms;
+    if (w->state == PCS_WORKER_GONE)
+        return w->held_until_ms;
+    return 0; /* LOST: its lease lapsed */
+}
+
+pcs_coord_worker_t *pcs_coord_worker_by_secret(pcs_coord_t *c, const char *worker_id,
+                                               const uint8_t *hash)
+{
+    pcs_coord_worker_t *w;
+    if (!hash || pcs_coord_lookup_worker(c, worker_id, &w) != PCS_OK || !w->has_secret)
+        return NULL;
+    return hash_equal(w->secret_hash, hash) ? w : NULL;
+}
+
 pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
                                 pcs_coord_worker_t **out, bool *reregistered)
 {
+    bool kept;
+    return pcs_coord_register_ex(c, r, out, reregistered, &kept);
+}
+
+pcs_status_t pcs_coord_register_ex(pcs_coord_t *c, const pcs_coord_register_t *r,
+                                   pcs_coord_worker_t **out, bool *reregistered, bool *secret_kept)
+{
     *out = NULL;
     *reregistered = false;
+    *secret_kept = false;
     if (!r->identity || !*r->identity)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "identity: required");
     if (strlen(r->identity) > 256)
@@ -528,6 +569,16 @@ pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
     bool is_new = false, same = true;
     if (pcs_strmap_get(&c->by_identity, r->identity, &num)) {
         w = pcs_coord_worker_by_number(c, num);
+        bool owner = w->has_secret && r->presented && hash_equal(w->secret_hash, r->presented);
+        uint64_t until = held_until(c, w), now = now_ms(c);
+        if (!owner && !r->identity_proven && until > now)
+            return pcs_set_error(PCS_ERR_STATE,
+                                 "identity %s is held by worker %s (%s) for another %" PRIu64
+                                 " ms: only the process it was issued to may register it now "
+                                 "(a restarted process is let in when the hold lapses)",
+                                 r->identity, w->id, pcs_worker_state_name(w->state),
+                                 until - now);
+        *secret_kept = owner;
         *reregistered = true;
         same = same_process(w, r->pid, r->incarnation);
         if (w->state == PCS_WORKER_ASSIGNED && w->job && !same) {
@@ -552,12 +603,21 @@ pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
     w->incarnation = r->incarnation;
     w->last_heartbeat_ms = now_ms(c);
     w->last_heartbeat_wall_ms = wall_ms(c);
+    w->held_until_ms = 0;
+    bool new_secret = !*secret_kept && r->fresh;
+    if (new_secret) {
+        memcpy(w->secret_hash, r->fresh, PCS_COORD_SECRET_HASH_BYTES);
+        w->has_secret = true;
+    } else if (!*secret_kept) {
+        w->has_secret = false; /* registered without credentials: nothing to hold it by */
+    }
     if (is_new) {
         set_worker_state(c, w, PCS_WORKER_IDLE);
         PCS_INFO(PCS_SUB_COORD, "worker %s registered: identity %s host %s pid %" PRIu32, w->id,
                  w->identity, w->host, w->pid);
         if (c->cfg.on_worker_new)
             c->cfg.on_worker_new(c->cfg.user, w);
+        new_secret = false; /* written with the new row */
     } else if (w->state == PCS_WORKER_LOST || w->state == PCS_WORKER_GONE || w->state == 0) {
         /* Its job (if any) already moved on when it was lost: come back idle. */
         PCS_INFO(PCS_SUB_COORD, "worker %s (%s) re-registered after %s", w->id, w->identity,
@@ -589,6 +649,8 @@ pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
         /* the process that had to leave the job is gone: nothing of it runs anymore */
         stop_confirmed(c, w, "re-registered from a new process");
     }
+    if (new_secret && c->cfg.on_worker_new)
+        c->cfg.on_worker_new(c->cfg.user, w); /* its stored credential changed */
     *out = w;
     try_start_jobs(c);
     return PCS_OK;
@@ -772,7 +834,9 @@ static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job
     PCS_CHECK_GOTO(pcs_calloc(world, 1, (void **)&j->rank_done), st, fail);
     PCS_CHECK_GOTO(pcs_calloc(world, sizeof *j->rank_report_ms, (void **)&j->rank_report_ms), st,
                    fail);
+    PCS_CHECK_GOTO(pcs_calloc(world, sizeof *j->rank_step, (void **)&j->rank_step), st, fail);
     j->number = number;
+    j->steps = d->steps;
     snprintf(j->id, sizeof j->id, "job-%" PRIu32, number);
     j->world_size = world;
     j->mesh = mesh;
@@ -863,10 +927,12 @@ static void drop_rank_state(pcs_coord_t *c, pcs_coord_job_t *j)
     free(j->rank_reserved);
     free(j->rank_done);
     free(j->rank_report_ms);
+    free(j->rank_step);
     free(j->fp_ring);
     j->rank_worker = j->rank_reserved = NULL;
     j->rank_done = NULL;
     j->rank_report_ms = NULL;
+    j->rank_step = NULL;
     j->fp_ring = NULL;
     j->fp_stages = 0;
 }
@@ -957,6 +1023,7 @@ static void start_job(pcs_coord_t *c, pcs_coord_job_t *j)
     j->started_mono_ms = now_ms(c);
     memset(j->rank_done, 0, j->world_size);
     memset(j->rank_report_ms, 0, (size_t)j->world_size * sizeof *j->rank_report_ms);
+    memset(j->rank_step, 0, (size_t)j->world_size * sizeof *j->rank_step);
     j->n_done = 0;
     if (j->fp_ring)
         memset(j->fp_ring, 0, (size_t)j->fp_stages * FP_RING * sizeof *j->fp_ring);
@@ -1046,6 +1113,24 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
         return pcs_set_error(PCS_ERR_INVALID_ARG,
                              "rank: %" PRIu32 " but worker %s has rank %" PRIu32, r->rank, w->id,
                              w->rank);
+    if (j->steps && r->step > j->steps)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "step: %" PRIu64 " but job %s runs %" PRIu64 " steps", r->step, j->id,
+                             j->steps);
+    if (r->done && j->steps && r->step != j->steps && !(r->error && *r->error))
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "done: at step %" PRIu64 " but job %s ends at step %" PRIu64, r->step,
+                             j->id, j->steps);
+    uint64_t last = j->rank_step[r->rank];
+    if (last && !(r->error && *r->error)) { /* an error may come at any step */
+        if (r->step < last)
+            return pcs_set_error(PCS_ERR_STATE,
+                                 "step: %" PRIu64 " of rank %" PRIu32 " does not follow its last "
+                                 "report (step %" PRIu64 ")",
+                                 r->step, r->rank, last);
+        if (r->step == last && (!r->done || j->rank_done[r->rank]))
+            return PCS_OK; /* a retry of a report whose reply was lost: counted once */
+    }
     w->last_heartbeat_ms = now_ms(c); /* a report is proof of life too */
     w->last_heartbeat_wall_ms = wall_ms(c);
     if (r->error && *r->error) {
@@ -1073,6 +1158,7 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
         return PCS_OK;
     }
     j->rank_report_ms[r->rank] = now_ms(c);
+    j->rank_step[r->rank] = r->step;
     pcs_coord_progress_t *p = &j->progress;
     p->reports++;
     if (r->step >= p->step) {
@@ -1313,6 +1399,8 @@ static void stalled(pcs_coord_t *c, uint64_t now, uint64_t gap)
             w->last_heartbeat_ms = now;
             renewed++;
         }
+        if (w && w->held_until_ms)
+            w->held_until_ms += gap; /* a restored worker's hold: nobody could come back */
     }
     for (size_t i = 0; i < c->n_jobs; i++) {
         pcs_coord_job_t *j = c->jobs[i];
@@ -1525,6 +1613,17 @@ pcs_status_t pcs_coord_restore_worker(pcs_coord_t *c, uint32_t number, const cha
     PCS_CHECK(new_worker(c, number, identity, &w));
     w->state = PCS_WORKER_GONE;
     PCS_CHECK(dup_or_empty(host, &w->host));
+    return PCS_OK;
+}
+
+pcs_status_t pcs_coord_restore_secret(pcs_coord_t *c, uint32_t number, const uint8_t *hash)
+{
+    pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, number);
+    if (!w || !hash)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "restore: no worker %" PRIu32, number);
+    memcpy(w->secret_hash, hash, PCS_COORD_SECRET_HASH_BYTES);
+    w->has_secret = true;
+    w->held_until_ms = now_ms(c) + c->cfg.readopt_ms;
     return PCS_OK;
 }
 

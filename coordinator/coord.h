@@ -66,6 +66,8 @@ typedef struct pcs_coord_device {
 
 struct pcs_coord_job;
 
+#define PCS_COORD_SECRET_HASH_BYTES 32 /* SHA-256 */
+
 /* Read-only outside coord.c, except `watch`, which belongs to the server (its open
  * WatchAssignment call for this worker, or NULL). */
 typedef struct pcs_coord_worker {
@@ -96,6 +98,12 @@ typedef struct pcs_coord_worker {
      * job number reserved_job when the coordinator went down; 0 when it holds no reservation.
      * It takes that rank back when it re-registers from the same process. */
     uint32_t reserved_job, reserved_rank;
+    /* Its credential (DESIGN.md §10): the SHA-256 of the secret its registration got. While the
+     * registration is held (a live lease, or a restored worker within the re-adoption window) a
+     * Register of its identity must present that secret or prove the identity by mTLS. */
+    bool has_secret;
+    uint8_t secret_hash[PCS_COORD_SECRET_HASH_BYTES];
+    uint64_t held_until_ms; /* restored: held until then (monotonic) although GONE */
     void *watch;
 } pcs_coord_worker_t;
 
@@ -148,6 +156,8 @@ typedef struct pcs_coord_job {
      * and each rank's last step report (0: none yet) */
     uint64_t started_mono_ms;
     uint64_t *rank_report_ms;
+    uint64_t *rank_step; /* each rank's last reported step in this generation (0: none) */
+    uint64_t steps;      /* training steps the job runs (0: not known; no bound) */
     pcs_coord_progress_t progress;
     struct pcs_coord_fp_slot *fp_ring; /* recent step fingerprints per pp stage (coord.c) */
     uint32_t fp_stages;
@@ -214,15 +224,36 @@ typedef struct pcs_coord_register {
     size_t n_devices;
     const char *const *backends;
     size_t n_backends;
+    /* Credentials (hashes of PCS_COORD_SECRET_HASH_BYTES; the server hashes, this compares):
+     * `presented`: the secret the caller sent (NULL: none); `identity_proven`: its mTLS
+     * certificate names `identity`; `fresh`: the hash of a new secret, installed when the
+     * registration is new (NULL: the registration gets no secret and is not protected — unit
+     * tests of other rules). */
+    const uint8_t *presented;
+    bool identity_proven;
+    const uint8_t *fresh;
 } pcs_coord_register_t;
 
 /* Register or re-register (same identity -> same worker, *reregistered = true). A LOST or GONE
  * worker comes back IDLE; an IDLE/ASSIGNED/STOPPING one keeps its state (an agent that only lost
  * its connection gets its assignment again on its next WatchAssignment). One that re-registers
  * from another process (another incarnation; without incarnations, another pid) was restarted:
- * an ASSIGNED worker's job fails naming it, and it comes back IDLE. Strings are copied. */
+ * an ASSIGNED worker's job fails naming it, and it comes back IDLE. Strings are copied.
+ * Credentials: an identity whose registration is held (it has a secret, and a lease that has not
+ * lapsed, or it is a restored worker within the re-adoption window) is taken only by a caller
+ * presenting its secret (who keeps it) or proving the identity by mTLS; others get
+ * PCS_ERR_STATE naming the worker and how long the hold lasts (a restarted process retries
+ * until then). Every other registration installs `fresh`. *secret_kept: the caller's presented
+ * secret stays valid (no new one was installed). */
+pcs_status_t pcs_coord_register_ex(pcs_coord_t *c, const pcs_coord_register_t *r,
+                                   pcs_coord_worker_t **out, bool *reregistered, bool *secret_kept);
+/* pcs_coord_register_ex without the flag. */
 pcs_status_t pcs_coord_register(pcs_coord_t *c, const pcs_coord_register_t *r,
                                 pcs_coord_worker_t **out, bool *reregistered);
+/* The worker whose credential has this hash (and whose id the secret names), or NULL: the
+ * comparison does not stop at the first differing byte. */
+pcs_coord_worker_t *pcs_coord_worker_by_secret(pcs_coord_t *c, const char *worker_id,
+                                               const uint8_t *hash);
 /* Errors: INVALID_ARG for an empty id, NOT_FOUND for an unknown one. */
 pcs_status_t pcs_coord_lookup_worker(pcs_coord_t *c, const char *worker_id,
                                      pcs_coord_worker_t **out);
@@ -251,6 +282,8 @@ typedef struct pcs_coord_job_desc {
     const char *transport; /* "gloo" | "nccl" (NULL: gloo); see pcs_coord_job_transport() */
     void *spec, *plan;     /* ownership passes to the coordinator, also on failure */
     uint64_t plan_hash;
+    uint64_t steps; /* training.steps: reports past it, or `done` before it, are refused (0: no
+                     * bound) */
 } pcs_coord_job_desc_t;
 
 /* The transport a job's ranks use: spec.collectives, where "" and "auto" mean nccl for a cuda job
@@ -302,7 +335,10 @@ typedef struct pcs_coord_report {
 } pcs_coord_report_t;
 
 /* Record a step report. *directive is PCS_EV_STOP when the worker should stop (job no longer
- * running, or not its job anymore), 0 otherwise; reason gets why. Ranks of one pipeline stage
+ * running, or not its job anymore), 0 otherwise; reason gets why. A rank's steps only move
+ * forward within a generation: a repeat of its last step (a retry whose reply was lost) is
+ * answered OK and counted once, an earlier step is PCS_ERR_STATE; a step past the job's `steps`,
+ * or `done` before its last step, is INVALID_ARG. Ranks of one pipeline stage
  * run the same collective sequence, so two of them reporting different fingerprints for the same
  * step fail the job at once, naming both ranks (instead of a hang until the NCCL watchdog). Errors:
  * unknown worker/job (NOT_FOUND), rank or generation that do not match (PCS_ERR_STATE /
@@ -355,6 +391,9 @@ bool pcs_job_state_terminal(pcs_job_state_t s);
 /* Recreate a known identity -> id mapping as a GONE worker (it revives on re-register). */
 pcs_status_t pcs_coord_restore_worker(pcs_coord_t *c, uint32_t number, const char *identity,
                                       const char *host);
+/* A restored worker's credential: the hash its last registration got. The identity stays held
+ * for the re-adoption window (readopt_ms from now), so only that process takes it back. */
+pcs_status_t pcs_coord_restore_secret(pcs_coord_t *c, uint32_t number, const uint8_t *hash);
 /* Recreate a job of a previous life; payload ownership passes. A RUNNING job stays RUNNING in
  * its generation: each worker that re-registers and reports a step of it takes its rank back
  * (training never waits on the coordinator); ranks not back within readopt_ms fail the job. */

@@ -23,6 +23,9 @@ static const pcs_opt_t options[] = {
     {"tls-key", PCS_OPT_STRING, "", 0, 0, "private key of --tls-cert (PEM)"},
     {"tls-client-ca", PCS_OPT_STRING, "", 0, 0,
      "CA bundle (PEM): require and verify worker/client certificates (mTLS)"},
+    {"worker-cert-identity", PCS_OPT_BOOL, "true", 0, 0,
+     "with --tls-client-ca: a worker registers only as an identity its client certificate names "
+     "(false: shared worker certificates; the per-worker secret still binds every call)"},
     {"token-file", PCS_OPT_STRING, "", 0, 0,
      "bearer tokens by role: `role token` lines (viewer|submitter|worker|admin); empty: none"},
     {"port-file", PCS_OPT_STRING, "", 0, 0, "write the bound gRPC port to this file"},
@@ -217,6 +220,7 @@ int main(int argc, char **argv)
                               .config = cfg,
                               .tls = *tls_cert ? &tls : NULL,
                               .token_file = pcs_config_str(cfg, "token-file"),
+                              .worker_cert_identity_off = !pcs_config_bool(cfg, "worker-cert-identity"),
                               .max_watch_streams = pcs_config_u32(cfg, "max-watch-streams")};
     pcs_server_t *srv = NULL;
     if (pcs_server_create(&sc, &srv) != PCS_OK) {

@@ -65,6 +65,7 @@ struct pcs_server {
     uint64_t hw_refused; /* Watch calls refused at the cap, for /metrics */
     bool restoring;      /* store callbacks off while replaying the store */
     pcs_auth_t *auth;    /* NULL: no token checks */
+    bool cert_identity;  /* mTLS: a worker's identity must be named by its client certificate */
     /* Durability (DESIGN.md §8): a state change marks its job/worker dirty and closes the rpc
      * gate; persist() writes the dirty rows in one transaction and opens the gate after the
      * COMMIT, so no client or worker hears of a change before it is on disk. */
@@ -368,17 +369,54 @@ static void watch_cancelled(pcs_rpc_call_t *call, void *arg)
     PCS_DEBUG(PCS_SUB_RPC, "watch of %s closed by the client", w->id);
 }
 
+/* The worker a WorkerService call acts for: the one whose secret it carries (authorize() checked
+ * it), which must be the worker the request names. NULL after answering PERMISSION_DENIED. */
+static pcs_coord_worker_t *caller_as(pcs_server_t *s, pcs_rpc_call_t *call, const char *worker_id)
+{
+    pcs_coord_worker_t *w = pcs_coord_worker_by_number(s->coord, (uint32_t)pcs_rpc_call_principal(call));
+    if (!w) {
+        pcs_rpc_fail(call, PCS_ERR_UNAUTHENTICATED, "worker secret: no worker: register again");
+        return NULL;
+    }
+    if (worker_id && !*worker_id) {
+        pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "worker_id: required");
+        return NULL;
+    }
+    if (worker_id && strcmp(worker_id, w->id) != 0) {
+        pcs_rpc_fail(call, PCS_ERR_PERMISSION,
+                     "worker_id: %.*s, but the call's credential is worker %s's: a worker acts "
+                     "only for itself",
+                     (int)pcs_utf8_prefix(worker_id, 64), worker_id, w->id);
+        return NULL;
+    }
+    return w;
+}
+
+/* KvSet/KvGet: only a rank of the job's current generation reads or writes its rendezvous. */
+static bool kv_member(pcs_server_t *s, pcs_rpc_call_t *call, const char *job_id, uint64_t gen)
+{
+    pcs_coord_worker_t *w = caller_as(s, call, NULL);
+    if (!w)
+        return false;
+    /* a rank of another generation of the job is told so by the KV itself (FAILED_PRECONDITION) */
+    if (w->state != PCS_WORKER_ASSIGNED || !w->job || strcmp(w->job->id, job_id) != 0) {
+        pcs_rpc_fail(call, PCS_ERR_PERMISSION,
+                     "job_id: worker %s is not a rank of job %.*s (generation %" PRIu64
+                     "): a job's rendezvous is its ranks' only",
+                     w->id, (int)pcs_utf8_prefix(job_id, 64), job_id, gen);
+        return false;
+    }
+    return true;
+}
+
 static void h_watch(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
 {
     pcs_server_t *s = user;
     REFUSE_IF_STOPPING(s, call);
     const Pcs__V1__WatchAssignmentRequest *req = (const void *)m;
-    pcs_coord_worker_t *w;
-    pcs_status_t st = pcs_coord_lookup_worker(s->coord, req->worker_id, &w);
-    if (st != PCS_OK) {
-        fail_last(call, st);
+    pcs_coord_worker_t *w = caller_as(s, call, req->worker_id);
+    if (!w)
         return;
-    }
     if (w->state == PCS_WORKER_LOST || w->state == PCS_WORKER_GONE) {
         pcs_rpc_fail(call, PCS_ERR_STATE, "worker %s is %s: re-register", w->id,
                      pcs_worker_state_name(w->state));
@@ -425,7 +463,41 @@ static void h_register(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *us
         devs[i].name = d->name;
         devs[i].memory_bytes = d->memory_bytes;
     }
+    /* credentials: the secret the caller already holds (a re-register of the same process), the
+     * identity its client certificate proves, and a fresh secret for a new registration */
+    char presented[PCS_RPC_WORKER_SECRET_MAX + 1], pid_id[32];
+    uint8_t presented_hash[PCS_AUTH_HASH_BYTES], fresh_hash[PCS_AUTH_HASH_BYTES];
+    char fresh[PCS_AUTH_SECRET_HEX + 1];
+    long plen = pcs_rpc_call_metadata(call, PCS_RPC_WORKER_SECRET_HEADER, presented,
+                                      sizeof presented);
+    bool has_presented =
+        plen > 0 && plen <= PCS_RPC_WORKER_SECRET_MAX &&
+        pcs_auth_secret_parse(presented, pid_id, sizeof pid_id, presented_hash) == PCS_OK;
+    bool proven = false;
+    if (s->cert_identity) {
+        char first[256];
+        int named = pcs_rpc_call_cert_names(call, req->identity, first, sizeof first);
+        if (named != 1) {
+            free(devs);
+            pcs_rpc_fail(call, PCS_ERR_PERMISSION,
+                         "identity: %.*s is not named by the client certificate (%s): with mTLS "
+                         "a worker registers as its certificate's CN or a subject alternative "
+                         "name",
+                         (int)pcs_utf8_prefix(req->identity, 128), req->identity,
+                         named < 0 ? "none presented" : first);
+            return;
+        }
+        proven = true;
+    }
+    if (pcs_auth_secret_new(fresh, fresh_hash) != PCS_OK) {
+        free(devs);
+        fail_last(call, PCS_ERR_SYSTEM);
+        return;
+    }
     pcs_coord_register_t r = {.identity = req->identity,
+                              .presented = has_presented ? presented_hash : NULL,
+                              .identity_proven = proven,
+                              .fresh = fresh_hash,
                               .host = req->host,
                               .address = req->address,
                               .version = req->version,
@@ -436,20 +508,28 @@ static void h_register(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *us
                               .backends = (const char *const *)req->backends,
                               .n_backends = req->n_backends};
     pcs_coord_worker_t *w;
-    bool rereg;
-    pcs_status_t st = pcs_coord_register(s->coord, &r, &w, &rereg);
+    bool rereg, kept;
+    pcs_status_t st = pcs_coord_register_ex(s->coord, &r, &w, &rereg, &kept);
     free(devs);
     if (st != PCS_OK) {
         fail_last(call, st);
         return;
     }
     const pcs_coord_config_t *cc = pcs_coord_config(s->coord);
+    char secret[PCS_RPC_WORKER_SECRET_MAX + 1];
+    if (kept)
+        snprintf(secret, sizeof secret, "%s", presented);
+    else
+        snprintf(secret, sizeof secret, "%s.%s", w->id, fresh);
     Pcs__V1__RegisterResponse resp = PCS__V1__REGISTER_RESPONSE__INIT;
     resp.worker_id = w->id;
     resp.heartbeat_interval_ms = cc->heartbeat_interval_ms;
     resp.lease_ms = cc->lease_ms;
     resp.reregistered = rereg;
+    resp.worker_secret = secret;
     pcs_rpc_reply(call, &resp.base);
+    memset(fresh, 0, sizeof fresh);
+    memset(secret, 0, sizeof secret);
 }
 
 static void h_heartbeat(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
@@ -457,7 +537,9 @@ static void h_heartbeat(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *u
     pcs_server_t *s = user;
     REFUSE_IF_STOPPING(s, call);
     const Pcs__V1__HeartbeatRequest *req = (const void *)m;
-    pcs_coord_worker_t *w;
+    pcs_coord_worker_t *w = caller_as(s, call, req->worker_id);
+    if (!w)
+        return;
     pcs_status_t st =
         pcs_coord_heartbeat(s->coord, req->worker_id, req->job_id, req->generation, &w);
     if (st != PCS_OK) {
@@ -479,6 +561,8 @@ static void h_deregister(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *
     pcs_server_t *s = user;
     REFUSE_IF_STOPPING(s, call);
     const Pcs__V1__DeregisterRequest *req = (const void *)m;
+    if (!caller_as(s, call, req->worker_id))
+        return;
     pcs_status_t st = pcs_coord_deregister(s->coord, req->worker_id, req->reason);
     if (st != PCS_OK) {
         fail_last(call, st);
@@ -499,6 +583,8 @@ static void h_report_step(pcs_rpc_call_t *call, const ProtobufCMessage *m, void 
     pcs_server_t *s = user;
     REFUSE_IF_STOPPING(s, call);
     const Pcs__V1__ReportStepRequest *req = (const void *)m;
+    if (!caller_as(s, call, req->worker_id))
+        return;
     if (!req->report) {
         pcs_rpc_fail(call, PCS_ERR_INVALID_ARG, "report: required");
         return;
@@ -549,6 +635,8 @@ static void h_kv_set(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     REFUSE_IF_STOPPING(s, call);
     const Pcs__V1__KvSetRequest *req = (const void *)m;
     pcs_rpc_call_set_ungated(call); /* rendezvous data is not persisted: nothing to wait for */
+    if (!kv_member(s, call, req->job_id, req->generation))
+        return;
     pcs_status_t st = pcs_coord_kv_set(s->coord, req->job_id, req->generation, req->key,
                                        req->value.data, req->value.len);
     if (st != PCS_OK) {
@@ -591,6 +679,8 @@ static void h_kv_get(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     REFUSE_IF_STOPPING(s, call);
     const Pcs__V1__KvGetRequest *req = (const void *)m;
     pcs_rpc_call_set_ungated(call);
+    if (!kv_member(s, call, req->job_id, req->generation))
+        return;
     uint32_t wait = req->wait_ms > MAX_KV_WAIT_MS ? MAX_KV_WAIT_MS : req->wait_ms;
     int64_t left = pcs_rpc_call_remaining_ms(call) - 50;
     if (left < (int64_t)wait) /* answer not-found a little before the client gives up */
@@ -670,7 +760,8 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
                                   pcs_coord_job_transport(spec->backend, spec->collectives),
                               .spec = spec,
                               .plan = plan,
-                              .plan_hash = pcs_plan_hash(plan)};
+                              .plan_hash = pcs_plan_hash(plan),
+                              .steps = spec->training ? spec->training->steps : 0};
     st = pcs_coord_submit(s->coord, &d, &j); /* takes the payload */
     if (st != PCS_OK) {
         fail_last(call, st);
@@ -1017,12 +1108,43 @@ static void h_health_watch(pcs_rpc_call_t *call, const ProtobufCMessage *m, void
         path, &req##__descriptor, &resp##__descriptor, stream, fn                                  \
     }
 /* Bearer tokens by role (auth.h): runs before every handler when a token file is loaded. */
-static pcs_status_t authorize(void *user, const pcs_rpc_method_t *m, const pcs_rpc_call_t *call)
+/* Every call: the bearer token's role (when a token file is loaded), then for WorkerService calls
+ * after Register the worker secret, which names the one worker the call may act for (its number
+ * becomes the call's principal; the handlers compare it with the request). With mTLS the
+ * client certificate must also name that worker's identity. */
+static pcs_status_t authorize(void *user, const pcs_rpc_method_t *m, pcs_rpc_call_t *call)
 {
     pcs_server_t *s = user;
-    char value[1100];
-    long n = pcs_rpc_call_metadata(call, "authorization", value, sizeof value);
-    return pcs_auth_check(s->auth, m->path, n >= 0 ? value : NULL);
+    if (s->auth) {
+        char value[1100];
+        long n = pcs_rpc_call_metadata(call, "authorization", value, sizeof value);
+        PCS_CHECK(pcs_auth_check(s->auth, m->path, n >= 0 ? value : NULL));
+    }
+    if (strncmp(m->path, "/pcs.v1.WorkerService/", 22) != 0 || strcmp(m->path, PCS_M_REGISTER) == 0)
+        return PCS_OK;
+    char secret[PCS_RPC_WORKER_SECRET_MAX + 1], id[32];
+    long n = pcs_rpc_call_metadata(call, PCS_RPC_WORKER_SECRET_HEADER, secret, sizeof secret);
+    if (n < 0)
+        return pcs_set_error(PCS_ERR_UNAUTHENTICATED,
+                             "%s needs the worker's secret (the pcs-worker-secret metadata that "
+                             "Register answers)",
+                             m->path);
+    uint8_t hash[PCS_AUTH_HASH_BYTES];
+    if (n > PCS_RPC_WORKER_SECRET_MAX)
+        return pcs_set_error(PCS_ERR_UNAUTHENTICATED, "pcs-worker-secret: longer than %d bytes",
+                             PCS_RPC_WORKER_SECRET_MAX);
+    PCS_CHECK(pcs_auth_secret_parse(secret, id, sizeof id, hash));
+    memset(secret, 0, sizeof secret);
+    pcs_coord_worker_t *w = pcs_coord_worker_by_secret(s->coord, id, hash);
+    if (!w)
+        return pcs_set_error(PCS_ERR_UNAUTHENTICATED,
+                             "pcs-worker-secret: not the current secret of a worker (revoked by "
+                             "a newer registration, or unknown here): register again");
+    if (s->cert_identity && pcs_rpc_call_cert_names(call, w->identity, NULL, 0) != 1)
+        return pcs_set_error(PCS_ERR_PERMISSION,
+                             "the client certificate does not name worker %s's identity", w->id);
+    pcs_rpc_call_set_principal(call, w->number);
+    return PCS_OK;
 }
 
 static const pcs_rpc_method_t methods[] = {
@@ -1157,8 +1279,13 @@ static pcs_status_t persist(pcs_server_t *s)
     for (size_t i = 0; i < s->dirty_workers.n && st == PCS_OK; i++) {
         const pcs_coord_worker_t *w =
             pcs_coord_worker_by_number(s->coord, s->dirty_workers.list[i]);
-        if (w)
-            st = pcs_store_put_worker(s->store, w->number, w->identity, w->host);
+        if (w) {
+            pcs_store_worker_t row = {.number = w->number,
+                                      .identity = w->identity,
+                                      .host = w->host,
+                                      .secret_hash = w->has_secret ? w->secret_hash : NULL};
+            st = pcs_store_put_worker(s->store, &row);
+        }
     }
     for (size_t i = 0; i < s->dirty_jobs.n && st == PCS_OK; i++) {
         const pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, s->dirty_jobs.list[i]);
@@ -1211,11 +1338,12 @@ static pcs_status_t persist(pcs_server_t *s)
     return st;
 }
 
-static void restore_worker(void *user, uint32_t number, const char *identity, const char *host)
+static void restore_worker(void *user, const pcs_store_worker_t *r)
 {
     pcs_server_t *s = user;
-    if (pcs_coord_restore_worker(s->coord, number, identity, host) != PCS_OK)
-        PCS_WARN(PCS_SUB_STORE, "store: worker %" PRIu32 " not restored: %s", number,
+    if (pcs_coord_restore_worker(s->coord, r->number, r->identity, r->host) != PCS_OK ||
+        (r->secret_hash && pcs_coord_restore_secret(s->coord, r->number, r->secret_hash) != PCS_OK))
+        PCS_WARN(PCS_SUB_STORE, "store: worker %" PRIu32 " not restored: %s", r->number,
                  pcs_last_error());
 }
 
@@ -1276,7 +1404,8 @@ static void restore_job(void *user, const pcs_store_job_t *r)
         .plan = plan,
         /* the rebuilt plan's own hash: the one its workers check (a coordinator of another
          * version may have stored another) */
-        .plan_hash = plan ? pcs_plan_hash(plan) : r->plan_hash};
+        .plan_hash = plan ? pcs_plan_hash(plan) : r->plan_hash,
+        .steps = spec && spec->training ? spec->training->steps : 0};
     if (pcs_coord_restore_job(s->coord, r->number, &d, state, reason, r->created_ms, r->started_ms,
                               finished_ms, r->generation) != PCS_OK) {
         PCS_WARN(PCS_SUB_STORE, "store: job %" PRIu32 " not restored: %s", r->number,
@@ -1539,6 +1668,8 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
     s->max_hw = cfg->max_watch_streams ? cfg->max_watch_streams : DEFAULT_MAX_WATCH_STREAMS;
     size_t max_msg = cfg->max_message_bytes ? cfg->max_message_bytes : (4u << 20);
     s->max_spec = cfg->max_spec_bytes ? cfg->max_spec_bytes : max_msg / 4;
+    s->cert_identity = cfg->tls && cfg->tls->ca_file && *cfg->tls->ca_file &&
+                       !cfg->worker_cert_identity_off;
     if (cfg->token_file && *cfg->token_file) {
         PCS_CHECK_GOTO(pcs_auth_load(cfg->token_file, &s->auth), st, fail);
         PCS_INFO(PCS_SUB_INIT, "bearer tokens required: %zu tokens from %s",
@@ -1597,7 +1728,7 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
                                   .tick_ms = 50,
                                   .tick = tick,
                                   .tls = cfg->tls,
-                                  .authorize = s->auth ? authorize : NULL};
+                                  .authorize = authorize};
     PCS_CHECK_GOTO(pcs_rpc_server_create(&rc, &s->rpc), st, fail);
     if (cfg->metrics_listen && *cfg->metrics_listen) {
         PCS_CHECK_GOTO(pcs_http_start(cfg->metrics_listen, &s->http), st, fail);

@@ -41,6 +41,9 @@ typedef struct pcs_server_config {
     const pcs_config_t *config;    /* borrowed, for GetStatus "# Config" (may be NULL) */
     const pcs_rpc_tls_t *tls;      /* NULL: plaintext; borrowed for pcs_server_create only */
     const char *token_file;        /* `role token` lines; NULL or "": no token checks */
+    bool worker_cert_identity_off; /* with mTLS (tls->ca_file): do not require that a worker's
+                                    * client certificate names its identity (shared worker
+                                    * certificates; the worker secret still binds each call) */
     uint32_t max_watch_streams;    /* open Health/Watch streams at once; 0 = 1024. Above it a
                                     * Watch gets RESOURCE_EXHAUSTED (WatchAssignment is one per
                                     * worker: a newer one supersedes the older) */

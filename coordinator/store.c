@@ -25,7 +25,7 @@ struct pcs_store {
 static const char *const schema =
     "CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value INTEGER NOT NULL);"
     "CREATE TABLE IF NOT EXISTS workers(number INTEGER PRIMARY KEY, identity TEXT NOT NULL UNIQUE,"
-    " host TEXT NOT NULL DEFAULT '');"
+    " host TEXT NOT NULL DEFAULT '', secret_hash BLOB);"
     "CREATE TABLE IF NOT EXISTS jobs(number INTEGER PRIMARY KEY, name TEXT NOT NULL DEFAULT '',"
     " request_id TEXT NOT NULL DEFAULT '', state INTEGER NOT NULL, reason TEXT NOT NULL DEFAULT '',"
     " created_ms INTEGER, started_ms INTEGER, finished_ms INTEGER, generation INTEGER,"
@@ -36,6 +36,8 @@ static const char *const schema =
  * (number, pid; no header; written before incarnations) are still read: 4 + 16 W is never a
  * multiple of 8, so the two layouts cannot be mistaken for each other. Databases written before
  * the column existed get it added on open. */
+#define STORE_HASH_BYTES 32 /* SHA-256 of a worker secret */
+
 #define RANK_MAGIC    "RNK2"
 #define RANK_HEADER   4
 #define RANK_BYTES    16
@@ -88,7 +90,9 @@ pcs_status_t pcs_store_open(const char *path, bool sync_full, pcs_store_t **out)
     /* columns newer databases have: one written before a column existed gets it (NULL = none) */
     static const char *const added[][2] = {
         {"SELECT ranks FROM jobs LIMIT 0", "ALTER TABLE jobs ADD COLUMN ranks BLOB"},
-        {"SELECT progress FROM jobs LIMIT 0", "ALTER TABLE jobs ADD COLUMN progress BLOB"}};
+        {"SELECT progress FROM jobs LIMIT 0", "ALTER TABLE jobs ADD COLUMN progress BLOB"},
+        {"SELECT secret_hash FROM workers LIMIT 0",
+         "ALTER TABLE workers ADD COLUMN secret_hash BLOB"}};
     for (size_t i = 0; i < sizeof added / sizeof added[0]; i++) {
         sqlite3_stmt *probe = NULL;
         if (sqlite3_prepare_v2(s->db, added[i][0], -1, &probe, NULL) != SQLITE_OK &&
@@ -99,7 +103,8 @@ pcs_status_t pcs_store_open(const char *path, bool sync_full, pcs_store_t **out)
         sqlite3_finalize(probe);
     }
     if (sqlite3_prepare_v2(s->db,
-                           "INSERT OR REPLACE INTO workers(number, identity, host) VALUES(?,?,?)",
+                           "INSERT OR REPLACE INTO workers(number, identity, host, secret_hash)"
+                           " VALUES(?,?,?,?)",
                            -1, &s->put_worker, NULL) != SQLITE_OK ||
         /* an upsert: a row written without its spec (NULL) keeps the stored one, so a finished
          * job whose spec left RAM can be written again */
@@ -218,13 +223,16 @@ pcs_status_t pcs_store_get_meta(pcs_store_t *s, const char *key, uint64_t *value
     return PCS_OK;
 }
 
-pcs_status_t pcs_store_put_worker(pcs_store_t *s, uint32_t number, const char *identity,
-                                  const char *host)
+pcs_status_t pcs_store_put_worker(pcs_store_t *s, const pcs_store_worker_t *w)
 {
     PCS_CHECK(begin(s));
-    sqlite3_bind_int64(s->put_worker, 1, number);
-    sqlite3_bind_text(s->put_worker, 2, identity, -1, SQLITE_TRANSIENT);
-    sqlite3_bind_text(s->put_worker, 3, host ? host : "", -1, SQLITE_TRANSIENT);
+    sqlite3_bind_int64(s->put_worker, 1, w->number);
+    sqlite3_bind_text(s->put_worker, 2, w->identity, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(s->put_worker, 3, w->host ? w->host : "", -1, SQLITE_TRANSIENT);
+    if (w->secret_hash)
+        sqlite3_bind_blob(s->put_worker, 4, w->secret_hash, STORE_HASH_BYTES, SQLITE_TRANSIENT);
+    else
+        sqlite3_bind_null(s->put_worker, 4);
     return step(s, s->put_worker, "put worker");
 }
 
@@ -316,20 +324,26 @@ static const char *col_text(sqlite3_stmt *q, int i)
     return t ? (const char *)t : "";
 }
 
-pcs_status_t pcs_store_load(pcs_store_t *s,
-                            void (*on_worker)(void *user, uint32_t number, const char *identity,
-                                              const char *host),
+pcs_status_t pcs_store_load(pcs_store_t *s, void (*on_worker)(void *user, const pcs_store_worker_t *w),
                             void (*on_job)(void *user, const pcs_store_job_t *j), void *user)
 {
     sqlite3_stmt *q = NULL;
-    if (sqlite3_prepare_v2(s->db, "SELECT number, identity, host FROM workers ORDER BY number", -1,
-                           &q, NULL) != SQLITE_OK)
+    if (sqlite3_prepare_v2(s->db,
+                           "SELECT number, identity, host, secret_hash FROM workers ORDER BY number",
+                           -1, &q, NULL) != SQLITE_OK)
         return db_error(s, "load workers");
     int rc;
     while ((rc = sqlite3_step(q)) == SQLITE_ROW) {
         sqlite3_int64 n = sqlite3_column_int64(q, 0);
+        const void *h = sqlite3_column_blob(q, 3);
+        pcs_store_worker_t w = {
+            .number = (uint32_t)n,
+            .identity = col_text(q, 1),
+            .host = col_text(q, 2),
+            /* a hash of another length is not ours: the worker then registers anew */
+            .secret_hash = h && sqlite3_column_bytes(q, 3) == STORE_HASH_BYTES ? h : NULL};
         if (n > 0 && n <= UINT32_MAX)
-            on_worker(user, (uint32_t)n, col_text(q, 1), col_text(q, 2));
+            on_worker(user, &w);
     }
     sqlite3_finalize(q);
     if (rc != SQLITE_DONE)

@@ -48,8 +48,14 @@ typedef struct pcs_store_job {
 pcs_status_t pcs_store_open(const char *path, bool sync_full, pcs_store_t **out);
 /* Commits pending writes. NULL is fine. */
 void pcs_store_close(pcs_store_t *s);
-pcs_status_t pcs_store_put_worker(pcs_store_t *s, uint32_t number, const char *identity,
-                                  const char *host);
+/* A worker's row: its id number, identity and host, and the SHA-256 of the secret its last
+ * registration got (NULL: none), so workers keep their credentials across a restart. */
+typedef struct pcs_store_worker {
+    uint32_t number;
+    const char *identity, *host;
+    const uint8_t *secret_hash; /* 32 bytes or NULL */
+} pcs_store_worker_t;
+pcs_status_t pcs_store_put_worker(pcs_store_t *s, const pcs_store_worker_t *w);
 pcs_status_t pcs_store_put_job(pcs_store_t *s, const pcs_store_job_t *j);
 /* Remove a job's row (in the open transaction): the history forgot it. */
 pcs_status_t pcs_store_delete_job(pcs_store_t *s, uint32_t number);
@@ -66,9 +72,7 @@ pcs_status_t pcs_store_put_meta(pcs_store_t *s, const char *key, uint64_t value)
 pcs_status_t pcs_store_get_meta(pcs_store_t *s, const char *key, uint64_t *value);
 /* Call on_worker / on_job for every stored row (workers first, by number). Pointers passed to
  * the callbacks are valid during the call only. */
-pcs_status_t pcs_store_load(pcs_store_t *s,
-                            void (*on_worker)(void *user, uint32_t number, const char *identity,
-                                              const char *host),
+pcs_status_t pcs_store_load(pcs_store_t *s, void (*on_worker)(void *user, const pcs_store_worker_t *w),
                             void (*on_job)(void *user, const pcs_store_job_t *j), void *user);
 
 #ifdef __cplusplus

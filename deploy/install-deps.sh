@@ -13,6 +13,7 @@ PACKAGES=(
   libgloo-dev                       # CPU collectives (pulls libhiredis-dev, libibverbs-dev)
   libopenblas-dev                   # CPU GEMM for the built-in models
   libsqlite3-dev libmicrohttpd-dev libyaml-dev
+  libssl-dev                        # SHA-256 of worker secrets (libcrypto; gRPC uses it too)
   python3 python3-grpcio python3-protobuf   # wire-compatibility test with a stock gRPC client
   curl procps openssl               # /metrics checks, pgrep/ps, test certificates
 )

@@ -30,6 +30,7 @@
 
 #define GRPC_NOT_FOUND           5
 #define GRPC_FAILED_PRECONDITION 9
+#define GRPC_UNAUTHENTICATED     16
 
 typedef struct report_item {
     struct report_item *next;
@@ -177,6 +178,13 @@ static pcs_status_t do_register(pcs_agent_t *a)
     if (st != PCS_OK)
         return st;
     Pcs__V1__RegisterResponse *r = (Pcs__V1__RegisterResponse *)resp;
+    /* the credential of this registration: every later call carries it (a re-register presents
+     * it, and a coordinator that still knows it keeps this worker's id and secret) */
+    st = pcs_rpc_client_set_worker_secret(a->rpc, r->worker_secret);
+    if (st != PCS_OK) {
+        protobuf_c_message_free_unpacked(resp, NULL);
+        return st;
+    }
     pthread_mutex_lock(&a->mu);
     snprintf(a->worker_id, sizeof a->worker_id, "%s", r->worker_id ? r->worker_id : "");
     a->hb_interval_ms = a->heartbeat_ms
@@ -259,9 +267,11 @@ static void *heartbeat_main(void *arg)
         }
         if (atomic_load(&a->leaving))
             break; /* deregistered (or about to be): a GONE answer is the expected one */
-        if (code == GRPC_NOT_FOUND || code == GRPC_FAILED_PRECONDITION) {
-            /* The coordinator restarted without our id or declared us LOST: register again with
-             * the same identity and re-open the assignment stream. The running job continues. */
+        if (code == GRPC_NOT_FOUND || code == GRPC_FAILED_PRECONDITION ||
+            code == GRPC_UNAUTHENTICATED) {
+            /* The coordinator restarted without our id or our secret, or declared us LOST:
+             * register again with the same identity and re-open the assignment stream. The
+             * running job continues. */
             PCS_WARN(PCS_SUB_WORKER, "heartbeat rejected (%s); re-registering", pcs_last_error());
             if (do_register(a) == PCS_OK)
                 atomic_store(&a->reopen_watch, 1);
@@ -437,7 +447,8 @@ static void send_report(pcs_agent_t *a, report_item_t *it)
             return;
         }
         uint64_t step = it->req->report ? it->req->report->step : 0;
-        if ((code == GRPC_NOT_FOUND || code == GRPC_FAILED_PRECONDITION) &&
+        if ((code == GRPC_NOT_FOUND || code == GRPC_FAILED_PRECONDITION ||
+             code == GRPC_UNAUTHENTICATED) &&
             reregistered < REPORT_MAX_REREGISTER && !atomic_load(&a->leaving)) {
             reregistered++;
             PCS_INFO(PCS_SUB_WORKER, "ReportStep for step %llu refused (%s): re-registering",
@@ -858,6 +869,7 @@ void pcs_agent_stop(pcs_agent_t *a)
 pcs_status_t pcs_agent_run(pcs_agent_t *a)
 {
     uint32_t backoff = 100;
+    int held_said = 0;
     pcs_status_t st;
     for (;;) {
         if (atomic_load(&a->stop))
@@ -865,13 +877,20 @@ pcs_status_t pcs_agent_run(pcs_agent_t *a)
         st = do_register(a);
         if (st == PCS_OK)
             break;
-        if (st != PCS_ERR_REMOTE && st != PCS_ERR_TIMEOUT) {
+        if (st == PCS_ERR_STATE) {
+            /* our identity is still held by the registration of an earlier process (this one
+             * restarted within its lease): it is ours once that lease lapses */
+            if (!held_said++)
+                PCS_WARN(PCS_SUB_WORKER, "Register with %s: %s; retrying", a->coordinator,
+                         pcs_last_error());
+        } else if (st != PCS_ERR_REMOTE && st != PCS_ERR_TIMEOUT) {
             PCS_WARN(PCS_SUB_WORKER, "Register with %s failed: %s", a->coordinator,
                      pcs_last_error());
             return st;
+        } else {
+            PCS_DEBUG(PCS_SUB_WORKER, "coordinator %s not reachable yet: %s", a->coordinator,
+                      pcs_last_error());
         }
-        PCS_DEBUG(PCS_SUB_WORKER, "coordinator %s not reachable yet: %s", a->coordinator,
-                  pcs_last_error());
         nap_until(a, backoff, 1);
         backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;
     }

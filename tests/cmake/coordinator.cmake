@@ -19,7 +19,7 @@ set_tests_properties(test_coordinator_grpcio PROPERTIES LABELS integration TIMEO
 # TLS / mTLS of the real coordinator with pcsctl as client (needs the openssl CLI).
 pcs_add_test(NAME test_tls SOURCES integration/test_tls.c LIBS pcs_base LABELS integration
              TIMEOUT 120)
-add_dependencies(test_tls pcs-coordinator pcsctl)
+add_dependencies(test_tls pcs-coordinator pcsctl pcs-worker)
 # Bearer tokens by role: the real coordinator with pcsctl and a worker.
 pcs_add_test(NAME test_tokens SOURCES integration/test_tokens.c LIBS pcs_base LABELS integration
              TIMEOUT 120)
@@ -50,3 +50,9 @@ pcs_add_test(NAME test_lifecycle SOURCES integration/test_lifecycle.c ${PCS_E2E_
              LIBS pcs_worker LABELS integration TIMEOUT 300)
 set_target_properties(test_lifecycle PROPERTIES LINKER_LANGUAGE CXX)
 add_dependencies(test_lifecycle pcs-coordinator pcs-worker)
+# Security: a worker credential acts for one worker only (impersonation attempts with a worker
+# token refused while a real job trains and succeeds), and the role x method matrix.
+pcs_add_test(NAME test_security SOURCES integration/test_security.c ${PCS_E2E_UTIL}
+             LIBS pcs_worker LABELS integration TIMEOUT 300)
+set_target_properties(test_security PROPERTIES LINKER_LANGUAGE CXX)
+add_dependencies(test_security pcs-coordinator pcs-worker)

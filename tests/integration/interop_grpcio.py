@@ -99,13 +99,23 @@ class CoordinatorInterop(unittest.TestCase):
         return self.ch.unary_unary(path, request_serializer=req_cls.SerializeToString,
                                    response_deserializer=resp_cls.FromString)
 
+    secrets = {}  # worker id -> its secret; identity -> worker id
+
+    def creds(self, wid):
+        """The metadata a worker's calls carry: the secret Register answered it."""
+        return (("pcs-worker-secret", self.secrets[wid]),)
+
     def register(self, identity):
         reg = self.unary("/pcs.v1.WorkerService/Register", worker_pb2.RegisterRequest,
                          worker_pb2.RegisterResponse)
         req = worker_pb2.RegisterRequest(identity=identity, host="py", pid=os.getpid(),
                                          backends=["gloo"])
         req.devices.add(index=0, kind="cpu", name="cpu0", memory_bytes=1 << 30)
-        return reg(req, timeout=5)
+        known = self.secrets.get(identity)  # the same process presents what it holds
+        resp = reg(req, timeout=5, metadata=self.creds(known) if known else None)
+        self.secrets[resp.worker_id] = resp.worker_secret
+        self.secrets[identity] = resp.worker_id
+        return resp
 
     def test_01_health_check_serving_and_unknown_service_not_found(self):
         check = self.unary("/grpc.health.v1.Health/Check", health_pb2.HealthCheckRequest,
@@ -136,6 +146,15 @@ class CoordinatorInterop(unittest.TestCase):
         self.assertFalse(a.reregistered)
         self.assertTrue(b.reregistered)
         self.assertEqual(a.lease_ms, 60000)
+        self.assertEqual(a.worker_secret, b.worker_secret)  # presented, so kept
+        self.assertTrue(a.worker_secret.startswith(a.worker_id + "."))
+        # another process claiming the live identity without its secret is refused
+        reg = self.unary("/pcs.v1.WorkerService/Register", worker_pb2.RegisterRequest,
+                         worker_pb2.RegisterResponse)
+        with self.assertRaises(grpc.RpcError) as e:
+            reg(worker_pb2.RegisterRequest(identity="py-0", host="py", pid=1), timeout=5)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("identity py-0 is held by worker", e.exception.details())
 
     def test_04_submit_gang_start_and_watch_stream_delivers_assignment(self):
         ids = [self.register("py-%d" % i).worker_id for i in range(2)]  # py-0 exists already
@@ -154,7 +173,8 @@ class CoordinatorInterop(unittest.TestCase):
             request_serializer=worker_pb2.WatchAssignmentRequest.SerializeToString,
             response_deserializer=worker_pb2.AssignmentEvent.FromString)
         for rank, wid in enumerate(ids):
-            it = watch(worker_pb2.WatchAssignmentRequest(worker_id=wid), timeout=5)
+            it = watch(worker_pb2.WatchAssignmentRequest(worker_id=wid), timeout=5,
+                       metadata=self.creds(wid))
             ev = next(it)
             self.assertEqual(ev.WhichOneof("event"), "assignment")
             self.assertEqual(ev.assignment.rank, rank)
@@ -175,8 +195,13 @@ class CoordinatorInterop(unittest.TestCase):
         hb = self.unary("/pcs.v1.WorkerService/Heartbeat", worker_pb2.HeartbeatRequest,
                         worker_pb2.HeartbeatResponse)
         for wid in ids:
-            self.assertEqual(hb(worker_pb2.HeartbeatRequest(worker_id=wid), timeout=5).state,
-                             IDLE)
+            self.assertEqual(hb(worker_pb2.HeartbeatRequest(worker_id=wid), timeout=5,
+                                metadata=self.creds(wid)).state, IDLE)
+        # one worker's secret does not act for another
+        with self.assertRaises(grpc.RpcError) as e:
+            hb(worker_pb2.HeartbeatRequest(worker_id=ids[1]), timeout=5,
+               metadata=self.creds(ids[0]))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.PERMISSION_DENIED)
 
     def test_05_invalid_spec_names_the_field(self):
         submit = self.unary("/pcs.v1.JobService/SubmitJob", coordinator_pb2.SubmitJobRequest,
@@ -224,7 +249,7 @@ class CoordinatorInterop(unittest.TestCase):
         ok_codes = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
                     grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.RESOURCE_EXHAUSTED,
                     grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
-                    grpc.StatusCode.ALREADY_EXISTS}
+                    grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.UNAUTHENTICATED}
         for i in range(40):
             n = rng.choice([0, 1, 2, 5, 17, 64, 300])
             payload = bytes(rng.getrandbits(8) for _ in range(n))

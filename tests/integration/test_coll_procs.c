@@ -458,13 +458,18 @@ static int child_abort(int rank, int P, const char *dir)
 
 /* Two ranks rendezvous through the real coordinator's KV (kv_coord) and run collectives. */
 static char g_coord_addr[64], g_job_id[64];
+static char g_secret[2][160]; /* of the workers holding ranks 0 and 1: the KV is theirs only */
 static uint64_t g_generation;
 
 static int child_coord(int rank, int P, const char *dir)
 {
     (void)dir;
     pcs_kv_t *kv = NULL;
-    if (pcs_kv_coord_create(g_coord_addr, g_job_id, g_generation, 5000, &kv) != PCS_OK)
+    pcs_rpc_client_t *cl = NULL;
+    if (pcs_rpc_client_create(g_coord_addr, &cl) != PCS_OK ||
+        pcs_rpc_client_set_worker_secret(cl, g_secret[rank]) != PCS_OK)
+        CHILD_FAIL("client: %s", pcs_last_error());
+    if (pcs_kv_coord_create_on(cl, g_job_id, g_generation, 5000, &kv) != PCS_OK)
         CHILD_FAIL("kv coord: %s", pcs_last_error());
     pcs_coll_config_t cfg = {0};
     cfg.backend = PCS_COLL_GLOO;
@@ -493,7 +498,7 @@ static int child_coord(int rank, int P, const char *dir)
     pcs_coll_destroy(c);
     /* A stale generation is refused by the coordinator with a clear error. */
     pcs_kv_t *stale = NULL;
-    if (pcs_kv_coord_create(g_coord_addr, g_job_id, g_generation + 7, 5000, &stale) != PCS_OK)
+    if (pcs_kv_coord_create_on(cl, g_job_id, g_generation + 7, 5000, &stale) != PCS_OK)
         CHILD_FAIL("kv coord (stale): %s", pcs_last_error());
     pcs_status_t rc = pcs_kv_set(stale, "x", "y", 1);
     if (rc != PCS_ERR_STATE)
@@ -501,10 +506,27 @@ static int child_coord(int rank, int P, const char *dir)
                    pcs_last_error());
     pcs_kv_destroy(stale);
     pcs_kv_destroy(kv);
+    /* and a client without a worker's secret reads nothing of it */
+    pcs_kv_t *anon = NULL;
+    pcs_rpc_client_t *nobody = NULL;
+    if (pcs_rpc_client_create(g_coord_addr, &nobody) != PCS_OK ||
+        pcs_kv_coord_create_on(nobody, g_job_id, g_generation, 5000, &anon) != PCS_OK)
+        CHILD_FAIL("kv coord (no secret): %s", pcs_last_error());
+    void *val = NULL;
+    size_t got = 0;
+    rc = pcs_kv_get(anon, "x", 0, &val, &got);
+    free(val);
+    if (rc != PCS_ERR_UNAUTHENTICATED)
+        CHILD_FAIL("get without a secret: want unauthenticated, got %s: %s", pcs_status_str(rc),
+                   pcs_last_error());
+    pcs_kv_destroy(anon);
+    pcs_rpc_client_destroy(nobody);
+    pcs_rpc_client_destroy(cl);
     return 0;
 }
 
-static int register_fake_worker(pcs_rpc_client_t *cl, const char *identity)
+static int register_fake_worker(pcs_rpc_client_t *cl, const char *identity, char *secret,
+                                size_t n)
 {
     Pcs__V1__RegisterRequest req = PCS__V1__REGISTER_REQUEST__INIT;
     char *backends[] = {"gloo"};
@@ -518,6 +540,7 @@ static int register_fake_worker(pcs_rpc_client_t *cl, const char *identity)
     if (pcs_rpc_call(cl, PCS_M_REGISTER, &req.base, &pcs__v1__register_response__descriptor, 5000,
                      &resp, NULL) != PCS_OK)
         CHILD_FAIL("Register: %s", pcs_last_error());
+    snprintf(secret, n, "%s", ((Pcs__V1__RegisterResponse *)resp)->worker_secret);
     protobuf_c_message_free_unpacked(resp, NULL);
     return 0;
 }
@@ -531,8 +554,11 @@ static int child_setup_job(int rank, int P, const char *dir)
     pcs_rpc_client_t *cl = NULL;
     if (pcs_rpc_client_create(g_coord_addr, &cl) != PCS_OK)
         CHILD_FAIL("client: %s", pcs_last_error());
-    if (register_fake_worker(cl, "coll-test-a") || register_fake_worker(cl, "coll-test-b"))
+    char secret[2][160]; /* of w-1 and w-2 */
+    if (register_fake_worker(cl, "coll-test-a", secret[0], sizeof secret[0]) ||
+        register_fake_worker(cl, "coll-test-b", secret[1], sizeof secret[1]))
         return 1;
+    int holder[2] = {-1, -1}; /* rank -> index into secret */
     char path[1024];
     ProtobufCMessage *spec = NULL;
     if (pcs_pb_from_yaml_file(pcs_test_src("examples/tiny-job.yaml", path, sizeof path),
@@ -562,8 +588,14 @@ static int child_setup_job(int rank, int P, const char *dir)
                          &resp, NULL) != PCS_OK)
             CHILD_FAIL("GetJob: %s", pcs_last_error());
         Pcs__V1__GetJobResponse *jr = (Pcs__V1__GetJobResponse *)resp;
-        if (jr->job && jr->job->state == PCS__V1__JOB_STATE__JOB_STATE_RUNNING)
+        if (jr->job && jr->job->state == PCS__V1__JOB_STATE__JOB_STATE_RUNNING &&
+            jr->job->n_workers == 2) {
             gen = jr->job->generation;
+            for (int r = 0; r < 2; r++)
+                holder[r] = strcmp(jr->job->workers[r], "w-1") == 0   ? 0
+                            : strcmp(jr->job->workers[r], "w-2") == 0 ? 1
+                                                                      : -1;
+        }
         protobuf_c_message_free_unpacked(resp, NULL);
         if (!gen)
             pcs_test_sleep_ms(50);
@@ -571,11 +603,14 @@ static int child_setup_job(int rank, int P, const char *dir)
     pcs_rpc_client_destroy(cl);
     if (!gen)
         CHILD_FAIL("job %s never became RUNNING", job_id);
+    if (holder[0] < 0 || holder[1] < 0)
+        CHILD_FAIL("job %s: ranks not held by the two fake workers", job_id);
     snprintf(path, sizeof path, "%s/job", dir);
     FILE *f = fopen(path, "w");
     if (!f)
         CHILD_FAIL("cannot write the job file in %.200s", dir);
-    fprintf(f, "%s %llu\n", job_id, (unsigned long long)gen);
+    fprintf(f, "%s %llu %s %s\n", job_id, (unsigned long long)gen, secret[holder[0]],
+            secret[holder[1]]);
     fclose(f);
     return 0;
 }
@@ -747,7 +782,8 @@ static void test_gloo_rendezvous_through_coordinator_kv(void **s)
     char *job = pcs_test_read_file(path, NULL);
     assert_non_null(job);
     unsigned long long gen = 0;
-    assert_int_equal(sscanf(job, "%63s %llu", g_job_id, &gen), 2);
+    assert_int_equal(sscanf(job, "%63s %llu %159s %159s", g_job_id, &gen, g_secret[0], g_secret[1]),
+                     4);
     g_generation = gen;
     free(job);
     run_ranks(2, dir, child_coord, 30000);

@@ -29,12 +29,56 @@
 
 #define T_MS 5000
 
+#define MAX_W 256
+
 typedef struct coord_proc {
     char *dir;
     pid_t pid;
     char addr[64];
     pcs_rpc_client_t *cli;
+    /* each registered worker's secret, by worker number: a worker call carries the secret of the
+     * worker its request names (KvSet/KvGet name none: they act as kv_as) */
+    char secret[MAX_W][160];
+    char identity[MAX_W][64]; /* the identity each worker number registered */
+    const char *kv_as;
 } coord_proc_t;
+
+/* The worker id an identity registered as here, or NULL. */
+static const char *id_of_identity(coord_proc_t *p, const char *identity, char *buf, size_t n)
+{
+    for (unsigned i = 1; i < MAX_W; i++)
+        if (strcmp(p->identity[i], identity) == 0) {
+            snprintf(buf, n, "w-%u", i);
+            return buf;
+        }
+    return NULL;
+}
+
+static void remember_secret(coord_proc_t *p, const char *worker_id, const char *secret)
+{
+    unsigned n = 0;
+    if (sscanf(worker_id, "w-%u", &n) == 1 && n < MAX_W)
+        snprintf(p->secret[n], sizeof p->secret[n], "%s", secret ? secret : "");
+}
+
+static const char *secret_of(coord_proc_t *p, const char *worker_id)
+{
+    unsigned n = 0;
+    if (!worker_id || sscanf(worker_id, "w-%u", &n) != 1 || n >= MAX_W || !p->secret[n][0])
+        return NULL;
+    return p->secret[n];
+}
+
+/* A WorkerService call acts for the worker its request names (its secret goes along). */
+static void act_as(coord_proc_t *p, const char *method, const ProtobufCMessage *req)
+{
+    if (strncmp(method, "/pcs.v1.WorkerService/", 22) != 0 || strcmp(method, PCS_M_REGISTER) == 0)
+        return; /* reg() presents what the registering process holds */
+    const ProtobufCFieldDescriptor *f =
+        protobuf_c_message_descriptor_get_field_by_name(req->descriptor, "worker_id");
+    const char *id = f ? *(char *const *)((const char *)req + f->offset) : p->kv_as;
+    assert_int_equal(pcs_rpc_client_set_worker_secret(p->cli, secret_of(p, id)), PCS_OK);
+}
 
 static const char *const spec_yaml = "name: it-job\n"
                                      "model:\n"
@@ -60,6 +104,10 @@ static coord_proc_t *start(const char *tag, const char *const *args)
     return p;
 }
 
+/* The same workers' processes outlive a coordinator: restart keeps what they hold (their secrets)
+ * for the next coordinator on the same database. */
+static coord_proc_t *restart(coord_proc_t *p, const char *tag, const char *const *args);
+
 static void stop(coord_proc_t *p)
 {
     pcs_rpc_client_destroy(p->cli);
@@ -72,12 +120,26 @@ static void stop(coord_proc_t *p)
     free(p);
 }
 
+static coord_proc_t *restart(coord_proc_t *p, const char *tag, const char *const *args)
+{
+    coord_proc_t *keep = malloc(sizeof *keep);
+    assert_non_null(keep);
+    memcpy(keep, p, sizeof *keep);
+    stop(p);
+    coord_proc_t *q = start(tag, args);
+    memcpy(q->secret, keep->secret, sizeof q->secret);
+    memcpy(q->identity, keep->identity, sizeof q->identity);
+    free(keep);
+    return q;
+}
+
 /* One unary call; returns the gRPC code, *resp set on OK (caller frees). */
 static int call(coord_proc_t *p, const char *method, const void *req,
                 const ProtobufCMessageDescriptor *d, void *resp)
 {
     ProtobufCMessage **out = resp;
     int code = -1;
+    act_as(p, method, req);
     pcs_status_t st = pcs_rpc_call(p->cli, method, req, d, T_MS, out, &code);
     if (st == PCS_OK)
         assert_int_equal(code, 0);
@@ -101,9 +163,18 @@ static char *reg(coord_proc_t *p, const char *identity, int *rereg)
     req.n_backends = 1;
     req.backends = backends;
     Pcs__V1__RegisterResponse *resp = NULL;
+    /* the same process registering again presents the secret it holds */
+    char known[32];
+    assert_int_equal(pcs_rpc_client_set_worker_secret(
+                         p->cli, secret_of(p, id_of_identity(p, identity, known, sizeof known))),
+                     PCS_OK);
     assert_int_equal(call(p, PCS_M_REGISTER, &req, &pcs__v1__register_response__descriptor, &resp),
                      0);
     char *id = strdup(resp->worker_id);
+    remember_secret(p, id, resp->worker_secret);
+    unsigned num = 0;
+    if (sscanf(id, "w-%u", &num) == 1 && num < MAX_W)
+        snprintf(p->identity[num], sizeof p->identity[num], "%s", identity);
     if (rereg)
         *rereg = resp->reregistered;
     protobuf_c_message_free_unpacked(&resp->base, NULL);
@@ -153,6 +224,7 @@ static pcs_rpc_stream_t *watch(coord_proc_t *p, const char *worker_id)
     Pcs__V1__WatchAssignmentRequest req = PCS__V1__WATCH_ASSIGNMENT_REQUEST__INIT;
     req.worker_id = (char *)worker_id;
     pcs_rpc_stream_t *s = NULL;
+    act_as(p, PCS_M_WATCH_ASSIGNMENT, &req.base);
     assert_int_equal(pcs_rpc_stream_open(p->cli, PCS_M_WATCH_ASSIGNMENT, &req.base, &s), PCS_OK);
     return s;
 }
@@ -241,18 +313,37 @@ static void test_bad_worker_requests_get_precise_codes(void **state)
     assert_int_equal(call(A, PCS_M_REGISTER, &req, &pcs__v1__register_response__descriptor, &resp),
                      3 /* INVALID_ARGUMENT */);
     assert_non_null(strstr(pcs_last_error(), "identity: required"));
-    assert_int_equal(heartbeat(A, ""), 3);
+    /* without a worker's secret nothing but Register is answered */
+    assert_int_equal(heartbeat(A, ""), 16 /* UNAUTHENTICATED */);
+    assert_non_null(strstr(pcs_last_error(), "needs the worker's secret"));
+    assert_int_equal(heartbeat(A, "w-4242"), 16);
+    /* with one, a call acts for that worker only */
+    A->kv_as = "w-1";
+    Pcs__V1__HeartbeatRequest hb = PCS__V1__HEARTBEAT_REQUEST__INIT;
+    hb.worker_id = "";
+    Pcs__V1__HeartbeatResponse *hresp = NULL;
+    assert_int_equal(pcs_rpc_client_set_worker_secret(A->cli, secret_of(A, "w-1")), PCS_OK);
+    assert_int_equal(pcs_rpc_call(A->cli, PCS_M_HEARTBEAT, &hb.base,
+                                  &pcs__v1__heartbeat_response__descriptor, T_MS,
+                                  (ProtobufCMessage **)&hresp, NULL),
+                     PCS_ERR_INVALID_ARG);
     assert_non_null(strstr(pcs_last_error(), "worker_id: required"));
-    assert_int_equal(heartbeat(A, "w-4242"), 5 /* NOT_FOUND */);
-    assert_non_null(strstr(pcs_last_error(), "w-4242"));
+    hb.worker_id = "w-4242";
+    assert_int_equal(pcs_rpc_call(A->cli, PCS_M_HEARTBEAT, &hb.base,
+                                  &pcs__v1__heartbeat_response__descriptor, T_MS,
+                                  (ProtobufCMessage **)&hresp, NULL),
+                     PCS_ERR_PERMISSION);
+    assert_non_null(strstr(pcs_last_error(), "worker_id: w-4242, but the call's credential is "
+                                             "worker w-1's"));
     assert_int_equal(heartbeat(A, "w-1"), 0);
-    /* a watch for an unknown worker fails on the stream */
+    /* a watch without a secret fails on the stream */
     pcs_rpc_stream_t *s = watch(A, "w-999");
     ProtobufCMessage *m = NULL;
     assert_int_equal(pcs_rpc_stream_next(s, &pcs__v1__assignment_event__descriptor, T_MS, &m),
-                     PCS_ERR_NOT_FOUND);
+                     PCS_ERR_UNAUTHENTICATED);
     assert_null(m);
     pcs_rpc_stream_close(s);
+    A->kv_as = NULL;
 }
 
 static size_t count_jobs(coord_proc_t *p)
@@ -408,6 +499,7 @@ static int kv_get(coord_proc_t *p, const char *job, uint64_t gen, const char *ke
 
 typedef struct delayed_set {
     const char *job;
+    const char *secret; /* of the rank that sets */
     int code;
 } delayed_set_t;
 
@@ -418,6 +510,7 @@ static void *set_later(void *arg)
     pcs_rpc_client_t *c;
     if (pcs_rpc_client_create(A->addr, &c) != PCS_OK)
         return NULL;
+    (void)pcs_rpc_client_set_worker_secret(c, d->secret);
     Pcs__V1__KvSetRequest req = PCS__V1__KV_SET_REQUEST__INIT;
     req.job_id = (char *)d->job;
     req.generation = 1;
@@ -439,6 +532,7 @@ static void test_kv_rendezvous_waits_limits_and_generations(void **state)
     char ids[4][16];
     char *job = submit_running(NULL, ids);
     Pcs__V1__KvGetResponse *g;
+    A->kv_as = ids[0]; /* rank 0 */
     assert_int_equal(kv_set(A, job, 1, "gloo/0/rank0", "10.0.0.1:444", 12), 0);
     assert_int_equal(kv_get(A, job, 1, "gloo/0/rank0", 0, &g), 0);
     assert_true(g->found);
@@ -446,7 +540,7 @@ static void test_kv_rendezvous_waits_limits_and_generations(void **state)
     assert_memory_equal(g->value.data, "10.0.0.1:444", 12);
     protobuf_c_message_free_unpacked(&g->base, NULL);
     /* a parked get is answered by a set from another client */
-    delayed_set_t d = {job, -1};
+    delayed_set_t d = {job, secret_of(A, ids[1]), -1};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, set_later, &d), 0);
     uint64_t t0 = pcs_now_ms();
@@ -473,14 +567,17 @@ static void test_kv_rendezvous_waits_limits_and_generations(void **state)
     assert_non_null(strstr(pcs_last_error(), "key: 99 bytes exceeds the limit of 64"));
     assert_int_equal(kv_set(A, job, 2, "k", "v", 1), 9);
     assert_non_null(strstr(pcs_last_error(), "generation 2"));
-    assert_int_equal(kv_set(A, "job-9999", 1, "k", "v", 1), 5);
+    assert_int_equal(kv_set(A, "job-9999", 1, "k", "v", 1), 7 /* PERMISSION_DENIED */);
+    assert_non_null(strstr(pcs_last_error(), "is not a rank of job job-9999"));
     assert_int_equal(kv_set(A, job, 1, "", "v", 1), 3);
     /* the key set before is still there: nothing accepted was lost */
     assert_int_equal(kv_get(A, job, 1, "gloo/0/rank0", 0, &g), 0);
     assert_true(g->found);
     protobuf_c_message_free_unpacked(&g->base, NULL);
     assert_int_equal(cancel_job(A, job), 0);
-    assert_int_equal(kv_get(A, job, 1, "gloo/0/rank0", 0, &g), 9);
+    /* the job's ranks are no longer its ranks: its rendezvous is closed to them */
+    assert_int_equal(kv_get(A, job, 1, "gloo/0/rank0", 0, &g), 7);
+    A->kv_as = NULL;
     free(job);
 }
 
@@ -786,6 +883,7 @@ static void test_restart_with_same_db_keeps_worker_ids_and_job_history(void **st
     char *w1 = reg(p, "persist-a", NULL), *w2 = reg(p, "persist-b", NULL);
     Pcs__V1__JobSpec *spec = spec_new();
     spec->mesh[0]->size = 2;
+    spec->training->steps = 10;
     Pcs__V1__SubmitJobResponse *sr;
     assert_int_equal(submit(p, spec, "persist-req", &sr), 0);
     char *job = strdup(sr->job->job_id);
@@ -809,9 +907,7 @@ static void test_restart_with_same_db_keeps_worker_ids_and_job_history(void **st
     }
     assert_int_equal(cancel_job(p, job), 0);
     pcs_test_sleep_ms(100); /* the store commits from the loop's tick */
-    stop(p);
-
-    p = start("coord-d2", args);
+    p = restart(p, "coord-d2", args);
     int rr = 0;
     char *again = reg(p, "persist-b", &rr);
     assert_true(rr);
@@ -883,9 +979,7 @@ test_restart_gives_a_reregistered_worker_its_rank_back_before_a_pending_job(void
     protobuf_c_message_free_unpacked(&ev->base, NULL);
     pcs_rpc_stream_close(ws);
     pcs_test_sleep_ms(150); /* the store commits from the loop's tick */
-    stop(p);
-
-    p = start("coord-rk2", args);
+    p = restart(p, "coord-rk2", args);
     int rr = 0;
     char *again = reg(p, "rank-b", &rr); /* same identity and pid: the same process */
     assert_true(rr);
@@ -1006,8 +1100,9 @@ static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
         snprintf(ident, sizeof ident, "metrics-%d", i);
         ids[i] = reg(p, ident, NULL);
     }
-    assert_int_equal(heartbeat(p, "w-77"), 5);
+    assert_int_equal(heartbeat(p, "w-77"), 16); /* no secret for it: UNAUTHENTICATED */
     Pcs__V1__JobSpec *spec = spec_new();
+    spec->training->steps = 5;
     Pcs__V1__SubmitJobResponse *sr;
     assert_int_equal(submit(p, spec, NULL, &sr), 0);
     protobuf_c_message_free_unpacked(&sr->base, NULL);
@@ -1047,7 +1142,7 @@ static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
     assert_non_null(strstr(m, "pcs_rpc_calls_total{method=\"/pcs.v1.WorkerService/Register\","
                               "code=\"OK\"} 5"));
     assert_non_null(strstr(m, "pcs_rpc_calls_total{method=\"/pcs.v1.WorkerService/Heartbeat\","
-                              "code=\"NOT_FOUND\"} 1"));
+                              "code=\"UNAUTHENTICATED\"} 1"));
     assert_non_null(strstr(m, "pcs_rpc_latency_seconds_bucket{method=\"/pcs.v1.WorkerService/"
                               "Register\",le=\"+Inf\"} 5"));
     free(m);

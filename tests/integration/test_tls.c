@@ -87,6 +87,18 @@ static int ctl_health(const fx_t *f, const char *env, char **out)
     return status;
 }
 
+/* pcsctl workers over mTLS (the test's client certificate). */
+static void ctl_workers(const fx_t *f, char **out)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd,
+             "cd %s && PCS_TLS_CA=ca.pem PCS_TLS_TARGET_NAME=localhost PCS_TLS_CLIENT_CERT=cli.pem "
+             "PCS_TLS_CLIENT_KEY=cli.key %s --coordinator %s --timeout-ms 3000 workers 2>&1",
+             f->dir, pcs_test_bin("pcsctl"), f->addr);
+    int status = -1;
+    *out = pcs_test_run(cmd, &status);
+}
+
 static void test_tls_coordinator_serves_verified_clients_only(void **state)
 {
     fx_t *f = *state;
@@ -121,6 +133,60 @@ static void test_mtls_coordinator_requires_a_client_certificate(void **state)
     free(out);
 }
 
+/* With mTLS a worker's credential is its certificate's identity: a pcs-worker whose client
+ * certificate names worker-0 registers as worker-0, and one presenting the same certificate as
+ * worker-1 is refused at Register and exits naming the certificate. */
+static void test_mtls_binds_a_worker_to_its_certificate_identity(void **state)
+{
+    fx_t *f = *state;
+    assert_true(start(f, 1));
+    char log0[1100], log1[1100];
+    snprintf(log0, sizeof log0, "%s/worker0.log", f->dir);
+    snprintf(log1, sizeof log1, "%s/worker1.log", f->dir);
+    setenv("PCS_TLS_CA", "ca.pem", 1);
+    setenv("PCS_TLS_TARGET_NAME", "localhost", 1);
+    setenv("PCS_TLS_CLIENT_CERT", "cli.pem", 1);
+    setenv("PCS_TLS_CLIENT_KEY", "cli.key", 1);
+    char cwd[1024];
+    assert_non_null(getcwd(cwd, sizeof cwd));
+    assert_int_equal(chdir(f->dir), 0);
+    const char *good[] = {pcs_test_bin("pcs-worker"), "--coordinator", f->addr, "--identity",
+                          "worker-0", NULL};
+    const char *bad[] = {pcs_test_bin("pcs-worker"), "--coordinator", f->addr, "--identity",
+                         "worker-1", NULL};
+    pid_t w0 = pcs_test_spawn((char *const *)good, log0);
+    pid_t w1 = pcs_test_spawn((char *const *)bad, log1);
+    assert_int_equal(chdir(cwd), 0);
+    assert_true(w0 > 0 && w1 > 0);
+    int code = pcs_test_wait(w1, 15000);
+    char *out = pcs_test_read_file(log1, NULL);
+    if (code == -1 || code == 0 || !out ||
+        !strstr(out, "identity: worker-1 is not named by the client certificate (worker-0)"))
+        fail_msg("worker-1 with worker-0's certificate: exit %d, log:\n%s", code,
+                 out ? out : "(none)");
+    free(out);
+    int seen = 0;
+    char *ls = NULL;
+    for (int i = 0; i < 200 && !seen; i++) {
+        free(ls);
+        ctl_workers(f, &ls);
+        seen = ls && strstr(ls, "w-1") != NULL;
+        if (!seen)
+            pcs_test_sleep_ms(50);
+    }
+    if (!seen)
+        fprintf(stderr, "pcsctl workers:\n%s\n", ls ? ls : "(none)");
+    else
+        assert_null(strstr(ls, "w-2")); /* worker-1 never got an id */
+    free(ls);
+    pcs_test_stop(w0, 5000);
+    unsetenv("PCS_TLS_CA");
+    unsetenv("PCS_TLS_TARGET_NAME");
+    unsetenv("PCS_TLS_CLIENT_CERT");
+    unsetenv("PCS_TLS_CLIENT_KEY");
+    assert_true(seen);
+}
+
 static void test_non_loopback_plaintext_listen_needs_insecure(void **state)
 {
     fx_t *f = *state;
@@ -153,6 +219,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_tls_coordinator_serves_verified_clients_only, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_mtls_coordinator_requires_a_client_certificate,
+                                        setup, teardown),
+        cmocka_unit_test_setup_teardown(test_mtls_binds_a_worker_to_its_certificate_identity,
                                         setup, teardown),
         cmocka_unit_test_setup_teardown(test_non_loopback_plaintext_listen_needs_insecure, setup,
                                         teardown),

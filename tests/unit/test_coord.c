@@ -763,7 +763,7 @@ static void test_reports_done_from_all_ranks_succeed_the_job(void **state)
     assert_int_equal(pcs_coord_cancel(f->c, "job-1", NULL, &out), PCS_ERR_STATE);
     assert_string_equal(pcs_last_error(), "job job-1 is already SUCCEEDED");
     assert_int_equal(j->state, PCS_JOB_SUCCEEDED);
-    assert_int_equal(j->progress.reports, 4);
+    assert_int_equal(j->progress.reports, 3); /* the repeat was a retry: counted once */
     assert_int_equal(worker(f, 1)->state, PCS_WORKER_IDLE);
     /* a late report gets a STOP directive, not an error */
     assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK);
@@ -1039,6 +1039,109 @@ static void test_reports_read_before_the_stall_tick_are_not_moved_into_the_futur
     assert_non_null(strstr(j->reason, "no step report for over 5000 ms"));
 }
 
+/* Issue 12: a rank's reports only move forward within a generation and stay within the job's
+ * steps; `done` comes at the last step only. A retry of the last report is answered and counted
+ * once. */
+static void test_reports_follow_the_last_one_and_stay_within_the_job(void **state)
+{
+    fixture_t *f = *state;
+    reg_n(f, 2);
+    uint32_t names[1] = {PCS_MESH_DP_SHARD}, sizes[1] = {2};
+    pcs_coord_job_desc_t d = {.name = "t",
+                              .n_dims = 1,
+                              .dim_name = names,
+                              .dim_size = sizes,
+                              .spec = malloc(8),
+                              .plan = malloc(8),
+                              .steps = 20};
+    pcs_coord_job_t *j = NULL;
+    assert_int_equal(pcs_coord_submit(f->c, &d, &j), PCS_OK);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    int dir;
+    char why[256];
+    pcs_coord_report_t r = {.worker_id = "w-1", .job_id = j->id, .generation = 1, .rank = 0,
+                            .step = 5, .audit_ok = true};
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(j->progress.reports, 1);
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK); /* retry */
+    assert_int_equal(j->progress.reports, 1);
+    r.step = 4;
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_ERR_STATE);
+    assert_string_equal(pcs_last_error(),
+                        "step: 4 of rank 0 does not follow its last report (step 5)");
+    r.step = 100000, r.done = true; /* a forged SUCCEEDED */
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_ERR_INVALID_ARG);
+    assert_string_equal(pcs_last_error(), "step: 100000 but job job-1 runs 20 steps");
+    r.step = 6;
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_ERR_INVALID_ARG);
+    assert_string_equal(pcs_last_error(), "done: at step 6 but job job-1 ends at step 20");
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    assert_int_equal(j->progress.step, 5);
+    /* an error may name any step */
+    r.done = false, r.step = 3, r.error = "NaN";
+    assert_int_equal(pcs_coord_report_step(f->c, &r, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+}
+
+/* Issue 12: a registration with a credential holds its identity while its lease runs: another
+ * Register of it (another process, no secret, or a wrong one) is refused; the holder presenting
+ * its secret keeps it, a certificate-proven identity takes it over, and once the lease lapsed a
+ * new process gets a new secret. A lookup by secret finds only the current one. */
+static void test_a_held_identity_is_taken_only_with_its_secret(void **state)
+{
+    fixture_t *f = *state;
+    uint8_t s1[32], s2[32], s3[32], bad[32];
+    memset(s1, 1, sizeof s1), memset(s2, 2, sizeof s2), memset(s3, 3, sizeof s3);
+    memset(bad, 9, sizeof bad);
+    pcs_coord_register_t r = {.identity = "pod-a", .host = "h", .pid = 10, .incarnation = 100,
+                              .fresh = s1};
+    pcs_coord_worker_t *w = NULL;
+    bool rr, kept;
+    assert_int_equal(pcs_coord_register_ex(f->c, &r, &w, &rr, &kept), PCS_OK);
+    assert_false(kept);
+    assert_ptr_equal(pcs_coord_worker_by_secret(f->c, "w-1", s1), w);
+    assert_null(pcs_coord_worker_by_secret(f->c, "w-1", bad));
+    assert_null(pcs_coord_worker_by_secret(f->c, "w-2", s1));
+    /* another process, no secret / a wrong one: refused, and the holder is untouched */
+    r.incarnation = 200, r.pid = 11, r.fresh = s2;
+    assert_int_equal(pcs_coord_register_ex(f->c, &r, &w, &rr, &kept), PCS_ERR_STATE);
+    assert_non_null(strstr(pcs_last_error(), "identity pod-a is held by worker w-1 (IDLE) for "
+                                             "another 10000 ms"));
+    r.presented = bad;
+    assert_int_equal(pcs_coord_register_ex(f->c, &r, &w, &rr, &kept), PCS_ERR_STATE);
+    assert_non_null(pcs_coord_worker_by_secret(f->c, "w-1", s1));
+    assert_int_equal(pcs_coord_worker_by_number(f->c, 1)->incarnation, 100);
+    /* the holder re-registering with its secret keeps it */
+    r.incarnation = 100, r.pid = 10, r.presented = s1;
+    assert_int_equal(pcs_coord_register_ex(f->c, &r, &w, &rr, &kept), PCS_OK);
+    assert_true(rr && kept);
+    assert_non_null(pcs_coord_worker_by_secret(f->c, "w-1", s1));
+    /* an identity its client certificate proves takes over at once, with a new secret */
+    r.incarnation = 300, r.presented = NULL, r.identity_proven = true, r.fresh = s3;
+    assert_int_equal(pcs_coord_register_ex(f->c, &r, &w, &rr, &kept), PCS_OK);
+    assert_false(kept);
+    assert_null(pcs_coord_worker_by_secret(f->c, "w-1", s1));
+    assert_non_null(pcs_coord_worker_by_secret(f->c, "w-1", s3));
+    /* its lease lapses (LOST): a new process takes the identity without the old secret */
+    f->clock.now += 10001;
+    pcs_coord_tick(f->c);
+    assert_int_equal(w->state, PCS_WORKER_LOST);
+    r.incarnation = 400, r.identity_proven = false, r.fresh = s2;
+    assert_int_equal(pcs_coord_register_ex(f->c, &r, &w, &rr, &kept), PCS_OK);
+    assert_non_null(pcs_coord_worker_by_secret(f->c, "w-1", s2));
+    assert_null(pcs_coord_worker_by_secret(f->c, "w-1", s3));
+    /* a restored worker's identity is held for the re-adoption window (readopt = lease + 5 s) */
+    assert_int_equal(pcs_coord_restore_worker(f->c, 7, "pod-r", "h"), PCS_OK);
+    assert_int_equal(pcs_coord_restore_secret(f->c, 7, s3), PCS_OK);
+    pcs_coord_register_t q = {.identity = "pod-r", .host = "h", .pid = 5, .fresh = s1};
+    assert_int_equal(pcs_coord_register_ex(f->c, &q, &w, &rr, &kept), PCS_ERR_STATE);
+    q.presented = s3;
+    assert_int_equal(pcs_coord_register_ex(f->c, &q, &w, &rr, &kept), PCS_OK);
+    assert_true(kept);
+    assert_int_equal(w->number, 7);
+    assert_int_equal(w->state, PCS_WORKER_IDLE);
+}
+
 static void test_report_with_error_fails_the_job_with_reason(void **state)
 {
     fixture_t *f = *state;
@@ -1149,12 +1252,14 @@ static void test_diverging_fingerprints_in_one_stage_fail_the_job_naming_both_ra
     rep.worker_id = "w-4", rep.rank = 3;
     assert_int_equal(pcs_coord_report_step(f->c, &rep, &dir, why, sizeof why), PCS_OK);
     assert_int_equal(j->state, PCS_JOB_RUNNING);
-    rep.fingerprint = 0x222;
+    rep.worker_id = "w-3", rep.rank = 2, rep.step = 5, rep.fingerprint = 0x555;
+    assert_int_equal(pcs_coord_report_step(f->c, &rep, &dir, why, sizeof why), PCS_OK);
+    rep.worker_id = "w-4", rep.rank = 3, rep.fingerprint = 0x222;
     assert_int_equal(pcs_coord_report_step(f->c, &rep, &dir, why, sizeof why), PCS_OK);
     assert_int_equal(dir, PCS_EV_STOP);
     assert_int_equal(j->state, PCS_JOB_FAILED);
     assert_non_null(strstr(j->reason, "ranks 2 (worker w-3) and 3 (worker w-4) ran different "
-                                      "collective sequences at step 4"));
+                                      "collective sequences at step 5"));
 }
 
 // ---- KV ----
@@ -1747,6 +1852,8 @@ int main(void)
         T(test_watchdog_fails_a_job_whose_ranks_stop_reporting_naming_the_silent_first),
         T(test_watchdog_first_step_deadline_finished_ranks_and_stalls),
         T(test_reports_read_before_the_stall_tick_are_not_moved_into_the_future),
+        T(test_reports_follow_the_last_one_and_stay_within_the_job),
+        T(test_a_held_identity_is_taken_only_with_its_secret),
         T(test_a_stopping_worker_is_idle_only_once_it_left_the_job),
         T(test_an_idle_worker_silent_for_half_a_lease_is_not_scheduled),
         T(test_failure_reason_is_one_line_of_valid_utf8),

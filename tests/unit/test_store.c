@@ -23,11 +23,23 @@ typedef struct loaded {
     uint64_t incarnation[4][8];
     char progress[4][16]; /* the stored bytes, as a string */
     char name[4][32];
+    int n_workers;
+    uint32_t worker_number[4];
+    char identity[4][32];
+    int has_secret[4];
+    uint8_t secret[4][32];
 } loaded_t;
 
-static void on_worker(void *user, uint32_t number, const char *identity, const char *host)
+static void on_worker(void *user, const pcs_store_worker_t *w)
 {
-    (void)user, (void)number, (void)identity, (void)host;
+    loaded_t *l = user;
+    assert_true(l->n_workers < 4);
+    int i = l->n_workers++;
+    l->worker_number[i] = w->number;
+    snprintf(l->identity[i], sizeof l->identity[i], "%s", w->identity);
+    l->has_secret[i] = w->secret_hash != NULL;
+    if (w->secret_hash)
+        memcpy(l->secret[i], w->secret_hash, 32);
 }
 
 static void on_job(void *user, const pcs_store_job_t *j)
@@ -109,6 +121,46 @@ static void test_rank_map_round_trips_through_the_database(void **state)
     free(path);
 }
 
+/* A worker's row keeps the hash of its secret (the credential survives a restart); a later
+ * registration's hash replaces it, a registration without one clears it. */
+static void test_worker_secret_hash_round_trips(void **state)
+{
+    (void)state;
+    char *dir, *path = db_path(&dir);
+    pcs_store_t *s;
+    assert_int_equal(pcs_store_open(path, true, &s), PCS_OK);
+    uint8_t h1[32], h2[32];
+    for (int i = 0; i < 32; i++)
+        h1[i] = (uint8_t)(i * 7 + 1), h2[i] = (uint8_t)(255 - i);
+    pcs_store_worker_t a = {.number = 1, .identity = "pod-a", .host = "h1", .secret_hash = h1};
+    pcs_store_worker_t b = {.number = 2, .identity = "pod-b", .host = "h2", .secret_hash = NULL};
+    assert_int_equal(pcs_store_put_worker(s, &a), PCS_OK);
+    assert_int_equal(pcs_store_put_worker(s, &b), PCS_OK);
+    pcs_store_close(s);
+    assert_int_equal(pcs_store_open(path, true, &s), PCS_OK);
+    loaded_t l = {0};
+    assert_int_equal(pcs_store_load(s, on_worker, on_job, &l), PCS_OK);
+    assert_int_equal(l.n_workers, 2);
+    assert_int_equal(l.worker_number[0], 1);
+    assert_true(l.has_secret[0]);
+    assert_memory_equal(l.secret[0], h1, 32);
+    assert_false(l.has_secret[1]);
+    a.secret_hash = h2;
+    b.secret_hash = h1;
+    assert_int_equal(pcs_store_put_worker(s, &a), PCS_OK);
+    assert_int_equal(pcs_store_put_worker(s, &b), PCS_OK);
+    pcs_store_close(s);
+    assert_int_equal(pcs_store_open(path, true, &s), PCS_OK);
+    memset(&l, 0, sizeof l);
+    assert_int_equal(pcs_store_load(s, on_worker, on_job, &l), PCS_OK);
+    assert_memory_equal(l.secret[0], h2, 32);
+    assert_memory_equal(l.secret[1], h1, 32);
+    pcs_store_close(s);
+    pcs_test_rmtree(dir);
+    free(dir);
+    free(path);
+}
+
 /* A database from the previous release (no ranks column) opens, keeps its rows, and stores maps
  * from then on. */
 static void test_database_without_ranks_column_is_upgraded_in_place(void **state)
@@ -129,6 +181,9 @@ static void test_database_without_ranks_column_is_upgraded_in_place(void **state
                      "INSERT INTO jobs(number, name, state, world_size) VALUES(1, 'old', 2, 2);",
                      NULL, NULL, NULL),
         SQLITE_OK);
+    assert_int_equal(sqlite3_exec(db, "INSERT INTO workers VALUES(3, 'pod-a', 'h')", NULL, NULL,
+                                  NULL),
+                     SQLITE_OK);
     sqlite3_close(db);
     pcs_store_t *s;
     assert_int_equal(pcs_store_open(path, true, &s), PCS_OK);
@@ -137,6 +192,10 @@ static void test_database_without_ranks_column_is_upgraded_in_place(void **state
     assert_int_equal(l.n_jobs, 1);
     assert_string_equal(l.name[0], "old");
     assert_int_equal(l.n_ranks[0], 0);
+    /* a worker of a database without credentials has none: it registers anew */
+    assert_int_equal(l.n_workers, 1);
+    assert_string_equal(l.identity[0], "pod-a");
+    assert_false(l.has_secret[0]);
     uint32_t workers[2] = {5, 6}, pids[2] = {50, 60};
     pcs_store_job_t j = {.number = 1,
                          .name = "old",
@@ -229,6 +288,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rank_map_round_trips_through_the_database),
+        cmocka_unit_test(test_worker_secret_hash_round_trips),
         cmocka_unit_test(test_database_without_ranks_column_is_upgraded_in_place),
         cmocka_unit_test(test_rank_map_of_the_previous_layout_is_still_read),
         cmocka_unit_test(test_rank_map_not_matching_the_world_size_is_not_handed_back),

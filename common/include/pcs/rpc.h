@@ -64,6 +64,14 @@ pcs_status_t pcs_rpc_client_create_with(const char *target, const pcs_rpc_client
 /* Send "authorization: Bearer <token>" with every later call (NULL or "": stop). The token is
  * copied. Not thread-safe against calls in flight on this client: set it before use. */
 pcs_status_t pcs_rpc_client_set_token(pcs_rpc_client_t *c, const char *token);
+/* A worker's credential (DESIGN.md §10): Register answers a per-registration secret, which every
+ * later WorkerService call carries in this header; the coordinator lets a call act only for the
+ * worker the secret belongs to. */
+#define PCS_RPC_WORKER_SECRET_HEADER "pcs-worker-secret"
+#define PCS_RPC_WORKER_SECRET_MAX    128
+/* Send the worker secret with every later call (NULL or "": stop). The secret is copied; it must
+ * be printable ASCII. Thread-safe: calls already started keep the secret they started with. */
+pcs_status_t pcs_rpc_client_set_worker_secret(pcs_rpc_client_t *c, const char *secret);
 /* Same over TLS (tls NULL: insecure, as pcs_rpc_client_create). Errors: INVALID_ARG naming an
  * unreadable file or a cert without its key. */
 pcs_status_t pcs_rpc_client_create_tls(const char *target, const pcs_rpc_tls_t *tls,
@@ -81,6 +89,13 @@ pcs_status_t pcs_rpc_call(pcs_rpc_client_t *c, const char *method, const Protobu
                           const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
                           ProtobufCMessage **resp, int *grpc_code);
 
+/* pcs_rpc_call carrying `secret` as this call's worker secret instead of the client's ("" none,
+ * NULL the client's): tools and benchmarks that act for many workers over one channel. */
+pcs_status_t pcs_rpc_call_as(pcs_rpc_client_t *c, const char *secret, const char *method,
+                             const ProtobufCMessage *req,
+                             const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
+                             ProtobufCMessage **resp, int *grpc_code);
+
 /* Server streaming. open sends the request; next waits up to timeout_ms (<0: forever) for the
  * next message: PCS_OK with *msg set, PCS_OK with *msg == NULL at a clean end of stream (the
  * final code is then pcs_rpc_stream_code()), PCS_ERR_TIMEOUT if nothing came in time (the
@@ -89,6 +104,9 @@ pcs_status_t pcs_rpc_call(pcs_rpc_client_t *c, const char *method, const Protobu
 typedef struct pcs_rpc_stream pcs_rpc_stream_t;
 pcs_status_t pcs_rpc_stream_open(pcs_rpc_client_t *c, const char *method,
                                  const ProtobufCMessage *req, pcs_rpc_stream_t **out);
+/* pcs_rpc_stream_open with this call's own worker secret (see pcs_rpc_call_as). */
+pcs_status_t pcs_rpc_stream_open_as(pcs_rpc_client_t *c, const char *secret, const char *method,
+                                    const ProtobufCMessage *req, pcs_rpc_stream_t **out);
 pcs_status_t pcs_rpc_stream_next(pcs_rpc_stream_t *s, const ProtobufCMessageDescriptor *desc,
                                  int timeout_ms, ProtobufCMessage **msg);
 void pcs_rpc_stream_close(pcs_rpc_stream_t *s);
@@ -109,6 +127,11 @@ pcs_status_t pcs_rpc_async_start(pcs_rpc_async_t *a, const char *method,
                                  const ProtobufCMessage *req,
                                  const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
                                  void *user);
+/* pcs_rpc_async_start with this call's own worker secret (see pcs_rpc_call_as). */
+pcs_status_t pcs_rpc_async_start_as(pcs_rpc_async_t *a, const char *secret, const char *method,
+                                    const ProtobufCMessage *req,
+                                    const ProtobufCMessageDescriptor *resp_desc, int timeout_ms,
+                                    void *user);
 /* Wait up to timeout_ms (<0: forever) for one call to finish. PCS_OK: *user is that call's
  * pointer, *call_status its outcome (mapped as in pcs_rpc_call, pcs_last_error() has the text),
  * *resp its reply when *call_status == PCS_OK (caller frees), *grpc_code (may be NULL) the raw
@@ -176,7 +199,7 @@ typedef struct pcs_rpc_server_config {
     /* Optional: runs after the request decoded and before the handler. A non-OK status ends the
      * call with its gRPC code and pcs_last_error() as the message (UNAUTHENTICATED,
      * PERMISSION_DENIED); the handler does not run. */
-    pcs_status_t (*authorize)(void *user, const pcs_rpc_method_t *m, const pcs_rpc_call_t *call);
+    pcs_status_t (*authorize)(void *user, const pcs_rpc_method_t *m, pcs_rpc_call_t *call);
 } pcs_rpc_server_config_t;
 
 /* Bind and start listening (the port is bound when this returns). Requests larger than
@@ -230,6 +253,14 @@ const char *pcs_rpc_call_peer(const pcs_rpc_call_t *call);
 /* Request metadata (e.g. "authorization"; keys are lower-case): copies the value, truncated and
  * NUL-terminated, into buf (n bytes) and returns its full length, or -1 if the key is absent. */
 long pcs_rpc_call_metadata(const pcs_rpc_call_t *call, const char *key, char *buf, size_t n);
+/* A value the authorize hook attaches to the call for the handler (the coordinator: the number
+ * of the worker whose secret the call carries); 0 until set. */
+void pcs_rpc_call_set_principal(pcs_rpc_call_t *call, uint64_t principal);
+uint64_t pcs_rpc_call_principal(const pcs_rpc_call_t *call);
+/* The client certificate of a TLS call: 1 when its subject CN or one of its subject alternative
+ * names equals `name` (NULL: just look), 0 when it names others, -1 when the call carries no
+ * client certificate. `first` (may be NULL) gets the first name, for messages. */
+int pcs_rpc_call_cert_names(const pcs_rpc_call_t *call, const char *name, char *first, size_t n);
 /* Milliseconds until the client's deadline (INT64_MAX if none). */
 int64_t pcs_rpc_call_remaining_ms(const pcs_rpc_call_t *call);
 
