@@ -225,8 +225,9 @@ static long check(const bench_cfg_t *b, int world, int steps)
     char dir[] = "/tmp/pcs-step-check-XXXXXX";
     if (!mkdtemp(dir))
         return -1;
-    char ckpt[1200], out[1300];
+    char ckpt[1200], job_ckpt[1300], out[1300];
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", dir);
+    snprintf(job_ckpt, sizeof job_ckpt, "%s/bench", ckpt); /* the job's own directory */
     snprintf(out, sizeof out, "%s/final.safetensors", dir);
     step_stats_t s;
     long wrong = -1;
@@ -235,7 +236,8 @@ static long check(const bench_cfg_t *b, int world, int steps)
     pcs_reference_t *ref = NULL;
     pcs_st_file_t *f = NULL;
     float *buf = NULL;
-    if (run(b, world, 1, steps, ckpt, &s) != 0 || pcs_ckpt_export(ckpt, 0, out, NULL) != PCS_OK)
+    if (run(b, world, 1, steps, ckpt, &s) != 0 ||
+        pcs_ckpt_export(job_ckpt, 0, out, NULL) != PCS_OK)
         goto done;
     spec = make_spec(b, world, steps, NULL);
     pcs_ref_options_t o;

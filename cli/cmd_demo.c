@@ -400,12 +400,19 @@ int pcs_cli_demo(int argc, char **argv)
         goto out;
     }
     snprintf(addr, sizeof addr, "127.0.0.1:%d", port);
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd))
+        snprintf(cwd, sizeof cwd, "%s", dir);
     for (uint32_t i = 0; i < world; i++) {
         char ident[64];
         snprintf(ident, sizeof ident, "demo-%d-w%u", (int)getpid(), i);
         snprintf(log, sizeof log, "%s/worker-%u.log", dir, i);
-        char *args[] = {worker_bin, "--coordinator", addr, "--identity", ident, "--max-jobs",
-                        "1",        "--report-dir",  dir,  NULL};
+        /* job files resolve beneath the directory the demo runs in (examples/...), checkpoints
+         * beneath the demo's own */
+        char *args[] = {worker_bin,    "--coordinator",     addr, "--identity", ident,
+                        "--max-jobs",  "1",                 "--report-dir", dir,
+                        "--root",      cwd,                 "--checkpoint-root", dir,
+                        NULL};
         wpids[n_w++] = spawn(args, log);
     }
     printf("pcs demo: coordinator %s (pid %d), %u CPU workers, logs and outputs in %s\n", addr,
@@ -517,7 +524,9 @@ int pcs_cli_demo(int argc, char **argv)
     char out_path[PATH_MAX + 32];
     snprintf(out_path, sizeof out_path, "%s/model.safetensors", dir);
     pcs_ckpt_export_info_t info;
-    if (pcs_ckpt_export(ckpt, 0, out_path, &info) != PCS_OK) {
+    char job_ckpt[PATH_MAX + 96]; /* the job's own directory in its checkpoint.dir */
+    snprintf(job_ckpt, sizeof job_ckpt, "%s/%s", ckpt, job_id);
+    if (pcs_ckpt_export(job_ckpt, 0, out_path, &info) != PCS_OK) {
         fprintf(stderr, "pcsctl demo: export: %s\n", pcs_last_error());
         goto out;
     }

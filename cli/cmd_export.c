@@ -2,8 +2,9 @@
  * out.safetensors`: the final full parameters (and buffers) of a job, assembled from its sharded
  * checkpoint through the plan saved next to the shards, written as a .safetensors file keyed by FQN
  * that PyTorch (safetensors.torch.load_file + load_state_dict) and Hugging Face tools load
- * directly. With a JOB id the checkpoint directory comes from the job's spec (GetJob); no worker
- * needs to be alive. */
+ * directly. With a JOB id the checkpoint directory comes from the job's spec (GetJob): its own
+ * <checkpoint.dir>/<job id>; --checkpoint names that directory itself. No worker needs to be
+ * alive. */
 #include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -74,7 +75,8 @@ int pcs_cli_export(int argc, char **argv)
                                 "(set checkpoint: {dir: ...} in the job)",
                                 job);
         }
-        snprintf(dir, sizeof dir, "%s", d);
+        /* a job checkpoints into its own <checkpoint.dir>/<job id> */
+        snprintf(dir, sizeof dir, "%s/%s", d, r->job->job_id);
         protobuf_c_message_free_unpacked(resp, NULL);
     }
     pcs_ckpt_export_info_t info;

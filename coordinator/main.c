@@ -18,7 +18,8 @@ static const pcs_opt_t options[] = {
     {"listen", PCS_OPT_STRING, "127.0.0.1:7070", 0, 0,
      "gRPC address: host:port (port 0 = any free port) or unix:/path"},
     {"insecure", PCS_OPT_BOOL, "false", 0, 0,
-     "allow plaintext gRPC on a non-loopback address (without --tls-cert)"},
+     "allow plaintext gRPC (without --tls-cert) and plaintext /metrics on a non-loopback "
+     "address"},
     {"tls-cert", PCS_OPT_STRING, "", 0, 0, "server certificate chain (PEM): serve gRPC over TLS"},
     {"tls-key", PCS_OPT_STRING, "", 0, 0, "private key of --tls-cert (PEM)"},
     {"tls-client-ca", PCS_OPT_STRING, "", 0, 0,
@@ -145,6 +146,22 @@ int main(int argc, char **argv)
         pcs_config_free(cfg);
         return 2;
     }
+    /* /metrics is plaintext HTTP (job names, worker identities): the same rule as --listen */
+    const char *metrics = pcs_config_str(cfg, "metrics-listen");
+    if (*metrics && !loopback(metrics) && !pcs_config_bool(cfg, "insecure")) {
+        fprintf(stderr,
+                "pcs-coordinator: metrics-listen %s: plaintext HTTP on a non-loopback address "
+                "needs --insecure (scrape it on 127.0.0.1, or through a sidecar or a "
+                "NetworkPolicy you control)\n",
+                metrics);
+        pcs_config_free(cfg);
+        return 2;
+    }
+    if (*pcs_config_str(cfg, "token-file") && !*tls_cert && !loopback(listen))
+        fprintf(stderr,
+                "pcs-coordinator: WARNING: bearer tokens over plaintext gRPC on %s (--insecure): "
+                "anyone on the path can read and replay them; serve TLS (--tls-cert/--tls-key)\n",
+                listen);
     /* cross-field rule: a lease shorter than the heartbeat period expires healthy workers */
     if (pcs_config_u32(cfg, "heartbeat-interval-ms") >= pcs_config_u32(cfg, "lease-ms")) {
         fprintf(stderr,

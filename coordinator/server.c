@@ -7,6 +7,8 @@
 
 #include <inttypes.h>
 #include <signal.h>
+#include <sys/random.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +68,8 @@ struct pcs_server {
     bool restoring;      /* store callbacks off while replaying the store */
     pcs_auth_t *auth;    /* NULL: no token checks */
     bool cert_identity;  /* mTLS: a worker's identity must be named by its client certificate */
+    uint64_t coordinator_id; /* random, kept in the store: job uids are "<id>/<job id>" */
+    bool write_coordinator_id;
     /* Durability (DESIGN.md §8): a state change marks its job/worker dirty and closes the rpc
      * gate; persist() writes the dirty rows in one transaction and opens the gate after the
      * COMMIT, so no client or worker hears of a change before it is on disk. */
@@ -329,6 +333,9 @@ static void send_event(pcs_server_t *s, pcs_coord_worker_t *w, const pcs_coord_e
         a.spec = j->spec;
         a.plan = j->plan;
         a.plan_hash = j->plan_hash;
+        char uid[64];
+        snprintf(uid, sizeof uid, "%016" PRIx64 "/%s", s->coordinator_id, j->id);
+        a.job_uid = uid;
         if (j->plan && pcs_plan_rank_estimate(j->plan, e->rank, &est) == PCS_OK)
             a.estimate = &est;
         ev.event_case = PCS__V1__ASSIGNMENT_EVENT__EVENT_ASSIGNMENT;
@@ -1296,6 +1303,8 @@ static pcs_status_t persist(pcs_server_t *s)
         st = pcs_store_put_meta(s->store, "next_worker", pcs_coord_max_worker(s->coord) + 1ull);
     if (st == PCS_OK)
         st = pcs_store_put_meta(s->store, "next_job", pcs_coord_max_job(s->coord) + 1ull);
+    if (st == PCS_OK && s->write_coordinator_id)
+        st = pcs_store_put_meta(s->store, "coordinator_id", s->coordinator_id);
     if (st == PCS_OK)
         st = pcs_store_flush(s->store);
     else
@@ -1309,6 +1318,7 @@ static pcs_status_t persist(pcs_server_t *s)
         }
         dirty_clear(&s->dirty_jobs);
         dirty_clear(&s->dirty_workers);
+        s->write_coordinator_id = false;
         s->commits++;
         if (s->store_failed) {
             s->store_failed = false;
@@ -1675,6 +1685,11 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
         PCS_INFO(PCS_SUB_INIT, "bearer tokens required: %zu tokens from %s",
                  pcs_auth_count(s->auth), cfg->token_file);
     }
+    /* this coordinator's identity (a stored one replaces it below), for job uids */
+    if (getrandom(&s->coordinator_id, sizeof s->coordinator_id, 0) !=
+        (ssize_t)sizeof s->coordinator_id)
+        s->coordinator_id = pcs_now_us() ^ ((uint64_t)getpid() << 32);
+    uint64_t fresh_id = s->coordinator_id;
     pcs_coord_config_t cc = {.clock = pcs_clock_real(),
                              .heartbeat_interval_ms = cfg->heartbeat_interval_ms,
                              .lease_ms = cfg->lease_ms,
@@ -1706,9 +1721,14 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
             st = pcs_store_get_meta(s->store, "next_job", &next_job);
         if (st == PCS_OK)
             st = pcs_coord_reserve_ids(s->coord, next_worker, next_job);
+        if (st == PCS_OK)
+            st = pcs_store_get_meta(s->store, "coordinator_id", &s->coordinator_id);
         s->restoring = false;
         if (st != PCS_OK)
             goto fail;
+        if (!s->coordinator_id)
+            s->coordinator_id = fresh_id; /* a new store: written with the first commit */
+        s->write_coordinator_id = true;
         /* restored jobs may have changed (running ones without a plan are FAILED now): write
          * them all back; a store that cannot be written (a full disk) does not stop the start,
          * the coordinator comes up NOT_SERVING and retries every tick */

@@ -5,6 +5,8 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <time.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,55 +29,110 @@ void pcs_ckpt_unit_key(uint32_t unit, const char *what, char *buf, size_t n)
     snprintf(buf, n, "unit.%u.%s", unit, what);
 }
 
-static pcs_status_t mkdir_p(const char *path)
+// ---- directories held open ----
+/* Every file of a checkpoint is reached through its directory's descriptor and one name pcs
+ * chose, never through a symlink: a link planted as a step directory, a rank file or a temp file
+ * (in a directory a worker shares with others) is neither followed nor written through. */
+
+pcs_status_t pcs_ckpt_dir_adopt(int fd, const char *shown, pcs_ckpt_dir_t *d)
 {
-    char tmp[1024];
-    if (snprintf(tmp, sizeof tmp, "%s", path) >= (int)sizeof tmp)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "checkpoint path too long: %s", path);
-    for (char *p = tmp + 1; *p; p++) {
-        if (*p != '/')
-            continue;
-        *p = 0;
-        if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-            return pcs_set_error(PCS_ERR_SYSTEM, "mkdir %s: %s", tmp, strerror(errno));
-        *p = '/';
-    }
-    if (mkdir(tmp, 0755) != 0 && errno != EEXIST)
-        return pcs_set_error(PCS_ERR_SYSTEM, "mkdir %s: %s", tmp, strerror(errno));
+    d->fd = fd;
+    snprintf(d->path, sizeof d->path, "%s", shown ? shown : "?");
     return PCS_OK;
 }
 
-/* Write bytes to path atomically (temp + rename) so readers never see a partial file. */
-static pcs_status_t write_file_atomic(const char *path, const void *data, size_t len)
+pcs_status_t pcs_ckpt_dir_open(const char *path, int create, pcs_ckpt_dir_t *d)
 {
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return pcs_set_error(PCS_ERR_SYSTEM, "open %s: %s", tmp, strerror(errno));
-    size_t w = len ? fwrite(data, 1, len, f) : 0;
-    int bad = w != len || fflush(f) != 0 || fsync(fileno(f)) != 0;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return pcs_set_error(PCS_ERR_SYSTEM, "write %s: %s", path, strerror(errno));
+    d->fd = -1;
+    d->path[0] = '\0';
+    if (!path || !*path)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "checkpoint: directory required");
+    if (strlen(path) >= sizeof d->path)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "checkpoint path too long: %s", path);
+    int fd = -1;
+    pcs_status_t st = pcs_root_open_dir(NULL, path, "checkpoint", create, &fd);
+    if (st == PCS_ERR_NOT_FOUND)
+        return pcs_set_error(PCS_ERR_NOT_FOUND, "no complete checkpoint in %s (no such directory)",
+                             path);
+    PCS_CHECK(st);
+    return pcs_ckpt_dir_adopt(fd, path, d);
+}
+
+void pcs_ckpt_dir_close(pcs_ckpt_dir_t *d)
+{
+    if (d && d->fd >= 0) {
+        close(d->fd);
+        d->fd = -1;
     }
+}
+
+/* "step-%08llu" of d, opened (create: made when missing) into *sd. */
+static pcs_status_t step_open(const pcs_ckpt_dir_t *d, uint64_t step, int create,
+                              pcs_ckpt_dir_t *sd)
+{
+    char name[64], shown[1100];
+    snprintf(name, sizeof name, "step-%08llu", (unsigned long long)step);
+    pcs_ckpt_step_dir(d->path, step, shown, sizeof shown);
+    int fd = -1;
+    PCS_CHECK(pcs_file_subdir_at(d->fd, name, shown, create, &fd));
+    return pcs_ckpt_dir_adopt(fd, shown, sd);
+}
+
+/* "<dir>/<name>" for messages. */
+static const char *shown_in(const pcs_ckpt_dir_t *d, const char *name, char *buf, size_t n)
+{
+    snprintf(buf, n, "%s/%s", d->path, name);
+    return buf;
+}
+
+static pcs_status_t fopen_in(const pcs_ckpt_dir_t *d, const char *name, const char *what,
+                             FILE **out)
+{
+    *out = NULL;
+    char shown[1200];
+    int fd = -1;
+    PCS_CHECK(pcs_file_open_read_at(d->fd, name, shown_in(d, name, shown, sizeof shown), what, &fd,
+                                    NULL));
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        close(fd);
+        return pcs_set_error(PCS_ERR_SYSTEM, "%s %s: %s", what, shown, strerror(errno));
+    }
+    *out = f;
     return PCS_OK;
 }
+
+static pcs_status_t write_rank_in(const pcs_ckpt_dir_t *d, const pcs_ckpt_rank_meta_t *m,
+                                  const pcs_st_entry_t *e, size_t n);
 
 pcs_status_t pcs_ckpt_write_rank(const char *dir, const pcs_ckpt_rank_meta_t *m,
                                  const pcs_st_entry_t *e, size_t n)
 {
-    if (!dir || !m || (m->n_units && !m->units))
+    pcs_ckpt_dir_t d;
+    PCS_CHECK(pcs_ckpt_dir_open(dir, 1, &d));
+    pcs_status_t st = write_rank_in(&d, m, e, n);
+    pcs_ckpt_dir_close(&d);
+    return st;
+}
+
+static pcs_status_t write_rank_in(const pcs_ckpt_dir_t *d, const pcs_ckpt_rank_meta_t *m,
+                                  const pcs_st_entry_t *e, size_t n)
+{
+    if (!d || d->fd < 0 || !m || (m->n_units && !m->units))
         return pcs_set_error(PCS_ERR_INVALID_ARG, "checkpoint: dir and meta required");
-    char sdir[1024], path[1100];
-    pcs_ckpt_step_dir(dir, m->step, sdir, sizeof sdir);
-    PCS_CHECK(mkdir_p(sdir));
+    pcs_ckpt_dir_t sd;
+    PCS_CHECK(step_open(d, m->step, 1, &sd));
+    char name[64], path[1200];
     /* an earlier run's COMPLETE must not vouch for the files this run is writing */
-    snprintf(path, sizeof path, "%s/COMPLETE", sdir);
-    if (unlink(path) != 0 && errno != ENOENT)
-        return pcs_set_error(PCS_ERR_SYSTEM, "unlink %s: %s", path, strerror(errno));
-    snprintf(path, sizeof path, "%s/rank-%05u.safetensors", sdir, m->rank);
+    if (unlinkat(sd.fd, "COMPLETE", 0) != 0 && errno != ENOENT) {
+        pcs_status_t st = pcs_set_error(PCS_ERR_SYSTEM, "unlink %s: %s",
+                                        shown_in(&sd, "COMPLETE", path, sizeof path),
+                                        strerror(errno));
+        pcs_ckpt_dir_close(&sd);
+        return st;
+    }
+    snprintf(name, sizeof name, "rank-%05u.safetensors", m->rank);
+    shown_in(&sd, name, path, sizeof path);
     char v[8][64];
     snprintf(v[0], 64, "%llu", (unsigned long long)m->step);
     snprintf(v[1], 64, "%u", m->rank);
@@ -122,10 +179,11 @@ pcs_status_t pcs_ckpt_write_rank(const char *dir, const pcs_ckpt_rank_meta_t *m,
         for (int j = 0; j < 4; j++)
             meta[nf + 4 * i + (size_t)j] = txt[4 * i + (size_t)j];
     }
-    st = pcs_st_write(path, e, n, meta, nm / 2);
+    st = pcs_st_write_at(sd.fd, name, path, e, n, meta, nm / 2);
 out:
     free(meta);
     free(txt);
+    pcs_ckpt_dir_close(&sd);
     return st;
 }
 
@@ -173,15 +231,16 @@ static pcs_status_t check_rank_file(const char *path, pcs_st_file_t *f, uint32_t
     return PCS_OK;
 }
 
-/* Parse COMPLETE of `sdir`. *legacy = 1 for the old "ok" marker (m untouched). */
-static pcs_status_t manifest_read(const char *sdir, manifest_t *m, int *legacy)
+/* Parse COMPLETE of the step directory sd. *legacy = 1 for the old "ok" marker (m untouched). */
+static pcs_status_t manifest_read(const pcs_ckpt_dir_t *sd, manifest_t *m, int *legacy)
 {
-    char path[1100];
-    snprintf(path, sizeof path, "%s/COMPLETE", sdir);
+    char path[1200];
+    shown_in(sd, "COMPLETE", path, sizeof path);
     FILE *f = NULL;
-    pcs_status_t ost = pcs_file_fopen_read(path, "checkpoint manifest", "r", &f);
+    pcs_status_t ost = fopen_in(sd, "COMPLETE", "checkpoint manifest", &f);
     if (ost == PCS_ERR_NOT_FOUND)
-        return pcs_set_error(PCS_ERR_NOT_FOUND, "checkpoint %s is incomplete (no COMPLETE)", sdir);
+        return pcs_set_error(PCS_ERR_NOT_FOUND, "checkpoint %s is incomplete (no COMPLETE)",
+                             sd->path);
     if (ost != PCS_OK)
         return ost;
     char line[1400] = ""; /* an empty file leaves it untouched by fgets */
@@ -341,10 +400,20 @@ pcs_status_t pcs_ckpt_rank_file_add_buffer(pcs_ckpt_rank_file_t *f, const char *
 pcs_status_t pcs_ckpt_rank_file_write(const char *dir, const pcs_ckpt_rank_meta_t *m,
                                       const pcs_ckpt_rank_file_t *f)
 {
+    pcs_ckpt_dir_t d;
+    PCS_CHECK(pcs_ckpt_dir_open(dir, 1, &d));
+    pcs_status_t st = pcs_ckpt_rank_file_write_in(&d, m, f);
+    pcs_ckpt_dir_close(&d);
+    return st;
+}
+
+pcs_status_t pcs_ckpt_rank_file_write_in(const pcs_ckpt_dir_t *d, const pcs_ckpt_rank_meta_t *m,
+                                         const pcs_ckpt_rank_file_t *f)
+{
     pcs_ckpt_rank_meta_t mm = *m;
     mm.units = f->units;
     mm.n_units = f->n_units;
-    return pcs_ckpt_write_rank(dir, &mm, f->e, f->n);
+    return write_rank_in(d, &mm, f->e, f->n);
 }
 
 void pcs_ckpt_rank_file_free(pcs_ckpt_rank_file_t *f)
@@ -362,11 +431,20 @@ void pcs_ckpt_rank_file_free(pcs_ckpt_rank_file_t *f)
 
 pcs_status_t pcs_ckpt_commit(const char *dir, uint64_t step, const Pcs__V1__Plan *plan)
 {
-    if (!dir || !plan || plan->world_size == 0)
+    pcs_ckpt_dir_t d;
+    PCS_CHECK(pcs_ckpt_dir_open(dir, 1, &d));
+    pcs_status_t st = pcs_ckpt_commit_in(&d, step, plan);
+    pcs_ckpt_dir_close(&d);
+    return st;
+}
+
+pcs_status_t pcs_ckpt_commit_in(const pcs_ckpt_dir_t *d, uint64_t step, const Pcs__V1__Plan *plan)
+{
+    if (!d || d->fd < 0 || !plan || plan->world_size == 0)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "checkpoint commit: dir and plan required");
-    char sdir[1024], path[1100];
-    pcs_ckpt_step_dir(dir, step, sdir, sizeof sdir);
-    PCS_CHECK(mkdir_p(sdir));
+    pcs_ckpt_dir_t sd;
+    PCS_CHECK(step_open(d, step, 1, &sd));
+    char name[64], path[1200];
     uint32_t W = plan->world_size;
     /* the manifest: every rank file of this step, checked to be this run's */
     size_t cap = 512 + (size_t)W * 64;
@@ -378,8 +456,9 @@ pcs_status_t pcs_ckpt_commit(const char *dir, uint64_t step, const Pcs__V1__Plan
     PCS_CHECK_GOTO(pcs_calloc(cap, 1, (void **)&man), st, out);
     size_t o = 0;
     for (uint32_t r = 0; r < W; r++) {
-        snprintf(path, sizeof path, "%s/rank-%05u.safetensors", sdir, r);
-        PCS_CHECK_GOTO(pcs_st_open(path, &f), st, out);
+        snprintf(name, sizeof name, "rank-%05u.safetensors", r);
+        shown_in(&sd, name, path, sizeof path);
+        PCS_CHECK_GOTO(pcs_st_open_at(sd.fd, name, path, &f), st, out);
         if (r == 0) {
             if (strlen(meta_str(f, "job_id")) >= sizeof job) {
                 st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s: job id too long", path);
@@ -400,7 +479,7 @@ pcs_status_t pcs_ckpt_commit(const char *dir, uint64_t step, const Pcs__V1__Plan
         pcs_st_close(f);
         f = NULL;
         struct stat sb;
-        if (stat(path, &sb) != 0) {
+        if (fstatat(sd.fd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0) {
             st = pcs_set_error(PCS_ERR_SYSTEM, "stat %s: %s", path, strerror(errno));
             goto out;
         }
@@ -410,22 +489,26 @@ pcs_status_t pcs_ckpt_commit(const char *dir, uint64_t step, const Pcs__V1__Plan
     size_t len = pcs__v1__plan__get_packed_size(plan);
     PCS_CHECK_GOTO(pcs_calloc(len ? len : 1, 1, (void **)&buf), st, out);
     pcs__v1__plan__pack(plan, buf);
-    snprintf(path, sizeof path, "%s/plan.pb", sdir);
-    PCS_CHECK_GOTO(write_file_atomic(path, buf, len), st, out);
-    snprintf(path, sizeof path, "%s/COMPLETE", sdir);
-    PCS_CHECK_GOTO(write_file_atomic(path, man, o), st, out);
+    PCS_CHECK_GOTO(pcs_file_write_atomic_at(sd.fd, "plan.pb",
+                                            shown_in(&sd, "plan.pb", path, sizeof path), buf, len),
+                   st, out);
+    PCS_CHECK_GOTO(pcs_file_write_atomic_at(sd.fd, "COMPLETE",
+                                            shown_in(&sd, "COMPLETE", path, sizeof path), man, o),
+                   st, out);
     char txt[32];
     int tl = snprintf(txt, sizeof txt, "%llu\n", (unsigned long long)step);
-    snprintf(path, sizeof path, "%s/latest", dir);
-    st = write_file_atomic(path, txt, (size_t)tl);
+    st = pcs_file_write_atomic_at(d->fd, "latest", shown_in(d, "latest", path, sizeof path), txt,
+                                  (size_t)tl);
 out:
     pcs_st_close(f);
     free(man);
     free(buf);
+    pcs_ckpt_dir_close(&sd);
     return st;
 }
 
-/* pcs' own names inside a step directory (and write_file_atomic's / pcs_st_write's temps). */
+/* pcs' own names inside a step directory (and the temps of pcs_file_write_atomic_at and
+ * pcs_st_write_at). */
 static int own_file(const char *name)
 {
     unsigned r;
@@ -435,23 +518,36 @@ static int own_file(const char *name)
     return sscanf(name, "rank-%5u.safetensor%31s", &r, tail) == 2 && !strcmp(tail, "s");
 }
 
-static void remove_step_dir(const char *sdir)
+/* Remove step directory `name` of d: only pcs' own files in it, never through a link (a link in
+ * its place, or one inside it, is removed as a link or left alone, never followed). */
+static void remove_step_dir(const pcs_ckpt_dir_t *d, const char *name)
 {
-    DIR *d = opendir(sdir);
-    if (!d)
+    char shown[1200];
+    shown_in(d, name, shown, sizeof shown);
+    int sfd = -1;
+    if (pcs_file_subdir_at(d->fd, name, shown, 0, &sfd) != PCS_OK) {
+        PCS_WARN(PCS_SUB_WORKER, "checkpoint prune: %s kept (%s)", shown, pcs_last_error());
         return;
+    }
+    int lfd = openat(sfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *dd = lfd >= 0 ? fdopendir(lfd) : NULL;
+    if (!dd) {
+        if (lfd >= 0)
+            close(lfd);
+        close(sfd);
+        return;
+    }
     struct dirent *de;
-    char path[1400];
-    while ((de = readdir(d)) != NULL) {
+    while ((de = readdir(dd)) != NULL) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
             continue;
-        snprintf(path, sizeof path, "%s/%s", sdir, de->d_name);
         if (own_file(de->d_name))
-            (void)unlink(path);
+            (void)unlinkat(sfd, de->d_name, 0); /* a link there goes as a link */
     }
-    closedir(d);
-    if (rmdir(sdir) != 0)
-        PCS_WARN(PCS_SUB_WORKER, "checkpoint prune: %s kept (%s; not only pcs files)", sdir,
+    closedir(dd);
+    close(sfd);
+    if (unlinkat(d->fd, name, AT_REMOVEDIR) != 0)
+        PCS_WARN(PCS_SUB_WORKER, "checkpoint prune: %s kept (%s; not only pcs files)", shown,
                  strerror(errno));
 }
 
@@ -463,26 +559,42 @@ static int cmp_desc(const void *a, const void *b)
 
 pcs_status_t pcs_ckpt_prune(const char *dir, uint64_t step, uint32_t keep)
 {
-    if (!dir)
+    pcs_ckpt_dir_t d;
+    PCS_CHECK(pcs_ckpt_dir_open(dir, 0, &d));
+    pcs_status_t st = pcs_ckpt_prune_in(&d, step, keep);
+    pcs_ckpt_dir_close(&d);
+    return st;
+}
+
+pcs_status_t pcs_ckpt_prune_in(const pcs_ckpt_dir_t *d, uint64_t step, uint32_t keep)
+{
+    if (!d || d->fd < 0)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "checkpoint prune: dir required");
     if (keep == 0)
         keep = 2;
-    char sdir[1024];
+    pcs_ckpt_dir_t sd;
     manifest_t cur, m;
     int legacy = 0;
-    pcs_ckpt_step_dir(dir, step, sdir, sizeof sdir);
-    PCS_CHECK(manifest_read(sdir, &cur, &legacy));
+    PCS_CHECK(step_open(d, step, 0, &sd));
+    pcs_status_t st = manifest_read(&sd, &cur, &legacy);
+    pcs_ckpt_dir_close(&sd);
+    PCS_CHECK(st);
     free(cur.sizes);
     if (legacy)
-        return pcs_set_error(PCS_ERR_STATE, "%s: committed without a manifest", sdir);
-    DIR *d = opendir(dir);
-    if (!d)
-        return pcs_set_error(PCS_ERR_SYSTEM, "opendir %s: %s", dir, strerror(errno));
+        return pcs_set_error(PCS_ERR_STATE, "%s/step-%08llu: committed without a manifest",
+                             d->path, (unsigned long long)step);
+    /* a new open file description: a dup would share (and keep) the offset of an earlier list */
+    int lfd = openat(d->fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *dd = lfd >= 0 ? fdopendir(lfd) : NULL;
+    if (!dd) {
+        if (lfd >= 0)
+            close(lfd);
+        return pcs_set_error(PCS_ERR_SYSTEM, "opendir %s: %s", d->path, strerror(errno));
+    }
     uint64_t *all = NULL, *kept = NULL;
     size_t n_all = 0, cap_all = 0, n_kept = 0, cap_kept = 0;
-    pcs_status_t st = PCS_OK;
     struct dirent *de;
-    while ((de = readdir(d)) != NULL) {
+    while ((de = readdir(dd)) != NULL) {
         unsigned long long s = 0;
         char canon[64];
         if (sscanf(de->d_name, "step-%llu", &s) != 1)
@@ -492,16 +604,19 @@ pcs_status_t pcs_ckpt_prune(const char *dir, uint64_t step, uint32_t keep)
             continue; /* not one of ours, or the step just committed */
         PCS_CHECK_GOTO(pcs_grow((void **)&all, &cap_all, n_all + 1, sizeof *all), st, out);
         all[n_all++] = s;
-        pcs_ckpt_step_dir(dir, s, sdir, sizeof sdir);
         /* keep candidates: committed (with a manifest) by the same job, below this step */
-        if (s < step && manifest_read(sdir, &m, &legacy) == PCS_OK && !legacy) {
-            int same = m.step == s && !strcmp(m.job, cur.job);
-            free(m.sizes);
-            if (same) {
-                PCS_CHECK_GOTO(pcs_grow((void **)&kept, &cap_kept, n_kept + 1, sizeof *kept), st,
-                               out);
-                kept[n_kept++] = s;
+        if (s < step && step_open(d, s, 0, &sd) == PCS_OK) {
+            if (manifest_read(&sd, &m, &legacy) == PCS_OK && !legacy) {
+                int same = m.step == s && !strcmp(m.job, cur.job);
+                free(m.sizes);
+                if (same) {
+                    st = pcs_grow((void **)&kept, &cap_kept, n_kept + 1, sizeof *kept);
+                    if (st == PCS_OK)
+                        kept[n_kept++] = s;
+                }
             }
+            pcs_ckpt_dir_close(&sd);
+            PCS_CHECK_GOTO(st, st, out);
         }
     }
     if (n_kept)
@@ -514,11 +629,12 @@ pcs_status_t pcs_ckpt_prune(const char *dir, uint64_t step, uint32_t keep)
             keep_it |= kept[j] == all[i];
         if (keep_it)
             continue;
-        pcs_ckpt_step_dir(dir, all[i], sdir, sizeof sdir);
-        remove_step_dir(sdir);
+        char name[64];
+        snprintf(name, sizeof name, "step-%08llu", (unsigned long long)all[i]);
+        remove_step_dir(d, name);
     }
 out:
-    closedir(d);
+    closedir(dd);
     free(all);
     free(kept);
     return st;
@@ -526,13 +642,22 @@ out:
 
 pcs_status_t pcs_ckpt_latest(const char *dir, uint64_t *step)
 {
-    char path[1100];
-    snprintf(path, sizeof path, "%s/latest", dir);
+    pcs_ckpt_dir_t d;
+    PCS_CHECK(pcs_ckpt_dir_open(dir, 0, &d));
+    pcs_status_t st = pcs_ckpt_latest_in(&d, step);
+    pcs_ckpt_dir_close(&d);
+    return st;
+}
+
+pcs_status_t pcs_ckpt_latest_in(const pcs_ckpt_dir_t *d, uint64_t *step)
+{
+    char path[1200];
+    shown_in(d, "latest", path, sizeof path);
     FILE *f = NULL;
-    pcs_status_t ost = pcs_file_fopen_read(path, "checkpoint", "r", &f);
+    pcs_status_t ost = fopen_in(d, "latest", "checkpoint", &f);
     if (ost == PCS_ERR_NOT_FOUND)
-        return pcs_set_error(PCS_ERR_NOT_FOUND, "no complete checkpoint in %s (%s missing)", dir,
-                             path);
+        return pcs_set_error(PCS_ERR_NOT_FOUND, "no complete checkpoint in %s (%s missing)",
+                             d->path, path);
     if (ost != PCS_OK)
         return ost;
     unsigned long long s = 0;
@@ -544,32 +669,33 @@ pcs_status_t pcs_ckpt_latest(const char *dir, uint64_t *step)
     return PCS_OK;
 }
 
-static pcs_status_t read_whole(const char *path, uint8_t **out, size_t *len)
+static pcs_status_t read_whole(const pcs_ckpt_dir_t *d, const char *name, uint8_t **out,
+                               size_t *len)
 {
-    FILE *f = NULL;
-    pcs_status_t ost = pcs_file_fopen_read(path, "checkpoint file", "rb", &f);
-    if (ost != PCS_OK)
-        return ost;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (n < 0) {
-        fclose(f);
-        return pcs_set_error(PCS_ERR_SYSTEM, "size of %s: %s", path, strerror(errno));
-    }
-    uint8_t *b = malloc((size_t)n + 1);
+    char path[1200];
+    shown_in(d, name, path, sizeof path);
+    int fd = -1;
+    uint64_t size = 0;
+    PCS_CHECK(pcs_file_open_read_at(d->fd, name, path, "checkpoint file", &fd, &size));
+    uint8_t *b = size < SIZE_MAX ? malloc((size_t)size + 1) : NULL;
     if (!b) {
-        fclose(f);
+        close(fd);
         return pcs_set_error(PCS_ERR_NOMEM, "reading %s", path);
     }
-    size_t r = fread(b, 1, (size_t)n, f);
-    fclose(f);
-    if (r != (size_t)n) {
+    size_t got = 0;
+    while (got < size) {
+        ssize_t r = pread(fd, b + got, (size_t)size - got, (off_t)got);
+        if (r <= 0)
+            break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != size) {
         free(b);
         return pcs_set_error(PCS_ERR_SYSTEM, "short read of %s", path);
     }
     *out = b;
-    *len = (size_t)n;
+    *len = (size_t)size;
     return PCS_OK;
 }
 
@@ -602,30 +728,50 @@ static uint32_t unit_index(pcs_st_file_t *f, size_t u, const char *what)
 pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_path,
                              pcs_ckpt_export_info_t *info)
 {
-    pcs_status_t st = PCS_OK;
     if (!dir || !out_path)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "export: checkpoint dir and output required");
+    pcs_ckpt_dir_t d;
+    PCS_CHECK(pcs_ckpt_dir_open(dir, 0, &d));
+    pcs_status_t st = pcs_ckpt_export_in(&d, step, out_path, info);
+    pcs_ckpt_dir_close(&d);
+    return st;
+}
+
+pcs_status_t pcs_ckpt_export_in(const pcs_ckpt_dir_t *d, uint64_t step, const char *out_path,
+                                pcs_ckpt_export_info_t *info)
+{
+    pcs_status_t st = PCS_OK;
+    if (!d || d->fd < 0 || !out_path)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "export: checkpoint dir and output required");
     if (step == 0)
-        PCS_CHECK(pcs_ckpt_latest(dir, &step));
-    char sdir[1024], path[1100];
-    pcs_ckpt_step_dir(dir, step, sdir, sizeof sdir);
+        PCS_CHECK(pcs_ckpt_latest_in(d, &step));
+    pcs_ckpt_dir_t sdh;
+    PCS_CHECK(step_open(d, step, 0, &sdh));
+    const char *sdir = sdh.path;
+    char name[64], path[1200];
     manifest_t man;
     int legacy = 0;
-    PCS_CHECK(manifest_read(sdir, &man, &legacy));
+    st = manifest_read(&sdh, &man, &legacy);
+    if (st != PCS_OK) {
+        pcs_ckpt_dir_close(&sdh);
+        return st;
+    }
 
     uint8_t *pbuf = NULL;
     size_t plen = 0;
-    snprintf(path, sizeof path, "%s/plan.pb", sdir);
-    st = read_whole(path, &pbuf, &plen);
+    st = read_whole(&sdh, "plan.pb", &pbuf, &plen);
     if (st != PCS_OK) {
         free(man.sizes);
+        pcs_ckpt_dir_close(&sdh);
         return st;
     }
     Pcs__V1__Plan *plan = pcs__v1__plan__unpack(NULL, plen, pbuf);
     free(pbuf);
     if (!plan) {
         free(man.sizes);
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: not a pcs.v1.Plan", path);
+        pcs_ckpt_dir_close(&sdh);
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: not a pcs.v1.Plan",
+                             shown_in(&sdh, "plan.pb", path, sizeof path));
     }
 
     uint32_t W = plan->world_size;
@@ -646,14 +792,16 @@ pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_pat
         goto out;
     }
     for (uint32_t r = 0; r < W; r++) {
-        snprintf(path, sizeof path, "%s/rank-%05u.safetensors", sdir, r);
-        PCS_CHECK_GOTO(pcs_st_open(path, &files[r]), st, out);
+        snprintf(name, sizeof name, "rank-%05u.safetensors", r);
+        shown_in(&sdh, name, path, sizeof path);
+        PCS_CHECK_GOTO(pcs_st_open_at(sdh.fd, name, path, &files[r]), st, out);
         if (legacy)
             continue;
         /* only the files the commit listed, unchanged since */
         struct stat sb;
         sb.st_size = -1; /* stat failed: the message must not print an unset size */
-        if (stat(path, &sb) != 0 || (long long)sb.st_size != man.sizes[r]) {
+        if (fstatat(sdh.fd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0 ||
+            (long long)sb.st_size != man.sizes[r]) {
             st = pcs_set_error(PCS_ERR_STATE,
                                "%s: stale rank file (%lld bytes, the commit recorded %lld)", path,
                                (long long)sb.st_size, man.sizes[r]);
@@ -725,8 +873,8 @@ pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_pat
                 goto out;
             }
             pcs_st_entry_t *e = &ents[n_ent];
-            for (size_t d = 0; d < ps->n_shape; d++)
-                shapes[n_ent][d] = ps->shape[d];
+            for (size_t k = 0; k < ps->n_shape; k++)
+                shapes[n_ent][k] = ps->shape[k];
             e->name = ps->fqn;
             e->dtype = md;
             e->ndim = (uint32_t)ps->n_shape;
@@ -762,8 +910,8 @@ pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_pat
             PCS_CHECK_GOTO(pcs_calloc(nb ? nb : 1, 1, (void **)&bufdata[n_bufdata]), st, out);
             PCS_CHECK_GOTO(pcs_st_read_raw(src, t, 0, nb, bufdata[n_bufdata]), st, out);
             pcs_st_entry_t *e = &ents[n_ent];
-            for (size_t d = 0; d < bs->n_shape; d++)
-                shapes[n_ent][d] = bs->shape[d];
+            for (size_t k = 0; k < bs->n_shape; k++)
+                shapes[n_ent][k] = bs->shape[k];
             e->name = bs->fqn;
             e->dtype = t->dtype;
             e->ndim = (uint32_t)bs->n_shape;
@@ -799,5 +947,72 @@ out:
     free(shapes);
     free(man.sizes);
     protobuf_c_message_free_unpacked(&plan->base, NULL);
+    pcs_ckpt_dir_close(&sdh);
+    return st;
+}
+
+// ---- a job's own directory ----
+
+#define JOB_MARKER "JOB"
+
+pcs_status_t pcs_ckpt_job_dir(const pcs_ckpt_dir_t *base, const char *job_id, const char *job_uid,
+                              pcs_ckpt_dir_t *out)
+{
+    out->fd = -1;
+    if (!base || base->fd < 0 || !job_id || !*job_id || strchr(job_id, '/') ||
+        !strcmp(job_id, ".") || !strcmp(job_id, "..") || !job_uid || !*job_uid ||
+        strchr(job_uid, '\n'))
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "checkpoint: job id and uid required");
+    char shown[1200], path[1300];
+    shown_in(base, job_id, shown, sizeof shown);
+    int fd = -1;
+    PCS_CHECK(pcs_file_subdir_at(base->fd, job_id, shown, 1, &fd));
+    pcs_ckpt_dir_adopt(fd, shown, out);
+    shown_in(out, JOB_MARKER, path, sizeof path);
+    /* the first rank here claims the directory; every rank checks the claim */
+    char line[512];
+    int n = snprintf(line, sizeof line, "%s\n", job_uid);
+    if ((size_t)n >= sizeof line) {
+        pcs_ckpt_dir_close(out);
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "checkpoint: job uid too long");
+    }
+    int mfd = openat(out->fd, JOB_MARKER, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                     0644);
+    if (mfd >= 0) {
+        int bad = write(mfd, line, (size_t)n) != n || fsync(mfd) != 0;
+        bad |= close(mfd) != 0;
+        if (!bad)
+            return PCS_OK;
+        (void)unlinkat(out->fd, JOB_MARKER, 0);
+        pcs_ckpt_dir_close(out);
+        return pcs_set_error(PCS_ERR_SYSTEM, "write %s: %s", path, strerror(errno));
+    }
+    if (errno != EEXIST) {
+        int e = errno;
+        pcs_ckpt_dir_close(out);
+        return pcs_set_error(PCS_ERR_SYSTEM, "create %s: %s", path, strerror(e));
+    }
+    /* claimed already: by this job (another rank, or an earlier life of this job), or not */
+    char have[512] = "";
+    int rfd = -1;
+    pcs_status_t st = pcs_file_open_read_at(out->fd, JOB_MARKER, path, "checkpoint", &rfd, NULL);
+    for (int tries = 0; st == PCS_OK && tries < 50; tries++) {
+        ssize_t r = pread(rfd, have, sizeof have - 1, 0);
+        have[r > 0 ? r : 0] = '\0';
+        if (strchr(have, '\n'))
+            break;
+        struct timespec ts = {0, 20 * 1000 * 1000}; /* the claimer is still writing it */
+        nanosleep(&ts, NULL);
+    }
+    if (rfd >= 0)
+        close(rfd);
+    if (st == PCS_OK && strcmp(have, line) != 0)
+        st = pcs_set_error(PCS_ERR_STATE,
+                           "checkpoint.dir: %s holds the checkpoints of another job %s (another "
+                           "coordinator's, or an earlier one's): nothing there is touched; give "
+                           "this job another checkpoint.dir or move them",
+                           out->path, job_id);
+    if (st != PCS_OK)
+        pcs_ckpt_dir_close(out);
     return st;
 }

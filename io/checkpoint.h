@@ -1,5 +1,6 @@
 /* Sharded checkpoints and export of full parameters. Each rank writes its fp32 master shards and
- * optimizer state to <dir>/step-<N>/rank-<R>.safetensors; after a barrier rank 0 writes the plan
+ * optimizer state to <dir>/step-<N>/rank-<R>.safetensors (a worker's <dir> is the job's own
+ * <checkpoint.dir>/<job id>, see pcs_ckpt_job_dir); after a barrier rank 0 writes the plan
  * (plan.pb) and COMPLETE (the manifest: job, plan hash and every rank file with its size) and
  * points <dir>/latest at N, then prunes stale steps. Export reads only the files the manifest
  * lists and assembles every parameter from the shards of replica 0 through the plan's flat layout
@@ -41,6 +42,27 @@ typedef struct pcs_ckpt_rank_meta {
     size_t n_units;
 } pcs_ckpt_rank_meta_t;
 
+/* ---- directories ----
+ * A checkpoint directory held open: every file in it is reached by its descriptor and a name pcs
+ * chose, without following a symlink (a worker writes where submitters choose; see DESIGN.md §10).
+ * The functions below that take a `const char *dir` open it as an operator's path (tools, tests)
+ * and call their `_in` twin. */
+typedef struct pcs_ckpt_dir {
+    int fd;
+    char path[1024]; /* for messages */
+} pcs_ckpt_dir_t;
+/* Open `path` (create: made with its parents). PCS_ERR_NOT_FOUND when it does not exist. */
+pcs_status_t pcs_ckpt_dir_open(const char *path, int create, pcs_ckpt_dir_t *d);
+/* Take over a directory descriptor (a worker's, resolved beneath its checkpoint root). */
+pcs_status_t pcs_ckpt_dir_adopt(int fd, const char *shown, pcs_ckpt_dir_t *d);
+void pcs_ckpt_dir_close(pcs_ckpt_dir_t *d);
+/* A job's own subdirectory <base>/<job_id>, made when missing and claimed for the job by a JOB
+ * file holding `job_uid` (unique across coordinators): the first rank writes it (O_EXCL), every
+ * rank checks it. PCS_ERR_STATE when it holds another job's uid (a reused job id of another
+ * coordinator): that directory is never written or pruned. */
+pcs_status_t pcs_ckpt_job_dir(const pcs_ckpt_dir_t *base, const char *job_id, const char *job_uid,
+                              pcs_ckpt_dir_t *out);
+
 /* "<dir>/step-%08llu" into buf. */
 void pcs_ckpt_step_dir(const char *dir, uint64_t step, char *buf, size_t n);
 
@@ -78,19 +100,24 @@ pcs_status_t pcs_ckpt_rank_file_add_buffer(pcs_ckpt_rank_file_t *f, const char *
 /* pcs_ckpt_write_rank of what was added, with its per-unit indices (m->units is not read). */
 pcs_status_t pcs_ckpt_rank_file_write(const char *dir, const pcs_ckpt_rank_meta_t *m,
                                       const pcs_ckpt_rank_file_t *f);
+pcs_status_t pcs_ckpt_rank_file_write_in(const pcs_ckpt_dir_t *d, const pcs_ckpt_rank_meta_t *m,
+                                         const pcs_ckpt_rank_file_t *f);
 void pcs_ckpt_rank_file_free(pcs_ckpt_rank_file_t *f); /* accepts NULL */
 
 /* Called by one rank after every rank has written: checks that rank files 0..W-1 all belong to
  * this step, job and plan (rank 0's file gives the job and plan hash; a stale file of another
  * run is PCS_ERR_STATE naming it), then writes plan.pb, COMPLETE (the manifest) and latest. */
 pcs_status_t pcs_ckpt_commit(const char *dir, uint64_t step, const Pcs__V1__Plan *plan);
+pcs_status_t pcs_ckpt_commit_in(const pcs_ckpt_dir_t *d, uint64_t step, const Pcs__V1__Plan *plan);
 /* After committing `step`: keep the newest `keep` (0 = 2) committed steps of the same job up to
  * `step`; remove every other step-<N> directory (older, uncommitted, of another job, or above
  * `step` from an earlier run). Only pcs' own files are removed; a directory holding anything else
  * is left with one WARN. Errors: PCS_ERR_SYSTEM when dir cannot be listed. */
 pcs_status_t pcs_ckpt_prune(const char *dir, uint64_t step, uint32_t keep);
+pcs_status_t pcs_ckpt_prune_in(const pcs_ckpt_dir_t *d, uint64_t step, uint32_t keep);
 /* Step of <dir>/latest. PCS_ERR_NOT_FOUND if there is no complete checkpoint. */
 pcs_status_t pcs_ckpt_latest(const char *dir, uint64_t *step);
+pcs_status_t pcs_ckpt_latest_in(const pcs_ckpt_dir_t *d, uint64_t *step);
 
 typedef struct pcs_ckpt_export_info {
     uint64_t step;
@@ -104,6 +131,8 @@ typedef struct pcs_ckpt_export_info {
  * the manifest. Errors name the missing or inconsistent file. info may be NULL. */
 pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_path,
                              pcs_ckpt_export_info_t *info);
+pcs_status_t pcs_ckpt_export_in(const pcs_ckpt_dir_t *d, uint64_t step, const char *out_path,
+                                pcs_ckpt_export_info_t *info);
 
 #ifdef __cplusplus
 }

@@ -201,19 +201,36 @@ pcs_status_t pcs_npy_parse(const void *buf, size_t len, uint64_t file_size, pcs_
 
 pcs_status_t pcs_npy_open(const char *path, pcs_npy_t **out)
 {
-    pcs_status_t rc;
-    pcs_npy_t *a = NULL;
-    uint8_t *hdr = NULL;
     if (!path || !out)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_npy_open: NULL argument");
     *out = NULL;
-    PCS_CHECK(pcs_calloc(1, sizeof *a, (void **)&a));
-    uint64_t fsize = 0;
-    rc = pcs_file_open_read(path, "npy", &a->fd, &fsize); /* a FIFO must not wedge the worker */
+    int fd = -1;
+    PCS_CHECK(pcs_file_open_read(path, "npy", &fd, NULL)); /* a FIFO must not wedge the worker */
+    return pcs_npy_open_fd(fd, path, out);
+}
+
+pcs_status_t pcs_npy_open_fd(int fd, const char *path, pcs_npy_t **out)
+{
+    pcs_status_t rc;
+    pcs_npy_t *a = NULL;
+    uint8_t *hdr = NULL;
+    if (!out || !path) {
+        close(fd);
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_npy_open_fd: NULL argument");
+    }
+    *out = NULL;
+    rc = pcs_calloc(1, sizeof *a, (void **)&a);
     if (rc != PCS_OK) {
-        free(a);
+        close(fd);
         return rc;
     }
+    a->fd = fd;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        rc = pcs_set_error(PCS_ERR_SYSTEM, "npy %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    uint64_t fsize = (uint64_t)sb.st_size;
     PCS_CHECK_GOTO(pcs_strdup(path, &a->path), rc, fail);
     /* Headers are small (NumPy pads them to 64 bytes; v2 allows up to 4 GiB but nobody writes
      * that): read at most 1 MiB and let the parser report a header that is longer. */
@@ -223,11 +240,7 @@ pcs_status_t pcs_npy_open(const char *path, pcs_npy_t **out)
         rc = pcs_set_error(PCS_ERR_SYSTEM, "npy %s: short read", path);
         goto fail;
     }
-    int fd = a->fd;
-    char *pth = a->path;
     PCS_CHECK_GOTO(parse_impl(path, hdr, want, fsize, a), rc, fail);
-    a->fd = fd;
-    a->path = pth;
     free(hdr);
     *out = a;
     return PCS_OK;

@@ -33,6 +33,9 @@ typedef struct pcs_npy {
  * malformed or unsupported file (message names the file and the reason). Close with
  * pcs_npy_close(). */
 pcs_status_t pcs_npy_open(const char *path, pcs_npy_t **out);
+/* The same for an open descriptor (a file resolved beneath a root), which the handle takes over
+ * (closed on failure too); `path` is shown in messages. */
+pcs_status_t pcs_npy_open_fd(int fd, const char *path, pcs_npy_t **out);
 /* Parse just a header image (magic .. end of dict) for validation and fuzzing; `file_size` is the
  * size of the whole file so that the data size can be checked. */
 pcs_status_t pcs_npy_parse(const void *buf, size_t len, uint64_t file_size, pcs_npy_t *out);

@@ -429,10 +429,12 @@ static pcs_status_t header_len(const pcs_st_file_t *f, const uint8_t *b, uint64_
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--)
         n = (n << 8) | b[i];
+    /* the value is not printed: those are the first 8 bytes of whatever file a spec named */
     if (n > PCS_ST_MAX_HEADER || n > size - 8)
         return pcs_set_error(PCS_ERR_INVALID_ARG,
-                             "safetensors %s: header length %llu does not fit the %llu-byte file",
-                             f->origin, (unsigned long long)n, (unsigned long long)size);
+                             "safetensors %s: not a safetensors file (its header length does not "
+                             "fit the %llu-byte file)",
+                             f->origin, (unsigned long long)size);
     *out = n;
     return PCS_OK;
 }
@@ -470,16 +472,48 @@ fail:
 
 pcs_status_t pcs_st_open(const char *path, pcs_st_file_t **out)
 {
-    pcs_st_file_t *f = NULL;
-    uint8_t *hdr = NULL;
-    pcs_status_t rc;
     if (!path || !out)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_st_open: NULL argument");
     *out = NULL;
-    PCS_CHECK(file_new(path, &f));
-    uint64_t size = 0;
+    int fd = -1;
     /* never blocks in open(2) (a FIFO as init.from must not wedge the worker), regular files only */
-    PCS_CHECK_GOTO(pcs_file_open_read(path, "safetensors", &f->fd, &size), rc, fail);
+    PCS_CHECK(pcs_file_open_read(path, "safetensors", &fd, NULL));
+    return pcs_st_open_fd(fd, path, out);
+}
+
+pcs_status_t pcs_st_open_at(int dirfd, const char *name, const char *shown, pcs_st_file_t **out)
+{
+    if (!name || !out)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_st_open_at: NULL argument");
+    *out = NULL;
+    int fd = -1;
+    PCS_CHECK(pcs_file_open_read_at(dirfd, name, shown, "safetensors", &fd, NULL));
+    return pcs_st_open_fd(fd, shown, out);
+}
+
+pcs_status_t pcs_st_open_fd(int fd, const char *shown, pcs_st_file_t **out)
+{
+    pcs_st_file_t *f = NULL;
+    uint8_t *hdr = NULL;
+    pcs_status_t rc;
+    const char *path = shown ? shown : "?";
+    if (!out) {
+        close(fd);
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_st_open_fd: NULL argument");
+    }
+    *out = NULL;
+    rc = file_new(path, &f);
+    if (rc != PCS_OK) {
+        close(fd);
+        return rc;
+    }
+    f->fd = fd;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        rc = pcs_set_error(PCS_ERR_SYSTEM, "safetensors %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    uint64_t size = (uint64_t)sb.st_size;
     uint8_t lenb[8];
     if (size < 8 || pread(f->fd, lenb, 8, 0) != 8) {
         rc = pcs_set_error(PCS_ERR_INVALID_ARG,
@@ -697,12 +731,39 @@ static pcs_status_t write_all(int fd, const void *buf, size_t n, const char *pat
 pcs_status_t pcs_st_write(const char *path, const pcs_st_entry_t *e, size_t n,
                           const char *const *meta, size_t n_meta)
 {
+    if (!path || !*path)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_st_write: NULL argument");
+    /* an operator's path (export, tools): its directory as given, the file created beside */
+    const char *slash = strrchr(path, '/');
+    char dir[4096];
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else if ((size_t)(slash - path) >= sizeof dir)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "safetensors %s: path too long", path);
+    else
+        snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0)
+        return pcs_set_error(PCS_ERR_SYSTEM, "safetensors %s: directory %s: %s", path, dir,
+                             strerror(errno));
+    pcs_status_t rc = pcs_st_write_at(dfd, slash ? slash + 1 : path, path, e, n, meta, n_meta);
+    close(dfd);
+    return rc;
+}
+
+pcs_status_t pcs_st_write_at(int dirfd, const char *name, const char *shown,
+                             const pcs_st_entry_t *e, size_t n, const char *const *meta,
+                             size_t n_meta)
+{
     pcs_status_t rc = PCS_OK;
     sbuf_t b = {0};
-    char *tmp = NULL;
+    char tmp[300] = "";
     int fd = -1;
-    if (!path || (!e && n) || (!meta && n_meta))
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_st_write: NULL argument");
+    const char *path = shown ? shown : name;
+    if (!name || !*name || strchr(name, '/') || (!e && n) || (!meta && n_meta))
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_st_write_at: bad argument");
     for (size_t i = 0; i < n; i++) {
         if (!e[i].name || !pcs_st_dtype_name(e[i].dtype) || e[i].ndim > PCS_ST_MAX_DIMS ||
             strcmp(e[i].name, "__metadata__") == 0)
@@ -756,15 +817,9 @@ pcs_status_t pcs_st_write(const char *path, const pcs_st_entry_t *e, size_t n,
         rc = pcs_set_error(PCS_ERR_NOMEM, "safetensors %s: out of memory for the header", path);
         goto out;
     }
-    size_t plen = strlen(path) + 16;
-    PCS_CHECK_GOTO(pcs_calloc(plen, 1, (void **)&tmp), rc, out);
-    snprintf(tmp, plen, "%s.tmp%ld", path, (long)getpid());
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = pcs_set_error(PCS_ERR_SYSTEM, "safetensors %s: cannot create: %s", tmp,
-                           strerror(errno));
-        goto out;
-    }
+    /* an exclusive random temp name: a link planted under a predictable one is never written
+     * through */
+    PCS_CHECK_GOTO(pcs_file_create_temp_at(dirfd, name, tmp, sizeof tmp, &fd), rc, out);
     uint8_t lenb[8];
     uint64_t hl = b.len;
     for (int i = 0; i < 8; i++)
@@ -783,26 +838,15 @@ pcs_status_t pcs_st_write(const char *path, const pcs_st_entry_t *e, size_t n,
         }
         PCS_CHECK_GOTO(write_all(fd, e[i].data, bytes, path), rc, out);
     }
-    /* close even when fsync fails, so that the descriptor is not leaked */
-    int sync_err = fsync(fd) != 0 ? errno : 0;
-    int close_err = close(fd) != 0 ? errno : 0;
+    /* fsync, close and rename (it removes the temp itself when that fails) */
+    rc = pcs_file_commit_temp_at(dirfd, fd, tmp, name, path);
     fd = -1;
-    if (sync_err || close_err) {
-        rc = pcs_set_error(PCS_ERR_SYSTEM, "safetensors %s: %s failed: %s", path,
-                           sync_err ? "fsync" : "close", strerror(sync_err ? sync_err : close_err));
-        goto out;
-    }
-    if (rename(tmp, path) != 0) {
-        rc = pcs_set_error(PCS_ERR_SYSTEM, "safetensors %s: rename failed: %s", path,
-                           strerror(errno));
-        goto out;
-    }
+    tmp[0] = '\0';
 out:
     if (fd >= 0)
         close(fd);
-    if (rc != PCS_OK && tmp)
-        unlink(tmp);
-    free(tmp);
+    if (rc != PCS_OK && tmp[0])
+        (void)unlinkat(dirfd, tmp, 0);
     free(b.s);
     return rc;
 }

@@ -37,6 +37,12 @@ typedef struct pcs_st_file pcs_st_file_t;
  * PCS_ERR_INVALID_ARG (malformed; pcs_last_error() names the file and the rule broken).
  * Caller closes with pcs_st_close(). The handle is not thread-safe for concurrent reads. */
 pcs_status_t pcs_st_open(const char *path, pcs_st_file_t **out);
+/* The same for `name` in dirfd, never through a symlink (a checkpoint's own files); `shown` is
+ * the path in messages. */
+pcs_status_t pcs_st_open_at(int dirfd, const char *name, const char *shown, pcs_st_file_t **out);
+/* The same for an open descriptor (a file resolved beneath a root), which the handle takes over
+ * (closed on failure too). */
+pcs_status_t pcs_st_open_fd(int fd, const char *shown, pcs_st_file_t **out);
 /* Validate an in-memory file image (copied: `buf` is borrowed for the call only). Same errors. */
 pcs_status_t pcs_st_open_mem(const void *buf, size_t len, pcs_st_file_t **out);
 /* Accepts NULL. */
@@ -74,6 +80,13 @@ typedef struct pcs_st_entry {
  * bad dtypes -> PCS_ERR_INVALID_ARG; I/O -> PCS_ERR_SYSTEM. */
 pcs_status_t pcs_st_write(const char *path, const pcs_st_entry_t *e, size_t n,
                           const char *const *meta, size_t n_meta);
+
+/* pcs_st_write of `name` (one path component) in dirfd: the temp file is created exclusively under
+ * a random name and renamed over `name`, so no link there or at a temp name is written through.
+ * `shown` is the path in messages. */
+pcs_status_t pcs_st_write_at(int dirfd, const char *name, const char *shown,
+                             const pcs_st_entry_t *e, size_t n, const char *const *meta,
+                             size_t n_meta);
 
 /* "F32" etc. for a pcs dtype; NULL if it has no safetensors name. */
 const char *pcs_st_dtype_name(pcs_dtype_t t);

@@ -160,12 +160,15 @@ static pcs_status_t check_rows(pcs_data_t *d, const char *path, uint32_t x_ndim,
     return PCS_OK;
 }
 
-static pcs_status_t st_open_data(pcs_data_t *d, const Pcs__V1__FileData *f)
+static pcs_status_t st_open_data(pcs_data_t *d, const Pcs__V1__FileData *f,
+                                 const pcs_root_t *root)
 {
     const char *xin = f->inputs && *f->inputs ? f->inputs : "inputs";
     const char *yin = f->targets && *f->targets ? f->targets : "targets";
     d->kind = SRC_ST;
-    pcs_status_t rc = pcs_st_open(f->path, &d->st);
+    int fd = -1;
+    PCS_CHECK(pcs_root_open_file(root, f->path, "data.file.path", &fd, NULL)); /* names it */
+    pcs_status_t rc = pcs_st_open_fd(fd, f->path, &d->st);
     if (rc != PCS_OK)
         return pcs_set_error(rc, "data.file.path: %s", pcs_last_error());
     d->tx = pcs_st_find(d->st, xin);
@@ -189,12 +192,12 @@ static pcs_status_t st_open_data(pcs_data_t *d, const Pcs__V1__FileData *f)
     return check_rows(d, f->path, d->tx->ndim, d->tx->shape, d->ty->ndim, d->ty->shape, y_int);
 }
 
-static pcs_status_t npy_open_data(pcs_data_t *d, const Pcs__V1__FileData *f)
+static pcs_status_t npy_open_data(pcs_data_t *d, const Pcs__V1__FileData *f,
+                                  const pcs_root_t *root)
 {
     char xp[4096], yp[4096];
-    struct stat st;
     d->kind = SRC_NPY;
-    if (stat(f->path, &st) == 0 && S_ISDIR(st.st_mode)) {
+    if (pcs_root_is_dir(root, f->path)) {
         const char *xin = f->inputs && *f->inputs ? f->inputs : "inputs";
         const char *yin = f->targets && *f->targets ? f->targets : "targets";
         snprintf(xp, sizeof xp, "%s/%s%s", f->path, xin, ends_with(xin, ".npy") ? "" : ".npy");
@@ -212,9 +215,13 @@ static pcs_status_t npy_open_data(pcs_data_t *d, const Pcs__V1__FileData *f)
             snprintf(yp, sizeof yp, "%.*s/%s", dl, slash ? f->path : ".", f->targets);
         }
     }
-    pcs_status_t rc = pcs_npy_open(xp, &d->nx);
-    if (rc == PCS_OK)
-        rc = pcs_npy_open(yp, &d->ny);
+    int xfd = -1, yfd = -1;
+    PCS_CHECK(pcs_root_open_file(root, xp, "data.file.inputs", &xfd, NULL)); /* names the field */
+    pcs_status_t rc = pcs_npy_open_fd(xfd, xp, &d->nx);
+    if (rc == PCS_OK) {
+        PCS_CHECK(pcs_root_open_file(root, yp, "data.file.targets", &yfd, NULL));
+        rc = pcs_npy_open_fd(yfd, yp, &d->ny);
+    }
     if (rc != PCS_OK)
         return pcs_set_error(rc, "data.file: %s", pcs_last_error());
     if (d->nx->is_int)
@@ -225,6 +232,13 @@ static pcs_status_t npy_open_data(pcs_data_t *d, const Pcs__V1__FileData *f)
 
 pcs_status_t pcs_data_open(const struct Pcs__V1__DataSpec *spec, uint32_t input_dim,
                            uint32_t output_dim, pcs_loss_kind_t loss, pcs_data_t **out)
+{
+    return pcs_data_open_in(spec, NULL, input_dim, output_dim, loss, out);
+}
+
+pcs_status_t pcs_data_open_in(const struct Pcs__V1__DataSpec *spec, const pcs_root_t *root,
+                              uint32_t input_dim, uint32_t output_dim, pcs_loss_kind_t loss,
+                              pcs_data_t **out)
 {
     pcs_data_t *d = NULL;
     pcs_status_t rc;
@@ -247,9 +261,9 @@ pcs_status_t pcs_data_open(const struct Pcs__V1__DataSpec *spec, uint32_t input_
         if (!f || !f->path || !*f->path)
             rc = pcs_set_error(PCS_ERR_INVALID_ARG, "data.file.path: required");
         else if (ends_with(f->path, ".safetensors"))
-            rc = st_open_data(d, f);
+            rc = st_open_data(d, f, root);
         else
-            rc = npy_open_data(d, f);
+            rc = npy_open_data(d, f, root);
     }
     if (rc != PCS_OK) {
         pcs_data_close(d);

@@ -10,6 +10,7 @@
 
 #include "model/loss.h"
 #include "pcs/dtype.h"
+#include "pcs/file.h"
 #include "pcs/status.h"
 
 #ifdef __cplusplus
@@ -36,6 +37,11 @@ typedef struct pcs_data pcs_data_t;
  * PCS_ERR_NOT_FOUND for a missing file. Caller closes with pcs_data_close(). */
 pcs_status_t pcs_data_open(const struct Pcs__V1__DataSpec *spec, uint32_t input_dim,
                            uint32_t output_dim, pcs_loss_kind_t loss, pcs_data_t **out);
+/* The same with the file paths resolved beneath `root` (a worker's data root, pcs/file.h; NULL:
+ * as given, for tools and the reference trainer): a path that leaves it is PCS_ERR_PERMISSION. */
+pcs_status_t pcs_data_open_in(const struct Pcs__V1__DataSpec *spec, const pcs_root_t *root,
+                              uint32_t input_dim, uint32_t output_dim, pcs_loss_kind_t loss,
+                              pcs_data_t **out);
 void pcs_data_close(pcs_data_t *d);
 
 uint64_t pcs_data_num_samples(const pcs_data_t *d);

@@ -58,11 +58,20 @@ static void shape_str(char *buf, size_t cap, uint32_t ndim, const uint64_t *shap
 pcs_status_t pcs_init_from_safetensors(const char *path, const pcs_named_tensor_t *t, size_t n,
                                        float *const *dst, int *loaded)
 {
+    return pcs_init_from_safetensors_in(NULL, path, t, n, dst, loaded);
+}
+
+pcs_status_t pcs_init_from_safetensors_in(const pcs_root_t *root, const char *path,
+                                          const pcs_named_tensor_t *t, size_t n, float *const *dst,
+                                          int *loaded)
+{
     pcs_st_file_t *f = NULL;
     pcs_status_t rc = PCS_OK;
     if (!path || (!t && n) || (!dst && n))
         return pcs_set_error(PCS_ERR_INVALID_ARG, "init.from: NULL argument");
-    rc = pcs_st_open(path, &f);
+    int fd = -1;
+    PCS_CHECK(pcs_root_open_file(root, path, "init.from", &fd, NULL)); /* names the field */
+    rc = pcs_st_open_fd(fd, path, &f);
     if (rc != PCS_OK)
         return pcs_set_error(rc, "init.from: %s", pcs_last_error());
     /* Strict: every name in the file must be a model tensor. */

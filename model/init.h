@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "pcs/dtype.h"
+#include "pcs/file.h"
 #include "pcs/status.h"
 
 #ifdef __cplusplus
@@ -55,6 +56,10 @@ void pcs_init_uniform(uint64_t seed, const char *fqn, float lo, float hi, uint64
  * `loaded`, if not NULL, gets 1 per tensor found. */
 pcs_status_t pcs_init_from_safetensors(const char *path, const pcs_named_tensor_t *t, size_t n,
                                        float *const *dst, int *loaded);
+/* The same with `path` resolved beneath `root` (a worker's init root; NULL: as given). */
+pcs_status_t pcs_init_from_safetensors_in(const pcs_root_t *root, const char *path,
+                                          const pcs_named_tensor_t *t, size_t n, float *const *dst,
+                                          int *loaded);
 
 #ifdef __cplusplus
 }

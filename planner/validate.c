@@ -6,6 +6,7 @@
 #include "planner/validate.h"
 
 #include "pcs/dtype.h"
+#include "pcs/file.h"
 #include "pcs/strmap.h"
 
 #include <math.h>
@@ -579,6 +580,17 @@ static pcs_status_t check_training(vctx_t *v, const Pcs__V1__JobSpec *s)
 
 // ---- data, init, checkpoint, elastic, pipeline, backend -----------------------------------------
 
+/* A path a worker will resolve beneath one of its roots (DESIGN.md §10): what can be told here,
+ * without the roots, is that its `..` never climbs above where it starts. */
+static pcs_status_t path_syntax(vctx_t *v, const char *path, const char *field)
+{
+    if (pcs_path_check_syntax(path, field) == PCS_OK)
+        return PCS_OK;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", pcs_last_error());
+    return bad(v, "%s", msg);
+}
+
 static pcs_status_t check_data(vctx_t *v, const Pcs__V1__DataSpec *d)
 {
     if (!d)
@@ -594,6 +606,7 @@ static pcs_status_t check_data(vctx_t *v, const Pcs__V1__DataSpec *d)
             return bad(v, "data.file.inputs: required (tensor name of the inputs)");
         if (!f->targets || !*f->targets)
             return bad(v, "data.file.targets: required (tensor name of the targets)");
+        PCS_CHECK(path_syntax(v, f->path, "data.file.path"));
     }
     return PCS_OK;
 }
@@ -608,6 +621,10 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
 {
     if (s->init && s->init->from && *s->init->from && !ends_with(s->init->from, ".safetensors"))
         return bad(v, "init.from: must be a .safetensors file");
+    if (s->init && s->init->from && *s->init->from)
+        PCS_CHECK(path_syntax(v, s->init->from, "init.from"));
+    if (s->checkpoint && s->checkpoint->dir && *s->checkpoint->dir)
+        PCS_CHECK(path_syntax(v, s->checkpoint->dir, "checkpoint.dir"));
     if (s->checkpoint && s->checkpoint->every_steps > 0 &&
         (!s->checkpoint->dir || !*s->checkpoint->dir))
         return bad(v, "checkpoint.every_steps: requires checkpoint.dir");

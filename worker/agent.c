@@ -21,6 +21,7 @@
 #include "io/report.h"
 #include "pcs/clock.h"
 #include "pcs/kernels.h"
+#include "pcs/file.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
 #include "pcs/rpc.h"
@@ -60,6 +61,7 @@ struct pcs_agent {
     atomic_int quit; /* threads end */
     atomic_int reopen_watch;
     atomic_int leaving; /* Deregister is under way or done: never register again */
+    pcs_root_t *roots[3]; /* data, init, checkpoint: where a job's paths may lead */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -715,6 +717,9 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
         tc.inject_inf_rank = a->inject_inf_rank;
         tc.step_pause_ms = a->step_pause_ms;
         tc.prefetch = -1;
+        tc.data_root = a->roots[0];
+        tc.init_root = a->roots[1];
+        tc.checkpoint_root = a->roots[2];
         st = pcs_train_create(&tc, &t);
     }
     if (st == PCS_OK && t) {
@@ -837,6 +842,16 @@ pcs_status_t pcs_agent_create(const pcs_agent_config_t *cfg, pcs_agent_t **out)
     PCS_CHECK_GOTO(pcs_strdup(cfg->hostname ? cfg->hostname : "127.0.0.1", &a->hostname), st, fail);
     if (cfg->report_dir && cfg->report_dir[0])
         PCS_CHECK_GOTO(pcs_strdup(cfg->report_dir, &a->report_dir), st, fail);
+    {
+        const char *base = cfg->root && cfg->root[0] ? cfg->root : ".";
+        const char *given[3] = {cfg->data_root, cfg->init_root, cfg->checkpoint_root};
+        static const char *const what[3] = {"data root", "init root", "checkpoint root"};
+        for (int i = 0; i < 3; i++) {
+            const char *dir = given[i] && given[i][0] ? given[i] : base;
+            PCS_CHECK_GOTO(pcs_root_open(dir, what[i], &a->roots[i]), st, fail);
+            PCS_INFO(PCS_SUB_WORKER, "%s: %s", what[i], pcs_root_path(a->roots[i]));
+        }
+    }
     a->rpc_timeout_ms = cfg->rpc_timeout_ms ? cfg->rpc_timeout_ms : 5000;
     a->coll_timeout_ms = cfg->coll_timeout_ms ? cfg->coll_timeout_ms : 30000;
     a->heartbeat_ms = cfg->heartbeat_ms;
@@ -978,6 +993,8 @@ void pcs_agent_destroy(pcs_agent_t *a)
     free(a->coll);
     free(a->hostname);
     free(a->report_dir);
+    for (int i = 0; i < 3; i++)
+        pcs_root_close(a->roots[i]);
     pthread_cond_destroy(&a->cv);
     pthread_mutex_destroy(&a->mu);
     free(a);

@@ -48,6 +48,10 @@ typedef struct pcs_agent_config {
     uint64_t inject_inf_step; /* test hook, see pcs_train_config_t */
     uint32_t inject_inf_rank;
     uint32_t step_pause_ms; /* test hook, see pcs_train_config_t */
+    /* Where a job's paths may lead (DESIGN.md §10): data.file, init.from and checkpoint.dir
+     * resolve beneath these directories (opened at create: a missing one fails it). NULL or ""
+     * = `root`; `root` NULL or "" = the working directory. */
+    const char *root, *data_root, *init_root, *checkpoint_root;
     pcs_agent_job_fn job_fn; /* NULL = the built-in training loop (pcs-worker) */
     void *job_ctx;
 } pcs_agent_config_t;

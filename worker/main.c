@@ -31,6 +31,14 @@ static const pcs_opt_t worker_opts[] = {
     {"report-flush-ms", PCS_OPT_U32, "30000", 1, 3600000,
      "at exit, how long queued step reports (a job's final one) wait for the coordinator"},
     {"report-dir", PCS_OPT_STRING, "", 0, 0, "also write each step report to this directory"},
+    {"root", PCS_OPT_STRING, ".", 0, 0,
+     "directory a job's files (data, init.from, checkpoints) must lie beneath, unless a root "
+     "below names another"},
+    {"data-root", PCS_OPT_STRING, "", 0, 0, "where data.file paths may lead (empty: --root)"},
+    {"init-root", PCS_OPT_STRING, "", 0, 0, "where init.from may lead (empty: --root)"},
+    {"checkpoint-root", PCS_OPT_STRING, "", 0, 0,
+     "where checkpoint.dir may lead (empty: --root); a job writes only its subdirectory named by "
+     "its job id"},
     {"log-level", PCS_OPT_STRING, "info", 0, 0, "error | warn | info | debug | trace"},
     {"simulate-cuda", PCS_OPT_U32, "0", 0, PCS_SIMULATE_CUDA_MAX_DEVICES,
      "test hook: N > 0 makes backend cuda a simulated device (N devices) computing on the host"},
@@ -102,6 +110,10 @@ int main(int argc, char **argv)
     ac.reconnect_max_ms = pcs_config_u32(cfg, "reconnect-max-ms");
     ac.flush_ms = pcs_config_u32(cfg, "report-flush-ms");
     ac.report_dir = pcs_config_str(cfg, "report-dir");
+    ac.root = pcs_config_str(cfg, "root");
+    ac.data_root = pcs_config_str(cfg, "data-root");
+    ac.init_root = pcs_config_str(cfg, "init-root");
+    ac.checkpoint_root = pcs_config_str(cfg, "checkpoint-root");
     ac.inject_inf_step = pcs_config_u64(cfg, "inject-inf-step");
     ac.inject_inf_rank = pcs_config_u32(cfg, "inject-inf-rank");
     ac.step_pause_ms = pcs_config_u32(cfg, "step-pause-ms");

@@ -47,6 +47,7 @@ struct pcs_train {
     pcs_runtime_t *rt;
     pcs_data_t *data;
     pcs_loss_kind_t loss;
+    pcs_ckpt_dir_t ckpt; /* the job's own checkpoint directory (fd -1: none) */
 
     int32_t *mod_unit;   /* module index -> unit whose root it is, -1 otherwise */
     uint32_t *fwd_order; /* units in forward order */
@@ -219,10 +220,27 @@ static pcs_status_t load_init_file(pcs_train_t *t)
             PCS_CHECK_GOTO(pcs_mlp_init_tensor(t->model, seed, 1, i - np, 0, all[i].numel, dst[i]),
                            st, out);
     }
-    st = pcs_init_from_safetensors(from, all, np + nb, dst, NULL);
+    st = pcs_init_from_safetensors_in(t->cfg.init_root, from, all, np + nb, dst, NULL);
 out:
     free(all);
     free(dst);
+    return st;
+}
+
+/* The job's own checkpoint directory: <checkpoint.dir>/<job id> beneath the checkpoint root,
+ * claimed for this job (pcs_ckpt_job_dir), so it neither reads nor prunes another job's steps. */
+static pcs_status_t open_checkpoint_dir(pcs_train_t *t)
+{
+    const char *dir = t->spec->checkpoint ? t->spec->checkpoint->dir : NULL;
+    if (!dir || !dir[0])
+        return PCS_OK;
+    int fd = -1;
+    PCS_CHECK(pcs_root_open_dir(t->cfg.checkpoint_root, dir, "checkpoint.dir", 1, &fd));
+    pcs_ckpt_dir_t base;
+    pcs_ckpt_dir_adopt(fd, dir, &base);
+    const char *uid = t->as->job_uid && *t->as->job_uid ? t->as->job_uid : t->as->job_id;
+    pcs_status_t st = pcs_ckpt_job_dir(&base, t->as->job_id, uid, &t->ckpt);
+    pcs_ckpt_dir_close(&base);
     return st;
 }
 
@@ -376,6 +394,7 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     pcs_status_t st;
     PCS_CHECK(pcs_calloc(1, sizeof *t, (void **)&t));
     t->cfg = *cfg;
+    t->ckpt.fd = -1;
     t->as = cfg->assignment;
     t->spec = t->as->spec;
     t->plan = t->as->plan;
@@ -430,8 +449,10 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     /* Eval reads the global eval batch (D*b rows, as the reference) and forwards this rank's b. */
     uint32_t eval_rows = t->D * t->b;
     PCS_CHECK_GOTO(pcs_mlp_create_on(&mc, t->b, t->be, t->stream, &t->model), st, fail);
-    PCS_CHECK_GOTO(pcs_data_open(spec->data, mc.input_dim, mc.output_dim, t->loss, &t->data), st,
-                   fail);
+    PCS_CHECK_GOTO(pcs_data_open_in(spec->data, t->cfg.data_root, mc.input_dim, mc.output_dim,
+                                    t->loss, &t->data),
+                   st, fail);
+    PCS_CHECK_GOTO(open_checkpoint_dir(t), st, fail);
 
     /* Units: map root modules, forward order = order of their root modules. */
     t->n_units = t->plan->n_units;
@@ -568,6 +589,7 @@ void pcs_train_destroy(pcs_train_t *t)
 {
     if (!t)
         return;
+    pcs_ckpt_dir_close(&t->ckpt);
     pcs_runtime_destroy(t->rt);
     pcs_mlp_destroy(t->model);
     pcs_data_close(t->data);
@@ -734,9 +756,9 @@ void pcs_train_scaler_update(const Pcs__V1__GradScalerSpec *g, int found_inf, do
  * prunes after every rank has written. */
 static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
 {
-    const char *dir = t->spec->checkpoint ? t->spec->checkpoint->dir : NULL;
-    if (!dir || !dir[0])
+    if (t->ckpt.fd < 0)
         return PCS_OK;
+    const char *dir = t->ckpt.path;
     pcs_ckpt_rank_file_t *f = NULL;
     void **host = NULL; /* per unit: master (storage dtype), state a, state b, master dtype;
                          * then one converted copy per buffer */
@@ -819,13 +841,13 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
         m.replicate_index = sh.replicate_index;
         m.plan_hash = t->as->plan_hash;
         m.loss_scale = t->scale;
-        PCS_CHECK_GOTO(pcs_ckpt_rank_file_write(dir, &m, f), st, out);
+        PCS_CHECK_GOTO(pcs_ckpt_rank_file_write_in(&t->ckpt, &m, f), st, out);
     }
     PCS_CHECK_GOTO(pcs_runtime_barrier(t->rt), st, out);
     if (t->as->rank == 0) {
-        PCS_CHECK_GOTO(pcs_ckpt_commit(dir, step, t->plan), st, out);
+        PCS_CHECK_GOTO(pcs_ckpt_commit_in(&t->ckpt, step, t->plan), st, out);
         /* the step is committed: failing to clean up older ones must not fail the job */
-        if (pcs_ckpt_prune(dir, step, t->spec->checkpoint->keep_last) != PCS_OK)
+        if (pcs_ckpt_prune_in(&t->ckpt, step, t->spec->checkpoint->keep_last) != PCS_OK)
             PCS_WARN(PCS_SUB_WORKER, "checkpoint of step %llu committed; prune failed: %s",
                      (unsigned long long)step, pcs_last_error());
     }

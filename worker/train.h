@@ -8,6 +8,7 @@
 #include <stdint.h>
 
 #include "coll/coll.h"
+#include "pcs/file.h"
 #include "pcs/status.h"
 #include "pcs/v1/worker.pb-c.h"
 
@@ -46,6 +47,11 @@ typedef struct pcs_train_config {
     int stage_host;
     /* Overrides for the bench: -1 = plan's prefetch depth. */
     int prefetch;
+    /* Where the spec's paths may lead (DESIGN.md §10, pcs/file.h): data.file, init.from and
+     * checkpoint.dir resolve beneath these (retained; NULL = as given: local runs and tools). The
+     * checkpoints go to the job's own <checkpoint.dir>/<job id>, claimed by assignment.job_uid
+     * (or the job id when the assignment has none). */
+    const pcs_root_t *data_root, *init_root, *checkpoint_root;
 } pcs_train_config_t;
 
 /* Summary of a finished run. */

@@ -56,3 +56,10 @@ pcs_add_test(NAME test_security SOURCES integration/test_security.c ${PCS_E2E_UT
              LIBS pcs_worker LABELS integration TIMEOUT 300)
 set_target_properties(test_security PROPERTIES LINKER_LANGUAGE CXX)
 add_dependencies(test_security pcs-coordinator pcs-worker)
+# Confined files: spec paths outside the workers' roots (climbing, absolute, symlinks out, a FIFO,
+# a foreign file's bytes), a symlinked step dir, two jobs and two coordinators on one checkpoint
+# root.
+pcs_add_test(NAME test_confine SOURCES integration/test_confine.c ${PCS_E2E_UTIL}
+             LIBS pcs_worker LABELS integration TIMEOUT 300)
+set_target_properties(test_confine PROPERTIES LINKER_LANGUAGE CXX)
+add_dependencies(test_confine pcs-coordinator pcs-worker)

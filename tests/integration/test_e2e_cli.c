@@ -37,7 +37,7 @@ static void test_demo_trains_exports_and_matches_reference(void **state)
     free(out);
 
     /* export again from the demo's checkpoint with the CLI and read the file back */
-    snprintf(cmd, sizeof cmd, "%s export --checkpoint %s/run/ckpt %s/again.safetensors 2>&1",
+    snprintf(cmd, sizeof cmd, "%s export --checkpoint %s/run/ckpt/job-1 %s/again.safetensors 2>&1",
              pcs_test_bin("pcsctl"), dir, dir);
     out = pcs_test_run(cmd, &status);
     assert_non_null(out);

@@ -62,6 +62,8 @@ int e2e_spawn_workers(e2e_cluster_t *c, int n, const char *const *extra)
         argv[k++] = "8000";
         argv[k++] = "--heartbeat-interval-ms";
         argv[k++] = "300";
+        argv[k++] = "--root"; /* the test's files (data, init.from, checkpoints) are all here */
+        argv[k++] = c->dir;
         for (int j = 0; extra && extra[j] && k < 38; j++)
             argv[k++] = extra[j];
         argv[k] = NULL;
@@ -154,8 +156,16 @@ int e2e_submit(e2e_cluster_t *c, const char *yaml, const char *tag, e2e_job_t *j
     if (!spec)
         return -1;
     char ckpt[1100];
-    snprintf(ckpt, sizeof ckpt, "%s/ckpt-%s", c->dir, tag);
-    set_ckpt_dir(spec, ckpt);
+    if (spec->checkpoint && spec->checkpoint->dir && spec->checkpoint->dir[0]) {
+        /* the job names its own (relative: beneath the workers' root, the cluster dir) */
+        if (spec->checkpoint->dir[0] == '/')
+            snprintf(ckpt, sizeof ckpt, "%s", spec->checkpoint->dir);
+        else
+            snprintf(ckpt, sizeof ckpt, "%s/%s", c->dir, spec->checkpoint->dir);
+    } else {
+        snprintf(ckpt, sizeof ckpt, "%s/ckpt-%s", c->dir, tag);
+        set_ckpt_dir(spec, ckpt);
+    }
     job->world = 1;
     for (size_t i = 0; i < spec->n_mesh; i++)
         job->world *= (int)spec->mesh[i]->size;
@@ -254,9 +264,9 @@ int e2e_wait_job(e2e_cluster_t *c, e2e_job_t *job, int timeout_ms)
     }
     e2e_load_reports(c, job);
     if (job->state == PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED) {
-        char ckpt[1100];
-        snprintf(ckpt, sizeof ckpt, "%.1000s", job->export_path);
-        snprintf(job->export_path, sizeof job->export_path, "%s/final.safetensors", ckpt);
+        char ckpt[1200]; /* the job's own directory in its checkpoint.dir */
+        snprintf(ckpt, sizeof ckpt, "%.1000s/%.100s", job->export_path, job->job_id);
+        snprintf(job->export_path, sizeof job->export_path, "%.1100s/final.safetensors", ckpt);
         if (pcs_ckpt_export(ckpt, 0, job->export_path, NULL) != PCS_OK) {
             fprintf(stderr, "e2e: export failed: %s\n", pcs_last_error());
             job->export_path[0] = 0;
@@ -586,7 +596,7 @@ int e2e_run_local(const char *yaml, const char *tag, int world, uint64_t inject_
     memset(job, 0, sizeof *job);
     char *dir = pcs_test_tmpdir(tag);
     *dir_out = dir;
-    char ckpt[1100];
+    char ckpt[1200];
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", dir);
     snprintf(job->job_id, sizeof job->job_id, "local");
     job->world = world;
@@ -644,7 +654,8 @@ int e2e_run_local(const char *yaml, const char *tag, int world, uint64_t inject_
     if (!job->reason[0] && died[0])
         snprintf(job->reason, sizeof job->reason, "%s", died);
     if (ok) {
-        snprintf(job->export_path, sizeof job->export_path, "%.1000s/final.safetensors", ckpt);
+        strncat(ckpt, "/local", sizeof ckpt - strlen(ckpt) - 1); /* the job's own directory */
+        snprintf(job->export_path, sizeof job->export_path, "%.1100s/final.safetensors", ckpt);
         if (pcs_ckpt_export(ckpt, 0, job->export_path, NULL) != PCS_OK) {
             fprintf(stderr, "e2e: export failed: %s\n", pcs_last_error());
             job->export_path[0] = 0;

@@ -46,9 +46,9 @@ int e2e_free_port(void);
 int e2e_start_coord_at(e2e_cluster_t *c, int port, const char *const *extra);
 /* Spawn n workers (--max-jobs 1, reports into the cluster dir); extra args appended to each. */
 int e2e_spawn_workers(e2e_cluster_t *c, int n, const char *const *extra);
-/* Submit `yaml` (a JobSpec; the checkpoint dir is set to <dir>/ckpt-<tag>), wait for a terminal
- * state up to timeout_ms, load the reports and export the final parameters when it succeeded.
- * Returns 0 when the job reached a terminal state (check job->state). */
+/* Submit `yaml` (a JobSpec; a checkpoint dir it does not name is <dir>/ckpt-<tag>), wait for a
+ * terminal state up to timeout_ms, load the reports and export the final parameters when it
+ * succeeded. Returns 0 when the job reached a terminal state (check job->state). */
 int e2e_run_job(e2e_cluster_t *c, const char *yaml, const char *tag, int timeout_ms,
                 e2e_job_t *job);
 /* Same but only submits; e2e_wait_job finishes it. */

@@ -204,6 +204,26 @@ static void test_non_loopback_plaintext_listen_needs_insecure(void **state)
     assert_int_equal(status, 2);
     assert_non_null(strstr(out, "--insecure"));
     free(out);
+    /* /metrics is plaintext too: a non-loopback address needs --insecure as well */
+    snprintf(cmd, sizeof cmd, "%s --listen 127.0.0.1:0 --metrics-listen 0.0.0.0:0 2>&1",
+             pcs_test_bin("pcs-coordinator"));
+    out = pcs_test_run(cmd, &status);
+    assert_int_equal(status, 2);
+    assert_non_null(strstr(out, "metrics-listen 0.0.0.0:0: plaintext HTTP"));
+    free(out);
+    /* tokens over plaintext on a non-loopback address: served (--insecure) but said loudly */
+    char tokens[1200];
+    snprintf(tokens, sizeof tokens, "%s/tokens.conf", f->dir);
+    FILE *t = fopen(tokens, "w");
+    assert_non_null(t);
+    fputs("admin adm-0123456789abcdef\n", t);
+    fclose(t);
+    snprintf(cmd, sizeof cmd,
+             "timeout -s TERM 3 %s --listen 0.0.0.0:0 --insecure --token-file %s 2>&1",
+             pcs_test_bin("pcs-coordinator"), tokens);
+    out = pcs_test_run(cmd, &status);
+    assert_non_null(strstr(out, "WARNING: bearer tokens over plaintext gRPC on 0.0.0.0:0"));
+    free(out);
     /* a key without its certificate is a usage error naming both flags */
     snprintf(cmd, sizeof cmd, "%s --tls-key %s/srv.key 2>&1", pcs_test_bin("pcs-coordinator"),
              f->dir);

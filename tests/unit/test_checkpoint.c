@@ -453,6 +453,123 @@ static void test_prune_keeps_the_last_committed_steps_of_this_job(void **state)
     free(dir);
 }
 
+/* Issue 12: a checkpoint directory is shared with whoever else can write there. A step directory
+ * that is a symlink into another directory is never entered by the prune (4 of 5 files of the
+ * target were deleted before), links planted as rank files or under the commit's names are
+ * replaced or removed as links, never followed. */
+static void test_links_planted_in_a_checkpoint_are_never_followed(void **state)
+{
+    (void)state;
+    fixture_t f;
+    make_plan(&f);
+    char *base = pcs_test_tmpdir("ckpt-links");
+    char dir[1100], other[1100], path[1300], victim[1300];
+    snprintf(dir, sizeof dir, "%s/ckpt", base);
+    snprintf(other, sizeof other, "%s/other", base);
+    assert_int_equal(mkdir(dir, 0755), 0);
+    assert_int_equal(mkdir(other, 0755), 0);
+    const char *names[] = {"COMPLETE", "plan.pb", "rank-00000.safetensors",
+                           "rank-00001.safetensors", "x.tmp.1"};
+    for (int i = 0; i < 5; i++) { /* another directory holding files with pcs' names */
+        snprintf(path, sizeof path, "%s/%s", other, names[i]);
+        FILE *w = fopen(path, "w");
+        assert_non_null(w);
+        fputs("theirs", w);
+        fclose(w);
+    }
+    snprintf(path, sizeof path, "%s/step-00000001", dir);
+    assert_int_equal(symlink(other, path), 0);
+    /* links where the commit writes: latest, and a rank file of the next step */
+    snprintf(victim, sizeof victim, "%s/COMPLETE", other);
+    snprintf(path, sizeof path, "%s/latest", dir);
+    assert_int_equal(symlink(victim, path), 0);
+    commit_job(dir, &f, 2, "job-a");
+    commit_job(dir, &f, 3, "job-a");
+    assert_int_equal(pcs_ckpt_prune(dir, 3, 1), PCS_OK);
+    for (int i = 0; i < 5; i++) {
+        snprintf(path, sizeof path, "%s/%s", other, names[i]);
+        char *t = pcs_test_read_file(path, NULL);
+        assert_non_null(t);
+        assert_string_equal(t, "theirs");
+        free(t);
+    }
+    snprintf(path, sizeof path, "%s/step-00000001", dir);
+    struct stat sb;
+    assert_int_equal(lstat(path, &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode)); /* not ours: left as it was */
+    snprintf(path, sizeof path, "%s/latest", dir);
+    assert_int_equal(lstat(path, &sb), 0);
+    assert_true(S_ISREG(sb.st_mode)); /* the link was replaced by our file */
+    uint64_t latest = 0;
+    assert_int_equal(pcs_ckpt_latest(dir, &latest), PCS_OK);
+    assert_int_equal(latest, 3);
+    assert_false(step_exists(dir, 2));
+    /* a rank file that is a link is not read by the commit */
+    write_rank_job(dir, &f, 0, 4, "job-a");
+    snprintf(path, sizeof path, "%s/step-00000004/rank-00001.safetensors", dir);
+    char src[1300];
+    snprintf(src, sizeof src, "%s/step-00000003/rank-00001.safetensors", dir);
+    assert_int_equal(symlink(src, path), 0);
+    assert_int_equal(pcs_ckpt_commit(dir, 4, &f.plan), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "a symlink (not followed)"));
+    pcs_test_rmtree(base);
+    free(base);
+}
+
+/* Each job checkpoints into its own subdirectory, claimed by its uid: another job that reuses
+ * the id (a new coordinator's job-1) is refused and touches nothing there. */
+static void test_a_job_directory_belongs_to_one_job(void **state)
+{
+    (void)state;
+    fixture_t f;
+    make_plan(&f);
+    char *base = pcs_test_tmpdir("ckpt-job");
+    pcs_ckpt_dir_t b, j, again;
+    assert_int_equal(pcs_ckpt_dir_open(base, 0, &b), PCS_OK);
+    assert_int_equal(pcs_ckpt_job_dir(&b, "job-1", "coord-a/job-1", &j), PCS_OK);
+    char jd[1100];
+    snprintf(jd, sizeof jd, "%s/job-1", base);
+    commit_job(jd, &f, 2, "job-1");
+    pcs_ckpt_dir_close(&j);
+    /* the same job again (another rank, a restart): the same directory */
+    assert_int_equal(pcs_ckpt_job_dir(&b, "job-1", "coord-a/job-1", &again), PCS_OK);
+    uint64_t latest = 0;
+    assert_int_equal(pcs_ckpt_latest_in(&again, &latest), PCS_OK);
+    assert_int_equal(latest, 2);
+    pcs_ckpt_dir_close(&again);
+    /* job-1 of another coordinator */
+    assert_int_equal(pcs_ckpt_job_dir(&b, "job-1", "coord-b/job-1", &again), PCS_ERR_STATE);
+    assert_non_null(strstr(pcs_last_error(), "holds the checkpoints of another job job-1"));
+    assert_int_equal(again.fd, -1);
+    assert_true(step_exists(jd, 2));
+    assert_int_equal(pcs_ckpt_job_dir(&b, "../x", "u", &again), PCS_ERR_INVALID_ARG);
+    pcs_ckpt_dir_close(&b);
+    pcs_test_rmtree(base);
+    free(base);
+}
+
+/* A worker keeps its job's directory open for the whole job: every prune through that one handle
+ * sees the whole directory (a listing once shared the offset of the one before and saw
+ * nothing). */
+static void test_prunes_through_one_held_directory_see_every_step(void **state)
+{
+    (void)state;
+    fixture_t f;
+    make_plan(&f);
+    char *dir = pcs_test_tmpdir("ckpt-held");
+    pcs_ckpt_dir_t d;
+    assert_int_equal(pcs_ckpt_dir_open(dir, 0, &d), PCS_OK);
+    for (uint64_t step = 1; step <= 4; step++) {
+        commit_job(dir, &f, step, "job-h");
+        assert_int_equal(pcs_ckpt_prune_in(&d, step, 1), PCS_OK);
+        for (uint64_t s = 1; s <= step; s++)
+            assert_int_equal(step_exists(dir, s), s == step);
+    }
+    pcs_ckpt_dir_close(&d);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
 /* Units differ in where their shard sits: unit 0 sharded over the 2 ranks, unit 1 replicated
  * (a NO_SHARD / full-precision unit: each rank holds all of it, replicas 0 and 1). With only
  * file-level indices taken from the last unit (replicated: shard 0, replica = rank), no file
@@ -659,6 +776,9 @@ int main(void)
         cmocka_unit_test(test_export_of_a_truncated_or_garbage_rank_file_fails_cleanly),
         cmocka_unit_test(test_stale_rank_files_of_an_earlier_run_are_never_exported),
         cmocka_unit_test(test_prune_keeps_the_last_committed_steps_of_this_job),
+        cmocka_unit_test(test_links_planted_in_a_checkpoint_are_never_followed),
+        cmocka_unit_test(test_a_job_directory_belongs_to_one_job),
+        cmocka_unit_test(test_prunes_through_one_held_directory_see_every_step),
         cmocka_unit_test(test_an_empty_complete_is_not_a_checkpoint),
         cmocka_unit_test(test_export_uses_per_unit_indices_for_mixed_sharded_and_replicated_units),
         cmocka_unit_test(test_rank_file_builder_writes_what_export_reads),

@@ -69,6 +69,25 @@ static pcs_status_t open_image(const char *header, const void *data, size_t dlen
     return rc;
 }
 
+/* Issue 12: a spec may name any readable file; the failure reason, which any viewer reads, must
+ * not carry its bytes (the header length of "SECRET42..." was printed as 3617609057394967891). */
+static void test_errors_on_a_foreign_file_carry_none_of_its_bytes(void **state)
+{
+    (void)state;
+    const char *path = tmp_path("secret.txt");
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs("SECRET42 is the password of the day\n", f);
+    fclose(f);
+    pcs_st_file_t *st = NULL;
+    assert_int_equal(pcs_st_open(path, &st), PCS_ERR_INVALID_ARG);
+    const char *err = pcs_last_error();
+    assert_non_null(strstr(err, "not a safetensors file"));
+    assert_null(strstr(err, "SECRET"));
+    assert_null(strstr(err, "3617609057394967891"));
+    assert_null(strstr(err, "password"));
+}
+
 static void test_round_trip_every_dtype(void **state)
 {
     (void)state;
@@ -478,6 +497,7 @@ static void test_fuzz_target_replays_mutations(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_errors_on_a_foreign_file_carry_none_of_its_bytes),
         cmocka_unit_test(test_round_trip_every_dtype),
         cmocka_unit_test(test_writer_header_is_compact_json),
         cmocka_unit_test(test_reads_reference_layout_and_other_dtypes),
