@@ -13,6 +13,8 @@
 #include "pcs/pbtext.h"
 #include "pcs/v1/worker.pb-c.h"
 #include "planner/plan.h"
+#include "planner/reshard.h"
+#include "io/checkpoint.h"
 #include "planner/validate.h"
 
 #define PLAN_USAGE "pcsctl plan FILE [--world N] [--json] [--rank R]"
@@ -193,6 +195,60 @@ static int parse_u32(const char *s, uint32_t *out)
     return 0;
 }
 
+/* A job that resumes (spec.resume): which elements each rank reads from which rank file of the
+ * checkpoint (planner/reshard.h), per rank, and segment by segment for --rank. */
+static int print_transfer(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *plan, int have_rank,
+                          uint32_t only)
+{
+    pcs_ckpt_dir_t d;
+    pcs_ckpt_reader_t *r = NULL;
+    if (pcs_ckpt_dir_open(spec->resume->from, 0, &d) != PCS_OK ||
+        pcs_ckpt_reader_open(&d, spec->resume->step, &r) != PCS_OK) {
+        printf("# resume from %s: not readable here (%s); the workers resolve it beneath their "
+               "checkpoint root\n",
+               spec->resume->from, pcs_last_error());
+        pcs_ckpt_dir_close(&d);
+        return PCS_CLI_OK;
+    }
+    pcs_ckpt_dir_close(&d);
+    const Pcs__V1__Plan *old = pcs_ckpt_reader_plan(r);
+    printf("# resume from %s step %llu (written by %u ranks, plan %016" PRIx64 "):\n",
+           pcs_ckpt_reader_path(r), (unsigned long long)pcs_ckpt_reader_step(r), old->world_size,
+           old->hash);
+    int rc = PCS_CLI_OK;
+    for (uint32_t k = have_rank ? only : 0; k < plan->world_size && rc == PCS_CLI_OK; k++) {
+        if (!have_rank && k == 64) {
+            printf("#   ... %u more ranks (--rank R for one)\n", plan->world_size - 64);
+            break;
+        }
+        pcs_xfer_seg_t *segs = NULL;
+        size_t n = 0;
+        if (pcs_plan_transfer(old, plan, k, &segs, &n) != PCS_OK) {
+            rc = pcs_cli_fail("plan: resume: %s", pcs_last_error());
+            break;
+        }
+        uint64_t *from = calloc(old->world_size, sizeof *from);
+        for (size_t i = 0; from && i < n; i++)
+            from[segs[i].src_rank] += segs[i].count;
+        printf("#   rank %u reads", k);
+        for (uint32_t o = 0; from && o < old->world_size; o++)
+            if (from[o])
+                printf(" %llu from rank-%05u", (unsigned long long)from[o], o);
+        printf(" (elements of each of param and optimizer state; %zu segments)\n", n);
+        for (size_t i = 0; have_rank && i < n; i++)
+            printf("#     unit %u [%llu, +%llu) <- rank-%05u unit.%u [%llu, +%llu)\n",
+                   segs[i].unit, (unsigned long long)segs[i].dst,
+                   (unsigned long long)segs[i].count, segs[i].src_rank, segs[i].src_unit,
+                   (unsigned long long)segs[i].src, (unsigned long long)segs[i].count);
+        free(from);
+        free(segs);
+        if (have_rank)
+            break;
+    }
+    pcs_ckpt_reader_close(r);
+    return rc;
+}
+
 int pcs_cli_plan(int argc, char **argv)
 {
     const char *file = NULL;
@@ -302,7 +358,9 @@ int pcs_cli_plan(int argc, char **argv)
         }
         print_estimate(&est, "estimate");
     }
-    rc = PCS_CLI_OK;
+    rc = spec->resume && spec->resume->from && spec->resume->from[0]
+             ? print_transfer(spec, plan, have_rank, rank)
+             : PCS_CLI_OK;
 out:
     pcs_plan_free(plan);
     protobuf_c_message_free_unpacked(msg, NULL);

@@ -312,6 +312,7 @@ static const Pcs__V1__JobSpec *job_spec(pcs_server_t *s, const pcs_coord_job_t *
 
 static void send_event(pcs_server_t *s, pcs_coord_worker_t *w, const pcs_coord_event_t *e)
 {
+    char uid[64]; /* the assignment's job uid: alive until the event is sent */
     pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, e->job);
     Pcs__V1__AssignmentEvent ev = PCS__V1__ASSIGNMENT_EVENT__INIT;
     Pcs__V1__Assignment a = PCS__V1__ASSIGNMENT__INIT;
@@ -333,7 +334,6 @@ static void send_event(pcs_server_t *s, pcs_coord_worker_t *w, const pcs_coord_e
         a.spec = j->spec;
         a.plan = j->plan;
         a.plan_hash = j->plan_hash;
-        char uid[64];
         snprintf(uid, sizeof uid, "%016" PRIx64 "/%s", s->coordinator_id, j->id);
         a.job_uid = uid;
         if (j->plan && pcs_plan_rank_estimate(j->plan, e->rank, &est) == PCS_OK)

@@ -133,7 +133,7 @@ static pcs_status_t write_rank_in(const pcs_ckpt_dir_t *d, const pcs_ckpt_rank_m
     }
     snprintf(name, sizeof name, "rank-%05u.safetensors", m->rank);
     shown_in(&sd, name, path, sizeof path);
-    char v[8][64];
+    char v[11][64];
     snprintf(v[0], 64, "%llu", (unsigned long long)m->step);
     snprintf(v[1], 64, "%u", m->rank);
     snprintf(v[2], 64, "%u", m->world_size);
@@ -142,6 +142,9 @@ static pcs_status_t write_rank_in(const pcs_ckpt_dir_t *d, const pcs_ckpt_rank_m
     snprintf(v[5], 64, "%u", m->pp_index);
     snprintf(v[6], 64, "%016llx", (unsigned long long)m->plan_hash);
     snprintf(v[7], 64, "%.17g", m->loss_scale);
+    snprintf(v[8], 64, "%llu", (unsigned long long)m->opt_steps);
+    snprintf(v[9], 64, "%u", m->growth_tracker);
+    snprintf(v[10], 64, "%llu", (unsigned long long)m->skipped_steps);
     const char *fixed[] = {"format",
                            "pcs-shard",
                            "job_id",
@@ -161,7 +164,13 @@ static pcs_status_t write_rank_in(const pcs_ckpt_dir_t *d, const pcs_ckpt_rank_m
                            "plan_hash",
                            v[6],
                            "loss_scale",
-                           v[7]};
+                           v[7],
+                           "opt_steps",
+                           v[8],
+                           "growth_tracker",
+                           v[9],
+                           "skipped_steps",
+                           v[10]};
     size_t nf = sizeof fixed / sizeof fixed[0];
     size_t nm = nf + 4 * m->n_units;
     const char **meta = NULL;
@@ -1015,4 +1024,147 @@ pcs_status_t pcs_ckpt_job_dir(const pcs_ckpt_dir_t *base, const char *job_id, co
     if (st != PCS_OK)
         pcs_ckpt_dir_close(out);
     return st;
+}
+
+// ---- reading a checkpoint back (resume) ----
+
+struct pcs_ckpt_reader {
+    pcs_ckpt_dir_t sd; /* the step directory */
+    manifest_t man;
+    int legacy;
+    uint64_t step;
+    Pcs__V1__Plan *plan;
+    pcs_st_file_t **files; /* per rank, opened on first use */
+};
+
+pcs_status_t pcs_ckpt_reader_open(const pcs_ckpt_dir_t *d, uint64_t step,
+                                  pcs_ckpt_reader_t **out)
+{
+    *out = NULL;
+    if (!d || d->fd < 0)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "resume: checkpoint directory required");
+    if (step == 0)
+        PCS_CHECK(pcs_ckpt_latest_in(d, &step));
+    pcs_ckpt_reader_t *r = NULL;
+    PCS_CHECK(pcs_calloc(1, sizeof *r, (void **)&r));
+    r->sd.fd = -1;
+    r->step = step;
+    pcs_status_t st;
+    PCS_CHECK_GOTO(step_open(d, step, 0, &r->sd), st, fail);
+    PCS_CHECK_GOTO(manifest_read(&r->sd, &r->man, &r->legacy), st, fail);
+    if (r->legacy) {
+        st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                           "%s: committed without a manifest (an older pcs): cannot resume from it",
+                           r->sd.path);
+        goto fail;
+    }
+    uint8_t *pbuf = NULL;
+    size_t plen = 0;
+    PCS_CHECK_GOTO(read_whole(&r->sd, "plan.pb", &pbuf, &plen), st, fail);
+    r->plan = pcs__v1__plan__unpack(NULL, plen, pbuf);
+    free(pbuf);
+    if (!r->plan || r->plan->world_size != r->man.world || r->man.step != step) {
+        st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s: plan.pb and the manifest disagree",
+                           r->sd.path);
+        goto fail;
+    }
+    PCS_CHECK_GOTO(pcs_calloc(r->man.world, sizeof *r->files, (void **)&r->files), st, fail);
+    *out = r;
+    return PCS_OK;
+fail:
+    pcs_ckpt_reader_close(r);
+    return st;
+}
+
+void pcs_ckpt_reader_close(pcs_ckpt_reader_t *r)
+{
+    if (!r)
+        return;
+    for (uint32_t i = 0; r->files && i < r->man.world; i++)
+        pcs_st_close(r->files[i]);
+    free(r->files);
+    free(r->man.sizes);
+    if (r->plan)
+        protobuf_c_message_free_unpacked(&r->plan->base, NULL);
+    pcs_ckpt_dir_close(&r->sd);
+    free(r);
+}
+
+uint64_t pcs_ckpt_reader_step(const pcs_ckpt_reader_t *r)
+{
+    return r->step;
+}
+
+const Pcs__V1__Plan *pcs_ckpt_reader_plan(const pcs_ckpt_reader_t *r)
+{
+    return r->plan;
+}
+
+const char *pcs_ckpt_reader_path(const pcs_ckpt_reader_t *r)
+{
+    return r->sd.path;
+}
+
+/* Rank r's file, opened and checked against the manifest on first use. */
+static pcs_status_t reader_file(pcs_ckpt_reader_t *r, uint32_t rank, pcs_st_file_t **f)
+{
+    if (rank >= r->man.world)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: no rank %u in a checkpoint of %u ranks",
+                             r->sd.path, rank, r->man.world);
+    if (!r->files[rank]) {
+        char name[64], path[1200];
+        snprintf(name, sizeof name, "rank-%05u.safetensors", rank);
+        shown_in(&r->sd, name, path, sizeof path);
+        pcs_st_file_t *file = NULL;
+        PCS_CHECK(pcs_st_open_at(r->sd.fd, name, path, &file));
+        struct stat sb;
+        pcs_status_t st = PCS_OK;
+        if (fstatat(r->sd.fd, name, &sb, AT_SYMLINK_NOFOLLOW) != 0 ||
+            (long long)sb.st_size != r->man.sizes[rank])
+            st = pcs_set_error(PCS_ERR_STATE, "%s: not the file the commit recorded", path);
+        if (st == PCS_OK)
+            st = check_rank_file(path, file, rank, r->step, r->man.job, r->man.hash);
+        if (st != PCS_OK) {
+            pcs_st_close(file);
+            return st;
+        }
+        r->files[rank] = file;
+    }
+    *f = r->files[rank];
+    return PCS_OK;
+}
+
+const char *pcs_ckpt_reader_meta(pcs_ckpt_reader_t *r, uint32_t rank, const char *key)
+{
+    pcs_st_file_t *f = NULL;
+    if (reader_file(r, rank, &f) != PCS_OK)
+        return NULL;
+    return pcs_st_metadata(f, key);
+}
+
+pcs_status_t pcs_ckpt_reader_read(pcs_ckpt_reader_t *r, uint32_t rank, const char *tensor,
+                                  uint64_t first, uint64_t count, float *dst)
+{
+    pcs_st_file_t *f = NULL;
+    PCS_CHECK(reader_file(r, rank, &f));
+    const pcs_st_tensor_t *t = pcs_st_find(f, tensor);
+    if (!t)
+        return pcs_set_error(PCS_ERR_NOT_FOUND, "%s: rank %u's file has no %s",
+                             r->sd.path, rank, tensor);
+    if (first > t->numel || count > t->numel - first)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "%s: %s of rank %u has %llu elements, [%llu, +%llu) asked", r->sd.path,
+                             tensor, rank, (unsigned long long)t->numel,
+                             (unsigned long long)first, (unsigned long long)count);
+    if (t->dtype == PCS_DTYPE_INT64) { /* a counter buffer (num_batches_tracked) */
+        int64_t *raw = malloc((count ? count : 1) * sizeof *raw);
+        if (!raw)
+            return pcs_set_error(PCS_ERR_NOMEM, "%s: %s", r->sd.path, tensor);
+        pcs_status_t st = pcs_st_read_raw(f, t, first * 8, count * 8, raw);
+        for (uint64_t i = 0; st == PCS_OK && i < count; i++)
+            dst[i] = (float)raw[i]; /* exact below 2^24, as init.from reads them */
+        free(raw);
+        return st;
+    }
+    return pcs_st_read_f32(f, t, first, count, dst);
 }

@@ -36,6 +36,11 @@ typedef struct pcs_ckpt_rank_meta {
     uint32_t pp_index;
     uint64_t plan_hash;
     double loss_scale;
+    /* what a resume needs besides the tensors: optimizer steps taken (AdamW bias correction, SGD
+     * momentum start), the grad scaler's growth tracker, steps skipped so far */
+    uint64_t opt_steps;
+    uint32_t growth_tracker;
+    uint64_t skipped_steps;
     /* per-unit indices ("unit.<i>.shard_index" / ".replicate_index" in the file's metadata);
      * units not listed (or units = NULL) use shard_index / replicate_index above */
     const pcs_ckpt_unit_meta_t *units;
@@ -133,6 +138,27 @@ pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_pat
                              pcs_ckpt_export_info_t *info);
 pcs_status_t pcs_ckpt_export_in(const pcs_ckpt_dir_t *d, uint64_t step, const char *out_path,
                                 pcs_ckpt_export_info_t *info);
+
+/* ---- reading a checkpoint back (resume) ----
+ * A committed step opened for reading: its manifest and saved plan; each rank file is opened on
+ * first use and refused unless it is the file the commit recorded (size, step, job, plan hash).
+ * Which ranges to read comes from the planner (planner/reshard.h), so a checkpoint of W ranks
+ * loads at any W'. */
+typedef struct pcs_ckpt_reader pcs_ckpt_reader_t;
+/* step 0 = latest. PCS_ERR_NOT_FOUND when d holds no committed step. */
+pcs_status_t pcs_ckpt_reader_open(const pcs_ckpt_dir_t *d, uint64_t step,
+                                  pcs_ckpt_reader_t **out);
+void pcs_ckpt_reader_close(pcs_ckpt_reader_t *r); /* accepts NULL */
+uint64_t pcs_ckpt_reader_step(const pcs_ckpt_reader_t *r);
+const Pcs__V1__Plan *pcs_ckpt_reader_plan(const pcs_ckpt_reader_t *r); /* the writers' plan */
+const char *pcs_ckpt_reader_path(const pcs_ckpt_reader_t *r);        /* for messages */
+/* A metadata value of rank `rank`'s file (NULL if absent or the file is not usable). */
+const char *pcs_ckpt_reader_meta(pcs_ckpt_reader_t *r, uint32_t rank, const char *key);
+/* Elements [first, first + count) of tensor `tensor` ("unit.<i>.param", "unit.<i>.exp_avg",
+ * "buffer.<fqn>", ...) of rank `rank`'s file, converted to fp32 into dst. PCS_ERR_NOT_FOUND
+ * when the file has no such tensor (an SGD checkpoint has no exp_avg). */
+pcs_status_t pcs_ckpt_reader_read(pcs_ckpt_reader_t *r, uint32_t rank, const char *tensor,
+                                  uint64_t first, uint64_t count, float *dst);
 
 #ifdef __cplusplus
 }

@@ -625,6 +625,11 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
         PCS_CHECK(path_syntax(v, s->init->from, "init.from"));
     if (s->checkpoint && s->checkpoint->dir && *s->checkpoint->dir)
         PCS_CHECK(path_syntax(v, s->checkpoint->dir, "checkpoint.dir"));
+    if (s->resume && (!s->resume->from || !*s->resume->from))
+        return bad(v, "resume.from: required (a job's checkpoint directory, "
+                      "<checkpoint.dir>/<job id>)");
+    if (s->resume)
+        PCS_CHECK(path_syntax(v, s->resume->from, "resume.from"));
     if (s->checkpoint && s->checkpoint->every_steps > 0 &&
         (!s->checkpoint->dir || !*s->checkpoint->dir))
         return bad(v, "checkpoint.every_steps: requires checkpoint.dir");

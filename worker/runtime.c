@@ -1699,7 +1699,29 @@ pcs_status_t pcs_runtime_shard_to_host(pcs_runtime_t *rt, uint32_t unit, void *m
     return rt->be->sync(rt->cstream);
 }
 
+pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const float *master,
+                                         const float *state_a, const float *state_b)
+{
+    PCS_CHECK(check_unit(rt, unit));
+    rt_unit_t *u = &rt->units[unit];
+    size_t bytes = u->c * sizeof(float);
+    float *a = rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0 ? u->opt_a : NULL;
+    float *b = rt->opt == PCS_OPT_ADAMW ? u->opt_b : NULL;
+    if (master)
+        PCS_CHECK(rt->be->copy(u->master_shard, master, bytes, PCS_COPY_H2D, rt->cstream));
+    if (state_a && a)
+        PCS_CHECK(rt->be->copy(a, state_a, bytes, PCS_COPY_H2D, rt->cstream));
+    if (state_b && b)
+        PCS_CHECK(rt->be->copy(b, state_b, bytes, PCS_COPY_H2D, rt->cstream));
+    return rt->be->sync(rt->cstream);
+}
+
 uint64_t pcs_runtime_opt_steps(const pcs_runtime_t *rt)
 {
     return rt->opt_steps;
+}
+
+void pcs_runtime_set_opt_steps(pcs_runtime_t *rt, uint64_t n)
+{
+    rt->opt_steps = n;
 }

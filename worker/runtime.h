@@ -193,7 +193,13 @@ pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t 
  * skipped, as is a state the optimizer does not have. INVALID_ARG for a bad unit; CUDA errors. */
 pcs_status_t pcs_runtime_shard_to_host(pcs_runtime_t *rt, uint32_t unit, void *master,
                                        float *state_a, float *state_b);
+/* The reverse (a resume): host fp32 values into unit's shard — master (master values held in
+ * fp32) and the optimizer state the optimizer has; NULL members are left as they are. Sync. */
+pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const float *master,
+                                         const float *state_a, const float *state_b);
+/* Optimizer steps taken (AdamW's bias correction, SGD's first-step momentum); set on a resume. */
 uint64_t pcs_runtime_opt_steps(const pcs_runtime_t *rt);
+void pcs_runtime_set_opt_steps(pcs_runtime_t *rt, uint64_t n);
 
 #ifdef __cplusplus
 }

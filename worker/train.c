@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "io/checkpoint.h"
+#include "planner/reshard.h"
 #include "coll/coll.h"
 #include "model/data.h"
 #include "coll/kv.h"
@@ -79,6 +80,7 @@ struct pcs_train {
     double scale;
     uint32_t growth_tracker;
     uint64_t skipped;
+    uint64_t start_step; /* steps done before this run (a resume); training runs start_step + 1.. */
 
     atomic_int aborted;
     char abort_reason[256];
@@ -302,6 +304,158 @@ static pcs_status_t setup_buffers(pcs_train_t *t)
         }
     }
     return PCS_OK;
+}
+
+// ---- resume (issue 13) ----
+
+/* Read what `segs` say of tensor "unit.<src>.<what>" into dst (the new shard, zeroed). */
+static pcs_status_t fill_shard(pcs_ckpt_reader_t *r, const pcs_xfer_seg_t *segs, size_t n,
+                               uint32_t unit, const char *what, float *dst)
+{
+    for (size_t k = 0; k < n; k++) {
+        if (segs[k].unit != unit)
+            continue;
+        char key[64];
+        pcs_ckpt_unit_key(segs[k].src_unit, what, key, sizeof key);
+        PCS_CHECK(pcs_ckpt_reader_read(r, segs[k].src_rank, key, segs[k].src, segs[k].count,
+                                       dst + segs[k].dst));
+    }
+    return PCS_OK;
+}
+
+/* A module buffer from the checkpoint: the file of replica 0, shard 0 of the unit that held it. */
+static pcs_status_t load_buffer(pcs_train_t *t, pcs_ckpt_reader_t *r, train_buffer_t *b)
+{
+    const Pcs__V1__Plan *old = pcs_ckpt_reader_plan(r);
+    uint32_t holder = UINT32_MAX;
+    for (size_t u = 0; u < old->n_units && holder == UINT32_MAX; u++)
+        for (size_t j = 0; j < old->units[u]->n_buffers; j++)
+            if (strcmp(old->units[u]->buffers[j]->fqn, b->slot->fqn) == 0)
+                holder = pcs_plan_shard_holder(old, (uint32_t)u, 0);
+    if (holder == UINT32_MAX)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "resume: buffer %s is not in the checkpoint",
+                             b->slot->fqn);
+    uint64_t numel = b->slot->numel ? b->slot->numel : 1;
+    float *tmp = NULL;
+    PCS_CHECK(pcs_calloc(numel, sizeof(float), (void **)&tmp));
+    char key[512];
+    snprintf(key, sizeof key, "buffer.%s", b->slot->fqn);
+    /* every rank file holds the buffers its rank had (BatchNorm's running statistics are per
+     * rank, unsynchronised as under FSDP): at the same world size each rank takes its own back */
+    pcs_status_t st = PCS_ERR_NOT_FOUND;
+    if (old->world_size == t->plan->world_size)
+        st = pcs_ckpt_reader_read(r, t->as->rank, key, 0, numel, tmp);
+    if (st == PCS_ERR_NOT_FOUND)
+        st = pcs_ckpt_reader_read(r, holder, key, 0, numel, tmp);
+    if (st == PCS_OK) {
+        if (b->run_dtype == PCS_DTYPE_INT64)
+            for (uint64_t e = 0; e < numel; e++)
+                ((int64_t *)b->data)[e] = (int64_t)tmp[e];
+        else
+            pcs_from_f32(tmp, numel, b->run_dtype, b->data);
+        if (b->dev != b->data)
+            st = t->be->copy(b->dev, b->data, numel * pcs_dtype_size(b->run_dtype), PCS_COPY_H2D,
+                             t->stream);
+    }
+    free(tmp);
+    return st;
+}
+
+static uint64_t meta_u64(pcs_ckpt_reader_t *r, const char *key, uint64_t def)
+{
+    const char *v = pcs_ckpt_reader_meta(r, 0, key);
+    return v ? strtoull(v, NULL, 10) : def;
+}
+
+/* Everything a step needs, from checkpoint reader r: this rank's master shards and optimizer
+ * state through the transfer plan (any world size and strategy of the same model), buffers, the
+ * step, the optimizer's step count, the grad scaler. */
+static pcs_status_t load_checkpoint(pcs_train_t *t, pcs_ckpt_reader_t *r)
+{
+    pcs_xfer_seg_t *segs = NULL;
+    size_t n = 0;
+    PCS_CHECK(pcs_plan_transfer(pcs_ckpt_reader_plan(r), t->plan, t->as->rank, &segs, &n));
+    pcs_status_t st = PCS_OK;
+    float *m = NULL, *a = NULL, *b = NULL;
+    for (size_t i = 0; i < t->n_units && st == PCS_OK; i++) {
+        pcs_rt_shard_t sh;
+        PCS_CHECK_GOTO(pcs_runtime_shard(t->rt, (uint32_t)i, &sh), st, out);
+        size_t c = sh.numel ? sh.numel : 1;
+        free(m), free(a), free(b);
+        m = calloc(c, sizeof *m), a = calloc(c, sizeof *a), b = calloc(c, sizeof *b);
+        if (!m || !a || !b) {
+            st = pcs_set_error(PCS_ERR_NOMEM, "resume: unit %zu shard of %zu elements", i, c);
+            break;
+        }
+        PCS_CHECK_GOTO(fill_shard(r, segs, n, (uint32_t)i, "param", m), st, out);
+        if (sh.exp_avg)
+            PCS_CHECK_GOTO(fill_shard(r, segs, n, (uint32_t)i, "exp_avg", a), st, out);
+        if (sh.exp_avg_sq)
+            PCS_CHECK_GOTO(fill_shard(r, segs, n, (uint32_t)i, "exp_avg_sq", b), st, out);
+        if (sh.momentum)
+            PCS_CHECK_GOTO(fill_shard(r, segs, n, (uint32_t)i, "momentum", a), st, out);
+        PCS_CHECK_GOTO(pcs_runtime_shard_from_host(t->rt, (uint32_t)i, m,
+                                                   sh.exp_avg || sh.momentum ? a : NULL,
+                                                   sh.exp_avg_sq ? b : NULL),
+                       st, out);
+    }
+    for (size_t i = 0; i < t->n_buffers && st == PCS_OK; i++)
+        st = load_buffer(t, r, &t->buffers[i]);
+    if (st == PCS_OK && t->stream)
+        st = t->be->sync(t->stream);
+    if (st == PCS_OK) {
+        t->start_step = pcs_ckpt_reader_step(r);
+        const char *ls = pcs_ckpt_reader_meta(r, 0, "loss_scale");
+        if (ls)
+            t->scale = strtod(ls, NULL);
+        t->growth_tracker = (uint32_t)meta_u64(r, "growth_tracker", 0);
+        t->skipped = meta_u64(r, "skipped_steps", 0);
+        /* files written before the count was kept: one optimizer step per training step */
+        pcs_runtime_set_opt_steps(t->rt, meta_u64(r, "opt_steps", t->start_step));
+        PCS_INFO(PCS_SUB_WORKER, "resumed from %s: step %llu (%zu segments from %u ranks)",
+                 pcs_ckpt_reader_path(r), (unsigned long long)t->start_step, n,
+                 pcs_ckpt_reader_plan(r)->world_size);
+    }
+out:
+    if (st == PCS_ERR_NOT_FOUND)
+        st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                           "resume: %s (the checkpoint was written with another optimizer)",
+                           pcs_last_error());
+    free(m), free(a), free(b);
+    free(segs);
+    return st;
+}
+
+/* Where this run starts (Assignment.resume, else the spec's resume): the job's own checkpoint
+ * directory after an automatic restart (its latest step; none yet: the spec's resume, else step 0
+ * of the same init), or a job directory named beneath the checkpoint root. */
+static pcs_status_t resume_if_asked(pcs_train_t *t)
+{
+    const Pcs__V1__ResumeSpec *own = t->as->resume;
+    const Pcs__V1__ResumeSpec *rs = own && own->from && *own->from ? own : t->spec->resume;
+    pcs_ckpt_reader_t *r = NULL;
+    if (own && (!own->from || !*own->from) && t->ckpt.fd >= 0) {
+        pcs_status_t st = pcs_ckpt_reader_open(&t->ckpt, own->step, &r);
+        if (st != PCS_OK && st != PCS_ERR_NOT_FOUND)
+            return st;
+        if (st == PCS_ERR_NOT_FOUND)
+            PCS_INFO(PCS_SUB_WORKER, "restart: no committed checkpoint in %s yet", t->ckpt.path);
+    }
+    if (!r && rs && rs->from && *rs->from) {
+        int fd = -1;
+        PCS_CHECK(pcs_root_open_dir(t->cfg.checkpoint_root, rs->from, "resume.from", 0, &fd));
+        pcs_ckpt_dir_t d;
+        pcs_ckpt_dir_adopt(fd, rs->from, &d);
+        pcs_status_t st = pcs_ckpt_reader_open(&d, rs->step, &r);
+        pcs_ckpt_dir_close(&d);
+        if (st != PCS_OK)
+            return pcs_set_error(st, "resume.from: %s", pcs_last_error());
+    }
+    if (!r)
+        return PCS_OK; /* step 0 */
+    pcs_status_t st = load_checkpoint(t, r);
+    pcs_ckpt_reader_close(r);
+    return st;
 }
 
 pcs_status_t pcs_train_data_position(const Pcs__V1__Assignment *as, uint32_t *dp_rank,
@@ -543,6 +697,7 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
         }
     }
     PCS_CHECK_GOTO(setup_buffers(t), st, fail);
+    PCS_CHECK_GOTO(resume_if_asked(t), st, fail);
     if (t->stream)
         PCS_CHECK_GOTO(t->be->sync(t->stream), st, fail); /* buffer uploads done */
     free(t->init_vals); /* the shards and buffers hold their values now */
@@ -841,6 +996,9 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
         m.replicate_index = sh.replicate_index;
         m.plan_hash = t->as->plan_hash;
         m.loss_scale = t->scale;
+        m.opt_steps = pcs_runtime_opt_steps(t->rt);
+        m.growth_tracker = t->growth_tracker;
+        m.skipped_steps = t->skipped;
         PCS_CHECK_GOTO(pcs_ckpt_rank_file_write_in(&t->ckpt, &m, f), st, out);
     }
     PCS_CHECK_GOTO(pcs_runtime_barrier(t->rt), st, out);
@@ -924,7 +1082,18 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
     PCS_CHECK_GOTO(pcs_calloc(cap, sizeof *rp, (void **)&rp), st, out);
     t->training = 1;
     double sum_ms = 0;
-    for (uint64_t s = 1; s <= steps; s++) {
+    if (t->start_step >= steps) {
+        /* resumed from the job's last step: nothing left but saying so */
+        Pcs__V1__StepReport r = PCS__V1__STEP_REPORT__INIT;
+        r.step = steps;
+        r.done = 1;
+        r.audit_ok = 1;
+        r.loss_scale = t->scale;
+        r.skipped_steps = t->skipped;
+        if (t->cfg.report)
+            t->cfg.report(t->cfg.report_ctx, &r);
+    }
+    for (uint64_t s = t->start_step + 1; s <= steps; s++) {
         if (atomic_load(&t->aborted)) {
             st = pcs_set_error(PCS_ERR_CANCELLED, "%s", t->abort_reason);
             goto out;
@@ -1009,7 +1178,7 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
             result->steps = s;
             result->last_loss = loss;
             result->skipped_steps = t->skipped;
-            result->mean_step_ms = sum_ms / (double)s;
+            result->mean_step_ms = sum_ms / (double)(s - t->start_step);
         }
     }
     /* Leave together (see pcs_worker_finish): no rank tears down its connections while a peer

@@ -20,3 +20,7 @@ if(PCS_FUZZ AND CMAKE_C_COMPILER_ID MATCHES "Clang")
 endif()
 # The mesh (rank <-> coordinates <-> groups) on every mesh of up to 64 ranks.
 pcs_add_test(NAME test_mesh SOURCES unit/test_mesh.c LIBS pcs_planner LABELS unit TIMEOUT 120)
+# Resharding: the transfer plan rebuilds every new shard for every pair of world sizes,
+# strategies and wrap policies.
+pcs_add_test(NAME test_reshard SOURCES unit/test_reshard.c LIBS pcs_planner pcs_common LABELS unit
+             TIMEOUT 120)

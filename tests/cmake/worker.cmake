@@ -19,6 +19,10 @@ add_dependencies(test_e2e_cpu pcs-worker pcs-coordinator)
 # Sharded runtime parity without a coordinator (forked ranks, file KV store).
 pcs_add_test(NAME test_e2e_procs SOURCES integration/test_e2e_procs.c ${PCS_E2E_UTIL}
              LIBS pcs_worker LABELS integration TIMEOUT 300)
+# Resume from a sharded checkpoint: bit-identical continuation, resharding, refusals.
+pcs_add_test(NAME test_resume SOURCES integration/test_resume.c ${PCS_E2E_UTIL}
+             LIBS pcs_worker LABELS integration TIMEOUT 300)
+add_dependencies(test_resume pcsctl)
 # pcs-worker's start-up flags (backend, transport, device) as real processes.
 pcs_add_test(NAME test_worker_flags SOURCES integration/test_worker_flags.c ${PCS_E2E_UTIL}
              LIBS pcs_worker LABELS integration TIMEOUT 120)
@@ -54,4 +58,4 @@ set_tests_properties(test_e2e_cuda_sim PROPERTIES LABELS integration TIMEOUT 300
   ENVIRONMENT "PCS_BIN_DIR=${CMAKE_BINARY_DIR}/bin;PCS_SOURCE_DIR=${PROJECT_SOURCE_DIR};PCS_LOG_LEVEL=warn;PCS_SIMULATE_CUDA=1")
 
 set_target_properties(test_runtime test_runtime_cuda test_e2e_cpu test_e2e_procs test_worker_flags
-                      test_e2e_capi test_e2e_cuda PROPERTIES LINKER_LANGUAGE CXX)
+                      test_e2e_capi test_e2e_cuda test_resume PROPERTIES LINKER_LANGUAGE CXX)

@@ -54,8 +54,8 @@ static Pcs__V1__JobSpec *big_spec(size_t n)
     mc->n_classes = n;
     mc->classes = calloc(n, sizeof *mc->classes);
     for (size_t i = 0; i < n; i++) {
-        mc->classes[i] = malloc(41);
-        snprintf(mc->classes[i], 41, "GeneratedModuleClassNumber%014zu", i);
+        mc->classes[i] = malloc(48); /* 40 characters: 26 + 14 digits (i < 10^14) */
+        snprintf(mc->classes[i], 48, "GeneratedModuleClassNumber%014zu", i % 100000000000000u);
     }
     w->policy_case = PCS__V1__WRAP_SPEC__POLICY_MODULE_CLASS;
     w->module_class = mc;
