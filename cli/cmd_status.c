@@ -57,7 +57,21 @@ static void print_job(const Pcs__V1__Job *j)
     if (*j->reason)
         printf("reason       %s\n", j->reason);
     printf("world size   %u\n", j->world_size);
-    printf("generation   %" PRIu64 "  restarts %u\n", j->generation, j->restarts);
+    printf("generation   %" PRIu64 "  restarts %u", j->generation, j->restarts);
+    if (j->spec && j->spec->elastic && j->spec->elastic->max_restarts)
+        printf(" of %u", j->spec->elastic->max_restarts);
+    printf("\n");
+    for (size_t i = 0; i < j->n_restart_log; i++) {
+        const Pcs__V1__JobRestart *e = j->restart_log[i];
+        printf("restart      generation %" PRIu64 " at step %" PRIu64 ", %s (%s): %u ranks -> ",
+               e->generation, e->step, pcs_cli_time(e->at_ms, b1, sizeof b1),
+               pcs_cli_age(e->at_ms, b2, sizeof b2), e->world_before);
+        if (e->world_after)
+            printf("%u", e->world_after);
+        else
+            printf("waiting for workers");
+        printf("; %s\n", e->cause);
+    }
     printf("created      %s (%s ago)\n", pcs_cli_time(j->created_ms, b1, sizeof b1),
            pcs_cli_age(j->created_ms, b2, sizeof b2));
     if (j->started_ms)

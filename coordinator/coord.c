@@ -157,6 +157,7 @@ static void job_free(pcs_coord_t *c, pcs_coord_job_t *j)
     free(j->rank_report_ms);
     free(j->rank_step);
     free(j->fp_ring);
+    free(j->log);
     free(j);
 }
 
@@ -462,6 +463,7 @@ static pcs_status_t new_worker(pcs_coord_t *c, uint32_t number, const char *iden
 static void job_set_reason(pcs_coord_job_t *j, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 static void job_finish(pcs_coord_t *c, pcs_coord_job_t *j, pcs_job_state_t state);
+static void job_fail(pcs_coord_t *c, pcs_coord_job_t *j);
 static void remember_finished(pcs_coord_t *c, pcs_coord_job_t *j);
 static void drop_rank_state(pcs_coord_t *c, pcs_coord_job_t *j);
 
@@ -642,7 +644,7 @@ pcs_status_t pcs_coord_register_ex(pcs_coord_t *c, const pcs_coord_register_t *r
                                ")",
                                w->id, w->reserved_rank, old_pid, r->pid);
                 PCS_WARN(PCS_SUB_COORD, "job %s: %s", rj->id, rj->reason);
-                job_finish(c, rj, PCS_JOB_FAILED);
+                job_fail(c, rj);
             }
         }
     } else if (w->state == PCS_WORKER_STOPPING && !same) {
@@ -740,6 +742,120 @@ static void kv_fail_waiters(pcs_coord_t *c, pcs_coord_job_t *j, pcs_status_t st,
  * one too, for when it comes back). A worker whose rank sent its final report (done, or the
  * error that ends the job) has left the job and is IDLE; the others are STOPPING until they
  * confirm it (pcs_worker_state_t), so a dead, paused or wedged one is never scheduled. */
+// ---- elastic restarts ----
+
+/* Per-rank arrays for `world` ranks (a restart at another world size), zeroed. */
+static pcs_status_t resize_ranks(pcs_coord_job_t *j, uint32_t world)
+{
+    uint32_t *rw = NULL;
+    uint8_t *done = NULL;
+    uint64_t *rep = NULL, *stp = NULL;
+    if (pcs_calloc(world, sizeof *rw, (void **)&rw) != PCS_OK ||
+        pcs_calloc(world, 1, (void **)&done) != PCS_OK ||
+        pcs_calloc(world, sizeof *rep, (void **)&rep) != PCS_OK ||
+        pcs_calloc(world, sizeof *stp, (void **)&stp) != PCS_OK) {
+        free(rw), free(done), free(rep), free(stp);
+        return PCS_ERR_NOMEM;
+    }
+    free(j->rank_worker), free(j->rank_done), free(j->rank_report_ms), free(j->rank_step);
+    free(j->rank_reserved);
+    j->rank_reserved = NULL;
+    j->rank_worker = rw, j->rank_done = done, j->rank_report_ms = rep, j->rank_step = stp;
+    return PCS_OK;
+}
+
+/* The world size a restarted job starts at with `avail` eligible workers: its own when there
+ * are enough, else, once it waited elastic_wait_ms, the largest its mesh allows within
+ * [min_world, max_world]; 0 = not yet. */
+static uint32_t restart_world(const pcs_coord_t *c, const pcs_coord_job_t *j, uint32_t avail)
+{
+    uint32_t want = j->base_world < j->max_world ? j->base_world : j->max_world;
+    if (avail >= want)
+        return want;
+    uint32_t wait = c->cfg.elastic_wait_ms ? c->cfg.elastic_wait_ms : 30000;
+    if (now_ms(c) - j->restart_since_ms < wait || !c->cfg.replan)
+        return 0;
+    uint32_t q = j->world_quantum ? j->world_quantum : 1;
+    uint32_t w = (avail / q) * q;
+    return w >= j->min_world && w >= q ? w : 0;
+}
+
+/* The generation failed; the job has restarts left: stop every rank (RESTART, fencing the
+ * generation: its reports and KV are refused from now on), record why, and wait for workers as
+ * a PENDING job that keeps its id. The survivors come back IDLE once they confirm they left. */
+static void job_restart(pcs_coord_t *c, pcs_coord_job_t *j)
+{
+    pcs_coord_restart_t rec;
+    memset(&rec, 0, sizeof rec);
+    rec.generation = j->generation;
+    rec.step = j->progress.step;
+    rec.at_wall_ms = wall_ms(c);
+    rec.world_before = j->world_size;
+    snprintf(rec.cause, sizeof rec.cause, "%s", j->reason ? j->reason : "?");
+    pcs_utf8_trim_partial(rec.cause);
+    if (!j->log)
+        (void)pcs_calloc(PCS_COORD_RESTART_LOG, sizeof *j->log, (void **)&j->log);
+    if (j->log) {
+        if (j->n_log == PCS_COORD_RESTART_LOG) {
+            memmove(j->log, j->log + 1, (PCS_COORD_RESTART_LOG - 1) * sizeof *j->log);
+            j->n_log--;
+        }
+        j->log[j->n_log++] = rec;
+    }
+    j->restarts++;
+    char why[200];
+    snprintf(why, sizeof why, "restart %" PRIu32 " of %" PRIu32 " (generation %" PRIu64 " failed)",
+             j->restarts, j->max_restarts, j->generation);
+    PCS_WARN(PCS_SUB_COORD, "job %s: %s: %s", j->id, why, rec.cause);
+    for (uint32_t r = 0; r < j->world_size; r++) {
+        pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, j->rank_worker[r]);
+        if (!w || w->job != j)
+            continue;
+        w->job = NULL;
+        if (w->state == PCS_WORKER_ASSIGNED && j->rank_done[r]) {
+            set_worker_state(c, w, PCS_WORKER_IDLE); /* its loop over the job has ended */
+        } else if (w->state == PCS_WORKER_ASSIGNED) {
+            w->stop_job = j->number;
+            w->stop_gen = j->generation;
+            set_worker_state(c, w, PCS_WORKER_STOPPING);
+        }
+        push_event(c, w, PCS_EV_RESTART, j, why);
+    }
+    kv_fail_waiters(c, j, PCS_ERR_STATE, "the job restarts: its generation ended");
+    kv_clear(c, j);
+    j->n_unclaimed = 0;
+    j->state = PCS_JOB_PENDING;
+    j->restart_since_ms = now_ms(c);
+    c->n_pending++;
+    memset(j->rank_worker, 0, (size_t)j->world_size * sizeof *j->rank_worker);
+    job_notify(c, j);
+    try_start_jobs(c);
+}
+
+/* A RUNNING job's generation failed (j->reason says why): restart it while its budget lasts,
+ * else FAILED with every restart it had in the reason. */
+static void job_fail(pcs_coord_t *c, pcs_coord_job_t *j)
+{
+    if (j->restarts < j->max_restarts && j->rank_worker) {
+        job_restart(c, j);
+        return;
+    }
+    if (j->restarts) {
+        char buf[512];
+        size_t o = (size_t)snprintf(buf, sizeof buf, "%s; after %" PRIu32 " restart%s (",
+                                    j->reason ? j->reason : "failed", j->restarts,
+                                    j->restarts > 1 ? "s" : "");
+        for (uint32_t i = 0; i < j->n_log && o < sizeof buf; i++)
+            o += (size_t)snprintf(buf + o, sizeof buf - o, "%sgeneration %" PRIu64 " at step %"
+                                  PRIu64 ": %.80s", i ? "; " : "", j->log[i].generation,
+                                  j->log[i].step, j->log[i].cause);
+        if (o < sizeof buf)
+            snprintf(buf + o, sizeof buf - o, ")");
+        job_set_reason(j, "%s", buf);
+    }
+    job_finish(c, j, PCS_JOB_FAILED);
+}
+
 static void job_finish(pcs_coord_t *c, pcs_coord_job_t *j, pcs_job_state_t state)
 {
     pcs_job_state_t prev = j->state;
@@ -785,7 +901,7 @@ static void worker_left(pcs_coord_t *c, pcs_coord_worker_t *w, pcs_worker_state_
     set_worker_state(c, w, s);
     if (j && j->state == PCS_JOB_RUNNING) {
         job_set_reason(j, "worker %s (rank %" PRIu32 ") %s", w->id, w->rank, why);
-        job_finish(c, j, PCS_JOB_FAILED);
+        job_fail(c, j);
     }
     /* job_finish may already have handed an IDLE worker a new job: keep that one */
     if (w->job == j)
@@ -816,6 +932,14 @@ pcs_status_t pcs_coord_check_mesh(uint32_t n_dims, const uint32_t *dim_name,
     return PCS_OK;
 }
 
+static bool mesh_has_dim(const pcs_mesh_t *m, uint32_t dim)
+{
+    for (uint32_t k = 0; k < m->n; k++)
+        if (m->dim[k] == dim)
+            return true;
+    return false;
+}
+
 static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job_desc_t *d,
                             pcs_coord_job_t **out)
 {
@@ -837,6 +961,15 @@ static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job
     PCS_CHECK_GOTO(pcs_calloc(world, sizeof *j->rank_step, (void **)&j->rank_step), st, fail);
     j->number = number;
     j->steps = d->steps;
+    j->max_restarts = d->max_restarts;
+    j->base_world = world;
+    j->world_quantum = world / (pcs_mesh_size(&mesh, PCS_MESH_DP_SHARD)
+                                    ? pcs_mesh_size(&mesh, PCS_MESH_DP_SHARD)
+                                    : 1);
+    if (!j->world_quantum || !mesh_has_dim(&mesh, PCS_MESH_DP_SHARD))
+        j->world_quantum = world; /* no dp_shard dim to absorb a change: this world only */
+    j->min_world = d->min_workers ? d->min_workers : world;
+    j->max_world = d->max_workers ? d->max_workers : world;
     snprintf(j->id, sizeof j->id, "job-%" PRIu32, number);
     j->world_size = world;
     j->mesh = mesh;
@@ -969,6 +1102,18 @@ static void remember_finished(pcs_coord_t *c, pcs_coord_job_t *j)
         c->done_head = 0;
 }
 
+void pcs_coord_job_set_plan(pcs_coord_t *c, pcs_coord_job_t *j, void *plan)
+{
+    if (j->plan && j->plan != plan && c->cfg.free_payload)
+        c->cfg.free_payload(c->cfg.user, NULL, j->plan);
+    j->plan = plan;
+}
+
+void pcs_coord_job_set_restarts(pcs_coord_job_t *j, uint32_t restarts)
+{
+    j->restarts = restarts;
+}
+
 void pcs_coord_job_drop_plan(pcs_coord_t *c, pcs_coord_job_t *j)
 {
     if (!j->plan || !pcs_job_state_terminal(j->state))
@@ -1008,6 +1153,41 @@ static bool eligible(const pcs_coord_t *c, const pcs_coord_worker_t *w, const pc
 static void start_job(pcs_coord_t *c, pcs_coord_job_t *j)
 {
     uint32_t r = 0;
+    if (j->generation && (j->restarts || j->world_size != j->base_world)) {
+        /* a restart: the world size its eligible workers allow (its own, or fewer after the
+         * elastic wait), with a plan for it */
+        uint32_t avail = 0;
+        for (size_t i = 0; i < c->n_workers; i++)
+            avail += eligible(c, c->workers[i], j);
+        uint32_t world = restart_world(c, j, avail);
+        if (!world)
+            return;
+        if (world != j->world_size) {
+            uint64_t hash = 0;
+            pcs_mesh_t m = j->mesh;
+            uint32_t sizes[4], names[4];
+            for (uint32_t k = 0; k < m.n; k++) {
+                names[k] = m.dim[k];
+                sizes[k] = m.dim[k] == PCS_MESH_DP_SHARD ? m.size[k] * world / j->world_size
+                                                         : m.size[k];
+            }
+            pcs_mesh_t nm;
+            if (pcs_mesh_init(m.n, names, sizes, &nm) != PCS_OK || nm.world != world ||
+                c->cfg.replan(c->cfg.user, j, world, &hash) != PCS_OK ||
+                resize_ranks(j, world) != PCS_OK) {
+                PCS_WARN(PCS_SUB_COORD, "job %s: cannot restart with %" PRIu32 " ranks: %s",
+                         j->id, world, pcs_last_error());
+                return;
+            }
+            PCS_INFO(PCS_SUB_COORD, "job %s: restarts with %" PRIu32 " ranks instead of %" PRIu32,
+                     j->id, world, j->world_size);
+            j->mesh = nm;
+            j->world_size = world;
+            j->plan_hash = hash;
+        }
+        if (j->n_log)
+            j->log[j->n_log - 1].world_after = world;
+    }
     /* FIFO by registration: worker numbers are handed out in registration order. */
     for (size_t i = 0; i < c->n_workers && r < j->world_size; i++) {
         pcs_coord_worker_t *w = c->workers[i];
@@ -1052,7 +1232,9 @@ static void try_start_jobs(pcs_coord_t *c)
 {
     for (size_t i = 0; i < c->n_jobs && c->n_pending && c->idle_live; i++) {
         pcs_coord_job_t *j = c->jobs[i];
-        if (j && j->state == PCS_JOB_PENDING && j->world_size <= c->idle_live)
+        /* a restarting job may start smaller than it was (elastic) */
+        uint32_t need = j && j->generation ? j->min_world : j ? j->world_size : 0;
+        if (j && j->state == PCS_JOB_PENDING && need <= c->idle_live)
             start_job(c, j);
     }
 }
@@ -1100,8 +1282,9 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
         w->stop_gen == r->generation && (r->done || (r->error && *r->error)))
         stop_confirmed(c, w, "final report"); /* its loop over the job has ended */
     if (j->state != PCS_JOB_RUNNING || w->job != j || r->generation != j->generation) {
-        /* Not an error: the worker is behind. Tell it to stop. */
-        *directive = PCS_EV_STOP;
+        /* Not an error: the worker is behind. Tell it to stop (a generation that a restart
+         * replaced: to restart, it will be given its place in the next one). */
+        *directive = j->state == PCS_JOB_PENDING && j->restarts ? PCS_EV_RESTART : PCS_EV_STOP;
         snprintf(reason, reason_len, "job %s is %s%s%s", j->id, pcs_job_state_name(j->state),
                  j->reason ? ": " : "", j->reason ? j->reason : "");
         if (j->state == PCS_JOB_RUNNING)
@@ -1152,7 +1335,7 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
             job_set_reason(j, "rank %" PRIu32 " (worker %s) failed at step %" PRIu64 ": %.*s",
                            r->rank, w->id, r->step, pcs_utf8_prefix(r->error, 300), r->error);
         j->rank_done[r->rank] = 1; /* its loop over the job has ended: it is IDLE at once */
-        job_finish(c, j, PCS_JOB_FAILED);
+        job_fail(c, j);
         *directive = PCS_EV_STOP;
         snprintf(reason, reason_len, "%s", j->reason);
         return PCS_OK;
@@ -1497,7 +1680,7 @@ static void watch_progress(pcs_coord_t *c, uint64_t now)
             job_set_reason(j, "no first step report within %s of the start from rank%s %s", first,
                            silent > 1 ? "s" : "", list);
         PCS_WARN(PCS_SUB_COORD, "job %s: %s", j->id, j->reason);
-        job_finish(c, j, PCS_JOB_FAILED);
+        job_fail(c, j);
     }
 }
 
@@ -1513,6 +1696,8 @@ uint64_t pcs_coord_tick(pcs_coord_t *c)
     if (now >= c->next_watch_ms) {
         c->next_watch_ms = now + 1000;
         watch_progress(c, now);
+        if (c->n_pending && c->idle_live)
+            try_start_jobs(c); /* a restarting job whose elastic wait has passed */
     }
     for (size_t i = 0; i < c->n_workers; i++) {
         pcs_coord_worker_t *w = c->workers[i];
@@ -1561,7 +1746,7 @@ uint64_t pcs_coord_tick(pcs_coord_t *c)
                        j->n_unclaimed, j->world_size, r, c->cfg.readopt_ms, missing);
         PCS_WARN(PCS_SUB_COORD, "job %s: %s", j->id, j->reason);
         j->n_unclaimed = 0;
-        job_finish(c, j, PCS_JOB_FAILED);
+        job_fail(c, j);
     }
     for (size_t i = 0; i < c->n_jobs; i++) {
         pcs_coord_job_t *j = c->jobs[i];

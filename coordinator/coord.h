@@ -126,6 +126,17 @@ typedef struct pcs_coord_kv_entry {
     size_t len;
 } pcs_coord_kv_entry_t;
 
+/* One automatic restart of a job: why, at which generation and step, the world before and after
+ * (after = 0 while it waits for workers). */
+#define PCS_COORD_RESTART_LOG 16
+typedef struct pcs_coord_restart {
+    uint64_t generation; /* the generation that failed */
+    uint64_t step;       /* the job's last reported step then */
+    uint64_t at_wall_ms;
+    uint32_t world_before, world_after;
+    char cause[240];
+} pcs_coord_restart_t;
+
 /* Read-only outside coord.c. */
 typedef struct pcs_coord_job {
     char id[24]; /* "job-<number>" */
@@ -141,6 +152,14 @@ typedef struct pcs_coord_job {
     uint64_t generation; /* 0 while PENDING */
     uint64_t plan_hash;
     uint32_t restarts;
+    /* elastic restarts (DESIGN.md §8): the budget, the world sizes allowed (a multiple of
+     * `world_quantum`, the mesh's ranks per dp_shard index, in [min_world, max_world]), the
+     * world of the spec, and while a restart waits for workers (PENDING, generation > 0) when it
+     * began. `log` keeps the last PCS_COORD_RESTART_LOG restarts. */
+    uint32_t max_restarts, min_world, max_world, base_world, world_quantum;
+    uint64_t restart_since_ms;
+    struct pcs_coord_restart *log;
+    uint32_t n_log;
     uint32_t *rank_worker; /* worker number of each rank (world_size entries, RUNNING) */
     /* RUNNING job restored from the store: its ranks are re-adopted from the workers' step
      * reports (rank_worker 0 = not back yet) until every rank is back or reclaim_by_ms passes */
@@ -204,6 +223,13 @@ typedef struct pcs_coord_config {
     void (*on_worker_new)(void *user, const pcs_coord_worker_t *w);
     /* A finished job left the history (max_finished_jobs): its number is never used again. */
     void (*on_job_forget)(void *user, uint32_t number);
+    /* A restarted job starts at another world size: replace j's plan (free_payload the old one)
+     * with one for `world` ranks and set *plan_hash. NULL or an error: the job waits for its
+     * current world size. */
+    pcs_status_t (*replan)(void *user, pcs_coord_job_t *j, uint32_t world, uint64_t *plan_hash);
+    /* How long a restarted job waits for its full world size before it starts with fewer
+     * workers (within its elastic bounds); 0 = 30000. */
+    uint32_t elastic_wait_ms;
 } pcs_coord_config_t;
 
 typedef struct pcs_coord pcs_coord_t;
@@ -284,6 +310,9 @@ typedef struct pcs_coord_job_desc {
     uint64_t plan_hash;
     uint64_t steps; /* training.steps: reports past it, or `done` before it, are refused (0: no
                      * bound) */
+    /* elastic (spec.elastic): a failed generation restarts the job up to max_restarts times in
+     * all, at a world size in [min_workers, max_workers] (0: the mesh's) that the mesh allows */
+    uint32_t max_restarts, min_workers, max_workers;
 } pcs_coord_job_desc_t;
 
 /* The transport a job's ranks use: spec.collectives, where "" and "auto" mean nccl for a cuda job
@@ -307,6 +336,11 @@ pcs_status_t pcs_coord_reserve_ids(pcs_coord_t *c, uint64_t next_worker, uint64_
  * sees its own result); one that SUCCEEDED or FAILED gets PCS_ERR_STATE. */
 pcs_status_t pcs_coord_cancel(pcs_coord_t *c, const char *job_id, const char *reason,
                               pcs_coord_job_t **out);
+/* Replace a job's plan (the old one goes to free_payload): replan, for a restart at another
+ * world size. */
+void pcs_coord_job_set_plan(pcs_coord_t *c, pcs_coord_job_t *j, void *plan);
+/* A restored job's restarts so far (the budget is per job and survives a coordinator restart). */
+void pcs_coord_job_set_restarts(pcs_coord_job_t *j, uint32_t restarts);
 /* Release a finished job's plan (free_payload(NULL, plan)): history keeps only the spec, from
  * which the pure planner rebuilds the plan on demand. No-op for PENDING/RUNNING jobs. */
 void pcs_coord_job_drop_plan(pcs_coord_t *c, pcs_coord_job_t *j);

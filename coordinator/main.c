@@ -41,6 +41,9 @@ static const pcs_opt_t options[] = {
      "the watchdog's limit is never below this (checkpoints and evals make slow steps)"},
     {"first-step-timeout-ms", PCS_OPT_U32, "900000", 100, 86400000,
      "a rank without its first step report this long after the start fails its job"},
+    {"elastic-wait-ms", PCS_OPT_U32, "30000", 0, 86400000,
+     "a job that restarts (elastic.max_restarts) waits this long for its full world size before "
+     "it starts with fewer workers (within elastic.min_workers)"},
     {"kv-max-key-bytes", PCS_OPT_U32, "256", 1, 65536, "rendezvous KV: longest key"},
     {"kv-max-value-bytes", PCS_OPT_U32, "65536", 1, 67108864, "rendezvous KV: largest value"},
     {"kv-max-job-bytes", PCS_OPT_U64, "16777216", 1, 17179869184.0,
@@ -238,7 +241,8 @@ int main(int argc, char **argv)
                               .tls = *tls_cert ? &tls : NULL,
                               .token_file = pcs_config_str(cfg, "token-file"),
                               .worker_cert_identity_off = !pcs_config_bool(cfg, "worker-cert-identity"),
-                              .max_watch_streams = pcs_config_u32(cfg, "max-watch-streams")};
+                              .max_watch_streams = pcs_config_u32(cfg, "max-watch-streams"),
+                              .elastic_wait_ms = pcs_config_u32(cfg, "elastic-wait-ms")};
     pcs_server_t *srv = NULL;
     if (pcs_server_create(&sc, &srv) != PCS_OK) {
         fprintf(stderr, "pcs-coordinator: %s\n", pcs_last_error());

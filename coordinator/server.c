@@ -151,6 +151,22 @@ static void mark_dirty(pcs_server_t *s, dirty_set_t *d, uint32_t number)
         }                                                                                          \
     } while (0)
 
+static void free_payload(void *user, void *spec, void *plan);
+
+/* A restarted job starts at another world size: its plan for `world` ranks (coord.h replan). */
+static pcs_status_t replan(void *user, pcs_coord_job_t *j, uint32_t world, uint64_t *plan_hash)
+{
+    pcs_server_t *s = user;
+    const Pcs__V1__JobSpec *spec = j->spec;
+    if (!spec)
+        return pcs_set_error(PCS_ERR_STATE, "job %s: no spec in memory to re-plan", j->id);
+    Pcs__V1__Plan *plan = NULL;
+    PCS_CHECK(pcs_plan_build(spec, world, &plan));
+    pcs_coord_job_set_plan(s->coord, j, plan);
+    *plan_hash = pcs_plan_hash(plan);
+    return PCS_OK;
+}
+
 static void free_payload(void *user, void *spec, void *plan)
 {
     (void)user;
@@ -218,6 +234,8 @@ typedef struct job_pb {
     Pcs__V1__Job job;
     Pcs__V1__JobProgress progress;
     char **workers;
+    Pcs__V1__JobRestart log[PCS_COORD_RESTART_LOG];
+    Pcs__V1__JobRestart *logp[PCS_COORD_RESTART_LOG];
 } job_pb_t;
 
 /* The operator's view of a job's progress, both ways (replies, and the store's progress column). */
@@ -268,6 +286,19 @@ static void job_to_pb(pcs_server_t *s, pcs_coord_job_t *j, const Pcs__V1__JobSpe
     p->plan_hash = j->plan_hash;
     p->request_id = j->request_id;
     p->restarts = j->restarts;
+    for (uint32_t i = 0; i < j->n_log && i < PCS_COORD_RESTART_LOG; i++) {
+        Pcs__V1__JobRestart *e = &out->log[i];
+        pcs__v1__job_restart__init(e);
+        e->generation = j->log[i].generation;
+        e->cause = j->log[i].cause;
+        e->step = j->log[i].step;
+        e->world_before = j->log[i].world_before;
+        e->world_after = j->log[i].world_after;
+        e->at_ms = j->log[i].at_wall_ms;
+        out->logp[i] = e;
+    }
+    p->n_restart_log = j->n_log;
+    p->restart_log = out->logp;
     p->spec = (Pcs__V1__JobSpec *)spec;
     progress_to_pb(&j->progress, &out->progress);
     p->progress = &out->progress;
@@ -313,6 +344,7 @@ static const Pcs__V1__JobSpec *job_spec(pcs_server_t *s, const pcs_coord_job_t *
 static void send_event(pcs_server_t *s, pcs_coord_worker_t *w, const pcs_coord_event_t *e)
 {
     char uid[64]; /* the assignment's job uid: alive until the event is sent */
+    Pcs__V1__ResumeSpec own = PCS__V1__RESUME_SPEC__INIT;
     pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, e->job);
     Pcs__V1__AssignmentEvent ev = PCS__V1__ASSIGNMENT_EVENT__INIT;
     Pcs__V1__Assignment a = PCS__V1__ASSIGNMENT__INIT;
@@ -336,6 +368,8 @@ static void send_event(pcs_server_t *s, pcs_coord_worker_t *w, const pcs_coord_e
         a.plan_hash = j->plan_hash;
         snprintf(uid, sizeof uid, "%016" PRIx64 "/%s", s->coordinator_id, j->id);
         a.job_uid = uid;
+        if (e->generation > 1)
+            a.resume = &own; /* a restart: from the job's own last committed checkpoint */
         if (j->plan && pcs_plan_rank_estimate(j->plan, e->rank, &est) == PCS_OK)
             a.estimate = &est;
         ev.event_case = PCS__V1__ASSIGNMENT_EVENT__EVENT_ASSIGNMENT;
@@ -768,7 +802,10 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
                               .spec = spec,
                               .plan = plan,
                               .plan_hash = pcs_plan_hash(plan),
-                              .steps = spec->training ? spec->training->steps : 0};
+                              .steps = spec->training ? spec->training->steps : 0,
+                              .max_restarts = spec->elastic ? spec->elastic->max_restarts : 0,
+                              .min_workers = spec->elastic ? spec->elastic->min_workers : 0,
+                              .max_workers = spec->elastic ? spec->elastic->max_workers : 0};
     st = pcs_coord_submit(s->coord, &d, &j); /* takes the payload */
     if (st != PCS_OK) {
         fail_last(call, st);
@@ -1241,6 +1278,7 @@ static pcs_status_t put_job(pcs_server_t *s, const pcs_coord_job_t *j)
     }
     Pcs__V1__JobProgress prog = PCS__V1__JOB_PROGRESS__INIT;
     progress_to_pb(&j->progress, &prog);
+    prog.restarts = j->restarts;
     uint8_t pbuf[128]; /* a JobProgress is a few scalars: well under 128 bytes packed */
     size_t plen = pcs__v1__job_progress__get_packed_size(&prog);
     if (plen > sizeof pbuf)
@@ -1415,7 +1453,10 @@ static void restore_job(void *user, const pcs_store_job_t *r)
         /* the rebuilt plan's own hash: the one its workers check (a coordinator of another
          * version may have stored another) */
         .plan_hash = plan ? pcs_plan_hash(plan) : r->plan_hash,
-        .steps = spec && spec->training ? spec->training->steps : 0};
+        .steps = spec && spec->training ? spec->training->steps : 0,
+        .max_restarts = spec && spec->elastic ? spec->elastic->max_restarts : 0,
+        .min_workers = spec && spec->elastic ? spec->elastic->min_workers : 0,
+        .max_workers = spec && spec->elastic ? spec->elastic->max_workers : 0};
     if (pcs_coord_restore_job(s->coord, r->number, &d, state, reason, r->created_ms, r->started_ms,
                               finished_ms, r->generation) != PCS_OK) {
         PCS_WARN(PCS_SUB_STORE, "store: job %" PRIu32 " not restored: %s", r->number,
@@ -1430,6 +1471,7 @@ static void restore_job(void *user, const pcs_store_job_t *r)
         pcs_coord_progress_t p;
         progress_from_pb(prog, &p);
         pcs_coord_restore_progress(s->coord, j, &p);
+        pcs_coord_job_set_restarts(j, prog->restarts);
         pcs__v1__job_progress__free_unpacked(prog, NULL);
     }
     if (j && state == PCS_JOB_RUNNING && r->n_ranks) {
@@ -1519,6 +1561,7 @@ static void publish_metrics(pcs_server_t *s)
         {"pcs_job_reports_total", "counter", "Step reports received."},
         {"pcs_job_audit_ok", "gauge", "1 while every collective ran in the planned dtype."},
         {"pcs_job_generation", "gauge", "Current generation."},
+        {"pcs_job_restarts_total", "counter", "Automatic restarts (spec.elastic)."},
         {"pcs_job_collective_bytes_total", "counter", "Bytes moved by collectives, by kind."},
     };
     for (size_t k = 0; k < sizeof fam / sizeof *fam; k++) {
@@ -1526,8 +1569,8 @@ static void publish_metrics(pcs_server_t *s)
                 fam[k].type);
         for (uint32_t i = 1; i <= pcs_coord_max_job(s->coord); i++) {
             pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, i);
-            if (!j || j->state != PCS_JOB_RUNNING)
-                continue;
+            if (!j || !(j->state == PCS_JOB_RUNNING || (j->state == PCS_JOB_PENDING && j->restarts)))
+                continue; /* running, or waiting for workers to restart */
             const pcs_coord_progress_t *p = &j->progress;
             snprintf(lab, sizeof lab, "job=\"%s\"", j->id);
             switch (k) {
@@ -1548,6 +1591,9 @@ static void publish_metrics(pcs_server_t *s)
                 break;
             case 5:
                 metrics_line(f, fam[k].name, lab, (double)j->generation);
+                break;
+            case 6:
+                metrics_line(f, fam[k].name, lab, (double)j->restarts);
                 break;
             default: {
                 const char *kinds[3] = {"all_gather", "reduce_scatter", "all_reduce"};
@@ -1707,6 +1753,8 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
                              .on_job_change = on_job_change,
                              .on_worker_new = on_worker_new,
                              .on_job_forget = on_job_forget,
+                             .replan = replan,
+                             .elastic_wait_ms = cfg->elastic_wait_ms,
                              .kv_max_total_bytes = cfg->kv_max_total_bytes,
                              .max_finished_jobs = cfg->max_finished_jobs};
     PCS_CHECK_GOTO(pcs_coord_create(&cc, &s->coord), st, fail);

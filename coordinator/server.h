@@ -33,6 +33,8 @@ typedef struct pcs_server_config {
     uint64_t kv_max_total_bytes;   /* every job's KV together; 0 = 256 MiB */
     size_t max_spec_bytes;         /* largest packed JobSpec; 0 = max_message_bytes / 4 */
     uint32_t max_finished_jobs;    /* history kept; 0 = 10000 */
+    uint32_t elastic_wait_ms;      /* a restarted job waits this long for its full world size
+                                    * before it starts smaller; 0 = 30000 */
     const char *db_path;           /* SQLite file; NULL, "" or ":memory:" = no persistence */
     bool store_sync_normal;        /* synchronous=NORMAL (durable across a process crash only)
                                     * instead of FULL (across a power loss) */

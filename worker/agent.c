@@ -61,6 +61,7 @@ struct pcs_agent {
     atomic_int quit; /* threads end */
     atomic_int reopen_watch;
     atomic_int leaving; /* Deregister is under way or done: never register again */
+    int restarting;     /* the running job's generation was told to RESTART (under mu) */
     pcs_root_t *roots[3]; /* data, init, checkpoint: where a job's paths may lead */
 
     pthread_mutex_t mu;
@@ -207,10 +208,13 @@ static void copy_worker_id(pcs_agent_t *a, char *buf, size_t n)
     pthread_mutex_unlock(&a->mu);
 }
 
-static void abort_running(pcs_agent_t *a, const char *job_id, const char *reason)
+/* Abort the running job if it is `job_id` (NULL: whatever runs) in generation `gen` (0: any): a
+ * directive about an earlier generation of the job must not stop the generation that replaced
+ * it after a restart. */
+static void abort_running_gen(pcs_agent_t *a, const char *job_id, uint64_t gen, const char *reason)
 {
     pthread_mutex_lock(&a->mu);
-    int same = !job_id || strcmp(job_id, a->job_id) == 0;
+    int same = !job_id || (strcmp(job_id, a->job_id) == 0 && (!gen || gen == a->generation));
     if (same && a->finished) {
         /* The STOP that follows a job's success reaches us while the ranks leave together;
          * aborting then would tear down communicators that are closing cleanly. */
@@ -228,6 +232,11 @@ static void abort_running(pcs_agent_t *a, const char *job_id, const char *reason
         snprintf(a->abort_reason, sizeof a->abort_reason, "%s", reason);
     }
     pthread_mutex_unlock(&a->mu);
+}
+
+static void abort_running(pcs_agent_t *a, const char *job_id, const char *reason)
+{
+    abort_running_gen(a, job_id, 0, reason);
 }
 
 // ---- heartbeat thread ----
@@ -261,7 +270,8 @@ static void *heartbeat_main(void *arg)
             /* The coordinator ended the job this worker still runs (a STOP that did not arrive):
              * stop it, so the worker confirms it left and is scheduled again. */
             if (job[0] && hr->state == PCS__V1__WORKER_STATE__WORKER_STATE_STOPPING)
-                abort_running(a, job, "the coordinator ended this job (heartbeat: STOPPING)");
+                abort_running_gen(a, job, gen,
+                                  "the coordinator ended this job (heartbeat: STOPPING)");
             protobuf_c_message_free_unpacked(resp, NULL);
             backoff = 100;
             nap(a, interval);
@@ -328,13 +338,18 @@ static void handle_event(pcs_agent_t *a, Pcs__V1__AssignmentEvent *ev)
         char reason[512];
         snprintf(reason, sizeof reason, "%s directive from coordinator: %s", kind,
                  d->reason && d->reason[0] ? d->reason : "(no reason)");
+        int restart = d->kind == PCS__V1__DIRECTIVE_KIND__DIRECTIVE_KIND_RESTART;
         pthread_mutex_lock(&a->mu);
-        if (a->pending && d->job_id && strcmp(a->pending->job_id, d->job_id) == 0) {
+        if (a->pending && d->job_id && strcmp(a->pending->job_id, d->job_id) == 0 &&
+            (!d->generation || a->pending->generation <= d->generation)) {
             protobuf_c_message_free_unpacked(&a->pending->base, NULL);
             a->pending = NULL;
         }
+        if (restart && d->job_id && strcmp(d->job_id, a->job_id) == 0 &&
+            (!d->generation || d->generation == a->generation))
+            a->restarting = 1; /* this run ends, the job goes on: not one of max_jobs */
         pthread_mutex_unlock(&a->mu);
-        abort_running(a, d->job_id, reason);
+        abort_running_gen(a, d->job_id, d->generation, reason);
     }
 }
 
@@ -435,11 +450,18 @@ static void send_report(pcs_agent_t *a, report_item_t *it)
                                        (int)a->rpc_timeout_ms, &resp, &code);
         if (st == PCS_OK) {
             Pcs__V1__ReportStepResponse *r = (Pcs__V1__ReportStepResponse *)resp;
+            if (r->directive && r->directive->kind == PCS__V1__DIRECTIVE_KIND__DIRECTIVE_KIND_RESTART) {
+                pthread_mutex_lock(&a->mu);
+                if (it->req->job_id && strcmp(it->req->job_id, a->job_id) == 0 &&
+                    it->req->generation == a->generation)
+                    a->restarting = 1;
+                pthread_mutex_unlock(&a->mu);
+            }
             if (r->directive && r->directive->kind != 0) {
                 char reason[512];
                 snprintf(reason, sizeof reason, "directive in ReportStep reply: %s",
                          r->directive->reason ? r->directive->reason : "");
-                abort_running(a, it->req->job_id, reason);
+                abort_running_gen(a, it->req->job_id, it->req->generation, reason);
             }
             protobuf_c_message_free_unpacked(resp, NULL);
             if (said)
@@ -934,9 +956,16 @@ pcs_status_t pcs_agent_run(pcs_agent_t *a)
         pthread_mutex_unlock(&a->mu);
         if (!as)
             continue;
+        pthread_mutex_lock(&a->mu);
+        a->restarting = 0;
+        pthread_mutex_unlock(&a->mu);
         run_job(a, as);
         protobuf_c_message_free_unpacked(&as->base, NULL);
-        jobs++;
+        pthread_mutex_lock(&a->mu);
+        int restarted = a->restarting;
+        pthread_mutex_unlock(&a->mu);
+        if (!restarted) /* a generation that restarts is the same job going on */
+            jobs++;
     }
 
     flush_reports(a, a->flush_ms, 1);

@@ -63,3 +63,9 @@ pcs_add_test(NAME test_confine SOURCES integration/test_confine.c ${PCS_E2E_UTIL
              LIBS pcs_worker LABELS integration TIMEOUT 300)
 set_target_properties(test_confine PROPERTIES LINKER_LANGUAGE CXX)
 add_dependencies(test_confine pcs-coordinator pcs-worker)
+# Elastic restarts: a killed rank with a spare (bit-identical to an uninterrupted run), without
+# one (shrinks, bit-identical to a run that switches world size), a stopped rank, the budget.
+pcs_add_test(NAME test_elastic SOURCES integration/test_elastic.c ${PCS_E2E_UTIL}
+             LIBS pcs_worker LABELS integration TIMEOUT 600)
+set_target_properties(test_elastic PROPERTIES LINKER_LANGUAGE CXX)
+add_dependencies(test_elastic pcs-coordinator pcs-worker)

@@ -1142,6 +1142,125 @@ static void test_a_held_identity_is_taken_only_with_its_secret(void **state)
     assert_int_equal(w->state, PCS_WORKER_IDLE);
 }
 
+static uint32_t g_replan_world;
+static pcs_status_t replan_cb(void *user, pcs_coord_job_t *j, uint32_t world, uint64_t *hash)
+{
+    fixture_t *f = user;
+    g_replan_world = world;
+    pcs_coord_job_set_plan(f->c, j, malloc(8)); /* the old plan goes to free_payload */
+    *hash = 0x5000 + world;
+    return PCS_OK;
+}
+
+/* The next event queued for worker n (0 kind when none). */
+static pcs_coord_event_t next_ev(fixture_t *f, uint32_t n)
+{
+    pcs_coord_event_t e;
+    memset(&e, 0, sizeof e);
+    (void)pcs_coord_pop_event(f->c, worker(f, n), &e);
+    return e;
+}
+
+/* Issue 13: an elastic job (max_restarts 2, min 2) whose rank dies restarts instead of failing:
+ * every rank gets RESTART, the old generation is fenced (its reports get RESTART back, its KV is
+ * closed), the survivors and a spare start generation 2 at the same world; without enough
+ * workers it waits elastic_wait_ms, then starts smaller through replan; a failure past the budget
+ * fails the job with every restart in its reason. */
+static void test_an_elastic_job_restarts_within_its_budget(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_destroy(f->c);
+    pcs_coord_config_t cfg = base_config(f);
+    cfg.replan = replan_cb;
+    cfg.elastic_wait_ms = 5000;
+    assert_int_equal(pcs_coord_create(&cfg, &f->c), PCS_OK);
+    reg_n(f, 5); /* 4 ranks and a spare */
+    uint32_t names[1] = {PCS_MESH_DP_SHARD}, sizes[1] = {4};
+    pcs_coord_job_desc_t d = {.name = "e", .n_dims = 1, .dim_name = names, .dim_size = sizes,
+                              .spec = malloc(8), .plan = malloc(8), .plan_hash = 0x4000,
+                              .steps = 100, .max_restarts = 2, .min_workers = 2};
+    pcs_coord_job_t *j = NULL;
+    assert_int_equal(pcs_coord_submit(f->c, &d, &j), PCS_OK);
+    assert_int_equal(j->generation, 1);
+    for (uint32_t n = 1; n <= 5; n++)
+        while (next_ev(f, n).kind) {
+        }
+    for (uint32_t r = 0; r < 4; r++)
+        step_report(f, worker(f, r + 1)->id, j, r, 7, 10);
+    /* rank 0 reports rank 2 died */
+    int dir;
+    char why[256];
+    pcs_coord_report_t err = {.worker_id = "w-1", .job_id = j->id, .generation = 1, .rank = 0,
+                              .step = 8, .error = "peer closed", .peer_fault = 1, .peer_rank = 2};
+    assert_int_equal(pcs_coord_report_step(f->c, &err, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(j->restarts, 1);
+    assert_int_equal(j->n_log, 1);
+    assert_int_equal(j->log[0].step, 7);
+    assert_non_null(strstr(j->log[0].cause, "rank 2 (worker w-3) died"));
+    /* ranks 1 and 3 get RESTART; the dead one's too (it never confirms) */
+    assert_int_equal(next_ev(f, 2).kind, PCS_EV_RESTART);
+    assert_int_equal(next_ev(f, 3).kind, PCS_EV_RESTART);
+    /* a late report of generation 1 is told to restart, not recorded */
+    pcs_coord_report_t late = {.worker_id = "w-2", .job_id = j->id, .generation = 1, .rank = 1,
+                               .step = 8, .audit_ok = true};
+    assert_int_equal(pcs_coord_report_step(f->c, &late, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(dir, PCS_EV_RESTART);
+    assert_int_not_equal(pcs_coord_kv_set(f->c, j->id, 1, "k", "v", 1), PCS_OK);
+    /* the reporter is IDLE at once; w-2 and w-4 confirm they left; w-3 (dead) never does, the
+     * spare w-5 fills its place: generation 2 with 4 ranks, no replan */
+    assert_int_equal(j->state, PCS_JOB_PENDING);
+    left_job(f, 2);
+    left_job(f, 4);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    assert_int_equal(j->generation, 2);
+    assert_int_equal(j->world_size, 4);
+    assert_int_equal(j->log[0].world_after, 4);
+    assert_int_equal(g_replan_world, 0);
+    for (uint32_t r = 0; r < 4; r++)
+        assert_int_not_equal(j->rank_worker[r], 3);
+    /* generation 2 loses a rank, no spare now (w-3 is away): the job waits for 4 workers for the
+     * elastic wait, then restarts with the 3 it has */
+    uint32_t dead = j->rank_worker[1];
+    char dead_id[24];
+    snprintf(dead_id, sizeof dead_id, "%s", worker(f, dead)->id);
+    pcs_coord_report_t err2 = {.worker_id = worker(f, j->rank_worker[0])->id, .job_id = j->id,
+                               .generation = 2, .rank = 0, .step = 12, .error = "peer closed",
+                               .peer_fault = 1, .peer_rank = 1};
+    assert_int_equal(pcs_coord_report_step(f->c, &err2, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(j->restarts, 2);
+    for (uint32_t n = 1; n <= 5; n++)
+        if (n != dead && n != 3 && worker(f, n)->state == PCS_WORKER_STOPPING)
+            left_job(f, n);
+    assert_int_equal(j->state, PCS_JOB_PENDING); /* 3 idle, waiting for a 4th */
+    for (int t = 0; t < 51; t++) { /* the idle ones heartbeat through the elastic wait */
+        for (uint32_t n = 1; n <= 5; n++)
+            if (worker(f, n)->state == PCS_WORKER_IDLE)
+                assert_int_equal(pcs_coord_heartbeat(f->c, worker(f, n)->id, "", 0,
+                                                     &(pcs_coord_worker_t *){NULL}),
+                                 PCS_OK);
+        if (t == 45)
+            assert_int_equal(j->state, PCS_JOB_PENDING); /* 4.5 s: still waiting */
+        f->clock.now += 100;
+        pcs_coord_tick(f->c);
+    }
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    assert_int_equal(j->world_size, 3);
+    assert_int_equal(g_replan_world, 3);
+    assert_int_equal(j->plan_hash, 0x5003);
+    assert_int_equal(j->log[1].world_before, 4);
+    assert_int_equal(j->log[1].world_after, 3);
+    /* the budget is spent: the next failure fails the job, listing the restarts */
+    pcs_coord_report_t err3 = {.worker_id = worker(f, j->rank_worker[2])->id, .job_id = j->id,
+                               .generation = 3, .rank = 2, .step = 14, .error = "NaN"};
+    assert_int_equal(pcs_coord_report_step(f->c, &err3, &dir, why, sizeof why), PCS_OK);
+    assert_int_equal(j->state, PCS_JOB_FAILED);
+    assert_non_null(strstr(j->reason, "failed at step 14: NaN; after 2 restarts (generation 1 at "
+                                      "step 7: rank 2 (worker w-3) died"));
+    if (!strstr(j->reason, "; generation 2 at step "))
+        fail_msg("reason: %s", j->reason);
+    (void)dead_id;
+}
+
 static void test_report_with_error_fails_the_job_with_reason(void **state)
 {
     fixture_t *f = *state;
@@ -1854,6 +1973,7 @@ int main(void)
         T(test_reports_read_before_the_stall_tick_are_not_moved_into_the_future),
         T(test_reports_follow_the_last_one_and_stay_within_the_job),
         T(test_a_held_identity_is_taken_only_with_its_secret),
+        T(test_an_elastic_job_restarts_within_its_budget),
         T(test_a_stopping_worker_is_idle_only_once_it_left_the_job),
         T(test_an_idle_worker_silent_for_half_a_lease_is_not_scheduled),
         T(test_failure_reason_is_one_line_of_valid_utf8),
