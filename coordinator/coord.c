@@ -742,6 +742,28 @@ static void kv_fail_waiters(pcs_coord_t *c, pcs_coord_job_t *j, pcs_status_t st,
  * one too, for when it comes back). A worker whose rank sent its final report (done, or the
  * error that ends the job) has left the job and is IDLE; the others are STOPPING until they
  * confirm it (pcs_worker_state_t), so a dead, paused or wedged one is never scheduled. */
+/* The generation's ranks leave the job: a rank whose loop over it has ended (its final report
+ * came) is IDLE at once, the others STOPPING until they confirm they left; each gets `kind`
+ * (STOP or RESTART) with `reason`. */
+static void release_ranks(pcs_coord_t *c, pcs_coord_job_t *j, pcs_coord_event_kind_t kind,
+                          const char *reason)
+{
+    for (uint32_t r = 0; r < j->world_size; r++) {
+        pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, j->rank_worker[r]);
+        if (!w || w->job != j)
+            continue;
+        w->job = NULL;
+        if (w->state == PCS_WORKER_ASSIGNED && j->rank_done[r]) {
+            set_worker_state(c, w, PCS_WORKER_IDLE);
+        } else if (w->state == PCS_WORKER_ASSIGNED) {
+            w->stop_job = j->number;
+            w->stop_gen = j->generation;
+            set_worker_state(c, w, PCS_WORKER_STOPPING);
+        }
+        push_event(c, w, kind, j, reason);
+    }
+}
+
 // ---- elastic restarts ----
 
 /* Per-rank arrays for `world` ranks (a restart at another world size), zeroed. */
@@ -807,20 +829,7 @@ static void job_restart(pcs_coord_t *c, pcs_coord_job_t *j)
     snprintf(why, sizeof why, "restart %" PRIu32 " of %" PRIu32 " (generation %" PRIu64 " failed)",
              j->restarts, j->max_restarts, j->generation);
     PCS_WARN(PCS_SUB_COORD, "job %s: %s: %s", j->id, why, rec.cause);
-    for (uint32_t r = 0; r < j->world_size; r++) {
-        pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, j->rank_worker[r]);
-        if (!w || w->job != j)
-            continue;
-        w->job = NULL;
-        if (w->state == PCS_WORKER_ASSIGNED && j->rank_done[r]) {
-            set_worker_state(c, w, PCS_WORKER_IDLE); /* its loop over the job has ended */
-        } else if (w->state == PCS_WORKER_ASSIGNED) {
-            w->stop_job = j->number;
-            w->stop_gen = j->generation;
-            set_worker_state(c, w, PCS_WORKER_STOPPING);
-        }
-        push_event(c, w, PCS_EV_RESTART, j, why);
-    }
+    release_ranks(c, j, PCS_EV_RESTART, why);
     kv_fail_waiters(c, j, PCS_ERR_STATE, "the job restarts: its generation ended");
     kv_clear(c, j);
     j->n_unclaimed = 0;
@@ -869,22 +878,8 @@ static void job_finish(pcs_coord_t *c, pcs_coord_job_t *j, pcs_job_state_t state
         if (w && w->reserved_job == j->number)
             w->reserved_job = 0; /* the reservation ends with the job */
     }
-    if (prev == PCS_JOB_RUNNING) {
-        for (uint32_t r = 0; r < j->world_size; r++) {
-            pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, j->rank_worker[r]);
-            if (!w || w->job != j)
-                continue;
-            w->job = NULL;
-            if (w->state == PCS_WORKER_ASSIGNED && j->rank_done[r]) {
-                set_worker_state(c, w, PCS_WORKER_IDLE);
-            } else if (w->state == PCS_WORKER_ASSIGNED) {
-                w->stop_job = j->number;
-                w->stop_gen = j->generation;
-                set_worker_state(c, w, PCS_WORKER_STOPPING);
-            }
-            push_event(c, w, PCS_EV_STOP, j, j->reason);
-        }
-    }
+    if (prev == PCS_JOB_RUNNING)
+        release_ranks(c, j, PCS_EV_STOP, j->reason);
     kv_fail_waiters(c, j, PCS_ERR_STATE, "job ended while waiting for the key");
     drop_rank_state(c, j);
     PCS_INFO(PCS_SUB_COORD, "job %s %s -> %s%s%s", j->id, pcs_job_state_name(prev),

@@ -2,6 +2,12 @@
  * per-rank report files, export from the sharded checkpoint, parity against the reference. */
 #include "test_e2e_util.h"
 
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <setjmp.h>
+#include <cmocka.h>
+
 #include <arpa/inet.h>
 #include <errno.h>
 #include <execinfo.h>
@@ -662,4 +668,27 @@ int e2e_run_local(const char *yaml, const char *tag, int world, uint64_t inject_
         }
     }
     return 0;
+}
+
+void e2e_assert_same_bits(const char *a_path, const char *b_path, const char *what)
+{
+    pcs_st_file_t *a = NULL, *b = NULL;
+    assert_int_equal(pcs_st_open(a_path, &a), PCS_OK);
+    assert_int_equal(pcs_st_open(b_path, &b), PCS_OK);
+    assert_int_equal(pcs_st_count(a), pcs_st_count(b));
+    for (size_t i = 0; i < pcs_st_count(a); i++) {
+        const pcs_st_tensor_t *ta = pcs_st_tensor(a, i), *tb = pcs_st_find(b, ta->name);
+        assert_non_null(tb);
+        uint64_t n = ta->end - ta->begin;
+        assert_int_equal(n, tb->end - tb->begin);
+        uint8_t *x = malloc(n + 1), *y = malloc(n + 1);
+        assert_int_equal(pcs_st_read_raw(a, ta, 0, n, x), PCS_OK);
+        assert_int_equal(pcs_st_read_raw(b, tb, 0, n, y), PCS_OK);
+        if (memcmp(x, y, n) != 0)
+            fail_msg("%s: %s differs from the reference run's", what, ta->name);
+        free(x);
+        free(y);
+    }
+    pcs_st_close(a);
+    pcs_st_close(b);
 }

@@ -89,4 +89,8 @@ int e2e_run_local(const char *yaml, const char *tag, int world, uint64_t inject_
 int e2e_check_parity(const e2e_job_t *job, const char *yaml, double atol, double rtol,
                      double loss_rtol, double *max_abs);
 
+/* Every tensor of the safetensors files a and b holds the same bits (fails the test naming the
+ * first tensor that does not, with `what`). */
+void e2e_assert_same_bits(const char *a_path, const char *b_path, const char *what);
+
 #endif

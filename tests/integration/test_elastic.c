@@ -71,29 +71,6 @@ static char *job_yaml(int world, int min_workers, int max_restarts, const char *
     return y;
 }
 
-/* Bits of every tensor of a and b equal. */
-static void assert_same_bits(const char *a_path, const char *b_path)
-{
-    pcs_st_file_t *a = NULL, *b = NULL;
-    assert_int_equal(pcs_st_open(a_path, &a), PCS_OK);
-    assert_int_equal(pcs_st_open(b_path, &b), PCS_OK);
-    assert_int_equal(pcs_st_count(a), pcs_st_count(b));
-    for (size_t i = 0; i < pcs_st_count(a); i++) {
-        const pcs_st_tensor_t *ta = pcs_st_tensor(a, i), *tb = pcs_st_find(b, ta->name);
-        assert_non_null(tb);
-        uint64_t n = ta->end - ta->begin;
-        assert_int_equal(n, tb->end - tb->begin);
-        uint8_t *x = malloc(n + 1), *y = malloc(n + 1);
-        assert_int_equal(pcs_st_read_raw(a, ta, 0, n, x), PCS_OK);
-        assert_int_equal(pcs_st_read_raw(b, tb, 0, n, y), PCS_OK);
-        if (memcmp(x, y, n) != 0)
-            fail_msg("%s differs from the reference run's", ta->name);
-        free(x);
-        free(y);
-    }
-    pcs_st_close(a);
-    pcs_st_close(b);
-}
 
 static void start(const char *tag, int workers)
 {
@@ -228,7 +205,7 @@ static void test_a_killed_rank_with_a_spare_costs_one_restart_and_nothing_else(v
     protobuf_c_message_free_unpacked(&keep->base, NULL);
     char *dirs[2] = {NULL, NULL};
     char *ref = reference(4, 4, dirs);
-    assert_same_bits(job.export_path, ref);
+    e2e_assert_same_bits(job.export_path, ref, job.job_id);
     free_reference(ref, dirs);
     e2e_job_free(&job);
     free(y);
@@ -256,7 +233,7 @@ static void test_without_a_spare_the_job_shrinks_to_the_survivors(void **state)
     protobuf_c_message_free_unpacked(&keep->base, NULL);
     char *dirs[2] = {NULL, NULL};
     char *ref = reference(4, 3, dirs);
-    assert_same_bits(job.export_path, ref);
+    e2e_assert_same_bits(job.export_path, ref, job.job_id);
     free_reference(ref, dirs);
     e2e_job_free(&job);
     free(y);

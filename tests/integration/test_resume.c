@@ -56,30 +56,6 @@ static char *job_yaml(const variant_t *v, const char *resume_from, int resume_st
     return y;
 }
 
-/* Every tensor of a equals b's to the bit. */
-static void assert_same_bits(const char *a_path, const char *b_path, const char *what)
-{
-    pcs_st_file_t *a = NULL, *b = NULL;
-    assert_int_equal(pcs_st_open(a_path, &a), PCS_OK);
-    assert_int_equal(pcs_st_open(b_path, &b), PCS_OK);
-    assert_int_equal(pcs_st_count(a), pcs_st_count(b));
-    for (size_t i = 0; i < pcs_st_count(a); i++) {
-        const pcs_st_tensor_t *ta = pcs_st_tensor(a, i);
-        const pcs_st_tensor_t *tb = pcs_st_find(b, ta->name);
-        assert_non_null(tb);
-        uint64_t n = ta->end - ta->begin;
-        assert_int_equal(n, tb->end - tb->begin);
-        uint8_t *x = malloc(n + 1), *y = malloc(n + 1);
-        assert_int_equal(pcs_st_read_raw(a, ta, 0, n, x), PCS_OK);
-        assert_int_equal(pcs_st_read_raw(b, tb, 0, n, y), PCS_OK);
-        if (memcmp(x, y, n) != 0)
-            fail_msg("%s: %s differs from the uninterrupted run's", what, ta->name);
-        free(x);
-        free(y);
-    }
-    pcs_st_close(a);
-    pcs_st_close(b);
-}
 
 static void run_variant(const variant_t *v)
 {
@@ -113,7 +89,7 @@ static void run_variant(const variant_t *v)
                      b->loss_scale, (unsigned long long)a->skipped_steps,
                      (unsigned long long)b->skipped_steps, a->eval_loss, b->eval_loss);
     }
-    assert_same_bits(full.export_path, resumed.export_path, v->name);
+    e2e_assert_same_bits(full.export_path, resumed.export_path, v->name);
     e2e_job_free(&resumed);
     pcs_test_rmtree(res_dir);
     free(res_dir);
