@@ -81,6 +81,7 @@ struct pcs_train {
     uint32_t growth_tracker;
     uint64_t skipped;
     uint64_t start_step; /* steps done before this run (a resume); training runs start_step + 1.. */
+    double setup_ms, bootstrap_ms, resume_ms; /* pcs_train_create's, for the first report */
 
     atomic_int aborted;
     char abort_reason[256];
@@ -547,6 +548,7 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     pcs_train_t *t = NULL;
     pcs_status_t st;
     PCS_CHECK(pcs_calloc(1, sizeof *t, (void **)&t));
+    uint64_t t_create = pcs_now_us();
     t->cfg = *cfg;
     t->ckpt.fd = -1;
     t->as = cfg->assignment;
@@ -668,7 +670,9 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     t->depth = rc.prefetch > 0 ? (uint32_t)rc.prefetch : 0;
     pcs_train_opt_from_spec(tr, &rc);
     PCS_CHECK_GOTO(load_init_file(t), st, fail);
+    uint64_t t_boot = pcs_now_us();
     PCS_CHECK_GOTO(pcs_runtime_create(&rc, &t->rt), st, fail);
+    t->bootstrap_ms = (double)(pcs_now_us() - t_boot) / 1000.0;
 
     /* Bind every parameter to its unit's unsharded buffer and grad buffer once: the buffers live
      * as long as the runtime; unshard only refreshes their contents. */
@@ -697,7 +701,9 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
         }
     }
     PCS_CHECK_GOTO(setup_buffers(t), st, fail);
+    uint64_t t_resume = pcs_now_us();
     PCS_CHECK_GOTO(resume_if_asked(t), st, fail);
+    t->resume_ms = (double)(pcs_now_us() - t_resume) / 1000.0;
     if (t->stream)
         PCS_CHECK_GOTO(t->be->sync(t->stream), st, fail); /* buffer uploads done */
     free(t->init_vals); /* the shards and buffers hold their values now */
@@ -717,6 +723,7 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
                        fail);
         PCS_CHECK_GOTO(t->be->alloc(rows * out_dim * sizeof(float), (void **)&t->dgout), st, fail);
     }
+    t->setup_ms = (double)(pcs_now_us() - t_create) / 1000.0;
     *out = t;
     return PCS_OK;
 fail:
@@ -1156,6 +1163,11 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
         r.loss_scale = reported_scale;
         r.skipped = sr.skipped;
         r.skipped_steps = t->skipped;
+        if (s == t->start_step + 1) {
+            r.setup_ms = t->setup_ms;
+            r.bootstrap_ms = t->bootstrap_ms;
+            r.resume_ms = t->resume_ms;
+        }
         pcs_train_fill_report(&r, recs, rp, cap, &rs);
         if (eval_every && s % eval_every == 0) {
             double el = 0;
