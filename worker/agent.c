@@ -53,8 +53,8 @@ struct pcs_agent {
     uint32_t rpc_timeout_ms, coll_timeout_ms, heartbeat_ms, max_jobs, flush_ms;
     int device; /* resolved ordinal (0 on cpu) */
     uint64_t incarnation; /* random, nonzero: this process's Registers (RegisterRequest) */
-    uint64_t inject_inf_step;
-    uint32_t inject_inf_rank, step_pause_ms;
+    uint64_t inject_inf_step, die_at_checkpoint;
+    uint32_t inject_inf_rank, step_pause_ms, die_rank;
 
     pcs_rpc_client_t *rpc;
     atomic_int stop; /* set by pcs_agent_stop (signal handler) */
@@ -737,6 +737,8 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
         tc.report_ctx = a;
         tc.inject_inf_step = a->inject_inf_step;
         tc.inject_inf_rank = a->inject_inf_rank;
+        tc.die_at_checkpoint = a->die_at_checkpoint;
+        tc.die_rank = a->die_rank;
         tc.step_pause_ms = a->step_pause_ms;
         tc.prefetch = -1;
         tc.data_root = a->roots[0];
@@ -885,6 +887,8 @@ pcs_status_t pcs_agent_create(const pcs_agent_config_t *cfg, pcs_agent_t **out)
     a->flush_ms = cfg->flush_ms ? cfg->flush_ms : 30000;
     a->inject_inf_step = cfg->inject_inf_step;
     a->inject_inf_rank = cfg->inject_inf_rank;
+    a->die_at_checkpoint = cfg->die_at_checkpoint;
+    a->die_rank = cfg->die_rank;
     a->step_pause_ms = cfg->step_pause_ms;
     a->job_fn = cfg->job_fn;
     a->job_ctx = cfg->job_ctx;

@@ -47,6 +47,8 @@ typedef struct pcs_agent_config {
                                * (io/report.h); NULL = off */
     uint64_t inject_inf_step; /* test hook, see pcs_train_config_t */
     uint32_t inject_inf_rank;
+    uint64_t die_at_checkpoint; /* test hook, see pcs_train_config_t */
+    uint32_t die_rank;
     uint32_t step_pause_ms; /* test hook, see pcs_train_config_t */
     /* Where a job's paths may lead (DESIGN.md §10): data.file, init.from and checkpoint.dir
      * resolve beneath these directories (opened at create: a missing one fails it). NULL or ""

@@ -44,6 +44,9 @@ static const pcs_opt_t worker_opts[] = {
      "test hook: N > 0 makes backend cuda a simulated device (N devices) computing on the host"},
     {"inject-inf-step", PCS_OPT_U64, "0", 0, 1e18, "test hook: +Inf into a gradient at this step"},
     {"inject-inf-rank", PCS_OPT_U32, "0", 0, 1000000, "test hook: rank that injects the +Inf"},
+    {"die-at-checkpoint", PCS_OPT_U64, "0", 0, 1e18,
+     "test hook: rank --die-rank exits in the checkpoint of this step, before the commit"},
+    {"die-rank", PCS_OPT_U32, "0", 0, 1000000, "test hook: see --die-at-checkpoint"},
     {"step-pause-ms", PCS_OPT_U32, "0", 0, 60000,
      "test hook: sleep this long after each step (a fault test's job runs for a known time)"},
 };
@@ -116,6 +119,8 @@ int main(int argc, char **argv)
     ac.checkpoint_root = pcs_config_str(cfg, "checkpoint-root");
     ac.inject_inf_step = pcs_config_u64(cfg, "inject-inf-step");
     ac.inject_inf_rank = pcs_config_u32(cfg, "inject-inf-rank");
+    ac.die_at_checkpoint = pcs_config_u64(cfg, "die-at-checkpoint");
+    ac.die_rank = pcs_config_u32(cfg, "die-rank");
     ac.step_pause_ms = pcs_config_u32(cfg, "step-pause-ms");
 
     if (pcs_agent_create(&ac, &g_agent) != PCS_OK) {

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "io/checkpoint.h"
 #include "planner/reshard.h"
@@ -1007,6 +1008,12 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
         m.growth_tracker = t->growth_tracker;
         m.skipped_steps = t->skipped;
         PCS_CHECK_GOTO(pcs_ckpt_rank_file_write_in(&t->ckpt, &m, f), st, out);
+    }
+    if (t->cfg.die_at_checkpoint == step && t->cfg.die_rank == t->as->rank &&
+        t->as->generation == 1) {
+        PCS_WARN(PCS_SUB_WORKER, "test hook: dying in the checkpoint of step %llu",
+                 (unsigned long long)step);
+        _exit(70);
     }
     PCS_CHECK_GOTO(pcs_runtime_barrier(t->rt), st, out);
     if (t->as->rank == 0) {

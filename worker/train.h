@@ -39,6 +39,11 @@ typedef struct pcs_train_config {
      * (1-based; 0 = off) on rank inject_inf_rank. */
     uint64_t inject_inf_step;
     uint32_t inject_inf_rank;
+    /* Test hook: the process of rank die_rank exits (as if killed) in the checkpoint of step
+     * die_at_checkpoint of a job's first generation, after writing its rank file and before the
+     * commit (0 = off). */
+    uint64_t die_at_checkpoint;
+    uint32_t die_rank;
     /* Test hook: sleep this long after each step's report (0 = off), so that a fault test's job
      * runs for a known time whatever the machine's speed; an abort cuts the sleep short. */
     uint32_t step_pause_ms;

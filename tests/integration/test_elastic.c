@@ -10,7 +10,9 @@
  *    the resharded checkpoint, bit-identical to a run that switches world size at the same step
  *    (4 ranks to the checkpoint, then a resume on 3).
  *  - A worker SIGSTOPped: its peers name it silent, the job restarts without it.
- *  - max_restarts exhausted: two kills, a budget of one: FAILED, the reason lists the restart. */
+ *  - max_restarts exhausted: two kills, a budget of one: FAILED, the reason lists the restart.
+ *  - A rank dies inside a checkpoint (a test hook, before the commit): the restart resumes from
+ *    the committed one before it. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -302,6 +304,53 @@ static void test_the_restart_budget_is_per_job_and_its_end_fails_the_job(void **
     free(y);
 }
 
+/* A rank dies in the middle of a checkpoint (its rank file written, the step not committed): the
+ * restart resumes from the checkpoint before, never from the half-written one, and the result is
+ * still bit-identical to the uninterrupted run. */
+static void test_a_death_during_a_checkpoint_resumes_from_the_one_before(void **state)
+{
+    (void)state;
+    memset(&g_cl, 0, sizeof g_cl);
+    g_cl.dir = pcs_test_tmpdir("elastic-ckpt");
+    int port = e2e_free_port();
+    assert_true(port > 0);
+    static const char *const args[] = {"--elastic-wait-ms", "3000", "--lease-ms", "4000",
+                                       "--heartbeat-interval-ms", "300", NULL};
+    assert_int_equal(e2e_start_coord_at(&g_cl, port, args), 0);
+    static const char *const wargs[] = {"--step-pause-ms", "20", "--coll-timeout-ms", "4000",
+                                        "--die-at-checkpoint", "20", "--die-rank", "2", NULL};
+    assert_int_equal(e2e_spawn_workers(&g_cl, 5, wargs), 0);
+    char *y = job_yaml(4, 4, 1, NULL);
+    e2e_job_t job;
+    memset(&job, 0, sizeof job);
+    int rc = -1;
+    for (int i = 0; i < 100 && rc != 0; i++) {
+        rc = e2e_submit(&g_cl, y, "elastic", &job);
+        if (rc != 0)
+            pcs_test_sleep_ms(100);
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(e2e_wait_job(&g_cl, &job, 180000), 0);
+    if (job.state != SUCCEEDED)
+        fail_msg("job %s: state %d: %s (logs in %s)", job.job_id, job.state, job.reason,
+                 g_cl.dir);
+    Pcs__V1__GetJobResponse *keep = NULL;
+    Pcs__V1__Job *j = get_job(job.job_id, &keep);
+    assert_int_equal(j->restarts, 1);
+    assert_true(j->restart_log[0]->step >= 19);
+    protobuf_c_message_free_unpacked(&keep->base, NULL);
+    /* generation 2 started from step 10: rank 0's report file (rewritten by the run) begins at
+     * step 11 */
+    assert_true(job.n_reports[0] > 0);
+    assert_int_equal(job.reports[0][0]->step, 11);
+    char *dirs[2] = {NULL, NULL};
+    char *ref = reference(4, 4, dirs);
+    e2e_assert_same_bits(job.export_path, ref, job.job_id);
+    free_reference(ref, dirs);
+    e2e_job_free(&job);
+    free(y);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -311,6 +360,8 @@ int main(void)
                                   teardown),
         cmocka_unit_test_teardown(test_a_stopped_rank_is_named_silent_and_left_behind, teardown),
         cmocka_unit_test_teardown(test_the_restart_budget_is_per_job_and_its_end_fails_the_job,
+                                  teardown),
+        cmocka_unit_test_teardown(test_a_death_during_a_checkpoint_resumes_from_the_one_before,
                                   teardown),
     };
     return cmocka_run_group_tests_name("elastic", tests, NULL, NULL);
