@@ -1097,7 +1097,10 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
     t->training = 1;
     double sum_ms = 0;
     if (t->start_step >= steps) {
-        /* resumed from the job's last step: nothing left but saying so */
+        /* resumed at the job's last step: nothing to train. The state it loaded is this job's
+         * checkpoint (resharded when the world or strategy changed): export reads it there. */
+        if (t->ckpt.fd >= 0)
+            PCS_CHECK_GOTO(checkpoint(t, steps), st, out);
         Pcs__V1__StepReport r = PCS__V1__STEP_REPORT__INIT;
         r.step = steps;
         r.done = 1;

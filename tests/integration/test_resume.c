@@ -120,8 +120,17 @@ static void run_variant(const variant_t *v)
         fail_msg("%s: the resharded resume failed: %s", v->name, resumed.reason);
     free(y);
     assert_int_equal(resumed.reports[0][0]->step, 5);
-    /* its first step's loss is the uninterrupted run's step-5 loss over the same samples when
-     * the global batch is the same (it is not at another W), so only check it is finite */
+    e2e_job_free(&resumed);
+    pcs_test_rmtree(res_dir);
+    free(res_dir);
+    /* what a resharded load holds: resumed at the last step (nothing to train), the job writes
+     * its checkpoint of the state it loaded, whose export is the uninterrupted run's to the bit */
+    y = job_yaml(v, from, 8, s2, w2);
+    assert_int_equal(e2e_run_local(y, "resume-at-end", w2, 0, 0, &resumed, &res_dir), 0);
+    free(y);
+    if (resumed.state != PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED)
+        fail_msg("%s: the resume at the last step failed: %s", v->name, resumed.reason);
+    e2e_assert_same_bits(full.export_path, resumed.export_path, v->name);
     e2e_job_free(&resumed);
     pcs_test_rmtree(res_dir);
     free(res_dir);
