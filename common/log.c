@@ -3,6 +3,7 @@
  * One fwrite per line under a mutex; WARN/ERROR also become pcs_last_error(). */
 #include "pcs/log.h"
 #include "pcs/status.h"
+#include "pcs/utf8.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -22,6 +23,9 @@ static pthread_once_t log_once = PTHREAD_ONCE_INIT;
 static FILE *log_out;
 static char log_role[32] = "-";
 static char log_host[64] = "?";
+static int log_json;       /* PCS_LOG_FORMAT=json */
+static char log_job[64];   /* pcs_log_set_job ("" = none) */
+static int log_rank = -1;
 static pcs_log_level_t log_default_level = PCS_LOG_WARN;
 
 static const struct {
@@ -101,6 +105,44 @@ static void log_init_once(void)
     const char *file = getenv("PCS_LOG_FILE");
     if (file && *file)
         open_log_file(file);
+    const char *fmt = getenv("PCS_LOG_FORMAT");
+    log_json = fmt && strcasecmp(fmt, "json") == 0;
+}
+
+void pcs_log_set_job(const char *job, int rank)
+{
+    pthread_mutex_lock(&log_mu);
+    snprintf(log_job, sizeof log_job, "%s", job ? job : "");
+    log_rank = job ? rank : -1;
+    pthread_mutex_unlock(&log_mu);
+}
+
+/* `s` as the body of a JSON string into out (n bytes): quotes, backslashes and control
+ * characters escaped; s is valid UTF-8 (sanitized by the caller). */
+static size_t json_escape(const char *s, char *out, size_t n)
+{
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p && o + 7 < n; p++) {
+        if (*p == '"' || *p == '\\') {
+            out[o++] = '\\';
+            out[o++] = (char)*p;
+        } else if (*p < 0x20) {
+            o += (size_t)snprintf(out + o, n - o, "\\u%04x", *p);
+        } else {
+            out[o++] = (char)*p;
+        }
+    }
+    out[o] = '\0';
+    return o;
+}
+
+/* A short identifier (role, host, job) as a JSON string body: sanitized, then escaped. */
+static void json_short(const char *s, char *out, size_t n)
+{
+    char tmp[128];
+    snprintf(tmp, sizeof tmp, "%s", s);
+    pcs_utf8_sanitize(tmp);
+    json_escape(tmp, out, n);
 }
 
 void pcs_log_init(pcs_log_level_t default_level)
@@ -151,10 +193,32 @@ void pcs_log_write(pcs_log_level_t level, unsigned sub, const char *file, int li
     gmtime_r(&ts.tv_sec, &tm);
     const char *base = strrchr(file, '/');
     base = base ? base + 1 : file;
-    char out[1400];
+    char out[3200];
     int n;
     pthread_mutex_lock(&log_mu);
-    if (level <= PCS_LOG_WARN)
+    if (log_json) {
+        static const char *const names[] = {"none", "error", "warn", "info", "debug", "trace"};
+        char esc[2200], role[160], host[160], job[160];
+        pcs_utf8_trim_partial(msg); /* vsnprintf may have cut through a character */
+        pcs_utf8_sanitize(msg);     /* a line a JSON parser accepts, whatever the message held */
+        json_escape(msg, esc, sizeof esc);
+        pcs_utf8_trim_partial(esc); /* a cut through a character when the message was cut */
+        json_short(log_role, role, sizeof role);
+        json_short(log_host, host, sizeof host);
+        json_short(log_job, job, sizeof job);
+        n = snprintf(out, sizeof out,
+                     "{\"ts\":\"%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ\",\"level\":\"%s\","
+                     "\"subsys\":\"%s\",\"host\":\"%s\",\"pid\":%d,\"tid\":%ld,\"role\":\"%s\","
+                     "\"file\":\"%s\",\"line\":%d,\"msg\":\"%s\"",
+                     tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,
+                     tm.tm_sec, ts.tv_nsec / 1000000, names[level], sub_name(sub), host,
+                     (int)getpid(), (long)syscall(SYS_gettid), role, base, line, esc);
+        if (n > 0 && (size_t)n < sizeof out - 200 && log_job[0])
+            n += snprintf(out + n, sizeof out - (size_t)n, ",\"job\":\"%s\",\"rank\":%d", job,
+                          log_rank);
+        if (n > 0 && (size_t)n < sizeof out - 3)
+            n += snprintf(out + n, sizeof out - (size_t)n, "}\n");
+    } else if (level <= PCS_LOG_WARN)
         n = snprintf(out, sizeof out,
                      "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ %s:%d:%ld %s %c %s %s:%d %s\n",
                      tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min,

@@ -94,7 +94,8 @@ struct pcs_rpc_server {
 };
 
 static const double lat_bounds_s[PCS_RPC_LAT_BUCKETS - 1] = {
-    50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3,
+    50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3, 25e-3,
+    50e-3, 100e-3, 250e-3, 1.0,    5.0,  30.0,   120.0, 300.0, 600.0,
 };
 
 const double *pcs_rpc_latency_bounds_s(void)

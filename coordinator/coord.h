@@ -176,6 +176,7 @@ typedef struct pcs_coord_job {
     uint64_t started_mono_ms;
     uint64_t *rank_report_ms;
     uint64_t *rank_step; /* each rank's last reported step in this generation (0: none) */
+    double *rank_step_ms, *rank_loss; /* and its step time and loss (stragglers, /metrics) */
     uint64_t steps;      /* training steps the job runs (0: not known; no bound) */
     pcs_coord_progress_t progress;
     struct pcs_coord_fp_slot *fp_ring; /* recent step fingerprints per pp stage (coord.c) */

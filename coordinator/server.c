@@ -5,9 +5,12 @@
 #include "coordinator/auth.h"
 #include "coordinator/server.h"
 
+#include <dirent.h>
 #include <inttypes.h>
 #include <signal.h>
 #include <sys/random.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +60,7 @@ struct pcs_server {
     pcs_http_t *http;
     pcs_store_t *store;
     uint64_t start_ms;
+    double start_wall_s; /* for process_start_time_seconds */
     volatile sig_atomic_t stop_requested;
     int stopping;
     uint64_t stop_at_ms;
@@ -1497,6 +1501,105 @@ static void metrics_line(FILE *f, const char *name, const char *labels, double v
             labels && *labels ? "}" : "", v);
 }
 
+/* The process_* family every Prometheus client library exports (from /proc/self). */
+static void process_metrics(FILE *f, double start_s)
+{
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) {
+        double cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+                     (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+        fprintf(f, "# HELP process_cpu_seconds_total Total user and system CPU time spent in "
+                   "seconds.\n# TYPE process_cpu_seconds_total counter\n");
+        metrics_line(f, "process_cpu_seconds_total", NULL, cpu);
+    }
+    long pages = 0, rss = 0, psz = sysconf(_SC_PAGESIZE);
+    FILE *sm = fopen("/proc/self/statm", "r");
+    if (sm) {
+        if (fscanf(sm, "%ld %ld", &pages, &rss) == 2 && psz > 0) {
+            fprintf(f, "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+                       "# TYPE process_resident_memory_bytes gauge\n");
+            metrics_line(f, "process_resident_memory_bytes", NULL, (double)rss * (double)psz);
+            fprintf(f, "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+                       "# TYPE process_virtual_memory_bytes gauge\n");
+            metrics_line(f, "process_virtual_memory_bytes", NULL, (double)pages * (double)psz);
+        }
+        fclose(sm);
+    }
+    DIR *d = opendir("/proc/self/fd");
+    if (d) {
+        long n = -1; /* the directory's own descriptor */
+        while (readdir(d))
+            n++;
+        closedir(d);
+        fprintf(f, "# HELP process_open_fds Number of open file descriptors.\n"
+                   "# TYPE process_open_fds gauge\n");
+        metrics_line(f, "process_open_fds", NULL, (double)(n > 2 ? n - 2 : 0)); /* . and .. */
+    }
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
+        fprintf(f, "# HELP process_max_fds Maximum number of open file descriptors.\n"
+                   "# TYPE process_max_fds gauge\n");
+        metrics_line(f, "process_max_fds", NULL, (double)rl.rlim_cur);
+    }
+    fprintf(f, "# HELP process_start_time_seconds Start time of the process since unix epoch in "
+               "seconds.\n# TYPE process_start_time_seconds gauge\n");
+    metrics_line(f, "process_start_time_seconds", NULL, start_s);
+}
+
+#define MAX_RANK_SERIES 256 /* per-rank series of one job; the straggler view covers them all */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Per-rank step time and loss (the first MAX_RANK_SERIES ranks of each running job) and a
+ * straggler view over every rank: the slowest rank's step time over the median's, and which rank
+ * that is. */
+static void rank_metrics(pcs_server_t *s, FILE *f)
+{
+    char lab[256];
+    fprintf(f, "# HELP pcs_rank_step_seconds Last reported step time of a rank.\n"
+               "# TYPE pcs_rank_step_seconds gauge\n"
+               "# HELP pcs_rank_loss Last reported loss of a rank.\n"
+               "# TYPE pcs_rank_loss gauge\n");
+    fprintf(f, "# HELP pcs_job_straggler_ratio Slowest rank's last step time over the median "
+               "rank's (1: none lags).\n# TYPE pcs_job_straggler_ratio gauge\n"
+               "# HELP pcs_job_slowest_rank The rank with the longest last step time.\n"
+               "# TYPE pcs_job_slowest_rank gauge\n");
+    for (uint32_t i = 1; i <= pcs_coord_max_job(s->coord); i++) {
+        pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, i);
+        if (!j || j->state != PCS_JOB_RUNNING || !j->rank_step_ms)
+            continue;
+        double *t = NULL;
+        uint32_t n = 0, slowest = 0;
+        if (pcs_calloc(j->world_size, sizeof *t, (void **)&t) != PCS_OK)
+            continue;
+        for (uint32_t r = 0; r < j->world_size; r++) {
+            if (!j->rank_step[r])
+                continue; /* no report yet */
+            if (r < MAX_RANK_SERIES) {
+                snprintf(lab, sizeof lab, "job_id=\"%s\",rank=\"%u\"", j->id, r);
+                metrics_line(f, "pcs_rank_step_seconds", lab, j->rank_step_ms[r] / 1000.0);
+                metrics_line(f, "pcs_rank_loss", lab, j->rank_loss[r]);
+            }
+            if (!n || j->rank_step_ms[r] > j->rank_step_ms[slowest])
+                slowest = r;
+            t[n++] = j->rank_step_ms[r];
+        }
+        if (n) {
+            qsort(t, n, sizeof *t, cmp_double);
+            double median = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+            snprintf(lab, sizeof lab, "job_id=\"%s\"", j->id);
+            metrics_line(f, "pcs_job_straggler_ratio", lab,
+                         median > 0 ? t[n - 1] / median : 1.0);
+            metrics_line(f, "pcs_job_slowest_rank", lab, slowest);
+        }
+        free(t);
+    }
+}
+
 static void publish_metrics(pcs_server_t *s)
 {
     if (!s->http)
@@ -1509,6 +1612,11 @@ static void publish_metrics(pcs_server_t *s)
     pcs_coord_counts_t cn;
     pcs_coord_counts(s->coord, &cn);
     char lab[256];
+    fprintf(f, "# HELP pcs_build_info The coordinator's version and commit (always 1).\n"
+               "# TYPE pcs_build_info gauge\n");
+    snprintf(lab, sizeof lab, "version=\"%s\",git_sha=\"%s\"", PCS_VERSION_STRING, PCS_GIT_SHA);
+    metrics_line(f, "pcs_build_info", lab, 1);
+    process_metrics(f, s->start_wall_s);
     fprintf(f, "# HELP pcs_up 1 while the coordinator serves.\n# TYPE pcs_up gauge\n");
     metrics_line(f, "pcs_up", NULL, s->stopping ? 0 : 1);
     fprintf(f, "# HELP pcs_uptime_seconds Seconds since start.\n# TYPE pcs_uptime_seconds gauge\n");
@@ -1557,7 +1665,7 @@ static void publish_metrics(pcs_server_t *s)
     } fam[] = {
         {"pcs_job_step", "gauge", "Last reported step."},
         {"pcs_job_loss", "gauge", "Last reported loss (rank 0)."},
-        {"pcs_job_step_ms", "gauge", "Last reported step time in ms (rank 0)."},
+        {"pcs_job_step_seconds", "gauge", "Last reported step time (rank 0)."},
         {"pcs_job_reports_total", "counter", "Step reports received."},
         {"pcs_job_audit_ok", "gauge", "1 while every collective ran in the planned dtype."},
         {"pcs_job_generation", "gauge", "Current generation."},
@@ -1572,7 +1680,7 @@ static void publish_metrics(pcs_server_t *s)
             if (!j || !(j->state == PCS_JOB_RUNNING || (j->state == PCS_JOB_PENDING && j->restarts)))
                 continue; /* running, or waiting for workers to restart */
             const pcs_coord_progress_t *p = &j->progress;
-            snprintf(lab, sizeof lab, "job=\"%s\"", j->id);
+            snprintf(lab, sizeof lab, "job_id=\"%s\"", j->id);
             switch (k) {
             case 0:
                 metrics_line(f, fam[k].name, lab, (double)p->step);
@@ -1581,7 +1689,7 @@ static void publish_metrics(pcs_server_t *s)
                 metrics_line(f, fam[k].name, lab, p->loss);
                 break;
             case 2:
-                metrics_line(f, fam[k].name, lab, p->step_ms);
+                metrics_line(f, fam[k].name, lab, p->step_ms / 1000.0);
                 break;
             case 3:
                 metrics_line(f, fam[k].name, lab, (double)p->reports);
@@ -1600,13 +1708,14 @@ static void publish_metrics(pcs_server_t *s)
                 const uint64_t v[3] = {p->all_gather_bytes, p->reduce_scatter_bytes,
                                        p->all_reduce_bytes};
                 for (int c = 0; c < 3; c++) {
-                    snprintf(lab, sizeof lab, "job=\"%s\",kind=\"%s\"", j->id, kinds[c]);
+                    snprintf(lab, sizeof lab, "job_id=\"%s\",kind=\"%s\"", j->id, kinds[c]);
                     metrics_line(f, fam[k].name, lab, (double)v[c]);
                 }
             }
             }
         }
     }
+    rank_metrics(s, f);
     size_t nm = pcs_rpc_server_stats(s->rpc, NULL, 0);
     pcs_rpc_method_stats_t *rows = NULL;
     if (nm && pcs_calloc(nm, sizeof *rows, (void **)&rows) == PCS_OK) {
@@ -1721,6 +1830,9 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
     PCS_CHECK(pcs_calloc(1, sizeof *s, (void **)&s));
     s->cfg = *cfg;
     s->start_ms = pcs_now_ms();
+    struct timespec wall;
+    clock_gettime(CLOCK_REALTIME, &wall);
+    s->start_wall_s = (double)wall.tv_sec + (double)wall.tv_nsec / 1e9;
     s->max_hw = cfg->max_watch_streams ? cfg->max_watch_streams : DEFAULT_MAX_WATCH_STREAMS;
     size_t max_msg = cfg->max_message_bytes ? cfg->max_message_bytes : (4u << 20);
     s->max_spec = cfg->max_spec_bytes ? cfg->max_spec_bytes : max_msg / 4;

@@ -695,6 +695,7 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
     char role[16];
     snprintf(role, sizeof role, "w%u", as->rank);
     pcs_log_set_role(role);
+    pcs_log_set_job(as->job_id, (int)as->rank);
     pthread_mutex_lock(&a->mu);
     snprintf(a->job_id, sizeof a->job_id, "%s", as->job_id ? as->job_id : "");
     a->generation = as->generation;
@@ -794,6 +795,7 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
     a->job_id[0] = 0;
     a->generation = 0;
     pthread_mutex_unlock(&a->mu);
+    pcs_log_set_job(NULL, -1);
     pcs_train_destroy(t);
     pcs_kv_destroy(kv);
     if (a->report_file) {
@@ -929,8 +931,8 @@ pcs_status_t pcs_agent_run(pcs_agent_t *a)
                      pcs_last_error());
             return st;
         } else {
-            PCS_DEBUG(PCS_SUB_WORKER, "coordinator %s not reachable yet: %s", a->coordinator,
-                      pcs_last_error());
+            PCS_INFO(PCS_SUB_WORKER, "coordinator %s not reachable yet (%s): retrying in %u ms",
+                     a->coordinator, pcs_last_error(), backoff);
         }
         nap_until(a, backoff, 1);
         backoff = backoff * 2 > 2000 ? 2000 : backoff * 2;

@@ -31,3 +31,5 @@ elseif(PCS_FUZZ)
 endif()
 # The one string map and the one hash (FNV-1a 64 test vectors).
 pcs_add_test(NAME test_strmap SOURCES unit/test_strmap.c LIBS pcs_base LABELS unit TIMEOUT 60)
+# The log's JSON lines (PCS_LOG_FORMAT=json) against a strict RFC 8259 reader and Python's json.
+pcs_add_test(NAME test_log SOURCES unit/test_log.c LIBS pcs_base LABELS unit TIMEOUT 60)

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <signal.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1080,14 +1081,51 @@ static char *http_get(int port, const char *path)
     return out;
 }
 
+
+/* Every metric name (pcs_* / process_*) the file at `rel` (the shipped dashboard or alert rules)
+ * queries is a family in the exposition `m`: a renamed metric breaks its panels and alerts. */
+static void assert_queries_exported(const char *m, const char *rel)
+{
+    char path[1024];
+    char *text = pcs_test_read_file(pcs_test_src(rel, path, sizeof path), NULL);
+    assert_non_null(text);
+    int names = 0;
+    for (const char *q = text; *q; q++) {
+        if ((strncmp(q, "pcs_", 4) != 0 && strncmp(q, "process_", 8) != 0) ||
+            (q > text && (isalnum((unsigned char)q[-1]) || q[-1] == '_')))
+            continue;
+        char name[128];
+        size_t n = 0;
+        while ((isalnum((unsigned char)q[n]) || q[n] == '_') && n + 1 < sizeof name)
+            n++;
+        snprintf(name, sizeof name, "%.*s", (int)n, q);
+        q += n - 1;
+        static const char *const suffix[] = {"_bucket", "_sum", "_count"};
+        for (size_t k = 0; k < 3; k++) { /* a histogram's series are named after its family */
+            size_t l = strlen(name), sl = strlen(suffix[k]);
+            if (l > sl && strcmp(name + l - sl, suffix[k]) == 0)
+                name[l - sl] = '\0';
+        }
+        char type[160];
+        snprintf(type, sizeof type, "# TYPE %s ", name);
+        if (!strstr(m, type))
+            fail_msg("%s queries %s, which the coordinator does not export", rel, name);
+        names++;
+    }
+    assert_true(names >= 5);
+    free(text);
+}
+
 static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
 {
     (void)state;
     char *dir = pcs_test_tmpdir("coord-m");
     char mport_file[1024];
+    char db[1024];
     snprintf(mport_file, sizeof mport_file, "%s/metrics.port", dir);
+    snprintf(db, sizeof db, "%s/state.db", dir); /* durable: the pcs_store_* families too */
     const char *args[] = {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file", mport_file,
-                          NULL};
+                          "--db", db, NULL};
     coord_proc_t *p = start("coord-m", args);
     char *mp = pcs_test_wait_file(mport_file, 5000);
     assert_non_null(mp);
@@ -1131,13 +1169,13 @@ static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
     assert_non_null(strstr(m, "pcs_workers{state=\"IDLE\"} 1"));
     assert_non_null(strstr(m, "pcs_workers{state=\"ASSIGNED\"} 4"));
     assert_non_null(strstr(m, "pcs_jobs{state=\"RUNNING\"} 1"));
-    assert_non_null(strstr(m, "pcs_job_step{job=\"job-1\"} 3"));
-    assert_non_null(strstr(m, "pcs_job_loss{job=\"job-1\"} 0.5\n"));
-    assert_non_null(strstr(m, "pcs_job_reports_total{job=\"job-1\"} 2"));
+    assert_non_null(strstr(m, "pcs_job_step{job_id=\"job-1\"} 3"));
+    assert_non_null(strstr(m, "pcs_job_loss{job_id=\"job-1\"} 0.5\n"));
+    assert_non_null(strstr(m, "pcs_job_reports_total{job_id=\"job-1\"} 2"));
     assert_non_null(
-        strstr(m, "pcs_job_collective_bytes_total{job=\"job-1\",kind=\"all_gather\"} 2000"));
+        strstr(m, "pcs_job_collective_bytes_total{job_id=\"job-1\",kind=\"all_gather\"} 2000"));
     assert_non_null(
-        strstr(m, "pcs_job_collective_bytes_total{job=\"job-1\",kind=\"reduce_scatter\"} 48"));
+        strstr(m, "pcs_job_collective_bytes_total{job_id=\"job-1\",kind=\"reduce_scatter\"} 48"));
     assert_non_null(strstr(m, "# TYPE pcs_job_reports_total counter"));
     assert_non_null(strstr(m, "pcs_rpc_calls_total{method=\"/pcs.v1.WorkerService/Register\","
                               "code=\"OK\"} 5"));
@@ -1145,6 +1183,37 @@ static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
                               "code=\"UNAUTHENTICATED\"} 1"));
     assert_non_null(strstr(m, "pcs_rpc_latency_seconds_bucket{method=\"/pcs.v1.WorkerService/"
                               "Register\",le=\"+Inf\"} 5"));
+    assert_non_null(strstr(m, "le=\"600\"}")); /* buckets reach a parked KvGet's minutes */
+    /* per rank, with the straggler view: ranks 0 and 1 reported 0.5 and 7.0 */
+    assert_non_null(strstr(m, "pcs_rank_loss{job_id=\"job-1\",rank=\"1\"} 7\n"));
+    assert_non_null(strstr(m, "pcs_job_slowest_rank{job_id=\"job-1\"}"));
+    assert_non_null(strstr(m, "pcs_build_info{version=\""));
+    assert_non_null(strstr(m, "# TYPE process_resident_memory_bytes gauge"));
+    assert_non_null(strstr(m, "process_open_fds "));
+    assert_null(strstr(m, "job=\"")); /* Prometheus's own target label is `job` */
+    assert_queries_exported(m, "deploy/grafana/pcs-dashboard.json");
+    assert_queries_exported(m, "deploy/prometheus/alerts.yaml");
+    /* the exposition, during a job, is what Prometheus's own linter accepts */
+    char *body = strstr(m, "\r\n\r\n");
+    assert_non_null(body);
+    char mfile[1200], pcmd[1400];
+    snprintf(mfile, sizeof mfile, "%s/metrics.txt", dir);
+    FILE *mf = fopen(mfile, "w");
+    assert_non_null(mf);
+    fputs(body + 4, mf);
+    fclose(mf);
+    int pst = -1;
+    char *which = pcs_test_run("command -v promtool", &pst);
+    free(which);
+    if (pst == 0) {
+        snprintf(pcmd, sizeof pcmd, "promtool check metrics < %s 2>&1", mfile);
+        char *lint = pcs_test_run(pcmd, &pst);
+        if (pst != 0)
+            fail_msg("promtool check metrics:\n%s", lint);
+        free(lint);
+    } else {
+        fprintf(stderr, "SKIP: promtool not installed (deploy/install-deps.sh installs it)\n");
+    }
     free(m);
     m = http_get(port, "/readyz");
     assert_non_null(strstr(m, "200 OK"));

@@ -80,8 +80,11 @@ static void start(const char *tag, int workers)
     g_cl.dir = pcs_test_tmpdir(tag);
     int port = e2e_free_port();
     assert_true(port > 0);
-    static const char *const args[] = {"--elastic-wait-ms", "3000", "--lease-ms", "4000",
-                                       "--heartbeat-interval-ms", "300", NULL};
+    static char mport[1100];
+    snprintf(mport, sizeof mport, "%s/metrics.port", g_cl.dir);
+    const char *const args[] = {"--elastic-wait-ms", "3000", "--lease-ms", "4000",
+                                "--heartbeat-interval-ms", "300", "--metrics-listen", "127.0.0.1:0",
+                                "--metrics-port-file", mport, NULL};
     assert_int_equal(e2e_start_coord_at(&g_cl, port, args), 0);
     static const char *const wargs[] = {"--step-pause-ms", "40", "--coll-timeout-ms", "4000",
                                         NULL};
@@ -174,6 +177,79 @@ static void free_reference(char *out, char **dirs)
             pcs_test_rmtree(dirs[i]);
             free(dirs[i]);
         }
+}
+
+
+/* The coordinator's /metrics during the running job `job_id` of `world` ranks: every rank's
+ * step time and loss from the real job, the straggler view, and an exposition Prometheus's own
+ * linter (promtool check metrics) accepts. */
+static void check_metrics_of_running_job(const char *job_id, int world)
+{
+    char path[1100];
+    snprintf(path, sizeof path, "%s/metrics.port", g_cl.dir);
+    char *mp = pcs_test_wait_file(path, 5000);
+    assert_non_null(mp);
+    int port = atoi(mp);
+    free(mp);
+    char cmd[1400];
+    snprintf(path, sizeof path, "%s/metrics.txt", g_cl.dir);
+    snprintf(cmd, sizeof cmd,
+             "bash -c 'exec 3<>/dev/tcp/127.0.0.1/%d && printf \"GET /metrics HTTP/1.0\\r\\n\\r\\n\" >&3 "
+             "&& sed \"1,/^\\r$/d\" <&3 > %s'",
+             port, path);
+    int st = -1;
+    char *m = NULL;
+    char last[256];
+    snprintf(last, sizeof last, "pcs_rank_step_seconds{job_id=\"%s\",rank=\"%d\"} ", job_id,
+             world - 1);
+    for (int i = 0; i < 40 && !(m && strstr(m, last)); i++) { /* a snapshot every 500 ms */
+        free(m);
+        pcs_test_sleep_ms(100);
+        free(pcs_test_run(cmd, &st));
+        assert_int_equal(st, 0);
+        m = pcs_test_read_file(path, NULL);
+        assert_non_null(m);
+    }
+    for (int r = 0; r < world; r++) {
+        char want[256];
+        snprintf(want, sizeof want, "pcs_rank_step_seconds{job_id=\"%s\",rank=\"%d\"} ", job_id, r);
+        if (!strstr(m, want))
+            fail_msg("no %s in the scrape %s", want, path);
+        snprintf(want, sizeof want, "pcs_rank_loss{job_id=\"%s\",rank=\"%d\"} ", job_id, r);
+        assert_non_null(strstr(m, want));
+    }
+    char want[256];
+    snprintf(want, sizeof want, "pcs_job_straggler_ratio{job_id=\"%s\"} ", job_id);
+    assert_non_null(strstr(m, want));
+    snprintf(want, sizeof want, "pcs_jobs{state=\"RUNNING\"} 1\n");
+    assert_non_null(strstr(m, want));
+    free(m);
+    free(pcs_test_run("command -v promtool", &st));
+    if (st == 0) {
+        snprintf(cmd, sizeof cmd, "promtool check metrics < %s 2>&1", path);
+        char *lint = pcs_test_run(cmd, &st);
+        if (st != 0)
+            fail_msg("promtool check metrics:\n%s", lint);
+        free(lint);
+    } else {
+        fprintf(stderr, "SKIP: promtool not installed (deploy/install-deps.sh installs it)\n");
+    }
+}
+
+/* A long job on 4 real workers, scraped while it runs (then stopped with the cluster). */
+static void test_metrics_during_a_real_job_show_every_rank_and_pass_promtool(void **state)
+{
+    (void)state;
+    start("elastic-metrics", 4);
+    char *y = job_yaml(4, 4, 0, NULL);
+    char *steps = strstr(y, "steps: 24,");
+    assert_non_null(steps);
+    memcpy(steps, "steps: 99,", 10); /* 4+ s at 40 ms a step: still running when scraped */
+    e2e_job_t job;
+    submit_and_reach(y, &job, 3);
+    check_metrics_of_running_job(job.job_id, 4);
+    e2e_job_free(&job);
+    free(y);
 }
 
 static void test_a_killed_rank_with_a_spare_costs_one_restart_and_nothing_else(void **state)
@@ -354,6 +430,8 @@ static void test_a_death_during_a_checkpoint_resumes_from_the_one_before(void **
 int main(void)
 {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test_teardown(test_metrics_during_a_real_job_show_every_rank_and_pass_promtool,
+                                  teardown),
         cmocka_unit_test_teardown(
             test_a_killed_rank_with_a_spare_costs_one_restart_and_nothing_else, teardown),
         cmocka_unit_test_teardown(test_without_a_spare_the_job_shrinks_to_the_survivors,

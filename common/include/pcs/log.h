@@ -39,12 +39,16 @@ typedef enum {
 extern int pcs_log_level_;        /* current level; read inline by the macros */
 extern unsigned pcs_log_mask_;    /* current subsystem mask */
 
-/* Read PCS_LOG_LEVEL / PCS_LOG_SUBSYS / PCS_LOG_FILE. Called lazily by the first log line; call it
- * explicitly in main() to fail early. `default_level` applies when PCS_LOG_LEVEL is unset. */
+/* Read PCS_LOG_LEVEL / PCS_LOG_SUBSYS / PCS_LOG_FILE / PCS_LOG_FORMAT. Called lazily by the first
+ * log line; call it explicitly in main() to fail early. `default_level` applies when
+ * PCS_LOG_LEVEL is unset. PCS_LOG_FORMAT=json writes one JSON object a line (ts, level, subsys,
+ * host, pid, tid, role, file, line, msg, and job / rank while set) for log collectors. */
 void pcs_log_init(pcs_log_level_t default_level);
 /* Role shown in each line: "coord", "ctl", "w3", ... (copied). */
 void pcs_log_set_role(const char *role);
 void pcs_log_set_level(pcs_log_level_t level);
+/* The job and rank this process works on, in every JSON line from now on (job NULL: none). */
+void pcs_log_set_job(const char *job, int rank);
 /* Parse "error|warn|info|debug|trace|none"; returns -1 if unknown. */
 int pcs_log_level_parse(const char *s);
 

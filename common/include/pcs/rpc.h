@@ -269,7 +269,8 @@ int64_t pcs_rpc_call_remaining_ms(const pcs_rpc_call_t *call);
  * latency_bucket[i] counts calls in (bound[i-1], bound[i]], the last bucket is +Inf; not
  * cumulative. Loop thread only. Returns the number of rows, n_methods + 1 (the last row, path
  * "*", counts calls to unknown methods); fills at most n rows. */
-#define PCS_RPC_LAT_BUCKETS 12 /* upper bounds: 50us..100ms.. +Inf, see rpc_server.c */
+#define PCS_RPC_LAT_BUCKETS 19 /* upper bounds: 50us .. 10 min, +Inf: a unary call's
+                                * microseconds and a parked KvGet's or a stream's minutes */
 typedef struct pcs_rpc_method_stats {
     const char *path;
     uint64_t calls_by_code[17];
