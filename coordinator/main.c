@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "pcs/config.h"
+#include "pcs/http.h"
 #include "pcs/log.h"
 #include "pcs/version.h"
 #include "coordinator/server.h"
@@ -261,7 +262,7 @@ int main(int argc, char **argv)
     int port = pcs_server_port(srv);
     const char *port_file = pcs_config_str(cfg, "port-file");
     if (port_file && *port_file &&
-        pcs_server_write_port_file("port-file", port_file, port) != PCS_OK) {
+        pcs_port_file_write("port-file", port_file, port) != PCS_OK) {
         fprintf(stderr, "pcs-coordinator: %s\n", pcs_last_error());
         pcs_server_destroy(srv);
         pcs_config_free(cfg);

@@ -17,8 +17,8 @@
 #include <string.h>
 
 #include "grpc/health/v1/health.pb-c.h"
-#include "coordinator/http.h"
 #include "pcs/clock.h"
+#include "pcs/http.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
 #include "pcs/rpc.h"
@@ -36,6 +36,9 @@
 
 #define SHUTDOWN_GRACE_MS         150
 #define METRICS_EVERY_MS          500
+/* /healthz fails when the loop has not published its snapshot for this long: a wedged loop
+ * (deadlock, a commit that never returns) is restarted by a liveness probe. */
+#define PCS_COORD_HTTP_STALE_MS 60000u
 #define MAX_KV_WAIT_MS            600000u
 #define DEFAULT_MAX_WATCH_STREAMS 1024u
 
@@ -1495,57 +1498,6 @@ static void restore_job(void *user, const pcs_store_job_t *r)
 // ---------------------------------------------------------------------------------------------
 // metrics snapshot (built on the loop thread, served by the HTTP thread)
 
-static void metrics_line(FILE *f, const char *name, const char *labels, double v)
-{
-    fprintf(f, "%s%s%s%s %.10g\n", name, labels && *labels ? "{" : "", labels ? labels : "",
-            labels && *labels ? "}" : "", v);
-}
-
-/* The process_* family every Prometheus client library exports (from /proc/self). */
-static void process_metrics(FILE *f, double start_s)
-{
-    struct rusage ru;
-    if (getrusage(RUSAGE_SELF, &ru) == 0) {
-        double cpu = (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
-                     (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
-        fprintf(f, "# HELP process_cpu_seconds_total Total user and system CPU time spent in "
-                   "seconds.\n# TYPE process_cpu_seconds_total counter\n");
-        metrics_line(f, "process_cpu_seconds_total", NULL, cpu);
-    }
-    long pages = 0, rss = 0, psz = sysconf(_SC_PAGESIZE);
-    FILE *sm = fopen("/proc/self/statm", "r");
-    if (sm) {
-        if (fscanf(sm, "%ld %ld", &pages, &rss) == 2 && psz > 0) {
-            fprintf(f, "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
-                       "# TYPE process_resident_memory_bytes gauge\n");
-            metrics_line(f, "process_resident_memory_bytes", NULL, (double)rss * (double)psz);
-            fprintf(f, "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
-                       "# TYPE process_virtual_memory_bytes gauge\n");
-            metrics_line(f, "process_virtual_memory_bytes", NULL, (double)pages * (double)psz);
-        }
-        fclose(sm);
-    }
-    DIR *d = opendir("/proc/self/fd");
-    if (d) {
-        long n = -1; /* the directory's own descriptor */
-        while (readdir(d))
-            n++;
-        closedir(d);
-        fprintf(f, "# HELP process_open_fds Number of open file descriptors.\n"
-                   "# TYPE process_open_fds gauge\n");
-        metrics_line(f, "process_open_fds", NULL, (double)(n > 2 ? n - 2 : 0)); /* . and .. */
-    }
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) {
-        fprintf(f, "# HELP process_max_fds Maximum number of open file descriptors.\n"
-                   "# TYPE process_max_fds gauge\n");
-        metrics_line(f, "process_max_fds", NULL, (double)rl.rlim_cur);
-    }
-    fprintf(f, "# HELP process_start_time_seconds Start time of the process since unix epoch in "
-               "seconds.\n# TYPE process_start_time_seconds gauge\n");
-    metrics_line(f, "process_start_time_seconds", NULL, start_s);
-}
-
 #define MAX_RANK_SERIES 256 /* per-rank series of one job; the straggler view covers them all */
 
 static int cmp_double(const void *a, const void *b)
@@ -1581,8 +1533,8 @@ static void rank_metrics(pcs_server_t *s, FILE *f)
                 continue; /* no report yet */
             if (r < MAX_RANK_SERIES) {
                 snprintf(lab, sizeof lab, "job_id=\"%s\",rank=\"%u\"", j->id, r);
-                metrics_line(f, "pcs_rank_step_seconds", lab, j->rank_step_ms[r] / 1000.0);
-                metrics_line(f, "pcs_rank_loss", lab, j->rank_loss[r]);
+                pcs_metrics_line(f, "pcs_rank_step_seconds", lab, j->rank_step_ms[r] / 1000.0);
+                pcs_metrics_line(f, "pcs_rank_loss", lab, j->rank_loss[r]);
             }
             if (!n || j->rank_step_ms[r] > j->rank_step_ms[slowest])
                 slowest = r;
@@ -1592,9 +1544,9 @@ static void rank_metrics(pcs_server_t *s, FILE *f)
             qsort(t, n, sizeof *t, cmp_double);
             double median = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
             snprintf(lab, sizeof lab, "job_id=\"%s\"", j->id);
-            metrics_line(f, "pcs_job_straggler_ratio", lab,
+            pcs_metrics_line(f, "pcs_job_straggler_ratio", lab,
                          median > 0 ? t[n - 1] / median : 1.0);
-            metrics_line(f, "pcs_job_slowest_rank", lab, slowest);
+            pcs_metrics_line(f, "pcs_job_slowest_rank", lab, slowest);
         }
         free(t);
     }
@@ -1612,52 +1564,49 @@ static void publish_metrics(pcs_server_t *s)
     pcs_coord_counts_t cn;
     pcs_coord_counts(s->coord, &cn);
     char lab[256];
-    fprintf(f, "# HELP pcs_build_info The coordinator's version and commit (always 1).\n"
-               "# TYPE pcs_build_info gauge\n");
-    snprintf(lab, sizeof lab, "version=\"%s\",git_sha=\"%s\"", PCS_VERSION_STRING, PCS_GIT_SHA);
-    metrics_line(f, "pcs_build_info", lab, 1);
-    process_metrics(f, s->start_wall_s);
+    pcs_metrics_build_info(f, "coordinator");
+    pcs_metrics_process(f, s->start_wall_s);
     fprintf(f, "# HELP pcs_up 1 while the coordinator serves.\n# TYPE pcs_up gauge\n");
-    metrics_line(f, "pcs_up", NULL, s->stopping ? 0 : 1);
+    pcs_metrics_line(f, "pcs_up", NULL, s->stopping ? 0 : 1);
     fprintf(f, "# HELP pcs_uptime_seconds Seconds since start.\n# TYPE pcs_uptime_seconds gauge\n");
-    metrics_line(f, "pcs_uptime_seconds", NULL, (double)(pcs_now_ms() - s->start_ms) / 1000.0);
+    pcs_metrics_line(f, "pcs_uptime_seconds", NULL, (double)(pcs_now_ms() - s->start_ms) / 1000.0);
     fprintf(f, "# HELP pcs_health_watch_streams Open grpc.health.v1 Health/Watch streams.\n"
                "# TYPE pcs_health_watch_streams gauge\n");
-    metrics_line(f, "pcs_health_watch_streams", NULL, (double)s->n_hw);
+    pcs_metrics_line(f, "pcs_health_watch_streams", NULL, (double)s->n_hw);
     fprintf(f, "# HELP pcs_health_watch_streams_max The cap (max-watch-streams).\n"
                "# TYPE pcs_health_watch_streams_max gauge\n");
-    metrics_line(f, "pcs_health_watch_streams_max", NULL, s->max_hw);
+    pcs_metrics_line(f, "pcs_health_watch_streams_max", NULL, s->max_hw);
     fprintf(f, "# HELP pcs_health_watch_refused_total Health/Watch calls refused at the cap.\n"
                "# TYPE pcs_health_watch_refused_total counter\n");
-    metrics_line(f, "pcs_health_watch_refused_total", NULL, (double)s->hw_refused);
+    pcs_metrics_line(f, "pcs_health_watch_refused_total", NULL, (double)s->hw_refused);
     fprintf(f, "# HELP pcs_coordinator_stalls_total Times the coordinator's loop did not run for "
                "over half a lease (leases were renewed after each).\n"
                "# TYPE pcs_coordinator_stalls_total counter\n");
-    metrics_line(f, "pcs_coordinator_stalls_total", NULL, (double)s->stalls);
+    pcs_metrics_line(f, "pcs_coordinator_stalls_total", NULL, (double)s->stalls);
     fprintf(f, "# HELP pcs_coordinator_stalled_seconds_total Time spent in those stalls.\n"
                "# TYPE pcs_coordinator_stalled_seconds_total counter\n");
-    metrics_line(f, "pcs_coordinator_stalled_seconds_total", NULL, (double)s->stalled_ms / 1e3);
+    pcs_metrics_line(f, "pcs_coordinator_stalled_seconds_total", NULL, (double)s->stalled_ms / 1e3);
     if (s->store) {
         fprintf(f,
                 "# HELP pcs_store_ok 1 while the last commit of the state worked (0: replies are "
                 "refused with UNAVAILABLE).\n# TYPE pcs_store_ok gauge\n");
-        metrics_line(f, "pcs_store_ok", NULL, s->store_failed ? 0 : 1);
+        pcs_metrics_line(f, "pcs_store_ok", NULL, s->store_failed ? 0 : 1);
         fprintf(f, "# HELP pcs_store_commits_total Commits of the coordinator's state.\n"
                    "# TYPE pcs_store_commits_total counter\n");
-        metrics_line(f, "pcs_store_commits_total", NULL, (double)s->commits);
+        pcs_metrics_line(f, "pcs_store_commits_total", NULL, (double)s->commits);
         fprintf(f, "# HELP pcs_store_commit_failures_total Commits that failed (each answered "
                    "UNAVAILABLE).\n# TYPE pcs_store_commit_failures_total counter\n");
-        metrics_line(f, "pcs_store_commit_failures_total", NULL, (double)s->commit_failures);
+        pcs_metrics_line(f, "pcs_store_commit_failures_total", NULL, (double)s->commit_failures);
     }
     fprintf(f, "# HELP pcs_workers Workers by state.\n# TYPE pcs_workers gauge\n");
     for (int st = PCS_WORKER_IDLE; st <= PCS_WORKER_STOPPING; st++) {
         snprintf(lab, sizeof lab, "state=\"%s\"", pcs_worker_state_name((pcs_worker_state_t)st));
-        metrics_line(f, "pcs_workers", lab, cn.workers[st]);
+        pcs_metrics_line(f, "pcs_workers", lab, cn.workers[st]);
     }
     fprintf(f, "# HELP pcs_jobs Jobs by state.\n# TYPE pcs_jobs gauge\n");
     for (int st = PCS_JOB_PENDING; st <= PCS_JOB_CANCELLED; st++) {
         snprintf(lab, sizeof lab, "state=\"%s\"", pcs_job_state_name((pcs_job_state_t)st));
-        metrics_line(f, "pcs_jobs", lab, cn.jobs[st]);
+        pcs_metrics_line(f, "pcs_jobs", lab, cn.jobs[st]);
     }
     /* per running job: one HELP/TYPE block per family, then one line per job */
     static const struct {
@@ -1683,25 +1632,25 @@ static void publish_metrics(pcs_server_t *s)
             snprintf(lab, sizeof lab, "job_id=\"%s\"", j->id);
             switch (k) {
             case 0:
-                metrics_line(f, fam[k].name, lab, (double)p->step);
+                pcs_metrics_line(f, fam[k].name, lab, (double)p->step);
                 break;
             case 1:
-                metrics_line(f, fam[k].name, lab, p->loss);
+                pcs_metrics_line(f, fam[k].name, lab, p->loss);
                 break;
             case 2:
-                metrics_line(f, fam[k].name, lab, p->step_ms / 1000.0);
+                pcs_metrics_line(f, fam[k].name, lab, p->step_ms / 1000.0);
                 break;
             case 3:
-                metrics_line(f, fam[k].name, lab, (double)p->reports);
+                pcs_metrics_line(f, fam[k].name, lab, (double)p->reports);
                 break;
             case 4:
-                metrics_line(f, fam[k].name, lab, p->audit_ok ? 1 : 0);
+                pcs_metrics_line(f, fam[k].name, lab, p->audit_ok ? 1 : 0);
                 break;
             case 5:
-                metrics_line(f, fam[k].name, lab, (double)j->generation);
+                pcs_metrics_line(f, fam[k].name, lab, (double)j->generation);
                 break;
             case 6:
-                metrics_line(f, fam[k].name, lab, (double)j->restarts);
+                pcs_metrics_line(f, fam[k].name, lab, (double)j->restarts);
                 break;
             default: {
                 const char *kinds[3] = {"all_gather", "reduce_scatter", "all_reduce"};
@@ -1709,7 +1658,7 @@ static void publish_metrics(pcs_server_t *s)
                                        p->all_reduce_bytes};
                 for (int c = 0; c < 3; c++) {
                     snprintf(lab, sizeof lab, "job_id=\"%s\",kind=\"%s\"", j->id, kinds[c]);
-                    metrics_line(f, fam[k].name, lab, (double)v[c]);
+                    pcs_metrics_line(f, fam[k].name, lab, (double)v[c]);
                 }
             }
             }
@@ -1728,7 +1677,7 @@ static void publish_metrics(pcs_server_t *s)
                 if (rows[i].calls_by_code[code]) {
                     snprintf(lab, sizeof lab, "method=\"%s\",code=\"%s\"",
                              rows[i].path ? rows[i].path : "unknown", pcs_grpc_code_name(code));
-                    metrics_line(f, "pcs_rpc_calls_total", lab,
+                    pcs_metrics_line(f, "pcs_rpc_calls_total", lab,
                                  (double)rows[i].calls_by_code[code]);
                 }
         fprintf(f, "# HELP pcs_rpc_latency_seconds RPC latency.\n# TYPE pcs_rpc_latency_seconds "
@@ -1744,16 +1693,17 @@ static void publish_metrics(pcs_server_t *s)
                 else
                     snprintf(le, sizeof le, "+Inf");
                 snprintf(lab, sizeof lab, "method=\"%s\",le=\"%s\"", path, le);
-                metrics_line(f, "pcs_rpc_latency_seconds_bucket", lab, (double)cum);
+                pcs_metrics_line(f, "pcs_rpc_latency_seconds_bucket", lab, (double)cum);
             }
             snprintf(lab, sizeof lab, "method=\"%s\"", path);
-            metrics_line(f, "pcs_rpc_latency_seconds_sum", lab, rows[i].latency_sum_s);
-            metrics_line(f, "pcs_rpc_latency_seconds_count", lab, (double)cum);
+            pcs_metrics_line(f, "pcs_rpc_latency_seconds_sum", lab, rows[i].latency_sum_s);
+            pcs_metrics_line(f, "pcs_rpc_latency_seconds_count", lab, (double)cum);
         }
         free(rows);
     }
     fclose(f);
-    pcs_http_publish(s->http, buf, len, !s->stopping && !s->store_failed);
+    pcs_http_publish(s->http, buf, len, true, !s->stopping && !s->store_failed,
+                     s->stopping ? "shutting down" : "the state store cannot commit");
     free(buf);
 }
 
@@ -1803,23 +1753,6 @@ static void tick(void *user, uint64_t now)
         publish_metrics(s);
         s->next_metrics_ms = now + METRICS_EVERY_MS;
     }
-}
-
-pcs_status_t pcs_server_write_port_file(const char *flag, const char *path, int port)
-{
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: path too long", flag);
-    FILE *f = fopen(tmp, "w");
-    if (!f)
-        return pcs_set_error(PCS_ERR_SYSTEM, "%s: cannot write %s", flag, tmp);
-    fprintf(f, "%d\n", port);
-    /* rename makes the file appear complete: tests poll for it */
-    if (fclose(f) != 0 || rename(tmp, path) != 0) {
-        (void)remove(tmp);
-        return pcs_set_error(PCS_ERR_SYSTEM, "%s: cannot write %s", flag, path);
-    }
-    return PCS_OK;
 }
 
 pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **out)
@@ -1911,11 +1844,12 @@ pcs_status_t pcs_server_create(const pcs_server_config_t *cfg, pcs_server_t **ou
                                   .authorize = authorize};
     PCS_CHECK_GOTO(pcs_rpc_server_create(&rc, &s->rpc), st, fail);
     if (cfg->metrics_listen && *cfg->metrics_listen) {
-        PCS_CHECK_GOTO(pcs_http_start(cfg->metrics_listen, &s->http), st, fail);
+        PCS_CHECK_GOTO(pcs_http_start(cfg->metrics_listen, "metrics-listen",
+                                      PCS_COORD_HTTP_STALE_MS, &s->http), st, fail);
         const char *mpf = cfg->metrics_port_file;
         if (mpf && *mpf)
             PCS_CHECK_GOTO(
-                pcs_server_write_port_file("metrics-port-file", mpf, pcs_http_port(s->http)), st,
+                pcs_port_file_write("metrics-port-file", mpf, pcs_http_port(s->http)), st,
                 fail);
         publish_metrics(s);
     }

@@ -63,9 +63,6 @@ pcs_status_t pcs_server_run(pcs_server_t *s);
 /* Async-signal-safe: sets a flag the loop reads at its next tick. */
 void pcs_server_request_stop(pcs_server_t *s);
 void pcs_server_destroy(pcs_server_t *s);
-/* Write "<port>\n" to `path` through a temporary file and a rename, so a poller never reads a
- * partial file (--port-file, --metrics-port-file); errors name `flag`. */
-pcs_status_t pcs_server_write_port_file(const char *flag, const char *path, int port);
 
 /* ---- GetStatus text (status_text.c) ---- */
 typedef struct pcs_status_info {

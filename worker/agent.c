@@ -91,6 +91,13 @@ struct pcs_agent {
     int rq_busy;
     uint64_t rq_give_up_ms; /* under mu: exit flush deadline (0: keep trying) */
 
+    /* under mu: what pcs_agent_stats reports */
+    int registered;
+    uint64_t answered_ms, loop_ms; /* pcs_now_ms() of the last answer / heartbeat round */
+    uint64_t hb_failures, registrations, jobs_ok, jobs_failed, jobs_stopped, reports_sent;
+    uint64_t ag_bytes, rs_bytes, ar_bytes;
+    double last_loss, last_step_ms;
+
     pthread_t hb_thread, watch_thread, report_thread;
     int threads_started; /* bit 0 heartbeat, 1 watch, 2 reporter: joined in destroy */
 };
@@ -189,6 +196,9 @@ static pcs_status_t do_register(pcs_agent_t *a)
         return st;
     }
     pthread_mutex_lock(&a->mu);
+    a->registered = 1;
+    a->registrations++;
+    a->answered_ms = pcs_now_ms();
     snprintf(a->worker_id, sizeof a->worker_id, "%s", r->worker_id ? r->worker_id : "");
     a->hb_interval_ms = a->heartbeat_ms
                             ? a->heartbeat_ms
@@ -254,6 +264,7 @@ static void *heartbeat_main(void *arg)
         snprintf(job, sizeof job, "%s", a->job_id);
         gen = a->generation;
         interval = a->hb_interval_ms ? a->hb_interval_ms : 1000;
+        a->loop_ms = pcs_now_ms();
         pthread_mutex_unlock(&a->mu);
 
         Pcs__V1__HeartbeatRequest req = PCS__V1__HEARTBEAT_REQUEST__INIT;
@@ -273,12 +284,22 @@ static void *heartbeat_main(void *arg)
                 abort_running_gen(a, job, gen,
                                   "the coordinator ended this job (heartbeat: STOPPING)");
             protobuf_c_message_free_unpacked(resp, NULL);
+            pthread_mutex_lock(&a->mu);
+            a->registered = 1;
+            a->answered_ms = pcs_now_ms();
+            pthread_mutex_unlock(&a->mu);
             backoff = 100;
             nap(a, interval);
             continue;
         }
         if (atomic_load(&a->leaving))
             break; /* deregistered (or about to be): a GONE answer is the expected one */
+        pthread_mutex_lock(&a->mu);
+        a->hb_failures++;
+        if (code == GRPC_NOT_FOUND || code == GRPC_FAILED_PRECONDITION ||
+            code == GRPC_UNAUTHENTICATED)
+            a->registered = 0; /* until the Register below is answered */
+        pthread_mutex_unlock(&a->mu);
         if (code == GRPC_NOT_FOUND || code == GRPC_FAILED_PRECONDITION ||
             code == GRPC_UNAUTHENTICATED) {
             /* The coordinator restarted without our id or our secret, or declared us LOST:
@@ -464,6 +485,10 @@ static void send_report(pcs_agent_t *a, report_item_t *it)
                 abort_running_gen(a, it->req->job_id, it->req->generation, reason);
             }
             protobuf_c_message_free_unpacked(resp, NULL);
+            pthread_mutex_lock(&a->mu);
+            a->reports_sent++;
+            a->answered_ms = pcs_now_ms();
+            pthread_mutex_unlock(&a->mu);
             if (said)
                 PCS_INFO(PCS_SUB_WORKER, "coordinator back: step %llu report delivered after %llu ms",
                          (unsigned long long)(it->req->report ? it->req->report->step : 0),
@@ -564,6 +589,11 @@ static void enqueue_report(pcs_agent_t *a, const Pcs__V1__StepReport *rep)
     req.rank = a->rank;
     if (rep->step > a->last_step)
         a->last_step = rep->step;
+    a->last_loss = rep->loss;
+    a->last_step_ms = rep->step_ms;
+    a->ag_bytes += rep->all_gather_bytes;
+    a->rs_bytes += rep->reduce_scatter_bytes;
+    a->ar_bytes += rep->all_reduce_bytes;
     pthread_mutex_unlock(&a->mu);
     req.worker_id = wid;
     req.job_id = job;
@@ -635,6 +665,39 @@ static void enqueue_report(pcs_agent_t *a, const Pcs__V1__StepReport *rep)
 static void report_cb(void *ctx, const Pcs__V1__StepReport *rep)
 {
     enqueue_report(ctx, rep);
+}
+
+void pcs_agent_stats(pcs_agent_t *a, pcs_agent_stats_t *o)
+{
+    memset(o, 0, sizeof *o);
+    uint64_t now = pcs_now_ms();
+    pthread_mutex_lock(&a->mu);
+    o->registered = a->registered;
+    o->heartbeat_age_ms = a->answered_ms ? now - a->answered_ms : UINT64_MAX;
+    o->loop_age_ms = now - a->loop_ms;
+    o->heartbeat_failures = a->hb_failures;
+    o->registrations = a->registrations;
+    o->jobs_succeeded = a->jobs_ok;
+    o->jobs_failed = a->jobs_failed;
+    o->jobs_stopped = a->jobs_stopped;
+    o->reports_sent = a->reports_sent;
+    o->reports_queued = a->rq_len + (size_t)a->rq_busy;
+    o->all_gather_bytes = a->ag_bytes;
+    o->reduce_scatter_bytes = a->rs_bytes;
+    o->all_reduce_bytes = a->ar_bytes;
+    snprintf(o->worker_id, sizeof o->worker_id, "%s", a->worker_id);
+    snprintf(o->identity, sizeof o->identity, "%s", a->identity);
+    snprintf(o->backend, sizeof o->backend, "%s", a->backend);
+    snprintf(o->job_id, sizeof o->job_id, "%s", a->job_id);
+    if (a->job_id[0]) {
+        o->rank = a->rank;
+        o->generation = a->generation;
+        o->step = a->last_step;
+        o->loss = a->last_loss;
+        o->step_ms = a->last_step_ms;
+    }
+    pthread_mutex_unlock(&a->mu);
+    o->leaving = atomic_load(&a->leaving) || atomic_load(&a->stop);
 }
 
 void pcs_agent_report(pcs_agent_t *a, const Pcs__V1__StepReport *r)
@@ -786,6 +849,12 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
     }
     flush_reports(a, 10000, 0); /* the rest goes on in the background */
     pthread_mutex_lock(&a->mu);
+    if (st == PCS_OK)
+        a->jobs_ok++;
+    else if (st == PCS_ERR_CANCELLED)
+        a->jobs_stopped++;
+    else
+        a->jobs_failed++;
     a->train = NULL;
     a->finished = 0;
     if (st != PCS_ERR_CANCELLED) { /* a stopped job may be assigned again (RESTART) */
@@ -852,6 +921,7 @@ pcs_status_t pcs_agent_create(const pcs_agent_config_t *cfg, pcs_agent_t **out)
     PCS_CHECK(pcs_calloc(1, sizeof *a, (void **)&a));
     pthread_mutex_init(&a->mu, NULL);
     pthread_cond_init(&a->cv, NULL);
+    a->loop_ms = pcs_now_ms();
     char ident[300];
     if (cfg->identity && cfg->identity[0]) {
         snprintf(ident, sizeof ident, "%s", cfg->identity);
@@ -917,6 +987,9 @@ pcs_status_t pcs_agent_run(pcs_agent_t *a)
     for (;;) {
         if (atomic_load(&a->stop))
             return PCS_OK;
+        pthread_mutex_lock(&a->mu);
+        a->loop_ms = pcs_now_ms();
+        pthread_mutex_unlock(&a->mu);
         st = do_register(a);
         if (st == PCS_OK)
             break;

@@ -73,6 +73,27 @@ int pcs_agent_device(const pcs_agent_t *a);
 void pcs_agent_stop(pcs_agent_t *a);
 void pcs_agent_destroy(pcs_agent_t *a);
 
+/* What the worker's /metrics, /healthz and /readyz show (worker/status_http.c). */
+typedef struct pcs_agent_stats {
+    int registered;             /* holds a registration the coordinator answered for */
+    uint64_t heartbeat_age_ms;  /* since the coordinator last answered a heartbeat or Register
+                                   (UINT64_MAX: never) */
+    uint64_t loop_age_ms;       /* since the heartbeat thread (or the first Register loop) last
+                                   went round: large only when the agent is wedged */
+    uint64_t heartbeat_failures, registrations;
+    uint64_t jobs_succeeded, jobs_failed, jobs_stopped;
+    uint64_t reports_sent, reports_queued;
+    uint64_t all_gather_bytes, reduce_scatter_bytes, all_reduce_bytes; /* all jobs */
+    char worker_id[64], identity[128], backend[16];
+    char job_id[64]; /* the running job ("" if idle), then its rank, generation and last report */
+    uint32_t rank;
+    uint64_t generation, step;
+    double loss, step_ms;
+    int leaving; /* Deregister under way: not ready */
+} pcs_agent_stats_t;
+
+void pcs_agent_stats(pcs_agent_t *a, pcs_agent_stats_t *out);
+
 /* Queue a step report of the running job (copied; sent in order by the reporter thread). */
 void pcs_agent_report(pcs_agent_t *a, const struct Pcs__V1__StepReport *r);
 /* While a custom job runs: what to call when the coordinator stops it or the agent is stopped

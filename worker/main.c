@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "worker/agent.h"
+#include "worker/status_http.h"
 #include "pcs/config.h"
 #include "pcs/kernels.h"
 #include "pcs/log.h"
@@ -39,6 +40,10 @@ static const pcs_opt_t worker_opts[] = {
     {"checkpoint-root", PCS_OPT_STRING, "", 0, 0,
      "where checkpoint.dir may lead (empty: --root); a job writes only its subdirectory named by "
      "its job id"},
+    {"metrics-listen", PCS_OPT_STRING, "", 0, 0,
+     "serve /metrics, /healthz (liveness) and /readyz (registered) on host:port (empty: off)"},
+    {"metrics-port-file", PCS_OPT_STRING, "", 0, 0,
+     "write the bound metrics port to this file (with --metrics-listen host:0)"},
     {"log-level", PCS_OPT_STRING, "info", 0, 0, "error | warn | info | debug | trace"},
     {"simulate-cuda", PCS_OPT_U32, "0", 0, PCS_SIMULATE_CUDA_MAX_DEVICES,
      "test hook: N > 0 makes backend cuda a simulated device (N devices) computing on the host"},
@@ -138,7 +143,23 @@ int main(int argc, char **argv)
 
     PCS_INFO(PCS_SUB_INIT, "pcs-worker starting: coordinator %s backend %s coll %s device %s",
              ac.coordinator, ac.backend, ac.coll, dev);
+    pcs_worker_http_t *http = NULL;
+    const char *mlisten = pcs_config_str(cfg, "metrics-listen");
+    if (*mlisten) {
+        /* liveness: the heartbeat thread goes round at least once per RPC deadline + interval */
+        unsigned live_ms = 60000u + 2u * ac.rpc_timeout_ms;
+        if (pcs_worker_http_start(g_agent, mlisten, pcs_config_str(cfg, "metrics-port-file"),
+                                  live_ms, &http) != PCS_OK) {
+            fprintf(stderr, "pcs-worker: %s\n", pcs_last_error());
+            pcs_agent_t *a = g_agent;
+            g_agent = NULL;
+            pcs_agent_destroy(a);
+            pcs_config_free(cfg);
+            return 1;
+        }
+    }
     pcs_status_t st = pcs_agent_run(g_agent);
+    pcs_worker_http_stop(http); /* before the agent it reads is freed */
     pcs_agent_t *a = g_agent;
     g_agent = NULL; /* a late signal must not touch the agent being freed */
     pcs_agent_destroy(a);

@@ -33,3 +33,6 @@ endif()
 pcs_add_test(NAME test_strmap SOURCES unit/test_strmap.c LIBS pcs_base LABELS unit TIMEOUT 60)
 # The log's JSON lines (PCS_LOG_FORMAT=json) against a strict RFC 8259 reader and Python's json.
 pcs_add_test(NAME test_log SOURCES unit/test_log.c LIBS pcs_base LABELS unit TIMEOUT 60)
+# The operator endpoint (/metrics /healthz /readyz) over a real socket: liveness, staleness,
+# readiness with its reason.
+pcs_add_test(NAME test_http SOURCES unit/test_http.c LIBS pcs_common LABELS unit TIMEOUT 60)

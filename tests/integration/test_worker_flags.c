@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/wait.h>
 
 #include "pcs/kernels.h"
@@ -110,6 +111,165 @@ static void test_list_workers_shows_what_each_worker_offers(void **state)
     e2e_stop(&cl);
 }
 
+/* GET `path` from 127.0.0.1:port; the HTTP status code (0: no answer), the whole reply in *out
+ * when out is not NULL. */
+static int http_get(int port, const char *path, char **out)
+{
+    char cmd[512];
+    snprintf(cmd, sizeof cmd,
+             "bash -c 'exec 3<>/dev/tcp/127.0.0.1/%d && printf \"GET %s HTTP/1.0\\r\\n\\r\\n\" >&3 "
+             "&& cat <&3' 2>/dev/null",
+             port, path);
+    int st = -1;
+    char *r = pcs_test_run(cmd, &st);
+    int code = 0;
+    if (r && strncmp(r, "HTTP/1.", 7) == 0)
+        code = atoi(r + 9);
+    if (out)
+        *out = r;
+    else
+        free(r);
+    return code;
+}
+
+/* Poll GET path until it answers `code` (10 s). */
+static void wait_code(int port, const char *path, int code)
+{
+    int got = 0;
+    for (int i = 0; i < 200 && (got = http_get(port, path, NULL)) != code; i++)
+        pcs_test_sleep_ms(50);
+    if (got != code)
+        fail_msg("GET %s: %d, want %d", path, got, code);
+}
+
+/* --metrics-listen as a Kubernetes probe and a Prometheus scrape meet it: a worker started
+ * before its coordinator is live but not ready and says in its log where it retries and when;
+ * ready once registered; /metrics shows the job it runs (promtool-clean); when the coordinator
+ * dies the worker stays live (a coordinator outage must not make Kubernetes restart every
+ * worker) and counts the failed heartbeats. */
+static void test_worker_health_and_metrics_follow_the_coordinator(void **state)
+{
+    (void)state;
+    e2e_cluster_t cl;
+    memset(&cl, 0, sizeof cl);
+    cl.dir = pcs_test_tmpdir("wflags-http");
+    int cport = e2e_free_port();
+    assert_true(cport > 0);
+    snprintf(cl.addr, sizeof cl.addr, "127.0.0.1:%d", cport);
+    char mport_file[1100];
+    snprintf(mport_file, sizeof mport_file, "%s/worker-metrics.port", cl.dir);
+    const char *const wargs[] = {"--metrics-listen", "127.0.0.1:0", "--metrics-port-file",
+                                 mport_file, "--step-pause-ms", "100", NULL};
+    setenv("PCS_LOG_LEVEL", "info", 1); /* ctest runs at warn; the retry lines are info */
+    assert_int_equal(e2e_spawn_workers(&cl, 1, wargs), 0);
+    setenv("PCS_LOG_LEVEL", "warn", 1);
+    char *mp = pcs_test_wait_file(mport_file, 10000);
+    assert_non_null(mp);
+    int port = atoi(mp);
+    free(mp);
+    assert_true(port > 0);
+
+    /* no coordinator yet: live, not ready, and the log names the address and the next delay */
+    wait_code(port, "/healthz", 200);
+    char *body = NULL;
+    assert_int_equal(http_get(port, "/readyz", &body), 503);
+    assert_non_null(strstr(body, "not registered"));
+    free(body);
+    char logp[1100], want[200];
+    snprintf(logp, sizeof logp, "%s/worker0.log", cl.dir);
+    snprintf(want, sizeof want, "coordinator %s not reachable yet", cl.addr);
+    char *log = NULL;
+    for (int i = 0; i < 100; i++) {
+        free(log);
+        log = pcs_test_read_file(logp, NULL);
+        if (log && strstr(log, want) && strstr(log, "retrying in"))
+            break;
+        pcs_test_sleep_ms(50);
+    }
+    assert_non_null(log);
+    if (!strstr(log, want) || !strstr(log, "retrying in"))
+        fail_msg("no retry line naming %s in the worker's log:\n%s", cl.addr, log);
+    free(log);
+
+    /* the coordinator comes: ready */
+    assert_int_equal(e2e_start_coord_at(&cl, cport, NULL), 0);
+    wait_code(port, "/readyz", 200);
+
+    /* a job: the worker's /metrics shows it */
+    const char *yaml = "name: wmetrics\n"
+                       "model:\n  mlp: {input_dim: 8, hidden_dims: [16], output_dim: 4}\n"
+                       "mesh:\n  - {dim: dp_shard, size: 1}\n"
+                       "training: {steps: 100, micro_batch_size: 4, optimizer: {sgd: {lr: 0.01}}}\n"
+                       "data: {synthetic: {seed: 1}}\n";
+    e2e_job_t job;
+    int rc = -1;
+    for (int i = 0; i < 100 && rc != 0; i++)
+        if ((rc = e2e_submit(&cl, yaml, "wmetrics", &job)) != 0)
+            pcs_test_sleep_ms(100);
+    assert_int_equal(rc, 0);
+    char info[200];
+    snprintf(info, sizeof info, "pcs_worker_job_info{job_id=\"%s\",rank=\"0\",generation=\"1\"} 1",
+             job.job_id);
+    char *m = NULL;
+    for (int i = 0; i < 200; i++) {
+        free(m);
+        m = NULL;
+        if (http_get(port, "/metrics", &m) == 200 && strstr(m, info) &&
+            strstr(m, "pcs_worker_step{job_id="))
+            break;
+        pcs_test_sleep_ms(50);
+    }
+    assert_non_null(m);
+    if (!strstr(m, info))
+        fail_msg("no %s in the worker's /metrics:\n%s", info, m);
+    assert_non_null(strstr(m, "pcs_worker_registered 1\n"));
+    assert_non_null(strstr(m, "pcs_worker_registrations_total 1\n"));
+    assert_non_null(strstr(m, "pcs_worker_info{worker_id=\"w-"));
+    assert_non_null(strstr(m, "pcs_build_info{version=\""));
+    assert_non_null(strstr(m, "# TYPE process_resident_memory_bytes gauge"));
+    char *exposition = strstr(m, "\r\n\r\n");
+    assert_non_null(exposition);
+    char mfile[1200], cmd[1400];
+    snprintf(mfile, sizeof mfile, "%s/worker-metrics.txt", cl.dir);
+    FILE *f = fopen(mfile, "w");
+    assert_non_null(f);
+    fputs(exposition + 4, f);
+    fclose(f);
+    int st = -1;
+    free(pcs_test_run("command -v promtool", &st));
+    if (st == 0) {
+        snprintf(cmd, sizeof cmd, "promtool check metrics < %s 2>&1", mfile);
+        char *lint = pcs_test_run(cmd, &st);
+        if (st != 0)
+            fail_msg("promtool check metrics:\n%s", lint);
+        free(lint);
+    } else {
+        fprintf(stderr, "SKIP: promtool not installed (deploy/install-deps.sh installs it)\n");
+    }
+    free(m);
+
+    /* the coordinator dies: the worker stays live and counts its failed heartbeats */
+    kill(cl.coord, SIGKILL);
+    waitpid(cl.coord, NULL, 0);
+    cl.coord = 0;
+    m = NULL;
+    for (int i = 0; i < 100; i++) {
+        free(m);
+        m = NULL;
+        if (http_get(port, "/metrics", &m) == 200 &&
+            !strstr(m, "pcs_worker_heartbeat_failures_total 0\n"))
+            break;
+        pcs_test_sleep_ms(50);
+    }
+    assert_non_null(m);
+    assert_null(strstr(m, "pcs_worker_heartbeat_failures_total 0\n"));
+    free(m);
+    assert_int_equal(http_get(port, "/healthz", NULL), 200);
+    assert_int_equal(http_get(port, "/nope", NULL), 404);
+    e2e_job_free(&job);
+    e2e_stop(&cl);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -118,6 +278,7 @@ int main(void)
         cmocka_unit_test(test_bad_device_is_a_usage_error),
         cmocka_unit_test(test_cuda_backend_starts_only_where_a_device_is),
         cmocka_unit_test(test_list_workers_shows_what_each_worker_offers),
+        cmocka_unit_test(test_worker_health_and_metrics_follow_the_coordinator),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
