@@ -1,5 +1,5 @@
-/* pcsctl workers [--state S]: ListWorkers as an aligned table (state, job and rank, devices,
- * heartbeat age). */
+/* pcsctl workers [--state S]: ListWorkers as an aligned table (identity: the pod name in a
+ * cluster, state, job and rank, devices, heartbeat age). */
 #include "cli/cli.h"
 #include "pcs/v1/coordinator.pb-c.h"
 
@@ -53,20 +53,21 @@ int pcs_cli_workers(int argc, char **argv)
     if (rc != PCS_CLI_OK || !r)
         return rc;
     Pcs__V1__ListWorkersResponse *resp = (Pcs__V1__ListWorkersResponse *)r;
-    const char *hdr[] = {"WORKER", "STATE",    "HOST",    "PID",      "JOB",
-                         "RANK",   "BACKENDS", "DEVICES", "HEARTBEAT"};
-    pcs_cli_table_t *t = pcs_cli_table_new(9, hdr);
+    const char *hdr[] = {"WORKER", "IDENTITY", "STATE",    "HOST",    "PID",
+                         "JOB",    "RANK",     "BACKENDS", "DEVICES", "HEARTBEAT"};
+    pcs_cli_table_t *t = pcs_cli_table_new(10, hdr);
     if (!t) {
         protobuf_c_message_free_unpacked(r, NULL);
         return pcs_cli_fail("out of memory");
     }
-    pcs_cli_table_right(t, 3);
-    pcs_cli_table_right(t, 5);
+    pcs_cli_table_right(t, 4);
+    pcs_cli_table_right(t, 6);
     for (size_t i = 0; i < resp->n_workers; i++) {
         const Pcs__V1__Worker *w = resp->workers[i];
         char st[32], dev[128], be[128], age[32];
         int in_job = w->job_id && *w->job_id;
         pcs_cli_table_cell(t, "%s", w->worker_id);
+        pcs_cli_table_cell(t, "%s", w->identity && *w->identity ? w->identity : "-");
         pcs_cli_table_cell(
             t, "%s", pcs_cli_enum(&pcs__v1__worker_state__descriptor, w->state, st, sizeof st));
         pcs_cli_table_cell(t, "%s", *w->host ? w->host : "-");

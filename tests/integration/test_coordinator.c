@@ -1196,24 +1196,16 @@ static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
     /* the exposition, during a job, is what Prometheus's own linter accepts */
     char *body = strstr(m, "\r\n\r\n");
     assert_non_null(body);
-    char mfile[1200], pcmd[1400];
+    char mfile[1200];
     snprintf(mfile, sizeof mfile, "%s/metrics.txt", dir);
     FILE *mf = fopen(mfile, "w");
     assert_non_null(mf);
     fputs(body + 4, mf);
     fclose(mf);
-    int pst = -1;
-    char *which = pcs_test_run("command -v promtool", &pst);
-    free(which);
-    if (pst == 0) {
-        snprintf(pcmd, sizeof pcmd, "promtool check metrics < %s 2>&1", mfile);
-        char *lint = pcs_test_run(pcmd, &pst);
-        if (pst != 0)
-            fail_msg("promtool check metrics:\n%s", lint);
-        free(lint);
-    } else {
-        fprintf(stderr, "SKIP: promtool not installed (deploy/install-deps.sh installs it)\n");
-    }
+    char *lint = NULL;
+    if (pcs_test_promtool_check(mfile, &lint) == 1)
+        fail_msg("promtool check metrics:\n%s", lint);
+    free(lint);
     free(m);
     m = http_get(port, "/readyz");
     assert_non_null(strstr(m, "200 OK"));

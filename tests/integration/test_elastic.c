@@ -224,16 +224,10 @@ static void check_metrics_of_running_job(const char *job_id, int world)
     snprintf(want, sizeof want, "pcs_jobs{state=\"RUNNING\"} 1\n");
     assert_non_null(strstr(m, want));
     free(m);
-    free(pcs_test_run("command -v promtool", &st));
-    if (st == 0) {
-        snprintf(cmd, sizeof cmd, "promtool check metrics < %s 2>&1", path);
-        char *lint = pcs_test_run(cmd, &st);
-        if (st != 0)
-            fail_msg("promtool check metrics:\n%s", lint);
-        free(lint);
-    } else {
-        fprintf(stderr, "SKIP: promtool not installed (deploy/install-deps.sh installs it)\n");
-    }
+    char *lint = NULL;
+    if (pcs_test_promtool_check(path, &lint) == 1)
+        fail_msg("promtool check metrics:\n%s", lint);
+    free(lint);
 }
 
 /* A long job on 4 real workers, scraped while it runs (then stopped with the cluster). */

@@ -229,23 +229,16 @@ static void test_worker_health_and_metrics_follow_the_coordinator(void **state)
     assert_non_null(strstr(m, "# TYPE process_resident_memory_bytes gauge"));
     char *exposition = strstr(m, "\r\n\r\n");
     assert_non_null(exposition);
-    char mfile[1200], cmd[1400];
+    char mfile[1200];
     snprintf(mfile, sizeof mfile, "%s/worker-metrics.txt", cl.dir);
     FILE *f = fopen(mfile, "w");
     assert_non_null(f);
     fputs(exposition + 4, f);
     fclose(f);
-    int st = -1;
-    free(pcs_test_run("command -v promtool", &st));
-    if (st == 0) {
-        snprintf(cmd, sizeof cmd, "promtool check metrics < %s 2>&1", mfile);
-        char *lint = pcs_test_run(cmd, &st);
-        if (st != 0)
-            fail_msg("promtool check metrics:\n%s", lint);
-        free(lint);
-    } else {
-        fprintf(stderr, "SKIP: promtool not installed (deploy/install-deps.sh installs it)\n");
-    }
+    char *lint = NULL;
+    if (pcs_test_promtool_check(mfile, &lint) == 1)
+        fail_msg("promtool check metrics:\n%s", lint);
+    free(lint);
     free(m);
 
     /* the coordinator dies: the worker stays live and counts its failed heartbeats */

@@ -209,3 +209,23 @@ unsigned pcs_test_simulated_cuda_devices(void)
     long n = e && *e ? strtol(e, NULL, 10) : 0;
     return n > 0 && n <= 64 ? (unsigned)n : 0;
 }
+
+int pcs_test_promtool_check(const char *path, char **report)
+{
+    int st = -1;
+    *report = NULL;
+    free(pcs_test_run("command -v promtool", &st));
+    if (st != 0) {
+        const char *req = getenv("PCS_REQUIRE_TOOLS");
+        if (req && strcmp(req, "1") == 0) {
+            *report = strdup("promtool is not installed (deploy/install-deps.sh installs it)");
+            return 1;
+        }
+        fprintf(stderr, "SKIP: promtool not installed (deploy/install-deps.sh installs it)\n");
+        return 77;
+    }
+    char cmd[1400];
+    snprintf(cmd, sizeof cmd, "promtool check metrics < '%s' 2>&1", path);
+    *report = pcs_test_run(cmd, &st);
+    return st == 0 ? 0 : 1;
+}

@@ -31,6 +31,10 @@ char *pcs_test_wait_file(const char *path, int timeout_ms);
 char *pcs_test_read_file(const char *path, size_t *len);
 /* Run a shell command, capture stdout into a malloc'd string; *status = exit code. */
 char *pcs_test_run(const char *cmd, int *status);
+/* `promtool check metrics` on the exposition in `path`: 0 clean, 1 problems (*report: what
+ * promtool said, malloc'd), 77 promtool is not installed (1 with PCS_REQUIRE_TOOLS=1, as CI sets:
+ * a missing tool fails there instead of skipping). */
+int pcs_test_promtool_check(const char *path, char **report);
 /* Sleep ms milliseconds. */
 void pcs_test_sleep_ms(int ms);
 
