@@ -15,6 +15,50 @@
 #define PCS_CLI_OK    0
 #define PCS_CLI_FAIL  1
 #define PCS_CLI_USAGE 2
+#define PCS_CLI_HELP  (-1) /* pcs_cli_parse printed --help: the command exits 0 */
+
+/* ---- arguments (cli/cmd_args.c): each sub-command describes itself, getopt_long parses ---- */
+#define PCS_CLI_MAX_OPTS 16
+typedef struct pcs_cli_opt {
+    const char *name; /* long name without "--" */
+    const char *arg;  /* metavar ("ID") for an option with a value; NULL for a flag */
+    const char *help;
+} pcs_cli_opt_t;
+
+typedef struct pcs_cli_spec {
+    const char *name;    /* "submit" */
+    const char *args;    /* positional synopsis, "FILE|-" ("" for none) */
+    const char *summary; /* one line: `pcsctl --help` lists it */
+    const char *details; /* NULL, or paragraphs --help prints after the summary */
+    const pcs_cli_opt_t *opts;
+    size_t n_opts;
+    int min_pos, max_pos; /* how many positional arguments */
+} pcs_cli_spec_t;
+
+typedef struct pcs_cli_args {
+    const char *val[PCS_CLI_MAX_OPTS]; /* per opts[i]: its value, "1" for a flag, NULL unset */
+    char **pos;                        /* positional arguments */
+    int n_pos;
+} pcs_cli_args_t;
+
+/* Parse argv (argv[0] = the command's name): its options, the global ones (--coordinator,
+ * --json, --timeout-ms) anywhere, -h/--help. Returns PCS_CLI_OK, PCS_CLI_HELP (help printed:
+ * exit 0) or PCS_CLI_USAGE (error printed as "pcsctl: CMD: PROBLEM" + usage). */
+int pcs_cli_parse(const pcs_cli_spec_t *s, int argc, char **argv, pcs_cli_args_t *a);
+/* A bad option value, in the same wording as pcs_cli_parse; returns PCS_CLI_USAGE. */
+int pcs_cli_bad_value(const pcs_cli_spec_t *s, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* `--name VALUE` as an integer in [lo, hi], else the usage error. */
+int pcs_cli_u32_opt(const pcs_cli_spec_t *s, const char *name, const char *val, uint32_t lo,
+                    uint32_t hi, uint32_t *out);
+/* "pcsctl submit [--request-id ID] FILE|-" */
+void pcs_cli_synopsis(const pcs_cli_spec_t *s, char *buf, size_t n);
+void pcs_cli_print_help(const pcs_cli_spec_t *s, FILE *f);
+
+/* The sub-commands' descriptions (each in its cmd_*.c). */
+extern const pcs_cli_spec_t pcs_cli_submit_spec, pcs_cli_status_spec, pcs_cli_jobs_spec,
+    pcs_cli_workers_spec, pcs_cli_cancel_spec, pcs_cli_health_spec, pcs_cli_plan_spec,
+    pcs_cli_export_spec, pcs_cli_demo_spec;
 
 /* Global options (`pcsctl [--coordinator ADDR] [--json] [--timeout-ms N] <command> ...`); the
  * sub-commands also accept them after the command name (pcs_cli_global_flag). */
@@ -36,8 +80,7 @@ int pcs_cli_cancel(int argc, char **argv);
 int pcs_cli_health(int argc, char **argv);
 /* `pcsctl plan FILE [--world N] [--json] [--rank R]` (cli/cmd_plan.c, planner). */
 int pcs_cli_plan(int argc, char **argv);
-/* `pcsctl export JOB out.safetensors` and `pcsctl demo` (cli/cmd_export.c, cli/cmd_demo.c). Until
- * those files exist, weak fallbacks in pcsctl.c print "not available in this build", exit 2. */
+/* `pcsctl export JOB out.safetensors` and `pcsctl demo` (cli/cmd_export.c, cli/cmd_demo.c). */
 int pcs_cli_export(int argc, char **argv);
 int pcs_cli_demo(int argc, char **argv);
 
@@ -67,9 +110,10 @@ int pcs_cli_print_json(const ProtobufCMessage *m);
 int pcs_cli_query(const char *cmd, const char *method, const ProtobufCMessage *req,
                   const ProtobufCMessageDescriptor *resp_desc, ProtobufCMessage **resp);
 
-/* Arguments of a list command: global flags and `--state S` (a short name of an enum value of
- * `d`; "all" = 0). Returns PCS_CLI_OK with *state set, or the usage exit code after printing. */
-int pcs_cli_state_args(const char *cmd, const char *usage, int argc, char **argv,
+/* Arguments of a list command whose only option (opts[0]) is `--state S` (a short name of an enum
+ * value of `d`; "all" = 0). Returns PCS_CLI_OK with *state set, PCS_CLI_HELP, or PCS_CLI_USAGE
+ * after printing. */
+int pcs_cli_state_args(const pcs_cli_spec_t *spec, int argc, char **argv,
                        const ProtobufCEnumDescriptor *d, int *state);
 
 /* Lower-case short name of an enum value ("running", "idle"). Static buffer per call site is not

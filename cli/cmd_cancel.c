@@ -4,37 +4,25 @@
 
 #include <string.h>
 
-static const char usage[] = "pcsctl cancel JOB [--reason R]";
+static const pcs_cli_opt_t cancel_opts[] = {
+    {"reason", "TEXT", "why, recorded as the job's reason (default: \"cancelled by user\")"},
+};
+const pcs_cli_spec_t pcs_cli_cancel_spec = {
+    "cancel", "JOB", "cancel a job (its workers stop it and are freed)", NULL, cancel_opts, 1, 1, 1};
 
 int pcs_cli_cancel(int argc, char **argv)
 {
     Pcs__V1__CancelJobRequest req = PCS__V1__CANCEL_JOB_REQUEST__INIT;
-    const char *job = NULL;
-    for (int i = 1; i < argc; i++) {
-        int g = pcs_cli_global_flag(argc, argv, &i);
-        if (g < 0)
-            return PCS_CLI_USAGE;
-        if (g > 0)
-            continue;
-        if (!strcmp(argv[i], "--reason")) {
-            if (i + 1 >= argc)
-                return pcs_cli_usage("cancel", usage, "--reason needs a value");
-            req.reason = argv[++i];
-        } else if (!strncmp(argv[i], "--reason=", 9)) {
-            req.reason = argv[i] + 9;
-        } else if (argv[i][0] == '-') {
-            return pcs_cli_usage("cancel", usage, "unknown option '%s'", argv[i]);
-        } else if (job) {
-            return pcs_cli_usage("cancel", usage, "one job at a time");
-        } else {
-            job = argv[i];
-        }
-    }
-    if (!job)
-        return pcs_cli_usage("cancel", usage, "missing job id");
+    pcs_cli_args_t a;
+    int rc = pcs_cli_parse(&pcs_cli_cancel_spec, argc, argv, &a);
+    if (rc != PCS_CLI_OK)
+        return rc == PCS_CLI_HELP ? PCS_CLI_OK : rc;
+    const char *job = a.pos[0];
     req.job_id = (char *)job;
+    if (a.val[0])
+        req.reason = (char *)a.val[0];
     ProtobufCMessage *r = NULL;
-    int rc = pcs_cli_call("cancel", PCS_M_CANCEL_JOB, &req.base,
+    rc = pcs_cli_call("cancel", PCS_M_CANCEL_JOB, &req.base,
                           &pcs__v1__cancel_job_response__descriptor, &r);
     if (rc != PCS_CLI_OK)
         return rc;

@@ -4,6 +4,7 @@
  * from the workers' step reports, then exports the final model from the sharded checkpoint and
  * checks it against the single-process reference run of the same job (pcs-reference, a process
  * like the others: pcsctl itself links no model, BLAS or collectives). Ctrl-C stops everything. */
+#define _XOPEN_SOURCE 700 /* nftw */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -11,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ftw.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -26,7 +29,25 @@
 #include "pcs/v1/coordinator.pb-c.h"
 #include "planner/model_tree.h"
 
-#define DEMO_USAGE "pcsctl demo [--workers N] [--steps S] [--job FILE] [--dir DIR] [--no-reference]"
+static const pcs_cli_opt_t demo_opts[] = {
+    {"workers", "N", "ranks of the built-in demo job (default 4, at most 16)"},
+    {"steps", "S", "steps of the built-in demo job (default 40)"},
+    {"job", "FILE", "run this job file instead (its mesh and steps; not with --workers/--steps)"},
+    {"dir", "DIR", "put logs and outputs here (a new or earlier demo directory; kept)"},
+    {"keep", NULL, "keep the temporary directory after a successful run"},
+    {"no-reference", NULL, "skip the single-process reference check"},
+};
+const pcs_cli_spec_t pcs_cli_demo_spec = {
+    "demo", "", "run a local coordinator and CPU workers end to end and check the result",
+    "Starts pcs-coordinator and one pcs-worker per rank on 127.0.0.1, trains the job, prints a\n"
+    "table per step, exports the model and compares it with pcs-reference's single-process run.\n"
+    "Without --dir it works in a temporary directory, removed after a successful run unless\n"
+    "--keep; after a failure it is kept for its logs.\n",
+    demo_opts, 6, 0, 0};
+
+/* Marks a directory the demo made, so that --dir on it again clears the earlier run's files
+ * (its port file would otherwise point at a dead coordinator) and refuses anything else. */
+#define DEMO_MARKER ".pcs-demo"
 
 #define DEMO_MAX_WORKERS 16
 
@@ -126,6 +147,65 @@ static int read_port(const char *path, int timeout_ms)
         sleep_ms(50);
     }
     return -1;
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* rm -rf path (no links followed). */
+static int rmtree(const char *path)
+{
+    return nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* Make `dir` ready for a run: create it, or clear an earlier demo's files in it. A directory that
+ * holds other files and no marker is refused (the demo would write into someone's files). */
+static int prepare_dir(const char *dir)
+{
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+        return pcs_cli_fail("demo: --dir %s: %s", dir, strerror(errno));
+    char marker[PATH_MAX + 16];
+    snprintf(marker, sizeof marker, "%s/%s", dir, DEMO_MARKER);
+    DIR *d = opendir(dir);
+    if (!d)
+        return pcs_cli_fail("demo: --dir %s: %s", dir, strerror(errno));
+    int others = 0, marked = access(marker, F_OK) == 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            others++;
+    closedir(d);
+    if (others && !marked)
+        return pcs_cli_fail("demo: --dir %s: not empty and not a demo directory (no %s): pick an "
+                            "empty or new directory",
+                            dir, DEMO_MARKER);
+    if (marked) { /* an earlier run's: start afresh */
+        d = opendir(dir);
+        while (d && (e = readdir(d)) != NULL) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
+                !strcmp(e->d_name, DEMO_MARKER))
+                continue;
+            char p[PATH_MAX + 300];
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            if (rmtree(p) != 0) {
+                closedir(d);
+                return pcs_cli_fail("demo: --dir %s: cannot clear %s: %s", dir, p,
+                                    strerror(errno));
+            }
+        }
+        if (d)
+            closedir(d);
+        printf("pcs demo: cleared the earlier run in %s\n", dir);
+    }
+    FILE *f = fopen(marker, "w");
+    if (!f)
+        return pcs_cli_fail("demo: --dir %s: %s", dir, strerror(errno));
+    fputs("a pcsctl demo directory: pcsctl demo --dir clears it for the next run\n", f);
+    fclose(f);
+    return PCS_CLI_OK;
 }
 
 static int job_state(pcs_rpc_client_t *cl, const char *job_id, char *reason, size_t n)
@@ -248,10 +328,22 @@ static int reference_parity(const char *bindir, const char *dir, const Pcs__V1__
         return 1;
     }
     char *args[] = {bin, job, "--world", ws, "--out", out, "--losses", lpath, NULL};
+    printf("reference: the same job in one process (pcs-reference, %zu steps)", n_losses);
+    fflush(stdout);
     pid_t pid = spawn(args, log), waited = -1;
     int wst = 0;
-    while (pid > 0 && (waited = waitpid(pid, &wst, 0)) < 0 && errno == EINTR)
-        ;
+    for (uint64_t said = pcs_now_ms(); pid > 0;) {
+        waited = waitpid(pid, &wst, WNOHANG);
+        if (waited == pid || (waited < 0 && errno != EINTR))
+            break;
+        if (pcs_now_ms() - said >= 5000) { /* a sign of life while it computes */
+            said = pcs_now_ms();
+            printf(" .. %.0f s", (double)(said - t0) / 1e3);
+            fflush(stdout);
+        }
+        sleep_ms(100);
+    }
+    printf("\n");
     if (pid <= 0 || waited != pid || !WIFEXITED(wst) || WEXITSTATUS(wst) != 0) {
         fprintf(stderr, "pcsctl demo: the reference run failed (see %s)\n", log);
         return 1;
@@ -280,32 +372,23 @@ static int reference_parity(const char *bindir, const char *dir, const Pcs__V1__
 
 int pcs_cli_demo(int argc, char **argv)
 {
-    int workers = 4, steps = 40, no_ref = 0;
-    const char *job_file = NULL, *dir_arg = NULL;
-    for (int i = 1; i < argc; i++) {
-        int g = pcs_cli_global_flag(argc, argv, &i);
-        if (g < 0)
-            return PCS_CLI_USAGE;
-        if (g > 0)
-            continue;
-        if (strcmp(argv[i], "--workers") == 0 && i + 1 < argc) {
-            workers = atoi(argv[++i]);
-        } else if (strcmp(argv[i], "--steps") == 0 && i + 1 < argc) {
-            steps = atoi(argv[++i]);
-        } else if (strcmp(argv[i], "--job") == 0 && i + 1 < argc) {
-            job_file = argv[++i];
-        } else if (strcmp(argv[i], "--dir") == 0 && i + 1 < argc) {
-            dir_arg = argv[++i];
-        } else if (strcmp(argv[i], "--no-reference") == 0) {
-            no_ref = 1;
-        } else {
-            return pcs_cli_usage("demo", DEMO_USAGE, "unknown argument %s", argv[i]);
-        }
-    }
-    if (workers < 1 || workers > DEMO_MAX_WORKERS)
-        return pcs_cli_usage("demo", DEMO_USAGE, "--workers must be in [1, %d]", DEMO_MAX_WORKERS);
-    if (steps < 1)
-        return pcs_cli_usage("demo", DEMO_USAGE, "--steps must be >= 1");
+    pcs_cli_args_t a;
+    int prc = pcs_cli_parse(&pcs_cli_demo_spec, argc, argv, &a);
+    if (prc != PCS_CLI_OK)
+        return prc == PCS_CLI_HELP ? PCS_CLI_OK : prc;
+    uint32_t workers = 4, steps = 40;
+    const char *job_file = a.val[2], *dir_arg = a.val[3];
+    int keep = a.val[4] != NULL, no_ref = a.val[5] != NULL;
+    if (job_file && (a.val[0] || a.val[1]))
+        return pcs_cli_bad_value(&pcs_cli_demo_spec,
+                                 "--workers and --steps shape the built-in demo job; a --job file "
+                                 "sets its own mesh and steps");
+    if (a.val[0] && pcs_cli_u32_opt(&pcs_cli_demo_spec, "workers", a.val[0], 1,
+                                    DEMO_MAX_WORKERS, &workers) != PCS_CLI_OK)
+        return PCS_CLI_USAGE;
+    if (a.val[1] && pcs_cli_u32_opt(&pcs_cli_demo_spec, "steps", a.val[1], 1, 1000000,
+                                    &steps) != PCS_CLI_OK)
+        return PCS_CLI_USAGE;
 
     /* ---- the job ---- */
     ProtobufCMessage *msg = NULL;
@@ -320,7 +403,10 @@ int pcs_cli_demo(int argc, char **argv)
     char dir[PATH_MAX];
     if (dir_arg) {
         snprintf(dir, sizeof dir, "%s", dir_arg);
-        mkdir(dir, 0755);
+        if (prepare_dir(dir) != PCS_CLI_OK) {
+            protobuf_c_message_free_unpacked(msg, NULL);
+            return PCS_CLI_FAIL;
+        }
     } else {
         const char *tmp = getenv("TMPDIR");
         snprintf(dir, sizeof dir, "%s/pcs-demo-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
@@ -554,7 +640,15 @@ out:
     pcs_rpc_client_destroy(cl);
     free(losses);
     protobuf_c_message_free_unpacked(msg, NULL);
-    if (rc != PCS_CLI_OK)
+    if (rc != PCS_CLI_OK) {
         fprintf(stderr, "pcsctl demo: logs are in %s\n", dir);
+    } else if (!dir_arg && !keep) {
+        if (rmtree(dir) == 0)
+            printf("removed %s (pcsctl demo --keep or --dir DIR keeps the logs, checkpoints and "
+                   "model)\n",
+                   dir);
+        else
+            fprintf(stderr, "pcsctl demo: cannot remove %s: %s\n", dir, strerror(errno));
+    }
     return rc;
 }

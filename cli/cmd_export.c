@@ -14,46 +14,44 @@
 #include "cli/cli.h"
 #include "pcs/v1/coordinator.pb-c.h"
 
-#define EXPORT_USAGE                                                                               \
-    "pcsctl export JOB OUT.safetensors [--step N] | pcsctl export --checkpoint DIR "               \
-    "OUT.safetensors [--step N]"
+static const pcs_cli_opt_t export_opts[] = {
+    {"checkpoint", "DIR", "export this checkpoint directory instead of a job's (no coordinator)"},
+    {"step", "N", "the checkpoint of this step (default: the latest committed)"},
+};
+const pcs_cli_spec_t pcs_cli_export_spec = {
+    "export", "[JOB] OUT.safetensors",
+    "gather a job's full parameters from its sharded checkpoint into one .safetensors file",
+    "JOB's checkpoint directory comes from the coordinator (its <checkpoint.dir>/<job id>);\n"
+    "with --checkpoint DIR there is no JOB and no coordinator. The file is keyed by module FQN\n"
+    "and loads with safetensors.torch.load_file.\n",
+    export_opts, 2, 1, 2};
 
 int pcs_cli_export(int argc, char **argv)
 {
-    const char *job = NULL, *out = NULL, *ckpt = NULL;
+    pcs_cli_args_t a;
+    int rc = pcs_cli_parse(&pcs_cli_export_spec, argc, argv, &a);
+    if (rc != PCS_CLI_OK)
+        return rc == PCS_CLI_HELP ? PCS_CLI_OK : rc;
+    const char *ckpt = a.val[0], *job = NULL, *out = NULL;
     unsigned long long step = 0;
-    for (int i = 1; i < argc; i++) {
-        int g = pcs_cli_global_flag(argc, argv, &i);
-        if (g < 0)
-            return PCS_CLI_USAGE;
-        if (g > 0)
-            continue;
-        if (strcmp(argv[i], "--checkpoint") == 0 && i + 1 < argc) {
-            ckpt = argv[++i];
-        } else if (strcmp(argv[i], "--step") == 0 && i + 1 < argc) {
-            char *end = NULL;
-            step = strtoull(argv[++i], &end, 10);
-            /* digits only: strtoull takes "" as 0 (the latest) and "-1" as 2^64 - 1 */
-            if (!end || *end || !isdigit((unsigned char)argv[i][0]))
-                return pcs_cli_usage("export", EXPORT_USAGE, "--step: not a number: %s", argv[i]);
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            return pcs_cli_usage("export", EXPORT_USAGE, "unknown option %s", argv[i]);
-        } else if (!job && !ckpt) {
-            job = argv[i];
-        } else if (!out) {
-            out = argv[i];
-        } else {
-            return pcs_cli_usage("export", EXPORT_USAGE, "unexpected argument %s", argv[i]);
-        }
+    if (a.val[1]) {
+        char *end = NULL;
+        step = strtoull(a.val[1], &end, 10);
+        /* digits only: strtoull takes "" as 0 (the latest) and "-1" as 2^64 - 1 */
+        if (!end || *end || !isdigit((unsigned char)a.val[1][0]))
+            return pcs_cli_bad_value(&pcs_cli_export_spec, "--step: not a number: '%s'",
+                                     a.val[1]);
     }
-    if (ckpt && job && !out) { /* `--checkpoint DIR OUT` parsed OUT as the job */
-        out = job;
-        job = NULL;
+    if (ckpt && a.n_pos == 1) {
+        out = a.pos[0];
+    } else if (!ckpt && a.n_pos == 2) {
+        job = a.pos[0];
+        out = a.pos[1];
+    } else {
+        return pcs_cli_bad_value(&pcs_cli_export_spec,
+                                 ckpt ? "with --checkpoint: one output path"
+                                      : "a job id and an output path are required");
     }
-    if ((!job && !ckpt) || !out)
-        return pcs_cli_usage("export", EXPORT_USAGE,
-                             "a job id (or --checkpoint DIR) and an "
-                             "output path are required");
     char dir[1024];
     if (ckpt) {
         snprintf(dir, sizeof dir, "%s", ckpt);
@@ -61,8 +59,8 @@ int pcs_cli_export(int argc, char **argv)
         Pcs__V1__GetJobRequest req = PCS__V1__GET_JOB_REQUEST__INIT;
         req.job_id = (char *)job;
         ProtobufCMessage *resp = NULL;
-        int rc = pcs_cli_call("export", PCS_M_GET_JOB, &req.base,
-                              &pcs__v1__get_job_response__descriptor, &resp);
+        rc = pcs_cli_call("export", PCS_M_GET_JOB, &req.base,
+                          &pcs__v1__get_job_response__descriptor, &resp);
         if (rc != PCS_CLI_OK)
             return rc;
         const Pcs__V1__GetJobResponse *r = (const Pcs__V1__GetJobResponse *)resp;

@@ -5,26 +5,26 @@
 
 #include <string.h>
 
-static const char usage[] = "pcsctl health [--service NAME]";
+static const pcs_cli_opt_t health_opts[] = {
+    {"service", "NAME",
+     "the service to check: pcs.v1.WorkerService, pcs.v1.JobService, pcs.v1.ClusterService "
+     "(default \"\": the server)"},
+};
+const pcs_cli_spec_t pcs_cli_health_spec = {
+    "health", "", "gRPC health check (grpc.health.v1); exit 0 iff SERVING", NULL, health_opts, 1,
+    0, 0};
 
 int pcs_cli_health(int argc, char **argv)
 {
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
-    for (int i = 1; i < argc; i++) {
-        int g = pcs_cli_global_flag(argc, argv, &i);
-        if (g < 0)
-            return PCS_CLI_USAGE;
-        if (g > 0)
-            continue;
-        if (!strcmp(argv[i], "--service") && i + 1 < argc)
-            req.service = argv[++i];
-        else if (!strncmp(argv[i], "--service=", 10))
-            req.service = argv[i] + 10;
-        else
-            return pcs_cli_usage("health", usage, "unexpected argument '%s'", argv[i]);
-    }
+    pcs_cli_args_t a;
+    int rc = pcs_cli_parse(&pcs_cli_health_spec, argc, argv, &a);
+    if (rc != PCS_CLI_OK)
+        return rc == PCS_CLI_HELP ? PCS_CLI_OK : rc;
+    if (a.val[0])
+        req.service = (char *)a.val[0];
     ProtobufCMessage *r = NULL;
-    int rc = pcs_cli_call("health", PCS_M_HEALTH_CHECK, &req.base,
+    rc = pcs_cli_call("health", PCS_M_HEALTH_CHECK, &req.base,
                           &grpc__health__v1__health_check_response__descriptor, &r);
     if (rc != PCS_CLI_OK)
         return rc;

@@ -5,15 +5,21 @@
 #include <inttypes.h>
 #include <string.h>
 
-static const char usage[] = "pcsctl jobs [--state pending|running|succeeded|failed|cancelled]";
+static const pcs_cli_opt_t jobs_opts[] = {
+    {"state", "S", "only jobs in this state: pending, running, succeeded, failed, cancelled"},
+};
+const pcs_cli_spec_t pcs_cli_jobs_spec = {
+    "jobs", "", "list jobs: state, world size, generation, step, loss, age, reason", NULL,
+    jobs_opts, 1, 0, 0};
 
 int pcs_cli_jobs(int argc, char **argv)
 {
     Pcs__V1__ListJobsRequest req = PCS__V1__LIST_JOBS_REQUEST__INIT;
     int state = 0;
-    int rc = pcs_cli_state_args("jobs", usage, argc, argv, &pcs__v1__job_state__descriptor, &state);
+    int rc = pcs_cli_state_args(&pcs_cli_jobs_spec, argc, argv, &pcs__v1__job_state__descriptor,
+                                &state);
     if (rc != PCS_CLI_OK)
-        return rc;
+        return rc == PCS_CLI_HELP ? PCS_CLI_OK : rc;
     req.state = (Pcs__V1__JobState)state;
     ProtobufCMessage *r = NULL;
     rc = pcs_cli_query("jobs", PCS_M_LIST_JOBS, &req.base, &pcs__v1__list_jobs_response__descriptor,

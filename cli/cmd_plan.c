@@ -17,7 +17,13 @@
 #include "io/checkpoint.h"
 #include "planner/validate.h"
 
-#define PLAN_USAGE "pcsctl plan FILE [--world N] [--json] [--rank R]"
+static const pcs_cli_opt_t plan_opts[] = {
+    {"world", "N", "world size (default: the product of the job's mesh)"},
+    {"rank", "R", "one rank's view: its mesh coordinates, groups, shard ranges and memory"},
+};
+const pcs_cli_spec_t pcs_cli_plan_spec = {
+    "plan", "FILE", "plan a job offline (no coordinator): units, dtypes, bytes per rank",
+    "With --json the plan (or the rank's view) is printed as JSON.\n", plan_opts, 2, 1, 1};
 
 static const char *human(uint64_t b, char *buf, size_t n)
 {
@@ -184,17 +190,6 @@ static void print_table(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p)
         print_estimate(p->estimate_max, "per-rank estimate, max over ranks");
 }
 
-static int parse_u32(const char *s, uint32_t *out)
-{
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno || end == s || *end || v > UINT32_MAX || s[0] == '-')
-        return -1;
-    *out = (uint32_t)v;
-    return 0;
-}
-
 /* A job that resumes (spec.resume): which elements each rank reads from which rank file of the
  * checkpoint (planner/reshard.h), per rank, and segment by segment for --rank. */
 static int print_transfer(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *plan, int have_rank,
@@ -251,43 +246,19 @@ static int print_transfer(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *pla
 
 int pcs_cli_plan(int argc, char **argv)
 {
-    const char *file = NULL;
+    pcs_cli_args_t args;
+    int prc = pcs_cli_parse(&pcs_cli_plan_spec, argc, argv, &args);
+    if (prc != PCS_CLI_OK)
+        return prc == PCS_CLI_HELP ? PCS_CLI_OK : prc;
+    const char *file = args.pos[0];
     uint32_t world = 0, rank = 0;
-    int have_rank = 0;
-    for (int i = 1; i < argc; i++) {
-        int g = pcs_cli_global_flag(argc, argv, &i);
-        if (g < 0)
-            return PCS_CLI_USAGE;
-        if (g > 0)
-            continue;
-        const char *a = argv[i];
-        if (!strcmp(a, "--world") || !strcmp(a, "--rank")) {
-            if (i + 1 >= argc)
-                return pcs_cli_usage("plan", PLAN_USAGE, "%s needs a value", a);
-            uint32_t v;
-            if (parse_u32(argv[++i], &v) != 0)
-                return pcs_cli_usage("plan", PLAN_USAGE, "%s: '%s' is not a number", a, argv[i]);
-            if (!strcmp(a, "--world")) {
-                if (v < 1)
-                    return pcs_cli_usage("plan", PLAN_USAGE, "--world: must be >= 1");
-                world = v;
-            } else {
-                rank = v;
-                have_rank = 1;
-            }
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: %s\n", PLAN_USAGE);
-            return PCS_CLI_OK;
-        } else if (a[0] == '-' && a[1]) {
-            return pcs_cli_usage("plan", PLAN_USAGE, "unknown option '%s'", a);
-        } else if (!file) {
-            file = a;
-        } else {
-            return pcs_cli_usage("plan", PLAN_USAGE, "unexpected argument '%s'", a);
-        }
-    }
-    if (!file)
-        return pcs_cli_usage("plan", PLAN_USAGE, "a job file is required");
+    int have_rank = args.val[1] != NULL;
+    if (args.val[0] && pcs_cli_u32_opt(&pcs_cli_plan_spec, "world", args.val[0], 1, 1u << 24,
+                                       &world) != PCS_CLI_OK)
+        return PCS_CLI_USAGE;
+    if (have_rank && pcs_cli_u32_opt(&pcs_cli_plan_spec, "rank", args.val[1], 0, 1u << 24,
+                                     &rank) != PCS_CLI_OK)
+        return PCS_CLI_USAGE;
 
     ProtobufCMessage *msg = NULL;
     if (pcs_pb_from_yaml_file(file, &pcs__v1__job_spec__descriptor, &msg) != PCS_OK)
@@ -305,8 +276,8 @@ int pcs_cli_plan(int argc, char **argv)
         goto out;
     }
     if (have_rank && rank >= plan->world_size) {
-        rc = pcs_cli_usage("plan", PLAN_USAGE, "--rank %u: must be < world size %u", rank,
-                           plan->world_size);
+        rc = pcs_cli_bad_value(&pcs_cli_plan_spec, "--rank %u: must be < world size %u", rank,
+                               plan->world_size);
         goto out;
     }
     Pcs__V1__MeshCoords coords;

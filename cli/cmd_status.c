@@ -1,14 +1,36 @@
-/* pcsctl status [--full] [JOB]: without JOB a coordinator summary (GetStatus counts; --full adds
- * the coordinator's INFO-style sections); with JOB the details of that job (GetJob): state,
- * progress, workers by rank. */
+/* pcsctl status [--full] [--watch [--interval-ms N]] [JOB]: without JOB a coordinator summary
+ * (GetStatus counts; --full adds the coordinator's INFO-style sections); with JOB the details of
+ * that job (GetJob): state, progress, restarts, workers by rank. --watch redraws every interval
+ * (a terminal is cleared first; a pipe gets a dated separator), rides out a coordinator that is
+ * away, and with a JOB ends when the job does: exit 0 iff it SUCCEEDED. */
 #include "cli/cli.h"
 #include "pcs/v1/coordinator.pb-c.h"
 
 #include <inttypes.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
-static const char usage[] = "pcsctl status [--full] [JOB]";
+#include "pcs/clock.h"
+
+static const pcs_cli_opt_t status_opts[] = {
+    {"full", NULL, "add the coordinator's INFO-style sections (workers, jobs, config)"},
+    {"watch", NULL, "redraw until interrupted; with JOB, until the job ends (exit 0 iff SUCCEEDED)"},
+    {"interval-ms", "N", "--watch refresh period (default 2000)"},
+};
+const pcs_cli_spec_t pcs_cli_status_spec = {
+    "status", "[JOB]", "coordinator summary, or the details of one job", NULL, status_opts, 3, 0,
+    1};
+
+static volatile sig_atomic_t g_interrupted;
+
+static void on_interrupt(int sig)
+{
+    (void)sig;
+    g_interrupted = 1;
+}
 
 static void print_duration(uint64_t ms)
 {
@@ -114,8 +136,10 @@ static void print_job(const Pcs__V1__Job *j)
     }
 }
 
-static int job_status(const char *id)
+/* GetJob and print it; *state: the job's state (0 when there was no answer). */
+static int job_status(const char *id, int *state)
 {
+    *state = 0;
     Pcs__V1__GetJobRequest req = PCS__V1__GET_JOB_REQUEST__INIT;
     req.job_id = (char *)id;
     ProtobufCMessage *r = NULL;
@@ -124,6 +148,8 @@ static int job_status(const char *id)
     if (rc != PCS_CLI_OK)
         return rc;
     Pcs__V1__GetJobResponse *resp = (Pcs__V1__GetJobResponse *)r;
+    if (resp->job)
+        *state = resp->job->state;
     if (pcs_cli()->json)
         rc = pcs_cli_print_json(r);
     else if (!resp->job)
@@ -134,25 +160,63 @@ static int job_status(const char *id)
     return rc;
 }
 
+static int terminal(int state)
+{
+    return state == PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED ||
+           state == PCS__V1__JOB_STATE__JOB_STATE_FAILED ||
+           state == PCS__V1__JOB_STATE__JOB_STATE_CANCELLED;
+}
+
+static int watch(const char *job, int full, uint32_t interval_ms)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_interrupt;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    int tty = isatty(STDOUT_FILENO);
+    for (;;) {
+        char when[64];
+        time_t now = time(NULL);
+        struct tm tm;
+        localtime_r(&now, &tm);
+        strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+        if (tty)
+            printf("\033[H\033[2J"); /* home, clear screen */
+        printf("%s every %.1f s: pcsctl status%s%s   %s\n\n", tty ? "" : "---",
+               interval_ms / 1e3, job ? " " : "", job ? job : "", when);
+        fflush(stdout);
+        int state = 0;
+        int rc = job ? job_status(job, &state) : cluster_status(full);
+        fflush(stdout);
+        if (rc == PCS_CLI_OK && job && terminal(state))
+            return state == PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED ? PCS_CLI_OK : PCS_CLI_FAIL;
+        /* a failed call (the coordinator is away, the job is unknown yet) is shown and retried */
+        for (uint32_t t = 0; t < interval_ms && !g_interrupted; t += 50)
+            pcs_sleep_ms(50);
+        if (g_interrupted)
+            return PCS_CLI_OK;
+        if (!tty)
+            printf("\n");
+    }
+}
+
 int pcs_cli_status(int argc, char **argv)
 {
-    const char *job = NULL;
-    int full = 0;
-    for (int i = 1; i < argc; i++) {
-        int g = pcs_cli_global_flag(argc, argv, &i);
-        if (g < 0)
-            return PCS_CLI_USAGE;
-        if (g > 0)
-            continue;
-        if (!strcmp(argv[i], "--full")) {
-            full = 1;
-            continue;
-        }
-        if (argv[i][0] == '-')
-            return pcs_cli_usage("status", usage, "unknown option '%s'", argv[i]);
-        if (job)
-            return pcs_cli_usage("status", usage, "one job at a time");
-        job = argv[i];
-    }
-    return job ? job_status(job) : cluster_status(full);
+    pcs_cli_args_t a;
+    int rc = pcs_cli_parse(&pcs_cli_status_spec, argc, argv, &a);
+    if (rc != PCS_CLI_OK)
+        return rc == PCS_CLI_HELP ? PCS_CLI_OK : rc;
+    const char *job = a.n_pos ? a.pos[0] : NULL;
+    int full = a.val[0] != NULL;
+    uint32_t interval = 2000;
+    if (a.val[2] && pcs_cli_u32_opt(&pcs_cli_status_spec, "interval-ms", a.val[2], 100, 3600000,
+                                    &interval) != PCS_CLI_OK)
+        return PCS_CLI_USAGE;
+    if (a.val[2] && !a.val[1])
+        return pcs_cli_bad_value(&pcs_cli_status_spec, "--interval-ms: only with --watch");
+    if (a.val[1])
+        return watch(job, full, interval);
+    int state;
+    return job ? job_status(job, &state) : cluster_status(full);
 }

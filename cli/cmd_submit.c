@@ -12,7 +12,13 @@
 #include <time.h>
 #include <unistd.h>
 
-static const char usage[] = "pcsctl submit FILE|- [--request-id ID]";
+static const pcs_cli_opt_t submit_opts[] = {
+    {"request-id", "ID",
+     "idempotency key: a retried submit with the same ID returns the same job (default: random)"},
+};
+const pcs_cli_spec_t pcs_cli_submit_spec = {
+    "submit", "FILE|-", "validate a job file (YAML or JSON; - reads stdin) and submit it",
+    NULL, submit_opts, 1, 1, 1};
 
 static void random_request_id(char *buf, size_t n)
 {
@@ -63,29 +69,13 @@ static pcs_status_t read_stdin_job(ProtobufCMessage **out)
 
 int pcs_cli_submit(int argc, char **argv)
 {
-    const char *file = NULL, *request_id = NULL;
-    for (int i = 1; i < argc; i++) {
-        int g = pcs_cli_global_flag(argc, argv, &i);
-        if (g < 0)
-            return PCS_CLI_USAGE;
-        if (g > 0)
-            continue;
-        if (!strcmp(argv[i], "--request-id")) {
-            if (i + 1 >= argc || !*argv[i + 1])
-                return pcs_cli_usage("submit", usage, "--request-id needs a value");
-            request_id = argv[++i];
-        } else if (!strncmp(argv[i], "--request-id=", 13) && argv[i][13]) {
-            request_id = argv[i] + 13;
-        } else if (argv[i][0] == '-' && argv[i][1]) {
-            return pcs_cli_usage("submit", usage, "unknown option '%s'", argv[i]);
-        } else if (file) {
-            return pcs_cli_usage("submit", usage, "one job file at a time");
-        } else {
-            file = argv[i];
-        }
-    }
-    if (!file)
-        return pcs_cli_usage("submit", usage, "missing job file");
+    pcs_cli_args_t a;
+    int rc = pcs_cli_parse(&pcs_cli_submit_spec, argc, argv, &a);
+    if (rc != PCS_CLI_OK)
+        return rc == PCS_CLI_HELP ? PCS_CLI_OK : rc;
+    const char *file = a.pos[0], *request_id = a.val[0];
+    if (request_id && !*request_id)
+        return pcs_cli_bad_value(&pcs_cli_submit_spec, "--request-id: must not be empty");
 
     ProtobufCMessage *m = NULL;
     int from_stdin = !strcmp(file, "-");
@@ -110,8 +100,8 @@ int pcs_cli_submit(int argc, char **argv)
     req.request_id = (char *)request_id;
     req.spec = spec;
     ProtobufCMessage *r = NULL;
-    int rc = pcs_cli_call("submit", PCS_M_SUBMIT_JOB, &req.base,
-                          &pcs__v1__submit_job_response__descriptor, &r);
+    rc = pcs_cli_call("submit", PCS_M_SUBMIT_JOB, &req.base,
+                      &pcs__v1__submit_job_response__descriptor, &r);
     protobuf_c_message_free_unpacked(m, NULL);
     if (rc != PCS_CLI_OK)
         return rc;

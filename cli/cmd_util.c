@@ -129,38 +129,31 @@ int pcs_cli_query(const char *cmd, const char *method, const ProtobufCMessage *r
     return rc;
 }
 
-int pcs_cli_state_args(const char *cmd, const char *usage, int argc, char **argv,
+int pcs_cli_state_args(const pcs_cli_spec_t *spec, int argc, char **argv,
                        const ProtobufCEnumDescriptor *d, int *state)
 {
     *state = 0;
-    for (int i = 1; i < argc; i++) {
-        int g = pcs_cli_global_flag(argc, argv, &i);
-        if (g < 0)
-            return PCS_CLI_USAGE;
-        if (g > 0)
-            continue;
-        const char *val = NULL;
-        if (!strcmp(argv[i], "--state") && i + 1 < argc)
-            val = argv[++i];
-        else if (!strncmp(argv[i], "--state=", 8))
-            val = argv[i] + 8;
-        else
-            return pcs_cli_usage(cmd, usage, "unexpected argument '%s'", argv[i]);
-        int v = pcs_cli_enum_parse(d, val);
-        if (v < 0) {
-            /* "JobState" -> "job state" */
-            char noun[64];
-            size_t o = 0;
-            for (const char *c = d->short_name; *c && o + 2 < sizeof noun; c++) {
-                if (*c >= 'A' && *c <= 'Z' && c != d->short_name)
-                    noun[o++] = ' ';
-                noun[o++] = (char)(*c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c);
-            }
-            noun[o] = '\0';
-            return pcs_cli_usage(cmd, usage, "unknown %s '%s'", noun, val);
+    pcs_cli_args_t a;
+    int rc = pcs_cli_parse(spec, argc, argv, &a);
+    if (rc != PCS_CLI_OK)
+        return rc;
+    const char *val = a.val[0];
+    if (!val)
+        return PCS_CLI_OK;
+    int v = pcs_cli_enum_parse(d, val);
+    if (v < 0) {
+        /* "JobState" -> "job state" */
+        char noun[64];
+        size_t o = 0;
+        for (const char *c = d->short_name; *c && o + 2 < sizeof noun; c++) {
+            if (*c >= 'A' && *c <= 'Z' && c != d->short_name)
+                noun[o++] = ' ';
+            noun[o++] = (char)(*c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c);
         }
-        *state = v;
+        noun[o] = '\0';
+        return pcs_cli_bad_value(spec, "--state: unknown %s '%s'", noun, val);
     }
+    *state = v;
     return PCS_CLI_OK;
 }
 

@@ -5,7 +5,12 @@
 
 #include <string.h>
 
-static const char usage[] = "pcsctl workers [--state idle|assigned|lost|gone]";
+static const pcs_cli_opt_t workers_opts[] = {
+    {"state", "S", "only workers in this state: idle, assigned, stopping, lost, gone"},
+};
+const pcs_cli_spec_t pcs_cli_workers_spec = {
+    "workers", "", "list workers: id, identity (the pod name), state, job and rank, devices",
+    NULL, workers_opts, 1, 0, 0};
 
 /* "cuda:0,cuda:1" or "cpu"; devices are few per worker. */
 static void devices_str(const Pcs__V1__Worker *w, char *buf, size_t n)
@@ -42,10 +47,10 @@ int pcs_cli_workers(int argc, char **argv)
 {
     Pcs__V1__ListWorkersRequest req = PCS__V1__LIST_WORKERS_REQUEST__INIT;
     int state = 0;
-    int rc = pcs_cli_state_args("workers", usage, argc, argv, &pcs__v1__worker_state__descriptor,
-                                &state);
+    int rc = pcs_cli_state_args(&pcs_cli_workers_spec, argc, argv,
+                                &pcs__v1__worker_state__descriptor, &state);
     if (rc != PCS_CLI_OK)
-        return rc;
+        return rc == PCS_CLI_HELP ? PCS_CLI_OK : rc;
     req.state = (Pcs__V1__WorkerState)state;
     ProtobufCMessage *r = NULL;
     rc = pcs_cli_query("workers", PCS_M_LIST_WORKERS, &req.base,

@@ -1,7 +1,6 @@
 /* pcsctl: the command-line client of the coordinator (DESIGN.md §9). Parses the global options,
- * then dispatches to one sub-command in cli/cmd_*.c. `plan`, `export` and `demo` live in files
- * owned by other areas; weak fallbacks below keep pcsctl linkable until they land, and say so
- * instead of pretending to work. */
+ * then dispatches to one sub-command in cli/cmd_*.c; each describes its options in a
+ * pcs_cli_spec_t that both its parser and the help text below read. */
 #include "cli/cli.h"
 #include "pcs/log.h"
 #include "pcs/version.h"
@@ -9,59 +8,33 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char usage_text[] =
-    "usage: pcsctl [--coordinator ADDR] [--json] [--timeout-ms N] <command> [args]\n"
-    "\n"
-    "commands:\n"
-    "  submit FILE|- [--request-id ID] validate a job file (YAML or JSON) and submit it\n"
-    "  status [--full] [JOB]           coordinator summary, or the details of one job\n"
-    "  jobs [--state S]                list jobs (pending, running, succeeded, failed, ...)\n"
-    "  workers [--state S]             list workers (idle, assigned, lost, gone)\n"
-    "  cancel JOB [--reason R]         cancel a job\n"
-    "  health [--service S]            gRPC health check; exit 0 iff SERVING\n"
-    "  plan FILE [--world N] [--rank R]  plan a job offline (no coordinator needed)\n"
-    "  export JOB OUT.safetensors      gather a job's full parameters\n"
-    "  demo                            run a local coordinator + CPU workers end to end\n"
-    "  version                         print the version of pcsctl\n"
-    "\n"
-    "ADDR defaults to $PCS_COORDINATOR, else 127.0.0.1:7070. --json prints the reply as JSON.\n"
-    "Exit status: 0 ok, 1 failure, 2 usage error.\n";
-
-static int not_available(const char *cmd)
-{
-    fprintf(stderr, "pcsctl: '%s' is not available in this build\n", cmd);
-    return PCS_CLI_USAGE;
-}
-
-__attribute__((weak)) int pcs_cli_plan(int argc, char **argv)
-{
-    (void)argc;
-    (void)argv;
-    return not_available("plan");
-}
-
-__attribute__((weak)) int pcs_cli_export(int argc, char **argv)
-{
-    (void)argc;
-    (void)argv;
-    return not_available("export");
-}
-
-__attribute__((weak)) int pcs_cli_demo(int argc, char **argv)
-{
-    (void)argc;
-    (void)argv;
-    return not_available("demo");
-}
-
 static const struct {
-    const char *name;
+    const pcs_cli_spec_t *spec;
     int (*fn)(int, char **);
 } commands[] = {
-    {"submit", pcs_cli_submit},   {"status", pcs_cli_status}, {"jobs", pcs_cli_jobs},
-    {"workers", pcs_cli_workers}, {"cancel", pcs_cli_cancel}, {"health", pcs_cli_health},
-    {"plan", pcs_cli_plan},       {"export", pcs_cli_export}, {"demo", pcs_cli_demo},
+    {&pcs_cli_submit_spec, pcs_cli_submit},   {&pcs_cli_status_spec, pcs_cli_status},
+    {&pcs_cli_jobs_spec, pcs_cli_jobs},       {&pcs_cli_workers_spec, pcs_cli_workers},
+    {&pcs_cli_cancel_spec, pcs_cli_cancel},   {&pcs_cli_health_spec, pcs_cli_health},
+    {&pcs_cli_plan_spec, pcs_cli_plan},       {&pcs_cli_export_spec, pcs_cli_export},
+    {&pcs_cli_demo_spec, pcs_cli_demo},
 };
+
+/* `pcsctl --help`: every command with all its options, from the same tables the commands parse
+ * with, so the two cannot disagree. */
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: pcsctl [--coordinator ADDR] [--json] [--timeout-ms N] <command> [args]\n\n"
+               "commands:\n");
+    for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++) {
+        char syn[1024];
+        pcs_cli_synopsis(commands[k].spec, syn, sizeof syn);
+        fprintf(f, "  %s\n      %s\n", syn + strlen("pcsctl "), commands[k].spec->summary);
+    }
+    fprintf(f, "  version\n      print the version of pcsctl\n\n"
+               "pcsctl COMMAND --help explains a command's options. ADDR defaults to\n"
+               "$PCS_COORDINATOR, else 127.0.0.1:7070. --json prints the reply as JSON.\n"
+               "Exit status: 0 ok, 1 failure, 2 usage error.\n");
+}
 
 int main(int argc, char **argv)
 {
@@ -76,7 +49,7 @@ int main(int argc, char **argv)
     for (; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help") || !strcmp(a, "help")) {
-            fputs(usage_text, stdout);
+            usage(stdout);
             return PCS_CLI_OK;
         }
         if (!strcmp(a, "--version") || !strcmp(a, "version")) {
@@ -89,15 +62,15 @@ int main(int argc, char **argv)
         if (g > 0)
             continue;
         if (a[0] == '-')
-            return pcs_cli_usage(NULL, NULL, "unknown option '%s' (see pcsctl --help)", a);
+            return pcs_cli_usage(NULL, NULL, "unknown option '%s' (pcsctl --help lists them)", a);
         break;
     }
     if (i >= argc) {
-        fputs(usage_text, stderr);
+        usage(stderr);
         return PCS_CLI_USAGE;
     }
     for (size_t k = 0; k < sizeof commands / sizeof commands[0]; k++)
-        if (!strcmp(argv[i], commands[k].name))
+        if (!strcmp(argv[i], commands[k].spec->name))
             return commands[k].fn(argc - i, argv + i);
-    return pcs_cli_usage(NULL, NULL, "unknown command '%s' (see pcsctl --help)", argv[i]);
+    return pcs_cli_usage(NULL, NULL, "unknown command '%s' (pcsctl --help lists them)", argv[i]);
 }

@@ -32,8 +32,10 @@ static void test_demo_trains_exports_and_matches_reference(void **state)
     assert_int_equal(status, 0);
     assert_non_null(strstr(out, "SUCCEEDED"));
     assert_non_null(strstr(out, "collective dtypes all match the plan"));
+    assert_non_null(strstr(out, "reference: the same job in one process (pcs-reference, 3 steps)"));
     assert_non_null(strstr(out, "parity vs single-process reference (3 steps"));
     assert_non_null(strstr(out, "): OK"));
+    assert_null(strstr(out, "removed ")); /* a --dir is the user's: kept */
     free(out);
 
     /* export again from the demo's checkpoint with the CLI and read the file back */
@@ -57,6 +59,60 @@ static void test_demo_trains_exports_and_matches_reference(void **state)
     assert_int_equal(w->dtype, PCS_DTYPE_FP32);
     assert_string_equal(pcs_st_metadata(f, "format"), "pt");
     pcs_st_close(f);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+/* The demo's directories: without --dir its temporary directory is gone after a successful run
+ * (unless --keep); --dir on the directory of an earlier demo clears that run and works (its old
+ * port file must not send the demo to a dead coordinator); --dir on someone's non-empty directory
+ * is refused before anything starts. */
+static void test_demo_cleans_up_and_reuses_its_directories(void **state)
+{
+    (void)state;
+    char *dir = pcs_test_tmpdir("demo-dirs");
+    char cmd[2048];
+    int status = -1;
+    /* 1. TMPDIR=dir: the demo's temp dir appears there and is removed after success */
+    snprintf(cmd, sizeof cmd,
+             "TMPDIR=%s %s demo --workers 2 --steps 2 --no-reference 2>&1; ls -A %s | wc -l", dir,
+             pcs_test_bin("pcsctl"), dir);
+    char *out = pcs_test_run(cmd, &status);
+    assert_non_null(out);
+    if (!strstr(out, "SUCCEEDED") || !strstr(out, "removed ") || !strstr(out, "\n0\n"))
+        fail_msg("demo in a temp dir:\n%s", out);
+    free(out);
+    /* 2. --keep keeps it */
+    snprintf(cmd, sizeof cmd,
+             "TMPDIR=%s %s demo --workers 2 --steps 2 --no-reference --keep 2>&1; ls -A %s | wc -l",
+             dir, pcs_test_bin("pcsctl"), dir);
+    out = pcs_test_run(cmd, &status);
+    assert_non_null(out);
+    if (!strstr(out, "SUCCEEDED") || strstr(out, "removed ") || !strstr(out, "\n1\n"))
+        fail_msg("demo --keep:\n%s", out);
+    free(out);
+    /* 3. --dir twice: the second run clears the first and succeeds */
+    for (int run = 0; run < 2; run++) {
+        snprintf(cmd, sizeof cmd, "%s demo --workers 2 --steps 2 --no-reference --dir %s/d 2>&1",
+                 pcs_test_bin("pcsctl"), dir);
+        out = pcs_test_run(cmd, &status);
+        assert_non_null(out);
+        if (status != 0 || !strstr(out, "SUCCEEDED"))
+            fail_msg("demo --dir, run %d: rc %d:\n%s", run + 1, status, out);
+        if (run == 1)
+            assert_non_null(strstr(out, "pcs demo: cleared the earlier run in "));
+        free(out);
+    }
+    /* 4. someone's directory: refused, untouched */
+    snprintf(cmd, sizeof cmd, "mkdir -p %s/mine && echo data > %s/mine/notes.txt && %s demo --dir "
+                              "%s/mine 2>&1; echo rc=$?; cat %s/mine/notes.txt",
+             dir, dir, pcs_test_bin("pcsctl"), dir, dir);
+    out = pcs_test_run(cmd, &status);
+    assert_non_null(out);
+    if (!strstr(out, "not empty and not a demo directory") || !strstr(out, "rc=1") ||
+        !strstr(out, "data\n"))
+        fail_msg("demo --dir on a user's directory:\n%s", out);
+    free(out);
     pcs_test_rmtree(dir);
     free(dir);
 }
@@ -275,6 +331,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_demo_trains_exports_and_matches_reference),
+        cmocka_unit_test(test_demo_cleans_up_and_reuses_its_directories),
         cmocka_unit_test(test_export_of_a_non_checkpoint_fails_with_a_clear_error),
         cmocka_unit_test(test_export_by_job_id_reads_the_jobs_checkpoint),
         cmocka_unit_test(test_demo_ends_when_its_coordinator_dies),

@@ -264,6 +264,36 @@ static void test_cancel_moves_the_job_to_cancelled(void **state)
     expect_contains(out, "state        cancelled");
     expect_contains(out, "done testing");
     free(out);
+    /* --watch on a job that has ended returns at once: exit 1 (it did not succeed) */
+    out = ctl(&rc, "status --watch --interval-ms 200 %s", E.tiny_job);
+    assert_int_equal(rc, 1);
+    expect_contains(out, "--- every 0.2 s: pcsctl status ");
+    expect_contains(out, "state        cancelled");
+    free(out);
+}
+
+/* --watch redraws while the job runs and survives a coordinator it cannot reach: on an address
+ * nobody serves it keeps retrying (each attempt shows the error) until stopped. */
+static void test_status_watch_keeps_watching_until_stopped(void **state)
+{
+    (void)state;
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "timeout --preserve-status -s INT 2 '%s' --coordinator 127.0.0.1:1 status --watch "
+             "--interval-ms 200 job-1 2>&1; echo rc=$?",
+             E.pcsctl);
+    int rc;
+    char *out = pcs_test_run(cmd, &rc);
+    assert_non_null(out);
+    expect_contains(out, "cannot reach coordinator at 127.0.0.1:1");
+    expect_contains(out, "rc=0"); /* interrupted: a clean exit */
+    /* at 200 ms for 2 s: several redraws, each dated */
+    int n = 0;
+    for (const char *p = out; (p = strstr(p, "--- every 0.2 s")) != NULL; p++)
+        n++;
+    if (n < 3)
+        fail_msg("%d redraws in 2 s at 200 ms:\n%s", n, out);
+    free(out);
 }
 
 static void test_json_output_parses_back_into_the_response(void **state)
@@ -376,11 +406,19 @@ static void test_usage_errors_exit_2(void **state)
     const char *cases[][2] = {
         {"", "usage: pcsctl"},
         {"frobnicate", "unknown command 'frobnicate'"},
-        {"submit", "missing job file"},
-        {"cancel", "missing job id"},
+        {"submit", "pcsctl: submit: FILE|- is required"},
+        {"cancel", "pcsctl: cancel: JOB is required"},
         {"--bogus jobs", "unknown option '--bogus'"},
+        {"jobs --bogus", "pcsctl: jobs: unknown option --bogus"},
         {"--timeout-ms 0 jobs", "--timeout-ms must be an integer"},
-        {"submit a.yaml b.yaml", "one job file at a time"},
+        {"submit a.yaml b.yaml", "pcsctl: submit: unexpected argument b.yaml"},
+        {"submit --request-id", "pcsctl: submit: option needs a value: --request-id"},
+        {"plan x.yaml --world zero", "pcsctl: plan: --world: want an integer"},
+        {"status --interval-ms 500", "pcsctl: status: --interval-ms: only with --watch"},
+        {"demo --job examples/tiny-job.yaml --workers 2",
+         "pcsctl: demo: --workers and --steps shape the built-in demo job"},
+        {"export job-1", "pcsctl: export: a job id and an output path are required"},
+        {"workers --state sleepy", "pcsctl: workers: --state: unknown worker state 'sleepy'"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int rc;
@@ -390,6 +428,46 @@ static void test_usage_errors_exit_2(void **state)
         expect_contains(out, cases[i][1]);
         free(out);
     }
+}
+
+/* Every sub-command answers -h and --help with exit 0, its synopsis and every option of its own
+ * (the table it parses with), and `pcsctl --help` lists every option of every sub-command. */
+static void test_every_command_has_help_with_all_its_options(void **state)
+{
+    (void)state;
+    int rc;
+    char *top = ctl(&rc, "--help");
+    assert_int_equal(rc, 0);
+    const char *cmds[] = {"submit", "status", "jobs",   "workers", "cancel",
+                          "health", "plan",   "export", "demo"};
+    const char *opts[][7] = {
+        {"--request-id ID", NULL},
+        {"--full", "--watch", "--interval-ms N", NULL},
+        {"--state S", NULL},
+        {"--state S", NULL},
+        {"--reason TEXT", NULL},
+        {"--service NAME", NULL},
+        {"--world N", "--rank R", NULL},
+        {"--checkpoint DIR", "--step N", NULL},
+        {"--workers N", "--steps S", "--job FILE", "--dir DIR", "--keep", "--no-reference", NULL},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        for (int h = 0; h < 2; h++) {
+            char *out = ctl(&rc, "%s %s", cmds[i], h ? "-h" : "--help");
+            if (rc != 0)
+                fail_msg("pcsctl %s %s: rc %d: %s", cmds[i], h ? "-h" : "--help", rc, out);
+            char want[64];
+            snprintf(want, sizeof want, "usage: pcsctl %s", cmds[i]);
+            expect_contains(out, want);
+            expect_contains(out, "--coordinator ADDR");
+            for (int k = 0; opts[i][k]; k++) {
+                expect_contains(out, opts[i][k]);
+                expect_contains(top, opts[i][k]);
+            }
+            free(out);
+        }
+    }
+    free(top);
 }
 
 static void test_unreachable_coordinator_is_a_clear_error(void **state)
@@ -458,6 +536,8 @@ int main(void)
         cmocka_unit_test(test_bad_job_files_fail_locally_with_a_clear_message),
         cmocka_unit_test(test_server_errors_print_the_grpc_code),
         cmocka_unit_test(test_usage_errors_exit_2),
+        cmocka_unit_test(test_every_command_has_help_with_all_its_options),
+        cmocka_unit_test(test_status_watch_keeps_watching_until_stopped),
         cmocka_unit_test(test_unreachable_coordinator_is_a_clear_error),
         cmocka_unit_test(test_submit_reads_the_job_from_stdin),
     };
