@@ -58,7 +58,7 @@ void pcs_cli_print_help(const pcs_cli_spec_t *s, FILE *f);
 /* The sub-commands' descriptions (each in its cmd_*.c). */
 extern const pcs_cli_spec_t pcs_cli_submit_spec, pcs_cli_status_spec, pcs_cli_jobs_spec,
     pcs_cli_workers_spec, pcs_cli_cancel_spec, pcs_cli_health_spec, pcs_cli_plan_spec,
-    pcs_cli_export_spec, pcs_cli_demo_spec;
+    pcs_cli_export_spec, pcs_cli_demo_spec, pcs_cli_protoset_spec;
 
 /* Global options (`pcsctl [--coordinator ADDR] [--json] [--timeout-ms N] <command> ...`); the
  * sub-commands also accept them after the command name (pcs_cli_global_flag). */
@@ -83,6 +83,8 @@ int pcs_cli_plan(int argc, char **argv);
 /* `pcsctl export JOB out.safetensors` and `pcsctl demo` (cli/cmd_export.c, cli/cmd_demo.c). */
 int pcs_cli_export(int argc, char **argv);
 int pcs_cli_demo(int argc, char **argv);
+/* `pcsctl protoset [OUT]`: the API's descriptor set (cli/cmd_protoset.c). */
+int pcs_cli_protoset(int argc, char **argv);
 
 /* ---- helpers (cli/cmd_util.c) ---- */
 

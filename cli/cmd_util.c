@@ -160,7 +160,7 @@ int pcs_cli_state_args(const pcs_cli_spec_t *spec, int argc, char **argv,
 int pcs_cli_print_json(const ProtobufCMessage *m)
 {
     char *json = NULL;
-    if (pcs_pb_to_json(m, 2, &json) != PCS_OK)
+    if (pcs_pb_to_json_canonical(m, 2, &json) != PCS_OK)
         return pcs_cli_fail("cannot render JSON: %s", pcs_last_error());
     fputs(json, stdout);
     fputc('\n', stdout);

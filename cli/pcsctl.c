@@ -16,7 +16,7 @@ static const struct {
     {&pcs_cli_jobs_spec, pcs_cli_jobs},       {&pcs_cli_workers_spec, pcs_cli_workers},
     {&pcs_cli_cancel_spec, pcs_cli_cancel},   {&pcs_cli_health_spec, pcs_cli_health},
     {&pcs_cli_plan_spec, pcs_cli_plan},       {&pcs_cli_export_spec, pcs_cli_export},
-    {&pcs_cli_demo_spec, pcs_cli_demo},
+    {&pcs_cli_demo_spec, pcs_cli_demo},       {&pcs_cli_protoset_spec, pcs_cli_protoset},
 };
 
 /* `pcsctl --help`: every command with all its options, from the same tables the commands parse

@@ -20,6 +20,7 @@ typedef struct sbuf {
     char *b;
     size_t n, cap;
     int oom;
+    int canonical; /* proto3's JSON mapping (pcs_pb_to_json_canonical) */
 } sbuf_t;
 
 static void sb_put(sbuf_t *s, const char *p, size_t n)
@@ -124,11 +125,14 @@ static void sb_json_string(sbuf_t *s, const char *str)
 static void sb_double(sbuf_t *s, double v, int is_float)
 {
     if (isnan(v)) {
-        sb_str(s, "\"nan\"");
+        sb_str(s, s->canonical ? "\"NaN\"" : "\"nan\"");
         return;
     }
     if (isinf(v)) {
-        sb_str(s, v > 0 ? "\"inf\"" : "\"-inf\"");
+        if (s->canonical)
+            sb_str(s, v > 0 ? "\"Infinity\"" : "\"-Infinity\"");
+        else
+            sb_str(s, v > 0 ? "\"inf\"" : "\"-inf\"");
         return;
     }
     char buf[40];
@@ -240,12 +244,12 @@ static int emit_scalar(sbuf_t *s, const ProtobufCFieldDescriptor *f, const void 
         break;
     case PROTOBUF_C_TYPE_INT64:
     case PROTOBUF_C_TYPE_SINT64:
-    case PROTOBUF_C_TYPE_SFIXED64:
-        sb_printf(s, "%" PRId64, *(const int64_t *)p);
+    case PROTOBUF_C_TYPE_SFIXED64: /* canonical: a string, as JavaScript's numbers are doubles */
+        sb_printf(s, s->canonical ? "\"%" PRId64 "\"" : "%" PRId64, *(const int64_t *)p);
         break;
     case PROTOBUF_C_TYPE_UINT64:
     case PROTOBUF_C_TYPE_FIXED64:
-        sb_printf(s, "%" PRIu64, *(const uint64_t *)p);
+        sb_printf(s, s->canonical ? "\"%" PRIu64 "\"" : "%" PRIu64, *(const uint64_t *)p);
         break;
     case PROTOBUF_C_TYPE_FLOAT:
         sb_double(s, *(const float *)p, 1);
@@ -258,7 +262,10 @@ static int emit_scalar(sbuf_t *s, const ProtobufCFieldDescriptor *f, const void 
         break;
     case PROTOBUF_C_TYPE_ENUM: {
         int v = *(const int *)p;
-        if (protobuf_c_enum_descriptor_get_value(f->descriptor, v))
+        const ProtobufCEnumValue *ev = protobuf_c_enum_descriptor_get_value(f->descriptor, v);
+        if (ev && s->canonical)
+            sb_json_string(s, ev->name); /* the value's name in the .proto: DTYPE_BF16 */
+        else if (ev)
             sb_json_string(s, pcs_pb_enum_short(f->descriptor, v, ebuf, sizeof ebuf));
         else
             sb_printf(s, "%d", v); /* a value this build does not know: keep the number */
@@ -315,7 +322,7 @@ static int emit_message(sbuf_t *s, const ProtobufCMessage *m, int indent, int le
         return -1;
     const ProtobufCMessageDescriptor *d = m->descriptor;
     const char *base = (const char *)m;
-    if (!top) {
+    if (!top && !s->canonical) { /* canonical JSON keeps every message an object */
         int empty;
         const ProtobufCFieldDescriptor *f = as_scalar(m, &empty);
         if (f)
@@ -335,7 +342,24 @@ static int emit_message(sbuf_t *s, const ProtobufCMessage *m, int indent, int le
             sb_put(s, ",", 1);
         any = 1;
         sb_newline(s, indent, level + 1);
-        sb_json_string(s, f->name);
+        if (s->canonical) {
+            /* the field's JSON name: lowerCamelCase of the .proto name (protoc's json_name) */
+            char jn[128];
+            size_t o = 0;
+            int up = 0;
+            for (const char *c = f->name; *c && o + 1 < sizeof jn; c++) {
+                if (*c == '_') {
+                    up = 1;
+                    continue;
+                }
+                jn[o++] = up && *c >= 'a' && *c <= 'z' ? (char)(*c - 'a' + 'A') : *c;
+                up = 0;
+            }
+            jn[o] = '\0';
+            sb_json_string(s, jn);
+        } else {
+            sb_json_string(s, f->name);
+        }
         sb_str(s, indent > 0 ? ": " : ":");
         if (f->label == PROTOBUF_C_LABEL_REPEATED) {
             size_t n = *(const size_t *)(base + f->quantifier_offset);
@@ -387,7 +411,7 @@ static int emit_message(sbuf_t *s, const ProtobufCMessage *m, int indent, int le
     return 0;
 }
 
-pcs_status_t pcs_pb_to_json(const ProtobufCMessage *m, int indent, char **out)
+static pcs_status_t to_json(const ProtobufCMessage *m, int indent, int canonical, char **out)
 {
     if (!m || !out)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_pb_to_json: NULL argument");
@@ -395,6 +419,7 @@ pcs_status_t pcs_pb_to_json(const ProtobufCMessage *m, int indent, char **out)
     if (indent > 16)
         indent = 16;
     sbuf_t s = {0};
+    s.canonical = canonical;
     int rc = emit_message(&s, m, indent, 0, 1);
     if (rc) {
         free(s.b);
@@ -407,4 +432,14 @@ pcs_status_t pcs_pb_to_json(const ProtobufCMessage *m, int indent, char **out)
     }
     *out = s.b;
     return PCS_OK;
+}
+
+pcs_status_t pcs_pb_to_json(const ProtobufCMessage *m, int indent, char **out)
+{
+    return to_json(m, indent, 0, out);
+}
+
+pcs_status_t pcs_pb_to_json_canonical(const ProtobufCMessage *m, int indent, char **out)
+{
+    return to_json(m, indent, 1, out);
 }

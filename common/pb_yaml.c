@@ -101,6 +101,30 @@ static pcs_status_t next_event(yctx_t *c)
     return PCS_OK;
 }
 
+/* A field by its proto3 JSON name, lowerCamelCase of the .proto name (protoc's json_name:
+ * "microBatchSize" for micro_batch_size), which canonical JSON uses; parsers accept both. */
+static const ProtobufCFieldDescriptor *field_by_json_name(const ProtobufCMessageDescriptor *d,
+                                                          const char *key)
+{
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const char *n = d->fields[i].name, *k = key;
+        int up = 0;
+        for (; *n; n++) {
+            if (*n == '_') {
+                up = 1;
+                continue;
+            }
+            char want = up && *n >= 'a' && *n <= 'z' ? (char)(*n - 'a' + 'A') : *n;
+            up = 0;
+            if (*k++ != want)
+                break;
+        }
+        if (!*n && !*k)
+            return &d->fields[i];
+    }
+    return NULL;
+}
+
 static const char *event_kind(const yaml_event_t *ev)
 {
     switch (ev->type) {
@@ -727,8 +751,11 @@ static pcs_status_t parse_mapping(yctx_t *c, const ProtobufCMessageDescriptor *d
         }
         const char *key = (const char *)c->ev.data.scalar.value;
         const ProtobufCFieldDescriptor *f = NULL;
-        if (strlen(key) == c->ev.data.scalar.length)
+        if (strlen(key) == c->ev.data.scalar.length) {
             f = protobuf_c_message_descriptor_get_field_by_name(d, key);
+            if (!f)
+                f = field_by_json_name(d, key);
+        }
         size_t old = path_push_field(c, key);
         if (!f) {
             char names[400];

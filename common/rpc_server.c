@@ -18,6 +18,8 @@
 #include "pcs/log.h"
 #include "pcs/mem.h"
 #include "pcs/utf8.h"
+#include "google/rpc/error_details.pb-c.h"
+#include "google/rpc/status.pb-c.h"
 
 #define GENERIC_PATH "*" /* stats row of calls to unknown methods */
 /* Requests kept armed per method. One (re-armed before the handler runs) is what the loop needs:
@@ -61,6 +63,8 @@ struct pcs_rpc_call {
     grpc_byte_buffer *sending; /* message of the in-flight batch */
     grpc_status_code code;
     grpc_slice status_details;
+    grpc_metadata trailer; /* grpc-status-details-bin of an INVALID_ARGUMENT (field named) */
+    bool has_trailer;
     void (*on_cancel)(pcs_rpc_call_t *call, void *arg);
     void *cancel_arg;
     uint64_t start_us;
@@ -149,6 +153,10 @@ static void call_free(pcs_rpc_call_t *c)
     if (c->method < 0)
         grpc_call_details_destroy(&c->details);
     grpc_slice_unref(c->status_details);
+    if (c->has_trailer) {
+        grpc_slice_unref(c->trailer.key);
+        grpc_slice_unref(c->trailer.value);
+    }
     if (c->peer)
         gpr_free(c->peer);
     if (c->call)
@@ -260,6 +268,10 @@ static void flush(pcs_rpc_call_t *c)
         ops[n].data.send_status_from_server.status = c->code;
         ops[n].data.send_status_from_server.status_details =
             GRPC_SLICE_LENGTH(c->status_details) ? &c->status_details : NULL;
+        if (c->has_trailer) {
+            ops[n].data.send_status_from_server.trailing_metadata_count = 1;
+            ops[n].data.send_status_from_server.trailing_metadata = &c->trailer;
+        }
         n++;
         c->status_in_batch = true;
     }
@@ -320,8 +332,84 @@ static pcs_status_t enqueue(pcs_rpc_call_t *c, const ProtobufCMessage *msg)
     return PCS_OK;
 }
 
+/* The field an error message names: pcs's messages put it first, after any context ("invalid
+ * job spec: training.micro_batch_size: must be >= 1"), as the first ": "-separated segment made
+ * only of field-path characters. Copies the field into `field` and returns the description after
+ * it, or NULL when no segment is a path. */
+static const char *named_field(const char *msg, char *field, size_t n)
+{
+    const char *seg = msg;
+    while (seg && *seg) {
+        const char *end = strstr(seg, ": ");
+        if (!end)
+            return NULL;
+        size_t len = (size_t)(end - seg);
+        int path = len > 0 && len < n;
+        for (size_t i = 0; i < len && path; i++) {
+            char ch = seg[i];
+            path = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+                   (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == '[' || ch == ']';
+        }
+        if (path && !(seg[0] >= '0' && seg[0] <= '9')) {
+            memcpy(field, seg, len);
+            field[len] = '\0';
+            return end + 2;
+        }
+        seg = end + 2;
+    }
+    return NULL;
+}
+
+/* gRPC's richer error model: an INVALID_ARGUMENT whose message names a field also carries a
+ * google.rpc.Status with a google.rpc.BadRequest field violation in the
+ * grpc-status-details-bin trailer, which grpc-status libraries (Go status.FromError, Java
+ * StatusProto, Python grpc_status) decode. */
+static void attach_bad_request(pcs_rpc_call_t *c, const char *msg)
+{
+    char field[256];
+    const char *desc = named_field(msg, field, sizeof field);
+    if (!desc)
+        return;
+    Google__Rpc__BadRequest__FieldViolation fv = GOOGLE__RPC__BAD_REQUEST__FIELD_VIOLATION__INIT;
+    Google__Rpc__BadRequest__FieldViolation *fvs[1] = {&fv};
+    Google__Rpc__BadRequest br = GOOGLE__RPC__BAD_REQUEST__INIT;
+    fv.field = field;
+    fv.description = (char *)desc;
+    br.n_field_violations = 1;
+    br.field_violations = fvs;
+    size_t blen = google__rpc__bad_request__get_packed_size(&br);
+    uint8_t *bbuf = malloc(blen ? blen : 1);
+    if (!bbuf)
+        return;
+    google__rpc__bad_request__pack(&br, bbuf);
+    Google__Protobuf__Any any = GOOGLE__PROTOBUF__ANY__INIT;
+    Google__Protobuf__Any *anys[1] = {&any};
+    any.type_url = (char *)"type.googleapis.com/google.rpc.BadRequest";
+    any.value.data = bbuf;
+    any.value.len = blen;
+    Google__Rpc__Status st = GOOGLE__RPC__STATUS__INIT;
+    st.code = GRPC_STATUS_INVALID_ARGUMENT;
+    st.message = (char *)msg;
+    st.n_details = 1;
+    st.details = anys;
+    size_t slen = google__rpc__status__get_packed_size(&st);
+    grpc_slice v = grpc_slice_malloc(slen);
+    google__rpc__status__pack(&st, GRPC_SLICE_START_PTR(v));
+    free(bbuf);
+    if (c->has_trailer) {
+        grpc_slice_unref(c->trailer.key);
+        grpc_slice_unref(c->trailer.value);
+    }
+    memset(&c->trailer, 0, sizeof c->trailer);
+    c->trailer.key = grpc_slice_from_static_string("grpc-status-details-bin");
+    c->trailer.value = v;
+    c->has_trailer = true;
+}
+
 static void end_with_status(pcs_rpc_call_t *c, grpc_status_code code, const char *details)
 {
+    if (code == GRPC_STATUS_INVALID_ARGUMENT && details && *details)
+        attach_bad_request(c, details);
     c->ended = true;
     c->state = CALL_SEND;
     c->code = code;

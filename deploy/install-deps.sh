@@ -19,6 +19,7 @@ PACKAGES=(
   build-essential cmake pkg-config git ca-certificates
   libgrpc-dev                       # gRPC C core 1.51
   libprotobuf-c-dev protobuf-c-compiler
+  protobuf-compiler                 # protoc: the API's descriptor set (pcsctl protoset)
   libgloo-dev                       # CPU collectives (pulls libhiredis-dev, libibverbs-dev)
   libopenblas-dev                   # CPU GEMM for the built-in models
   libsqlite3-dev libmicrohttpd-dev libyaml-dev
@@ -27,7 +28,6 @@ PACKAGES=(
 if [ $build_only -eq 0 ]; then
   PACKAGES+=(
     libcmocka-dev                   # unit tests
-    protobuf-compiler               # protoc, for the Python interop test's generated code
     python3 python3-grpcio python3-protobuf   # wire-compatibility test with a stock gRPC client
     python3-yaml python3-kubernetes # offline strict validation of the Kubernetes manifests
     curl procps openssl             # /metrics checks, pgrep/ps, test certificates

@@ -16,7 +16,7 @@ set_tests_properties(plan_cli_demo PROPERTIES LABELS integration TIMEOUT 60
   PASS_REGULAR_EXPRESSION "shard group \\(index 5 of 8\\): 0 1 2 3 4 5 6 7")
 add_test(NAME plan_cli_json COMMAND pcsctl plan ${PROJECT_SOURCE_DIR}/examples/hsdp-job.yaml --json)
 set_tests_properties(plan_cli_json PROPERTIES LABELS integration TIMEOUT 60
-  PASS_REGULAR_EXPRESSION "\"strategy\": \"hybrid_shard\"")
+  PASS_REGULAR_EXPRESSION "\"strategy\": \"STRATEGY_HYBRID_SHARD\"")
 add_test(NAME plan_cli_bad_world_fails COMMAND pcsctl plan
          ${PROJECT_SOURCE_DIR}/examples/hsdp-job.yaml --world 7)
 set_tests_properties(plan_cli_bad_world_fails PROPERTIES LABELS integration TIMEOUT 60

@@ -6,6 +6,7 @@ real coordinator on 127.0.0.1:0, and calls it the way any third-party client wou
 Check/Watch, Register, SubmitJob, the WatchAssignment server stream, ListWorkers, plus raw
 malformed bytes and an unknown method. Exits 77 (ctest skip) only if grpcio is not installed.
 """
+import json
 import os
 import shutil
 import signal
@@ -40,8 +41,10 @@ subprocess.run(["protoc", "--proto_path=" + os.path.join(SRC, "proto"), "--pytho
 subprocess.run(["protoc", "--proto_path=" + os.path.join(SRC, "proto", "grpc", "health", "v1"),
                 "--python_out=" + TMP, "health.proto"], check=True)
 sys.path.insert(0, TMP)
-from pcs.v1 import coordinator_pb2, job_pb2, types_pb2, worker_pb2  # noqa: E402
+from pcs.v1 import coordinator_pb2, job_pb2, plan_pb2, types_pb2, worker_pb2  # noqa: E402
 import health_pb2  # noqa: E402
+from google.protobuf import descriptor_pb2, descriptor_pool, json_format  # noqa: E402
+from google.protobuf import message_factory  # noqa: E402
 
 PENDING, RUNNING, CANCELLED = (types_pb2.JOB_STATE_PENDING, types_pb2.JOB_STATE_RUNNING,
                                types_pb2.JOB_STATE_CANCELLED)
@@ -88,7 +91,8 @@ class CoordinatorInterop(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.proc, port = start_coordinator(TMP)
-        cls.ch = grpc.insecure_channel("127.0.0.1:%d" % port)
+        cls.addr = "127.0.0.1:%d" % port
+        cls.ch = grpc.insecure_channel(cls.addr)
         grpc.channel_ready_future(cls.ch).result(timeout=10)
 
     @classmethod
@@ -274,6 +278,118 @@ class CoordinatorInterop(unittest.TestCase):
                            health_pb2.HealthCheckResponse)
         self.assertEqual(check(health_pb2.HealthCheckRequest(), timeout=5).status,
                          health_pb2.HealthCheckResponse.SERVING)
+
+    def test_07c_health_proto_is_laid_out_as_upstream(self):
+        # one file with the messages and the service, as grpc-proto's grpc/health/v1/health.proto
+        svc = health_pb2.DESCRIPTOR.services_by_name["Health"]
+        self.assertEqual(health_pb2.DESCRIPTOR.package, "grpc.health.v1")
+        self.assertEqual([m.name for m in svc.methods], ["Check", "Watch"])
+        self.assertTrue(svc.methods_by_name["Watch"].output_type is
+                        health_pb2.HealthCheckResponse.DESCRIPTOR)
+
+    def protoset_pool(self):
+        out = subprocess.run([os.path.join(BIN, "pcsctl"), "protoset"], check=True,
+                             stdout=subprocess.PIPE).stdout
+        fds = descriptor_pb2.FileDescriptorSet.FromString(out)
+        pool = descriptor_pool.DescriptorPool()
+        for f in fds.file:
+            pool.Add(f)
+        return pool, message_factory.MessageFactory(pool)
+
+    def test_07d_protoset_lets_a_client_with_no_generated_code_call_every_service(self):
+        pool, factory = self.protoset_pool()
+        paths = []
+        for svc in ("pcs.v1.WorkerService", "pcs.v1.JobService", "pcs.v1.ClusterService",
+                    "grpc.health.v1.Health"):
+            for m in pool.FindServiceByName(svc).methods:
+                paths.append("/%s/%s" % (svc, m.name))
+        self.assertIn("/pcs.v1.JobService/SubmitJob", paths)
+        self.assertIn("/pcs.v1.WorkerService/WatchAssignment", paths)
+        # a dynamic call: message classes from the descriptor set only
+        m = pool.FindServiceByName("pcs.v1.ClusterService").methods_by_name["GetStatus"]
+        req_cls = factory.GetPrototype(m.input_type)
+        resp_cls = factory.GetPrototype(m.output_type)
+        call = self.ch.unary_unary("/pcs.v1.ClusterService/GetStatus",
+                                   request_serializer=req_cls.SerializeToString,
+                                   response_deserializer=resp_cls.FromString)
+        st = call(req_cls(), timeout=5)
+        self.assertTrue(st.version)
+        self.assertGreaterEqual(st.workers_idle + st.workers_stopping, 1)
+        # every method in the descriptor set is served (an empty request is refused by the
+        # method, never UNIMPLEMENTED), and a method outside it is not
+        for path in paths:
+            raw = self.ch.unary_unary(path)
+            try:
+                if "Watch" in path:
+                    it = self.ch.unary_stream(path)(b"", timeout=1)
+                    next(it, None)
+                    it.cancel()
+                else:
+                    raw(b"", timeout=2)
+            except grpc.RpcError as err:
+                self.assertNotEqual(err.code(), grpc.StatusCode.UNIMPLEMENTED, path)
+        with self.assertRaises(grpc.RpcError) as err:
+            self.ch.unary_unary("/pcs.v1.JobService/Nope")(b"", timeout=2)
+        self.assertEqual(err.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+
+    def test_07e_invalid_argument_carries_a_bad_request_detail(self):
+        submit = self.unary("/pcs.v1.JobService/SubmitJob", coordinator_pb2.SubmitJobRequest,
+                            coordinator_pb2.SubmitJobResponse)
+        spec = job_spec()
+        spec.training.micro_batch_size = 0
+        with self.assertRaises(grpc.RpcError) as e:
+            submit(coordinator_pb2.SubmitJobRequest(spec=spec), timeout=5)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        trailer = dict(e.exception.trailing_metadata() or ())
+        self.assertIn("grpc-status-details-bin", trailer)
+        pool, factory = self.protoset_pool()
+        status_cls = factory.GetPrototype(pool.FindMessageTypeByName("google.rpc.Status"))
+        bad_cls = factory.GetPrototype(pool.FindMessageTypeByName("google.rpc.BadRequest"))
+        status = status_cls.FromString(trailer["grpc-status-details-bin"])
+        self.assertEqual(status.code, grpc.StatusCode.INVALID_ARGUMENT.value[0])
+        self.assertEqual(status.message, e.exception.details())
+        self.assertEqual(len(status.details), 1)
+        self.assertEqual(status.details[0].type_url, "type.googleapis.com/google.rpc.BadRequest")
+        bad = bad_cls.FromString(status.details[0].value)
+        self.assertEqual(len(bad.field_violations), 1)
+        self.assertTrue(bad.field_violations[0].field.endswith("training.micro_batch_size"),
+                        bad.field_violations[0].field)
+        self.assertTrue(bad.field_violations[0].description)
+        # an error that names no field carries no detail
+        get = self.unary("/pcs.v1.JobService/GetJob", coordinator_pb2.GetJobRequest,
+                         coordinator_pb2.GetJobResponse)
+        with self.assertRaises(grpc.RpcError) as e:
+            get(coordinator_pb2.GetJobRequest(job_id="job-999999"), timeout=5)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        self.assertNotIn("grpc-status-details-bin", dict(e.exception.trailing_metadata() or ()))
+
+    def test_07f_pcsctl_json_parses_with_protobufs_own_json_parser(self):
+        # canonical proto3 JSON: 64-bit values as strings survive any JSON reader exactly
+        out = subprocess.run([os.path.join(BIN, "pcsctl"), "--coordinator", self.addr, "--json",
+                              "jobs"], check=True, stdout=subprocess.PIPE, text=True).stdout
+        jobs = json_format.Parse(out, coordinator_pb2.ListJobsResponse())
+        lj = self.unary("/pcs.v1.JobService/ListJobs", coordinator_pb2.ListJobsRequest,
+                        coordinator_pb2.ListJobsResponse)
+        direct = lj(coordinator_pb2.ListJobsRequest(), timeout=5)
+        self.assertGreaterEqual(len(direct.jobs), 1)
+        self.assertEqual([j.plan_hash for j in jobs.jobs], [j.plan_hash for j in direct.jobs])
+        self.assertEqual([j.state for j in jobs.jobs], [j.state for j in direct.jobs])
+        raw = json.loads(out)  # a plain JSON reader sees the hash as an exact string
+        self.assertEqual(raw["jobs"][0]["planHash"], str(direct.jobs[0].plan_hash))
+        plan_out = subprocess.run([os.path.join(BIN, "pcsctl"), "plan",
+                                   os.path.join(SRC, "examples", "hsdp-job.yaml"), "--json"],
+                                  check=True, stdout=subprocess.PIPE, text=True).stdout
+        plan = json_format.Parse(plan_out, plan_pb2.Plan())
+        self.assertEqual(str(plan.hash), json.loads(plan_out)["hash"])
+        self.assertEqual(plan.strategy, types_pb2.STRATEGY_HYBRID_SHARD)
+
+    def test_07g_example_json_job_files_parse_with_protobufs_own_json_parser(self):
+        ex = os.path.join(SRC, "examples")
+        files = [f for f in sorted(os.listdir(ex)) if f.endswith(".json")]
+        self.assertTrue(files)
+        for f in files:
+            spec = json_format.Parse(read(os.path.join(ex, f)), job_pb2.JobSpec())
+            self.assertTrue(spec.name, f)
 
     def test_08_sigterm_exits_zero(self):
         self.proc.send_signal(signal.SIGTERM)

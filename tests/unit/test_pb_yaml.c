@@ -394,16 +394,24 @@ static void assert_same_packed(const ProtobufCMessage *a, const ProtobufCMessage
     free(pb);
 }
 
-static void roundtrip(const ProtobufCMessage *m, int indent)
+static void roundtrip_as(const ProtobufCMessage *m, int indent, int canonical)
 {
     char *json = NULL;
-    assert_int_equal(pcs_pb_to_json(m, indent, &json), PCS_OK);
+    assert_int_equal(canonical ? pcs_pb_to_json_canonical(m, indent, &json)
+                               : pcs_pb_to_json(m, indent, &json),
+                     PCS_OK);
     ProtobufCMessage *back = NULL;
     if (pcs_pb_from_yaml(json, strlen(json), m->descriptor, &back) != PCS_OK)
         fail_msg("JSON output does not parse back: %s\n%s", pcs_last_error(), json);
     assert_same_packed(m, back);
     protobuf_c_message_free_unpacked(back, NULL);
     free(json);
+}
+
+static void roundtrip(const ProtobufCMessage *m, int indent)
+{
+    roundtrip_as(m, indent, 0);
+    roundtrip_as(m, indent, 1);
 }
 
 static void test_yaml_to_json_round_trip_is_byte_exact(void **state)
@@ -417,6 +425,49 @@ static void test_yaml_to_json_round_trip_is_byte_exact(void **state)
         roundtrip(&j->base, 2);
         free_job(j);
     }
+}
+
+/* proto3's canonical JSON (what pcsctl --json prints and every protobuf library parses):
+ * lowerCamelCase names, enum value names as declared, 64-bit integers as strings, wrappers and
+ * scalar oneofs as objects, NaN/Infinity as the mapping spells them. */
+static void test_canonical_json_follows_the_proto3_mapping(void **state)
+{
+    (void)state;
+    job_t *j = parse_ok("strategy: no_shard\nreshard_after_forward: 3\nprecision: "
+                        "{param_dtype: bf16, cast_forward_inputs: false}\n"
+                        "training: {micro_batch_size: 4}\n");
+    char *json = NULL;
+    assert_int_equal(pcs_pb_to_json_canonical(&j->base, 0, &json), PCS_OK);
+    assert_non_null(strstr(json, "\"paramDtype\":\"DTYPE_BF16\""));
+    assert_non_null(strstr(json, "\"castForwardInputs\":"));
+    assert_non_null(strstr(json, "\"strategy\":\"STRATEGY_NO_SHARD\""));
+    assert_non_null(strstr(json, "\"microBatchSize\":4"));
+    assert_null(strstr(json, "\"reshardAfterForward\":3")); /* an object, not a bare scalar */
+    assert_non_null(strstr(json, "\"reshardAfterForward\":{"));
+    free(json);
+    free_job(j);
+    Pcs__V1__JobProgress prog = PCS__V1__JOB_PROGRESS__INIT;
+    prog.loss = NAN;
+    prog.step_ms = -INFINITY;
+    prog.step = UINT64_MAX;
+    Pcs__V1__Job job = PCS__V1__JOB__INIT;
+    job.progress = &prog;
+    job.plan_hash = 0x8000000000000001ull;
+    assert_int_equal(pcs_pb_to_json_canonical(&job.base, 0, &json), PCS_OK);
+    assert_non_null(strstr(json, "\"planHash\":\"9223372036854775809\""));
+    assert_non_null(strstr(json, "\"step\":\"18446744073709551615\""));
+    assert_non_null(strstr(json, "\"loss\":\"NaN\""));
+    assert_non_null(strstr(json, "\"stepMs\":\"-Infinity\""));
+    ProtobufCMessage *back = NULL;
+    if (pcs_pb_from_yaml(json, strlen(json), &pcs__v1__job__descriptor, &back) != PCS_OK)
+        fail_msg("canonical JSON does not parse back: %s\n%s", pcs_last_error(), json);
+    Pcs__V1__Job *b = (Pcs__V1__Job *)back;
+    assert_true(b->plan_hash == 0x8000000000000001ull);
+    assert_true(b->progress->step == UINT64_MAX);
+    assert_true(isnan(b->progress->loss));
+    assert_true(isinf(b->progress->step_ms) && b->progress->step_ms < 0);
+    protobuf_c_message_free_unpacked(back, NULL);
+    free(json);
 }
 
 static void test_json_shows_enums_short_and_wrappers_plain(void **state)
@@ -516,6 +567,7 @@ int main(void)
         cmocka_unit_test(test_file_errors_name_the_file),
         cmocka_unit_test(test_yaml_to_json_round_trip_is_byte_exact),
         cmocka_unit_test(test_json_shows_enums_short_and_wrappers_plain),
+        cmocka_unit_test(test_canonical_json_follows_the_proto3_mapping),
         cmocka_unit_test(test_json_escapes_strings_and_handles_special_numbers),
         cmocka_unit_test(test_doubles_round_trip_exactly),
         cmocka_unit_test(test_enum_short_name_helper),

@@ -28,9 +28,16 @@ pcs_status_t pcs_pb_from_yaml(const char *text, size_t len, const ProtobufCMessa
 /* Same, reading a file (errors name the file). */
 pcs_status_t pcs_pb_from_yaml_file(const char *path, const ProtobufCMessageDescriptor *d,
                                    ProtobufCMessage **out);
-/* Render a message as JSON (field names as in proto, enums lower-case without prefix, 64-bit
- * integers as numbers, bytes as base64). indent 0 = compact. *out is malloc'd; caller frees. */
+/* Render a message as JSON in pcs's job-file style (field names as in proto, enums lower-case
+ * without prefix, 64-bit integers as numbers, one-field wrappers and scalar oneofs as plain
+ * scalars, bytes as base64): what people write in job files. indent 0 = compact. *out is
+ * malloc'd; caller frees. */
 pcs_status_t pcs_pb_to_json(const ProtobufCMessage *m, int indent, char **out);
+/* Render a message in proto3's canonical JSON mapping, which every protobuf library parses
+ * (Python json_format, Go protojson, JavaScript): lowerCamelCase field names, enum value names
+ * as in the .proto ("DTYPE_BF16"), 64-bit integers as strings (JavaScript numbers are doubles),
+ * every message an object, "NaN" / "Infinity". pcsctl --json prints this; pb_yaml.c reads it. */
+pcs_status_t pcs_pb_to_json_canonical(const ProtobufCMessage *m, int indent, char **out);
 /* Lower-case short name of an enum value ("bf16", "full_shard"); "?" if unknown. */
 const char *pcs_pb_enum_short(const ProtobufCEnumDescriptor *d, int value, char *buf, size_t n);
 
