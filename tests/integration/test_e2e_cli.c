@@ -200,7 +200,7 @@ static void test_export_by_job_id_reads_the_jobs_checkpoint(void **state)
 
 /* A long demo (2 workers, no reference run) started in the background, once its table has begun:
  * pcsctl's pid, the coordinator's pid and address from "pcs demo: coordinator 127.0.0.1:P (pid
- * N), ...", and the pgrep command that counts the workers pointed at that address. */
+ * N), ...", and the pgrep command that counts the demo's workers. */
 typedef struct demo_run {
     char *dir;
     char log[1100];
@@ -236,9 +236,11 @@ static void demo_start(demo_run_t *d, const char *tag)
     }
     assert_true(d->coord > 0);
     assert_true(d->addr[0]);
-    /* "127[.]0.0.1": the pattern must not match the shell that runs pgrep */
-    snprintf(d->pgrep, sizeof d->pgrep, "pgrep -f -- '--coordinator 127[.]%s' | wc -l",
-             d->addr + 4);
+    /* the demo names its workers demo-<pcsctl pid>-w<i>: a worker of another test that happens
+     * to point at a reused port is not counted; "[w]": the pattern must not match the shell that
+     * runs pgrep */
+    snprintf(d->pgrep, sizeof d->pgrep, "pgrep -f -- '--identity demo-%d-[w]' | wc -l",
+             (int)d->pid);
 }
 
 /* Workers still pointed at the demo's coordinator. */
@@ -319,7 +321,7 @@ static void test_demo_killed_leaves_no_children(void **state)
     if (left != 0) { /* do not leave them running for the rest of the suite */
         char cmd[512];
         int status;
-        snprintf(cmd, sizeof cmd, "pkill -KILL -f -- '--coordinator 127[.]%s'", d.addr + 4);
+        snprintf(cmd, sizeof cmd, "pkill -KILL -f -- '--identity demo-%d-[w]'", (int)d.pid);
         free(pcs_test_run(cmd, &status));
         kill(d.coord, SIGKILL);
     }
