@@ -8,3 +8,8 @@ add_test(NAME test_worker_node COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/deploy/t
          ${CMAKE_BINARY_DIR}/bin ${PROJECT_SOURCE_DIR})
 set_tests_properties(test_worker_node PROPERTIES LABELS integration TIMEOUT 120
                      ENVIRONMENT "PCS_LOG_LEVEL=info")
+# cmake --install into a fresh prefix: the C API example builds against it with pkg-config and
+# find_package(pcs), and the two builds train a job through the installed coordinator.
+add_test(NAME test_install COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/install/test_install.sh
+         ${CMAKE_BINARY_DIR} ${PROJECT_SOURCE_DIR})
+set_tests_properties(test_install PROPERTIES LABELS integration TIMEOUT 300)

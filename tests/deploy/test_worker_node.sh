@@ -14,7 +14,7 @@ launcher=
 cleanup() {
   [ -n "$launcher" ] && kill -KILL "$launcher" 2>/dev/null
   pkill -KILL -f -- "--identity wn-$$-" 2>/dev/null
-  [ -n "$coord" ] && kill -KILL "$coord" 2>/dev/null
+  [ -n "$coord" ] && { kill -KILL "$coord"; wait "$coord"; } 2>/dev/null
   rm -rf "$dir"
 }
 trap cleanup EXIT
