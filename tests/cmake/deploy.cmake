@@ -13,3 +13,10 @@ set_tests_properties(test_worker_node PROPERTIES LABELS integration TIMEOUT 120
 add_test(NAME test_install COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/install/test_install.sh
          ${CMAKE_BINARY_DIR} ${PROJECT_SOURCE_DIR})
 set_tests_properties(test_install PROPERTIES LABELS integration TIMEOUT 300)
+# A real Prometheus scrapes a real coordinator with the shipped alert rules loaded (exit 77
+# without prometheus, unless PCS_REQUIRE_TOOLS=1).
+add_test(NAME test_prometheus_scrape COMMAND bash
+         ${CMAKE_CURRENT_SOURCE_DIR}/deploy/test_prometheus_scrape.sh ${CMAKE_BINARY_DIR}/bin
+         ${PROJECT_SOURCE_DIR})
+set_tests_properties(test_prometheus_scrape PROPERTIES LABELS integration TIMEOUT 120
+                     SKIP_RETURN_CODE 77)
