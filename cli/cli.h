@@ -66,6 +66,7 @@ typedef struct pcs_cli {
     const char *addr; /* --coordinator, else $PCS_COORDINATOR, else 127.0.0.1:7070 */
     int json;         /* --json: print the response message as JSON (pb_json) */
     int timeout_ms;   /* --timeout-ms: deadline of each RPC (default 5000) */
+    int last_code;    /* gRPC code of the last pcs_cli_call (-1: no answer at all) */
 } pcs_cli_t;
 
 /* The process's options (set up by pcsctl.c before a command runs). */

@@ -11,8 +11,8 @@
 const pcs_cli_spec_t pcs_cli_protoset_spec = {
     "protoset", "[OUT]",
     "write the API's protobuf descriptor set (for grpcurl -protoset and dynamic clients)",
-    "Every service and message of the coordinator's API (pcs.v1, grpc.health.v1, google.rpc\\n"
-    "error details) with comments, as protoc --descriptor_set_out --include_imports writes it.\\n",
+    "Every service and message of the coordinator's API (pcs.v1, grpc.health.v1, google.rpc\n"
+    "error details) with comments, as protoc --descriptor_set_out --include_imports writes it.\n",
     NULL, 0, 0, 1};
 
 int pcs_cli_protoset(int argc, char **argv)

@@ -17,19 +17,20 @@
 
 static const pcs_cli_opt_t status_opts[] = {
     {"full", NULL, "add the coordinator's INFO-style sections (workers, jobs, config)"},
-    {"watch", NULL, "redraw until interrupted; with JOB, until the job ends (exit 0 iff SUCCEEDED)"},
+    {"watch", NULL,
+     "redraw until interrupted; with JOB, until the job ends: exit 0 iff it SUCCEEDED, 1 if it "
+     "failed, was cancelled or is unknown, 128+signal if interrupted"},
     {"interval-ms", "N", "--watch refresh period (default 2000)"},
 };
 const pcs_cli_spec_t pcs_cli_status_spec = {
     "status", "[JOB]", "coordinator summary, or the details of one job", NULL, status_opts, 3, 0,
     1};
 
-static volatile sig_atomic_t g_interrupted;
+static volatile sig_atomic_t g_interrupted; /* the signal that stopped --watch */
 
 static void on_interrupt(int sig)
 {
-    (void)sig;
-    g_interrupted = 1;
+    g_interrupted = sig;
 }
 
 static void print_duration(uint64_t ms)
@@ -191,11 +192,13 @@ static int watch(const char *job, int full, uint32_t interval_ms)
         fflush(stdout);
         if (rc == PCS_CLI_OK && job && terminal(state))
             return state == PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED ? PCS_CLI_OK : PCS_CLI_FAIL;
-        /* a failed call (the coordinator is away, the job is unknown yet) is shown and retried */
+        if (rc != PCS_CLI_OK && job && pcs_cli()->last_code == 5)
+            return PCS_CLI_FAIL; /* NOT_FOUND: the coordinator answered and has no such job */
+        /* a coordinator that is away (or answers late) is shown and retried */
         for (uint32_t t = 0; t < interval_ms && !g_interrupted; t += 50)
             pcs_sleep_ms(50);
-        if (g_interrupted)
-            return PCS_CLI_OK;
+        if (g_interrupted) /* watching a job: stopped is not "it succeeded" (128 + signal) */
+            return job ? 128 + (int)g_interrupted : PCS_CLI_OK;
         if (!tty)
             printf("\n");
     }

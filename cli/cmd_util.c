@@ -11,7 +11,7 @@
 #include <sys/time.h>
 #include <time.h>
 
-static pcs_cli_t g_cli = {"127.0.0.1:7070", 0, 5000};
+static pcs_cli_t g_cli = {"127.0.0.1:7070", 0, 5000, 0};
 
 pcs_cli_t *pcs_cli(void)
 {
@@ -100,10 +100,12 @@ int pcs_cli_call(const char *cmd, const char *method, const ProtobufCMessage *re
 {
     pcs_rpc_client_t *c = NULL;
     *resp = NULL;
+    g_cli.last_code = -1;
     if (pcs_rpc_client_create(g_cli.addr, &c) != PCS_OK)
         return pcs_cli_fail("cannot reach coordinator at %s (%s)", g_cli.addr, pcs_last_error());
     int code = -1;
     pcs_status_t st = pcs_rpc_call(c, method, req, resp_desc, g_cli.timeout_ms, resp, &code);
+    g_cli.last_code = st == PCS_OK ? 0 : code;
     char why[1024];
     snprintf(why, sizeof why, "%s", pcs_last_error());
     pcs_rpc_client_destroy(c);

@@ -109,8 +109,10 @@ pcs_status_t pcs_http_start(const char *listen, const char *what, unsigned stale
     h->stale_ms = stale_ms;
     h->published_ms = pcs_now_ms();
     snprintf(h->why, sizeof h->why, "starting");
-    h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-                            handle, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
+    /* MHD_USE_AUTO: epoll or poll, never select(), whose fd limit of 1024 a coordinator with
+     * a thousand gRPC connections passes (a probe on fd 1024 would fail and restart it) */
+    h->d = MHD_start_daemon(MHD_USE_AUTO | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_ERROR_LOG, 0,
+                            NULL, NULL, handle, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
                             MHD_OPTION_CONNECTION_TIMEOUT, 10u, MHD_OPTION_END);
     if (!h->d) {
         pthread_mutex_destroy(&h->mu);

@@ -333,9 +333,11 @@ static pcs_status_t enqueue(pcs_rpc_call_t *c, const ProtobufCMessage *msg)
 }
 
 /* The field an error message names: pcs's messages put it first, after any context ("invalid
- * job spec: training.micro_batch_size: must be >= 1"), as the first ": "-separated segment made
- * only of field-path characters. Copies the field into `field` and returns the description after
- * it, or NULL when no segment is a path. */
+ * job spec: spec.training.micro_batch_size: must be >= 1"), as the first ": "-separated segment
+ * made only of field-path characters (proto field names are lower snake_case: a segment with a
+ * capital is a type name, "pcs.v1.SubmitJobRequest: malformed protobuf", not a field). Copies
+ * the field into `field` and returns the description after it, or NULL when no segment is a
+ * path. */
 static const char *named_field(const char *msg, char *field, size_t n)
 {
     const char *seg = msg;
@@ -347,8 +349,8 @@ static const char *named_field(const char *msg, char *field, size_t n)
         int path = len > 0 && len < n;
         for (size_t i = 0; i < len && path; i++) {
             char ch = seg[i];
-            path = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
-                   (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' || ch == '[' || ch == ']';
+            path = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+                   ch == '.' || ch == '[' || ch == ']';
         }
         if (path && !(seg[0] >= '0' && seg[0] <= '9')) {
             memcpy(field, seg, len);

@@ -224,7 +224,12 @@ static pcs_status_t check_and_plan(const pcs_server_t *s, const Pcs__V1__JobSpec
     pcs_status_t st = pcs_job_validate(spec, err, sizeof err);
     if (st != PCS_OK) {
         pcs_utf8_trim_partial(err); /* the validator quotes user text into a fixed buffer */
-        return pcs_set_error(st, "%s", *err ? err : pcs_last_error());
+        /* the validator names fields of the spec; the request's path to them starts at `spec`
+         * (what a google.rpc.BadRequest field violation must name) */
+        size_t k = strspn(err, "abcdefghijklmnopqrstuvwxyz0123456789_.[]");
+        int names_field = k > 0 && err[k] == ':' && err[k + 1] == ' ' && err[0] >= 'a';
+        return pcs_set_error(st, "%s%s", names_field ? "spec." : "",
+                             *err ? err : pcs_last_error());
     }
     pcs_mesh_t mesh;
     PCS_CHECK(spec_mesh(spec, &mesh));
@@ -1506,49 +1511,70 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* Per-rank step time and loss (the first MAX_RANK_SERIES ranks of each running job) and a
- * straggler view over every rank: the slowest rank's step time over the median's, and which rank
- * that is. */
+/* The straggler view of job j: the slowest rank's last step time over the median rank's, and
+ * which rank that is. Returns the number of ranks that reported (0: no view yet). */
+static uint32_t job_straggler(const pcs_coord_job_t *j, double *ratio, uint32_t *slowest)
+{
+    double *t = NULL;
+    uint32_t n = 0;
+    *ratio = 1.0;
+    *slowest = 0;
+    if (pcs_calloc(j->world_size ? j->world_size : 1, sizeof *t, (void **)&t) != PCS_OK)
+        return 0;
+    for (uint32_t r = 0; r < j->world_size; r++) {
+        if (!j->rank_step[r])
+            continue; /* no report yet */
+        if (!n || j->rank_step_ms[r] > j->rank_step_ms[*slowest])
+            *slowest = r;
+        t[n++] = j->rank_step_ms[r];
+    }
+    if (n) {
+        qsort(t, n, sizeof *t, cmp_double);
+        double median = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+        *ratio = median > 0 ? t[n - 1] / median : 1.0;
+    }
+    free(t);
+    return n;
+}
+
+/* Per-rank step time and loss (the first MAX_RANK_SERIES ranks of each running job) and the
+ * straggler view over every rank; each family's samples together after its HELP and TYPE, as
+ * the exposition format requires. */
 static void rank_metrics(pcs_server_t *s, FILE *f)
 {
+    static const struct {
+        const char *name, *help;
+    } fam[] = {
+        {"pcs_rank_step_seconds", "Last reported step time of a rank."},
+        {"pcs_rank_loss", "Last reported loss of a rank."},
+        {"pcs_job_straggler_ratio", "Slowest rank's last step time over the median rank's (1: "
+                                    "none lags)."},
+        {"pcs_job_slowest_rank", "The rank with the longest last step time."},
+    };
     char lab[256];
-    fprintf(f, "# HELP pcs_rank_step_seconds Last reported step time of a rank.\n"
-               "# TYPE pcs_rank_step_seconds gauge\n"
-               "# HELP pcs_rank_loss Last reported loss of a rank.\n"
-               "# TYPE pcs_rank_loss gauge\n");
-    fprintf(f, "# HELP pcs_job_straggler_ratio Slowest rank's last step time over the median "
-               "rank's (1: none lags).\n# TYPE pcs_job_straggler_ratio gauge\n"
-               "# HELP pcs_job_slowest_rank The rank with the longest last step time.\n"
-               "# TYPE pcs_job_slowest_rank gauge\n");
-    for (uint32_t i = 1; i <= pcs_coord_max_job(s->coord); i++) {
-        pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, i);
-        if (!j || j->state != PCS_JOB_RUNNING || !j->rank_step_ms)
-            continue;
-        double *t = NULL;
-        uint32_t n = 0, slowest = 0;
-        if (pcs_calloc(j->world_size, sizeof *t, (void **)&t) != PCS_OK)
-            continue;
-        for (uint32_t r = 0; r < j->world_size; r++) {
-            if (!j->rank_step[r])
-                continue; /* no report yet */
-            if (r < MAX_RANK_SERIES) {
-                snprintf(lab, sizeof lab, "job_id=\"%s\",rank=\"%u\"", j->id, r);
-                pcs_metrics_line(f, "pcs_rank_step_seconds", lab, j->rank_step_ms[r] / 1000.0);
-                pcs_metrics_line(f, "pcs_rank_loss", lab, j->rank_loss[r]);
+    for (size_t k = 0; k < sizeof fam / sizeof fam[0]; k++) {
+        fprintf(f, "# HELP %s %s\n# TYPE %s gauge\n", fam[k].name, fam[k].help, fam[k].name);
+        for (uint32_t i = 1; i <= pcs_coord_max_job(s->coord); i++) {
+            pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, i);
+            if (!j || j->state != PCS_JOB_RUNNING || !j->rank_step_ms)
+                continue;
+            if (k < 2) {
+                for (uint32_t r = 0; r < j->world_size && r < MAX_RANK_SERIES; r++) {
+                    if (!j->rank_step[r])
+                        continue;
+                    snprintf(lab, sizeof lab, "job_id=\"%s\",rank=\"%u\"", j->id, r);
+                    pcs_metrics_line(f, fam[k].name, lab,
+                                     k == 0 ? j->rank_step_ms[r] / 1000.0 : j->rank_loss[r]);
+                }
+                continue;
             }
-            if (!n || j->rank_step_ms[r] > j->rank_step_ms[slowest])
-                slowest = r;
-            t[n++] = j->rank_step_ms[r];
-        }
-        if (n) {
-            qsort(t, n, sizeof *t, cmp_double);
-            double median = n % 2 ? t[n / 2] : (t[n / 2 - 1] + t[n / 2]) / 2;
+            double ratio;
+            uint32_t slowest;
+            if (!job_straggler(j, &ratio, &slowest))
+                continue;
             snprintf(lab, sizeof lab, "job_id=\"%s\"", j->id);
-            pcs_metrics_line(f, "pcs_job_straggler_ratio", lab,
-                         median > 0 ? t[n - 1] / median : 1.0);
-            pcs_metrics_line(f, "pcs_job_slowest_rank", lab, slowest);
+            pcs_metrics_line(f, fam[k].name, lab, k == 2 ? ratio : (double)slowest);
         }
-        free(t);
     }
 }
 

@@ -670,8 +670,8 @@ static void report_cb(void *ctx, const Pcs__V1__StepReport *rep)
 void pcs_agent_stats(pcs_agent_t *a, pcs_agent_stats_t *o)
 {
     memset(o, 0, sizeof *o);
-    uint64_t now = pcs_now_ms();
     pthread_mutex_lock(&a->mu);
+    uint64_t now = pcs_now_ms(); /* under mu: never before a time a thread just stored */
     o->registered = a->registered;
     o->heartbeat_age_ms = a->answered_ms ? now - a->answered_ms : UINT64_MAX;
     o->loop_age_ms = now - a->loop_ms;

@@ -66,12 +66,18 @@ r=$(query '{__name__=~"pcs_.*",exported_job!=""}') || fail "query exported_job"
 echo "$r" | grep -q '"result":\[\]' || fail "a pcs series clashes with the job label: $r"
 r=$(query 'process_resident_memory_bytes{job="pcs-coordinator"}')
 echo "$r" | grep -q '"result":\[{' || fail "process metrics not scraped: $r"
-rules=$(curl -sf "$api/rules") || fail "rules API"
+# every rule loads and, once evaluated (every 1 s), is healthy
+for _ in $(seq 100); do
+  rules=$(curl -sf "$api/rules") || fail "rules API"
+  echo "$rules" | grep -q '"health":"unknown"' || break
+  sleep 0.1
+done
 for a in PcsCoordinatorDown PcsStoreNotWriting PcsJobStalled PcsStraggler PcsJobRestarting \
          PcsWorkersLost; do
   echo "$rules" | grep -q "\"name\":\"$a\"" || fail "rule $a not loaded: $rules"
 done
-echo "$rules" | grep -q '"health":"err"' && fail "a rule fails to evaluate: $rules"
+echo "$rules" | grep -q '"health":"ok"' || fail "no rule evaluated: $rules"
+echo "$rules" | grep -qE '"health":"(err|unknown)"' && fail "a rule is not healthy: $rules"
 
 # the coordinator dies: up drops to 0 and the page is pending (it fires after 1m)
 kill -KILL "$coord"

@@ -24,8 +24,9 @@ fail() {
 }
 
 cmake --install "$build" --prefix "$prefix" >"$tmp/install.log" 2>&1 || fail "cmake --install"
-libdir=$(dirname "$(find "$prefix" -name 'libpcs_worker.so' | head -n 1)")
-[ -n "$libdir" ] && [ -d "$libdir" ] || fail "no libpcs_worker.so under $prefix"
+so=$(find "$prefix" -name 'libpcs_worker.so' | head -n 1)
+[ -n "$so" ] || fail "no libpcs_worker.so under $prefix"
+libdir=$(dirname "$so")
 for f in bin/pcs-coordinator bin/pcs-worker bin/pcsctl bin/pcs-reference bin/pcs-worker-node \
          include/pcs/worker.h include/pcs/status.h include/pcs/dtype.h include/pcs/half.h \
          share/pcs/pcs.protoset share/pcs/proto/pcs/v1/services.proto; do
@@ -34,20 +35,30 @@ done
 [ -e "$libdir/pkgconfig/pcs-worker.pc" ] || fail "no pcs-worker.pc"
 [ -e "$libdir/cmake/pcs/pcsConfig.cmake" ] || fail "no pcsConfig.cmake"
 # only the API is exported: no gRPC, protobuf-c, collectives or runtime internals
-exports=$(nm -D --defined-only "$libdir/libpcs_worker.so" | awk '$2 == "T" {print $3}' | sed 's/@.*//')
+# every defined dynamic symbol (code, data, weak, C++ vague linkage), not only functions
+exports=$(nm -D --defined-only "$libdir/libpcs_worker.so" | awk 'NF == 3 {print $3}' | sed 's/@.*//' |
+          grep -v '^PCS_WORKER_0$')
 echo "$exports" | grep -qx pcs_worker_join || fail "pcs_worker_join not exported"
 bad=$(echo "$exports" | grep -v -e '^pcs_worker_' -e '^pcs_last_error$' -e '^pcs_clear_error$' \
       -e '^pcs_set_error' -e '^pcs_status_' -e '^pcs_log_breadcrumb$' -e '^pcs_dtype_')
 [ -z "$bad" ] || fail "exported beyond the API: $(echo "$bad" | head -n 5 | tr '\n' ' ')"
+ldd "$so" | grep -q microhttpd && fail "libpcs_worker.so pulls in libmicrohttpd (pcs-worker's endpoint)"
+
+# a sanitized build (CI's ASan + UBSan pass) installs a sanitized library: its programs must load
+# the sanitizer runtime first, as they do when built with the same flags
+san=
+ldd "$so" | grep -q libasan && san="-fsanitize=address,undefined"
 
 # 1. pkg-config
 export PKG_CONFIG_PATH=$libdir/pkgconfig
 [ "$(pkg-config --modversion pcs-worker)" = 0.1.0 ] || fail "pkg-config --modversion"
-cc -O2 -o "$tmp/ex-pc" "$src/examples/c_api_example.c" $(pkg-config --cflags --libs pcs-worker) \
-  -lm -Wl,-rpath,"$libdir" >"$tmp/cc.log" 2>&1 || fail "build with pkg-config"
+cc -O2 $san -o "$tmp/ex-pc" "$src/examples/c_api_example.c" \
+  $(pkg-config --cflags --libs pcs-worker) -lm -Wl,-rpath,"$libdir" >"$tmp/cc.log" 2>&1 ||
+  fail "build with pkg-config"
 # 2. find_package(pcs)
 cmake -S "$src/tests/install/consumer" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" \
   -DEXAMPLE_SRC="$src/examples/c_api_example.c" -DCMAKE_BUILD_RPATH="$libdir" \
+  -DCMAKE_C_FLAGS="$san" -DCMAKE_EXE_LINKER_FLAGS="$san" \
   >"$tmp/consumer.log" 2>&1 || fail "configure with find_package(pcs)"
 cmake --build "$tmp/consumer" >>"$tmp/consumer.log" 2>&1 || fail "build with find_package(pcs)"
 for ex in "$tmp/ex-pc" "$tmp/consumer/c_api_example"; do
@@ -76,11 +87,13 @@ strategy: full_shard
 mesh: [{dim: dp_shard, size: 2}]
 training: {steps: 20, micro_batch_size: 16, micro_batches: 2, optimizer: {adamw: {lr: 2.0e-2}}}
 JOB
-for _ in $(seq 100); do
-  "$prefix/bin/pcsctl" --coordinator "$addr" workers --state idle 2>/dev/null | grep -q inst-b &&
-    "$prefix/bin/pcsctl" --coordinator "$addr" workers --state idle | grep -q inst-a && break
+registered=
+for _ in $(seq 200); do
+  w=$("$prefix/bin/pcsctl" --coordinator "$addr" workers --state idle 2>/dev/null)
+  echo "$w" | grep -q inst-a && echo "$w" | grep -q inst-b && { registered=1; break; }
   sleep 0.1
 done
+[ -n "$registered" ] || fail "the two example processes did not register"
 job=$("$prefix/bin/pcsctl" --coordinator "$addr" submit "$tmp/job.yaml" | awk '{print $1; exit}')
 [ -n "$job" ] || fail "submit"
 timeout 120 "$prefix/bin/pcsctl" --coordinator "$addr" status --watch --interval-ms 200 "$job" \

@@ -352,16 +352,18 @@ class CoordinatorInterop(unittest.TestCase):
         self.assertEqual(status.details[0].type_url, "type.googleapis.com/google.rpc.BadRequest")
         bad = bad_cls.FromString(status.details[0].value)
         self.assertEqual(len(bad.field_violations), 1)
-        self.assertTrue(bad.field_violations[0].field.endswith("training.micro_batch_size"),
-                        bad.field_violations[0].field)
+        # the path from the request message: SubmitJobRequest.spec.training.micro_batch_size
+        self.assertEqual(bad.field_violations[0].field, "spec.training.micro_batch_size")
         self.assertTrue(bad.field_violations[0].description)
-        # an error that names no field carries no detail
-        get = self.unary("/pcs.v1.JobService/GetJob", coordinator_pb2.GetJobRequest,
-                         coordinator_pb2.GetJobResponse)
+        self.assertTrue(e.exception.details().startswith(
+            "spec.training.micro_batch_size: " + bad.field_violations[0].description))
+        # an INVALID_ARGUMENT that names no field (bytes that do not decode) carries no detail
+        raw = self.ch.unary_unary("/pcs.v1.JobService/SubmitJob")
         with self.assertRaises(grpc.RpcError) as e:
-            get(coordinator_pb2.GetJobRequest(job_id="job-999999"), timeout=5)
-        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
-        self.assertNotIn("grpc-status-details-bin", dict(e.exception.trailing_metadata() or ()))
+            raw(b"\xff\xff\xff\xff", timeout=5)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertNotIn("grpc-status-details-bin", dict(e.exception.trailing_metadata() or ()),
+                         e.exception.details())
 
     def test_07f_pcsctl_json_parses_with_protobufs_own_json_parser(self):
         # canonical proto3 JSON: 64-bit values as strings survive any JSON reader exactly

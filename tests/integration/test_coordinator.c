@@ -1202,6 +1202,9 @@ static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
     assert_non_null(mf);
     fputs(body + 4, mf);
     fclose(mf);
+    char why[1200];
+    if (!pcs_test_exposition_grouped(body + 4, why, sizeof why))
+        fail_msg("/metrics does not group its families: %s", why);
     char *lint = NULL;
     if (pcs_test_promtool_check(mfile, &lint) == 1)
         fail_msg("promtool check metrics:\n%s", lint);

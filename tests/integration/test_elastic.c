@@ -223,6 +223,9 @@ static void check_metrics_of_running_job(const char *job_id, int world)
     assert_non_null(strstr(m, want));
     snprintf(want, sizeof want, "pcs_jobs{state=\"RUNNING\"} 1\n");
     assert_non_null(strstr(m, want));
+    char why[1200];
+    if (!pcs_test_exposition_grouped(m, why, sizeof why))
+        fail_msg("/metrics does not group its families: %s", why);
     free(m);
     char *lint = NULL;
     if (pcs_test_promtool_check(path, &lint) == 1)
@@ -358,8 +361,13 @@ static void test_the_restart_budget_is_per_job_and_its_end_fails_the_job(void **
             break;
         pcs_test_sleep_ms(100);
     }
-    pcs_test_sleep_ms(1500); /* some steps of generation 2 */
-    pid_t v2 = holder(job.job_id, 1);
+    /* generation 2 runs (its ranks hold their assignments): kill another rank now, before the
+     * short job can end (a fixed wait raced with it on an idle machine) */
+    pid_t v2 = -1;
+    for (int i = 0; i < 100 && v2 <= 0; i++)
+        if ((v2 = e2e_worker_pid(&g_cl, job.job_id, 1)) <= 0)
+            pcs_test_sleep_ms(20);
+    assert_true(v2 > 0);
     kill(v2, SIGKILL);
     waitpid(v2, NULL, 0);
     forget_worker(v2);

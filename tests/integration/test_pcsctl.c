@@ -270,6 +270,11 @@ static void test_cancel_moves_the_job_to_cancelled(void **state)
     expect_contains(out, "--- every 0.2 s: pcsctl status ");
     expect_contains(out, "state        cancelled");
     free(out);
+    /* --watch on a job the coordinator does not know ends at once: exit 1, NOT_FOUND shown */
+    out = ctl(&rc, "status --watch --interval-ms 200 job-424242");
+    assert_int_equal(rc, 1);
+    expect_contains(out, "NOT_FOUND");
+    free(out);
 }
 
 /* --watch redraws while the job runs and survives a coordinator it cannot reach: on an address
@@ -286,7 +291,7 @@ static void test_status_watch_keeps_watching_until_stopped(void **state)
     char *out = pcs_test_run(cmd, &rc);
     assert_non_null(out);
     expect_contains(out, "cannot reach coordinator at 127.0.0.1:1");
-    expect_contains(out, "rc=0"); /* interrupted: a clean exit */
+    expect_contains(out, "rc=130"); /* interrupted (SIGINT) while watching a job: not success */
     /* at 200 ms for 2 s: several redraws, each dated */
     int n = 0;
     for (const char *p = out; (p = strstr(p, "--- every 0.2 s")) != NULL; p++)
@@ -439,7 +444,7 @@ static void test_every_command_has_help_with_all_its_options(void **state)
     char *top = ctl(&rc, "--help");
     assert_int_equal(rc, 0);
     const char *cmds[] = {"submit", "status", "jobs",   "workers", "cancel",
-                          "health", "plan",   "export", "demo"};
+                          "health", "plan",   "export", "demo",    "protoset"};
     const char *opts[][7] = {
         {"--request-id ID", NULL},
         {"--full", "--watch", "--interval-ms N", NULL},
@@ -450,6 +455,7 @@ static void test_every_command_has_help_with_all_its_options(void **state)
         {"--world N", "--rank R", NULL},
         {"--checkpoint DIR", "--step N", NULL},
         {"--workers N", "--steps S", "--job FILE", "--dir DIR", "--keep", "--no-reference", NULL},
+        {NULL},
     };
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
         for (int h = 0; h < 2; h++) {
@@ -460,6 +466,8 @@ static void test_every_command_has_help_with_all_its_options(void **state)
             snprintf(want, sizeof want, "usage: pcsctl %s", cmds[i]);
             expect_contains(out, want);
             expect_contains(out, "--coordinator ADDR");
+            if (strstr(out, "\\n")) /* an escaped newline printed as two characters */
+                fail_msg("pcsctl %s --help prints a literal \\n:\n%s", cmds[i], out);
             for (int k = 0; opts[i][k]; k++) {
                 expect_contains(out, opts[i][k]);
                 expect_contains(top, opts[i][k]);

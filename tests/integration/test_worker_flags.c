@@ -235,6 +235,9 @@ static void test_worker_health_and_metrics_follow_the_coordinator(void **state)
     assert_non_null(f);
     fputs(exposition + 4, f);
     fclose(f);
+    char why[1200];
+    if (!pcs_test_exposition_grouped(exposition + 4, why, sizeof why))
+        fail_msg("/metrics does not group its families: %s", why);
     char *lint = NULL;
     if (pcs_test_promtool_check(mfile, &lint) == 1)
         fail_msg("promtool check metrics:\n%s", lint);

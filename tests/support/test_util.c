@@ -229,3 +229,48 @@ int pcs_test_promtool_check(const char *path, char **report)
     *report = pcs_test_run(cmd, &st);
     return st == 0 ? 0 : 1;
 }
+
+int pcs_test_exposition_grouped(const char *text, char *why, size_t n)
+{
+    char family[256] = "";
+    char seen[64][128]; /* families already closed: one may not come back */
+    int n_seen = 0;
+    for (const char *l = text; l && *l;) {
+        const char *e = strchr(l, '\n');
+        size_t len = e ? (size_t)(e - l) : strlen(l);
+        char line[1024];
+        snprintf(line, sizeof line, "%.*s", (int)(len < sizeof line ? len : sizeof line - 1), l);
+        l = e ? e + 1 : NULL;
+        if (!strncmp(line, "# TYPE ", 7)) {
+            char name[256];
+            if (sscanf(line + 7, "%255s", name) != 1)
+                continue;
+            for (int i = 0; i < n_seen; i++)
+                if (!strcmp(seen[i], name)) {
+                    snprintf(why, n, "family %s declared twice: %s", name, line);
+                    return 0;
+                }
+            if (family[0] && n_seen < 64)
+                snprintf(seen[n_seen++], sizeof seen[0], "%s", family);
+            snprintf(family, sizeof family, "%s", name);
+            continue;
+        }
+        if (line[0] == '#' || line[0] == '\0')
+            continue;
+        char name[256];
+        size_t k = strcspn(line, "{ ");
+        snprintf(name, sizeof name, "%.*s", (int)(k < sizeof name ? k : sizeof name - 1), line);
+        static const char *const suffix[] = {"_bucket", "_sum", "_count", "_total"};
+        int ok = !strcmp(name, family);
+        for (size_t i = 0; i < 4 && !ok; i++) {
+            size_t nl = strlen(name), sl = strlen(suffix[i]);
+            ok = nl > sl && !strcmp(name + nl - sl, suffix[i]) && strlen(family) == nl - sl &&
+                 !strncmp(name, family, nl - sl);
+        }
+        if (!ok) {
+            snprintf(why, n, "sample of %s under # TYPE %s: %s", name, family, line);
+            return 0;
+        }
+    }
+    return 1;
+}

@@ -35,6 +35,10 @@ char *pcs_test_run(const char *cmd, int *status);
  * promtool said, malloc'd), 77 promtool is not installed (1 with PCS_REQUIRE_TOOLS=1, as CI sets:
  * a missing tool fails there instead of skipping). */
 int pcs_test_promtool_check(const char *path, char **report);
+/* The Prometheus text exposition `text` keeps each family's samples together, right after its
+ * `# TYPE` line (the format requires it; OpenMetrics parsers reject anything else, promtool does
+ * not check it). 1 if so; else 0 with the first offending line in why. */
+int pcs_test_exposition_grouped(const char *text, char *why, size_t n);
 /* Sleep ms milliseconds. */
 void pcs_test_sleep_ms(int ms);
 
