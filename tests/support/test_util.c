@@ -233,7 +233,7 @@ int pcs_test_promtool_check(const char *path, char **report)
 int pcs_test_exposition_grouped(const char *text, char *why, size_t n)
 {
     char family[256] = "";
-    char seen[64][128]; /* families already closed: one may not come back */
+    char seen[64][256]; /* families already closed: one may not come back */
     int n_seen = 0;
     for (const char *l = text; l && *l;) {
         const char *e = strchr(l, '\n');
