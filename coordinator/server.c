@@ -783,6 +783,15 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     uint32_t world;
     Pcs__V1__Plan *plan = NULL;
     pcs_status_t st = check_and_plan(s, req->spec, 0, &world, &plan);
+    if (st == PCS_OK && (st = pcs_plan_check_runnable(plan)) != PCS_OK) {
+        /* planned (DryRunPlan shows it) but not run by the workers of this release: refused
+         * now rather than failed at step 1 */
+        char why[512];
+        snprintf(why, sizeof why, "%s", pcs_last_error());
+        pcs_set_error(st, "spec.%s", why);
+        pcs_plan_free(plan);
+        plan = NULL;
+    }
     if (st != PCS_OK) {
         PCS_DEBUG(PCS_SUB_COORD, "SubmitJob rejected: %s", pcs_last_error());
         fail_last(call, st);

@@ -48,6 +48,15 @@ uint64_t pcs_plan_hash(const Pcs__V1__Plan *p);
 pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
                                     Pcs__V1__RankEstimate *out);
 
+/* What the unit runtime of this release runs of a plan; the coordinator refuses the rest at
+ * SubmitJob and the runtime refuses it at create, so the two never disagree. Not run (yet):
+ * pipeline stages (pp > 1: planned and shown by `pcsctl plan`, no pipeline runtime) and a unit
+ * master, param, reduce, grad or accumulation dtype other than fp32, bf16 and fp16 (fp64: the
+ * kernels compute and the collectives reduce only those three). Buffers may be any floating dtype.
+ * PCS_OK, or PCS_ERR_UNSUPPORTED with "field: reason" (the spec field that asked for it) in
+ * pcs_last_error(). Pure; O(units). */
+pcs_status_t pcs_plan_check_runnable(const Pcs__V1__Plan *p);
+
 /* [begin, end) of shard `shard_rank`'s unpadded part of the unit's flat buffer (torch.chunk rule:
  * c = shard_numel, begin = min(r*c, flat_numel), end = min((r+1)*c, flat_numel); trailing shards
  * may be empty). The rank's padded shard is always c elements starting at r*c. */

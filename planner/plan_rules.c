@@ -165,6 +165,44 @@ uint64_t pcs_plan_unfrozen_numel(const Pcs__V1__Unit *u, uint32_t shard_rank)
     return c - (frozen < c ? frozen : c);
 }
 
+static bool runnable_dtype(Pcs__V1__DType t)
+{
+    return t == PCS__V1__DTYPE__DTYPE_UNSPECIFIED || t == PCS__V1__DTYPE__DTYPE_FP32 ||
+           t == PCS__V1__DTYPE__DTYPE_BF16 || t == PCS__V1__DTYPE__DTYPE_FP16;
+}
+
+pcs_status_t pcs_plan_check_runnable(const Pcs__V1__Plan *p)
+{
+    if (!p)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: required");
+    if (p->pp_size > 1)
+        return pcs_set_error(PCS_ERR_UNSUPPORTED,
+                             "mesh: pipeline stages (pp = %u) are planned (pcsctl plan shows the "
+                             "stages) but not run by this release",
+                             p->pp_size);
+    for (size_t i = 0; i < p->n_units; i++) {
+        const Pcs__V1__Unit *u = p->units[i];
+        const struct {
+            const char *what;
+            Pcs__V1__DType t;
+        } d[] = {{"master", u->master_dtype},
+                 {"param", u->param_dtype},
+                 {"reduce", u->reduce_dtype},
+                 {"grad", u->grad_dtype},
+                 {"accumulation", u->accum_dtype}};
+        for (size_t k = 0; k < sizeof d / sizeof d[0]; k++) {
+            if (!runnable_dtype(d[k].t))
+                return pcs_set_error(PCS_ERR_UNSUPPORTED,
+                                     "precision: unit %zu (%s) has %s dtype %s; this release "
+                                     "computes, reduces and keeps masters in fp32, bf16 and fp16 "
+                                     "only",
+                                     i, u->path && *u->path ? u->path : "root", d[k].what,
+                                     pcs_dtype_name((pcs_dtype_t)d[k].t));
+        }
+    }
+    return PCS_OK;
+}
+
 pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
                                     Pcs__V1__RankEstimate *out)
 {

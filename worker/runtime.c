@@ -38,6 +38,7 @@
 #include "pcs/log.h"
 #include "pcs/mem.h"
 #include "planner/mesh.h"
+#include "planner/plan.h"
 #include "worker/runtime_stats.h"
 
 // ---- units and the runtime object ----
@@ -567,12 +568,6 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
                                (unsigned long long)u->c, u->sg, (unsigned long long)u->padded);
             goto out;
         }
-        if (u->master != PCS_DTYPE_FP32 && u->master != PCS_DTYPE_BF16 &&
-            u->master != PCS_DTYPE_FP16) {
-            st = pcs_set_error(PCS_ERR_UNSUPPORTED, "unit %zu: master dtype %s", i,
-                               pcs_dtype_name(u->master));
-            goto out;
-        }
         u->shard_index = u->sg > 1 ? rt->shard_index : 0;
         u->ag = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER);
         u->rs = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER);
@@ -680,6 +675,7 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
     if (!cfg || !out || !cfg->plan || !cfg->be || !cfg->init_param)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "runtime: plan, backend and init required");
     *out = NULL;
+    PCS_CHECK(pcs_plan_check_runnable(cfg->plan)); /* what the coordinator accepts, no more */
     pcs_runtime_t *rt = NULL;
     pcs_status_t st;
     PCS_CHECK(pcs_calloc(1, sizeof *rt, (void **)&rt));

@@ -570,10 +570,7 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
             (unsigned long long)t->as->plan_hash, (unsigned long long)pcs_plan_hash(t->plan));
         goto fail;
     }
-    if (t->plan->pp_size > 1) {
-        st = pcs_set_error(PCS_ERR_UNSUPPORTED, "mesh: pipeline stages (pp > 1) are not run yet");
-        goto fail;
-    }
+    PCS_CHECK_GOTO(pcs_plan_check_runnable(t->plan), st, fail);
     {
         int coll = 0;
         PCS_CHECK_GOTO(pcs_train_resolve_backend(spec, cfg->backend, cfg->coll, &t->be, &coll), st,

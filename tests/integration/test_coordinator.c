@@ -382,6 +382,59 @@ static void test_invalid_specs_are_invalid_argument_naming_the_field(void **stat
     assert_int_equal(count_jobs(A), before); /* nothing was accepted */
 }
 
+/* spec_yaml with its mesh line replaced and `extra` appended */
+static Pcs__V1__JobSpec *spec_variant(const char *mesh, const char *extra)
+{
+    const char *line = "  - {dim: dp_shard, size: 4}\n";
+    const char *at = strstr(spec_yaml, line);
+    assert_non_null(at);
+    char y[2048];
+    snprintf(y, sizeof y, "%.*s%s%s%s", (int)(at - spec_yaml), spec_yaml, mesh,
+             at + strlen(line), extra);
+    ProtobufCMessage *m = NULL;
+    assert_int_equal(pcs_pb_from_yaml(y, strlen(y), &pcs__v1__job_spec__descriptor, &m), PCS_OK);
+    return (Pcs__V1__JobSpec *)m;
+}
+
+/* A job the planner plans but the workers of this release do not run (pipeline stages, fp64) is
+ * refused at SubmitJob with UNIMPLEMENTED naming the field, instead of being accepted and failing
+ * every rank at step 1; DryRunPlan still shows its plan. */
+static void test_specs_the_workers_cannot_run_are_unimplemented_at_submit(void **state)
+{
+    (void)state;
+    size_t before = count_jobs(A);
+    const struct {
+        const char *mesh, *extra, *needle;
+    } c[] = {
+        {"  - {dim: dp_shard, size: 2}\n  - {dim: pp, size: 2}\n", "",
+         "spec.mesh: pipeline stages (pp = 2)"},
+        {"  - {dim: dp_shard, size: 4}\n", "precision: {master_dtype: fp64, param_dtype: fp32}\n",
+         "spec.precision: unit 0 (root) has master dtype fp64"},
+        {"  - {dim: dp_shard, size: 4}\n", "precision: {reduce_dtype: fp64}\n",
+         "spec.precision: unit 0 (root) has reduce dtype fp64"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        Pcs__V1__JobSpec *spec = spec_variant(c[i].mesh, c[i].extra);
+        Pcs__V1__SubmitJobResponse *resp = NULL;
+        assert_int_equal(submit(A, spec, NULL, &resp), 12); /* UNIMPLEMENTED */
+        assert_null(resp);
+        if (!strstr(pcs_last_error(), c[i].needle))
+            fail_msg("case %zu: '%s' does not contain '%s'", i, pcs_last_error(), c[i].needle);
+        /* the plan itself is fine: DryRunPlan returns it */
+        Pcs__V1__DryRunPlanRequest dr = PCS__V1__DRY_RUN_PLAN_REQUEST__INIT;
+        dr.spec = spec;
+        Pcs__V1__DryRunPlanResponse *plan = NULL;
+        assert_int_equal(
+            call(A, PCS_M_DRY_RUN_PLAN, &dr, &pcs__v1__dry_run_plan_response__descriptor, &plan),
+            0);
+        assert_non_null(plan->plan);
+        assert_int_equal(plan->plan->pp_size, i == 0 ? 2 : 1);
+        protobuf_c_message_free_unpacked(&plan->base, NULL);
+        protobuf_c_message_free_unpacked(&spec->base, NULL);
+    }
+    assert_int_equal(count_jobs(A), before); /* nothing was accepted */
+}
+
 /* Submit a valid job; fill ids[4] with the worker ids in rank order. */
 static char *submit_running(const char *request_id, char ids[4][16])
 {
@@ -1371,6 +1424,7 @@ int main(void)
         cmocka_unit_test(test_100_workers_register_and_reregister_keeps_the_id),
         cmocka_unit_test(test_bad_worker_requests_get_precise_codes),
         cmocka_unit_test(test_invalid_specs_are_invalid_argument_naming_the_field),
+        cmocka_unit_test(test_specs_the_workers_cannot_run_are_unimplemented_at_submit),
         cmocka_unit_test(test_submit_gang_starts_and_watchers_get_ranks_plan_then_stop_on_cancel),
         cmocka_unit_test(test_kv_rendezvous_waits_limits_and_generations),
         cmocka_unit_test(test_report_step_done_from_all_ranks_succeeds_the_job),

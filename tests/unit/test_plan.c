@@ -1021,6 +1021,57 @@ static void test_size_based_wrap_follows_recursive_wrap(void **state)
     pcs_plan_free(p);
 }
 
+/* The plan/runtime contract: what a plan asks for that this release's runtime does not run is
+ * UNSUPPORTED, naming the spec field (the coordinator refuses it at SubmitJob); everything else
+ * the planner builds is runnable. */
+static void expect_unrunnable(const char *yaml, uint32_t ws, const char *needle)
+{
+    Pcs__V1__Plan *p = plan_of(yaml, ws);
+    assert_int_equal(pcs_plan_check_runnable(p), PCS_ERR_UNSUPPORTED);
+    if (!strstr(pcs_last_error(), needle))
+        fail_msg("error '%s' does not contain '%s'", pcs_last_error(), needle);
+    pcs_plan_free(p);
+}
+
+static void test_check_runnable_refuses_pipelines_and_fp64_only(void **state)
+{
+    (void)state;
+#define RUN_MLP                                                                                    \
+    "model: {mlp: {input_dim: 8, hidden_dims: [16, 16], output_dim: 4, norm: layernorm}}\n"       \
+    "wrap: {module_class: [MLPBlock]}\n"
+    expect_unrunnable(RUN_MLP "mesh: [{dim: dp_shard, size: 2}, {dim: pp, size: 2}]", 4,
+                      "mesh: pipeline stages (pp = 2)");
+    expect_unrunnable(RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\n"
+                              "precision: {master_dtype: fp64, param_dtype: fp32}",
+                      2, "master dtype fp64");
+    expect_unrunnable(RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\nprecision: {param_dtype: fp64}", 2,
+                      "param dtype fp64");
+    expect_unrunnable(RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\nprecision: {reduce_dtype: fp64}",
+                      2, "reduce dtype fp64");
+    /* an override reaches one unit (the LayerNorm, a unit of its own): the error names it */
+    expect_unrunnable(RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\n"
+                              "precision: {param_dtype: bf16, overrides: [{match: {module_class: "
+                              "LayerNorm}, param_dtype: fp64}]}",
+                      2, "precision: unit 2 (layers.0.norm) has param dtype fp64");
+    /* runnable: the policies of the seeds, fp64 buffers, every strategy, one rank */
+    const char *ok[] = {
+        RUN_MLP "mesh: [{dim: dp_shard, size: 2}]",
+        RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\nprecision: {param_dtype: bf16, reduce_dtype: fp32}",
+        RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\nprecision: {master_dtype: fp16}",
+        RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\nprecision: {param_dtype: fp16, buffer_dtype: fp64}",
+        RUN_MLP "strategy: no_shard\nmesh: [{dim: dp_shard, size: 4}]",
+        RUN_MLP "strategy: hybrid_shard\nmesh: [{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 2}]",
+        RUN_MLP "mesh: [{dim: pp, size: 1}, {dim: dp_shard, size: 1}]",
+    };
+    for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
+        Pcs__V1__Plan *p = plan_of(ok[i], 0);
+        if (pcs_plan_check_runnable(p) != PCS_OK)
+            fail_msg("case %zu: %s", i, pcs_last_error());
+        pcs_plan_free(p);
+    }
+#undef RUN_MLP
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1051,6 +1102,7 @@ int main(void)
         cmocka_unit_test(test_rank_estimate_matches_hand_count),
         cmocka_unit_test(test_rank_estimate_skips_frozen_grads_and_optimizer_state),
         cmocka_unit_test(test_size_based_wrap_follows_recursive_wrap),
+        cmocka_unit_test(test_check_runnable_refuses_pipelines_and_fp64_only),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
 }

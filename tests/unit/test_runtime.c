@@ -581,6 +581,17 @@ static void test_nccl_on_host_buffers_is_refused_with_a_reason(void **state)
     rc.device = 1; /* the cpu backend has device 0 only */
     assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_ERR_INVALID_ARG);
     assert_null(rt);
+    /* what the coordinator refuses at SubmitJob (pcs_plan_check_runnable) the runtime refuses
+     * too, before allocating anything */
+    rc.device = 0;
+    b.plan.units[0]->reduce_dtype = PCS__V1__DTYPE__DTYPE_FP64;
+    assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_ERR_UNSUPPORTED);
+    assert_null(rt);
+    assert_non_null(strstr(pcs_last_error(), "reduce dtype fp64"));
+    b.plan.units[0]->reduce_dtype = PCS__V1__DTYPE__DTYPE_FP32;
+    b.plan.pp_size = 2;
+    assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(pcs_last_error(), "pipeline stages (pp = 2)"));
 }
 
 int main(void)
