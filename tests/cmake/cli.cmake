@@ -21,3 +21,8 @@ add_test(NAME plan_cli_bad_world_fails COMMAND pcsctl plan
          ${PROJECT_SOURCE_DIR}/examples/hsdp-job.yaml --world 7)
 set_tests_properties(plan_cli_bad_world_fails PROPERTIES LABELS integration TIMEOUT 60
   PASS_REGULAR_EXPRESSION "mesh: world size 7 is not a multiple of pp x dp_replicate = 2")
+add_test(NAME plan_cli_pipeline_not_run COMMAND pcsctl plan
+         ${PROJECT_SOURCE_DIR}/tests/data/pipeline-job.yaml)
+set_tests_properties(plan_cli_pipeline_not_run PROPERTIES LABELS integration TIMEOUT 60
+  PASS_REGULAR_EXPRESSION
+  "not run by this release \\(SubmitJob refuses it\\): mesh: pipeline stages \\(pp = 2\\)")
