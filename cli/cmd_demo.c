@@ -431,9 +431,11 @@ int pcs_cli_demo(int argc, char **argv)
         spec->checkpoint = malloc(sizeof *spec->checkpoint);
         pcs__v1__checkpoint_spec__init(spec->checkpoint);
     }
+    /* the workers resolve checkpoint.dir beneath their --checkpoint-root, the demo's directory
+     * (a relative --dir would otherwise be taken twice); the demo itself reads <dir>/ckpt */
     char ckpt[PATH_MAX + 16];
     snprintf(ckpt, sizeof ckpt, "%s/ckpt", dir);
-    set_str(&spec->checkpoint->dir, ckpt);
+    set_str(&spec->checkpoint->dir, "ckpt");
     uint32_t world = 1;
     for (size_t i = 0; i < spec->n_mesh; i++)
         world *= spec->mesh[i]->size ? spec->mesh[i]->size : 1;

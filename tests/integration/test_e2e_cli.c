@@ -91,13 +91,21 @@ static void test_demo_cleans_up_and_reuses_its_directories(void **state)
     if (!strstr(out, "SUCCEEDED") || strstr(out, "removed ") || !strstr(out, "\n1\n"))
         fail_msg("demo --keep:\n%s", out);
     free(out);
-    /* 3. --dir twice: the second run clears the first and succeeds */
+    /* 3. --dir twice: the second run clears the first and succeeds; the second names the
+     * directory relative to the working directory (its checkpoints land in it, not in a copy of
+     * the relative path beneath it, and the export finds them) */
     for (int run = 0; run < 2; run++) {
-        snprintf(cmd, sizeof cmd, "%s demo --workers 2 --steps 2 --no-reference --dir %s/d 2>&1",
-                 pcs_test_bin("pcsctl"), dir);
+        if (run == 0)
+            snprintf(cmd, sizeof cmd,
+                     "%s demo --workers 2 --steps 2 --no-reference --dir %s/d 2>&1",
+                     pcs_test_bin("pcsctl"), dir);
+        else
+            snprintf(cmd, sizeof cmd,
+                     "cd %s && %s demo --workers 2 --steps 2 --no-reference --dir d 2>&1", dir,
+                     pcs_test_bin("pcsctl"));
         out = pcs_test_run(cmd, &status);
         assert_non_null(out);
-        if (status != 0 || !strstr(out, "SUCCEEDED"))
+        if (status != 0 || !strstr(out, "SUCCEEDED") || !strstr(out, "exported model: "))
             fail_msg("demo --dir, run %d: rc %d:\n%s", run + 1, status, out);
         if (run == 1)
             assert_non_null(strstr(out, "pcs demo: cleared the earlier run in "));
