@@ -79,7 +79,7 @@ static const char *reduction_text(const Pcs__V1__Unit *u, char *buf, size_t n)
  * neither grad nor optimizer state (pcs_plan_rank_estimate counts the same way). */
 static uint64_t unit_bytes_per_rank(const Pcs__V1__Plan *p, const Pcs__V1__Unit *u)
 {
-    size_t msz = pcs_dtype_size((pcs_dtype_t)u->master_dtype);
+    const size_t msz = 4; /* masters and optimizer state are stored in fp32 */
     bool frozen = false, trains = false;
     for (size_t i = 0; i < u->n_params; i++) {
         frozen |= u->params[i]->frozen;
@@ -103,13 +103,14 @@ static uint64_t unit_bytes_per_rank(const Pcs__V1__Plan *p, const Pcs__V1__Unit 
 
 static void print_estimate(const Pcs__V1__RankEstimate *e, const char *title)
 {
-    char a[32], b[32], c[32], d[32], f[32], g[32];
+    char a[32], b[32], c[32], d[32], f[32], g[32], h[32];
     printf("# %s (rank %u)\n", title, e->rank);
-    printf("#   memory : params %s  grads %s  optimizer %s  peak unsharded %s  buffers %s  "
-           "total %s\n",
+    printf("#   memory : params %s  grads %s  optimizer %s  peak unsharded %s  staging %s  "
+           "buffers %s  total %s\n",
            human(e->param_shard_bytes, a, sizeof a), human(e->grad_shard_bytes, b, sizeof b),
            human(e->optimizer_bytes, c, sizeof c), human(e->peak_unsharded_bytes, d, sizeof d),
-           human(e->buffer_bytes, f, sizeof f), human(e->total_bytes, g, sizeof g));
+           human(e->staging_bytes, h, sizeof h), human(e->buffer_bytes, f, sizeof f),
+           human(e->total_bytes, g, sizeof g));
     printf("#   traffic per step (received per rank): all-gather %s  reduce-scatter %s  "
            "all-reduce %s\n",
            human(e->all_gather_bytes, a, sizeof a), human(e->reduce_scatter_bytes, b, sizeof b),

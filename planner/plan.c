@@ -1087,6 +1087,7 @@ static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
     p->prefetch = s->training && s->training->prefetch ? s->training->prefetch : 1;
     p->virtual_stages = c->vstages;
     p->micro_batches = s->training && s->training->micro_batches ? s->training->micro_batches : 1;
+    p->full_precision_eval = s->training && s->training->full_precision_eval;
     p->optimizer_states = optimizer_states(s);
     p->layer_container = dupstr(c, c->m->modules[c->container].path);
     p->num_layers = c->nlayers;
@@ -1167,6 +1168,7 @@ static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
         MAXF(reduce_scatter_bytes);
         MAXF(all_reduce_bytes);
         MAXF(buffer_bytes);
+        MAXF(staging_bytes);
         MAXF(total_bytes);
 #undef MAXF
     }

@@ -203,6 +203,15 @@ pcs_status_t pcs_plan_check_runnable(const Pcs__V1__Plan *p)
     return PCS_OK;
 }
 
+static Pcs__V1__DType dt_or(Pcs__V1__DType v, Pcs__V1__DType def)
+{
+    return v != PCS__V1__DTYPE__DTYPE_UNSPECIFIED ? v : def;
+}
+
+/* The memory part follows what the unit runtime holds (worker/runtime.c), so that the estimate is
+ * a promise the runtime's own account (pcs_rt_stats_t.mem_*) is checked against: masters and
+ * optimizer state in fp32 storage, the full-size buffers from its pool only while a unit is live,
+ * one reduction in flight. docs/PLAN.md "Estimates" states the formulas. */
 pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
                                     Pcs__V1__RankEstimate *out)
 {
@@ -213,48 +222,79 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
     uint32_t pp = p->pp_size ? p->pp_size : 1;
     uint64_t mb = p->micro_batches ? p->micro_batches : 1;
     uint64_t depth = p->prefetch ? p->prefetch : 1;
+    const uint64_t f32 = 4;
 
-    /* this rank's units in forward order, with their unsharded (full) and kept-after-forward
-     * bytes */
+    /* this rank's units in forward order: unsharded (full) and kept-after-forward bytes, the
+     * unsharded gradient (param dtype), the reduction input when it is a separate block (cast,
+     * or copied out of the no-sync accumulator), the reduction input of the unit and whether
+     * its gradient stays gathered across no-sync micro-batches */
     size_t nu = 0;
-    uint64_t *full = NULL, *kept = NULL, *gradb = NULL;
-    PCS_CHECK(pcs_calloc(p->n_units * 5 + 2, sizeof *full, (void **)&full));
-    kept = full + p->n_units;
-    gradb = kept + p->n_units;
-    uint64_t acc = 0;
-    for (size_t i = 0; i < p->n_units; i++) {
+    uint64_t *full = NULL;
+    size_t n = p->n_units;
+    PCS_CHECK(pcs_calloc(n * 12 + 6, sizeof *full, (void **)&full));
+    uint64_t *kept = full + n, *gradb = kept + n, *copyb = gradb + n, *rsb = copyb + n,
+             *held = rsb + n, *anc_f = held + n, *anc_b = anc_f + n, *evalb = anc_b + n,
+             *pk = evalb + n, *pf = pk + n + 1, *ps = pf + n + 1;
+    uint64_t root_eval = 0;
+    size_t root_i = SIZE_MAX;
+    uint64_t acc = 0, max_c = 1;
+    for (size_t i = 0; i < n; i++) {
         const Pcs__V1__Unit *u = p->units[i];
         if (u->stage % pp != c.pp)
             continue;
         bool train = unit_trainable(u);
         uint64_t sh = u->shard_numel;
-        out->param_shard_bytes += sh * dsz(u->master_dtype);
+        uint32_t sg = u->shard_group_size ? u->shard_group_size : 1;
+        Pcs__V1__DType master = dt_or(u->master_dtype, PCS__V1__DTYPE__DTYPE_FP32);
+        Pcs__V1__DType param = dt_or(u->param_dtype, master);
+        Pcs__V1__DType reduce = dt_or(u->reduce_dtype, param);
+        Pcs__V1__DType grad = dt_or(u->grad_dtype, master);
+        Pcs__V1__DType accum = dt_or(u->accum_dtype, reduce);
+        /* masters are stored in fp32 (holding master-dtype values), as is optimizer state */
+        out->param_shard_bytes += sh * f32;
         if (train) {
             /* the flat sharded grad covers the whole shard (FSDP1 flat layout); optimizer state
              * leaves out the frozen parameters' elements of this rank's shard (they have no grad,
              * so the optimizer never makes state for them) */
-            uint32_t sg = u->shard_group_size ? u->shard_group_size : 1;
-            out->grad_shard_bytes += sh * dsz(u->grad_dtype);
+            out->grad_shard_bytes += sh * dsz(grad);
             out->optimizer_bytes += (uint64_t)p->optimizer_states *
-                                    pcs_plan_unfrozen_numel(u, sg > 1 ? c.dp_shard % sg : 0) *
-                                    dsz(u->master_dtype);
+                                    pcs_plan_unfrozen_numel(u, sg > 1 ? c.dp_shard % sg : 0) * f32;
         }
+        /* staging: the all-gather input (the cast master shard) unless it is fp32 already, the
+         * reduce-scatter output with a shard group */
+        if (param != PCS__V1__DTYPE__DTYPE_FP32)
+            out->staging_bytes += sh * dsz(param);
+        if (sg > 1)
+            out->staging_bytes += sh * dsz(reduce);
+        max_c = sh > max_c ? sh : max_c;
         for (size_t b = 0; b < u->n_buffers; b++)
             out->buffer_bytes += u->buffers[b]->numel * dsz(u->buffers[b]->run_dtype);
-        /* a replicated unit computing in its master dtype needs no separate unsharded copy */
-        bool copy = u->shard_group_size > 1 || u->param_dtype != u->master_dtype;
-        uint64_t f = copy ? u->padded_numel * dsz(u->param_dtype) : 0;
+        /* a replicated unit computing in fp32 on its fp32 master needs no unsharded copy */
+        bool copy = sg > 1 || param != PCS__V1__DTYPE__DTYPE_FP32 ||
+                    master != PCS__V1__DTYPE__DTYPE_FP32;
+        uint64_t f = copy ? u->padded_numel * dsz(param) : 0;
         full[nu] = f;
         kept[nu] = !u->reshard_after_forward ? f
                    : u->reshard_group_size   ? f / u->reshard_group_size
                                              : 0;
-        if (train) {
-            gradb[nu] = u->padded_numel * dsz(u->param_dtype);
-            if (u->reduce_dtype != u->param_dtype)
-                gradb[nu] += u->padded_numel * dsz(u->reduce_dtype);
-            if (mb > 1)
-                acc += u->padded_numel * dsz(u->accum_dtype);
+        /* full-precision eval gathers fp32 copies (mixed-precision units), one unit at a time
+         * beside the root's */
+        evalb[nu] = p->full_precision_eval && u->mixed_precision && param != master
+                        ? u->padded_numel * f32
+                        : f;
+        if (u->is_root) {
+            root_eval = evalb[nu];
+            root_i = nu;
         }
+        if (train) {
+            gradb[nu] = u->padded_numel * dsz(param);
+            rsb[nu] = u->padded_numel * dsz(reduce);
+            copyb[nu] = reduce != param || mb > 1 ? rsb[nu] : 0;
+            if (mb > 1)
+                acc += u->padded_numel * dsz(accum);
+        }
+        /* still gathered after its backward in a no-sync micro-batch (not freed after it) */
+        held[nu] = mb > 1 && !u->reshard_after_backward ? f : 0;
         nu++;
         for (size_t k = 0; k < u->n_collectives; k++) {
             const Pcs__V1__CollectiveSpec *cs = u->collectives[k];
@@ -275,31 +315,88 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
             }
         }
     }
-    /* prefix sums make both walks O(units) */
-    uint64_t *pk = gradb + p->n_units, *pf = pk + p->n_units + 1;
+    /* the runtime's fp32 scratch (largest shard) and read-back scalars */
+    out->staging_bytes += max_c * f32 + (3 + (uint64_t)n) * f32;
+    /* prefix sums make the walks O(units); ancestors (units whose module encloses unit i's, by
+     * path, in pre-order) stay gathered, with their gradient, while unit i computes */
     for (size_t i = 0; i < nu; i++) {
         pk[i + 1] = pk[i] + kept[i];
         pf[i + 1] = pf[i] + full[i];
+        /* a reshard_after_forward=int unit's kept slice is a block of its own, held beside
+         * the full buffer while the slice is cut (forward) or re-gathered (backward) */
+        ps[i + 1] = ps[i] + (kept[i] && kept[i] < full[i] ? kept[i] : 0);
     }
-    /* forward: units before i hold their kept bytes, i..i+depth are fully gathered */
+    {
+        size_t *stack = NULL, top = 0;
+        const Pcs__V1__Unit **mine = NULL;
+        if (pcs_calloc(nu + 1, sizeof *stack, (void **)&stack) != PCS_OK ||
+            pcs_calloc(nu + 1, sizeof *mine, (void **)&mine) != PCS_OK) {
+            free(stack);
+            free(full);
+            return PCS_ERR_NOMEM;
+        }
+        for (size_t i = 0, k = 0; i < n; i++)
+            if (p->units[i]->stage % pp == c.pp)
+                mine[k++] = p->units[i];
+        uint64_t extra_full = 0, extra_grad = 0; /* sums over the stack */
+        for (size_t i = 0; i < nu; i++) {
+            const char *pi = mine[i]->path ? mine[i]->path : "";
+            while (top) {
+                const char *pa = mine[stack[top - 1]]->path ? mine[stack[top - 1]]->path : "";
+                size_t la = strlen(pa);
+                if (la == 0 || (strncmp(pa, pi, la) == 0 && pi[la] == '.'))
+                    break;
+                top--;
+                extra_full -= full[stack[top]] - kept[stack[top]];
+                extra_grad -= gradb[stack[top]];
+            }
+            /* what ancestors hold beyond their kept bytes: forward, their params; backward,
+             * their params and gradients (an ancestor inside the prefetch window is counted
+             * twice: a bound, not an equality, for nested wrapping) */
+            anc_f[i] = extra_full;
+            anc_b[i] = extra_full + extra_grad;
+            stack[top++] = i;
+            extra_full += full[i] - kept[i];
+            extra_grad += gradb[i];
+        }
+        free(stack);
+        free(mine);
+    }
+    /* forward: units before i hold their kept bytes (ancestors their full bytes), i..i+depth
+     * are fully gathered */
     uint64_t peak = 0;
     for (size_t i = 0; i < nu; i++) {
         size_t hi = i + depth + 1 < nu ? i + depth + 1 : nu;
-        uint64_t s = pk[i] + (pf[hi] - pf[i]);
+        uint64_t s = pk[i] + (pf[hi] - pf[i]) + anc_f[i] + (ps[i + 1] - ps[i]);
         if (s > peak)
             peak = s;
     }
-    /* backward (reverse): units below i - depth still kept, i - depth..i gathered, plus the
-     * unsharded gradient (and its reduce-dtype copy) of unit i */
+    /* backward (reverse): units below i - depth still kept, i - depth..i gathered, ancestors
+     * gathered with their gradients, unit i's unsharded gradient; then either (sync
+     * micro-batch) its separate reduction input or the reduction of the unit after it still in
+     * flight, or (no-sync micro-batch) the units after it that stay gathered */
+    uint64_t after = 0;
     for (size_t i = nu; i-- > 0;) {
         size_t lo = i > depth ? i - depth : 0;
-        uint64_t s = gradb[i] + pk[lo] + (pf[i + 1] - pf[lo]);
+        uint64_t inflight = i + 1 < nu ? rsb[i + 1] : 0;
+        uint64_t sync = copyb[i] > inflight ? copyb[i] : inflight;
+        uint64_t tail = sync > after ? sync : after;
+        uint64_t s = pk[lo] + (pf[i + 1] - pf[lo]) + (ps[i + 1] - ps[lo]) + anc_b[i] + gradb[i] +
+                     tail;
+        if (s > peak)
+            peak = s;
+        after += held[i];
+    }
+    /* eval (after a step: every unit resharded, no gradients): the root and one unit gathered,
+     * inline */
+    for (size_t i = 0; i < nu; i++) {
+        uint64_t s = (i == root_i ? 0 : root_eval) + evalb[i];
         if (s > peak)
             peak = s;
     }
     free(full);
     out->peak_unsharded_bytes = peak + acc;
     out->total_bytes = out->param_shard_bytes + out->grad_shard_bytes + out->optimizer_bytes +
-                       out->peak_unsharded_bytes + out->buffer_bytes;
+                       out->peak_unsharded_bytes + out->staging_bytes + out->buffer_bytes;
     return PCS_OK;
 }

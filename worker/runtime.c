@@ -56,8 +56,14 @@ typedef struct rt_unit {
     void *master_shard;   /* c, master dtype */
     void *grad_shard;     /* c, grad dtype */
     float *opt_a, *opt_b; /* c each: exp_avg/exp_avg_sq or momentum */
-    void *unsharded;      /* padded, param dtype */
-    void *full;           /* padded, master dtype (full-precision eval), lazily */
+    /* The full-size buffers come from the runtime's pool (rt_block_t) and are held only while
+     * the unit is live, as the plan's estimate counts them: unsharded from prefetch/unshard to
+     * reshard, grads from grad_buffer to the hand-in, rs_in from the hand-in to the end of the
+     * reduction (the grads block itself when no cast is needed). NULL when not held. */
+    void *unsharded;      /* padded, param dtype; == master_shard when `alias` */
+    void *slice;          /* reshard_partial: my 1/rg of unsharded (pooled) until re-gathered */
+    int alias;            /* replicated fp32 unit computing on its fp32 master: no copy */
+    void *full;           /* padded, fp32 (full-precision eval; pooled, until resharded) */
     void *grads;          /* padded, param (compute) dtype */
     void *accum_buf;      /* padded, accum dtype (micro_batches > 1, else on first no-sync) */
     int accum_async;      /* accum_buf came from alloc_async (lazily), not alloc (setup) */
@@ -70,9 +76,9 @@ typedef struct rt_unit {
     int has_frozen;
     uint64_t *frz_off, *frz_len; /* the frozen ranges themselves: their grads are zeroed */
     size_t n_frz;
-    void *rs_in;  /* padded, reduce dtype */
-    void *rs_out; /* c, reduce dtype */
-    void *ag_in;  /* c, param dtype */
+    void *rs_in;  /* padded, reduce dtype (pooled, see above) */
+    void *rs_out; /* c, reduce dtype; only with a shard group */
+    void *ag_in;  /* c, param dtype; only when the param dtype is not fp32 (the cast) */
     int accum_valid;
     int state;           /* under mu */
     uint32_t rs_pending; /* queued or running reductions reading rs_in (under mu) */
@@ -153,10 +159,20 @@ struct pcs_runtime {
     double ar_ms; /* step-level scalar all-reduces (host-timed: they end in a sync) */
     double cast_ms, opt_ms, wait_ms;
     double inline_reduce_ms; /* reductions run on the compute thread (no reduction thread) */
+    double rs_wait_ms;       /* a hand-in waiting for the reduction in flight */
     double drain_ms;         /* optimizer step waiting for queued reductions */
     uint64_t ag_bytes, rs_bytes, ar_bytes;
     pcs_rt_records_t recs; /* this step's collectives, audit and fingerprint */
     uint32_t n_unsharded, max_unsharded;
+
+    /* The pool of full-size unit buffers and the runtime's memory account (under pool_mu). */
+    struct rt_block *blocks;
+    size_t n_blocks, cap_blocks;
+    pthread_mutex_t pool_mu;
+    uint64_t mem_live;      /* bytes of backend memory in use: setup buffers + held blocks */
+    uint64_t mem_reserved;  /* setup buffers + every pool block, held or free */
+    uint64_t mem_peak;      /* most mem_live since create */
+    uint64_t mem_step_peak; /* most mem_live since begin_step */
 };
 
 // ---- small helpers ----
@@ -177,6 +193,98 @@ static pcs_status_t wrap_err(pcs_status_t st, const char *fmt, ...)
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
     return pcs_set_error(st, "%s: %s", prefix, pcs_last_error());
+}
+
+// ---- the buffer pool ----
+
+/* A full-size unit buffer (unsharded parameters, gradients, reduction input). Blocks are reused
+ * by size, never returned to the backend before destroy (a caching allocator: units of one model
+ * mostly share a size, so after the first step nothing is allocated). A block released by work
+ * on stream s is reused by another stream only after `ev_free`, recorded on s at release. */
+typedef struct rt_block {
+    void *ptr;
+    size_t bytes;
+    pcs_event_t ev_free;
+    int in_use;
+} rt_block_t;
+
+static void mem_add_locked(pcs_runtime_t *rt, uint64_t bytes)
+{
+    rt->mem_live += bytes;
+    if (rt->mem_live > rt->mem_peak)
+        rt->mem_peak = rt->mem_live;
+    if (rt->mem_live > rt->mem_step_peak)
+        rt->mem_step_peak = rt->mem_live;
+}
+
+/* A block of `bytes` (contents undefined) usable by work enqueued on stream `s` after the call.
+ * Compute thread only (it may allocate: stream-ordered on the compute stream). bytes 0: NULL. */
+static pcs_status_t pool_get(pcs_runtime_t *rt, size_t bytes, pcs_stream_t s, void **out)
+{
+    *out = NULL;
+    if (bytes == 0)
+        return PCS_OK;
+    pcs_event_t ev = NULL;
+    pthread_mutex_lock(&rt->pool_mu);
+    for (size_t i = 0; i < rt->n_blocks; i++) {
+        rt_block_t *b = &rt->blocks[i];
+        if (!b->in_use && b->bytes == bytes) {
+            b->in_use = 1;
+            *out = b->ptr;
+            ev = b->ev_free;
+            mem_add_locked(rt, bytes);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&rt->pool_mu);
+    if (*out) /* s waits for the last user's work on the block */
+        return rt->be->stream_wait_event(s, ev);
+    void *p = NULL;
+    PCS_CHECK(rt->be->alloc_async(bytes, rt->cstream, &p));
+    pcs_status_t st = rt->be->event_create(&ev);
+    /* memory from a stream-ordered allocation is usable on another stream after an event */
+    if (st == PCS_OK)
+        st = rt->be->event_record(ev, rt->cstream);
+    if (st == PCS_OK && s != rt->cstream)
+        st = rt->be->stream_wait_event(s, ev);
+    pthread_mutex_lock(&rt->pool_mu);
+    if (st == PCS_OK)
+        st = pcs_grow((void **)&rt->blocks, &rt->cap_blocks, rt->n_blocks + 1, sizeof *rt->blocks);
+    if (st == PCS_OK) {
+        rt->blocks[rt->n_blocks++] = (rt_block_t){p, bytes, ev, 1};
+        rt->mem_reserved += bytes;
+        mem_add_locked(rt, bytes);
+    }
+    pthread_mutex_unlock(&rt->pool_mu);
+    if (st != PCS_OK) {
+        if (ev)
+            rt->be->event_destroy(ev);
+        rt->be->free_async(p, rt->cstream);
+        return st;
+    }
+    *out = p;
+    return PCS_OK;
+}
+
+/* Give back the block at `p` (NULL: nothing) once the work enqueued on `s` so far is done. Any
+ * thread. */
+static pcs_status_t pool_put(pcs_runtime_t *rt, void *p, pcs_stream_t s)
+{
+    if (!p)
+        return PCS_OK;
+    pcs_status_t st = pcs_set_error(PCS_ERR_INTERNAL, "runtime pool: %p is not a block", p);
+    pthread_mutex_lock(&rt->pool_mu);
+    for (size_t i = 0; i < rt->n_blocks; i++) {
+        rt_block_t *b = &rt->blocks[i];
+        if (b->ptr == p && b->in_use) {
+            st = rt->be->event_record(b->ev_free, s);
+            b->in_use = 0;
+            rt->mem_live -= b->bytes;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&rt->pool_mu);
+    return st;
 }
 
 static pcs_dtype_t dt_or(int v, pcs_dtype_t def)
@@ -354,12 +462,15 @@ static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full)
         uint64_t chunk = u->padded / u->rg;
         size_t pe = pcs_dtype_size(u->param);
         pcs_rt_timing_t *tm = pcs_rt_timing_start(&rt->tp_ag, rt->ag_stream);
-        pcs_status_t st =
-            coll_ag(rt, rt->reshard_c, rt->stage_ag, rt->ag_stream,
-                    (uint8_t *)u->unsharded + (size_t)(rt->reshard_index * chunk) * pe,
-                    u->unsharded, chunk, u->param);
+        pcs_status_t st = coll_ag(rt, rt->reshard_c, rt->stage_ag, rt->ag_stream, u->slice,
+                                  u->unsharded, chunk, u->param);
         if (st == PCS_OK)
             pcs_rt_timing_end(&rt->tp_ag, tm, rt->ag_stream, PCS_RT_T_AG);
+        /* the slice kept since forward goes back to the pool after the gather read it */
+        pcs_status_t pst = pool_put(rt, u->slice, rt->ag_stream);
+        u->slice = NULL;
+        if (st == PCS_OK)
+            st = pst;
         pthread_mutex_lock(&rt->mu);
         rt->ag_bytes += chunk * u->rg * pe;
         pcs_rt_record(&rt->recs, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER, u->index, u->param,
@@ -370,6 +481,8 @@ static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full)
         u->partial = 0;
         return PCS_OK;
     }
+    if (u->alias && !full)
+        return PCS_OK; /* computes on the master shard itself */
     pcs_dtype_t dt = full ? PCS_DTYPE_FP32 : u->param;
     void *dst = full ? u->full : u->unsharded;
     size_t esz = pcs_dtype_size(dt);
@@ -468,10 +581,19 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u);
 static pcs_status_t wait_reductions(pcs_runtime_t *rt);
 
 /* n elements of dt in backend memory, zeroed on the compute stream (setup: before any step). */
+static void mem_setup(pcs_runtime_t *rt, uint64_t bytes)
+{
+    pthread_mutex_lock(&rt->pool_mu);
+    rt->mem_reserved += bytes;
+    mem_add_locked(rt, bytes);
+    pthread_mutex_unlock(&rt->pool_mu);
+}
+
 static pcs_status_t alloc_zero(pcs_runtime_t *rt, uint64_t n, pcs_dtype_t dt, void **out)
 {
     *out = NULL;
     PCS_CHECK(rt->be->alloc((size_t)n * pcs_dtype_size(dt), out));
+    mem_setup(rt, (uint64_t)n * pcs_dtype_size(dt));
     return pcs_kernel_fill(rt->be, *out, dt, (size_t)n, 0.0, rt->cstream);
 }
 
@@ -485,6 +607,7 @@ static pcs_status_t alloc_zero_async(pcs_runtime_t *rt, uint64_t n, pcs_dtype_t 
 {
     *out = NULL;
     PCS_CHECK(rt->be->alloc_async((size_t)n * pcs_dtype_size(dt), rt->cstream, out));
+    mem_setup(rt, (uint64_t)n * pcs_dtype_size(dt));
     return pcs_kernel_fill(rt->be, *out, dt, (size_t)n, 0.0, rt->cstream);
 }
 
@@ -595,13 +718,17 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         PCS_CHECK_GOTO(alloc_zero(rt, u->c, PCS_DTYPE_FP32, (void **)&u->opt_a), st, out);
         if (rt->opt == PCS_OPT_ADAMW)
             PCS_CHECK_GOTO(alloc_zero(rt, u->c, PCS_DTYPE_FP32, (void **)&u->opt_b), st, out);
-        PCS_CHECK_GOTO(alloc_zero(rt, u->padded, u->param, &u->unsharded), st, out);
-        PCS_CHECK_GOTO(alloc_zero(rt, u->padded, u->param, &u->grads), st, out);
+        /* unsharded, grads and rs_in come from the pool while the unit is live; a replicated
+         * unit computing in fp32 on an fp32 master computes on the master itself (DDP) */
+        u->alias = u->sg <= 1 && u->param == PCS_DTYPE_FP32 && u->master == PCS_DTYPE_FP32;
+        if (u->alias)
+            u->unsharded = NULL; /* set to master_shard below */
         if (rt->micro_batches > 1)
             PCS_CHECK_GOTO(alloc_zero(rt, u->padded, u->accum, &u->accum_buf), st, out);
-        PCS_CHECK_GOTO(alloc_zero(rt, u->padded, u->reduce, &u->rs_in), st, out);
-        PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->reduce, &u->rs_out), st, out);
-        PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->param, &u->ag_in), st, out);
+        if (u->sg > 1)
+            PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->reduce, &u->rs_out), st, out);
+        if (u->param != PCS_DTYPE_FP32)
+            PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->param, &u->ag_in), st, out);
 
         /* Master shard: elements [shard_index*c, +c) of the flat buffer; parameters overlapping
          * it are generated only for the overlap (init is a function of element index), into a
@@ -626,6 +753,8 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         }
         PCS_CHECK_GOTO(trainable_ranges(u, pu, b, e), st, out);
         float *ms = u->master_shard;
+        if (u->alias)
+            u->unsharded = ms;
         PCS_CHECK_GOTO(rt->be->copy(ms, tmp, u->c * sizeof(float), PCS_COPY_H2D, rt->cstream), st,
                        out);
         /* the host buffer is reused for the next unit: the copy must have read it */
@@ -680,6 +809,7 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
     pcs_status_t st;
     PCS_CHECK(pcs_calloc(1, sizeof *rt, (void **)&rt));
     pthread_mutex_init(&rt->mu, NULL);
+    pthread_mutex_init(&rt->pool_mu, NULL);
     pthread_cond_init(&rt->cv, NULL);
     rt->plan = cfg->plan;
     rt->be = cfg->be;
@@ -908,16 +1038,13 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
         be->free(u->grad_shard);
         be->free(u->opt_a);
         be->free(u->opt_b);
-        be->free(u->unsharded);
-        be->free(u->grads);
+        /* unsharded, slice, grads and rs_in are pool blocks (freed below) */
         /* lazily allocated ones: stream-ordered on the compute stream (every stream synced
          * above, so nothing else still uses them), after which the compute stream syncs again */
-        be->free_async(u->full, rt->cstream);
         if (u->accum_async)
             be->free_async(u->accum_buf, rt->cstream);
         else
             be->free(u->accum_buf);
-        be->free(u->rs_in);
         be->free(u->rs_out);
         be->free(u->ag_in);
         free(u->upd_off);
@@ -929,6 +1056,11 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
             if (evs[k])
                 be->event_destroy(evs[k]);
     }
+    for (size_t i = 0; rt->be && i < rt->n_blocks; i++) {
+        rt->be->free_async(rt->blocks[i].ptr, rt->cstream);
+        rt->be->event_destroy(rt->blocks[i].ev_free);
+    }
+    free(rt->blocks);
     if (rt->be) {
         (void)rt->be->sync(rt->cstream); /* the free_async above have run */
         pcs_rt_tpool_free(&rt->tp_ag);
@@ -951,6 +1083,7 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
     pcs_rt_records_free(&rt->recs);
     pthread_cond_destroy(&rt->cv);
     pthread_mutex_destroy(&rt->mu);
+    pthread_mutex_destroy(&rt->pool_mu);
     free(rt);
 }
 
@@ -983,11 +1116,14 @@ pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt)
     if (!rt->q_len && !ag_in_flight(rt)) /* no timing slot held by the prefetch thread */
         pcs_rt_tpool_reset(&rt->tp_ag);
     rt->rs_cast_ms = 0;
-    rt->inline_reduce_ms = rt->drain_ms = 0;
+    rt->inline_reduce_ms = rt->drain_ms = rt->rs_wait_ms = 0;
     rt->ag_bytes = rt->rs_bytes = rt->ar_bytes = 0;
     pcs_rt_records_reset(&rt->recs);
     rt->max_unsharded = rt->n_unsharded;
     pthread_mutex_unlock(&rt->mu);
+    pthread_mutex_lock(&rt->pool_mu);
+    rt->mem_step_peak = rt->mem_live;
+    pthread_mutex_unlock(&rt->pool_mu);
     return PCS_OK;
 }
 
@@ -999,13 +1135,38 @@ static pcs_status_t check_unit(const pcs_runtime_t *rt, uint32_t unit)
     return PCS_OK;
 }
 
+/* Take the unit's unsharded block from the pool (compute thread, unit not queued or running: only
+ * this thread changes a sharded unit). The all-gather stream writes it. */
+static pcs_status_t hold_unsharded(pcs_runtime_t *rt, rt_unit_t *u)
+{
+    if (u->alias || u->unsharded)
+        return PCS_OK;
+    return pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->param), rt->ag_stream,
+                    &u->unsharded);
+}
+
+/* Back to the pool once the compute work enqueued so far (which reads it) is done. */
+static pcs_status_t drop_unsharded(pcs_runtime_t *rt, rt_unit_t *u)
+{
+    if (u->alias)
+        return PCS_OK;
+    void *p = u->unsharded;
+    u->unsharded = NULL;
+    return pool_put(rt, p, rt->cstream);
+}
+
 pcs_status_t pcs_runtime_prefetch(pcs_runtime_t *rt, uint32_t unit)
 {
     PCS_CHECK(check_unit(rt, unit));
     if (!rt->ag_started)
         return PCS_OK;
-    pthread_mutex_lock(&rt->mu);
     rt_unit_t *u = &rt->units[unit];
+    pthread_mutex_lock(&rt->mu);
+    int sharded = u->state == U_SHARDED;
+    pthread_mutex_unlock(&rt->mu);
+    if (sharded)
+        PCS_CHECK(hold_unsharded(rt, u));
+    pthread_mutex_lock(&rt->mu);
     if (u->state == U_SHARDED) {
         u->state = U_QUEUED;
         rt->queue[(rt->q_head + rt->q_len) % rt->n_units] = unit;
@@ -1031,13 +1192,8 @@ pcs_status_t pcs_runtime_unshard(pcs_runtime_t *rt, uint32_t unit, int full_prec
         while (rt->q_len || ag_in_flight(rt))
             pthread_cond_wait(&rt->cv, &rt->mu);
         pthread_mutex_unlock(&rt->mu);
-        if (!u->full) {
-            PCS_CHECK(alloc_zero_async(rt, u->padded, PCS_DTYPE_FP32, &u->full));
-            /* the gather into it (all-gather stream, which waits for ev_use in do_unshard)
-             * follows the stream-ordered allocation and the zeroing (compute stream): memory from
-             * cudaMallocAsync is usable on another stream only after such an event */
-            PCS_CHECK(rt->be->event_record(u->ev_use, rt->cstream));
-        }
+        if (!u->full) /* a pool block until the unit is resharded */
+            PCS_CHECK(pool_get(rt, (size_t)u->padded * sizeof(float), rt->ag_stream, &u->full));
         PCS_CHECK(do_unshard(rt, u, 1));
         PCS_CHECK(rt->be->stream_wait_event(rt->cstream, u->ev_ag));
         *params = u->full;
@@ -1061,6 +1217,7 @@ pcs_status_t pcs_runtime_unshard(pcs_runtime_t *rt, uint32_t unit, int full_prec
         if (st != PCS_OK)
             return pcs_set_error(st, "%s", msg);
     } else if (u->state != U_UNSHARDED) {
+        PCS_CHECK(hold_unsharded(rt, u));
         PCS_CHECK(do_unshard(rt, u, 0));
         pthread_mutex_lock(&rt->mu);
         u->state = U_UNSHARDED;
@@ -1091,7 +1248,13 @@ pcs_status_t pcs_runtime_reshard(pcs_runtime_t *rt, uint32_t unit)
     }
     u->partial = 0;
     pthread_mutex_unlock(&rt->mu);
-    /* the next all-gather into the buffer waits for the compute work enqueued so far */
+    /* sharded now (a failed prefetch too): its blocks go back to the pool after the compute work
+     * enqueued so far, which the next all-gather into the buffer also waits for */
+    PCS_CHECK(drop_unsharded(rt, u));
+    void *slice = u->slice, *full = u->full;
+    u->slice = u->full = NULL;
+    PCS_CHECK(pool_put(rt, slice, rt->cstream));
+    PCS_CHECK(pool_put(rt, full, rt->cstream));
     return rt->be->event_record(u->ev_use, rt->cstream);
 }
 
@@ -1101,38 +1264,30 @@ pcs_status_t pcs_runtime_reshard_partial(pcs_runtime_t *rt, uint32_t unit)
     rt_unit_t *u = &rt->units[unit];
     if (!u->rg || !rt->reshard_c)
         return pcs_runtime_reshard(rt, unit);
-    pcs_status_t st = PCS_OK;
     pthread_mutex_lock(&rt->mu);
     while (u->state == U_QUEUED || u->state == U_RUNNING)
         pthread_cond_wait(&rt->cv, &rt->mu);
-    if (u->state == U_UNSHARDED) {
-        /* Keep only my slice; the rest is zeroed so that nothing but the backward all-gather
-         * over the reshard group can restore it. */
-        uint64_t chunk = u->padded / u->rg;
-        size_t pe = pcs_dtype_size(u->param);
-        uint8_t *b = u->unsharded;
-        uint64_t lo = rt->reshard_index * chunk;
-        /* on the compute stream, after the forward work that still reads the buffer */
-        st = pcs_kernel_fill(rt->be, b, u->param, (size_t)lo, 0.0, rt->cstream);
-        if (st == PCS_OK)
-            st = pcs_kernel_fill(rt->be, b + (size_t)(lo + chunk) * pe, u->param,
-                                 (size_t)(u->padded - lo - chunk), 0.0, rt->cstream);
-        u->partial = 1;
+    int was = u->state == U_UNSHARDED;
+    if (was) {
         u->state = U_SHARDED;
         rt->n_unsharded--;
     }
     pthread_mutex_unlock(&rt->mu);
-    PCS_CHECK(st);
+    if (was && !u->slice) {
+        /* Keep only my slice (a block of 1/rg, as the plan's estimate counts it); the rest of
+         * the parameters come back only through the backward all-gather over the reshard
+         * group. On the compute stream, after the forward work that still reads the buffer. */
+        uint64_t chunk = u->padded / u->rg;
+        size_t bytes = (size_t)chunk * pcs_dtype_size(u->param);
+        PCS_CHECK(pool_get(rt, bytes, rt->cstream, &u->slice));
+        if (bytes)
+            PCS_CHECK(rt->be->copy(u->slice,
+                                   (uint8_t *)u->unsharded + (size_t)rt->reshard_index * bytes,
+                                   bytes, PCS_COPY_D2D, rt->cstream));
+        u->partial = 1;
+    }
+    PCS_CHECK(drop_unsharded(rt, u));
     return rt->be->event_record(u->ev_use, rt->cstream);
-}
-
-pcs_status_t pcs_runtime_param_buffer(pcs_runtime_t *rt, uint32_t unit, const void **params,
-                                      pcs_dtype_t *dtype)
-{
-    PCS_CHECK(check_unit(rt, unit));
-    *params = rt->units[unit].unsharded;
-    *dtype = rt->units[unit].param;
-    return PCS_OK;
 }
 
 int pcs_runtime_is_unsharded(const pcs_runtime_t *rt, uint32_t unit)
@@ -1145,6 +1300,9 @@ pcs_status_t pcs_runtime_grad_buffer(pcs_runtime_t *rt, uint32_t unit, void **gr
 {
     PCS_CHECK(check_unit(rt, unit));
     rt_unit_t *u = &rt->units[unit];
+    if (!u->grads)
+        PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->param), rt->cstream,
+                           &u->grads));
     PCS_CHECK(pcs_kernel_fill(rt->be, u->grads, u->param, u->padded, 0.0, rt->cstream));
     *grads = u->grads;
     *dtype = u->param;
@@ -1152,6 +1310,14 @@ pcs_status_t pcs_runtime_grad_buffer(pcs_runtime_t *rt, uint32_t unit, void **gr
 }
 
 // ---- reductions (the reduction thread, or inline) ----
+
+/* The grads block back to the pool after the compute work enqueued so far (which reads it). */
+static pcs_status_t drop_grads(pcs_runtime_t *rt, rt_unit_t *u)
+{
+    void *p = u->grads;
+    u->grads = NULL;
+    return pool_put(rt, p, rt->cstream);
+}
 
 /* Copy-in on the compute thread: cast (accumulator or grads) to the reduce dtype into rs_in, so
  * the grads buffer is free for the next backward while the collective runs. */
@@ -1164,14 +1330,23 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
         sdt = u->accum;
     }
     uint64_t t0 = pcs_now_us();
-    /* On the compute stream, after the backward that wrote the grads; rs_in must no longer be
-     * read by this unit's previous reduction (its event; the host already saw it issued). */
+    /* On the compute stream, after the backward that wrote the grads. */
     PCS_CHECK(rt->be->stream_wait_event(rt->cstream, u->ev_rsdone));
-    if (sdt == u->reduce)
-        PCS_CHECK(rt->be->copy(u->rs_in, src, u->padded * pcs_dtype_size(sdt), PCS_COPY_D2D,
-                               rt->cstream));
-    else
-        PCS_CHECK(pcs_kernel_cast(rt->be, u->rs_in, u->reduce, src, sdt, u->padded, rt->cstream));
+    if (src == u->grads && sdt == u->reduce) {
+        /* no cast: the gradient block itself is the reduction's input (no copy) */
+        u->rs_in = u->grads;
+        u->grads = NULL;
+    } else {
+        PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->reduce), rt->cstream,
+                           &u->rs_in));
+        if (sdt == u->reduce)
+            PCS_CHECK(rt->be->copy(u->rs_in, src, u->padded * pcs_dtype_size(sdt), PCS_COPY_D2D,
+                                   rt->cstream));
+        else
+            PCS_CHECK(
+                pcs_kernel_cast(rt->be, u->rs_in, u->reduce, src, sdt, u->padded, rt->cstream));
+        PCS_CHECK(drop_grads(rt, u));
+    }
     PCS_CHECK(rt->be->event_record(u->ev_rsin, rt->cstream));
     double ms = ms_since(t0);
     pthread_mutex_lock(&rt->mu); /* the prefetch thread adds its cast time too */
@@ -1184,9 +1359,20 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
  * reduction thread (stats under mu) or inline. */
 static pcs_status_t reduce_comm(pcs_runtime_t *rt, rt_unit_t *u)
 {
-    PCS_CHECK(rt->be->stream_wait_event(rt->rs_stream, u->ev_rsin));
-    PCS_CHECK(reduce_comm_ops(rt, u));
-    return rt->be->event_record(u->ev_rsdone, rt->rs_stream);
+    pcs_status_t st = rt->be->stream_wait_event(rt->rs_stream, u->ev_rsin);
+    if (st == PCS_OK)
+        st = reduce_comm_ops(rt, u);
+    if (st == PCS_OK)
+        st = rt->be->event_record(u->ev_rsdone, rt->rs_stream);
+    /* rs_in back to the pool once the reduction stream has read it (failed or not) */
+    char err[768] = "";
+    if (st != PCS_OK)
+        snprintf(err, sizeof err, "%s", pcs_last_error());
+    pcs_status_t pst = pool_put(rt, u->rs_in, rt->rs_stream);
+    u->rs_in = NULL;
+    if (st != PCS_OK)
+        return pcs_set_error(st, "%s", err);
+    return pst;
 }
 
 /* The plan's divide for a reduction with no collective, in the reduce dtype and with the
@@ -1300,9 +1486,15 @@ static void *rs_main(void *arg)
         rt->rs_busy = 1;
         int skip = rt->rs_err != PCS_OK || atomic_load(&rt->aborted);
         pthread_mutex_unlock(&rt->mu);
-        pcs_status_t st = skip               ? PCS_OK
-                          : dev_st != PCS_OK ? pcs_set_error(dev_st, "%s", dev_err)
-                                             : reduce_comm(rt, &rt->units[ui]);
+        pcs_status_t st = PCS_OK;
+        if (skip || dev_st != PCS_OK) { /* not run: its input goes back to the pool */
+            (void)pool_put(rt, rt->units[ui].rs_in, rt->rs_stream);
+            rt->units[ui].rs_in = NULL;
+            if (!skip)
+                st = pcs_set_error(dev_st, "%s", dev_err);
+        } else {
+            st = reduce_comm(rt, &rt->units[ui]);
+        }
         char err[768];
         if (st != PCS_OK)
             snprintf(err, sizeof err, "%s", pcs_last_error());
@@ -1344,6 +1536,12 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
     if (atomic_load(&rt->aborted))
         return pcs_set_error(PCS_ERR_CANCELLED, "runtime aborted");
     rt_unit_t *u = &rt->units[unit];
+    if (!u->grads) {
+        /* handed in without grad_buffer: a zero gradient, as an untouched buffer holds */
+        PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->param), rt->cstream,
+                           &u->grads));
+        PCS_CHECK(pcs_kernel_fill(rt->be, u->grads, u->param, u->padded, 0.0, rt->cstream));
+    }
     if (!sync || u->accum_valid) {
         if (!u->accum_buf) { /* no-sync hand-in with micro_batches 1 (C API): allocate on use */
             /* every user (this accumulation, reduce_copy_in) is on the compute stream */
@@ -1366,13 +1564,16 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
         pthread_mutex_unlock(&rt->mu);
     }
     if (!sync)
-        return PCS_OK;
+        return drop_grads(rt, u);
     if (rt->rs_started) {
-        /* A unit synced again in the same step (sync on every micro-batch, FSDP2 without
-         * no-sync): its previous reduction still reads rs_in, so the copy-in waits for it. */
+        /* One reduction in flight (FSDP2's rule, and what the plan's memory estimate counts):
+         * the reduction of the unit before overlaps this unit's backward, and this copy-in
+         * waits for it, so at most one reduction input besides this unit's gradient is held. */
+        uint64_t t0 = pcs_now_us();
         pthread_mutex_lock(&rt->mu);
-        while (u->rs_pending)
+        while (rt->rs_len || rt->rs_busy)
             pthread_cond_wait(&rt->cv, &rt->mu);
+        rt->rs_wait_ms += ms_since(t0);
         pthread_mutex_unlock(&rt->mu);
     }
     pcs_status_t st = reduce_copy_in(rt, u);
@@ -1639,7 +1840,7 @@ void pcs_runtime_stats(const pcs_runtime_t *rt, pcs_rt_stats_t *s)
     s->cast_ms = rt->cast_ms + rt->rs_cast_ms;
     s->optimizer_ms = rt->opt_ms;
     s->unshard_wait_ms = rt->wait_ms;
-    s->compute_thread_comm_ms = rt->wait_ms + rt->inline_reduce_ms;
+    s->compute_thread_comm_ms = rt->wait_ms + rt->inline_reduce_ms + rt->rs_wait_ms;
     s->reduce_drain_ms = rt->drain_ms;
     s->all_gather_bytes = rt->ag_bytes;
     s->reduce_scatter_bytes = rt->rs_bytes;
@@ -1650,6 +1851,11 @@ void pcs_runtime_stats(const pcs_runtime_t *rt, pcs_rt_stats_t *s)
     s->audit_ok = rt->recs.audit_ok;
     s->max_unsharded = rt->max_unsharded;
     pthread_mutex_unlock(&m->mu);
+    pthread_mutex_lock(&m->pool_mu);
+    s->mem_step_peak_bytes = rt->mem_step_peak;
+    s->mem_peak_bytes = rt->mem_peak;
+    s->mem_reserved_bytes = rt->mem_reserved;
+    pthread_mutex_unlock(&m->pool_mu);
 }
 
 pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t *out)

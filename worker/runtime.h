@@ -111,6 +111,14 @@ typedef struct pcs_rt_stats {
     uint64_t fingerprint;           /* FNV-1a over (kind, unit, dtype, count) of colls */
     int audit_ok;
     uint32_t max_unsharded; /* most units unsharded at once during the step */
+    /* The runtime's backend memory (device memory on cuda): shards, optimizer state, staging,
+     * accumulators, and the pooled full-size buffers (unsharded parameters, gradients, reduction
+     * inputs) while units hold them. What the plan's estimate promises (pcs_plan_rank_estimate:
+     * params + grads + optimizer + peak unsharded + staging); the model's activations and buffers
+     * are the model's. */
+    uint64_t mem_step_peak_bytes; /* most in use at once during the step */
+    uint64_t mem_peak_bytes;      /* most in use at once since create */
+    uint64_t mem_reserved_bytes;  /* held from the backend now (pool blocks kept for reuse) */
 } pcs_rt_stats_t;
 
 pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t **out);
@@ -128,7 +136,9 @@ pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt);
 /* Queue the all-gather of `unit` (no-op if unsharded or queued). */
 pcs_status_t pcs_runtime_prefetch(pcs_runtime_t *rt, uint32_t unit);
 /* Make `unit` unsharded (waiting for a queued prefetch). full_precision: gather the master dtype
- * instead of the param dtype (FSDP1 full-precision eval). *params = the padded flat buffer. */
+ * instead of the param dtype (FSDP1 full-precision eval). *params = the padded flat buffer, valid
+ * until the unit is resharded: the buffer comes from the runtime's pool while the unit is live
+ * (its address may differ from one unshard to the next; bind views after each unshard). */
 pcs_status_t pcs_runtime_unshard(pcs_runtime_t *rt, uint32_t unit, int full_precision,
                                  const void **params, pcs_dtype_t *dtype);
 pcs_status_t pcs_runtime_reshard(pcs_runtime_t *rt, uint32_t unit);
@@ -136,12 +146,9 @@ pcs_status_t pcs_runtime_reshard(pcs_runtime_t *rt, uint32_t unit);
  * next unshard all-gathers over the n-rank reshard group instead of the shard group. Same as
  * reshard() for units without a reshard group. */
 pcs_status_t pcs_runtime_reshard_partial(pcs_runtime_t *rt, uint32_t unit);
-/* The unit's compute-dtype unsharded buffer (stable address; contents valid only while
- * unsharded): models bind their parameter views to it once. */
-pcs_status_t pcs_runtime_param_buffer(pcs_runtime_t *rt, uint32_t unit, const void **params,
-                                      pcs_dtype_t *dtype);
 int pcs_runtime_is_unsharded(const pcs_runtime_t *rt, uint32_t unit);
-/* The padded flat gradient buffer backward writes into (compute dtype), zeroed. */
+/* The padded flat gradient buffer backward writes into (compute dtype), zeroed; valid until the
+ * hand-in (post_backward), which gives it back. */
 pcs_status_t pcs_runtime_grad_buffer(pcs_runtime_t *rt, uint32_t unit, void **grads,
                                      pcs_dtype_t *dtype);
 /* After backward of `unit` for one micro-batch: sync=0 accumulates into the unsharded accumulator

@@ -52,6 +52,8 @@ struct pcs_train {
     pcs_ckpt_dir_t ckpt; /* the job's own checkpoint directory (fd -1: none) */
 
     int32_t *mod_unit;   /* module index -> unit whose root it is, -1 otherwise */
+    int32_t *slot_param; /* unit_slot0[u] + k -> model parameter of the unit's k-th slot */
+    size_t *unit_slot0;
     uint32_t *fwd_order; /* units in forward order */
     uint32_t *unit_pos;  /* unit -> position in fwd_order */
     int *unit_mod;       /* unit -> root module index */
@@ -90,18 +92,32 @@ struct pcs_train {
 
 // ---- hooks ----
 
+/* The unit's parameters as views into its unsharded buffer: after every unshard (the runtime
+ * hands out a pooled buffer while the unit is live, not a fixed one). */
 static pcs_status_t bind_unit(pcs_train_t *t, uint32_t unit, const void *flat, pcs_dtype_t dt)
 {
     const Pcs__V1__Unit *u = t->plan->units[unit];
     size_t esz = pcs_dtype_size(dt);
-    for (size_t k = 0; k < u->n_params; k++) {
-        int pi = pcs_mlp_find_param(t->model, u->params[k]->fqn);
-        if (pi < 0)
-            return pcs_set_error(PCS_ERR_INVALID_ARG, "plan parameter %s is not in the model",
-                                 u->params[k]->fqn);
-        PCS_CHECK(pcs_mlp_bind_param(t->model, (uint32_t)pi, dt,
+    const int32_t *pi = t->slot_param + t->unit_slot0[unit];
+    for (size_t k = 0; k < u->n_params; k++)
+        PCS_CHECK(pcs_mlp_bind_param(t->model, (uint32_t)pi[k], dt,
                                      (const uint8_t *)flat + u->params[k]->offset * esz));
-    }
+    return PCS_OK;
+}
+
+/* Its gradients as views into the gradient buffer, before its backward (frozen: none). */
+static pcs_status_t bind_unit_grads(pcs_train_t *t, uint32_t unit)
+{
+    const Pcs__V1__Unit *u = t->plan->units[unit];
+    void *g;
+    pcs_dtype_t gdt;
+    PCS_CHECK(pcs_runtime_grad_buffer(t->rt, unit, &g, &gdt));
+    size_t esz = pcs_dtype_size(gdt);
+    const int32_t *pi = t->slot_param + t->unit_slot0[unit];
+    for (size_t k = 0; k < u->n_params; k++)
+        PCS_CHECK(pcs_mlp_bind_grad(t->model, (uint32_t)pi[k], gdt,
+                                    u->params[k]->frozen ? NULL
+                                                         : (uint8_t *)g + u->params[k]->offset * esz));
     return PCS_OK;
 }
 
@@ -118,8 +134,7 @@ static pcs_status_t hook_pre_forward(void *ctx, uint32_t mod)
     const Pcs__V1__Unit *u = t->plan->units[unit];
     int full = t->full_eval && u->mixed_precision && u->param_dtype != u->master_dtype;
     PCS_CHECK(pcs_runtime_unshard(t->rt, (uint32_t)unit, full, &p, &dt));
-    if (full)
-        PCS_CHECK(bind_unit(t, (uint32_t)unit, p, dt));
+    PCS_CHECK(bind_unit(t, (uint32_t)unit, p, dt));
     /* Keep `depth` units gathered ahead in forward order (bounded memory: root + current +
      * depth). */
     uint32_t pos = t->unit_pos[unit];
@@ -156,6 +171,8 @@ static pcs_status_t hook_pre_backward(void *ctx, uint32_t mod)
     const void *p;
     pcs_dtype_t dt;
     PCS_CHECK(pcs_runtime_unshard(t->rt, (uint32_t)unit, 0, &p, &dt));
+    PCS_CHECK(bind_unit(t, (uint32_t)unit, p, dt));
+    PCS_CHECK(bind_unit_grads(t, (uint32_t)unit));
     uint32_t pos = t->unit_pos[unit];
     for (uint32_t k = 1; k <= t->depth && k <= pos; k++)
         PCS_CHECK(pcs_runtime_prefetch(t->rt, t->fwd_order[pos - k]));
@@ -635,6 +652,29 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
             t->root_unit = (uint32_t)i;
         t->fwd_order[i] = (uint32_t)i;
     }
+    /* every plan parameter is a model parameter (bound to unit buffers at each unshard) */
+    {
+        size_t slots = 0;
+        for (size_t i = 0; i < t->n_units; i++)
+            slots += t->plan->units[i]->n_params;
+        PCS_CHECK_GOTO(
+            pcs_calloc(t->n_units + 1, sizeof *t->unit_slot0, (void **)&t->unit_slot0), st, fail);
+        PCS_CHECK_GOTO(
+            pcs_calloc(slots + 1, sizeof *t->slot_param, (void **)&t->slot_param), st, fail);
+        for (size_t i = 0, at = 0; i < t->n_units; i++) {
+            const Pcs__V1__Unit *u = t->plan->units[i];
+            t->unit_slot0[i] = at;
+            for (size_t k = 0; k < u->n_params; k++) {
+                int pi = pcs_mlp_find_param(t->model, u->params[k]->fqn);
+                if (pi < 0) {
+                    st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                                       "plan parameter %s is not in the model", u->params[k]->fqn);
+                    goto fail;
+                }
+                t->slot_param[at++] = pi;
+            }
+        }
+    }
     /* FSDP casting at unit boundaries (spec §1.3), the same rule the reference applies. */
     PCS_CHECK_GOTO(pcs_mlp_apply_plan_casts(t->model, t->plan), st, fail);
     t->feed_dtype = pcs_mlp_feed_dtype(t->plan, pcs_data_input_dtype(t->data));
@@ -672,32 +712,6 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     PCS_CHECK_GOTO(pcs_runtime_create(&rc, &t->rt), st, fail);
     t->bootstrap_ms = (double)(pcs_now_us() - t_boot) / 1000.0;
 
-    /* Bind every parameter to its unit's unsharded buffer and grad buffer once: the buffers live
-     * as long as the runtime; unshard only refreshes their contents. */
-    for (size_t i = 0; i < t->n_units; i++) {
-        const Pcs__V1__Unit *u = t->plan->units[i];
-        void *g;
-        pcs_dtype_t gdt;
-        const void *pb;
-        pcs_dtype_t pdt;
-        PCS_CHECK_GOTO(pcs_runtime_param_buffer(t->rt, (uint32_t)i, &pb, &pdt), st, fail);
-        PCS_CHECK_GOTO(bind_unit(t, (uint32_t)i, pb, pdt), st, fail);
-        PCS_CHECK_GOTO(pcs_runtime_grad_buffer(t->rt, (uint32_t)i, &g, &gdt), st, fail);
-        size_t esz = pcs_dtype_size(gdt);
-        for (size_t k = 0; k < u->n_params; k++) {
-            int pi = pcs_mlp_find_param(t->model, u->params[k]->fqn);
-            if (pi < 0) {
-                st = pcs_set_error(PCS_ERR_INVALID_ARG, "plan parameter %s is not in the model",
-                                   u->params[k]->fqn);
-                goto fail;
-            }
-            PCS_CHECK_GOTO(pcs_mlp_bind_grad(t->model, (uint32_t)pi, gdt,
-                                             u->params[k]->frozen
-                                                 ? NULL
-                                                 : (uint8_t *)g + u->params[k]->offset * esz),
-                           st, fail);
-        }
-    }
     PCS_CHECK_GOTO(setup_buffers(t), st, fail);
     uint64_t t_resume = pcs_now_us();
     PCS_CHECK_GOTO(resume_if_asked(t), st, fail);
@@ -760,6 +774,8 @@ void pcs_train_destroy(pcs_train_t *t)
     }
     free(t->buffers);
     free(t->mod_unit);
+    free(t->slot_param);
+    free(t->unit_slot0);
     free(t->fwd_order);
     free(t->unit_pos);
     free(t->unit_mod);
@@ -789,20 +805,6 @@ static const pcs_mlp_hooks_t *hooks_of(pcs_train_t *t, pcs_mlp_hooks_t *h)
     return h;
 }
 
-/* Rebind units that were bound to full-precision buffers back to their compute buffers. */
-static pcs_status_t restore_bindings(pcs_train_t *t)
-{
-    for (size_t i = 0; i < t->n_units; i++) {
-        const Pcs__V1__Unit *u = t->plan->units[i];
-        if (!(u->mixed_precision && u->param_dtype != u->master_dtype))
-            continue;
-        const void *p;
-        pcs_dtype_t dt;
-        PCS_CHECK(pcs_runtime_param_buffer(t->rt, (uint32_t)i, &p, &dt));
-        PCS_CHECK(bind_unit(t, (uint32_t)i, p, dt));
-    }
-    return PCS_OK;
-}
 
 // ---- host <-> model memory (identity on cpu) ----
 
@@ -887,8 +889,6 @@ static pcs_status_t run_eval(pcs_train_t *t, double *eval_loss)
         st = fetch_output(t, out, (size_t)n * od, &out);
     if (st == PCS_OK)
         st = pcs_loss_compute(t->loss, out, n, od, y, 1.0f, eval_loss, NULL);
-    if (was_full && st == PCS_OK)
-        st = restore_bindings(t);
     if (was_full && st == PCS_OK)
         st = pcs_mlp_apply_plan_casts(t->model, t->plan);
     return st;
@@ -1044,6 +1044,8 @@ void pcs_train_fill_report(Pcs__V1__StepReport *r, Pcs__V1__CollectiveRecord *re
     r->fingerprint = s->fingerprint;
     r->audit_ok = s->audit_ok;
     r->max_unsharded_units = s->max_unsharded;
+    r->runtime_memory_peak_bytes = s->mem_step_peak_bytes;
+    r->runtime_memory_reserved_bytes = s->mem_reserved_bytes;
     /* Aggregate per (kind, unit, dtype): calls and bytes. */
     size_t n = 0;
     for (size_t i = 0; i < s->n_colls; i++) {

@@ -164,6 +164,8 @@ static void run_full_shard(int world)
     double max_abs = 0;
     assert_true(job->export_path[0]);
     assert_int_equal(e2e_check_parity(job, yaml, 1e-4, 1e-3, 1.6e-2, &max_abs), 0);
+    /* real pcs-worker processes keep the plan's memory promise too */
+    assert_int_equal(e2e_check_memory_promise(job, yaml, 0.8), 0);
 }
 
 static void test_full_shard_bf16_fp32_reduce_w2_matches_reference(void **state)

@@ -78,6 +78,7 @@ static void run_parity(const job_params_t *p, double atol, double rtol, double l
     assert_int_equal(job.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
     double max_abs = 0;
     int fails = e2e_check_parity(&job, yaml, atol, rtol, loss_rtol, &max_abs);
+    fails += e2e_check_memory_promise(&job, yaml, 0.8);
     fprintf(stderr, "%s W=%d %s: max |d| %.3g in %.1f s\n",
             p->strategy ? p->strategy : "full_shard", p->world,
             p->precision ? p->precision : "bf16/fp32", max_abs, job.wall_s);

@@ -692,3 +692,36 @@ void e2e_assert_same_bits(const char *a_path, const char *b_path, const char *wh
     pcs_st_close(a);
     pcs_st_close(b);
 }
+
+int e2e_check_memory_promise(const e2e_job_t *job, const char *yaml, double floor)
+{
+    Pcs__V1__JobSpec *spec = e2e_parse_spec(yaml);
+    Pcs__V1__Plan *plan = NULL;
+    assert_int_equal(pcs_plan_build(spec, (uint32_t)job->world, &plan), PCS_OK);
+    int bad = 0;
+    for (int r = 0; r < job->world; r++) {
+        Pcs__V1__RankEstimate e;
+        assert_int_equal(pcs_plan_rank_estimate(plan, (uint32_t)r, &e), PCS_OK);
+        uint64_t promise = e.total_bytes - e.buffer_bytes, most = 0;
+        for (size_t i = 0; i < job->n_reports[r]; i++) {
+            uint64_t m = job->reports[r][i]->runtime_memory_peak_bytes;
+            most = m > most ? m : most;
+            if (m > promise) {
+                fprintf(stderr, "rank %d step %llu: runtime memory %llu B > the plan's %llu B\n",
+                        r, (unsigned long long)job->reports[r][i]->step, (unsigned long long)m,
+                        (unsigned long long)promise);
+                bad++;
+            }
+        }
+        fprintf(stderr, "rank %d: runtime memory peak %llu B = %.3f x the plan's estimate\n", r,
+                (unsigned long long)most, promise ? (double)most / (double)promise : 0.0);
+        if ((double)most < floor * (double)promise) {
+            fprintf(stderr, "rank %d: peak %llu B is below %.2f x the estimate %llu B\n", r,
+                    (unsigned long long)most, floor, (unsigned long long)promise);
+            bad++;
+        }
+    }
+    pcs_plan_free(plan);
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+    return bad;
+}

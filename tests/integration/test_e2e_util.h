@@ -89,6 +89,13 @@ int e2e_run_local(const char *yaml, const char *tag, int world, uint64_t inject_
 int e2e_check_parity(const e2e_job_t *job, const char *yaml, double atol, double rtol,
                      double loss_rtol, double *max_abs);
 
+/* The plan's memory estimate is a promise (issue 18): on every rank and step the unit runtime's
+ * peak backend memory (StepReport.runtime_memory_peak_bytes) is at most the rank's estimate
+ * (RankEstimate.total_bytes less the model's buffer_bytes), and the largest step reaches at least
+ * `floor` of it (the estimate is not a loose bound). Prints measured / estimate per rank. Returns
+ * the number of violations (0 = kept). */
+int e2e_check_memory_promise(const e2e_job_t *job, const char *yaml, double floor);
+
 /* Every tensor of the safetensors files a and b holds the same bits (fails the test naming the
  * first tensor that does not, with `what`). */
 void e2e_assert_same_bits(const char *a_path, const char *b_path, const char *what);

@@ -947,7 +947,10 @@ static void test_rank_estimate_matches_hand_count(void **state)
      * c = 2 per unit -> shards 2*2*4 = 16 B, grads 16 B, adam 2*16 = 32 B; all-gather: forward
      * and backward, (4-1)*2*4 = 24 B each, per unit -> 96 B; reduce-scatter 2*24 = 48 B.
      * peak (prefetch 1): backward of the last unit holds both units gathered (2*32 B) plus its
-     * unsharded fp32 grad (32 B) = 96 B. */
+     * unsharded fp32 grad (32 B) = 96 B; so does the first unit's backward: itself gathered
+     * (32 B), its grad (32 B) and the last unit's grad, the reduce-scatter input still in flight
+     * (32 B). Staging: each unit's reduce-scatter output (2 * 2*4 B), the fp32 scratch of the
+     * largest shard (2*4 B) and 3 + 3 scalars (24 B) = 48 B; no all-gather input (fp32). */
     Pcs__V1__Plan *p =
         plan_of("model: {explicit: [{path: a, class: Linear, params: [{name: w, shape: [8]}]},"
                 "{path: b, class: Linear, params: [{name: w, shape: [8]}]}]}\n"
@@ -964,7 +967,8 @@ static void test_rank_estimate_matches_hand_count(void **state)
     assert_int_equal(e.reduce_scatter_bytes, 48);
     assert_int_equal(e.all_reduce_bytes, 0);
     assert_int_equal(e.peak_unsharded_bytes, 96);
-    assert_int_equal(e.total_bytes, 16 + 16 + 32 + 96);
+    assert_int_equal(e.staging_bytes, 48);
+    assert_int_equal(e.total_bytes, 16 + 16 + 32 + 96 + 48);
     assert_int_equal(p->estimate_max->total_bytes, e.total_bytes);
     assert_int_equal(pcs_plan_rank_estimate(p, 4, &e), PCS_ERR_INVALID_ARG);
     pcs_plan_free(p);
