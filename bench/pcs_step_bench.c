@@ -20,6 +20,7 @@
 #include "io/checkpoint.h"
 #include "coll/kv.h"
 #include "pcs/clock.h"
+#include "pcs/cpu.h"
 #include "pcs/kernels.h"
 #include "pcs/pbtext.h"
 #include "pcs/version.h"
@@ -54,13 +55,31 @@ typedef struct bench_cfg {
     const char *backend; /* "cpu" | "cuda": the job's spec.backend */
     const char *coll;    /* "gloo" | "nccl": the job's spec.collectives */
     int devices;         /* cuda devices: rank r computes on r % devices */
+    int blas_threads;    /* per rank; 0 = auto (the CPUs divided by the ranks) */
 } bench_cfg_t;
 
 /* Per-rank means over the timed steps. */
 typedef struct step_stats {
     double step, compute, ag, rs, cast, opt, wait;
     double ag_mb, rs_mb;
+    double mem_mb; /* the unit runtime's peak backend memory (its own account) */
+    double rss_mb; /* the rank process's peak RSS (VmHWM) */
 } step_stats_t;
+
+/* Peak resident set of this process in MB (VmHWM), 0 if unknown. */
+static double peak_rss_mb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    if (!f)
+        return 0;
+    char line[256];
+    double kb = 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %lf kB", &kb) == 1)
+            break;
+    fclose(f);
+    return kb / 1024.0;
+}
 
 typedef struct rank_ctx {
     int warmup;
@@ -83,6 +102,8 @@ static void on_report(void *ctx, const Pcs__V1__StepReport *r)
     c->sum.opt += r->optimizer_ms;
     c->sum.ag_mb += (double)r->all_gather_bytes / 1e6;
     c->sum.rs_mb += (double)(r->reduce_scatter_bytes + r->all_reduce_bytes) / 1e6;
+    double mem = (double)r->runtime_memory_peak_bytes / 1e6;
+    c->sum.mem_mb = mem > c->sum.mem_mb ? mem : c->sum.mem_mb; /* a max, not a sum */
     c->n++;
 }
 
@@ -116,6 +137,8 @@ static int rank_main(const bench_cfg_t *b, int world, int rank, int prefetch, in
     as.generation = 1;
     as.rank = (uint32_t)rank;
     as.world_size = (uint32_t)world;
+    as.local_rank = (uint32_t)rank; /* every rank on this host */
+    as.local_world_size = (uint32_t)world;
     as.coords = &coords;
     as.spec = spec;
     as.plan = plan;
@@ -138,6 +161,7 @@ static int rank_main(const bench_cfg_t *b, int world, int rank, int prefetch, in
     tc.report = on_report;
     tc.report_ctx = &rc;
     tc.prefetch = prefetch;
+    tc.blas_threads = (uint32_t)b->blas_threads;
     pcs_train_t *t = NULL;
     pcs_train_result_t res;
     pcs_status_t st = pcs_train_create(&tc, &t);
@@ -154,8 +178,9 @@ static int rank_main(const bench_cfg_t *b, int world, int rank, int prefetch, in
         if (!f)
             return 2;
         double n = rc.n;
-        fprintf(f, "%f %f %f %f %f %f %f %f\n", rc.sum.step / n, rc.sum.compute / n, rc.sum.ag / n,
-                rc.sum.rs / n, rc.sum.cast / n, rc.sum.opt / n, rc.sum.ag_mb / n, rc.sum.rs_mb / n);
+        fprintf(f, "%f %f %f %f %f %f %f %f %f %f\n", rc.sum.step / n, rc.sum.compute / n,
+                rc.sum.ag / n, rc.sum.rs / n, rc.sum.cast / n, rc.sum.opt / n, rc.sum.ag_mb / n,
+                rc.sum.rs_mb / n, rc.sum.mem_mb, peak_rss_mb());
         fclose(f);
     }
     return st == PCS_OK ? 0 : 1;
@@ -202,8 +227,8 @@ static int run(const bench_cfg_t *b, int world, int prefetch, int steps, const c
             ok = ckpt != NULL; /* the check pass has no timed steps */
             continue;
         }
-        if (fscanf(f, "%lf %lf %lf %lf %lf %lf %lf %lf", &s.step, &s.compute, &s.ag, &s.rs, &s.cast,
-                   &s.opt, &s.ag_mb, &s.rs_mb) != 8)
+        if (fscanf(f, "%lf %lf %lf %lf %lf %lf %lf %lf %lf %lf", &s.step, &s.compute, &s.ag, &s.rs,
+                   &s.cast, &s.opt, &s.ag_mb, &s.rs_mb, &s.mem_mb, &s.rss_mb) != 10)
             ok = 0;
         fclose(f);
         out->step = fmax(out->step, s.step);
@@ -214,6 +239,8 @@ static int run(const bench_cfg_t *b, int world, int prefetch, int steps, const c
         out->opt = fmax(out->opt, s.opt);
         out->ag_mb = fmax(out->ag_mb, s.ag_mb);
         out->rs_mb = fmax(out->rs_mb, s.rs_mb);
+        out->mem_mb = fmax(out->mem_mb, s.mem_mb);
+        out->rss_mb = fmax(out->rss_mb, s.rss_mb);
     }
     rmtree(dir);
     return ok ? 0 : -1;
@@ -273,9 +300,72 @@ done:
     return wrong;
 }
 
+/* Parameters of the bench model and rank 0's promise (estimate less the model's buffers). */
+static int plan_numbers(const bench_cfg_t *b, int world, double *params, double *promise_mb)
+{
+    Pcs__V1__JobSpec *spec = make_spec(b, world, 1, NULL);
+    Pcs__V1__Plan *plan = NULL;
+    if (!spec || pcs_plan_build(spec, (uint32_t)world, &plan) != PCS_OK) {
+        if (spec)
+            protobuf_c_message_free_unpacked(&spec->base, NULL);
+        return -1;
+    }
+    *params = 0;
+    for (size_t i = 0; i < plan->n_units; i++)
+        *params += (double)plan->units[i]->numel;
+    Pcs__V1__RankEstimate e;
+    pcs_plan_rank_estimate(plan, 0, &e);
+    *promise_mb = (double)(e.total_bytes - e.buffer_bytes) / 1e6;
+    pcs_plan_free(plan);
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+    return 0;
+}
+
+/* --memory: bytes per model parameter against W. Two widths of the model (hidden 1024 and 2048,
+ * 4 layers) run a few steps at each W; the slope between them (what one more parameter costs a
+ * rank) is printed for the plan's promise, the runtime's own account and the process RSS, whose
+ * fixed part (code, gRPC/Gloo, activations of 32 rows) the slope leaves out. */
+static int memory_table(const bench_cfg_t *b0, const int *worlds, int n_worlds)
+{
+    const char *widths[2] = {"1024, 1024, 1024, 1024", "2048, 2048, 2048, 2048"};
+    printf("# --memory: per-rank bytes per model parameter = (value at hidden 2048 - value at "
+           "hidden 1024) / (params difference); FULL_SHARD bf16/fp32, AdamW, 4 micro-batches\n");
+    printf("#  W    params(1024)  params(2048)  promise B/param  runtime B/param  RSS B/param  "
+           "RSS/promise  RSS MB(2048)\n");
+    int failures = 0;
+    for (int wi = 0; wi < n_worlds; wi++) {
+        int W = worlds[wi];
+        double p[2], promise[2], mem[2], rss[2];
+        int ok = 1;
+        for (int k = 0; k < 2 && ok; k++) {
+            bench_cfg_t b = *b0;
+            snprintf(b.hidden, sizeof b.hidden, "%s", widths[k]);
+            step_stats_t s;
+            ok = plan_numbers(&b, W, &p[k], &promise[k]) == 0 &&
+                 run(&b, W, 1, 3, NULL, &s) == 0;
+            mem[k] = s.mem_mb;
+            rss[k] = s.rss_mb;
+        }
+        if (!ok) {
+            printf("%4d  run failed\n", W);
+            failures++;
+            continue;
+        }
+        double dp = p[1] - p[0];
+        double pr = (promise[1] - promise[0]) * 1e6 / dp, rt = (mem[1] - mem[0]) * 1e6 / dp,
+               rs = (rss[1] - rss[0]) * 1024 * 1024 / dp;
+        printf("%4d  %12.0f  %12.0f  %15.2f  %15.2f  %11.2f  %11.2f  %12.1f\n", W, p[0], p[1],
+               pr, rt, rs, pr > 0 ? rs / pr : 0, rss[1]);
+        fflush(stdout);
+    }
+    printf("# Out of bounds values : %d %s\n", failures, failures ? "FAILED" : "OK");
+    return failures ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
-    bench_cfg_t b = {256, 32, "1024, 1024, 1024, 1024", 2, 5, "cpu", "gloo", 0};
+    bench_cfg_t b = {256, 32, "1024, 1024, 1024, 1024", 2, 5, "cpu", "gloo", 0, 0};
+    int rss_slope = 0;
     char cmdline[1024] = "";
     for (int i = 0, o = 0; i < argc && o < (int)sizeof cmdline - 2; i++)
         o += snprintf(cmdline + o, sizeof cmdline - (size_t)o, " %s", argv[i]);
@@ -299,9 +389,14 @@ int main(int argc, char **argv)
             b.backend = argv[++i];
         } else if (strcmp(argv[i], "-c") == 0 && i + 1 < argc) {
             b.coll = argv[++i];
+        } else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc) {
+            b.blas_threads = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--memory") == 0) {
+            rss_slope = 1;
         } else {
             fprintf(stderr, "usage: pcs-step-bench [-g 1,2,4] [-n iters] [-w warmup] [--tiny] "
-                            "[--check-steps N] [-d cpu|cuda] [-c gloo|nccl]\n");
+                            "[--check-steps N] [-d cpu|cuda] [-c gloo|nccl] [-t blas-threads] "
+                            "[--memory]\n");
             return 2;
         }
     }
@@ -339,8 +434,13 @@ int main(int argc, char **argv)
     printf("# warmup %d steps, timed %d steps, per-rank mean, max over ranks; comm = AG + RS/AR "
            "time; overlap = max(compute, comm) / step\n",
            b.warmup, b.iters);
+    if (rss_slope)
+        return memory_table(&b, worlds, n_worlds);
+    printf("# BLAS threads per rank: %s; mem = the unit runtime's peak memory (its account), RSS "
+           "= the rank's peak resident set, max over ranks\n",
+           b.blas_threads ? "-t" : "auto (CPUs / ranks on the host)");
     printf("#  W     async    step   compute      AG    RS+AR    cast     opt   AG MB  RS MB  "
-           "overlap #wrong\n");
+           "overlap #wrong  blas  mem MB  RSS MB\n");
     printf("#                 (ms)      (ms)    (ms)     (ms)    (ms)    (ms)                   "
            "         \n");
     int failures = 0;
@@ -360,9 +460,13 @@ int main(int argc, char **argv)
             }
             double comm = s.ag + s.rs;
             double ov = s.step > 0 ? fmax(s.compute, comm) / s.step : 0;
-            printf("%4d  %8s %7.1f %9.1f %7.1f %8.1f %7.1f %7.1f %7.1f %6.1f %8.3f %6ld\n", W,
-                   pf ? "on" : "off", s.step, s.compute, s.ag, s.rs, s.cast, s.opt, s.ag_mb,
-                   s.rs_mb, ov, wrong);
+            int threads = b.blas_threads ? b.blas_threads
+                                         : pcs_cpu_threads_per_rank(pcs_cpu_available(),
+                                                                    (uint32_t)W);
+            printf("%4d  %8s %7.1f %9.1f %7.1f %8.1f %7.1f %7.1f %7.1f %6.1f %8.3f %6ld %5d "
+                   "%7.1f %7.1f\n",
+                   W, pf ? "on" : "off", s.step, s.compute, s.ag, s.rs, s.cast, s.opt, s.ag_mb,
+                   s.rs_mb, ov, wrong, threads, s.mem_mb, s.rss_mb);
             fflush(stdout);
         }
     }

@@ -1218,12 +1218,29 @@ static void start_job(pcs_coord_t *c, pcs_coord_job_t *j)
         memset(j->fp_ring, 0, (size_t)j->fp_stages * FP_RING * sizeof *j->fp_ring);
     free(j->reason);
     j->reason = NULL;
+    /* ranks per host: one pass counting (local rank = ranks before on the same host), one
+     * reading the counts back; a host map that cannot grow leaves the sizes unknown (0) */
+    pcs_strmap_t hosts = PCS_STRMAP_BORROWED;
+    bool counted = pcs_strmap_reserve(&hosts, j->world_size) == PCS_OK;
     for (r = 0; r < j->world_size; r++) {
         pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, j->rank_worker[r]);
         set_worker_state(c, w, PCS_WORKER_ASSIGNED);
         w->job = j;
         w->rank = r;
+        w->local_rank = w->local_size = 0;
+        uint32_t n = 0;
+        const char *h = w->host ? w->host : "";
+        if (counted) {
+            pcs_strmap_get(&hosts, h, &n);
+            counted = pcs_strmap_put(&hosts, h, n + 1) == PCS_OK;
+            w->local_rank = n;
+        }
     }
+    for (r = 0; counted && r < j->world_size; r++) {
+        pcs_coord_worker_t *w = pcs_coord_worker_by_number(c, j->rank_worker[r]);
+        pcs_strmap_get(&hosts, w->host ? w->host : "", &w->local_size);
+    }
+    pcs_strmap_free(&hosts);
     PCS_INFO(PCS_SUB_COORD,
              "job %s RUNNING: generation %" PRIu64 ", %" PRIu32 " workers (%s .. %s)", j->id,
              j->generation, j->world_size, pcs_coord_worker_by_number(c, j->rank_worker[0])->id,

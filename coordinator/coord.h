@@ -84,6 +84,10 @@ typedef struct pcs_coord_worker {
     pcs_worker_state_t state;
     struct pcs_coord_job *job; /* while ASSIGNED */
     uint32_t rank;
+    /* while ASSIGNED: its place among the job's ranks on the same host (registered `host`), and
+     * how many there are (torchrun's LOCAL_RANK / LOCAL_WORLD_SIZE); 0 size = not known (a
+     * re-adopted job) */
+    uint32_t local_rank, local_size;
     uint32_t stop_job;    /* while STOPPING: the number of the job it must confirm it left */
     uint64_t stop_gen;    /* and its generation */
     uint64_t registered_wall_ms;

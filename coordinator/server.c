@@ -380,6 +380,10 @@ static void send_event(pcs_server_t *s, pcs_coord_worker_t *w, const pcs_coord_e
         a.plan_hash = j->plan_hash;
         snprintf(uid, sizeof uid, "%016" PRIx64 "/%s", s->coordinator_id, j->id);
         a.job_uid = uid;
+        if (w->job == j && w->local_size) {
+            a.local_rank = w->local_rank;
+            a.local_world_size = w->local_size;
+        }
         if (e->generation > 1)
             a.resume = &own; /* a restart: from the job's own last committed checkpoint */
         if (j->plan && pcs_plan_rank_estimate(j->plan, e->rank, &est) == PCS_OK)

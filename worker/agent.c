@@ -54,7 +54,7 @@ struct pcs_agent {
     int device; /* resolved ordinal (0 on cpu) */
     uint64_t incarnation; /* random, nonzero: this process's Registers (RegisterRequest) */
     uint64_t inject_inf_step, die_at_checkpoint;
-    uint32_t inject_inf_rank, step_pause_ms, die_rank;
+    uint32_t inject_inf_rank, step_pause_ms, die_rank, blas_threads;
 
     pcs_rpc_client_t *rpc;
     atomic_int stop; /* set by pcs_agent_stop (signal handler) */
@@ -804,6 +804,7 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
         tc.die_at_checkpoint = a->die_at_checkpoint;
         tc.die_rank = a->die_rank;
         tc.step_pause_ms = a->step_pause_ms;
+        tc.blas_threads = a->blas_threads;
         tc.prefetch = -1;
         tc.data_root = a->roots[0];
         tc.init_root = a->roots[1];
@@ -962,6 +963,7 @@ pcs_status_t pcs_agent_create(const pcs_agent_config_t *cfg, pcs_agent_t **out)
     a->die_at_checkpoint = cfg->die_at_checkpoint;
     a->die_rank = cfg->die_rank;
     a->step_pause_ms = cfg->step_pause_ms;
+    a->blas_threads = cfg->blas_threads;
     a->job_fn = cfg->job_fn;
     a->job_ctx = cfg->job_ctx;
     pcs_rpc_client_options_t ro = {.reconnect_max_ms = cfg->reconnect_max_ms};

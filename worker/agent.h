@@ -50,6 +50,7 @@ typedef struct pcs_agent_config {
     uint64_t die_at_checkpoint; /* test hook, see pcs_train_config_t */
     uint32_t die_rank;
     uint32_t step_pause_ms; /* test hook, see pcs_train_config_t */
+    uint32_t blas_threads;  /* see pcs_train_config_t */
     /* Where a job's paths may lead (DESIGN.md §10): data.file, init.from and checkpoint.dir
      * resolve beneath these directories (opened at create: a missing one fails it). NULL or ""
      * = `root`; `root` NULL or "" = the working directory. */

@@ -44,6 +44,9 @@ static const pcs_opt_t worker_opts[] = {
      "serve /metrics, /healthz (liveness) and /readyz (registered) on host:port (empty: off)"},
     {"metrics-port-file", PCS_OPT_STRING, "", 0, 0,
      "write the bound metrics port to this file (with --metrics-listen host:0)"},
+    {"blas-threads", PCS_OPT_U32, "0", 0, 1024,
+     "OpenBLAS threads of a cpu job (0 = auto: the CPUs this process may use, affinity and cgroup "
+     "quota, divided by the job's ranks on this host)"},
     {"log-level", PCS_OPT_STRING, "info", 0, 0, "error | warn | info | debug | trace"},
     {"simulate-cuda", PCS_OPT_U32, "0", 0, PCS_SIMULATE_CUDA_MAX_DEVICES,
      "test hook: N > 0 makes backend cuda a simulated device (N devices) computing on the host"},
@@ -127,6 +130,7 @@ int main(int argc, char **argv)
     ac.die_at_checkpoint = pcs_config_u64(cfg, "die-at-checkpoint");
     ac.die_rank = pcs_config_u32(cfg, "die-rank");
     ac.step_pause_ms = pcs_config_u32(cfg, "step-pause-ms");
+    ac.blas_threads = pcs_config_u32(cfg, "blas-threads");
 
     if (pcs_agent_create(&ac, &g_agent) != PCS_OK) {
         fprintf(stderr, "pcs-worker: %s\n", pcs_last_error());

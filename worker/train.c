@@ -21,6 +21,7 @@
 #include "model/loss.h"
 #include "model/model.h"
 #include "pcs/clock.h"
+#include "pcs/cpu.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
 #include "planner/mesh.h"
@@ -596,6 +597,17 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
         t->device = strcmp(t->be->name, "cpu") != 0 ? cfg->device : 0;
     }
     t->on_host = strcmp(t->be->name, "cpu") == 0;
+    if (t->on_host) {
+        /* ranks on one host share its CPUs: a pool per rank sized to all of them spins in
+         * sched_yield (issue 18) */
+        int cpus = pcs_cpu_available();
+        int n = cfg->blas_threads ? (int)cfg->blas_threads
+                                  : pcs_cpu_threads_per_rank(cpus, t->as->local_world_size);
+        int got = pcs_mlp_blas_threads(n);
+        PCS_INFO(PCS_SUB_WORKER, "rank %u: %d BLAS threads (%s; %d CPUs, %u ranks on this host)",
+                 t->as->rank, got, cfg->blas_threads ? "--blas-threads" : "auto", cpus,
+                 t->as->local_world_size);
+    }
     if (!t->on_host) {
         /* CUDA's current device is per thread: this (training) thread computes on t->device;
          * the runtime's threads set it themselves. */

@@ -52,6 +52,9 @@ typedef struct pcs_train_config {
     int stage_host;
     /* Overrides for the bench: -1 = plan's prefetch depth. */
     int prefetch;
+    /* OpenBLAS threads of a cpu job (process-wide); 0 = auto: pcs_cpu_available() divided by
+     * the assignment's local_world_size (the ranks sharing this host). */
+    uint32_t blas_threads;
     /* Where the spec's paths may lead (DESIGN.md §10, pcs/file.h): data.file, init.from and
      * checkpoint.dir resolve beneath these (retained; NULL = as given: local runs and tools). The
      * checkpoints go to the job's own <checkpoint.dir>/<job id>, claimed by assignment.job_uid

@@ -1,6 +1,7 @@
 # common/: gRPC glue, config engine, UTF-8, YAML/JSON <-> protobuf, and the codec fuzzing.
 pcs_add_test(NAME test_rpc SOURCES unit/test_rpc.c LIBS pcs_common LABELS unit TIMEOUT 60)
 pcs_add_test(NAME test_config SOURCES unit/test_config.c LIBS pcs_base LABELS unit TIMEOUT 60)
+pcs_add_test(NAME test_cpu SOURCES unit/test_cpu.c LIBS pcs_base LABELS unit TIMEOUT 60)
 # Untrusted paths: no blocking open, regular files only (a FIFO must not wedge a worker).
 pcs_add_test(NAME test_file SOURCES unit/test_file.c LIBS pcs_base LABELS unit TIMEOUT 60)
 # UTF-8 validation of proto3 strings: byte validator, boundary cuts, request walk.

@@ -474,6 +474,8 @@ static void test_submit_gang_starts_and_watchers_get_ranks_plan_then_stop_on_can
         assert_string_equal(a->job_id, job_id);
         assert_int_equal(a->rank, r);
         assert_int_equal(a->world_size, 4);
+        assert_int_equal(a->local_rank, r); /* all four registered from 127.0.0.1 */
+        assert_int_equal(a->local_world_size, 4);
         assert_int_equal(a->generation, 1);
         assert_non_null(a->coords);
         assert_int_equal(a->coords->dp_shard, r);

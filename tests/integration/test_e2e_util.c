@@ -529,6 +529,8 @@ static int local_rank_main(const char *yaml, const char *dir, const char *ckpt, 
     as.generation = 1;
     as.rank = (uint32_t)rank;
     as.world_size = (uint32_t)world;
+    as.local_rank = (uint32_t)rank; /* every rank on this host */
+    as.local_world_size = (uint32_t)world;
     as.coords = &coords;
     as.spec = spec;
     as.plan = plan;

@@ -432,6 +432,31 @@ static void test_gang_start_skips_lost_workers_and_uses_registration_order(void 
     assert_int_equal(j->rank_worker[1], 3);
 }
 
+/* Gang start tells each rank its place among the job's ranks on its host and how many share it
+ * (LOCAL_RANK / LOCAL_WORLD_SIZE): hosts a, b, a, b, a -> local ranks 0 0 1 1 2, sizes 3 2 3 2 3. */
+static void test_gang_start_numbers_the_ranks_of_each_host(void **state)
+{
+    fixture_t *f = *state;
+    const char *hosts[5] = {"a", "b", "a", "b", "a"};
+    for (int i = 0; i < 5; i++) {
+        char id[16];
+        snprintf(id, sizeof id, "local-%d", i);
+        pcs_coord_register_t r = {.identity = id, .host = hosts[i], .pid = 42};
+        pcs_coord_worker_t *w = NULL;
+        bool rr = false;
+        assert_int_equal(pcs_coord_register(f->c, &r, &w, &rr), PCS_OK);
+    }
+    pcs_coord_job_t *j = submit_shard(f, 5, NULL);
+    assert_int_equal(j->state, PCS_JOB_RUNNING);
+    const uint32_t want_rank[5] = {0, 0, 1, 1, 2}, want_size[5] = {3, 2, 3, 2, 3};
+    for (uint32_t r = 0; r < 5; r++) {
+        pcs_coord_worker_t *w = pcs_coord_worker_by_number(f->c, j->rank_worker[r]);
+        assert_string_equal(w->host, hosts[r]);
+        assert_int_equal(w->local_rank, want_rank[r]);
+        assert_int_equal(w->local_size, want_size[r]);
+    }
+}
+
 static void test_large_pending_job_does_not_block_smaller_one_behind_it(void **state)
 {
     fixture_t *f = *state;
@@ -1951,6 +1976,7 @@ int main(void)
         T(test_deregister_makes_worker_gone_and_is_idempotent),
         T(test_job_stays_pending_until_enough_workers_then_gang_starts_fifo),
         T(test_gang_start_skips_lost_workers_and_uses_registration_order),
+        T(test_gang_start_numbers_the_ranks_of_each_host),
         T(test_large_pending_job_does_not_block_smaller_one_behind_it),
         T(test_cuda_job_only_takes_workers_with_a_cuda_device),
         T(test_jobs_only_take_workers_offering_their_transport),

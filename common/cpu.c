@@ -1,0 +1,74 @@
+/* CPUs available to this process (see pcs/cpu.h). */
+#define _GNU_SOURCE
+#include "pcs/cpu.h"
+
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int pcs_cpu_quota_parse(const char *cpu_max)
+{
+    if (!cpu_max)
+        return 0;
+    char quota[32];
+    unsigned long long period = 0;
+    if (sscanf(cpu_max, "%31s %llu", quota, &period) != 2 || period == 0)
+        return 0;
+    char *end = NULL;
+    unsigned long long q = strtoull(quota, &end, 10);
+    if (end == quota || *end || q == 0)
+        return 0; /* "max": no limit */
+    unsigned long long n = (q + period - 1) / period;
+    return n > 1u << 20 ? 1 << 20 : (int)n;
+}
+
+static int read_small(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return -1;
+    size_t got = fread(buf, 1, n - 1, f);
+    fclose(f);
+    buf[got] = 0;
+    return 0;
+}
+
+static int cgroup_quota(void)
+{
+    char buf[128];
+    if (read_small("/sys/fs/cgroup/cpu.max", buf, sizeof buf) == 0)
+        return pcs_cpu_quota_parse(buf);
+    char q[64], p[64], both[160];
+    if (read_small("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", q, sizeof q) != 0 ||
+        read_small("/sys/fs/cgroup/cpu/cpu.cfs_period_us", p, sizeof p) != 0)
+        return 0;
+    long long qv = strtoll(q, NULL, 10);
+    if (qv <= 0)
+        return 0; /* -1: no limit */
+    snprintf(both, sizeof both, "%lld %s", qv, p);
+    return pcs_cpu_quota_parse(both);
+}
+
+int pcs_cpu_available(void)
+{
+    cpu_set_t set;
+    int n = 0;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        n = CPU_COUNT(&set);
+    if (n <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        n = c > 0 ? (int)c : 1;
+    }
+    int q = cgroup_quota();
+    if (q > 0 && q < n)
+        n = q;
+    return n > 0 ? n : 1;
+}
+
+int pcs_cpu_threads_per_rank(int cpus, uint32_t local_ranks)
+{
+    int t = cpus / (int)(local_ranks ? local_ranks : 1);
+    return t > 0 ? t : 1;
+}

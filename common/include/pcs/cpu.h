@@ -1,0 +1,28 @@
+/* The CPUs this process may use, for sizing compute thread pools (OpenBLAS) so that the ranks
+ * sharing a host do not oversubscribe it: the affinity mask (taskset, cpusets, Kubernetes static
+ * CPU manager) capped by the cgroup CPU quota (Kubernetes limits.cpu, docker --cpus). */
+#ifndef PCS_CPU_H
+#define PCS_CPU_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* CPUs a cgroup quota allows, rounded up: cgroup v2 cpu.max text ("150000 100000" -> 2;
+ * "max 100000" -> 0 = no limit). 0 also for text that is not a quota. Pure. */
+int pcs_cpu_quota_parse(const char *cpu_max);
+
+/* min(CPUs in the affinity mask, the cgroup quota (v2 /sys/fs/cgroup/cpu.max, else v1
+ * cpu.cfs_quota_us / cpu.cfs_period_us)); at least 1. */
+int pcs_cpu_available(void);
+
+/* Threads per rank when `local_ranks` ranks share `cpus` CPUs: cpus / local_ranks, at least 1
+ * (local_ranks 0 = unknown: 1 rank). Pure. */
+int pcs_cpu_threads_per_rank(int cpus, uint32_t local_ranks);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
