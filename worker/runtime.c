@@ -63,6 +63,9 @@ typedef struct rt_unit {
     void *unsharded;      /* padded, param dtype; == master_shard when `alias` */
     void *slice;          /* reshard_partial: my 1/rg of unsharded (pooled) until re-gathered */
     int alias;            /* replicated fp32 unit computing on its fp32 master: no copy */
+    pcs_event_t ev_block; /* the unsharded block's release event: the all-gather stream waits
+                           * for it (prefetch thread) before gathering into the block */
+    int gathered;         /* an all-gather into `unsharded` was issued (ev_ag covers it) */
     void *full;           /* padded, fp32 (full-precision eval; pooled, until resharded) */
     void *grads;          /* padded, param (compute) dtype */
     void *accum_buf;      /* padded, accum dtype (micro_batches > 1, else on first no-sync) */
@@ -218,10 +221,15 @@ static void mem_add_locked(pcs_runtime_t *rt, uint64_t bytes)
 }
 
 /* A block of `bytes` (contents undefined) usable by work enqueued on stream `s` after the call.
- * Compute thread only (it may allocate: stream-ordered on the compute stream). bytes 0: NULL. */
-static pcs_status_t pool_get(pcs_runtime_t *rt, size_t bytes, pcs_stream_t s, void **out)
+ * Compute thread only (it may allocate: stream-ordered on the compute stream). bytes 0: NULL.
+ * With `wait_ev` nothing is enqueued on `s`: *wait_ev is the event the stream that uses the block
+ * must wait for first (the thread owning that stream enqueues the wait). */
+static pcs_status_t pool_get_ev(pcs_runtime_t *rt, size_t bytes, pcs_stream_t s, void **out,
+                                pcs_event_t *wait_ev)
 {
     *out = NULL;
+    if (wait_ev)
+        *wait_ev = NULL;
     if (bytes == 0)
         return PCS_OK;
     pcs_event_t ev = NULL;
@@ -237,6 +245,10 @@ static pcs_status_t pool_get(pcs_runtime_t *rt, size_t bytes, pcs_stream_t s, vo
         }
     }
     pthread_mutex_unlock(&rt->pool_mu);
+    if (*out && wait_ev) {
+        *wait_ev = ev;
+        return PCS_OK;
+    }
     if (*out) /* s waits for the last user's work on the block */
         return rt->be->stream_wait_event(s, ev);
     void *p = NULL;
@@ -245,7 +257,7 @@ static pcs_status_t pool_get(pcs_runtime_t *rt, size_t bytes, pcs_stream_t s, vo
     /* memory from a stream-ordered allocation is usable on another stream after an event */
     if (st == PCS_OK)
         st = rt->be->event_record(ev, rt->cstream);
-    if (st == PCS_OK && s != rt->cstream)
+    if (st == PCS_OK && !wait_ev && s != rt->cstream)
         st = rt->be->stream_wait_event(s, ev);
     pthread_mutex_lock(&rt->pool_mu);
     if (st == PCS_OK)
@@ -263,7 +275,14 @@ static pcs_status_t pool_get(pcs_runtime_t *rt, size_t bytes, pcs_stream_t s, vo
         return st;
     }
     *out = p;
+    if (wait_ev)
+        *wait_ev = ev;
     return PCS_OK;
+}
+
+static pcs_status_t pool_get(pcs_runtime_t *rt, size_t bytes, pcs_stream_t s, void **out)
+{
+    return pool_get_ev(rt, bytes, s, out, NULL);
 }
 
 /* Give back the block at `p` (NULL: nothing) once the work enqueued on `s` so far is done. Any
@@ -272,7 +291,8 @@ static pcs_status_t pool_put(pcs_runtime_t *rt, void *p, pcs_stream_t s)
 {
     if (!p)
         return PCS_OK;
-    pcs_status_t st = pcs_set_error(PCS_ERR_INTERNAL, "runtime pool: %p is not a block", p);
+    pcs_status_t st = PCS_OK;
+    int found = 0;
     pthread_mutex_lock(&rt->pool_mu);
     for (size_t i = 0; i < rt->n_blocks; i++) {
         rt_block_t *b = &rt->blocks[i];
@@ -280,10 +300,13 @@ static pcs_status_t pool_put(pcs_runtime_t *rt, void *p, pcs_stream_t s)
             st = rt->be->event_record(b->ev_free, s);
             b->in_use = 0;
             rt->mem_live -= b->bytes;
+            found = 1;
             break;
         }
     }
     pthread_mutex_unlock(&rt->pool_mu);
+    if (!found) /* the thread's last error is kept otherwise: callers release on error paths */
+        return pcs_set_error(PCS_ERR_INTERNAL, "runtime pool: %p is not a block", p);
     return st;
 }
 
@@ -450,6 +473,12 @@ static pcs_status_t do_unshard(pcs_runtime_t *rt, rt_unit_t *u, int full)
      * master shard written by the last optimizer update: the all-gather stream waits for both. */
     PCS_CHECK(rt->be->stream_wait_event(rt->ag_stream, u->ev_use));
     PCS_CHECK(rt->be->stream_wait_event(rt->ag_stream, rt->ev_opt));
+    if (!full && u->ev_block) { /* the pool block's previous user is done with it */
+        PCS_CHECK(rt->be->stream_wait_event(rt->ag_stream, u->ev_block));
+        u->ev_block = NULL;
+    }
+    if (!full)
+        u->gathered = 1;
     PCS_CHECK(do_unshard_comm(rt, u, full));
     return rt->be->event_record(u->ev_ag, rt->ag_stream);
 }
@@ -466,9 +495,11 @@ static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full)
                                   u->unsharded, chunk, u->param);
         if (st == PCS_OK)
             pcs_rt_timing_end(&rt->tp_ag, tm, rt->ag_stream, PCS_RT_T_AG);
-        /* the slice kept since forward goes back to the pool after the gather read it */
+        /* the slice kept since forward goes back to the pool after the gather read it; a
+         * failed gather falls back to the master shard next time (partial cleared) */
         pcs_status_t pst = pool_put(rt, u->slice, rt->ag_stream);
         u->slice = NULL;
+        u->partial = 0;
         if (st == PCS_OK)
             st = pst;
         pthread_mutex_lock(&rt->mu);
@@ -1141,8 +1172,9 @@ static pcs_status_t hold_unsharded(pcs_runtime_t *rt, rt_unit_t *u)
 {
     if (u->alias || u->unsharded)
         return PCS_OK;
-    return pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->param), rt->ag_stream,
-                    &u->unsharded);
+    /* the wait goes on the all-gather stream from the thread that owns it (do_unshard) */
+    return pool_get_ev(rt, (size_t)u->padded * pcs_dtype_size(u->param), rt->ag_stream,
+                       &u->unsharded, &u->ev_block);
 }
 
 /* Back to the pool once the compute work enqueued so far (which reads it) is done. */
@@ -1152,6 +1184,12 @@ static pcs_status_t drop_unsharded(pcs_runtime_t *rt, rt_unit_t *u)
         return PCS_OK;
     void *p = u->unsharded;
     u->unsharded = NULL;
+    u->ev_block = NULL;
+    /* a gather issued into it (a prefetch never unsharded, too) is work on the all-gather
+     * stream: the release orders after it as well as after the compute stream's reads */
+    if (p && u->gathered)
+        PCS_CHECK(rt->be->stream_wait_event(rt->cstream, u->ev_ag));
+    u->gathered = 0;
     return pool_put(rt, p, rt->cstream);
 }
 
@@ -1339,12 +1377,16 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
     } else {
         PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->reduce), rt->cstream,
                            &u->rs_in));
-        if (sdt == u->reduce)
-            PCS_CHECK(rt->be->copy(u->rs_in, src, u->padded * pcs_dtype_size(sdt), PCS_COPY_D2D,
-                                   rt->cstream));
-        else
-            PCS_CHECK(
-                pcs_kernel_cast(rt->be, u->rs_in, u->reduce, src, sdt, u->padded, rt->cstream));
+        pcs_status_t st =
+            sdt == u->reduce
+                ? rt->be->copy(u->rs_in, src, u->padded * pcs_dtype_size(sdt), PCS_COPY_D2D,
+                               rt->cstream)
+                : pcs_kernel_cast(rt->be, u->rs_in, u->reduce, src, sdt, u->padded, rt->cstream);
+        if (st != PCS_OK) { /* nothing will read it: back to the pool */
+            (void)pool_put(rt, u->rs_in, rt->cstream);
+            u->rs_in = NULL;
+            return st;
+        }
         PCS_CHECK(drop_grads(rt, u));
     }
     PCS_CHECK(rt->be->event_record(u->ev_rsin, rt->cstream));
@@ -1487,7 +1529,9 @@ static void *rs_main(void *arg)
         int skip = rt->rs_err != PCS_OK || atomic_load(&rt->aborted);
         pthread_mutex_unlock(&rt->mu);
         pcs_status_t st = PCS_OK;
-        if (skip || dev_st != PCS_OK) { /* not run: its input goes back to the pool */
+        if (skip || dev_st != PCS_OK) { /* not run: its input goes back to the pool, after the
+                                         * compute stream's copy-in that writes it */
+            (void)rt->be->stream_wait_event(rt->rs_stream, rt->units[ui].ev_rsin);
             (void)pool_put(rt, rt->units[ui].rs_in, rt->rs_stream);
             rt->units[ui].rs_in = NULL;
             if (!skip)
@@ -1594,6 +1638,8 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
         snprintf(msg, sizeof msg, "%s", rt->rs_errmsg);
         st = rt->rs_err;
         pthread_mutex_unlock(&rt->mu);
+        (void)pool_put(rt, u->rs_in, rt->cstream); /* not queued: back after the copy-in */
+        u->rs_in = NULL;
         return pcs_set_error(st, "%s", msg);
     }
     if (rt->rs_len >= rt->n_units) { /* cannot happen: a unit is queued at most once */

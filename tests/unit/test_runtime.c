@@ -594,10 +594,72 @@ static void test_nccl_on_host_buffers_is_refused_with_a_reason(void **state)
     assert_non_null(strstr(pcs_last_error(), "pipeline stages (pp = 2)"));
 }
 
+/* A pool block is reused only after every stream's work on it: unit 0 prefetched (its
+ * all-gather queued on the all-gather stream) and resharded without ever being unsharded gives
+ * its block back; unit 1's gradient buffer, the same size, takes it on the compute stream and is
+ * zeroed there. On the simulated device (streams run asynchronously) the queued gather must not
+ * land in it afterwards: the release waits for the gather (review of the pool, finding 1). */
+static void test_prefetched_block_is_reused_only_after_its_gather(void **state)
+{
+    (void)state;
+    assert_int_equal(pcs_backend_simulate_cuda(1), PCS_OK);
+    const pcs_backend_ops_t *be = NULL;
+    assert_int_equal(pcs_backend_get("cuda", &be), PCS_OK);
+    assert_true(pcs_backend_is_simulated(be));
+    assert_int_equal(be->set_device(0), PCS_OK);
+    uint64_t numel[2] = {64, 64};
+    pcs_rth_plan_t b;
+    pcs_rth_plan_build(&b, PCS_RTH_FULL, 1, numel);
+    pcs_stream_t cs = NULL;
+    assert_int_equal(be->stream_create(&cs), PCS_OK);
+    pcs_runtime_config_t rc;
+    memset(&rc, 0, sizeof rc);
+    rc.plan = &b.plan;
+    rc.be = be;
+    rc.micro_batches = 1;
+    rc.init_param = pcs_rth_init_wave;
+    rc.opt = PCS_OPT_SGD;
+    rc.sgd.lr = 0.1;
+    rc.prefetch = 1;
+    rc.stream = cs;
+    pcs_runtime_t *rt = NULL;
+    assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
+    assert_int_equal(pcs_runtime_begin_step(rt), PCS_OK);
+    uint64_t padded = b.unit[0].padded_numel;
+    assert_int_equal(b.unit[1].padded_numel, padded);
+    for (int round = 0; round < 20; round++) {
+        assert_int_equal(pcs_runtime_prefetch(rt, 0), PCS_OK);
+        assert_int_equal(pcs_runtime_reshard(rt, 0), PCS_OK); /* never unsharded */
+        void *g;
+        pcs_dtype_t gdt;
+        assert_int_equal(pcs_runtime_grad_buffer(rt, 1, &g, &gdt), PCS_OK);
+        const void *p;
+        pcs_dtype_t pdt;
+        assert_int_equal(pcs_runtime_unshard(rt, 1, 0, &p, &pdt), PCS_OK);
+        size_t es = pcs_dtype_size(gdt);
+        uint8_t *h = calloc(padded, es);
+        assert_non_null(h);
+        assert_int_equal(be->copy(h, g, padded * es, PCS_COPY_D2H, cs), PCS_OK);
+        assert_int_equal(be->sync(cs), PCS_OK);
+        size_t nz = 0;
+        for (size_t i = 0; i < padded * es; i++)
+            nz += h[i] != 0;
+        free(h);
+        if (nz)
+            fail_msg("round %d: unit 1's zeroed gradient buffer has %zu nonzero bytes", round, nz);
+        assert_int_equal(pcs_runtime_post_backward(rt, 1, 0), PCS_OK);
+        assert_int_equal(pcs_runtime_reshard(rt, 1), PCS_OK);
+    }
+    pcs_runtime_destroy(rt);
+    be->stream_destroy(cs);
+    assert_int_equal(pcs_backend_simulate_cuda(0), PCS_OK);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sync_on_every_micro_batch_reduces_each_hand_in_once),
+        cmocka_unit_test(test_prefetched_block_is_reused_only_after_its_gather),
         cmocka_unit_test(test_no_sync_hand_in_with_one_micro_batch_is_accumulated),
         cmocka_unit_test(test_world_of_one_divides_by_a_custom_factor),
         cmocka_unit_test(test_frozen_parameters_are_not_updated_or_counted),

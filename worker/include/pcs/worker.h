@@ -102,7 +102,8 @@ void *pcs_worker_stream(const pcs_worker_t *w);
 /* Start a step (zeroes the sharded gradients). */
 pcs_status_t pcs_worker_begin_step(pcs_worker_t *w);
 /* All-gather `unit`; *params is its flat buffer (padded_numel elements of *dtype), valid until
- * the unit is resharded. Prefetch queues the all-gather without waiting. */
+ * the unit is resharded (the buffer is the runtime's only while the unit is live: its address may
+ * change from one unshard to the next). Prefetch queues the all-gather without waiting. */
 pcs_status_t pcs_worker_unshard(pcs_worker_t *w, uint32_t unit, const void **params,
                                 pcs_dtype_t *dtype);
 pcs_status_t pcs_worker_prefetch(pcs_worker_t *w, uint32_t unit);
@@ -110,7 +111,9 @@ pcs_status_t pcs_worker_reshard(pcs_worker_t *w, uint32_t unit);
 /* The buffer the program writes `unit`'s gradients into (padded_numel elements of *dtype, laid
  * out like the parameters; padding must stay zero; the ranges of frozen parameters are ignored:
  * they take no part in the norm, the inf check or the update). The gradient of the step's mean loss:
- * scale each micro-batch's gradient by 1/micro_batches (and by the loss scale with fp16). */
+ * scale each micro-batch's gradient by 1/micro_batches (and by the loss scale with fp16).
+ * Zeroed, and valid until the hand-in, which gives it back to the runtime: ask for it again for
+ * each micro-batch (a hand-in without asking hands in a zero gradient). */
 pcs_status_t pcs_worker_grad_buffer(pcs_worker_t *w, uint32_t unit, void **grads,
                                     pcs_dtype_t *dtype);
 /* Hand in the gradient buffer: sync = 0 accumulates (micro-batch without sync), sync = 1 reduces
