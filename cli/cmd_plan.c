@@ -14,16 +14,91 @@
 #include "pcs/v1/worker.pb-c.h"
 #include "planner/plan.h"
 #include "planner/reshard.h"
+#include "planner/schedule.h"
 #include "io/checkpoint.h"
 #include "planner/validate.h"
 
 static const pcs_cli_opt_t plan_opts[] = {
     {"world", "N", "world size (default: the product of the job's mesh)"},
     {"rank", "R", "one rank's view: its mesh coordinates, groups, shard ranges and memory"},
+    {"timeline", NULL, "pipeline jobs: each pp rank's actions in time (unit costs F 1, B 2)"},
 };
 const pcs_cli_spec_t pcs_cli_plan_spec = {
     "plan", "FILE", "plan a job offline (no coordinator): units, dtypes, bytes per rank",
-    "With --json the plan (or the rank's view) is printed as JSON.\n", plan_opts, 2, 1, 1};
+    "With --json the plan (or the rank's view) is printed as JSON. --timeline prints the pipeline\n"
+    "schedule as PyTorch's pipelining prints it: a row per time step, a column per pp rank,\n"
+    "\"2F5\" = stage 2 forward of micro-batch 5 (B backward, I input gradient, W weight\n"
+    "gradient), then each rank's full action list with sends, receives and FSDP actions.\n",
+    plan_opts, 3, 1, 1};
+
+/* The plan's pipeline schedule as a time grid (compute actions; a B spans two steps) and each
+ * rank's whole list. */
+static int print_timeline(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p)
+{
+    if (p->pp_size <= 1) {
+        printf("# timeline: no pipeline (pp = 1)\n");
+        return PCS_CLI_OK;
+    }
+    uint32_t v = p->virtual_stages ? p->virtual_stages : 1;
+    int per_mb = 0;
+    for (size_t k = 0; k < p->n_units; k++)
+        per_mb |= !p->units[k]->is_root && p->units[k]->reshard_after_forward;
+    pcs_sched_kind_t kind;
+    pcs_schedule_t *s = NULL;
+    if (pcs_sched_parse(spec->pipeline ? spec->pipeline->schedule : NULL, v, &kind) != PCS_OK ||
+        pcs_schedule_build(kind, p->pp_size, v, p->micro_batches, per_mb, &s) != PCS_OK)
+        return pcs_cli_fail("plan: %s", pcs_last_error());
+    printf("# timeline: %s, pp %u x %u stages per rank, %u micro-batches: makespan %u, bubble "
+           "%.3f (GPipe/1F1B: %.3f)\n",
+           pcs_sched_name(kind), s->pp, s->v, s->m, s->makespan, s->bubble,
+           pcs_sched_bubble_1f1b(s->pp, s->m));
+    printf("%6s", "step");
+    for (uint32_t r = 0; r < s->pp; r++)
+        printf("  rank %-4u", r);
+    printf("\n");
+    size_t *at = calloc(s->pp, sizeof *at);
+    if (!at) {
+        pcs_schedule_free(s);
+        return pcs_cli_fail("plan: out of memory");
+    }
+    for (uint32_t t = 0; t < s->makespan; t++) {
+        printf("%6u", t);
+        for (uint32_t r = 0; r < s->pp; r++) {
+            char cell[64] = "";
+            /* the compute action covering [t, t + 1) on rank r */
+            for (size_t i = at[r]; i < s->n_acts[r]; i++) {
+                const pcs_action_t *a = &s->acts[r][i];
+                if (a->kind > PCS_ACT_W)
+                    continue;
+                uint32_t st = s->start[r][i], len = a->kind == PCS_ACT_B ? 2 : 1;
+                if (st > t)
+                    break;
+                if (t < st + len) {
+                    if (t == st)
+                        pcs_action_str(a, cell, sizeof cell);
+                    else
+                        snprintf(cell, sizeof cell, "  \"");
+                    break;
+                }
+                at[r] = i + 1;
+            }
+            printf("  %-9s", cell);
+        }
+        printf("\n");
+    }
+    free(at);
+    for (uint32_t r = 0; r < s->pp; r++) {
+        printf("# rank %u:", r);
+        for (size_t i = 0; i < s->n_acts[r]; i++) {
+            char as[64];
+            pcs_action_str(&s->acts[r][i], as, sizeof as);
+            printf("%s%s", i ? ", " : " ", as);
+        }
+        printf("\n");
+    }
+    pcs_schedule_free(s);
+    return PCS_CLI_OK;
+}
 
 static const char *human(uint64_t b, char *buf, size_t n)
 {
@@ -335,6 +410,8 @@ int pcs_cli_plan(int argc, char **argv)
     rc = spec->resume && spec->resume->from && spec->resume->from[0]
              ? print_transfer(spec, plan, have_rank, rank)
              : PCS_CLI_OK;
+    if (rc == PCS_CLI_OK && args.val[2])
+        rc = print_timeline(spec, plan);
 out:
     pcs_plan_free(plan);
     protobuf_c_message_free_unpacked(msg, NULL);

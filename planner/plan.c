@@ -13,6 +13,7 @@
 #include <strings.h>
 
 #include "planner/model_tree.h"
+#include "planner/schedule.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
 
@@ -1123,6 +1124,32 @@ static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
         rg = p->units[k]->reshard_group_size;
     if (rg)
         add_group(c, p, PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD, rg, all + 2, 1);
+
+    /* pipeline: the schedule must exist for this pp, virtual stages and micro-batch count and
+     * pass validation (planner/schedule.h); the plan notes its shape and bubble */
+    if (c->pp > 1) {
+        uint32_t v = c->vstages ? c->vstages : 1;
+        int per_mb = 0;
+        for (size_t k = 0; k < p->n_units; k++)
+            per_mb |= !p->units[k]->is_root && p->units[k]->reshard_after_forward;
+        pcs_sched_kind_t kind;
+        pcs_schedule_t *sch = NULL;
+        pcs_status_t st = pcs_sched_parse(s->pipeline ? s->pipeline->schedule : NULL, v, &kind);
+        if (st == PCS_OK)
+            st = pcs_schedule_build(kind, c->pp, v, p->micro_batches, per_mb, &sch);
+        if (st == PCS_ERR_NOMEM)
+            return st;
+        if (st != PCS_OK)
+            pcs_errlist_add(&c->errs, "%s", pcs_last_error());
+        else
+            note(c,
+                 "pipeline: %s over %u ranks x %u stages, %u micro-batches; FSDP unshards each "
+                 "stage %s; bubble %.3f with unit costs (F 1, B 2; GPipe/1F1B: %.3f)",
+                 pcs_sched_name(kind), c->pp, v, p->micro_batches,
+                 per_mb ? "around every micro-batch (reshard_after_forward)" : "once per step",
+                 sch->bubble, pcs_sched_bubble_1f1b(c->pp, p->micro_batches));
+        pcs_schedule_free(sch);
+    }
 
     /* notes become part of the plan (and of its hash) */
     p->notes = c->notes;

@@ -26,3 +26,9 @@ add_test(NAME plan_cli_pipeline_not_run COMMAND pcsctl plan
 set_tests_properties(plan_cli_pipeline_not_run PROPERTIES LABELS integration TIMEOUT 60
   PASS_REGULAR_EXPRESSION
   "not run by this release \\(SubmitJob refuses it\\): mesh: pipeline stages \\(pp = 2\\)")
+# the schedule as data: 1F1B's steady state on rank 0 is F then B of the micro-batch pp - 1 before
+add_test(NAME plan_cli_timeline COMMAND pcsctl plan
+         ${PROJECT_SOURCE_DIR}/tests/data/pipeline-job.yaml --timeline)
+set_tests_properties(plan_cli_timeline PROPERTIES LABELS integration TIMEOUT 60
+  PASS_REGULAR_EXPRESSION
+  "timeline: 1f1b, pp 2 x 1 stages per rank, 8 micro-batches: makespan 27, bubble 0.111.*# rank 0: UNSHARD 0, 0F0, SEND_F 0>1 mb0, 0F1, SEND_F 0>1 mb1, RECV_B 0<1 mb0, 0B0")

@@ -1,6 +1,7 @@
 # planner/: table-driven acceptance cases, property tests, spec validation and job-file fuzzing.
 pcs_add_test(NAME test_plan SOURCES unit/test_plan.c LIBS pcs_planner pcs_common LABELS unit
              TIMEOUT 120)
+pcs_add_test(NAME test_schedule SOURCES unit/test_schedule.c LIBS pcs_planner LABELS unit TIMEOUT 120)
 pcs_add_test(NAME test_plan_props SOURCES unit/test_plan_props.c LIBS pcs_planner pcs_common
              LABELS unit TIMEOUT 120)
 pcs_add_test(NAME test_validate SOURCES unit/test_validate.c LIBS pcs_planner pcs_common

@@ -1025,6 +1025,32 @@ static void test_size_based_wrap_follows_recursive_wrap(void **state)
     pcs_plan_free(p);
 }
 
+/* A pipelined plan carries a schedule that exists and validates (planner/schedule.h): the
+ * schedule and its bubble are noted; a micro-batch count the schedule cannot run is an error
+ * naming training.micro_batches. */
+static void test_pipeline_schedule_is_validated_and_noted(void **state)
+{
+    (void)state;
+#define PP_MLP                                                                                     \
+    "model: {mlp: {input_dim: 8, hidden_dims: [8, 8, 8, 8], output_dim: 4}}\n"                     \
+    "wrap: {module_class: [MLPBlock]}\nreshard_after_forward: false\n"                             \
+    "mesh: [{dim: dp_shard, size: 2}, {dim: pp, size: 2}]\n"
+    Pcs__V1__Plan *p = plan_of(PP_MLP "training: {micro_batches: 8}\n"
+                                      "pipeline: {schedule: interleaved_1f1b, virtual_stages: 2}",
+                               4);
+    int noted = 0;
+    for (size_t i = 0; i < p->n_notes; i++)
+        noted |= strstr(p->notes[i], "pipeline: interleaved_1f1b over 2 ranks x 2 stages, 8 "
+                                     "micro-batches; FSDP unshards each stage once per step; "
+                                     "bubble 0.059") != NULL;
+    assert_true(noted);
+    pcs_plan_free(p);
+    expect_error(PP_MLP "training: {micro_batches: 5}\n"
+                        "pipeline: {schedule: interleaved_1f1b, virtual_stages: 2}",
+                 4, "training.micro_batches: interleaved_1f1b needs a multiple of its 2 rounds");
+#undef PP_MLP
+}
+
 /* The plan/runtime contract: what a plan asks for that this release's runtime does not run is
  * UNSUPPORTED, naming the spec field (the coordinator refuses it at SubmitJob); everything else
  * the planner builds is runnable. */
@@ -1107,6 +1133,7 @@ int main(void)
         cmocka_unit_test(test_rank_estimate_skips_frozen_grads_and_optimizer_state),
         cmocka_unit_test(test_size_based_wrap_follows_recursive_wrap),
         cmocka_unit_test(test_check_runnable_refuses_pipelines_and_fp64_only),
+        cmocka_unit_test(test_pipeline_schedule_is_validated_and_noted),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
 }
