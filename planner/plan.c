@@ -727,6 +727,13 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
     }
     pcs_precision_t pr;
     unit_precision(c, ub, master, &pr);
+    /* DDP compression hooks (spec §6): the all-reduce runs in the hook's dtype for every bucket;
+     * gradients accumulate and come back in their own dtype */
+    const char *hook = c->spec->ddp_comm_hook ? c->spec->ddp_comm_hook : "";
+    if (!strcmp(hook, "fp16_compress"))
+        pr.reduce = PCS_DTYPE_FP16;
+    else if (!strcmp(hook, "bf16_compress"))
+        pr.reduce = PCS_DTYPE_BF16;
     u->mixed_precision = pr.mixed_precision;
     u->master_dtype = (Pcs__V1__DType)pr.master;
     u->param_dtype = (Pcs__V1__DType)pr.compute;
@@ -900,8 +907,13 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
             hsdp ? PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE : PCS__V1__GROUP_KIND__GROUP_KIND_DP,
             ar, hsdp ? u->shard_numel : u->padded_numel);
         /* No shard group: the size-1 RS leg is local (its PREMUL_SUM(1/factor) multiplies each
-         * contribution on the way into the all-reduce, as foreach_reduce divides before it). */
-        if (cs)
+         * contribution on the way into the all-reduce, as foreach_reduce divides before it).
+         * A DDP hook divides by the whole group before a SUM (DDP's reducer and its compress
+         * hooks: no overflow of the low-precision sum). */
+        const char *ddp = c->spec->ddp_comm_hook ? c->spec->ddp_comm_hook : "";
+        if (cs && *ddp && !hsdp)
+            cs->reduction = reduction(c, PCS__V1__REDUCE_OP__REDUCE_OP_SUM, ar, 1, 0);
+        else if (cs)
             cs->reduction =
                 hsdp ? reduction(c, ar_op, 1, post, 0)
                      : reduction(c,

@@ -660,6 +660,26 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
         if (s->pipeline->virtual_stages > 1 && (!strcmp(sc, "gpipe") || !strcmp(sc, "1f1b")))
             return bad(v, "pipeline.virtual_stages: %s runs one stage per rank", sc);
     }
+    const char *hook = s->ddp_comm_hook ? s->ddp_comm_hook : "";
+    if (*hook) {
+        if (strcmp(hook, "allreduce") && strcmp(hook, "fp16_compress") &&
+            strcmp(hook, "bf16_compress"))
+            return bad(v,
+                       "ddp_comm_hook: unknown hook '%s' (allreduce, fp16_compress, "
+                       "bf16_compress)",
+                       hook);
+        if (s->strategy != PCS__V1__STRATEGY__STRATEGY_NO_SHARD)
+            return bad(v, "ddp_comm_hook: needs strategy no_shard (DDP-style replication)");
+        int want = !strcmp(hook, "fp16_compress")   ? PCS__V1__DTYPE__DTYPE_FP16
+                   : !strcmp(hook, "bf16_compress") ? PCS__V1__DTYPE__DTYPE_BF16
+                                                    : 0;
+        int red = s->precision ? (int)s->precision->reduce_dtype : 0;
+        if (want && red && red != want)
+            return bad(v,
+                       "ddp_comm_hook: %s reduces in %s; precision.reduce_dtype %s contradicts "
+                       "it",
+                       hook, dtype_str(want), dtype_str(red));
+    }
     const char *b = s->backend ? s->backend : "";
     if (*b && strcmp(b, "cpu") && strcmp(b, "cuda"))
         return bad(v, "backend: must be cpu or cuda, got '%s'", b);

@@ -615,6 +615,42 @@ static int child_setup_job(int rank, int P, const char *dir)
     return 0;
 }
 
+/* Spec case 25, the DDP compress hooks as pcs runs them (ddp_comm_hook, planner: SUM with a
+ * pre-divide by the group in the hook's dtype): gradients 1, 2, 3, 4 average to 2.5, and 60000 on
+ * every rank stays 60000 in fp16 (divide before the sum: 4 x 60000 would overflow fp16's 65504);
+ * bf16 first rounds 60000 to 59904, which survives the same way. */
+static int child_ddp_hook(int rank, int P, const char *dir)
+{
+    pcs_kv_t *kv;
+    pcs_coll_t *c;
+    if (child_open(dir, rank, P, "ddp-hook", &kv, &c, TIMEOUT_MS * 5))
+        return 1;
+    const pcs_dtype_t dts[2] = {PCS_DTYPE_FP16, PCS_DTYPE_BF16};
+    const float want[2][2] = {{2.5f, 60000.0f}, {2.5f, 59904.0f}};
+    pcs_coll_red_t red = {PCS_RED_SUM, (double)P, 0};
+    int rc = 0;
+    for (int k = 0; k < 2 && !rc; k++) {
+        float buf[2]; /* room for two elements of any dtype */
+        st(buf, 0, dts[k], (float)(rank + 1)); /* the hook's cast of the fp32 gradient */
+        st(buf, 1, dts[k], 60000.0f);
+        if (pcs_coll_all_reduce(c, buf, buf, 2, dts[k], &red, NULL) != PCS_OK) {
+            snprintf(g_msg, sizeof g_msg, "all_reduce %s: %s", pcs_dtype_name(dts[k]),
+                     pcs_last_error());
+            rc = 1;
+        }
+        for (int i = 0; i < 2 && !rc; i++)
+            if (!same_bits(ld(buf, (size_t)i, dts[k]), want[k][i])) {
+                snprintf(g_msg, sizeof g_msg, "%s element %d: got %.9g want %.9g",
+                         pcs_dtype_name(dts[k]), i, (double)ld(buf, (size_t)i, dts[k]),
+                         (double)want[k][i]);
+                rc = 1;
+            }
+    }
+    pcs_coll_destroy(c);
+    pcs_kv_destroy(kv);
+    return rc;
+}
+
 // ---- parent side ----
 
 typedef int (*child_fn)(int rank, int P, const char *dir);
@@ -688,6 +724,17 @@ static void test_every_op_dtype_count_matches_ring_reference_4_ranks(void **s)
 {
     (void)s;
     run_matrix(4);
+}
+
+static void test_ddp_compress_hook_divides_before_the_sum_case25(void **s)
+{
+    (void)s;
+    char *dir = pcs_test_tmpdir("coll-ddp");
+    pid_t pids[4];
+    spawn_ranks(4, dir, child_ddp_hook, pids);
+    expect_all_ok(4, pids, 60000);
+    pcs_test_rmtree(dir);
+    free(dir);
 }
 
 static void test_sigkill_mid_collective_fails_survivors_within_timeout_naming_rank(void **s)
@@ -806,6 +853,7 @@ int main(void)
         cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_2_ranks),
         cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_3_ranks),
         cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_4_ranks),
+        cmocka_unit_test(test_ddp_compress_hook_divides_before_the_sum_case25),
         cmocka_unit_test(test_sigkill_mid_collective_fails_survivors_within_timeout_naming_rank),
         cmocka_unit_test(test_silent_peer_times_out_naming_it),
         cmocka_unit_test(test_abort_wakes_blocked_call_and_peer_names_aborter),

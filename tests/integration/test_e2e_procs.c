@@ -153,6 +153,33 @@ static void test_no_shard_w2_matches_reference(void **state)
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
 }
 
+/* DDP communication hooks (spec §6, case 25) on DDP-style replication: fp32 parameters, each
+ * gradient cast to fp16 (bf16), divided by the world in that dtype, SUM all-reduced, cast back.
+ * The reference applies the plan's reduction in rank order; the ring sums in another order, and
+ * a low-precision sum rounds at every add: fp16 keeps 11 bits (atol 2e-3 as the other fp16
+ * reductions here), bf16 8 bits. */
+static void test_ddp_fp16_compress_hook_w4_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.strategy = "no_shard",
+                      .precision = "param_dtype: fp32",
+                      .mesh = "{dim: dp_shard, size: 4}",
+                      .world = 4,
+                      .train_extra = "ddp_comm_hook: fp16_compress\n"};
+    run_parity(&p, 2e-3, 1e-3, 1e-2);
+}
+
+static void test_ddp_bf16_compress_hook_w2_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.strategy = "no_shard",
+                      .precision = "param_dtype: fp32",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .train_extra = "ddp_comm_hook: bf16_compress\n"};
+    run_parity(&p, 2e-3, 1e-3, 1e-2);
+}
+
 /* HYBRID_SHARD on 2 replicas x 2 shards (case 23): reduce-scatter in the shard group, all-reduce
  * across replicas; the final grad is the mean over all 4 ranks. */
 static void test_hybrid_shard_w4_matches_reference(void **state)
@@ -900,6 +927,8 @@ int main(void)
         cmocka_unit_test(test_full_shard_bf16_w4_matches_reference),
         cmocka_unit_test(test_shard_grad_op_w2_matches_reference),
         cmocka_unit_test(test_no_shard_w2_matches_reference),
+        cmocka_unit_test(test_ddp_fp16_compress_hook_w4_matches_reference),
+        cmocka_unit_test(test_ddp_bf16_compress_hook_w2_matches_reference),
         cmocka_unit_test(test_world_of_one_divide_factor_w1_matches_reference),
         cmocka_unit_test(test_no_shard_divide_factor_w2_matches_reference),
         cmocka_unit_test(test_hybrid_shard_w4_matches_reference),

@@ -1025,6 +1025,46 @@ static void test_size_based_wrap_follows_recursive_wrap(void **state)
     pcs_plan_free(p);
 }
 
+/* DDP communication hooks (spec §6, cases 24 and 25) next to FSDP's NO_SHARD reduction: the
+ * hook divides by the whole data-parallel group before a SUM, in its own dtype; FSDP pre- and
+ * post-divides with the §4.2 factors. Gradients accumulate and come back in their own dtype. */
+static void test_ddp_hooks_divide_before_a_sum_in_their_dtype_case25(void **state)
+{
+    (void)state;
+#define DDP_MLP                                                                                    \
+    "model: {mlp: {input_dim: 8, hidden_dims: [16], output_dim: 4}}\nstrategy: no_shard\n"      \
+    "mesh: [{dim: dp_shard, size: 4}]\ntraining: {micro_batches: 2}\n"
+    const struct {
+        const char *hook;
+        Pcs__V1__DType dt;
+    } c[] = {{"fp16_compress", DT(FP16)}, {"bf16_compress", DT(BF16)}, {"allreduce", DT(FP32)}};
+    for (size_t k = 0; k < 3; k++) {
+        char y[512];
+        snprintf(y, sizeof y, DDP_MLP "ddp_comm_hook: %s\n", c[k].hook);
+        Pcs__V1__Plan *p = plan_of(y, 0);
+        const Pcs__V1__Unit *u = unit_at(p, "");
+        const Pcs__V1__CollectiveSpec *ar = coll_of(u, COLL(ALL_REDUCE), PHASE(STEP));
+        assert_non_null(ar);
+        assert_int_equal(ar->dtype, c[k].dt);
+        assert_int_equal(u->reduce_dtype, c[k].dt);
+        assert_int_equal(u->accum_dtype, DT(FP32)); /* the gradient's own dtype */
+        assert_int_equal(u->grad_dtype, DT(FP32));
+        assert_int_equal(ar->reduction->op, OP(SUM));
+        assert_true(ar->reduction->pre_divide == 4);
+        assert_true(ar->reduction->post_divide == 1);
+        assert_null(coll_of(u, COLL(ALL_GATHER), PHASE(FORWARD)));
+        pcs_plan_free(p);
+    }
+    /* FSDP NO_SHARD on the same mesh: fp32 AVG (§4.2), no hook */
+    Pcs__V1__Plan *p = plan_of(DDP_MLP, 0);
+    const Pcs__V1__CollectiveSpec *ar =
+        coll_of(unit_at(p, ""), COLL(ALL_REDUCE), PHASE(STEP));
+    assert_int_equal(ar->dtype, DT(FP32));
+    assert_int_not_equal(ar->reduction->op, OP(SUM));
+    pcs_plan_free(p);
+#undef DDP_MLP
+}
+
 /* A pipelined plan carries a schedule that exists and validates (planner/schedule.h): the
  * schedule and its bubble are noted; a micro-batch count the schedule cannot run is an error
  * naming training.micro_batches. */
@@ -1134,6 +1174,7 @@ int main(void)
         cmocka_unit_test(test_size_based_wrap_follows_recursive_wrap),
         cmocka_unit_test(test_check_runnable_refuses_pipelines_and_fp64_only),
         cmocka_unit_test(test_pipeline_schedule_is_validated_and_noted),
+        cmocka_unit_test(test_ddp_hooks_divide_before_a_sum_in_their_dtype_case25),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
 }

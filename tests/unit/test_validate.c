@@ -263,6 +263,14 @@ static const row_t rows[] = {
      NULL, NULL, "mesh: dimension dp_shard given twice"},
     {"mesh", "mesh: [{dim: dp_replicate, size: 1024}, {dim: dp_shard, size: 128}]", NULL, NULL,
      NULL, "mesh: world size exceeds 65536"},
+    /* DDP communication hooks (spec §6) */
+    {"collectives", "collectives: gloo\nddp_comm_hook: zzz", NULL, NULL, NULL,
+     "ddp_comm_hook: unknown hook 'zzz' (allreduce, fp16_compress, bf16_compress)"},
+    {"collectives", "collectives: gloo\nddp_comm_hook: fp16_compress", NULL, NULL, NULL,
+     "ddp_comm_hook: needs strategy no_shard (DDP-style replication)"},
+    {"collectives", "collectives: gloo\nddp_comm_hook: fp16_compress", "strategy",
+     "strategy: no_shard", NULL,
+     "ddp_comm_hook: fp16_compress reduces in fp16; precision.reduce_dtype fp32 contradicts it"},
     /* strategy and resharding */
     {NULL, NULL, NULL, NULL, m_strategy_value, "strategy: unknown value 9"},
     {"strategy", "strategy: hybrid_shard", "mesh", "mesh: [{dim: dp_shard, size: 4}]", NULL,
