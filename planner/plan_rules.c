@@ -287,8 +287,12 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
             root_i = nu;
         }
         if (train) {
+            /* the reduction input is a block of its own unless it is the gradient block itself
+             * (mb 1, no cast) or the no-sync accumulator read in place (mb > 1, accumulated in
+             * the reduce dtype) */
+            bool borrow = mb > 1 && accum == reduce;
             gradb[nu] = u->padded_numel * dsz(param);
-            rsb[nu] = u->padded_numel * dsz(reduce);
+            rsb[nu] = borrow ? 0 : u->padded_numel * dsz(reduce);
             copyb[nu] = reduce != param || mb > 1 ? rsb[nu] : 0;
             if (mb > 1)
                 acc += u->padded_numel * dsz(accum);

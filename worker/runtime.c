@@ -66,6 +66,8 @@ typedef struct rt_unit {
     pcs_event_t ev_block; /* the unsharded block's release event: the all-gather stream waits
                            * for it (prefetch thread) before gathering into the block */
     int gathered;         /* an all-gather into `unsharded` was issued (ev_ag covers it) */
+    int rs_borrowed;      /* rs_in is accum_buf (no copy): the next write of the accumulator
+                           * waits for that reduction */
     void *full;           /* padded, fp32 (full-precision eval; pooled, until resharded) */
     void *grads;          /* padded, param (compute) dtype */
     void *accum_buf;      /* padded, accum dtype (micro_batches > 1, else on first no-sync) */
@@ -1374,6 +1376,12 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
         /* no cast: the gradient block itself is the reduction's input (no copy) */
         u->rs_in = u->grads;
         u->grads = NULL;
+    } else if (src == u->accum_buf && sdt == u->reduce) {
+        /* the no-sync accumulator in the reduce dtype is read in place (no copy, no block); it
+         * is written again only after this reduction (post_backward waits) */
+        u->rs_in = u->accum_buf;
+        u->rs_borrowed = 1;
+        PCS_CHECK(drop_grads(rt, u));
     } else {
         PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->reduce), rt->cstream,
                            &u->rs_in));
@@ -1397,6 +1405,17 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
     return PCS_OK;
 }
 
+/* The reduction input done with: a pool block goes back (after the work on `s`); the borrowed
+ * accumulator is only let go (rs_borrowed stays until its next writer has waited). */
+static pcs_status_t put_rs_in(pcs_runtime_t *rt, rt_unit_t *u, pcs_stream_t s)
+{
+    void *p = u->rs_in;
+    u->rs_in = NULL;
+    if (p == u->accum_buf)
+        return PCS_OK;
+    return pool_put(rt, p, s);
+}
+
 /* The collectives of one unit's reduction and the accumulation into its sharded grad; runs on the
  * reduction thread (stats under mu) or inline. */
 static pcs_status_t reduce_comm(pcs_runtime_t *rt, rt_unit_t *u)
@@ -1410,8 +1429,7 @@ static pcs_status_t reduce_comm(pcs_runtime_t *rt, rt_unit_t *u)
     char err[768] = "";
     if (st != PCS_OK)
         snprintf(err, sizeof err, "%s", pcs_last_error());
-    pcs_status_t pst = pool_put(rt, u->rs_in, rt->rs_stream);
-    u->rs_in = NULL;
+    pcs_status_t pst = put_rs_in(rt, u, rt->rs_stream);
     if (st != PCS_OK)
         return pcs_set_error(st, "%s", err);
     return pst;
@@ -1532,8 +1550,7 @@ static void *rs_main(void *arg)
         if (skip || dev_st != PCS_OK) { /* not run: its input goes back to the pool, after the
                                          * compute stream's copy-in that writes it */
             (void)rt->be->stream_wait_event(rt->rs_stream, rt->units[ui].ev_rsin);
-            (void)pool_put(rt, rt->units[ui].rs_in, rt->rs_stream);
-            rt->units[ui].rs_in = NULL;
+            (void)put_rs_in(rt, &rt->units[ui], rt->rs_stream);
             if (!skip)
                 st = pcs_set_error(dev_st, "%s", dev_err);
         } else {
@@ -1585,6 +1602,18 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
         PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->param), rt->cstream,
                            &u->grads));
         PCS_CHECK(pcs_kernel_fill(rt->be, u->grads, u->param, u->padded, 0.0, rt->cstream));
+    }
+    if ((!sync || u->accum_valid) && u->rs_borrowed) {
+        /* the accumulator is still the input of this unit's last reduction (synced on an
+         * earlier micro-batch of this step): wait for it, host and device */
+        if (rt->rs_started) {
+            pthread_mutex_lock(&rt->mu);
+            while (u->rs_pending)
+                pthread_cond_wait(&rt->cv, &rt->mu);
+            pthread_mutex_unlock(&rt->mu);
+        }
+        PCS_CHECK(rt->be->stream_wait_event(rt->cstream, u->ev_rsdone));
+        u->rs_borrowed = 0;
     }
     if (!sync || u->accum_valid) {
         if (!u->accum_buf) { /* no-sync hand-in with micro_batches 1 (C API): allocate on use */
@@ -1638,8 +1667,7 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
         snprintf(msg, sizeof msg, "%s", rt->rs_errmsg);
         st = rt->rs_err;
         pthread_mutex_unlock(&rt->mu);
-        (void)pool_put(rt, u->rs_in, rt->cstream); /* not queued: back after the copy-in */
-        u->rs_in = NULL;
+        (void)put_rs_in(rt, u, rt->cstream); /* not queued: back after the copy-in */
         return pcs_set_error(st, "%s", msg);
     }
     if (rt->rs_len >= rt->n_units) { /* cannot happen: a unit is queued at most once */
