@@ -322,6 +322,61 @@ static void test_no_sync_hand_in_with_one_micro_batch_is_accumulated(void **stat
     }
 }
 
+/* Two accumulations synced in one step (no-sync 1, sync 10, no-sync 100, sync 1000): the first
+ * reduction reads the accumulator in place (fp32 accumulator = reduce dtype), so the third hand-in
+ * must not write it before that reduction has read it; every hand-in counts once: -1111 after SGD
+ * with lr 1 from zero, with and without the reduction thread, over many rounds. */
+static void test_accumulator_read_in_place_is_not_overwritten_by_the_next_micro_batch(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan plan = PCS__V1__PLAN__INIT;
+    Pcs__V1__Unit unit = PCS__V1__UNIT__INIT, *up[1] = {&unit};
+    Pcs__V1__ParamSlot ps = PCS__V1__PARAM_SLOT__INIT, *psp[1] = {&ps};
+    uint64_t shape[1] = {4096};
+    ps.fqn = "w";
+    ps.n_shape = 1;
+    ps.shape = shape;
+    ps.numel = 4096;
+    unit.master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
+    unit.padded_numel = 4096;
+    unit.shard_numel = 4096;
+    unit.n_params = 1;
+    unit.params = psp;
+    world_of_one(&plan);
+    plan.n_units = 1;
+    plan.units = up;
+    for (int prefetch = 0; prefetch <= 1; prefetch++) {
+        for (int round = 0; round < 20; round++) {
+            pcs_runtime_config_t rc;
+            assert_int_equal(sgd_lr1_config(&rc, &plan, prefetch), PCS_OK);
+            rc.micro_batches = 4;
+            pcs_runtime_t *rt = NULL;
+            assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
+            assert_int_equal(pcs_runtime_begin_step(rt), PCS_OK);
+            const float vals[4] = {1.0f, 10.0f, 100.0f, 1000.0f};
+            for (int m = 0; m < 4; m++) {
+                void *g;
+                pcs_dtype_t dt;
+                assert_int_equal(pcs_runtime_grad_buffer(rt, 0, &g, &dt), PCS_OK);
+                for (int i = 0; i < 4096; i++)
+                    ((float *)g)[i] = vals[m];
+                assert_int_equal(pcs_runtime_post_backward(rt, 0, m % 2 == 1), PCS_OK);
+            }
+            pcs_rt_step_opts_t o;
+            memset(&o, 0, sizeof o);
+            pcs_rt_step_result_t r;
+            assert_int_equal(pcs_runtime_optimizer_step(rt, &o, &r), PCS_OK);
+            pcs_rt_shard_t sh;
+            assert_int_equal(pcs_runtime_shard(rt, 0, &sh), PCS_OK);
+            for (int i = 0; i < 4096; i++)
+                if (((const float *)sh.master)[i] != -1111.0f)
+                    fail_msg("prefetch %d round %d: element %d is %g, want -1111", prefetch,
+                             round, i, (double)((const float *)sh.master)[i]);
+            pcs_runtime_destroy(rt);
+        }
+    }
+}
+
 enum { TWO_PREMUL = 0, TWO_UNPLANNED_REPLICATED = 1 };
 
 /* Rank `r` of 2 (forked), SGD with lr 1 from zero, exit status 0 when every element of the
@@ -661,6 +716,7 @@ int main(void)
         cmocka_unit_test(test_sync_on_every_micro_batch_reduces_each_hand_in_once),
         cmocka_unit_test(test_prefetched_block_is_reused_only_after_its_gather),
         cmocka_unit_test(test_no_sync_hand_in_with_one_micro_batch_is_accumulated),
+        cmocka_unit_test(test_accumulator_read_in_place_is_not_overwritten_by_the_next_micro_batch),
         cmocka_unit_test(test_world_of_one_divides_by_a_custom_factor),
         cmocka_unit_test(test_frozen_parameters_are_not_updated_or_counted),
         cmocka_unit_test(test_premul_sum_reduce_scatter_multiplies_every_input),
