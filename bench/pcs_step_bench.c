@@ -42,6 +42,7 @@ static const char k_job_fmt[] =
     "  steps: %d\n"
     "  micro_batch_size: %u\n"
     "  micro_batches: 4\n"
+    "  accumulation: %s\n"
     "  optimizer: {adamw: {lr: 1.0e-3}}\n"
     "  clip_grad_norm: 1.0\n"
     "data: {synthetic: {task: regression, seed: 7}}\n"
@@ -56,6 +57,7 @@ typedef struct bench_cfg {
     const char *coll;    /* "gloo" | "nccl": the job's spec.collectives */
     int devices;         /* cuda devices: rank r computes on r % devices */
     int blas_threads;    /* per rank; 0 = auto (the CPUs divided by the ranks) */
+    const char *accumulation; /* training.accumulation */
 } bench_cfg_t;
 
 /* Per-rank means over the timed steps. */
@@ -114,7 +116,8 @@ static Pcs__V1__JobSpec *make_spec(const bench_cfg_t *b, int world, int steps, c
     if (ckpt)
         snprintf(extra + n, sizeof extra - (size_t)n, "checkpoint: {dir: '%s'}\n", ckpt);
     char yaml[4096];
-    snprintf(yaml, sizeof yaml, k_job_fmt, b->input_dim, b->hidden, world, steps, b->rows, extra);
+    snprintf(yaml, sizeof yaml, k_job_fmt, b->input_dim, b->hidden, world, steps, b->rows,
+             b->accumulation, extra);
     ProtobufCMessage *m = NULL;
     if (pcs_pb_from_yaml(yaml, strlen(yaml), &pcs__v1__job_spec__descriptor, &m) != PCS_OK) {
         fprintf(stderr, "pcs-step-bench: job: %s\n", pcs_last_error());
@@ -364,7 +367,7 @@ static int memory_table(const bench_cfg_t *b0, const int *worlds, int n_worlds)
 
 int main(int argc, char **argv)
 {
-    bench_cfg_t b = {256, 32, "1024, 1024, 1024, 1024", 2, 5, "cpu", "gloo", 0, 0};
+    bench_cfg_t b = {256, 32, "1024, 1024, 1024, 1024", 2, 5, "cpu", "gloo", 0, 0, "reshard"};
     int rss_slope = 0;
     char cmdline[1024] = "";
     for (int i = 0, o = 0; i < argc && o < (int)sizeof cmdline - 2; i++)
@@ -391,12 +394,14 @@ int main(int argc, char **argv)
             b.coll = argv[++i];
         } else if (strcmp(argv[i], "-t") == 0 && i + 1 < argc) {
             b.blas_threads = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "-a") == 0 && i + 1 < argc) {
+            b.accumulation = argv[++i];
         } else if (strcmp(argv[i], "--memory") == 0) {
             rss_slope = 1;
         } else {
             fprintf(stderr, "usage: pcs-step-bench [-g 1,2,4] [-n iters] [-w warmup] [--tiny] "
                             "[--check-steps N] [-d cpu|cuda] [-c gloo|nccl] [-t blas-threads] "
-                            "[--memory]\n");
+                            "[-a reshard|keep_gathered] [--memory]\n");
             return 2;
         }
     }
@@ -429,8 +434,8 @@ int main(int argc, char **argv)
     printf("\n# host %s  nproc %ld  cpu %s  backend %s (%s, %d devices)  coll %s (loopback)\n",
            host, sysconf(_SC_NPROCESSORS_ONLN), cpu, b.backend, devname, b.devices, b.coll);
     printf("# model mlp %u-[%s]-16, FULL_SHARD bf16 params / fp32 reduce, AdamW, 4 micro-batches "
-           "x %u rows per rank, clip 1.0\n",
-           b.input_dim, b.hidden, b.rows);
+           "x %u rows per rank (accumulation: %s), clip 1.0\n",
+           b.input_dim, b.hidden, b.rows, b.accumulation);
     printf("# warmup %d steps, timed %d steps, per-rank mean, max over ranks; comm = AG + RS/AR "
            "time; overlap = max(compute, comm) / step\n",
            b.warmup, b.iters);

@@ -1137,6 +1137,47 @@ static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
     if (rg)
         add_group(c, p, PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD, rg, all + 2, 1);
 
+    /* gradient accumulation: units that reshard may stay gathered across the no-sync
+     * micro-batches (training.accumulation); auto decides by the per-rank estimate */
+    if (p->micro_batches > 1) {
+        const char *acc = s->training && s->training->accumulation ? s->training->accumulation : "";
+        uint64_t budget = s->training ? s->training->memory_budget_bytes : 0;
+        size_t n_keep = 0;
+        for (size_t k = 0; k < p->n_units; k++) {
+            Pcs__V1__Unit *u = p->units[k];
+            bool can = u->shard_group_size > 1 && !u->is_root &&
+                       (u->reshard_after_forward || u->reshard_after_backward);
+            u->keep_gathered_in_accumulation = can && strcmp(acc, "reshard") != 0;
+            n_keep += u->keep_gathered_in_accumulation;
+        }
+        if (n_keep) {
+            bool keep = !strcmp(acc, "keep_gathered");
+            uint64_t with = 0;
+            for (uint32_t k = 0; k < c->pp; k++) { /* the fullest pp coordinate */
+                Pcs__V1__MeshCoords mc = PCS__V1__MESH_COORDS__INIT;
+                mc.pp = k;
+                Pcs__V1__RankEstimate e;
+                PCS_CHECK(pcs_plan_rank_estimate(p, pcs_plan_rank_of(p, &mc), &e));
+                with = e.total_bytes > with ? e.total_bytes : with;
+            }
+            if (!keep && budget && with <= budget)
+                keep = true;
+            if (keep)
+                note(c,
+                     "accumulation: %zu units stay gathered across the %u micro-batches of a step "
+                     "(%s; per-rank estimate %llu bytes%s)",
+                     n_keep, p->micro_batches, *acc && strcmp(acc, "auto") ? acc : "auto",
+                     (unsigned long long)with, budget ? " within memory_budget_bytes" : "");
+            else if (budget)
+                note(c,
+                     "accumulation: units reshard in every micro-batch (keeping them gathered "
+                     "needs %llu bytes per rank, memory_budget_bytes is %llu)",
+                     (unsigned long long)with, (unsigned long long)budget);
+            for (size_t k = 0; !keep && k < p->n_units; k++)
+                p->units[k]->keep_gathered_in_accumulation = false;
+        }
+    }
+
     /* pipeline: the schedule must exist for this pp, virtual stages and micro-batch count and
      * pass validation (planner/schedule.h); the plan notes its shape and bubble */
     if (c->pp > 1) {

@@ -236,6 +236,7 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
              *held = rsb + n, *anc_f = held + n, *anc_b = anc_f + n, *evalb = anc_b + n,
              *pk = evalb + n, *pf = pk + n + 1, *ps = pf + n + 1;
     uint64_t root_eval = 0;
+    bool keep = false; /* units stay gathered across no-sync micro-batches */
     size_t root_i = SIZE_MAX;
     uint64_t acc = 0, max_c = 1;
     for (size_t i = 0; i < n; i++) {
@@ -298,7 +299,10 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
                 acc += u->padded_numel * dsz(accum);
         }
         /* still gathered after its backward in a no-sync micro-batch (not freed after it) */
-        held[nu] = mb > 1 && !u->reshard_after_backward ? f : 0;
+        held[nu] = mb > 1 && (!u->reshard_after_backward || u->keep_gathered_in_accumulation)
+                       ? f
+                       : 0;
+        keep |= mb > 1 && u->keep_gathered_in_accumulation;
         nu++;
         for (size_t k = 0; k < u->n_collectives; k++) {
             const Pcs__V1__CollectiveSpec *cs = u->collectives[k];
@@ -308,7 +312,8 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
             if (cs->kind == PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER) {
                 /* forward: every micro-batch unless params stay unsharded between no-sync
                  * micro-batches (shard_grad_op); backward re-gather: every micro-batch */
-                uint64_t times = cs->phase == PCS__V1__PHASE__PHASE_FORWARD
+                uint64_t times = u->keep_gathered_in_accumulation ? 1
+                                 : cs->phase == PCS__V1__PHASE__PHASE_FORWARD
                                      ? (u->reshard_after_backward ? mb : 1)
                                      : mb;
                 out->all_gather_bytes += times * (g - 1) * bytes;
@@ -390,6 +395,13 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         if (s > peak)
             peak = s;
         after += held[i];
+    }
+    /* kept gathered across no-sync micro-batches: every unit gathered, with the ancestors'
+     * gradients and unit i's (no reduction runs in those micro-batches) */
+    for (size_t i = 0; keep && i < nu; i++) {
+        uint64_t s = pf[nu] + (anc_b[i] - anc_f[i]) + gradb[i];
+        if (s > peak)
+            peak = s;
     }
     /* eval (after a step: every unit resharded, no gradients): the root and one unit gathered,
      * inline */

@@ -660,6 +660,10 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
         if (s->pipeline->virtual_stages > 1 && (!strcmp(sc, "gpipe") || !strcmp(sc, "1f1b")))
             return bad(v, "pipeline.virtual_stages: %s runs one stage per rank", sc);
     }
+    const char *acc = s->training && s->training->accumulation ? s->training->accumulation : "";
+    if (*acc && strcmp(acc, "auto") && strcmp(acc, "reshard") && strcmp(acc, "keep_gathered"))
+        return bad(v, "training.accumulation: unknown value '%s' (auto, reshard, keep_gathered)",
+                   acc);
     const char *hook = s->ddp_comm_hook ? s->ddp_comm_hook : "";
     if (*hook) {
         if (strcmp(hook, "allreduce") && strcmp(hook, "fp16_compress") &&

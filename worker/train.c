@@ -155,7 +155,8 @@ static pcs_status_t hook_post_forward(void *ctx, uint32_t mod)
      * the strategy keeps (reshard_after_forward false: SHARD_GRAD_OP, ZeRO-2). */
     if (!t->training)
         PCS_CHECK(pcs_runtime_reshard(t->rt, (uint32_t)unit));
-    else if ((uint32_t)unit != t->root_unit && u->reshard_after_forward)
+    else if ((uint32_t)unit != t->root_unit && u->reshard_after_forward &&
+             (t->sync || !u->keep_gathered_in_accumulation))
         PCS_CHECK(u->reshard_group_size > 1 ? pcs_runtime_reshard_partial(t->rt, (uint32_t)unit)
                                             : pcs_runtime_reshard(t->rt, (uint32_t)unit));
     return PCS_OK;
@@ -189,7 +190,7 @@ static pcs_status_t hook_post_backward(void *ctx, uint32_t mod)
     const Pcs__V1__Unit *u = t->plan->units[unit];
     PCS_CHECK(pcs_runtime_post_backward(t->rt, (uint32_t)unit, t->sync));
     /* FSDP1 _should_free_in_backward: sharded and (sync or FULL_SHARD-like). */
-    if (t->sync || u->reshard_after_backward)
+    if (t->sync || (u->reshard_after_backward && !u->keep_gathered_in_accumulation))
         PCS_CHECK(pcs_runtime_reshard(t->rt, (uint32_t)unit));
     return PCS_OK;
 }

@@ -578,6 +578,80 @@ static void run_bit_parity_inj(const job_params_t *p, const char *tag, const cha
     }
 }
 
+static uint64_t all_gathers(const Pcs__V1__StepReport *r)
+{
+    uint64_t n = 0;
+    for (size_t k = 0; k < r->n_collectives; k++)
+        if (r->collectives[k]->kind == PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER)
+            n += r->collectives[k]->calls;
+    return n;
+}
+
+/* training.accumulation keep_gathered (issue 18, part 2): sharded units stay gathered from their
+ * first all-gather of a step until the synced micro-batch. The parameters gathered are the same
+ * (the masters change only at the step), so the run is bit-identical to the resharding one; it
+ * all-gathers 2 (n-1) + M times per step instead of M (2 (n-1) + 1) (n units, the root kept; M
+ * micro-batches), holds as much or more (test_plan's deeper model: more), and keeps the plan's
+ * memory promise, which counts it. */
+static void test_keep_gathered_accumulation_is_bit_identical_with_fewer_all_gathers(void **state)
+{
+    (void)state;
+    const int M = 4, world = 2;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 2}", .world = world, .micro = M};
+    char yaml[2][4096];
+    p.train_extra = "  accumulation: reshard\n";
+    make_yaml(&p, yaml[0], sizeof yaml[0]);
+    p.train_extra = "  accumulation: keep_gathered\n";
+    make_yaml(&p, yaml[1], sizeof yaml[1]);
+    Pcs__V1__JobSpec *spec = e2e_parse_spec(yaml[1]);
+    Pcs__V1__Plan *plan = NULL;
+    assert_int_equal(pcs_plan_build(spec, (uint32_t)world, &plan), PCS_OK);
+    uint64_t n = plan->n_units;
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+    pcs_plan_free(plan);
+    e2e_job_t job[2];
+    char *dir[2] = {NULL, NULL}, *blob[2] = {NULL, NULL};
+    size_t len[2] = {0, 0};
+    uint64_t peak[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(e2e_run_local(yaml[k], k ? "keep" : "reshard", world, 0, 0, &job[k],
+                                       &dir[k]),
+                         0);
+        assert_int_equal(job[k].state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+        blob[k] = pcs_test_read_file(job[k].export_path, &len[k]);
+        assert_non_null(blob[k]);
+        assert_int_equal(e2e_check_memory_promise(&job[k], yaml[k], 0.8), 0);
+        for (int r = 0; r < world; r++)
+            for (size_t i = 0; i < job[k].n_reports[r]; i++) {
+                const Pcs__V1__StepReport *rep = job[k].reports[r][i];
+                uint64_t want = k ? 2 * (n - 1) + (uint64_t)M : (uint64_t)M * (2 * (n - 1) + 1);
+                if (all_gathers(rep) != want)
+                    fail_msg("%s rank %d step %llu: %llu all-gathers, want %llu",
+                             k ? "keep_gathered" : "reshard", r, (unsigned long long)rep->step,
+                             (unsigned long long)all_gathers(rep), (unsigned long long)want);
+                peak[k] = rep->runtime_memory_peak_bytes > peak[k] ? rep->runtime_memory_peak_bytes
+                                                                   : peak[k];
+            }
+    }
+    assert_int_equal(len[0], len[1]);
+    assert_int_equal(memcmp(blob[0], blob[1], len[0]), 0);
+    for (int r = 0; r < world; r++) {
+        assert_int_equal(job[0].n_reports[r], job[1].n_reports[r]);
+        for (size_t i = 0; i < job[0].n_reports[r]; i++)
+            assert_memory_equal(&job[0].reports[r][i]->loss, &job[1].reports[r][i]->loss,
+                                sizeof(double));
+    }
+    assert_true(peak[1] >= peak[0]); /* equal here: prefetch already holds all three units */
+    fprintf(stderr, "keep_gathered: bit-identical, runtime peak %llu B vs %llu B resharding\n",
+            (unsigned long long)peak[1], (unsigned long long)peak[0]);
+    for (int k = 0; k < 2; k++) {
+        free(blob[k]);
+        e2e_job_free(&job[k]);
+        pcs_test_rmtree(dir[k]);
+        free(dir[k]);
+    }
+}
+
 /* Run the job with the runtime's collectives direct and again through host staging buffers (the
  * path a Gloo job takes on a device backend). */
 static void run_stage_parity(const job_params_t *p, const char *tag)
@@ -927,6 +1001,7 @@ int main(void)
         cmocka_unit_test(test_full_shard_bf16_w4_matches_reference),
         cmocka_unit_test(test_shard_grad_op_w2_matches_reference),
         cmocka_unit_test(test_no_shard_w2_matches_reference),
+        cmocka_unit_test(test_keep_gathered_accumulation_is_bit_identical_with_fewer_all_gathers),
         cmocka_unit_test(test_ddp_fp16_compress_hook_w4_matches_reference),
         cmocka_unit_test(test_ddp_bf16_compress_hook_w2_matches_reference),
         cmocka_unit_test(test_world_of_one_divide_factor_w1_matches_reference),

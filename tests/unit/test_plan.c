@@ -1025,6 +1025,59 @@ static void test_size_based_wrap_follows_recursive_wrap(void **state)
     pcs_plan_free(p);
 }
 
+/* training.accumulation on 8 wrapped blocks, 4 micro-batches: keep_gathered marks every sharded
+ * non-root unit, all-gathers once per phase per step instead of per micro-batch, and its per-rank
+ * estimate holds every unit gathered (more than the resharding one); auto keeps only within
+ * memory_budget_bytes, and says why in a note. */
+static void test_accumulation_keep_gathered_and_auto_budget(void **state)
+{
+    (void)state;
+#define ACC_MLP                                                                                    \
+    "model: {mlp: {input_dim: 64, hidden_dims: [64, 64, 64, 64, 64, 64, 64, 64], "              \
+    "output_dim: 4}}\nwrap: {module_class: [MLPBlock]}\nmesh: [{dim: dp_shard, size: 2}]\n"
+    Pcs__V1__Plan *r = plan_of(ACC_MLP "training: {micro_batches: 4, accumulation: reshard}", 0);
+    Pcs__V1__Plan *k =
+        plan_of(ACC_MLP "training: {micro_batches: 4, accumulation: keep_gathered}", 0);
+    size_t kept = 0;
+    for (size_t i = 0; i < k->n_units; i++) {
+        assert_false(r->units[i]->keep_gathered_in_accumulation);
+        kept += k->units[i]->keep_gathered_in_accumulation;
+        assert_int_equal(k->units[i]->keep_gathered_in_accumulation,
+                         !k->units[i]->is_root && k->units[i]->numel > 0);
+    }
+    assert_int_equal(kept, 8);
+    Pcs__V1__RankEstimate er, ek;
+    assert_int_equal(pcs_plan_rank_estimate(r, 0, &er), PCS_OK);
+    assert_int_equal(pcs_plan_rank_estimate(k, 0, &ek), PCS_OK);
+    assert_true(ek.peak_unsharded_bytes > er.peak_unsharded_bytes);
+    assert_true(ek.all_gather_bytes * 3 < er.all_gather_bytes); /* 2 per unit-step vs 8 */
+    /* auto: within the budget keeps (the note says so), below it reshards */
+    char y[1024];
+    snprintf(y, sizeof y,
+             ACC_MLP "training: {micro_batches: 4, memory_budget_bytes: %llu}",
+             (unsigned long long)ek.total_bytes);
+    Pcs__V1__Plan *a = plan_of(y, 0);
+    assert_true(a->units[1]->keep_gathered_in_accumulation);
+    pcs_plan_free(a);
+    snprintf(y, sizeof y,
+             ACC_MLP "training: {micro_batches: 4, memory_budget_bytes: %llu}",
+             (unsigned long long)ek.total_bytes - 1);
+    a = plan_of(y, 0);
+    assert_false(a->units[1]->keep_gathered_in_accumulation);
+    int said = 0;
+    for (size_t i = 0; i < a->n_notes; i++)
+        said |= strstr(a->notes[i], "accumulation: units reshard in every micro-batch") != NULL;
+    assert_true(said);
+    pcs_plan_free(a);
+    /* no budget: auto reshards (FSDP's default) */
+    a = plan_of(ACC_MLP "training: {micro_batches: 4}", 0);
+    assert_false(a->units[1]->keep_gathered_in_accumulation);
+    pcs_plan_free(a);
+    pcs_plan_free(r);
+    pcs_plan_free(k);
+#undef ACC_MLP
+}
+
 /* DDP communication hooks (spec §6, cases 24 and 25) next to FSDP's NO_SHARD reduction: the
  * hook divides by the whole data-parallel group before a SUM, in its own dtype; FSDP pre- and
  * post-divides with the §4.2 factors. Gradients accumulate and come back in their own dtype. */
@@ -1175,6 +1228,7 @@ int main(void)
         cmocka_unit_test(test_check_runnable_refuses_pipelines_and_fp64_only),
         cmocka_unit_test(test_pipeline_schedule_is_validated_and_noted),
         cmocka_unit_test(test_ddp_hooks_divide_before_a_sum_in_their_dtype_case25),
+        cmocka_unit_test(test_accumulation_keep_gathered_and_auto_budget),
     };
     return cmocka_run_group_tests_name("plan", tests, NULL, NULL);
 }

@@ -263,6 +263,9 @@ static const row_t rows[] = {
      NULL, NULL, "mesh: dimension dp_shard given twice"},
     {"mesh", "mesh: [{dim: dp_replicate, size: 1024}, {dim: dp_shard, size: 128}]", NULL, NULL,
      NULL, "mesh: world size exceeds 65536"},
+    {"training", "training: {steps: 1, micro_batch_size: 4, optimizer: {sgd: {lr: 0.1}}, "
+                 "accumulation: sometimes}", NULL, NULL,
+     NULL, "training.accumulation: unknown value 'sometimes' (auto, reshard, keep_gathered)"},
     /* DDP communication hooks (spec §6) */
     {"collectives", "collectives: gloo\nddp_comm_hook: zzz", NULL, NULL, NULL,
      "ddp_comm_hook: unknown hook 'zzz' (allreduce, fp16_compress, bf16_compress)"},
