@@ -1101,6 +1101,14 @@ static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
     p->virtual_stages = c->vstages;
     p->micro_batches = s->training && s->training->micro_batches ? s->training->micro_batches : 1;
     p->full_precision_eval = s->training && s->training->full_precision_eval;
+    {
+        const Pcs__V1__TrainingSpec *t = s->training;
+        bool fwd = !(t && t->forward_prefetch && !t->forward_prefetch->value);
+        const char *bp = t && t->backward_prefetch ? t->backward_prefetch : "";
+        p->forward_prefetch_depth = fwd ? p->prefetch : 0;
+        p->backward_prefetch_depth = strcmp(bp, "none") ? p->prefetch : 0;
+        p->backward_prefetch_post = !strcmp(bp, "post");
+    }
     p->optimizer_states = optimizer_states(s);
     p->layer_container = dupstr(c, c->m->modules[c->container].path);
     p->num_layers = c->nlayers;

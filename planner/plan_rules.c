@@ -221,7 +221,8 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
     out->rank = rank;
     uint32_t pp = p->pp_size ? p->pp_size : 1;
     uint64_t mb = p->micro_batches ? p->micro_batches : 1;
-    uint64_t depth = p->prefetch ? p->prefetch : 1;
+    /* units gathered ahead in forward and in backward (0: prefetch off in that direction) */
+    uint64_t fdepth = p->forward_prefetch_depth, bdepth = p->backward_prefetch_depth;
     const uint64_t f32 = 4;
 
     /* this rank's units in forward order: unsharded (full) and kept-after-forward bytes, the
@@ -371,22 +372,22 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         free(stack);
         free(mine);
     }
-    /* forward: units before i hold their kept bytes (ancestors their full bytes), i..i+depth
+    /* forward: units before i hold their kept bytes (ancestors their full bytes), i..i+fdepth
      * are fully gathered */
     uint64_t peak = 0;
     for (size_t i = 0; i < nu; i++) {
-        size_t hi = i + depth + 1 < nu ? i + depth + 1 : nu;
+        size_t hi = i + fdepth + 1 < nu ? i + fdepth + 1 : nu;
         uint64_t s = pk[i] + (pf[hi] - pf[i]) + anc_f[i] + (ps[i + 1] - ps[i]);
         if (s > peak)
             peak = s;
     }
-    /* backward (reverse): units below i - depth still kept, i - depth..i gathered, ancestors
+    /* backward (reverse): units below i - bdepth still kept, i - bdepth..i gathered, ancestors
      * gathered with their gradients, unit i's unsharded gradient; then either (sync
      * micro-batch) its separate reduction input or the reduction of the unit after it still in
      * flight, or (no-sync micro-batch) the units after it that stay gathered */
     uint64_t after = 0;
     for (size_t i = nu; i-- > 0;) {
-        size_t lo = i > depth ? i - depth : 0;
+        size_t lo = i > bdepth ? i - bdepth : 0;
         uint64_t inflight = i + 1 < nu ? rsb[i + 1] : 0;
         uint64_t sync = copyb[i] > inflight ? copyb[i] : inflight;
         uint64_t tail = sync > after ? sync : after;

@@ -664,6 +664,10 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
     if (*acc && strcmp(acc, "auto") && strcmp(acc, "reshard") && strcmp(acc, "keep_gathered"))
         return bad(v, "training.accumulation: unknown value '%s' (auto, reshard, keep_gathered)",
                    acc);
+    const char *bp = s->training && s->training->backward_prefetch ? s->training->backward_prefetch
+                                                                   : "";
+    if (*bp && strcmp(bp, "pre") && strcmp(bp, "post") && strcmp(bp, "none"))
+        return bad(v, "training.backward_prefetch: unknown value '%s' (pre, post, none)", bp);
     const char *hook = s->ddp_comm_hook ? s->ddp_comm_hook : "";
     if (*hook) {
         if (strcmp(hook, "allreduce") && strcmp(hook, "fp16_compress") &&

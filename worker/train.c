@@ -71,6 +71,9 @@ struct pcs_train {
      */
     uint32_t M, b, D, dp_rank, in_dim;
     uint32_t depth;         /* units all-gathered ahead (plan.prefetch; 0 = inline) */
+    uint32_t fdepth, bdepth; /* ahead in forward / in backward (training.forward_prefetch,
+                              * backward_prefetch: 0 = off) */
+    int bpost;               /* backward prefetch after the unit's gradients (BACKWARD_POST) */
     pcs_dtype_t feed_dtype; /* dtype the inputs are fed in (pure low precision: the model's) */
     float *x;     /* host (pinned on cuda): the global eval batch or this rank's micro-batch */
     void *y;      /* host targets */
@@ -139,7 +142,7 @@ static pcs_status_t hook_pre_forward(void *ctx, uint32_t mod)
     /* Keep `depth` units gathered ahead in forward order (bounded memory: root + current +
      * depth). */
     uint32_t pos = t->unit_pos[unit];
-    for (uint32_t k = 1; !full && k <= t->depth && pos + k < t->n_units; k++)
+    for (uint32_t k = 1; !full && k <= t->fdepth && pos + k < t->n_units; k++)
         PCS_CHECK(pcs_runtime_prefetch(t->rt, t->fwd_order[pos + k]));
     return PCS_OK;
 }
@@ -162,6 +165,15 @@ static pcs_status_t hook_post_forward(void *ctx, uint32_t mod)
     return PCS_OK;
 }
 
+/* Gather the bdepth units before `unit` in forward order (the next ones in backward). */
+static pcs_status_t prefetch_backward(pcs_train_t *t, uint32_t unit)
+{
+    uint32_t pos = t->unit_pos[unit];
+    for (uint32_t k = 1; k <= t->bdepth && k <= pos; k++)
+        PCS_CHECK(pcs_runtime_prefetch(t->rt, t->fwd_order[pos - k]));
+    return PCS_OK;
+}
+
 static pcs_status_t hook_pre_backward(void *ctx, uint32_t mod)
 {
     pcs_train_t *t = ctx;
@@ -175,9 +187,8 @@ static pcs_status_t hook_pre_backward(void *ctx, uint32_t mod)
     PCS_CHECK(pcs_runtime_unshard(t->rt, (uint32_t)unit, 0, &p, &dt));
     PCS_CHECK(bind_unit(t, (uint32_t)unit, p, dt));
     PCS_CHECK(bind_unit_grads(t, (uint32_t)unit));
-    uint32_t pos = t->unit_pos[unit];
-    for (uint32_t k = 1; k <= t->depth && k <= pos; k++)
-        PCS_CHECK(pcs_runtime_prefetch(t->rt, t->fwd_order[pos - k]));
+    if (!t->bpost) /* BACKWARD_PRE: before this unit's gradient computation */
+        PCS_CHECK(prefetch_backward(t, (uint32_t)unit));
     return PCS_OK;
 }
 
@@ -188,6 +199,8 @@ static pcs_status_t hook_post_backward(void *ctx, uint32_t mod)
     if (unit < 0)
         return PCS_OK;
     const Pcs__V1__Unit *u = t->plan->units[unit];
+    if (t->bpost) /* BACKWARD_POST: after its gradients, before its reduction */
+        PCS_CHECK(prefetch_backward(t, (uint32_t)unit));
     PCS_CHECK(pcs_runtime_post_backward(t->rt, (uint32_t)unit, t->sync));
     /* FSDP1 _should_free_in_backward: sharded and (sync or FULL_SHARD-like). */
     if (t->sync || (u->reshard_after_backward && !u->keep_gathered_in_accumulation))
@@ -719,6 +732,10 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     rc.coll = t->coll;
     rc.stage_host = cfg->stage_host;
     t->depth = rc.prefetch > 0 ? (uint32_t)rc.prefetch : 0;
+    /* the plan's per-direction depths; the bench's override applies to both */
+    t->fdepth = cfg->prefetch >= 0 ? t->depth : t->plan->forward_prefetch_depth;
+    t->bdepth = cfg->prefetch >= 0 ? t->depth : t->plan->backward_prefetch_depth;
+    t->bpost = t->plan->backward_prefetch_post;
     pcs_train_opt_from_spec(tr, &rc);
     PCS_CHECK_GOTO(load_init_file(t), st, fail);
     uint64_t t_boot = pcs_now_us();

@@ -578,6 +578,49 @@ static void run_bit_parity_inj(const job_params_t *p, const char *tag, const cha
     }
 }
 
+/* FSDP1's prefetch controls, the six subtests of the seed's test_mixed_precision_e2e_full_shard
+ * (forward_prefetch {false, true} x backward_prefetch {none, pre, post}): the numerics match the
+ * reference in each, the runtime keeps the plan's memory promise for each (the estimate follows
+ * the depths), and without any prefetch at most the root and the unit computing are gathered. */
+static void test_prefetch_controls_six_combinations_match_reference(void **state)
+{
+    (void)state;
+    const char *fwd[2] = {"false", "true"}, *bwd[3] = {"none", "pre", "post"};
+    for (int f = 0; f < 2; f++)
+        for (int b = 0; b < 3; b++) {
+            char extra[128];
+            snprintf(extra, sizeof extra, "  forward_prefetch: %s\n  backward_prefetch: %s\n",
+                     fwd[f], bwd[b]);
+            job_params_t p = {.mesh = "{dim: dp_shard, size: 2}", .world = 2,
+                              .train_extra = extra};
+            char yaml[4096];
+            make_yaml(&p, yaml, sizeof yaml);
+            e2e_job_t job;
+            char *dir = NULL;
+            assert_int_equal(e2e_run_local(yaml, "pf", 2, 0, 0, &job, &dir), 0);
+            assert_int_equal(job.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+            double max_abs = 0;
+            int fails = e2e_check_parity(&job, yaml, 1e-4, 1e-3, 1.6e-2, &max_abs);
+            fails += e2e_check_memory_promise(&job, yaml, 0.8);
+            uint32_t most = 0;
+            for (int r = 0; r < 2; r++)
+                for (size_t i = 0; i < job.n_reports[r]; i++) {
+                    uint32_t m = job.reports[r][i]->max_unsharded_units;
+                    most = m > most ? m : most;
+                }
+            fprintf(stderr, "forward_prefetch %s backward_prefetch %s: max |d| %.3g, %u units "
+                            "gathered at most\n",
+                    fwd[f], bwd[b], max_abs, most);
+            if (f == 0 && b == 0)
+                assert_true(most <= 2); /* root + the unit computing */
+            e2e_job_free(&job);
+            if (fails == 0)
+                pcs_test_rmtree(dir);
+            free(dir);
+            assert_int_equal(fails, 0);
+        }
+}
+
 static uint64_t all_gathers(const Pcs__V1__StepReport *r)
 {
     uint64_t n = 0;
@@ -1001,6 +1044,7 @@ int main(void)
         cmocka_unit_test(test_full_shard_bf16_w4_matches_reference),
         cmocka_unit_test(test_shard_grad_op_w2_matches_reference),
         cmocka_unit_test(test_no_shard_w2_matches_reference),
+        cmocka_unit_test(test_prefetch_controls_six_combinations_match_reference),
         cmocka_unit_test(test_keep_gathered_accumulation_is_bit_identical_with_fewer_all_gathers),
         cmocka_unit_test(test_ddp_fp16_compress_hook_w4_matches_reference),
         cmocka_unit_test(test_ddp_bf16_compress_hook_w2_matches_reference),

@@ -266,6 +266,9 @@ static const row_t rows[] = {
     {"training", "training: {steps: 1, micro_batch_size: 4, optimizer: {sgd: {lr: 0.1}}, "
                  "accumulation: sometimes}", NULL, NULL,
      NULL, "training.accumulation: unknown value 'sometimes' (auto, reshard, keep_gathered)"},
+    {"training", "training: {steps: 1, micro_batch_size: 4, optimizer: {sgd: {lr: 0.1}}, "
+                 "backward_prefetch: later}", NULL, NULL,
+     NULL, "training.backward_prefetch: unknown value 'later' (pre, post, none)"},
     /* DDP communication hooks (spec §6) */
     {"collectives", "collectives: gloo\nddp_comm_hook: zzz", NULL, NULL, NULL,
      "ddp_comm_hook: unknown hook 'zzz' (allreduce, fp16_compress, bf16_compress)"},
