@@ -466,8 +466,8 @@ int main(int argc, char **argv)
             double comm = s.ag + s.rs;
             double ov = s.step > 0 ? fmax(s.compute, comm) / s.step : 0;
             int threads = b.blas_threads ? b.blas_threads
-                                         : pcs_cpu_threads_per_rank(pcs_cpu_available(),
-                                                                    (uint32_t)W);
+                                         : pcs_cpu_rank_threads(pcs_cpu_available(),
+                                                                pcs_cpu_online(), (uint32_t)W);
             printf("%4d  %8s %7.1f %9.1f %7.1f %8.1f %7.1f %7.1f %7.1f %6.1f %8.3f %6ld %5d "
                    "%7.1f %7.1f\n",
                    W, pf ? "on" : "off", s.step, s.compute, s.ag, s.rs, s.cast, s.opt, s.ag_mb,

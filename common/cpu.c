@@ -38,6 +38,20 @@ static int read_small(const char *path, char *buf, size_t n)
 static int cgroup_quota(void)
 {
     char buf[128];
+    /* cgroup v2: this process's own cgroup (outside a cgroup namespace the root's cpu.max is
+     * not the limit), then the namespace root */
+    char line[512], path[600];
+    if (read_small("/proc/self/cgroup", line, sizeof line) == 0 && !strncmp(line, "0::/", 4)) {
+        line[strcspn(line, "\n")] = 0;
+        if (line[4] && !strstr(line, "..")) {
+            snprintf(path, sizeof path, "/sys/fs/cgroup%s/cpu.max", line + 3);
+            if (read_small(path, buf, sizeof buf) == 0) {
+                int q = pcs_cpu_quota_parse(buf);
+                if (q > 0)
+                    return q;
+            }
+        }
+    }
     if (read_small("/sys/fs/cgroup/cpu.max", buf, sizeof buf) == 0)
         return pcs_cpu_quota_parse(buf);
     char q[64], p[64], both[160];
@@ -65,6 +79,19 @@ int pcs_cpu_available(void)
     if (q > 0 && q < n)
         n = q;
     return n > 0 ? n : 1;
+}
+
+int pcs_cpu_online(void)
+{
+    long c = sysconf(_SC_NPROCESSORS_ONLN);
+    return c > 0 ? (int)c : 1;
+}
+
+int pcs_cpu_rank_threads(int available, int online, uint32_t local_ranks)
+{
+    if (available > 0 && available < online)
+        return available; /* confined: this rank's own share */
+    return pcs_cpu_threads_per_rank(available, local_ranks);
 }
 
 int pcs_cpu_threads_per_rank(int cpus, uint32_t local_ranks)

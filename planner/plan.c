@@ -1086,6 +1086,33 @@ out:
     return rc;
 }
 
+/* The largest per-rank estimate of the plan as it stands: ranks differ by their pp coordinate,
+ * and by their shard index only when a unit mixes frozen and trainable parameters (as
+ * estimate_max below). */
+static pcs_status_t fullest_rank_total(const ctx_t *c, const Pcs__V1__Plan *p, uint64_t *out)
+{
+    bool mixed = false;
+    for (size_t i = 0; i < p->n_units && !mixed; i++) {
+        bool fz = false, tr = false;
+        for (size_t j = 0; j < p->units[i]->n_params; j++) {
+            fz |= p->units[i]->params[j]->frozen;
+            tr |= !p->units[i]->params[j]->frozen;
+        }
+        mixed = fz && tr;
+    }
+    uint32_t nshard = mixed ? c->shard : 1;
+    *out = 0;
+    for (uint32_t k = 0; k < c->pp * nshard; k++) {
+        Pcs__V1__MeshCoords mc = PCS__V1__MESH_COORDS__INIT;
+        mc.pp = k / nshard;
+        mc.dp_shard = k % nshard;
+        Pcs__V1__RankEstimate e;
+        PCS_CHECK(pcs_plan_rank_estimate(p, pcs_plan_rank_of(p, &mc), &e));
+        *out = e.total_bytes > *out ? e.total_bytes : *out;
+    }
+    return PCS_OK;
+}
+
 static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
 {
     const Pcs__V1__JobSpec *s = c->spec;
@@ -1161,21 +1188,19 @@ static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
         if (n_keep) {
             bool keep = !strcmp(acc, "keep_gathered");
             uint64_t with = 0;
-            for (uint32_t k = 0; k < c->pp; k++) { /* the fullest pp coordinate */
-                Pcs__V1__MeshCoords mc = PCS__V1__MESH_COORDS__INIT;
-                mc.pp = k;
-                Pcs__V1__RankEstimate e;
-                PCS_CHECK(pcs_plan_rank_estimate(p, pcs_plan_rank_of(p, &mc), &e));
-                with = e.total_bytes > with ? e.total_bytes : with;
-            }
+            PCS_CHECK(fullest_rank_total(c, p, &with));
             if (!keep && budget && with <= budget)
                 keep = true;
+            char fits[96] = "";
+            if (budget)
+                snprintf(fits, sizeof fits, ", %s memory_budget_bytes %llu",
+                         with <= budget ? "within" : "OVER", (unsigned long long)budget);
             if (keep)
                 note(c,
                      "accumulation: %zu units stay gathered across the %u micro-batches of a step "
                      "(%s; per-rank estimate %llu bytes%s)",
                      n_keep, p->micro_batches, *acc && strcmp(acc, "auto") ? acc : "auto",
-                     (unsigned long long)with, budget ? " within memory_budget_bytes" : "");
+                     (unsigned long long)with, fits);
             else if (budget)
                 note(c,
                      "accumulation: units reshard in every micro-batch (keeping them gathered "

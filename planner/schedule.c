@@ -527,13 +527,16 @@ pcs_status_t pcs_schedule_validate(pcs_schedule_t *s)
         pcs_calloc(pp, sizeof *idx, (void **)&idx) != PCS_OK ||
         pcs_calloc(pp, sizeof *clock, (void **)&clock) != PCS_OK)
         goto out;
-    if (!s->start) {
-        if (pcs_calloc(pp, sizeof *s->start, (void **)&s->start) != PCS_OK)
+    /* start times sized for the lists as they are now (a caller may have edited them) */
+    for (uint32_t r = 0; s->start && r < pp; r++)
+        free(s->start[r]);
+    free(s->start);
+    s->start = NULL;
+    if (pcs_calloc(pp, sizeof *s->start, (void **)&s->start) != PCS_OK)
+        goto out;
+    for (uint32_t r = 0; r < pp; r++)
+        if (pcs_calloc(s->n_acts[r] + 1, sizeof **s->start, (void **)&s->start[r]) != PCS_OK)
             goto out;
-        for (uint32_t r = 0; r < pp; r++)
-            if (pcs_calloc(s->n_acts[r] + 1, sizeof **s->start, (void **)&s->start[r]) != PCS_OK)
-                goto out;
-    }
     for (size_t i = 0; i < sm; i++)
         x.f[i] = x.b[i] = x.w[i] = x.rf[i] = x.rb[i] = T_NONE;
     for (size_t i = 0; i < nch; i++)

@@ -678,6 +678,9 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
                        hook);
         if (s->strategy != PCS__V1__STRATEGY__STRATEGY_NO_SHARD)
             return bad(v, "ddp_comm_hook: needs strategy no_shard (DDP-style replication)");
+        if (s->training && s->training->gradient_divide_factor)
+            return bad(v, "ddp_comm_hook: divides by the data-parallel size; "
+                          "training.gradient_divide_factor conflicts with it");
         int want = !strcmp(hook, "fp16_compress")   ? PCS__V1__DTYPE__DTYPE_FP16
                    : !strcmp(hook, "bf16_compress") ? PCS__V1__DTYPE__DTYPE_BF16
                                                     : 0;

@@ -67,7 +67,9 @@ typedef struct rt_unit {
                            * for it (prefetch thread) before gathering into the block */
     int gathered;         /* an all-gather into `unsharded` was issued (ev_ag covers it) */
     int rs_borrowed;      /* rs_in is accum_buf (no copy): the next write of the accumulator
-                           * waits for that reduction */
+                           * waits for that reduction (compute thread only) */
+    int rs_in_accum;      /* this reduction's rs_in is the accumulator: set at the copy-in,
+                           * before it is queued, read by the thread that ends it */
     void *full;           /* padded, fp32 (full-precision eval; pooled, until resharded) */
     void *grads;          /* padded, param (compute) dtype */
     void *accum_buf;      /* padded, accum dtype (micro_batches > 1, else on first no-sync) */
@@ -1372,6 +1374,7 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
     uint64_t t0 = pcs_now_us();
     /* On the compute stream, after the backward that wrote the grads. */
     PCS_CHECK(rt->be->stream_wait_event(rt->cstream, u->ev_rsdone));
+    u->rs_in_accum = 0;
     if (src == u->grads && sdt == u->reduce) {
         /* no cast: the gradient block itself is the reduction's input (no copy) */
         u->rs_in = u->grads;
@@ -1381,6 +1384,7 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
          * is written again only after this reduction (post_backward waits) */
         u->rs_in = u->accum_buf;
         u->rs_borrowed = 1;
+        u->rs_in_accum = 1;
         PCS_CHECK(drop_grads(rt, u));
     } else {
         PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->reduce), rt->cstream,
@@ -1411,7 +1415,7 @@ static pcs_status_t put_rs_in(pcs_runtime_t *rt, rt_unit_t *u, pcs_stream_t s)
 {
     void *p = u->rs_in;
     u->rs_in = NULL;
-    if (p == u->accum_buf)
+    if (u->rs_in_accum)
         return PCS_OK;
     return pool_put(rt, p, s);
 }

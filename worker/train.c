@@ -199,12 +199,14 @@ static pcs_status_t hook_post_backward(void *ctx, uint32_t mod)
     if (unit < 0)
         return PCS_OK;
     const Pcs__V1__Unit *u = t->plan->units[unit];
-    if (t->bpost) /* BACKWARD_POST: after its gradients, before its reduction */
-        PCS_CHECK(prefetch_backward(t, (uint32_t)unit));
     PCS_CHECK(pcs_runtime_post_backward(t->rt, (uint32_t)unit, t->sync));
     /* FSDP1 _should_free_in_backward: sharded and (sync or FULL_SHARD-like). */
     if (t->sync || (u->reshard_after_backward && !u->keep_gathered_in_accumulation))
         PCS_CHECK(pcs_runtime_reshard(t->rt, (uint32_t)unit));
+    /* BACKWARD_POST (FSDP1 _post_backward_hook): the current unit is freed first, then the next
+     * one is gathered, while the reduction just queued runs */
+    if (t->bpost)
+        PCS_CHECK(prefetch_backward(t, (uint32_t)unit));
     return PCS_OK;
 }
 
@@ -615,8 +617,9 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
         /* ranks on one host share its CPUs: a pool per rank sized to all of them spins in
          * sched_yield (issue 18) */
         int cpus = pcs_cpu_available();
-        int n = cfg->blas_threads ? (int)cfg->blas_threads
-                                  : pcs_cpu_threads_per_rank(cpus, t->as->local_world_size);
+        int n = cfg->blas_threads
+                    ? (int)cfg->blas_threads
+                    : pcs_cpu_rank_threads(cpus, pcs_cpu_online(), t->as->local_world_size);
         int got = pcs_mlp_blas_threads(n);
         PCS_INFO(PCS_SUB_WORKER, "rank %u: %d BLAS threads (%s; %d CPUs, %u ranks on this host)",
                  t->as->rank, got, cfg->blas_threads ? "--blas-threads" : "auto", cpus,

@@ -54,6 +54,12 @@ static void test_threads_per_rank_split_the_host(void **state)
     assert_int_equal(pcs_cpu_threads_per_rank(16, 3), 5);
     assert_int_equal(pcs_cpu_threads_per_rank(8, 0), 8); /* unknown: this rank alone */
     assert_int_equal(pcs_cpu_threads_per_rank(1, 1), 1);
+    /* a rank already confined (its own cpuset or quota) uses what it was given; an unconfined
+     * one shares the machine */
+    assert_int_equal(pcs_cpu_rank_threads(4, 16, 4), 4);
+    assert_int_equal(pcs_cpu_rank_threads(16, 16, 4), 4);
+    assert_int_equal(pcs_cpu_rank_threads(2, 2, 4), 1);
+    assert_int_equal(pcs_cpu_rank_threads(1, 8, 8), 1);
 }
 
 int main(void)

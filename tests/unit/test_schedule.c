@@ -11,6 +11,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "planner/schedule.h"
@@ -169,10 +170,19 @@ static void test_broken_lists_fail_naming_the_rule(void **state)
     s = build(PCS_SCHED_1F1B, 2, 1, 4, 0);
     drop(s, 1, find(s, 1, PCS_ACT_RECV_F, 1, 0));
     expect_invalid(s, "deadlock: rank 0 waits at RECV_B 0<1 mb0; rank 1 waits at 1F0");
-    /* a send nobody receives */
+    /* a send to a rank that does not hold the next stage */
     s = build(PCS_SCHED_1F1B, 2, 1, 4, 0);
     s->acts[0][find(s, 0, PCS_ACT_SEND_F, 0, 3)].peer = 0;
     expect_invalid(s, "rank 0: SEND_F 0>0 mb3: stage 1 is not on rank 0");
+    /* a send nobody receives: the last activation sent twice */
+    s = build(PCS_SCHED_1F1B, 2, 1, 4, 0);
+    size_t at = find(s, 0, PCS_ACT_SEND_F, 0, 3);
+    pcs_action_t *grown = realloc(s->acts[0], (s->n_acts[0] + 1) * sizeof *grown);
+    assert_non_null(grown);
+    s->acts[0] = grown;
+    memmove(&grown[at + 1], &grown[at], (s->n_acts[0] - at) * sizeof *grown);
+    s->n_acts[0]++;
+    expect_invalid(s, "rank 0 sends stage 0 micro-batch 3 to rank 1, which never receives it");
     /* backward before its forward on the same rank */
     s = build(PCS_SCHED_GPIPE, 2, 1, 2, 0);
     size_t f = find(s, 1, PCS_ACT_F, 1, 1), bw = find(s, 1, PCS_ACT_B, 1, 1);

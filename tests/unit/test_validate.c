@@ -270,6 +270,13 @@ static const row_t rows[] = {
                  "backward_prefetch: later}", NULL, NULL,
      NULL, "training.backward_prefetch: unknown value 'later' (pre, post, none)"},
     /* DDP communication hooks (spec §6) */
+    {"strategy", "strategy: no_shard\nddp_comm_hook: allreduce",
+     "training",
+     "training: {steps: 1, micro_batch_size: 4, optimizer: {sgd: {lr: 0.1}}, "
+     "gradient_divide_factor: 4}",
+     NULL,
+     "ddp_comm_hook: divides by the data-parallel size; training.gradient_divide_factor "
+     "conflicts with it"},
     {"collectives", "collectives: gloo\nddp_comm_hook: zzz", NULL, NULL, NULL,
      "ddp_comm_hook: unknown hook 'zzz' (allreduce, fp16_compress, bf16_compress)"},
     {"collectives", "collectives: gloo\nddp_comm_hook: fp16_compress", NULL, NULL, NULL,

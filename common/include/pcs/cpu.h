@@ -22,6 +22,14 @@ int pcs_cpu_available(void);
  * (local_ranks 0 = unknown: 1 rank). Pure. */
 int pcs_cpu_threads_per_rank(int cpus, uint32_t local_ranks);
 
+/* CPUs the machine has online (sysconf). */
+int pcs_cpu_online(void);
+
+/* Compute threads for one rank: a process already confined below the machine (its own affinity
+ * mask or cgroup quota: taskset per rank, a Kubernetes pod per worker) uses all it was given;
+ * an unconfined one shares the machine with the other `local_ranks` ranks on it. Pure. */
+int pcs_cpu_rank_threads(int available, int online, uint32_t local_ranks);
+
 #ifdef __cplusplus
 }
 #endif
