@@ -33,24 +33,18 @@ const pcs_cli_spec_t pcs_cli_plan_spec = {
 
 /* The plan's pipeline schedule as a time grid (compute actions; a B spans two steps) and each
  * rank's whole list. */
-static int print_timeline(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p)
+static int print_timeline(const Pcs__V1__Plan *p)
 {
     if (p->pp_size <= 1) {
         printf("# timeline: no pipeline (pp = 1)\n");
         return PCS_CLI_OK;
     }
-    uint32_t v = p->virtual_stages ? p->virtual_stages : 1;
-    int per_mb = 0;
-    for (size_t k = 0; k < p->n_units; k++)
-        per_mb |= !p->units[k]->is_root && p->units[k]->reshard_after_forward;
-    pcs_sched_kind_t kind;
     pcs_schedule_t *s = NULL;
-    if (pcs_sched_parse(spec->pipeline ? spec->pipeline->schedule : NULL, v, &kind) != PCS_OK ||
-        pcs_schedule_build(kind, p->pp_size, v, p->micro_batches, per_mb, &s) != PCS_OK)
+    if (pcs_plan_schedule(p, &s) != PCS_OK)
         return pcs_cli_fail("plan: %s", pcs_last_error());
     printf("# timeline: %s, pp %u x %u stages per rank, %u micro-batches: makespan %u, bubble "
            "%.3f (GPipe/1F1B: %.3f)\n",
-           pcs_sched_name(kind), s->pp, s->v, s->m, s->makespan, s->bubble,
+           pcs_sched_name(s->kind), s->pp, s->v, s->m, s->makespan, s->bubble,
            pcs_sched_bubble_1f1b(s->pp, s->m));
     printf("%6s", "step");
     for (uint32_t r = 0; r < s->pp; r++)
@@ -411,7 +405,7 @@ int pcs_cli_plan(int argc, char **argv)
              ? print_transfer(spec, plan, have_rank, rank)
              : PCS_CLI_OK;
     if (rc == PCS_CLI_OK && args.val[2])
-        rc = print_timeline(spec, plan);
+        rc = print_timeline(plan);
 out:
     pcs_plan_free(plan);
     protobuf_c_message_free_unpacked(msg, NULL);

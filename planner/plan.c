@@ -1086,29 +1086,46 @@ out:
     return rc;
 }
 
-/* The largest per-rank estimate of the plan as it stands: ranks differ by their pp coordinate,
- * and by their shard index only when a unit mixes frozen and trainable parameters (as
- * estimate_max below). */
-static pcs_status_t fullest_rank_total(const ctx_t *c, const Pcs__V1__Plan *p, uint64_t *out)
+/* The element-wise max of the ranks' estimates (x->rank: the rank with the largest total):
+ * ranks differ by their pp coordinate, and by their shard index only when a unit mixes frozen
+ * and trainable parameters (optimizer state covers the trainable elements of the rank's shard);
+ * walking the shard indices is then O(shard x units). x is initialised here. */
+static pcs_status_t estimate_max_of(const ctx_t *c, const Pcs__V1__Plan *p,
+                                    Pcs__V1__RankEstimate *x)
 {
+    pcs__v1__rank_estimate__init(x);
     bool mixed = false;
     for (size_t i = 0; i < p->n_units && !mixed; i++) {
+        const Pcs__V1__Unit *un = p->units[i];
         bool fz = false, tr = false;
-        for (size_t j = 0; j < p->units[i]->n_params; j++) {
-            fz |= p->units[i]->params[j]->frozen;
-            tr |= !p->units[i]->params[j]->frozen;
+        for (size_t j = 0; j < un->n_params; j++) {
+            fz |= un->params[j]->frozen;
+            tr |= !un->params[j]->frozen;
         }
         mixed = fz && tr;
     }
     uint32_t nshard = mixed ? c->shard : 1;
-    *out = 0;
     for (uint32_t k = 0; k < c->pp * nshard; k++) {
         Pcs__V1__MeshCoords mc = PCS__V1__MESH_COORDS__INIT;
         mc.pp = k / nshard;
         mc.dp_shard = k % nshard;
+        uint32_t rank = pcs_plan_rank_of(p, &mc);
         Pcs__V1__RankEstimate e;
-        PCS_CHECK(pcs_plan_rank_estimate(p, pcs_plan_rank_of(p, &mc), &e));
-        *out = e.total_bytes > *out ? e.total_bytes : *out;
+        PCS_CHECK(pcs_plan_rank_estimate(p, rank, &e));
+        if (k == 0 || e.total_bytes > x->total_bytes)
+            x->rank = rank;
+#define MAXF(f) x->f = e.f > x->f ? e.f : x->f
+        MAXF(param_shard_bytes);
+        MAXF(grad_shard_bytes);
+        MAXF(optimizer_bytes);
+        MAXF(peak_unsharded_bytes);
+        MAXF(all_gather_bytes);
+        MAXF(reduce_scatter_bytes);
+        MAXF(all_reduce_bytes);
+        MAXF(buffer_bytes);
+        MAXF(staging_bytes);
+        MAXF(total_bytes);
+#undef MAXF
     }
     return PCS_OK;
 }
@@ -1187,8 +1204,9 @@ static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
         }
         if (n_keep) {
             bool keep = !strcmp(acc, "keep_gathered");
-            uint64_t with = 0;
-            PCS_CHECK(fullest_rank_total(c, p, &with));
+            Pcs__V1__RankEstimate most;
+            PCS_CHECK(estimate_max_of(c, p, &most));
+            uint64_t with = most.total_bytes;
             if (!keep && budget && with <= budget)
                 keep = true;
             char fits[96] = "";
@@ -1214,15 +1232,14 @@ static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
     /* pipeline: the schedule must exist for this pp, virtual stages and micro-batch count and
      * pass validation (planner/schedule.h); the plan notes its shape and bubble */
     if (c->pp > 1) {
-        uint32_t v = c->vstages ? c->vstages : 1;
-        int per_mb = 0;
-        for (size_t k = 0; k < p->n_units; k++)
-            per_mb |= !p->units[k]->is_root && p->units[k]->reshard_after_forward;
         pcs_sched_kind_t kind;
         pcs_schedule_t *sch = NULL;
-        pcs_status_t st = pcs_sched_parse(s->pipeline ? s->pipeline->schedule : NULL, v, &kind);
-        if (st == PCS_OK)
-            st = pcs_schedule_build(kind, c->pp, v, p->micro_batches, per_mb, &sch);
+        pcs_status_t st = pcs_sched_parse(s->pipeline ? s->pipeline->schedule : NULL,
+                                          c->vstages ? c->vstages : 1, &kind);
+        if (st == PCS_OK) {
+            p->pipeline_schedule = dupstr(c, pcs_sched_name(kind));
+            st = pcs_plan_schedule(p, &sch);
+        }
         if (st == PCS_ERR_NOMEM)
             return st;
         if (st != PCS_OK)
@@ -1231,9 +1248,10 @@ static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
             note(c,
                  "pipeline: %s over %u ranks x %u stages, %u micro-batches; FSDP unshards each "
                  "stage %s; bubble %.3f with unit costs (F 1, B 2; GPipe/1F1B: %.3f)",
-                 pcs_sched_name(kind), c->pp, v, p->micro_batches,
-                 per_mb ? "around every micro-batch (reshard_after_forward)" : "once per step",
-                 sch->bubble, pcs_sched_bubble_1f1b(c->pp, p->micro_batches));
+                 p->pipeline_schedule, sch->pp, sch->v, sch->m,
+                 sch->unshard_per_mb ? "around every micro-batch (reshard_after_forward)"
+                                     : "once per step",
+                 sch->bubble, pcs_sched_bubble_1f1b(sch->pp, sch->m));
         pcs_schedule_free(sch);
     }
 
@@ -1245,46 +1263,10 @@ static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
     if (c->oom)
         return PCS_ERR_NOMEM;
 
-    /* estimate_max: ranks differ by their pp coordinate, and by their shard index only when a
-     * unit mixes frozen and trainable parameters (optimizer state covers the trainable
-     * elements of the rank's shard); walking the shard indices is then O(shard x units) */
     NEW_MSG(c, p->estimate_max, pcs__v1__rank_estimate__init);
     if (!p->estimate_max)
         return PCS_ERR_NOMEM;
-    bool mixed = false;
-    for (size_t i = 0; i < p->n_units && !mixed; i++) {
-        const Pcs__V1__Unit *un = p->units[i];
-        bool fz = false, tr = false;
-        for (size_t j = 0; j < un->n_params; j++) {
-            fz |= un->params[j]->frozen;
-            tr |= !un->params[j]->frozen;
-        }
-        mixed = fz && tr;
-    }
-    uint32_t nshard = mixed ? c->shard : 1;
-    for (uint32_t k = 0; k < c->pp * nshard; k++) {
-        Pcs__V1__MeshCoords mc = PCS__V1__MESH_COORDS__INIT;
-        mc.pp = k / nshard;
-        mc.dp_shard = k % nshard;
-        uint32_t rank = pcs_plan_rank_of(p, &mc);
-        Pcs__V1__RankEstimate e;
-        PCS_CHECK(pcs_plan_rank_estimate(p, rank, &e));
-        Pcs__V1__RankEstimate *x = p->estimate_max;
-        if (k == 0 || e.total_bytes > x->total_bytes)
-            x->rank = rank;
-#define MAXF(f) x->f = e.f > x->f ? e.f : x->f
-        MAXF(param_shard_bytes);
-        MAXF(grad_shard_bytes);
-        MAXF(optimizer_bytes);
-        MAXF(peak_unsharded_bytes);
-        MAXF(all_gather_bytes);
-        MAXF(reduce_scatter_bytes);
-        MAXF(all_reduce_bytes);
-        MAXF(buffer_bytes);
-        MAXF(staging_bytes);
-        MAXF(total_bytes);
-#undef MAXF
-    }
+    PCS_CHECK(estimate_max_of(c, p, p->estimate_max));
     p->hash = pcs_plan_hash(p);
     return PCS_OK;
 }

@@ -48,6 +48,14 @@ uint64_t pcs_plan_hash(const Pcs__V1__Plan *p);
 pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
                                     Pcs__V1__RankEstimate *out);
 
+struct pcs_schedule;
+/* The plan's pipeline schedule (planner/schedule.h; free with pcs_schedule_free): its
+ * `pipeline_schedule` over pp_size ranks, virtual_stages, micro_batches, with FSDP unsharding
+ * around every micro-batch when a non-root unit reshards after forward, once per step otherwise.
+ * Generated and validated; PCS_ERR_INVALID_ARG naming the field for what the schedule cannot
+ * run. A plan with pp <= 1 has none (*out NULL, PCS_OK). */
+pcs_status_t pcs_plan_schedule(const Pcs__V1__Plan *p, struct pcs_schedule **out);
+
 /* What the unit runtime of this release runs of a plan; the coordinator refuses the rest at
  * SubmitJob and the runtime refuses it at create, so the two never disagree. Not run (yet):
  * pipeline stages (pp > 1: planned and shown by `pcsctl plan`, no pipeline runtime) and a unit

@@ -3,6 +3,7 @@
  * planner/mesh.c). Everything here reads only the Plan, so it works the same on a plan received
  * over the wire. */
 #include "planner/plan.h"
+#include "planner/schedule.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -163,6 +164,21 @@ uint64_t pcs_plan_unfrozen_numel(const Pcs__V1__Unit *u, uint32_t shard_rank)
         frozen += hi > lo ? hi - lo : 0;
     }
     return c - (frozen < c ? frozen : c);
+}
+
+pcs_status_t pcs_plan_schedule(const Pcs__V1__Plan *p, pcs_schedule_t **out)
+{
+    *out = NULL;
+    if (p->pp_size <= 1)
+        return PCS_OK;
+    uint32_t v = p->virtual_stages ? p->virtual_stages : 1;
+    int per_mb = 0;
+    for (size_t k = 0; k < p->n_units; k++)
+        per_mb |= !p->units[k]->is_root && p->units[k]->reshard_after_forward;
+    pcs_sched_kind_t kind;
+    PCS_CHECK(pcs_sched_parse(p->pipeline_schedule, v, &kind));
+    return pcs_schedule_build(kind, p->pp_size, v, p->micro_batches ? p->micro_batches : 1,
+                              per_mb, out);
 }
 
 static bool runnable_dtype(Pcs__V1__DType t)
