@@ -28,6 +28,7 @@
 #include "pcs/pbtext.h"
 #include "pcs/v1/coordinator.pb-c.h"
 #include "planner/model_tree.h"
+#include "planner/plan.h"
 
 static const pcs_cli_opt_t demo_opts[] = {
     {"workers", "N", "ranks of the built-in demo job (default 4, at most 16)"},
@@ -540,7 +541,7 @@ int pcs_cli_demo(int argc, char **argv)
     char reason[1024] = "";
     uint64_t t0 = pcs_now_ms(), last_poll = 0;
     double sum_ms = 0;
-    uint64_t n_steps = 0;
+    uint64_t n_steps = 0, mem_peak = 0; /* rank 0's runtime memory, most of any step */
     int audit_all = 1;
     for (;;) {
         if (g_interrupted) {
@@ -564,6 +565,8 @@ int pcs_cli_demo(int argc, char **argv)
                 fflush(stdout);
                 if (rep->step >= 1 && rep->step <= total_steps)
                     losses[rep->step - 1] = rep->loss;
+                if (rep->runtime_memory_peak_bytes > mem_peak)
+                    mem_peak = rep->runtime_memory_peak_bytes;
                 sum_ms += rep->step_ms;
                 n_steps++;
             }
@@ -593,6 +596,8 @@ int pcs_cli_demo(int argc, char **argv)
                                rep->audit_ok ? "OK" : "MISMATCH");
                         losses[rep->step - 1] = rep->loss;
                         audit_all &= rep->audit_ok;
+                        if (rep->runtime_memory_peak_bytes > mem_peak)
+                            mem_peak = rep->runtime_memory_peak_bytes;
                     }
                     pcs__v1__step_report__free_unpacked(rep, NULL);
                 }
@@ -609,6 +614,20 @@ int pcs_cli_demo(int argc, char **argv)
     printf("job %s SUCCEEDED in %.1f s (mean step %.1f ms); collective dtypes %s the plan\n",
            job_id, wall, n_steps ? sum_ms / (double)n_steps : 0.0,
            audit_all ? "all match" : "DO NOT match");
+    {
+        /* the plan's memory estimate is a promise: show rank 0's against its own account */
+        Pcs__V1__Plan *plan = NULL;
+        Pcs__V1__RankEstimate est;
+        if (pcs_plan_build(spec, world, &plan) == PCS_OK &&
+            pcs_plan_rank_estimate(plan, 0, &est) == PCS_OK) {
+            uint64_t promise = est.total_bytes - est.buffer_bytes;
+            printf("memory: rank 0's runtime held at most %.2f MiB, the plan's estimate %.2f MiB "
+                   "(%s)\n",
+                   (double)mem_peak / 1048576.0, (double)promise / 1048576.0,
+                   mem_peak <= promise ? "within it" : "OVER IT");
+        }
+        pcs_plan_free(plan);
+    }
     char out_path[PATH_MAX + 32];
     snprintf(out_path, sizeof out_path, "%s/model.safetensors", dir);
     pcs_ckpt_export_info_t info;

@@ -32,6 +32,10 @@ static void test_demo_trains_exports_and_matches_reference(void **state)
     assert_int_equal(status, 0);
     assert_non_null(strstr(out, "SUCCEEDED"));
     assert_non_null(strstr(out, "collective dtypes all match the plan"));
+    /* the memory promise, shown: rank 0's runtime account against the plan's estimate */
+    assert_non_null(strstr(out, "memory: rank 0's runtime held at most "));
+    assert_non_null(strstr(out, "(within it)"));
+    assert_null(strstr(out, "held at most 0.00 MiB")); /* the reports carry the account */
     assert_non_null(strstr(out, "reference: the same job in one process (pcs-reference, 3 steps)"));
     assert_non_null(strstr(out, "parity vs single-process reference (3 steps"));
     assert_non_null(strstr(out, "): OK"));
