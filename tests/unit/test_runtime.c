@@ -67,6 +67,38 @@ static void world_of_one(Pcs__V1__Plan *plan)
     plan->mesh = onep;
 }
 
+/* A plan of one replicated fp32 unit holding one parameter "w" of n elements, in a world of
+ * one (the single-unit runtime tests). Self-contained: keep it in place while the plan is used. */
+typedef struct one_unit {
+    Pcs__V1__Plan plan;
+    Pcs__V1__Unit unit, *up[1];
+    Pcs__V1__ParamSlot ps, *psp[1];
+    uint64_t shape[1];
+} one_unit_t;
+
+static void one_unit_plan(one_unit_t *o, uint64_t n)
+{
+    *o = (one_unit_t){.plan = PCS__V1__PLAN__INIT,
+                      .unit = PCS__V1__UNIT__INIT,
+                      .ps = PCS__V1__PARAM_SLOT__INIT};
+    o->up[0] = &o->unit;
+    o->psp[0] = &o->ps;
+    o->shape[0] = n;
+    o->ps.fqn = "w";
+    o->ps.n_shape = 1;
+    o->ps.shape = o->shape;
+    o->ps.numel = n;
+    o->unit.master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
+    o->unit.shard_group_size = 1;
+    o->unit.padded_numel = n;
+    o->unit.shard_numel = n;
+    o->unit.n_params = 1;
+    o->unit.params = o->psp;
+    world_of_one(&o->plan);
+    o->plan.n_units = 1;
+    o->plan.units = o->up;
+}
+
 static pcs_status_t init_one(void *ctx, const Pcs__V1__ParamSlot *p, uint64_t first, uint64_t n,
                              float *out)
 {
@@ -157,26 +189,11 @@ static void test_frozen_parameters_are_not_updated_or_counted(void **state)
 static void test_sync_on_every_micro_batch_reduces_each_hand_in_once(void **state)
 {
     (void)state;
-    Pcs__V1__Plan plan = PCS__V1__PLAN__INIT;
-    Pcs__V1__Unit unit = PCS__V1__UNIT__INIT, *up[1] = {&unit};
-    Pcs__V1__ParamSlot ps = PCS__V1__PARAM_SLOT__INIT, *psp[1] = {&ps};
-    uint64_t shape[1] = {N};
-    ps.fqn = "w";
-    ps.n_shape = 1;
-    ps.shape = shape;
-    ps.numel = N;
-    unit.master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
-    unit.shard_group_size = 1;
-    unit.padded_numel = N;
-    unit.shard_numel = N;
-    unit.n_params = 1;
-    unit.params = psp;
-    world_of_one(&plan);
-    plan.n_units = 1;
-    plan.units = up;
+    one_unit_t one;
+    one_unit_plan(&one, N);
 
     pcs_runtime_config_t rc;
-    assert_int_equal(sgd_lr1_config(&rc, &plan, 1), PCS_OK); /* prefetch and reduction threads */
+    assert_int_equal(sgd_lr1_config(&rc, &one.plan, 1), PCS_OK); /* prefetch and reduction threads */
     pcs_runtime_t *rt = NULL;
     assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
 
@@ -219,38 +236,24 @@ static void test_world_of_one_divides_by_a_custom_factor(void **state)
 {
     (void)state;
     for (int variant = 0; variant < 2; variant++) {
-        Pcs__V1__Plan plan = PCS__V1__PLAN__INIT;
-        Pcs__V1__Unit unit = PCS__V1__UNIT__INIT, *up[1] = {&unit};
-        Pcs__V1__ParamSlot ps = PCS__V1__PARAM_SLOT__INIT, *psp[1] = {&ps};
+        one_unit_t one;
+        one_unit_plan(&one, 64);
+        Pcs__V1__Unit *unit = &one.unit;
         Pcs__V1__Reduction red = PCS__V1__REDUCTION__INIT;
-        uint64_t shape[1] = {64};
-        ps.fqn = "w";
-        ps.n_shape = 1;
-        ps.shape = shape;
-        ps.numel = 64;
-        unit.master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
-        unit.shard_group_size = 1;
-        unit.padded_numel = 64;
-        unit.shard_numel = 64;
-        unit.n_params = 1;
-        unit.params = psp;
         if (variant == 0) {
             red.op = PCS__V1__REDUCE_OP__REDUCE_OP_PREMUL_SUM;
             red.pre_divide = 1;
             red.post_divide = 1;
             red.premul = 0.25;
         } else {
-            unit.reduce_dtype = PCS__V1__DTYPE__DTYPE_FP16;
+            unit->reduce_dtype = PCS__V1__DTYPE__DTYPE_FP16;
             red.op = PCS__V1__REDUCE_OP__REDUCE_OP_SUM;
             red.pre_divide = 2;
             red.post_divide = 2;
         }
-        unit.local_reduction = &red;
-        world_of_one(&plan);
-        plan.n_units = 1;
-        plan.units = up;
+        unit->local_reduction = &red;
         pcs_runtime_config_t rc;
-        assert_int_equal(sgd_lr1_config(&rc, &plan, variant),
+        assert_int_equal(sgd_lr1_config(&rc, &one.plan, variant),
                          PCS_OK); /* inline and on the reduction thread */
         pcs_runtime_t *rt = NULL;
         assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
@@ -279,25 +282,11 @@ static void test_world_of_one_divides_by_a_custom_factor(void **state)
 static void test_no_sync_hand_in_with_one_micro_batch_is_accumulated(void **state)
 {
     (void)state;
-    Pcs__V1__Plan plan = PCS__V1__PLAN__INIT;
-    Pcs__V1__Unit unit = PCS__V1__UNIT__INIT, *up[1] = {&unit};
-    Pcs__V1__ParamSlot ps = PCS__V1__PARAM_SLOT__INIT, *psp[1] = {&ps};
-    uint64_t shape[1] = {8};
-    ps.fqn = "w";
-    ps.n_shape = 1;
-    ps.shape = shape;
-    ps.numel = 8;
-    unit.master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
-    unit.padded_numel = 8;
-    unit.shard_numel = 8;
-    unit.n_params = 1;
-    unit.params = psp;
-    world_of_one(&plan);
-    plan.n_units = 1;
-    plan.units = up;
+    one_unit_t one;
+    one_unit_plan(&one, 8);
     for (int prefetch = 0; prefetch <= 1; prefetch++) {
         pcs_runtime_config_t rc;
-        assert_int_equal(sgd_lr1_config(&rc, &plan, prefetch), PCS_OK);
+        assert_int_equal(sgd_lr1_config(&rc, &one.plan, prefetch), PCS_OK);
         pcs_runtime_t *rt = NULL;
         assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
         assert_int_equal(pcs_runtime_begin_step(rt), PCS_OK);
@@ -329,26 +318,12 @@ static void test_no_sync_hand_in_with_one_micro_batch_is_accumulated(void **stat
 static void test_accumulator_read_in_place_is_not_overwritten_by_the_next_micro_batch(void **state)
 {
     (void)state;
-    Pcs__V1__Plan plan = PCS__V1__PLAN__INIT;
-    Pcs__V1__Unit unit = PCS__V1__UNIT__INIT, *up[1] = {&unit};
-    Pcs__V1__ParamSlot ps = PCS__V1__PARAM_SLOT__INIT, *psp[1] = {&ps};
-    uint64_t shape[1] = {4096};
-    ps.fqn = "w";
-    ps.n_shape = 1;
-    ps.shape = shape;
-    ps.numel = 4096;
-    unit.master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
-    unit.padded_numel = 4096;
-    unit.shard_numel = 4096;
-    unit.n_params = 1;
-    unit.params = psp;
-    world_of_one(&plan);
-    plan.n_units = 1;
-    plan.units = up;
+    one_unit_t one;
+    one_unit_plan(&one, 4096);
     for (int prefetch = 0; prefetch <= 1; prefetch++) {
         for (int round = 0; round < 20; round++) {
             pcs_runtime_config_t rc;
-            assert_int_equal(sgd_lr1_config(&rc, &plan, prefetch), PCS_OK);
+            assert_int_equal(sgd_lr1_config(&rc, &one.plan, prefetch), PCS_OK);
             rc.micro_batches = 4;
             pcs_runtime_t *rt = NULL;
             assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
