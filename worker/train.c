@@ -70,7 +70,6 @@ struct pcs_train {
      * rule of DESIGN.md §5), dp_rank this rank's place among them, in_dim the model's input width
      */
     uint32_t M, b, D, dp_rank, in_dim;
-    uint32_t depth;         /* units all-gathered ahead (plan.prefetch; 0 = inline) */
     uint32_t fdepth, bdepth; /* ahead in forward / in backward (training.forward_prefetch,
                               * backward_prefetch: 0 = off) */
     int bpost;               /* backward prefetch after the unit's gradients (BACKWARD_POST) */
@@ -139,8 +138,8 @@ static pcs_status_t hook_pre_forward(void *ctx, uint32_t mod)
     int full = t->full_eval && u->mixed_precision && u->param_dtype != u->master_dtype;
     PCS_CHECK(pcs_runtime_unshard(t->rt, (uint32_t)unit, full, &p, &dt));
     PCS_CHECK(bind_unit(t, (uint32_t)unit, p, dt));
-    /* Keep `depth` units gathered ahead in forward order (bounded memory: root + current +
-     * depth). */
+    /* Keep `fdepth` units gathered ahead in forward order (bounded memory: root + current +
+     * fdepth). */
     uint32_t pos = t->unit_pos[unit];
     for (uint32_t k = 1; !full && k <= t->fdepth && pos + k < t->n_units; k++)
         PCS_CHECK(pcs_runtime_prefetch(t->rt, t->fwd_order[pos + k]));
@@ -734,10 +733,10 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     rc.device = t->device;
     rc.coll = t->coll;
     rc.stage_host = cfg->stage_host;
-    t->depth = rc.prefetch > 0 ? (uint32_t)rc.prefetch : 0;
     /* the plan's per-direction depths; the bench's override applies to both */
-    t->fdepth = cfg->prefetch >= 0 ? t->depth : t->plan->forward_prefetch_depth;
-    t->bdepth = cfg->prefetch >= 0 ? t->depth : t->plan->backward_prefetch_depth;
+    uint32_t depth = rc.prefetch > 0 ? (uint32_t)rc.prefetch : 0;
+    t->fdepth = cfg->prefetch >= 0 ? depth : t->plan->forward_prefetch_depth;
+    t->bdepth = cfg->prefetch >= 0 ? depth : t->plan->backward_prefetch_depth;
     t->bpost = t->plan->backward_prefetch_post;
     pcs_train_opt_from_spec(tr, &rc);
     PCS_CHECK_GOTO(load_init_file(t), st, fail);
