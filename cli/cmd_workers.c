@@ -1,5 +1,5 @@
 /* pcsctl workers [--state S]: ListWorkers as an aligned table (identity: the pod name in a
- * cluster, state, job and rank, devices, heartbeat age). */
+ * cluster, state, job and rank, program, devices, heartbeat age). */
 #include "cli/cli.h"
 #include "pcs/v1/coordinator.pb-c.h"
 
@@ -9,7 +9,8 @@ static const pcs_cli_opt_t workers_opts[] = {
     {"state", "S", "only workers in this state: idle, assigned, stopping, lost, gone"},
 };
 const pcs_cli_spec_t pcs_cli_workers_spec = {
-    "workers", "", "list workers: id, identity (the pod name), state, job and rank, devices",
+    "workers", "",
+    "list workers: id, identity (the pod name), state, job and rank, program, devices",
     NULL, workers_opts, 1, 0, 0};
 
 /* "cuda:0,cuda:1" or "cpu"; devices are few per worker. */
@@ -58,9 +59,9 @@ int pcs_cli_workers(int argc, char **argv)
     if (rc != PCS_CLI_OK || !r)
         return rc;
     Pcs__V1__ListWorkersResponse *resp = (Pcs__V1__ListWorkersResponse *)r;
-    const char *hdr[] = {"WORKER", "IDENTITY", "STATE",    "HOST",    "PID",
-                         "JOB",    "RANK",     "BACKENDS", "DEVICES", "HEARTBEAT"};
-    pcs_cli_table_t *t = pcs_cli_table_new(10, hdr);
+    const char *hdr[] = {"WORKER", "IDENTITY", "STATE",    "HOST",    "PID",      "JOB",
+                         "RANK",   "PROGRAM",  "BACKENDS", "DEVICES", "HEARTBEAT"};
+    pcs_cli_table_t *t = pcs_cli_table_new(11, hdr);
     if (!t) {
         protobuf_c_message_free_unpacked(r, NULL);
         return pcs_cli_fail("out of memory");
@@ -82,6 +83,7 @@ int pcs_cli_workers(int argc, char **argv)
             pcs_cli_table_cell(t, "%u", w->rank);
         else
             pcs_cli_table_cell(t, "-");
+        pcs_cli_table_cell(t, "%s", w->program && *w->program ? w->program : "-");
         join(w->backends, w->n_backends, be, sizeof be);
         pcs_cli_table_cell(t, "%s", be);
         devices_str(w, dev, sizeof dev);

@@ -14,6 +14,7 @@
 #include "pcs/mem.h"
 #include "pcs/strmap.h"
 #include "pcs/utf8.h"
+#include "planner/validate.h" /* PCS_PROGRAM_NAME_MAX */
 
 #define FP_RING 16 /* steps remembered per pipeline stage */
 /* Ids are handed out one after another, so a store row numbered past this is corrupt: restoring
@@ -171,6 +172,7 @@ static void worker_free(pcs_coord_worker_t *w)
     free(w->host);
     free(w->address);
     free(w->version);
+    free(w->program);
     for (size_t i = 0; i < w->n_devices; i++) {
         free(w->devices[i].kind);
         free(w->devices[i].name);
@@ -388,6 +390,7 @@ static pcs_status_t worker_fill(pcs_coord_worker_t *w, const pcs_coord_register_
     PCS_CHECK_GOTO(dup_or_empty(r->host, &tmp.host), st, fail);
     PCS_CHECK_GOTO(dup_or_empty(r->address, &tmp.address), st, fail);
     PCS_CHECK_GOTO(dup_or_empty(r->version, &tmp.version), st, fail);
+    PCS_CHECK_GOTO(dup_or_empty(r->program, &tmp.program), st, fail);
     if (r->n_devices) {
         PCS_CHECK_GOTO(pcs_calloc(r->n_devices, sizeof *tmp.devices, (void **)&tmp.devices), st,
                        fail);
@@ -409,9 +412,11 @@ static pcs_status_t worker_fill(pcs_coord_worker_t *w, const pcs_coord_register_
     /* swap the new descriptive fields in, free the old ones through a scratch worker */
     pcs_coord_worker_t old = {0};
     old.host = w->host, old.address = w->address, old.version = w->version;
+    old.program = w->program;
     old.devices = w->devices, old.n_devices = w->n_devices;
     old.backends = w->backends, old.n_backends = w->n_backends;
     w->host = tmp.host, w->address = tmp.address, w->version = tmp.version;
+    w->program = tmp.program;
     w->devices = tmp.devices, w->n_devices = tmp.n_devices;
     w->backends = tmp.backends, w->n_backends = tmp.n_backends;
     w->has_cuda = tmp.has_cuda;
@@ -423,6 +428,7 @@ fail:
     free(tmp.host);
     free(tmp.address);
     free(tmp.version);
+    free(tmp.program);
     for (size_t i = 0; i < tmp.n_devices; i++) {
         free(tmp.devices[i].kind);
         free(tmp.devices[i].name);
@@ -568,6 +574,10 @@ pcs_status_t pcs_coord_register_ex(pcs_coord_t *c, const pcs_coord_register_t *r
         return pcs_set_error(PCS_ERR_INVALID_ARG, "identity: required");
     if (strlen(r->identity) > 256)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "identity: longer than 256 bytes");
+    if (r->program && *r->program && !pcs_is_name_token(r->program, PCS_PROGRAM_NAME_MAX))
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "program: must be at most %d characters of [A-Za-z0-9._-]",
+                             PCS_PROGRAM_NAME_MAX);
     uint32_t num;
     pcs_coord_worker_t *w = NULL;
     bool is_new = false, same = true;
@@ -978,6 +988,13 @@ static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job
     j->world_size = world;
     j->mesh = mesh;
     j->need_cuda = d->need_cuda;
+    if (d->program && *d->program && !pcs_is_name_token(d->program, PCS_PROGRAM_NAME_MAX)) {
+        st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                           "program: must be at most %d characters of [A-Za-z0-9._-]",
+                           PCS_PROGRAM_NAME_MAX);
+        goto fail;
+    }
+    snprintf(j->program, sizeof j->program, "%s", d->program ? d->program : "");
     snprintf(j->transport, sizeof j->transport, "%s",
              d->transport && strcmp(d->transport, "nccl") == 0 ? "nccl" : "gloo");
     j->plan_hash = d->plan_hash;
@@ -1139,6 +1156,13 @@ const char *pcs_coord_job_transport(const char *backend, const char *collectives
     return backend && strcmp(backend, "cuda") == 0 ? "nccl" : "gloo";
 }
 
+/* A job that names its program runs only on workers that registered as that program (a Python
+ * program of pcs.torch computes any nn.Module; pcs-worker only its own layer classes). */
+static bool is_program(const pcs_coord_worker_t *w, const pcs_coord_job_t *j)
+{
+    return !j->program[0] || (w->program && strcmp(w->program, j->program) == 0);
+}
+
 /* A worker that states what it offers must offer the job's transport (a GPU pod started with
  * --coll nccl cannot take a Gloo job); one that states nothing is not filtered. */
 static bool offers(const pcs_coord_worker_t *w, const char *transport)
@@ -1154,7 +1178,7 @@ static bool offers(const pcs_coord_worker_t *w, const char *transport)
 static bool eligible(const pcs_coord_t *c, const pcs_coord_worker_t *w, const pcs_coord_job_t *j)
 {
     return w && w->state == PCS_WORKER_IDLE && fresh(c, w) && (!j->need_cuda || w->has_cuda) &&
-           offers(w, j->transport);
+           offers(w, j->transport) && is_program(w, j);
 }
 
 static void start_job(pcs_coord_t *c, pcs_coord_job_t *j)

@@ -74,6 +74,7 @@ typedef struct pcs_coord_worker {
     char id[24]; /* "w-<number>" */
     uint32_t number;
     char *identity, *host, *address, *version;
+    char *program; /* RegisterRequest.program ("" = not said) */
     uint32_t pid;
     uint64_t incarnation; /* random per process (0: not sent by an older worker) */
     pcs_coord_device_t *devices;
@@ -153,6 +154,7 @@ typedef struct pcs_coord_job {
     pcs_mesh_t mesh; /* the dims in the user's order, outer first: pcs_mesh_coords(&j->mesh, ..) */
     bool need_cuda;
     char transport[8];   /* "gloo" | "nccl": the job's collectives, which a worker must offer */
+    char program[65];    /* spec.program ("" = any worker): the program a worker must be */
     uint64_t generation; /* 0 while PENDING */
     uint64_t plan_hash;
     uint32_t restarts;
@@ -249,6 +251,7 @@ const pcs_coord_config_t *pcs_coord_config(const pcs_coord_t *c);
 typedef struct pcs_coord_register {
     const char *identity; /* required: the idempotency key */
     const char *host, *address, *version;
+    const char *program; /* NULL or "": not said; else [A-Za-z0-9._-]{1,64} */
     uint32_t pid;
     uint64_t incarnation; /* random per worker process; 0 = not sent (compare pids then) */
     const pcs_coord_device_t *devices;
@@ -311,6 +314,8 @@ typedef struct pcs_coord_job_desc {
     const uint32_t *dim_size;
     bool need_cuda;
     const char *transport; /* "gloo" | "nccl" (NULL: gloo); see pcs_coord_job_transport() */
+    const char *program;   /* spec.program: NULL or "" = any worker, else only workers that
+                            * registered with this program */
     void *spec, *plan;     /* ownership passes to the coordinator, also on failure */
     uint64_t plan_hash;
     uint64_t steps; /* training.steps: reports past it, or `done` before it, are refused (0: no

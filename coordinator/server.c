@@ -558,6 +558,7 @@ static void h_register(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *us
                               .host = req->host,
                               .address = req->address,
                               .version = req->version,
+                              .program = req->program,
                               .pid = req->pid,
                               .incarnation = req->incarnation,
                               .devices = devs,
@@ -824,6 +825,7 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
                               .need_cuda = strcmp(spec->backend, "cuda") == 0,
                               .transport =
                                   pcs_coord_job_transport(spec->backend, spec->collectives),
+                              .program = spec->program,
                               .spec = spec,
                               .plan = plan,
                               .plan_hash = pcs_plan_hash(plan),
@@ -1004,6 +1006,7 @@ static void h_list_workers(pcs_rpc_call_t *call, const ProtobufCMessage *m, void
         o->identity = w->identity;
         o->host = w->host ? w->host : "";
         o->address = w->address ? w->address : "";
+        o->program = w->program ? w->program : "";
         o->pid = w->pid;
         o->state = (Pcs__V1__WorkerState)w->state;
         o->backends = w->backends;
@@ -1473,6 +1476,7 @@ static void restore_job(void *user, const pcs_store_job_t *r)
         .dim_size = mesh.size,
         .need_cuda = spec && strcmp(spec->backend, "cuda") == 0,
         .transport = spec ? pcs_coord_job_transport(spec->backend, spec->collectives) : NULL,
+        .program = spec ? spec->program : NULL,
         .spec = spec,
         .plan = plan,
         /* the rebuilt plan's own hash: the one its workers check (a coordinator of another

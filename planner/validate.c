@@ -8,6 +8,7 @@
 #include "pcs/dtype.h"
 #include "pcs/file.h"
 #include "pcs/strmap.h"
+#include "pcs/utf8.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -691,6 +692,9 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
                        "it",
                        hook, dtype_str(want), dtype_str(red));
     }
+    if (s->program && *s->program && !pcs_is_name_token(s->program, PCS_PROGRAM_NAME_MAX))
+        return bad(v, "program: must be at most %d characters of [A-Za-z0-9._-], got '%.*s'",
+                   PCS_PROGRAM_NAME_MAX, pcs_utf8_prefix(s->program, 80), s->program);
     const char *b = s->backend ? s->backend : "";
     if (*b && strcmp(b, "cpu") && strcmp(b, "cuda"))
         return bad(v, "backend: must be cpu or cuda, got '%s'", b);
@@ -706,14 +710,7 @@ static pcs_status_t check_name(vctx_t *v, const char *name)
 {
     if (!name || !*name)
         return PCS_OK;
-    size_t n = strlen(name);
-    int ok = n <= MAX_NAME_LEN;
-    for (size_t i = 0; ok && i < n; i++) {
-        char c = name[i];
-        ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-             c == '.' || c == '_' || c == '-';
-    }
-    if (!ok)
+    if (!pcs_is_name_token(name, MAX_NAME_LEN))
         return bad(v, "name: must be at most %d characters of [A-Za-z0-9._-]", MAX_NAME_LEN);
     return PCS_OK;
 }

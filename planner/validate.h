@@ -18,6 +18,9 @@ extern "C" {
 /* Largest world size a mesh may describe (product of its sizes). */
 #define PCS_JOB_MAX_WORLD 65536u
 
+/* Longest program name (spec.program, RegisterRequest.program): [A-Za-z0-9._-]. */
+#define PCS_PROGRAM_NAME_MAX 64
+
 /* Validate `spec` (borrowed). PCS_OK, or PCS_ERR_INVALID_ARG with the first error written to
  * `err` (may be NULL; truncated to errlen) as "field.path: rule", e.g.
  * "precision.overrides[2].param_dtype: int64 is not a floating dtype", and recorded with

@@ -27,6 +27,7 @@
 #include "pcs/rpc.h"
 #include "pcs/utf8.h"
 #include "pcs/v1/worker.pb-c.h"
+#include "planner/validate.h" /* PCS_PROGRAM_NAME_MAX */
 #include "worker/train.h"
 
 #define GRPC_NOT_FOUND           5
@@ -48,7 +49,7 @@ typedef struct report_item {
 #define REPORT_MAX_REREGISTER 3
 
 struct pcs_agent {
-    char *coordinator, *identity, *backend, *coll, *hostname, *report_dir;
+    char *coordinator, *identity, *backend, *coll, *hostname, *report_dir, *program;
     FILE *report_file; /* training thread only */
     uint32_t rpc_timeout_ms, coll_timeout_ms, heartbeat_ms, max_jobs, flush_ms;
     int device; /* resolved ordinal (0 on cpu) */
@@ -179,6 +180,7 @@ static pcs_status_t do_register(pcs_agent_t *a)
     req.n_backends = nb;
     req.backends = backends;
     req.version = (char *)"0.1.0";
+    req.program = a->program;
     req.address = a->hostname;
     req.incarnation = a->incarnation;
     ProtobufCMessage *resp = NULL;
@@ -937,6 +939,16 @@ pcs_status_t pcs_agent_create(const pcs_agent_config_t *cfg, pcs_agent_t **out)
     PCS_CHECK_GOTO(pcs_strdup(cfg->coll && cfg->coll[0] ? cfg->coll : "auto", &a->coll), st, fail);
     PCS_CHECK_GOTO(resolve_device(a, cfg->device), st, fail);
     PCS_CHECK_GOTO(pcs_strdup(cfg->hostname ? cfg->hostname : "127.0.0.1", &a->hostname), st, fail);
+    {
+        const char *prog = cfg->program ? cfg->program : cfg->job_fn ? "" : "pcs-worker";
+        if (*prog && !pcs_is_name_token(prog, PCS_PROGRAM_NAME_MAX)) {
+            st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                               "program: must be at most %d characters of [A-Za-z0-9._-]",
+                               PCS_PROGRAM_NAME_MAX);
+            goto fail;
+        }
+        PCS_CHECK_GOTO(pcs_strdup(prog, &a->program), st, fail);
+    }
     if (cfg->report_dir && cfg->report_dir[0])
         PCS_CHECK_GOTO(pcs_strdup(cfg->report_dir, &a->report_dir), st, fail);
     {
@@ -1102,6 +1114,7 @@ void pcs_agent_destroy(pcs_agent_t *a)
     free(a->backend);
     free(a->coll);
     free(a->hostname);
+    free(a->program);
     free(a->report_dir);
     for (int i = 0; i < 3; i++)
         pcs_root_close(a->roots[i]);

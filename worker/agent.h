@@ -55,6 +55,10 @@ typedef struct pcs_agent_config {
      * resolve beneath these directories (opened at create: a missing one fails it). NULL or ""
      * = `root`; `root` NULL or "" = the working directory. */
     const char *root, *data_root, *init_root, *checkpoint_root;
+    /* RegisterRequest.program: what this process is, so that a job naming its program
+     * (spec.program) comes only here. NULL = "pcs-worker" with the built-in loop, "" (not said)
+     * with a job_fn; else [A-Za-z0-9._-]{1,64}. */
+    const char *program;
     pcs_agent_job_fn job_fn; /* NULL = the built-in training loop (pcs-worker) */
     void *job_ctx;
 } pcs_agent_config_t;

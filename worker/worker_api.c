@@ -174,6 +174,7 @@ pcs_status_t pcs_worker_join(const pcs_worker_options_t *opt, pcs_worker_t **out
     ac.hostname = opt->hostname;
     ac.coll_timeout_ms = opt->coll_timeout_ms;
     ac.backend = opt->backend;
+    ac.program = opt->program ? opt->program : "";
     ac.device = opt->device;
     ac.max_jobs = 1;
     ac.job_fn = api_job;
@@ -380,6 +381,28 @@ pcs_status_t pcs_worker_unit(const pcs_worker_t *w, uint32_t unit, pcs_worker_un
                            ? (pcs_dtype_t)u->param_dtype
                            : (u->master_dtype ? (pcs_dtype_t)u->master_dtype : PCS_DTYPE_FP32);
     out->is_root = u->is_root;
+    return PCS_OK;
+}
+
+pcs_status_t pcs_worker_unit_policy(const pcs_worker_t *w, uint32_t unit,
+                                    pcs_worker_unit_policy_t *out)
+{
+    if (unit >= w->as->plan->n_units)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "unit %u out of range", unit);
+    const Pcs__V1__Unit *u = w->as->plan->units[unit];
+    memset(out, 0, sizeof *out);
+    out->mixed_precision = u->mixed_precision;
+    out->cast_forward_inputs = u->cast_forward_inputs;
+    out->reshard_after_forward = u->reshard_after_forward;
+    out->keep_low_precision_grads = u->keep_low_precision_grads;
+    out->input_dtype = u->cast_forward_inputs && pcs_dtype_is_float((pcs_dtype_t)u->param_dtype)
+                           ? (pcs_dtype_t)u->param_dtype
+                           : PCS_DTYPE_NONE;
+    out->reduce_dtype = (pcs_dtype_t)u->reduce_dtype;
+    out->buffer_dtype = (pcs_dtype_t)u->buffer_dtype;
+    out->output_dtype = (pcs_dtype_t)u->output_dtype;
+    out->n_modules = u->n_modules;
+    out->modules = (const char *const *)u->modules;
     return PCS_OK;
 }
 

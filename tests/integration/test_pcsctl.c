@@ -156,6 +156,7 @@ static char *register_worker(pcs_rpc_client_t *c, const char *identity, uint32_t
     req.backends = backends;
     req.n_devices = 1;
     req.devices = devs;
+    req.program = "pcs-worker";
     ProtobufCMessage *r = NULL;
     if (pcs_rpc_call(c, PCS_M_REGISTER, &req.base, &pcs__v1__register_response__descriptor, 5000,
                      &r, NULL) != PCS_OK)
@@ -179,6 +180,8 @@ static void test_two_workers_start_the_tiny_job_and_show_in_tables(void **state)
     assert_int_equal(rc, 0);
     expect_contains(out, "WORKER");
     expect_contains(out, "HEARTBEAT");
+    expect_contains(out, "PROGRAM");
+    expect_contains(out, "pcs-worker");
     expect_contains(out, w1);
     expect_contains(out, w2);
     expect_contains(out, "assigned");

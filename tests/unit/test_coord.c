@@ -526,6 +526,48 @@ static void test_jobs_only_take_workers_offering_their_transport(void **state)
     assert_string_equal(pcs_coord_job_transport("", "auto"), "gloo");
 }
 
+/* A job naming its program (spec.program) runs only on workers that registered as that
+ * program; one naming none runs on any; a bad program name is refused at Register and at
+ * submit. */
+static void test_jobs_naming_a_program_only_take_workers_of_it(void **state)
+{
+    fixture_t *f = *state;
+    pcs_coord_register_t plain = {.identity = "plain", .program = "pcs-worker"};
+    pcs_coord_register_t silent = {.identity = "silent"}; /* an older worker: says nothing */
+    pcs_coord_worker_t *w1, *w2, *w3;
+    bool rr;
+    assert_int_equal(pcs_coord_register(f->c, &plain, &w1, &rr), PCS_OK);
+    assert_string_equal(w1->program, "pcs-worker");
+    assert_int_equal(pcs_coord_register(f->c, &silent, &w2, &rr), PCS_OK);
+    assert_string_equal(w2->program, "");
+    uint32_t names[1] = {PCS_MESH_DP_SHARD}, sizes[1] = {1};
+    pcs_coord_job_desc_t torch_job = {
+        .n_dims = 1, .dim_name = names, .dim_size = sizes, .program = "pcs.torch"};
+    pcs_coord_job_t *j1;
+    assert_int_equal(pcs_coord_submit(f->c, &torch_job, &j1), PCS_OK);
+    assert_string_equal(j1->program, "pcs.torch");
+    assert_int_equal(j1->state, PCS_JOB_PENDING); /* neither is a pcs.torch program */
+    pcs_coord_register_t py = {.identity = "python-0", .program = "pcs.torch"};
+    assert_int_equal(pcs_coord_register(f->c, &py, &w3, &rr), PCS_OK);
+    assert_int_equal(j1->state, PCS_JOB_RUNNING);
+    assert_int_equal(j1->rank_worker[0], w3->number);
+    /* a job naming no program takes any idle worker, in registration order */
+    pcs_coord_job_desc_t any = {.n_dims = 1, .dim_name = names, .dim_size = sizes};
+    pcs_coord_job_t *j2;
+    assert_int_equal(pcs_coord_submit(f->c, &any, &j2), PCS_OK);
+    assert_int_equal(j2->state, PCS_JOB_RUNNING);
+    assert_int_equal(j2->rank_worker[0], w1->number);
+    pcs_coord_register_t bad = {.identity = "bad", .program = "a b"};
+    pcs_coord_worker_t *w4;
+    assert_int_equal(pcs_coord_register(f->c, &bad, &w4, &rr), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "program"));
+    pcs_coord_job_desc_t bad_job = {
+        .n_dims = 1, .dim_name = names, .dim_size = sizes, .program = "x/../y"};
+    pcs_coord_job_t *j3;
+    assert_int_equal(pcs_coord_submit(f->c, &bad_job, &j3), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "program"));
+}
+
 static void test_mesh_coords_are_row_major_in_the_given_order(void **state)
 {
     fixture_t *f = *state;
@@ -1980,6 +2022,7 @@ int main(void)
         T(test_large_pending_job_does_not_block_smaller_one_behind_it),
         T(test_cuda_job_only_takes_workers_with_a_cuda_device),
         T(test_jobs_only_take_workers_offering_their_transport),
+        T(test_jobs_naming_a_program_only_take_workers_of_it),
         T(test_mesh_coords_are_row_major_in_the_given_order),
         T(test_submit_with_bad_mesh_is_invalid_arg_and_frees_payload),
         T(test_duplicate_request_id_finds_the_existing_job),

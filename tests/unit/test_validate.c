@@ -269,6 +269,11 @@ static const row_t rows[] = {
     {"training", "training: {steps: 1, micro_batch_size: 4, optimizer: {sgd: {lr: 0.1}}, "
                  "backward_prefetch: later}", NULL, NULL,
      NULL, "training.backward_prefetch: unknown value 'later' (pre, post, none)"},
+    /* the worker program (spec.program) */
+    {"collectives", "collectives: gloo\nprogram: 'pcs torch'", NULL, NULL, NULL,
+     "program: must be at most 64 characters of [A-Za-z0-9._-], got 'pcs torch'"},
+    {"collectives", "collectives: gloo\nprogram: ../x", NULL, NULL, NULL,
+     "program: must be at most 64 characters of [A-Za-z0-9._-], got '../x'"},
     /* DDP communication hooks (spec §6) */
     {"strategy", "strategy: no_shard\nddp_comm_hook: allreduce",
      "training",
@@ -452,6 +457,15 @@ static void test_base_spec_is_valid(void **state)
         j = build(&c);
         if (pcs_job_validate(j, err, sizeof err) != PCS_OK)
             fail_msg("cuda job with %s rejected: %s", colls[i], err);
+        free_job(j);
+    }
+    /* Worker programs: pcs-worker, the Python package, a C API program's own name. */
+    const char *progs[] = {"program: pcs-worker", "program: pcs.torch", "program: my_trainer-2"};
+    for (size_t i = 0; i < 3; i++) {
+        row_t c = {"collectives", progs[i], NULL, NULL, NULL, NULL};
+        j = build(&c);
+        if (pcs_job_validate(j, err, sizeof err) != PCS_OK)
+            fail_msg("%s rejected: %s", progs[i], err);
         free_job(j);
     }
     /* The explicit model of the table is valid too. */

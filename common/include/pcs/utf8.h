@@ -39,6 +39,10 @@ size_t pcs_utf8_trim_partial(char *buf);
  * sent as a proto3 string. Returns the number of bytes replaced. */
 size_t pcs_utf8_sanitize(char *s);
 
+/* A name of 1..max characters of [A-Za-z0-9._-] (job names, worker program names): safe in
+ * paths, labels and logs. NULL or "" is not one. */
+bool pcs_is_name_token(const char *s, size_t max);
+
 #ifdef __cplusplus
 }
 #endif

@@ -42,6 +42,11 @@ typedef struct pcs_worker_options {
      * spec.backend decides; a cuda job needs "cuda" here. */
     const char *backend;
     int device; /* cuda device ordinal; -1 = $LOCAL_RANK modulo the visible devices */
+    /* What this program is, for jobs that name their program (spec.program): NULL or "" = not
+     * said (it takes jobs that name none); else [A-Za-z0-9._-], at most 64 characters. The
+     * Python package registers as "pcs.torch". (Added after the first release: a program built
+     * against the older header must be rebuilt.) */
+    const char *program;
 } pcs_worker_options_t;
 
 /* Register with the coordinator, wait for an assignment, build the communicators and the fp32
@@ -79,8 +84,30 @@ typedef struct pcs_worker_param_info {
     uint64_t shape[8];
 } pcs_worker_param_info_t;
 
+/* What the plan says a program computing `unit` must do around the collectives, the parts of
+ * FSDP's mixed-precision policy that live in the forward (pcs casts the parameters and the
+ * gradients itself): cast floating forward inputs to input_dtype, cast floating
+ * outputs to output_dtype, keep the unit's module buffers in buffer_dtype, and whether the unit
+ * is resharded after its forward (then unshard it again for its backward). */
+typedef struct pcs_worker_unit_policy {
+    int mixed_precision;         /* 0: an ignored class / full_precision override */
+    int cast_forward_inputs;     /* the plan's flag (see input_dtype) */
+    int reshard_after_forward;   /* FULL_SHARD / FSDP2 default for non-root units */
+    int keep_low_precision_grads;
+    pcs_dtype_t input_dtype;     /* cast floating inputs of the unit's forward to this (its
+                                  * param_dtype where cast_forward_inputs and the plan sets
+                                  * one); PCS_DTYPE_NONE: no cast */
+    pcs_dtype_t reduce_dtype;    /* the dtype the gradients are reduced in */
+    pcs_dtype_t buffer_dtype;    /* PCS_DTYPE_NONE: keep each buffer's own dtype */
+    pcs_dtype_t output_dtype;    /* PCS_DTYPE_NONE: no cast */
+    size_t n_modules;            /* modules whose parameters the unit owns */
+    const char *const *modules;  /* their FQNs (valid until destroy) */
+} pcs_worker_unit_policy_t;
+
 size_t pcs_worker_num_units(const pcs_worker_t *w);
 pcs_status_t pcs_worker_unit(const pcs_worker_t *w, uint32_t unit, pcs_worker_unit_info_t *out);
+pcs_status_t pcs_worker_unit_policy(const pcs_worker_t *w, uint32_t unit,
+                                    pcs_worker_unit_policy_t *out);
 /* The k-th parameter of `unit`, or a parameter by FQN (PCS_ERR_NOT_FOUND if absent). */
 pcs_status_t pcs_worker_param(const pcs_worker_t *w, uint32_t unit, size_t k,
                               pcs_worker_param_info_t *out);
