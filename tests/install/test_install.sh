@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # `cmake --install` as a user meets it: into a fresh prefix it puts the programs, libpcs_worker.so
 # (exporting only the C API), its headers, a pkg-config file, a CMake package, the protos and the
-# descriptor set; examples/c_api_example.c builds against that copy both with pkg-config and with
-# find_package(pcs), and the two builds train a job together through the installed coordinator.
+# descriptor set, the Python package; examples/c_api_example.c builds against that copy both with
+# pkg-config and with find_package(pcs), and the two builds train a job together through the
+# installed coordinator; `import pcs` from the prefix loads the installed library, and
+# examples/torch_train.py (two ranks) trains its job through it.
 # usage: test_install.sh BUILD_DIR SOURCE_DIR
 set -u
 build=$(cd "$1" && pwd)
@@ -102,4 +104,45 @@ for i in 0 1; do
   wait "${pids[$i]}" || fail "example $i exited non-zero"
 done
 pids=()
-echo "ok: installed into $prefix; pkg-config and find_package(pcs) builds trained $job together"
+
+# 4. the Python package: importable from the prefix, it loads the installed library; with torch,
+#    the example (examples/torch_train.py) writes its job and two ranks train it
+pypkg=$(find "$prefix" -type d -path '*/dist-packages/pcs' | head -n 1)
+[ -n "$pypkg" ] || fail "no Python package pcs under $prefix"
+[ -e "$pypkg/_install.py" ] || fail "no pcs/_install.py"
+py=
+if [ -z "$san" ] && [ -x /usr/bin/python3 ]; then
+  export PYTHONPATH=$(dirname "$pypkg")
+  unset PCS_WORKER_LIBRARY
+  (cd "$tmp" && /usr/bin/python3 -c 'import sys, pcs, pcs.worker as w
+p = w.library_path(); assert p.startswith(sys.argv[1]), p; w._load(); print(pcs.__file__, p)' \
+    "$prefix") >"$tmp/py.log" 2>&1 || fail "import pcs from the prefix: $(cat "$tmp/py.log")"
+  grep -q "^$pypkg/__init__.py " "$tmp/py.log" ||
+    fail "pcs imported from elsewhere: $(cat "$tmp/py.log")"
+  py="; import pcs"
+  if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    (cd "$tmp" && /usr/bin/python3 "$src/examples/torch_train.py" \
+      --write-job "$tmp/torch-job.json") >"$tmp/torch-job.log" 2>&1 || fail "torch_train.py --write-job"
+    for i in 0 1; do
+      (cd "$tmp" && exec /usr/bin/python3 "$src/examples/torch_train.py" --coordinator "$addr" \
+        --identity "torch-$i") >"$tmp/torch$i.log" 2>&1 &
+      pids+=($!)
+    done
+    tjob=$("$prefix/bin/pcsctl" --coordinator "$addr" submit "$tmp/torch-job.json" |
+           awk '{print $1; exit}')
+    [ -n "$tjob" ] || fail "submit the torch job"
+    timeout 180 "$prefix/bin/pcsctl" --coordinator "$addr" status --watch --interval-ms 200 \
+      "$tjob" >"$tmp/twatch.log" 2>&1 ||
+      fail "torch job $tjob did not succeed: $(tail -n 20 "$tmp/twatch.log")"
+    for i in 0 1; do
+      wait "${pids[$i]}" || fail "torch_train.py rank $i exited non-zero"
+    done
+    pids=()
+    py="; import pcs, and examples/torch_train.py trained $tjob"
+  elif [ "${PCS_REQUIRE_TOOLS:-0}" = 1 ]; then
+    fail "python3-torch is not installed"
+  fi
+elif [ -z "$san" ] && [ "${PCS_REQUIRE_TOOLS:-0}" = 1 ]; then
+  fail "no /usr/bin/python3"
+fi
+echo "ok: installed into $prefix; pkg-config and find_package(pcs) builds trained $job together$py"

@@ -1,0 +1,483 @@
+"""An ``nn.Module`` on pcs: PyTorch does the math, pcs owns the parameters and the communication.
+
+    spec = pcs.torch.job_spec(model, wrap=["layers.0", "layers.1"], precision={...}, ...)
+    # submit it (pcsctl submit job.json), then in each of the job's N processes:
+    model = pcs.torch.shard(build_model(), coordinator="127.0.0.1:7070")
+    for step in range(model.total_steps):
+        for mb in range(model.micro_batches):
+            with model.no_sync() if mb + 1 < model.micro_batches else contextlib.nullcontext():
+                loss = loss_fn(model(x[mb]), y[mb])
+                model.backward(loss)       # loss x loss scale / micro_batches, then backward
+        model.step(mean_loss)              # optimizer on the fp32 shards, step report
+    model.finish()
+
+What :func:`shard` does, per the plan the coordinator sent (the FSDP1 runtime's order):
+
+- Every unit (a module that roots a unit of the plan) gets a forward pre-hook that all-gathers
+  it (pcs_worker_unshard, in the plan's param_dtype), copies the flat buffer into a tensor
+  PyTorch owns (pcs's buffer goes back at once) and makes the unit's parameters views into it;
+  then casts floating positional inputs to the plan's input dtype (param_dtype where
+  cast_forward_inputs).
+  Keyword inputs are not cast (torch 1.13 forward pre-hooks do not see them).
+- Its forward post-hook casts floating outputs to output_dtype (if set), frees the unsharded
+  tensor where the plan reshards after forward (storage resized to 0, as FSDP1's
+  ``_free_storage``; autograd's saved views keep the storage object) and hooks the outputs so
+  that the unit is gathered again before its backward.
+- A hook on each trainable parameter's AccumulateGrad counts the unit's gradients; when all are
+  in, they are copied into the unit's gradient buffer and handed in (sync unless inside
+  :meth:`ShardedModule.no_sync`), and the unsharded tensor is freed. A callback at the end of the
+  backward hands in what is left (unused parameters: zero); on a synced micro-batch every unit
+  not yet synced this step is handed in.
+- A unit with mixed precision off (an ignored class such as BatchNorm) in a mixed-precision job
+  gets its inputs upcast to its own dtype and hands its output back in the dtype it was given
+  (FSDP1's ``_override_module_mixed_precision`` hooks).
+- Module buffers are kept in the unit's buffer_dtype. Frozen parameters (requires_grad False)
+  are declared frozen in the job spec, are never handed a gradient and never change.
+- Shared (tied) parameters are declared with ``shared`` in the spec; the plan keeps them in one
+  unit (the lowest common ancestor of their users), which is live while any user runs.
+"""
+
+import contextlib
+import ctypes
+import functools
+import json
+
+import torch
+from torch import nn
+
+from . import worker as _w
+
+__all__ = ["model_spec", "job_spec", "write_job", "shard", "ShardedModule", "torch_dtype"]
+
+_TORCH = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "fp64": torch.float64, "int64": torch.int64}
+_PCS = {v: k for k, v in _TORCH.items()}
+_PCS[torch.int32] = "int64"  # declared for the plan's memory account only
+PROGRAM = "pcs.torch"
+
+
+def torch_dtype(name):
+    """The torch dtype of a pcs dtype name (fp32, bf16, fp16, fp64, int64)."""
+    return _TORCH[name]
+
+
+# ---- the job spec from a module ------------------------------------------------------------------
+
+def model_spec(module):
+    """The job's ``model`` section for ``module``: ``{"explicit": {"modules": [...]}}``, one
+    declaration per module (path, class, parameters with their shapes, frozen ones marked,
+    buffers with their dtypes, shared parameters pointing at their first owner)."""
+    if not isinstance(module, nn.Module):
+        raise TypeError("model_spec: want an nn.Module, got %s" % type(module).__name__)
+    owner = {}
+    mods = []
+    for path, m in module.named_modules():
+        decl = {"path": path, "class": type(m).__name__}
+        params, shared, buffers = [], [], []
+        for name, p in m._parameters.items():
+            if p is None:
+                continue
+            fqn = path + "." + name if path else name
+            if id(p) in owner:
+                shared.append({"name": name, "shares": owner[id(p)]})
+                continue
+            owner[id(p)] = fqn
+            t = {"name": name, "shape": list(p.shape)}
+            if not p.requires_grad:
+                t["requires_grad_off"] = True
+            params.append(t)
+        for name, b in m._buffers.items():
+            if b is None:
+                continue
+            t = {"name": name, "shape": list(b.shape)}
+            if b.dtype != torch.float32:
+                if b.dtype not in _PCS:
+                    raise ValueError("model_spec: buffer %s has dtype %s, which pcs does not "
+                                     "declare" % (path + "." + name if path else name, b.dtype))
+                t["dtype"] = _PCS[b.dtype]
+            buffers.append(t)
+        if params:
+            decl["params"] = params
+        if buffers:
+            decl["buffers"] = buffers
+        if shared:
+            decl["shared"] = shared
+        mods.append(decl)
+    return {"explicit": {"modules": mods}}
+
+
+def job_spec(module, **sections):
+    """A whole job spec for ``module``: its ``model`` section, ``program: pcs.torch`` (so the
+    coordinator gives the job to processes that joined through this package) and the other
+    sections as given (``wrap``, ``precision``, ``strategy``, ``mesh``, ``training``, ...)."""
+    spec = {"program": PROGRAM}
+    spec.update(sections)
+    spec["model"] = model_spec(module)
+    return spec
+
+
+def write_job(path, module, **sections):
+    """Write :func:`job_spec` as JSON (``pcsctl submit`` reads JSON and YAML)."""
+    with open(path, "w") as f:
+        json.dump(job_spec(module, **sections), f, indent=1)
+
+
+# ---- the sharded module --------------------------------------------------------------------------
+
+def _map_floats(x, fn):
+    if torch.is_tensor(x):
+        return fn(x) if torch.is_floating_point(x) else x
+    if isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuple
+        return type(x)(*(_map_floats(v, fn) for v in x))
+    if isinstance(x, (list, tuple)):
+        return type(x)(_map_floats(v, fn) for v in x)
+    if isinstance(x, dict):
+        return {k: _map_floats(v, fn) for k, v in x.items()}
+    return x
+
+
+def _tensors(x, out):
+    if torch.is_tensor(x):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for v in x:
+            _tensors(v, out)
+    elif isinstance(x, dict):
+        for v in x.values():
+            _tensors(v, out)
+    return out
+
+
+class _Unit:
+    def __init__(self, info, policy, module, params):
+        self.index = info.index
+        self.info = info
+        self.policy = policy
+        self.module = module
+        self.params = params  # [(Parameter, ParamInfo)]
+        self.dtype = _TORCH[info.param_dtype]
+        self.full = torch.empty(info.padded_numel, dtype=self.dtype)
+        self.views = [self.full.narrow(0, pi.offset, pi.numel).view(pi.shape)
+                      for _, pi in params]
+        self.full.storage().resize_(0)
+        self.empty = torch.empty(0, dtype=self.dtype)
+        self.live = False
+        self.trainable = {id(p) for p, _ in params if p.requires_grad}
+        self.ready = set()  # trainable parameters whose gradient is in (this backward)
+        self.used = False  # ran forward in this micro-batch
+        self.handed = False  # handed in this micro-batch
+        self.synced = False  # handed in with sync this step
+        self.acc = {}  # id(param) -> its AccumulateGrad node (kept alive: hooks live on it)
+        self.input_dtype = None  # mixed precision off: the dtype its output goes back to
+
+
+class ShardedModule:
+    """``module`` driven by pcs (see the module doc). Call it like the module; ``backward``,
+    ``no_sync``, ``step``, ``finish``; ``worker`` is the :class:`pcs.worker.Worker`."""
+
+    def __init__(self, module, worker):
+        self.module = module
+        self.worker = worker
+        self._sync = True
+        self._in_step = False
+        self._callback_queued = False
+        self._hooks = []
+        params = dict(module.named_parameters())
+        mods = dict(module.named_modules())
+        seen = set()
+        self._mixed = False  # some unit computes in another dtype than its master
+        self.units = []
+        for info in worker.units:
+            plist = []
+            for pi in worker.params(info.index):
+                if pi.fqn not in params:
+                    raise _w.PcsError(-1, "PCS_ERR_INVALID_ARG",
+                                      "the plan's parameter %s is not a parameter of the module "
+                                      "(was the job submitted with pcs.torch.job_spec of this "
+                                      "model?)" % pi.fqn)
+                p = params[pi.fqn]
+                if tuple(p.shape) != pi.shape:
+                    raise _w.PcsError(-1, "PCS_ERR_INVALID_ARG",
+                                      "parameter %s: shape %s in the module, %s in the plan" %
+                                      (pi.fqn, tuple(p.shape), pi.shape))
+                plist.append((p, pi))
+                seen.add(pi.fqn)
+            if info.path not in mods:
+                raise _w.PcsError(-1, "PCS_ERR_INVALID_ARG",
+                                  "the plan's unit %d roots at %r, not a module of the model" %
+                                  (info.index, info.path))
+            u = _Unit(info, worker.unit_policy(info.index), mods[info.path], plist)
+            self._mixed = self._mixed or bool(u.policy.mixed_precision and u.policy.input_dtype)
+            self.units.append(u)
+        missing = sorted(set(params) - seen)
+        if missing:
+            raise _w.PcsError(-1, "PCS_ERR_INVALID_ARG",
+                              "parameters of the module not in the plan: %s" %
+                              ", ".join(missing[:8]))
+        # the parameters now live in pcs (fp32 shards): drop the module's own copies
+        for u in self.units:
+            for p, _ in u.params:
+                p.data = u.empty
+                p.grad = None
+        self._cast_buffers(mods)
+        for u in self.units:
+            self._hooks.append(u.module.register_forward_pre_hook(
+                functools.partial(self._pre_forward, u)))
+            self._hooks.append(u.module.register_forward_hook(
+                functools.partial(self._post_forward, u)))
+
+    # -- what the job says
+    @property
+    def rank(self):
+        return self.worker.rank
+
+    @property
+    def world_size(self):
+        return self.worker.world_size
+
+    @property
+    def dp_rank(self):
+        return self.worker.dp_rank
+
+    @property
+    def dp_size(self):
+        return self.worker.dp_size
+
+    @property
+    def total_steps(self):
+        return self.worker.total_steps
+
+    @property
+    def micro_batches(self):
+        return self.worker.micro_batches
+
+    @property
+    def micro_batch_size(self):
+        return self.worker.micro_batch_size
+
+    @property
+    def loss_scale(self):
+        return self.worker.loss_scale
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def train(self, mode=True):
+        self.module.train(mode)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    # -- buffers in the plan's buffer dtype
+    def _cast_buffers(self, mods):
+        unit_of = {}
+        for u in self.units:
+            for m in u.policy.modules:
+                unit_of[m] = u
+        roots = sorted(self.units, key=lambda u: len(u.info.path))
+        for path, m in mods.items():
+            u = unit_of.get(path)
+            if u is None:  # no parameters of its own: the unit of its nearest ancestor root
+                for r in roots:
+                    rp = r.info.path
+                    if rp == "" or path == rp or path.startswith(rp + "."):
+                        u = r
+            if u is None or not u.policy.buffer_dtype:
+                continue
+            dt = _TORCH[u.policy.buffer_dtype]
+            for name, b in m._buffers.items():
+                if b is not None and torch.is_floating_point(b) and b.dtype != dt:
+                    m._buffers[name] = b.to(dt)
+
+    # -- unshard / free
+    def _gather(self, u):
+        buf = self.worker.unshard(u.index)
+        if u.full.storage().size() == 0:
+            u.full.storage().resize_(u.info.padded_numel)
+        ctypes.memmove(u.full.data_ptr(), buf.address, buf.nbytes)
+        self.worker.reshard(u.index)  # pcs's buffer goes back; PyTorch's copy is the live one
+        for (p, _), v in zip(u.params, u.views):
+            p.data = v
+        u.live = True
+
+    def _free(self, u):
+        if not u.live:
+            return
+        for p, _ in u.params:
+            p.data = u.empty
+        u.full.storage().resize_(0)
+        u.live = False
+
+    def _begin(self):
+        if not self._in_step:
+            self.worker.begin_step()
+            self._in_step = True
+            for u in self.units:
+                u.synced = False
+
+    def _pre_forward(self, u, _module, args):
+        self._begin()
+        if not u.live:
+            self._gather(u)
+        u.used = True
+        if torch.is_grad_enabled():
+            for p, _ in u.params:
+                if p.requires_grad and id(p) not in u.acc:
+                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                    acc.register_hook(functools.partial(self._param_ready, u, p))
+                    u.acc[id(p)] = acc
+        if u.policy.input_dtype:
+            dt = _TORCH[u.policy.input_dtype]
+            return _map_floats(args, lambda t: t.to(dt))
+        if not u.policy.mixed_precision and self._mixed:
+            # FSDP1 _override_module_mixed_precision: a unit with mixed precision off (an
+            # ignored class such as BatchNorm, a full_precision override) runs in its own dtype
+            # on inputs upcast to it, and hands its output back in the dtype it was given
+            floats = [t for t in _tensors(args, []) if torch.is_floating_point(t)]
+            u.input_dtype = floats[-1].dtype if floats else None
+            return _map_floats(args, lambda t: t.to(u.dtype))
+        return None
+
+    def _post_forward(self, u, _module, _args, out):
+        if u.policy.output_dtype:
+            dt = _TORCH[u.policy.output_dtype]
+            out = _map_floats(out, lambda t: t.to(dt))
+        elif u.input_dtype is not None:
+            back = u.input_dtype
+            u.input_dtype = None
+            out = _map_floats(out, lambda t: t.to(back))
+        if not torch.is_grad_enabled():
+            self._free(u)  # eval: nothing will come back for it
+            return out
+        for t in _tensors(out, []):
+            if t.requires_grad:
+                t.register_hook(functools.partial(self._pre_backward, u))
+        if u.policy.reshard_after_forward:
+            self._free(u)
+        return out
+
+    # -- backward
+    def _pre_backward(self, u, _grad):
+        if not self._callback_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
+            self._callback_queued = True
+        if not u.live:
+            self._gather(u)
+        return None
+
+    def _param_ready(self, u, p, *_unused):
+        u.ready.add(id(p))
+        if u.ready >= u.trainable and not u.handed:
+            self._hand_in(u)
+
+    def _hand_in(self, u):
+        if self._sync and u.synced:
+            raise _w.PcsError(-1, "PCS_ERR_STATE",
+                              "unit %d (%r) was already reduced this step: call step() before "
+                              "the next synced backward" % (u.index, u.info.path))
+        buf = self.worker.grad_buffer(u.index).torch()
+        for p, pi in u.params:
+            g = p.grad
+            if g is not None:
+                buf.narrow(0, pi.offset, pi.numel).copy_(g.reshape(-1))
+                p.grad = None
+        self.worker.hand_in_grads(u.index, self._sync)
+        u.handed = True
+        u.synced = u.synced or self._sync
+        u.ready = set()
+        self._free(u)
+
+    def _backward_done(self):
+        self._callback_queued = False
+        for u in self.units:
+            if (u.used and not u.handed) or (self._sync and not u.synced):
+                self._hand_in(u)
+        for u in self.units:
+            u.used = u.handed = False
+            u.ready = set()
+
+    def scale_loss(self, loss):
+        """``loss`` x the loss scale / micro_batches: pcs's gradient is the one of the step's
+        mean loss (times the grad scaler's scale with fp16)."""
+        return loss * (self.worker.loss_scale / self.worker.micro_batches)
+
+    def backward(self, loss):
+        """``scale_loss(loss).backward()``: this micro-batch's gradients, handed in by the
+        hooks (reduced unless inside :meth:`no_sync`)."""
+        self.scale_loss(loss).backward()
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Micro-batches whose gradients are accumulated, not reduced (the last one of a step
+        runs outside)."""
+        prev = self._sync
+        self._sync = False
+        try:
+            yield
+        finally:
+            self._sync = prev
+
+    def step(self, loss):
+        """The optimizer step on the shards (clipping, grad scaler, the job's optimizer) and the
+        step report; ``loss`` is this rank's mean loss of the step. Returns a
+        :class:`pcs.worker.StepResult`."""
+        if not self._in_step:
+            raise _w.PcsError(-1, "PCS_ERR_STATE", "step() before any forward of this step")
+        pending = [u.index for u in self.units if not u.synced]
+        if pending:
+            raise _w.PcsError(-1, "PCS_ERR_STATE",
+                              "step(): units %s have no synced backward this step" % pending)
+        for u in self.units:
+            self._free(u)
+        r = self.worker.step(loss)
+        self._in_step = False
+        return r
+
+    def full_parameters(self):
+        """Every parameter, unsharded, as {fqn: tensor in the param dtype} (copies): gathers
+        one unit at a time. Outside a step."""
+        out = {}
+        for u in self.units:
+            was_live = u.live
+            if not was_live:
+                self._gather(u)
+            for (p, pi), v in zip(u.params, u.views):
+                out[pi.fqn] = v.detach().clone()
+            if not was_live:
+                self._free(u)
+        return out
+
+    def finish(self, error=None):
+        """Leave the job (error None = success) and release the worker."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        try:
+            self.worker.finish(error)
+        finally:
+            self.worker.destroy()
+
+
+def shard(module, coordinator, identity=None, hostname=None, join_timeout_ms=0,
+          coll_timeout_ms=0, program=PROGRAM):
+    """Join the next job for ``program`` at ``coordinator`` with ``module``'s current parameter
+    values as the initial values (every rank must build the module the same way) and return the
+    :class:`ShardedModule`. The module stays on the cpu."""
+    params = dict(module.named_parameters())
+
+    def init(fqn, first, n):
+        p = params.get(fqn)
+        if p is None:
+            raise KeyError("the plan's parameter %s is not a parameter of the module" % fqn)
+        return p.detach().reshape(-1)[first:first + n].to(torch.float32).contiguous()
+
+    w = _w.Worker(coordinator, identity=identity, hostname=hostname,
+                  join_timeout_ms=join_timeout_ms, coll_timeout_ms=coll_timeout_ms, init=init,
+                  program=program)
+    try:
+        return ShardedModule(module, w)
+    except BaseException as e:
+        w.finish("pcs.torch: %s" % e)
+        w.destroy()
+        raise

@@ -1,0 +1,210 @@
+"""The seeds' models and the cases pcs.torch is tested on, shared by the test (tests/python/
+test_pcs_torch.py: submits the job, starts the ranks, trains the plain PyTorch reference and
+compares) and by each rank (tests/python/rank.py).
+
+Models (PyTorch's torch/testing/_internal/common_fsdp.py and test_fsdp_mixed_precision.py):
+NestedWrappedModule, BatchNormNet, a small transformer-like module with a tied embedding, a
+module with an external input, one with its own cast, one with a frozen submodule.
+
+Data: every step's global micro-batch (dp_size x micro_batch_size rows) is drawn from a seeded
+generator, so each rank takes its rows and the reference takes all of them.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+# ---- models ------------------------------------------------------------------------------------
+
+class NestedWrappedModule(nn.Module):
+    """common_fsdp.NestedWrappedModule: units module.1.0, module.1, module.2 and the root."""
+
+    WRAP = ["module.1.0", "module.1", "module.2"]
+
+    def __init__(self):
+        super().__init__()
+        self.module = nn.Sequential(
+            nn.Linear(8, 4),
+            nn.Sequential(nn.Linear(4, 16), nn.Linear(16, 16)),
+            nn.Linear(16, 4),
+            nn.Linear(4, 8),
+        )
+
+    def forward(self, x):
+        return self.module(x)
+
+
+class BatchNormNet(nn.Module):
+    """test_fsdp_mixed_precision.BatchNormNet: BatchNorm1d is an ignored class (its own unit,
+    full precision) under mixed precision."""
+
+    WRAP = ["fc2"]
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(2, 40, bias=False)
+        self.bn = nn.BatchNorm1d(4)
+        self.fc2 = nn.Linear(40, 4, bias=False)
+
+    def forward(self, x):
+        x = torch.reshape(self.fc1(x), (-1, 4, 10))
+        x = self.bn(x)
+        x = torch.reshape(x, (-1, 40))
+        return F.softmax(self.fc2(x), dim=1)
+
+
+class TiedLM(nn.Module):
+    """A transformer-like module whose output projection is the embedding (tied weights, as
+    TransformerWithSharedParams): the plan keeps the shared weight in the root unit."""
+
+    WRAP = ["block"]
+    VOCAB, DIM = 24, 16
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(self.VOCAB, self.DIM)
+        self.block = nn.Sequential(nn.Linear(self.DIM, 32), nn.GELU(), nn.Linear(32, self.DIM))
+        self.norm = nn.LayerNorm(self.DIM)
+        self.head = nn.Linear(self.DIM, self.VOCAB, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        h = self.embed(tokens)
+        h = h + self.block(h)
+        return self.head(self.norm(h))
+
+
+class ExternalInput(nn.Module):
+    """A module whose forward takes a second, external tensor (FSDP's 'external inputs')."""
+
+    WRAP = ["a", "b"]
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 4)
+
+    def forward(self, x, scale):
+        return self.b(torch.tanh(self.a(x)) * scale)
+
+
+class OwnCast(nn.Module):
+    """A module that casts inside its own forward (test_fsdp_mixed_precision's own-cast case:
+    the submodule runs in float32 whatever it is given)."""
+
+    WRAP = ["inner", "out"]
+
+    def __init__(self):
+        super().__init__()
+        self.inner = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.inner(x))
+        return self.out(h.float())
+
+
+class Frozen(nn.Module):
+    """A frozen first layer (requires_grad False): pcs must leave it unchanged."""
+
+    WRAP = ["frozen", "trained"]
+
+    def __init__(self):
+        super().__init__()
+        self.frozen = nn.Linear(8, 8)
+        self.trained = nn.Linear(8, 4)
+        for p in self.frozen.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        return self.trained(torch.relu(self.frozen(x)))
+
+
+MODELS = {"nested": NestedWrappedModule, "batchnorm": BatchNormNet, "tied": TiedLM,
+          "external": ExternalInput, "owncast": OwnCast, "frozen": Frozen}
+
+
+def build(name, seed=1234):
+    torch.manual_seed(seed)
+    return MODELS[name]()
+
+
+# ---- data and loss -----------------------------------------------------------------------------
+
+def batch(name, step, mb, rows):
+    """Global micro-batch `mb` of `step`: (inputs tuple, target)."""
+    g = torch.Generator().manual_seed(1000003 * (step + 1) + 7919 * mb)
+    if name == "tied":
+        tokens = torch.randint(0, TiedLM.VOCAB, (rows, 6), generator=g)
+        return (tokens,), torch.roll(tokens, -1, dims=1)
+    if name == "batchnorm":
+        return (torch.rand(rows, 2, generator=g),), torch.rand(rows, 4, generator=g)
+    x = torch.rand(rows, 8, generator=g)
+    if name == "external":
+        return (x, torch.rand(rows, 1, generator=g) + 0.5), torch.rand(rows, 4, generator=g)
+    if name == "nested":
+        return (x,), torch.rand(rows, 8, generator=g)
+    return (x,), torch.rand(rows, 4, generator=g)
+
+
+def loss_fn(name, out, target):
+    if name == "tied":
+        return F.cross_entropy(out.float().reshape(-1, TiedLM.VOCAB), target.reshape(-1))
+    return F.mse_loss(out.float(), target)
+
+
+# ---- cases -------------------------------------------------------------------------------------
+
+OPT = {"adamw": {"lr": 0.01, "weight_decay": 0.01}}
+SGD = {"sgd": {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.001}}
+BASE = {"strategy": "full_shard", "mesh": [{"dim": "dp_shard", "size": 2}]}
+
+
+def case(model, precision=None, steps=4, micro_batches=2, mbs=4, clip=None, data=None,
+         opt=None, **extra):
+    training = {"steps": steps, "micro_batch_size": mbs, "micro_batches": micro_batches,
+                "optimizer": opt or OPT}
+    if clip:
+        training["clip_grad_norm"] = clip
+    c = {"model": model, "precision": precision or {}, "training": training, "data": data}
+    c.update(extra)
+    return c
+
+
+CASES = {
+    # fp32: the reference is plain single-process PyTorch on the global batch (tight)
+    "nested_fp32": case("nested", clip=1.0),
+    "tied_fp32": case("tied"),
+    "external_fp32": case("external", opt=SGD),
+    "owncast_fp32": case("owncast", opt=SGD),
+    "frozen_fp32": case("frozen", opt=SGD),
+    # mixed precision (FSDP1 MixedPrecision(param bf16, reduce fp32, buffer bf16)); the reference
+    # runs each rank's micro-batch in bf16 and reduces in fp32 (the seeds' tolerances)
+    "nested_bf16": case("nested", {"param_dtype": "bf16", "reduce_dtype": "fp32",
+                                   "buffer_dtype": "bf16"}, clip=0.05),
+    "batchnorm_bf16": case("batchnorm", {"param_dtype": "bf16", "reduce_dtype": "fp32",
+                                         "buffer_dtype": "bf16"}, opt=SGD),
+    # pure low precision (test_fsdp_pure_fp16: the model .half(), inputs cast by the loop, one
+    # step). torch 1.13 has no fp16 matmul on the cpu ("addmm_impl_cpu_" not implemented for
+    # 'Half'), so the cpu test runs the case with bf16 masters; fp16 needs a cuda job.
+    "nested_pure_bf16": case("nested", {"master_dtype": "bf16"}, steps=1, micro_batches=1,
+                             data=torch.bfloat16),
+}
+
+
+def data_dtype(name):
+    """The dtype the training loop gives the model its floating inputs in (None: as drawn)."""
+    return CASES[name]["data"]
+
+
+def job(name):
+    """(model name, the job spec's sections but `model` and `program`) of case `name`."""
+    c = CASES[name]
+    m = build(c["model"])
+    spec = {"name": "pcs-torch-" + name.replace("_", "-"), "wrap": {"explicit": {"paths":
+                                                                               m.WRAP}},
+            "training": c["training"], **BASE}
+    if c["precision"]:
+        spec["precision"] = c["precision"]
+    return c["model"], spec

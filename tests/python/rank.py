@@ -1,0 +1,85 @@
+"""One rank of a pcs.torch test job: builds the case's model (seeded, as every rank and the
+reference do), joins the job through pcs.torch, trains it on its rows of each global
+micro-batch, and writes what the test compares (torch.save): each step's result, the
+parameters after the last step, and the dtypes its hooks saw in the first step (each
+submodule's floating input and parameter dtypes in forward, each parameter's gradient dtype).
+
+    python3 rank.py --case NAME --coordinator ADDR --identity ID --out FILE
+"""
+
+import argparse
+import contextlib
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+import torch  # noqa: E402
+
+import cases  # noqa: E402
+import pcs.torch  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--case", required=True)
+    ap.add_argument("--coordinator", required=True)
+    ap.add_argument("--identity", required=True)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    name, _ = cases.job(a.case)
+    module = cases.build(name)
+    model = pcs.torch.shard(module, coordinator=a.coordinator, identity=a.identity,
+                            join_timeout_ms=60000, coll_timeout_ms=20000)
+    seen = {"inputs": {}, "params": {}, "grads": {}}
+    first = [True]
+
+    def pre(path):
+        def hook(mod, args):
+            if first[0]:
+                fl = [t.dtype for t in args if torch.is_tensor(t) and t.is_floating_point()]
+                seen["inputs"].setdefault(path, str(fl[0]) if fl else None)
+                for n, p in mod.named_parameters(recurse=False):
+                    seen["params"].setdefault(path + "." + n if path else n, str(p.dtype))
+        return hook
+
+    handles = [m.register_forward_pre_hook(pre(p)) for p, m in module.named_modules()]
+    for fqn, p in module.named_parameters():
+        if p.requires_grad:
+            handles.append(p.register_hook(
+                lambda g, fqn=fqn: seen["grads"].setdefault(fqn, str(g.dtype)) and None))
+    rows = model.micro_batch_size
+    r = model.dp_rank
+    steps = []
+    for step in range(model.total_steps):
+        losses = []
+        for mb in range(model.micro_batches):
+            inputs, target = cases.batch(name, step, mb, rows * model.dp_size)
+            mine = tuple(t[r * rows:(r + 1) * rows] for t in inputs)
+            if cases.data_dtype(a.case):
+                mine = tuple(t.to(cases.data_dtype(a.case)) if t.is_floating_point() else t
+                             for t in mine)
+            last = mb + 1 == model.micro_batches
+            with contextlib.nullcontext() if last else model.no_sync():
+                out = model(*mine)
+                loss = cases.loss_fn(name, out, target[r * rows:(r + 1) * rows])
+                model.backward(loss)
+            losses.append(loss.item())
+            first[0] = False
+        res = model.step(sum(losses) / len(losses))
+        steps.append({"loss": res.loss, "grad_norm": res.grad_norm, "skipped": res.skipped,
+                      "local_loss": sum(losses) / len(losses)})
+    for h in handles:
+        h.remove()
+    params = {k: v.float() for k, v in model.full_parameters().items()}
+    torch.save({"rank": model.rank, "dp_rank": r, "steps": steps, "params": params,
+                "seen": seen, "job_id": model.worker.job_id}, a.out)
+    model.finish()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,283 @@
+"""pcs.torch end to end: the seeds' models trained through a real coordinator by two real
+`python3 rank.py` processes (W = 2, dp_shard 2, full_shard), each compared with the same model
+trained by plain PyTorch from the same weights and data.
+
+- fp32: the reference is single-process PyTorch on the whole global batch (torch.optim.AdamW,
+  clip_grad_norm_): parameters and losses must agree tightly (rtol 1e-4, atol 1e-5).
+- bf16 / fp32 reduce (FSDP1 MixedPrecision): the reference runs each rank's rows in bf16 with
+  the same casts (inputs at the root, BatchNorm upcast and back), reduces the gradients in fp32
+  and steps fp32 masters; parameters within bf16's resolution (rtol 1e-2, atol 1e-3), losses
+  rtol 1e-3; and the seeds' dtype assertions: every Linear's input and parameters bf16 in
+  forward, gradients bf16, BatchNorm's parameters and input fp32.
+- pure low precision (test_fsdp_pure_fp16's shape, with bf16: torch 1.13 has no fp16 matmul on
+  the cpu): bf16 masters, parameters, inputs and gradients, one step, against the same step in
+  plain PyTorch on bf16 parameters.
+
+Run: /usr/bin/python3 tests/python/test_pcs_torch.py BUILD_DIR [unittest args]. The job is
+submitted with `pcsctl submit` (the user story), the coordinator started on port 0.
+"""
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import time
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SRC = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(SRC, "python"))
+
+try:
+    import torch
+except ImportError:  # Debian python3-torch (deploy/install-deps.sh)
+    print("test_pcs_torch: torch is not installed")
+    sys.exit(1 if os.environ.get("PCS_REQUIRE_TOOLS") == "1" else 77)
+
+import cases  # noqa: E402
+import harness  # noqa: E402
+import pcs.torch  # noqa: E402
+from harness import Cluster  # noqa: E402
+
+W = 2
+
+# ---- references --------------------------------------------------------------------------------
+
+def _optimizer(model, training):
+    params = [p for p in model.parameters() if p.requires_grad]
+    if "sgd" in training["optimizer"]:
+        a = training["optimizer"]["sgd"]
+        return torch.optim.SGD(params, lr=a["lr"], momentum=a["momentum"],
+                               weight_decay=a["weight_decay"])
+    a = training["optimizer"]["adamw"]
+    return torch.optim.AdamW(params, lr=a["lr"], weight_decay=a["weight_decay"],
+                             betas=(0.9, 0.999), eps=1e-8)
+
+
+def reference_fp32(name, training, world):
+    """Plain single-process PyTorch on the global batch."""
+    model = cases.build(name)
+    opt = _optimizer(model, training)
+    M, rows = training["micro_batches"], training["micro_batch_size"] * world
+    losses = []
+    for step in range(training["steps"]):
+        opt.zero_grad()
+        tot = 0.0
+        for mb in range(M):
+            inputs, target = cases.batch(name, step, mb, rows)
+            loss = cases.loss_fn(name, model(*inputs), target)
+            (loss / M).backward()
+            tot += loss.item()
+        if training.get("clip_grad_norm"):
+            torch.nn.utils.clip_grad_norm_(model.parameters(), training["clip_grad_norm"])
+        opt.step()
+        losses.append(tot / M)
+    return {k: v.detach().clone() for k, v in model.named_parameters()}, losses
+
+
+def _low_copy(master, dtype):
+    """The rank's compute copy: parameters and buffers in `dtype` except BatchNorm's (an
+    ignored class: full precision), which upcasts its input and casts its output back; the root
+    casts its inputs to `dtype`."""
+    m = copy.deepcopy(master)
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
+            def pre(_m, args):
+                _m._in = args[0].dtype
+                return tuple(a.float() for a in args)
+
+            def post(_m, _args, out):
+                return out.to(_m._in)
+            mod.register_forward_pre_hook(pre)
+            mod.register_forward_hook(post)
+            continue
+        for n, p in list(mod._parameters.items()):
+            if p is not None:
+                p.data = p.data.to(dtype)
+        for n, b in list(mod._buffers.items()):
+            if b is not None and b.is_floating_point():
+                mod._buffers[n] = b.to(dtype)
+    m.register_forward_pre_hook(lambda _m, args: tuple(
+        a.to(dtype) if a.is_floating_point() else a for a in args))
+    return m
+
+
+def reference_mixed(name, training, world, dtype, master_dtype=torch.float32):
+    """Each rank's rows computed in `dtype` from the masters, gradients reduced in fp32 (mean
+    over ranks, summed over micro-batches), AdamW on the masters."""
+    master = cases.build(name)
+    if master_dtype != torch.float32:
+        master = master.to(master_dtype)
+    opt = _optimizer(master, training)
+    M, rows = training["micro_batches"], training["micro_batch_size"]
+    losses = []
+    for step in range(training["steps"]):
+        acc = {k: torch.zeros(p.shape) for k, p in master.named_parameters()}
+        tot = 0.0
+        for mb in range(M):
+            inputs, target = cases.batch(name, step, mb, rows * world)
+            for r in range(world):
+                m = _low_copy(master, dtype)
+                loss = cases.loss_fn(name, m(*(t[r * rows:(r + 1) * rows] for t in inputs)),
+                                     target[r * rows:(r + 1) * rows])
+                (loss / M).backward()
+                tot += loss.item() / world
+                for k, p in m.named_parameters():
+                    if p.grad is not None:
+                        acc[k] += p.grad.float() / world
+        for k, p in master.named_parameters():
+            p.grad = acc[k].to(p.dtype)
+        if training.get("clip_grad_norm"):
+            torch.nn.utils.clip_grad_norm_(master.parameters(), training["clip_grad_norm"])
+        opt.step()
+        losses.append(tot / M)
+    return {k: v.detach().float().clone() for k, v in master.named_parameters()}, losses
+
+
+# ---- the tests ---------------------------------------------------------------------------------
+
+class PcsTorchTest(unittest.TestCase):
+    maxDiff = None
+
+    def run_case(self, case_name):
+        name, spec = cases.job(case_name)
+        full = pcs.torch.job_spec(cases.build(name), **spec)
+        self.assertEqual(full["program"], "pcs.torch")
+        c = Cluster()
+        ok = False
+        try:
+            outs = c.start_ranks(case_name, W)
+            job = c.submit(full)
+            codes = c.wait_ranks()
+            self.assertEqual(codes, [0] * W, "ranks failed:\n" + c.logs())
+            st = c.pcsctl("--json", "status", job["jobId"])
+            self.assertEqual(st.returncode, 0, st.stderr)
+            state = json.loads(st.stdout)
+            self.assertIn("SUCCEEDED", json.dumps(state), state)
+            res = [torch.load(o) for o in outs]
+            ok = True
+            return name, spec["training"], res
+        finally:
+            c.stop(keep=not ok)
+
+    def assert_params(self, got, want, rtol, atol):
+        self.assertEqual(sorted(got), sorted(want))
+        for k in want:
+            self.assertTrue(torch.allclose(got[k], want[k], rtol=rtol, atol=atol),
+                            "%s: max |diff| %g" % (k, (got[k] - want[k]).abs().max()))
+
+    def check_fp32(self, case_name):
+        name, training, res = self.run_case(case_name)
+        want, losses = reference_fp32(name, training, W)
+        for r in res:  # every rank sees the same parameters
+            self.assert_params(r["params"], want, 1e-4, 1e-5)
+            got = [s["loss"] for s in r["steps"]]
+            self.assertTrue(torch.allclose(torch.tensor(got), torch.tensor(losses), rtol=1e-5),
+                            "losses %s, reference %s" % (got, losses))
+            for fqn, dt in r["seen"]["params"].items():
+                self.assertEqual(dt, "torch.float32", fqn)
+        return name, res
+
+    def test_nested_wrapped_module_fp32(self):
+        self.check_fp32("nested_fp32")
+
+    def test_tied_embedding_fp32(self):
+        name, res = self.check_fp32("tied_fp32")
+        # one tensor, declared shared: the plan has embed.weight only, and the head sees it
+        self.assertNotIn("head.weight", res[0]["params"])
+
+    def test_external_input_fp32(self):
+        self.check_fp32("external_fp32")
+
+    def test_own_cast_fp32(self):
+        self.check_fp32("owncast_fp32")
+
+    def test_frozen_submodule_fp32(self):
+        name, res = self.check_fp32("frozen_fp32")
+        init = dict(cases.build(name).named_parameters())
+        for k in ("frozen.weight", "frozen.bias"):
+            self.assertTrue(torch.equal(res[0]["params"][k], init[k].detach()), k)
+            self.assertNotIn(k, res[0]["seen"]["grads"])
+        self.assertFalse(torch.equal(res[0]["params"]["trained.weight"],
+                                     init["trained.weight"].detach()))
+
+    def check_mixed(self, case_name, dtype, master=torch.float32):
+        name, training, res = self.run_case(case_name)
+        want, losses = reference_mixed(name, training, W, dtype, master)
+        for r in res:
+            self.assert_params(r["params"], {k: v.to(dtype).float() for k, v in want.items()},
+                               1e-2, 1e-3)
+            got = [s["loss"] for s in r["steps"]]
+            self.assertTrue(torch.allclose(torch.tensor(got), torch.tensor(losses), rtol=1e-3),
+                            "losses %s, reference %s" % (got, losses))
+        return res
+
+    def test_nested_wrapped_module_bf16_params_fp32_reduce(self):
+        res = self.check_mixed("nested_bf16", torch.bfloat16)
+        seen = res[0]["seen"]
+        for path in ("module.0", "module.1.0", "module.1.1", "module.2", "module.3"):
+            self.assertEqual(seen["inputs"][path], "torch.bfloat16", path)
+            self.assertEqual(seen["params"][path + ".weight"], "torch.bfloat16", path)
+            self.assertEqual(seen["grads"][path + ".weight"], "torch.bfloat16", path)
+
+    def test_batchnorm_full_precision_under_bf16(self):
+        res = self.check_mixed("batchnorm_bf16", torch.bfloat16)
+        seen = res[0]["seen"]
+        self.assertEqual(seen["inputs"]["fc1"], "torch.bfloat16")
+        self.assertEqual(seen["params"]["fc1.weight"], "torch.bfloat16")
+        self.assertEqual(seen["inputs"]["fc2"], "torch.bfloat16")  # BatchNorm cast it back
+        self.assertEqual(seen["inputs"]["bn"], "torch.float32")
+        self.assertEqual(seen["params"]["bn.weight"], "torch.float32")
+        self.assertEqual(seen["grads"]["bn.weight"], "torch.float32")
+
+    def test_nested_wrapped_module_pure_bf16(self):
+        res = self.check_mixed("nested_pure_bf16", torch.bfloat16, torch.bfloat16)
+        seen = res[0]["seen"]
+        for path in ("module.0", "module.1.0", "module.3"):
+            self.assertEqual(seen["inputs"][path], "torch.bfloat16", path)
+            self.assertEqual(seen["params"][path + ".weight"], "torch.bfloat16", path)
+            self.assertEqual(seen["grads"][path + ".weight"], "torch.bfloat16", path)
+        self.assertTrue(all(s["loss"] == s["loss"] for s in res[0]["steps"]))  # not NaN
+
+
+class ProgramRoutingTest(unittest.TestCase):
+    def test_job_for_pcs_torch_waits_for_a_pcs_torch_worker(self):
+        """A job naming program pcs.torch is not given to pcs-worker processes."""
+        c = Cluster()
+        ok = False
+        try:
+            name, spec = cases.job("nested_fp32")
+            log = open(os.path.join(c.dir, "pcs-worker.log"), "w")
+            w = [subprocess.Popen([harness.binary("pcs-worker"), "--coordinator", c.addr,
+                                   "--identity", "plain-%d" % i, "--max-jobs", "1"],
+                                  stdout=log, stderr=subprocess.STDOUT) for i in range(W)]
+            try:
+                job = c.submit(pcs.torch.job_spec(cases.build(name), **spec))
+                jid = job["jobId"]
+                deadline = time.time() + 10
+                while time.time() < deadline:
+                    r = json.loads(c.pcsctl("--json", "workers").stdout or "{}")
+                    if len(r.get("workers", [])) == W:
+                        break
+                    time.sleep(0.1)
+                ws = json.loads(c.pcsctl("--json", "workers").stdout)["workers"]
+                self.assertEqual(sorted(x.get("program") for x in ws), ["pcs-worker"] * W)
+                time.sleep(1.5)  # several scheduling rounds
+                st = json.loads(c.pcsctl("--json", "status", jid).stdout)
+                self.assertIn("PENDING", json.dumps(st))
+            finally:
+                for p in w:
+                    p.terminate()
+                    p.wait(timeout=20)
+                log.close()
+            ok = True
+        finally:
+            c.stop(keep=not ok)
+
+
+if __name__ == "__main__":
+    harness.set_build(sys.argv.pop(1))
+    torch.set_num_threads(1)
+    unittest.main()
