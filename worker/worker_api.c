@@ -399,6 +399,7 @@ pcs_status_t pcs_worker_unit_policy(const pcs_worker_t *w, uint32_t unit,
                            ? (pcs_dtype_t)u->param_dtype
                            : PCS_DTYPE_NONE;
     out->reduce_dtype = (pcs_dtype_t)u->reduce_dtype;
+    out->master_dtype = u->master_dtype ? (pcs_dtype_t)u->master_dtype : PCS_DTYPE_FP32;
     out->buffer_dtype = (pcs_dtype_t)u->buffer_dtype;
     out->output_dtype = (pcs_dtype_t)u->output_dtype;
     out->n_modules = u->n_modules;

@@ -23,6 +23,8 @@ What :func:`shard` does, per the plan the coordinator sent (the FSDP1 runtime's 
   tensor where the plan reshards after forward (storage resized to 0, as FSDP1's
   ``_free_storage``; autograd's saved views keep the storage object) and hooks the outputs so
   that the unit is gathered again before its backward.
+- Outside a unit's forward and backward its parameters are empty tensors of the master dtype
+  (FSDP shows the fp32 shard there) and their ``.grad`` is None: pcs holds the gradients.
 - A hook on each trainable parameter's AccumulateGrad counts the unit's gradients; when all are
   in, they are copied into the unit's gradient buffer and handed in (sync unless inside
   :meth:`ShardedModule.no_sync`), and the unsharded tensor is freed. A callback at the end of the
@@ -160,7 +162,9 @@ class _Unit:
         self.views = [self.full.narrow(0, pi.offset, pi.numel).view(pi.shape)
                       for _, pi in params]
         self.full.storage().resize_(0)
-        self.empty = torch.empty(0, dtype=self.dtype)
+        # outside its forward and backward a parameter is an empty tensor of the master dtype
+        # (FSDP shows its fp32 shard there): what it is, without memory
+        self.empty = torch.empty(0, dtype=_TORCH[policy.master_dtype])
         self.live = False
         self.trainable = {id(p) for p, _ in params if p.requires_grad}
         self.ready = set()  # trainable parameters whose gradient is in (this backward)
@@ -323,8 +327,12 @@ class ShardedModule:
         u.used = True
         if torch.is_grad_enabled():
             for p, _ in u.params:
-                if p.requires_grad and id(p) not in u.acc:
-                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                if not p.requires_grad:
+                    continue
+                # PyTorch makes a new AccumulateGrad when .data changes dtype (a mixed-precision
+                # parameter between its master-dtype placeholder and its param_dtype view)
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                if u.acc.get(id(p)) is not acc:
                     acc.register_hook(functools.partial(self._param_ready, u, p))
                     u.acc[id(p)] = acc
         if u.policy.input_dtype:

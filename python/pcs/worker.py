@@ -99,7 +99,7 @@ class _UnitPolicy(ctypes.Structure):
     _fields_ = [("mixed_precision", ctypes.c_int), ("cast_forward_inputs", ctypes.c_int),
                 ("reshard_after_forward", ctypes.c_int),
                 ("keep_low_precision_grads", ctypes.c_int), ("input_dtype", ctypes.c_int),
-                ("reduce_dtype", ctypes.c_int),
+                ("reduce_dtype", ctypes.c_int), ("master_dtype", ctypes.c_int),
                 ("buffer_dtype", ctypes.c_int), ("output_dtype", ctypes.c_int),
                 ("n_modules", ctypes.c_size_t), ("modules", ctypes.POINTER(ctypes.c_char_p))]
 
@@ -209,7 +209,7 @@ class UnitPolicy:
     """The forward-side mixed-precision policy of a unit (pcs casts parameters and gradients
     itself): ``input_dtype`` / ``output_dtype`` / ``buffer_dtype`` (pcs names, None = no cast /
     keep; ``cast_forward_inputs`` is the plan's flag behind input_dtype),
-    ``reshard_after_forward``, ``mixed_precision``, ``reduce_dtype``,
+    ``reshard_after_forward``, ``mixed_precision``, ``reduce_dtype``, ``master_dtype``,
     ``keep_low_precision_grads``, ``modules`` (FQNs whose parameters the unit owns)."""
 
     def __init__(self, ci):
@@ -219,6 +219,7 @@ class UnitPolicy:
         self.keep_low_precision_grads = bool(ci.keep_low_precision_grads)
         self.input_dtype = dtype_name(ci.input_dtype) if ci.input_dtype else None
         self.reduce_dtype = dtype_name(ci.reduce_dtype) if ci.reduce_dtype else None
+        self.master_dtype = dtype_name(ci.master_dtype)
         self.buffer_dtype = dtype_name(ci.buffer_dtype) if ci.buffer_dtype else None
         self.output_dtype = dtype_name(ci.output_dtype) if ci.output_dtype else None
         self.modules = [ci.modules[k].decode() for k in range(ci.n_modules)]

@@ -90,8 +90,9 @@ class ExternalInput(nn.Module):
 
 
 class OwnCast(nn.Module):
-    """A module that casts inside its own forward (test_fsdp_mixed_precision's own-cast case:
-    the submodule runs in float32 whatever it is given)."""
+    """A module that casts inside its own forward (the activations go to float32 between the two
+    units, whatever the precision: the next unit's input cast brings them to its param dtype),
+    with a floating buffer of its own (kept in buffer_dtype)."""
 
     WRAP = ["inner", "out"]
 
@@ -99,9 +100,10 @@ class OwnCast(nn.Module):
         super().__init__()
         self.inner = nn.Linear(8, 8)
         self.out = nn.Linear(8, 4)
+        self.inner.register_buffer("shift", torch.linspace(-0.2, 0.2, 8))
 
     def forward(self, x):
-        h = torch.relu(self.inner(x))
+        h = torch.relu(self.inner(x) + self.inner.shift)
         return self.out(h.float())
 
 
@@ -183,6 +185,8 @@ CASES = {
     # runs each rank's micro-batch in bf16 and reduces in fp32 (the seeds' tolerances)
     "nested_bf16": case("nested", {"param_dtype": "bf16", "reduce_dtype": "fp32",
                                    "buffer_dtype": "bf16"}, clip=0.05),
+    "owncast_bf16": case("owncast", {"param_dtype": "bf16", "reduce_dtype": "fp32",
+                                     "buffer_dtype": "bf16"}),
     "batchnorm_bf16": case("batchnorm", {"param_dtype": "bf16", "reduce_dtype": "fp32",
                                          "buffer_dtype": "bf16"}, opt=SGD),
     # pure low precision (test_fsdp_pure_fp16: the model .half(), inputs cast by the loop, one

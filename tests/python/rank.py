@@ -34,7 +34,7 @@ def main():
     module = cases.build(name)
     model = pcs.torch.shard(module, coordinator=a.coordinator, identity=a.identity,
                             join_timeout_ms=60000, coll_timeout_ms=20000)
-    seen = {"inputs": {}, "params": {}, "grads": {}}
+    seen = {"inputs": {}, "params": {}, "grads": {}, "buffers": {}, "after_backward": {}}
     first = [True]
 
     def pre(path):
@@ -44,6 +44,8 @@ def main():
                 seen["inputs"].setdefault(path, str(fl[0]) if fl else None)
                 for n, p in mod.named_parameters(recurse=False):
                     seen["params"].setdefault(path + "." + n if path else n, str(p.dtype))
+                for n, b in mod.named_buffers(recurse=False):
+                    seen["buffers"].setdefault(path + "." + n if path else n, str(b.dtype))
         return hook
 
     handles = [m.register_forward_pre_hook(pre(p)) for p, m in module.named_modules()]
@@ -68,6 +70,9 @@ def main():
                 loss = cases.loss_fn(name, out, target[r * rows:(r + 1) * rows])
                 model.backward(loss)
             losses.append(loss.item())
+            if step == 0 and last:  # the parameters after a synced backward
+                for fqn, p in module.named_parameters():
+                    seen["after_backward"][fqn] = [str(p.dtype), p.grad is None, p.numel()]
             first[0] = False
         res = model.step(sum(losses) / len(losses))
         steps.append({"loss": res.loss, "grad_norm": res.grad_norm, "skipped": res.skipped,

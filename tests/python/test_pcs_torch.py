@@ -77,11 +77,15 @@ def reference_fp32(name, training, world):
     return {k: v.detach().clone() for k, v in model.named_parameters()}, losses
 
 
-def _low_copy(master, dtype):
+def _low_copy(master, dtype, wrap):
     """The rank's compute copy: parameters and buffers in `dtype` except BatchNorm's (an
     ignored class: full precision), which upcasts its input and casts its output back; the root
-    casts its inputs to `dtype`."""
+    and every wrapped module (a unit: cast_forward_inputs) cast their floating inputs to
+    `dtype`."""
     m = copy.deepcopy(master)
+    for path in wrap:
+        m.get_submodule(path).register_forward_pre_hook(lambda _m, args: tuple(
+            a.to(dtype) if a.is_floating_point() else a for a in args))
     for mod in m.modules():
         if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
             def pre(_m, args):
@@ -105,6 +109,7 @@ def _low_copy(master, dtype):
 
 
 def reference_mixed(name, training, world, dtype, master_dtype=torch.float32):
+    wrap = cases.MODELS[name].WRAP
     """Each rank's rows computed in `dtype` from the masters, gradients reduced in fp32 (mean
     over ranks, summed over micro-batches), AdamW on the masters."""
     master = cases.build(name)
@@ -119,7 +124,7 @@ def reference_mixed(name, training, world, dtype, master_dtype=torch.float32):
         for mb in range(M):
             inputs, target = cases.batch(name, step, mb, rows * world)
             for r in range(world):
-                m = _low_copy(master, dtype)
+                m = _low_copy(master, dtype, wrap)
                 loss = cases.loss_fn(name, m(*(t[r * rows:(r + 1) * rows] for t in inputs)),
                                      target[r * rows:(r + 1) * rows])
                 (loss / M).backward()
@@ -221,6 +226,19 @@ class PcsTorchTest(unittest.TestCase):
             self.assertEqual(seen["inputs"][path], "torch.bfloat16", path)
             self.assertEqual(seen["params"][path + ".weight"], "torch.bfloat16", path)
             self.assertEqual(seen["grads"][path + ".weight"], "torch.bfloat16", path)
+            self.assertEqual(seen["after_backward"][path + ".weight"][:2],
+                             ["torch.float32", True], path)
+
+    def test_own_cast_and_buffer_under_bf16(self):
+        res = self.check_mixed("owncast_bf16", torch.bfloat16)
+        seen = res[0]["seen"]
+        self.assertEqual(seen["buffers"]["inner.shift"], "torch.bfloat16")  # buffer_dtype
+        self.assertEqual(seen["inputs"]["inner"], "torch.bfloat16")
+        # the module's own float() is undone by the next unit's input cast
+        self.assertEqual(seen["inputs"]["out"], "torch.bfloat16")
+        # after a synced backward the parameters are back in the master dtype, gradients in pcs
+        for fqn in ("inner.weight", "out.weight"):
+            self.assertEqual(seen["after_backward"][fqn][:2], ["torch.float32", True], fqn)
 
     def test_batchnorm_full_precision_under_bf16(self):
         res = self.check_mixed("batchnorm_bf16", torch.bfloat16)

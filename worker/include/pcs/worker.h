@@ -98,6 +98,7 @@ typedef struct pcs_worker_unit_policy {
                                   * param_dtype where cast_forward_inputs and the plan sets
                                   * one); PCS_DTYPE_NONE: no cast */
     pcs_dtype_t reduce_dtype;    /* the dtype the gradients are reduced in */
+    pcs_dtype_t master_dtype;    /* the sharded parameters' dtype (fp32; bf16/fp16: pure) */
     pcs_dtype_t buffer_dtype;    /* PCS_DTYPE_NONE: keep each buffer's own dtype */
     pcs_dtype_t output_dtype;    /* PCS_DTYPE_NONE: no cast */
     size_t n_modules;            /* modules whose parameters the unit owns */
