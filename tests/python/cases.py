@@ -185,6 +185,9 @@ CASES = {
     # runs each rank's micro-batch in bf16 and reduces in fp32 (the seeds' tolerances)
     "nested_bf16": case("nested", {"param_dtype": "bf16", "reduce_dtype": "fp32",
                                    "buffer_dtype": "bf16"}, clip=0.05),
+    # FSDP2 output_dtype: every unit hands its floating outputs on in fp32
+    "external_bf16_out32": case("external", {"param_dtype": "bf16", "reduce_dtype": "fp32",
+                                             "output_dtype": "fp32"}, opt=SGD),
     "owncast_bf16": case("owncast", {"param_dtype": "bf16", "reduce_dtype": "fp32",
                                      "buffer_dtype": "bf16"}),
     "batchnorm_bf16": case("batchnorm", {"param_dtype": "bf16", "reduce_dtype": "fp32",

@@ -34,7 +34,8 @@ def main():
     module = cases.build(name)
     model = pcs.torch.shard(module, coordinator=a.coordinator, identity=a.identity,
                             join_timeout_ms=60000, coll_timeout_ms=20000)
-    seen = {"inputs": {}, "params": {}, "grads": {}, "buffers": {}, "after_backward": {}}
+    seen = {"inputs": {}, "params": {}, "grads": {}, "buffers": {}, "after_backward": {},
+            "outputs": {}}
     first = [True]
 
     def pre(path):
@@ -48,7 +49,14 @@ def main():
                     seen["buffers"].setdefault(path + "." + n if path else n, str(b.dtype))
         return hook
 
+    def post(path):
+        def hook(mod, args, out):
+            if first[0] and torch.is_tensor(out):
+                seen["outputs"].setdefault(path, str(out.dtype))
+        return hook
+
     handles = [m.register_forward_pre_hook(pre(p)) for p, m in module.named_modules()]
+    handles += [m.register_forward_hook(post(p)) for p, m in module.named_modules()]
     for fqn, p in module.named_parameters():
         if p.requires_grad:
             handles.append(p.register_hook(

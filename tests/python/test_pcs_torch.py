@@ -77,7 +77,11 @@ def reference_fp32(name, training, world):
     return {k: v.detach().clone() for k, v in model.named_parameters()}, losses
 
 
-def _low_copy(master, dtype, wrap):
+def _cast_out(dtype):
+    return lambda _m, _args, out: out.to(dtype) if out.is_floating_point() else out
+
+
+def _low_copy(master, dtype, wrap, output_dtype=None):
     """The rank's compute copy: parameters and buffers in `dtype` except BatchNorm's (an
     ignored class: full precision), which upcasts its input and casts its output back; the root
     and every wrapped module (a unit: cast_forward_inputs) cast their floating inputs to
@@ -86,6 +90,10 @@ def _low_copy(master, dtype, wrap):
     for path in wrap:
         m.get_submodule(path).register_forward_pre_hook(lambda _m, args: tuple(
             a.to(dtype) if a.is_floating_point() else a for a in args))
+        if output_dtype:
+            m.get_submodule(path).register_forward_hook(_cast_out(output_dtype))
+    if output_dtype:
+        m.register_forward_hook(_cast_out(output_dtype))
     for mod in m.modules():
         if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm):
             def pre(_m, args):
@@ -108,7 +116,8 @@ def _low_copy(master, dtype, wrap):
     return m
 
 
-def reference_mixed(name, training, world, dtype, master_dtype=torch.float32):
+def reference_mixed(name, training, world, dtype, master_dtype=torch.float32,
+                    output_dtype=None):
     wrap = cases.MODELS[name].WRAP
     """Each rank's rows computed in `dtype` from the masters, gradients reduced in fp32 (mean
     over ranks, summed over micro-batches), AdamW on the masters."""
@@ -124,7 +133,7 @@ def reference_mixed(name, training, world, dtype, master_dtype=torch.float32):
         for mb in range(M):
             inputs, target = cases.batch(name, step, mb, rows * world)
             for r in range(world):
-                m = _low_copy(master, dtype, wrap)
+                m = _low_copy(master, dtype, wrap, output_dtype)
                 loss = cases.loss_fn(name, m(*(t[r * rows:(r + 1) * rows] for t in inputs)),
                                      target[r * rows:(r + 1) * rows])
                 (loss / M).backward()
@@ -208,9 +217,9 @@ class PcsTorchTest(unittest.TestCase):
         self.assertFalse(torch.equal(res[0]["params"]["trained.weight"],
                                      init["trained.weight"].detach()))
 
-    def check_mixed(self, case_name, dtype, master=torch.float32):
+    def check_mixed(self, case_name, dtype, master=torch.float32, output_dtype=None):
         name, training, res = self.run_case(case_name)
-        want, losses = reference_mixed(name, training, W, dtype, master)
+        want, losses = reference_mixed(name, training, W, dtype, master, output_dtype)
         for r in res:
             self.assert_params(r["params"], {k: v.to(dtype).float() for k, v in want.items()},
                                1e-2, 1e-3)
@@ -228,6 +237,14 @@ class PcsTorchTest(unittest.TestCase):
             self.assertEqual(seen["grads"][path + ".weight"], "torch.bfloat16", path)
             self.assertEqual(seen["after_backward"][path + ".weight"][:2],
                              ["torch.float32", True], path)
+
+    def test_output_dtype_fp32_under_bf16(self):
+        res = self.check_mixed("external_bf16_out32", torch.bfloat16, output_dtype=torch.float32)
+        seen = res[0]["seen"]
+        for unit in ("a", "b", ""):  # every unit's output, the root's included
+            self.assertEqual(seen["outputs"][unit], "torch.float32", unit)
+        self.assertEqual(seen["inputs"]["b"], "torch.bfloat16")  # cast again at the next unit
+        self.assertEqual(seen["params"]["b.weight"], "torch.bfloat16")
 
     def test_own_cast_and_buffer_under_bf16(self):
         res = self.check_mixed("owncast_bf16", torch.bfloat16)

@@ -154,6 +154,17 @@ class WorkerApiTest(unittest.TestCase):
         finally:
             c.stop()
 
+    def test_device_buffers_expose_the_cuda_array_interface(self):
+        b = pw.Buffer(0x7F0000001000, 10, pw.DTYPE_BF16, "cuda")
+        self.assertEqual(b.nbytes, 20)
+        self.assertEqual(b.__cuda_array_interface__,
+                         {"shape": (10,), "typestr": "<u2", "data": (0x7F0000001000, False),
+                          "version": 3, "strides": None})
+        h = pw.Buffer(0x1000, 4, pw.DTYPE_FP32, "cpu")
+        self.assertFalse(hasattr(h, "__cuda_array_interface__"))
+        with self.assertRaises(ValueError):
+            b.numpy()
+
     def test_the_package_imports_without_torch(self):
         self.assertEqual(pcs.__version__, "0.1.0")
         self.assertEqual(pw.dtype_name(pw.DTYPE_BF16), "bf16")
