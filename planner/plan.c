@@ -31,6 +31,10 @@ typedef struct unit_b {
     uint32_t stage;
     bool is_root; /* model root, or a stage's root with pp > 1 */
     bool ignored; /* ignored class: mixed precision off */
+    /* its strategy (spec.strategy, or the last strategy_overrides entry matching its root),
+     * shard group size and all-reduce group size */
+    Pcs__V1__Strategy eff;
+    uint32_t group, ar;
 } unit_b_t;
 
 typedef struct ctx {
@@ -181,6 +185,52 @@ static void resolve_mesh(ctx_t *c, uint32_t world_size)
     c->dp = c->rep * c->shard;
 }
 
+/* The effective strategy, shard group and all-reduce group of a requested strategy on this
+ * mesh; `field` names it in the notes ("strategy", "strategy_overrides[2].strategy"). */
+static void strategy_on_mesh(ctx_t *c, Pcs__V1__Strategy req, const char *field,
+                             Pcs__V1__Strategy *eff, uint32_t *group, uint32_t *ar)
+{
+    *eff = req;
+    switch (req) {
+    case PCS__V1__STRATEGY__STRATEGY_FULL_SHARD:
+    case PCS__V1__STRATEGY__STRATEGY_SHARD_GRAD_OP:
+        if (c->rep > 1) {
+            /* FSDP2: a 2-D (replicate, shard) mesh means HSDP */
+            Pcs__V1__Strategy h = req == PCS__V1__STRATEGY__STRATEGY_FULL_SHARD
+                                      ? PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD
+                                      : PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2;
+            note(c, "%s: %s on a mesh with dp_replicate=%u runs as %s (FSDP2 2-D mesh)", field,
+                 strategy_name(req), c->rep, strategy_name(h));
+            *eff = h;
+            *group = c->shard;
+            *ar = c->rep;
+            break;
+        }
+        *group = c->shard;
+        *ar = 1;
+        break;
+    case PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD:
+    case PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2:
+        *group = c->shard;
+        *ar = c->rep;
+        if (c->rep == 1)
+            note(c, "%s: %s with dp_replicate=1 has no replicas (no all-reduce)", field,
+                 strategy_name(req));
+        break;
+    default: /* NO_SHARD */
+        *group = 1;
+        *ar = c->dp;
+        break;
+    }
+    if (*group == 1 && req != PCS__V1__STRATEGY__STRATEGY_NO_SHARD) {
+        /* FSDP1 _init_core_state: a shard group of one rank runs NO_SHARD. pcs all-reduces over
+         * every data-parallel rank (PyTorch would all-reduce over the size-1 group only). */
+        note(c, "%s: %s with a shard group of 1 runs as no_shard", field, strategy_name(req));
+        *eff = PCS__V1__STRATEGY__STRATEGY_NO_SHARD;
+        *ar = c->dp;
+    }
+}
+
 static void resolve_strategy(ctx_t *c)
 {
     int s = (int)c->spec->strategy;
@@ -192,44 +242,7 @@ static void resolve_strategy(ctx_t *c)
     c->eff = c->req;
     if (!c->ws)
         return;
-    switch (c->req) {
-    case PCS__V1__STRATEGY__STRATEGY_FULL_SHARD:
-    case PCS__V1__STRATEGY__STRATEGY_SHARD_GRAD_OP:
-        if (c->rep > 1) {
-            /* FSDP2: a 2-D (replicate, shard) mesh means HSDP */
-            Pcs__V1__Strategy h = c->req == PCS__V1__STRATEGY__STRATEGY_FULL_SHARD
-                                      ? PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD
-                                      : PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2;
-            note(c, "strategy: %s on a mesh with dp_replicate=%u runs as %s (FSDP2 2-D mesh)",
-                 strategy_name(c->req), c->rep, strategy_name(h));
-            c->eff = h;
-            c->group = c->shard;
-            c->ar_size = c->rep;
-            break;
-        }
-        c->group = c->shard;
-        c->ar_size = 1;
-        break;
-    case PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD:
-    case PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2:
-        c->group = c->shard;
-        c->ar_size = c->rep;
-        if (c->rep == 1)
-            note(c, "strategy: %s with dp_replicate=1 has no replicas (no all-reduce)",
-                 strategy_name(c->req));
-        break;
-    default: /* NO_SHARD */
-        c->group = 1;
-        c->ar_size = c->dp;
-        break;
-    }
-    if (c->group == 1 && c->req != PCS__V1__STRATEGY__STRATEGY_NO_SHARD) {
-        /* FSDP1 _init_core_state: a shard group of one rank runs NO_SHARD. pcs all-reduces over
-         * every data-parallel rank (PyTorch would all-reduce over the size-1 group only). */
-        note(c, "strategy: %s with a shard group of 1 runs as no_shard", strategy_name(c->req));
-        c->eff = PCS__V1__STRATEGY__STRATEGY_NO_SHARD;
-        c->ar_size = c->dp;
-    }
+    strategy_on_mesh(c, c->req, "strategy", &c->eff, &c->group, &c->ar_size);
     const Pcs__V1__TrainingSpec *t = c->spec->training;
     if (t && t->gradient_divide_factor) {
         double f = t->gradient_divide_factor->value;
@@ -282,9 +295,8 @@ static void check_precision(ctx_t *c)
     }
 }
 
-static bool override_matches(const Pcs__V1__PrecisionOverride *o, const pcs_model_module_t *mod)
+static bool override_matches(const Pcs__V1__OverrideMatch *mt, const pcs_model_module_t *mod)
 {
-    const Pcs__V1__OverrideMatch *mt = o->match;
     if (!mt)
         return false;
     bool has_cls = mt->module_class && *mt->module_class;
@@ -305,9 +317,9 @@ static bool override_matches(const Pcs__V1__PrecisionOverride *o, const pcs_mode
     return true;
 }
 
-static bool override_is_prefix(const Pcs__V1__PrecisionOverride *o)
+static bool override_is_prefix(const Pcs__V1__OverrideMatch *mt)
 {
-    const char *p = o->match ? o->match->path : NULL;
+    const char *p = mt ? mt->path : NULL;
     return p && *p && p[strlen(p) - 1] == '*';
 }
 
@@ -352,30 +364,36 @@ static void select_units(ctx_t *c)
              "off",
              n_ignored);
 
-    /* overrides: a unit's flat buffer has one policy, so a matched module becomes a unit */
-    uint32_t n_promoted = 0;
-    for (size_t o = 0; prec && o < prec->n_overrides; o++) {
-        const Pcs__V1__PrecisionOverride *ov = prec->overrides[o];
-        bool prefix = override_is_prefix(ov);
-        uint32_t hits = 0;
+    /* overrides: a unit's flat buffer has one policy (precision) and one strategy, so a
+     * matched module becomes a unit */
+    const Pcs__V1__JobSpec *spec = c->spec;
+    size_t n_prec = prec ? prec->n_overrides : 0;
+    for (size_t o = 0; o < n_prec + spec->n_strategy_overrides; o++) {
+        const Pcs__V1__OverrideMatch *mt = o < n_prec
+                                               ? prec->overrides[o]->match
+                                               : spec->strategy_overrides[o - n_prec]->match;
+        const char *what = o < n_prec ? "precision.overrides" : "strategy_overrides";
+        size_t idx = o < n_prec ? o : o - n_prec;
+        bool prefix = override_is_prefix(mt);
+        uint32_t hits = 0, n_promoted = 0;
         for (uint32_t i = 0; i < n; i++) {
-            if (!override_matches(ov, &m->modules[i]))
+            if (!override_matches(mt, &m->modules[i]))
                 continue;
             hits++;
             if (i == 0)
                 continue;
             /* a prefix match promotes only the topmost matched modules */
-            if (prefix && override_matches(ov, &m->modules[m->modules[i].parent]))
+            if (prefix && override_matches(mt, &m->modules[m->modules[i].parent]))
                 continue;
             if (!c->promoted[i] && !c->ignored[i])
                 n_promoted++;
             c->promoted[i] = 1;
         }
         if (!hits)
-            note(c, "precision.overrides[%zu]: matches no module", o);
+            note(c, "%s[%zu]: matches no module", what, idx);
+        else if (n_promoted)
+            note(c, "%s[%zu]: %u module(s) made their own units", what, idx, n_promoted);
     }
-    if (n_promoted)
-        note(c, "precision.overrides: %u module(s) made their own units", n_promoted);
 
     int policy = w ? (int)w->policy_case : 0;
     uint64_t min_params = 0;
@@ -557,14 +575,15 @@ static pcs_status_t build_units(ctx_t *c)
         uint32_t k = cnt[s + 1];
         cnt[s] = pos + 1; /* first slot after the stage root */
         c->stage_root[s] = pos;
-        c->units[pos] = (unit_b_t){0, s, true, false};
+        c->units[pos] = (unit_b_t){.root = 0, .stage = s, .is_root = true};
         pos += 1 + k;
     }
     c->nunits = pos;
     for (uint32_t i = 1; i < n; i++)
         if (c->wrapped[i]) {
             uint32_t s = c->stage_of[i];
-            c->units[cnt[s]++] = (unit_b_t){i, s, false, c->ignored[i] != 0};
+            c->units[cnt[s]++] =
+                (unit_b_t){.root = i, .stage = s, .ignored = c->ignored[i] != 0};
         }
     free(cnt);
     /* region: nearest wrapped ancestor-or-self, else the root unit of the module's stage
@@ -582,6 +601,42 @@ static pcs_status_t build_units(ctx_t *c)
         c->unit_of[i] = u;
     }
     return PCS_OK;
+}
+
+/* Per-module composition: every unit runs spec.strategy unless a strategy_overrides entry
+ * matches its root module (later entries win). */
+static void unit_strategies(ctx_t *c)
+{
+    const Pcs__V1__JobSpec *s = c->spec;
+    for (uint32_t k = 0; k < c->nunits; k++) {
+        c->units[k].eff = c->eff;
+        c->units[k].group = c->group;
+        c->units[k].ar = c->ar_size;
+    }
+    for (size_t o = 0; o < s->n_strategy_overrides; o++) {
+        const Pcs__V1__StrategyOverride *ov = s->strategy_overrides[o];
+        int req = (int)ov->strategy;
+        if (req <= 0 || req > PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2) {
+            pcs_errlist_add(&c->errs, "strategy_overrides[%zu].strategy: %s", o,
+                            req ? "unknown value" : "required");
+            continue;
+        }
+        char field[64];
+        snprintf(field, sizeof field, "strategy_overrides[%zu].strategy", o);
+        Pcs__V1__Strategy eff;
+        uint32_t group = 1, ar = 1, hits = 0;
+        strategy_on_mesh(c, (Pcs__V1__Strategy)req, field, &eff, &group, &ar);
+        for (uint32_t k = 0; k < c->nunits; k++) {
+            if (!override_matches(ov->match, &c->m->modules[c->units[k].root]))
+                continue;
+            c->units[k].eff = eff;
+            c->units[k].group = group;
+            c->units[k].ar = ar;
+            hits++;
+        }
+        if (hits)
+            note(c, "strategy_overrides[%zu]: %u unit(s) run as %s", o, hits, strategy_name(eff));
+    }
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -605,7 +660,7 @@ static pcs_status_t unit_precision(ctx_t *c, const unit_b_t *ub, pcs_dtype_t mas
             in.keep_low_precision_grads = p->keep_low_precision_grads->value;
         for (size_t i = 0; i < p->n_overrides; i++) {
             const Pcs__V1__PrecisionOverride *o = p->overrides[i];
-            if (!override_matches(o, mod))
+            if (!override_matches(o->match, mod))
                 continue;
             if (o->param_dtype)
                 in.param = (pcs_dtype_t)o->param_dtype;
@@ -702,7 +757,8 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
     u->module_class = dupstr(c, root->cls);
     u->is_root = ub->is_root;
     u->stage = ub->stage;
-    u->shard_group_size = c->group;
+    u->shard_group_size = ub->group;
+    u->strategy = ub->eff;
 
     /* master dtype: precision.master_dtype converts the model (model.half()); else the
      * parameters' own dtype, which must be uniform in a flat buffer */
@@ -796,7 +852,7 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
             break;
         }
     }
-    uint64_t G = c->group ? c->group : 1;
+    uint64_t G = ub->group ? ub->group : 1;
     u->numel = numel;
     u->flat_numel = off;
     u->padded_numel = (off + G - 1) / G * G;
@@ -829,9 +885,9 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
 
     /* resharding: root kept after forward; reshard_after_forward overrides the strategy for
      * the other units; shard_grad_op keeps params across no-sync micro-batches */
-    bool sharded = c->eff != PCS__V1__STRATEGY__STRATEGY_NO_SHARD;
-    bool zero2 = c->eff == PCS__V1__STRATEGY__STRATEGY_SHARD_GRAD_OP ||
-                 c->eff == PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2;
+    bool sharded = ub->eff != PCS__V1__STRATEGY__STRATEGY_NO_SHARD;
+    bool zero2 = ub->eff == PCS__V1__STRATEGY__STRATEGY_SHARD_GRAD_OP ||
+                 ub->eff == PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2;
     const Pcs__V1__ReshardAfterForward *raf = c->spec->reshard_after_forward;
     bool r = sharded && !zero2;
     uint32_t rgroup = 0;
@@ -840,7 +896,7 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
     else if (raf && raf->value_case == PCS__V1__RESHARD_AFTER_FORWARD__VALUE_GROUP_SIZE) {
         uint32_t gsz = raf->group_size;
         r = gsz > 1; /* n == 1 behaves as False */
-        if (gsz > 1 && gsz < c->group)
+        if (gsz > 1 && gsz < ub->group)
             rgroup = gsz;
     }
     if (!sharded || ub->is_root)
@@ -859,10 +915,10 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
     if (!has_params)
         return;
     pcs_dtype_t ag = pr.compute;
-    if (c->group > 1) {
+    if (ub->group > 1) {
         add_coll(c, u,
                  coll(c, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER, PCS__V1__PHASE__PHASE_FORWARD,
-                      ag, PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, c->group, u->shard_numel));
+                      ag, PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, ub->group, u->shard_numel));
         if (r) {
             if (rgroup)
                 add_coll(c, u,
@@ -874,13 +930,13 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
                 add_coll(c, u,
                          coll(c, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER,
                               PCS__V1__PHASE__PHASE_BACKWARD, ag,
-                              PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, c->group, u->shard_numel));
+                              PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, ub->group, u->shard_numel));
         }
     }
     if (!trainable)
         return;
-    uint32_t rs = c->group > 1 ? c->group : 1;
-    uint32_t ar = c->ar_size;
+    uint32_t rs = ub->group > 1 ? ub->group : 1;
+    uint32_t ar = ub->ar;
     Pcs__V1__ReduceOp rs_op, ar_op;
     double premul, pre, post;
     pcs_plan_reduce_ops(pr.reduce, rs, ar, grad_divide_factor(c), false, &rs_op, &ar_op, &premul,
@@ -1279,18 +1335,25 @@ static void check_reshard(ctx_t *c)
     if (!raf || raf->value_case != PCS__V1__RESHARD_AFTER_FORWARD__VALUE_GROUP_SIZE || !c->ws)
         return;
     uint32_t n = raf->group_size;
+    /* every sharded unit, the plan's or a strategy override's, shards over the shard dim */
+    bool sharded = c->eff != PCS__V1__STRATEGY__STRATEGY_NO_SHARD;
+    for (size_t o = 0; o < c->spec->n_strategy_overrides; o++)
+        if (c->spec->strategy_overrides[o]->strategy != PCS__V1__STRATEGY__STRATEGY_NO_SHARD &&
+            c->shard > 1)
+            sharded = true;
+    uint32_t G = c->shard;
     if (n < 1) {
         pcs_errlist_add(&c->errs, "reshard_after_forward.group_size: must be >= 1");
-    } else if (c->eff == PCS__V1__STRATEGY__STRATEGY_NO_SHARD) {
+    } else if (!sharded) {
         note(c, "reshard_after_forward: %u ignored (no_shard keeps parameters replicated)", n);
-    } else if (n > c->group || c->group % n) {
+    } else if (n > G || G % n) {
         pcs_errlist_add(&c->errs,
                         "reshard_after_forward.group_size: %u does not divide the shard group "
                         "size %u",
-                        n, c->group);
+                        n, G);
     } else if (n == 1) {
         note(c, "reshard_after_forward: 1 behaves as false (FSDP2)");
-    } else if (n == c->group) {
+    } else if (n == G) {
         note(c, "reshard_after_forward: %u = shard group size behaves as true", n);
     }
 }
@@ -1333,6 +1396,9 @@ pcs_status_t pcs_plan_build(const Pcs__V1__JobSpec *spec, uint32_t world_size, P
         goto out;
     rc = build_units(&c);
     if (rc != PCS_OK || c.errs.count)
+        goto out;
+    unit_strategies(&c);
+    if (c.errs.count)
         goto out;
     NEW_MSG(&c, p, pcs__v1__plan__init);
     if (!p) {

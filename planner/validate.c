@@ -399,20 +399,26 @@ static pcs_status_t check_wrap(vctx_t *v, const Pcs__V1__WrapSpec *w)
     return PCS_OK;
 }
 
+/* `what`[i].match of an override (precision.overrides, strategy_overrides). */
+static pcs_status_t check_match(vctx_t *v, const char *what, size_t i,
+                                const Pcs__V1__OverrideMatch *m)
+{
+    if (!m || ((!m->module_class || !*m->module_class) && (!m->path || !*m->path)))
+        return bad(v, "%s[%zu].match: required (module_class or path)", what, i);
+    const char *mp = m->path ? m->path : "";
+    const char *star = strchr(mp, '*');
+    if (star && star[1] != '\0')
+        return bad(v, "%s[%zu].match.path: '*' is only allowed at the end", what, i);
+    /* A path that matches nothing is a typo that would silently change nothing. */
+    if (*mp && !tree_matches(v, mp))
+        return bad(v, "%s[%zu].match.path: no module matches '%s'", what, i, mp);
+    return PCS_OK;
+}
+
 static pcs_status_t check_override(vctx_t *v, size_t i, const Pcs__V1__PrecisionOverride *o)
 {
     char p[160];
-    if (!o || !o->match ||
-        ((!o->match->module_class || !*o->match->module_class) &&
-         (!o->match->path || !*o->match->path)))
-        return bad(v, "precision.overrides[%zu].match: required (module_class or path)", i);
-    const char *mp = o->match->path ? o->match->path : "";
-    const char *star = strchr(mp, '*');
-    if (star && star[1] != '\0')
-        return bad(v, "precision.overrides[%zu].match.path: '*' is only allowed at the end", i);
-    /* A path that matches nothing is a typo that would silently change nothing. */
-    if (*mp && !tree_matches(v, mp))
-        return bad(v, "precision.overrides[%zu].match.path: no module matches '%s'", i, mp);
+    PCS_CHECK(check_match(v, "precision.overrides", i, o ? o->match : NULL));
     const struct {
         const char *name;
         int value;
@@ -692,9 +698,6 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
                        "it",
                        hook, dtype_str(want), dtype_str(red));
     }
-    if (s->program && *s->program && !pcs_is_name_token(s->program, PCS_PROGRAM_NAME_MAX))
-        return bad(v, "program: must be at most %d characters of [A-Za-z0-9._-], got '%.*s'",
-                   PCS_PROGRAM_NAME_MAX, pcs_utf8_prefix(s->program, 80), s->program);
     const char *b = s->backend ? s->backend : "";
     if (*b && strcmp(b, "cpu") && strcmp(b, "cuda"))
         return bad(v, "backend: must be cpu or cuda, got '%s'", b);
@@ -703,6 +706,26 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
         return bad(v, "collectives: must be auto, nccl or gloo, got '%s'", c);
     if (!strcmp(c, "nccl") && strcmp(b, "cuda"))
         return bad(v, "collectives: nccl needs backend: cuda (NCCL reduces device buffers)");
+    if (s->program && *s->program && !pcs_is_name_token(s->program, PCS_PROGRAM_NAME_MAX))
+        return bad(v, "program: must be at most %d characters of [A-Za-z0-9._-], got '%.*s'",
+                   PCS_PROGRAM_NAME_MAX, pcs_utf8_prefix(s->program, 80), s->program);
+    for (size_t i = 0; i < s->n_strategy_overrides; i++) {
+        const Pcs__V1__StrategyOverride *o = s->strategy_overrides[i];
+        PCS_CHECK(check_match(v, "strategy_overrides", i, o ? o->match : NULL));
+        if (!o->strategy)
+            return bad(v, "strategy_overrides[%zu].strategy: required", i);
+        if (!enum_known(&pcs__v1__strategy__descriptor, o->strategy))
+            return bad(v, "strategy_overrides[%zu].strategy: unknown value %d", i,
+                       (int)o->strategy);
+        if ((o->strategy == PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD ||
+             o->strategy == PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2) &&
+            !mesh_dim(s, PCS__V1__MESH_DIM_NAME__MESH_DIM_DP_REPLICATE))
+            return bad(v, "strategy_overrides[%zu].strategy: %s needs a dp_replicate mesh dimension",
+                       i,
+                       o->strategy == PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD
+                           ? "hybrid_shard"
+                           : "hybrid_shard_zero2");
+    }
     return PCS_OK;
 }
 

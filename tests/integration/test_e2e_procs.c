@@ -191,6 +191,33 @@ static void test_hybrid_shard_w4_matches_reference(void **state)
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
 }
 
+/* Per-module composition (seed replicate.py: replicate(model) with fully_shard(block) inside):
+ * the root unit replicated (all-reduce over dp), the MLPBlocks fully sharded (all-gather,
+ * reduce-scatter); one job, one optimizer, the reference's parameters. */
+static void test_replicate_root_with_fully_sharded_blocks_w2_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.strategy = "no_shard",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .train_extra = "strategy_overrides:\n"
+                                     "  - {match: {module_class: MLPBlock}, strategy: full_shard}\n"};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
+/* The other way round on a 2-D mesh: HSDP everywhere but one block kept replicated over all
+ * four data-parallel ranks (an all-reduce over dp, next to reduce-scatter + all-reduce). */
+static void test_hybrid_shard_with_a_replicated_block_w4_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.strategy = "hybrid_shard",
+                      .mesh = "{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 2}",
+                      .world = 4,
+                      .train_extra = "strategy_overrides:\n"
+                                     "  - {match: {path: layers.1}, strategy: no_shard}\n"};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
 static void test_hybrid_shard_zero2_w4_matches_reference(void **state)
 {
     (void)state;
@@ -1051,6 +1078,8 @@ int main(void)
         cmocka_unit_test(test_world_of_one_divide_factor_w1_matches_reference),
         cmocka_unit_test(test_no_shard_divide_factor_w2_matches_reference),
         cmocka_unit_test(test_hybrid_shard_w4_matches_reference),
+        cmocka_unit_test(test_replicate_root_with_fully_sharded_blocks_w2_matches_reference),
+        cmocka_unit_test(test_hybrid_shard_with_a_replicated_block_w4_matches_reference),
         cmocka_unit_test(test_hybrid_shard_zero2_w4_matches_reference),
         cmocka_unit_test(test_bf16_reduce_w2_matches_reference),
         cmocka_unit_test(test_fp32_w4_matches_reference),

@@ -565,6 +565,94 @@ static void test_no_shard_all_reduces_over_dp(void **state)
     pcs_plan_free(p);
 }
 
+static bool has_note(const Pcs__V1__Plan *p, const char *needle)
+{
+    for (size_t i = 0; i < p->n_notes; i++)
+        if (strstr(p->notes[i], needle))
+            return true;
+    return false;
+}
+
+/* Per-module composition (seed replicate.py): strategy_overrides give the matched modules their
+ * own units and strategies; the others keep spec.strategy. */
+static void test_strategy_overrides_compose_replicate_and_fully_shard(void **state)
+{
+    (void)state;
+    const char *mlp = "model: {mlp: {input_dim: 8, hidden_dims: [16, 16], output_dim: 4}}\n"
+                      "wrap: {size_based: {min_num_params: 100000}}\n";
+    char yaml[1024];
+    /* replicate(model) + fully_shard(every block): the blocks become units (no wrap policy
+     * would make them) and shard; the root all-reduces over dp */
+    snprintf(yaml, sizeof yaml,
+             "%sstrategy: no_shard\nmesh: [{dim: dp_shard, size: 4}]\n"
+             "strategy_overrides: [{match: {module_class: MLPBlock}, strategy: full_shard}]",
+             mlp);
+    Pcs__V1__Plan *p = plan_of(yaml, 0);
+    assert_int_equal(p->strategy, PCS__V1__STRATEGY__STRATEGY_NO_SHARD);
+    assert_int_equal(p->n_units, 3);
+    const Pcs__V1__Unit *root = unit_at(p, "");
+    assert_int_equal(root->strategy, PCS__V1__STRATEGY__STRATEGY_NO_SHARD);
+    assert_int_equal(root->shard_group_size, 1);
+    assert_null(coll_of(root, COLL(ALL_GATHER), PHASE(FORWARD)));
+    assert_int_equal(coll_of(root, COLL(ALL_REDUCE), PHASE(STEP))->group, GK(DP));
+    for (int b = 0; b < 2; b++) {
+        const Pcs__V1__Unit *u = unit_at(p, b ? "layers.1" : "layers.0");
+        assert_int_equal(u->strategy, PCS__V1__STRATEGY__STRATEGY_FULL_SHARD);
+        assert_int_equal(u->shard_group_size, 4);
+        assert_int_equal(u->padded_numel % 4, 0);
+        assert_true(u->reshard_after_forward);
+        assert_non_null(coll_of(u, COLL(ALL_GATHER), PHASE(FORWARD)));
+        assert_non_null(coll_of(u, COLL(ALL_GATHER), PHASE(BACKWARD)));
+        assert_int_equal(coll_of(u, COLL(REDUCE_SCATTER), PHASE(STEP))->group_size, 4);
+        assert_null(coll_of(u, COLL(ALL_REDUCE), PHASE(STEP)));
+    }
+    assert_true(has_note(p, "strategy_overrides[0]: 2 unit(s) run as full_shard"));
+    pcs_plan_free(p);
+
+    /* HSDP with one block replicated over all of dp (later entries win: the prefix match
+     * shards both, the exact path takes layers.1 back); shard_grad_op keeps parameters */
+    snprintf(yaml, sizeof yaml,
+             "%sstrategy: hybrid_shard\n"
+             "mesh: [{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 2}]\n"
+             "strategy_overrides: [{match: {path: 'layers.*'}, strategy: shard_grad_op},\n"
+             "                     {match: {path: layers.1}, strategy: no_shard}]",
+             mlp);
+    p = plan_of(yaml, 0);
+    const Pcs__V1__Unit *l0 = unit_at(p, "layers.0"), *l1 = unit_at(p, "layers.1");
+    root = unit_at(p, "");
+    assert_int_equal(root->strategy, PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD);
+    assert_int_equal(coll_of(root, COLL(ALL_REDUCE), PHASE(STEP))->group, GK(REPLICATE));
+    /* shard_grad_op on a 2-D mesh is HSDP's zero2 (FSDP2), said in a note */
+    assert_int_equal(l0->strategy, PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD_ZERO2);
+    assert_false(l0->reshard_after_forward);
+    assert_int_equal(coll_of(l0, COLL(REDUCE_SCATTER), PHASE(STEP))->group_size, 2);
+    assert_int_equal(coll_of(l0, COLL(ALL_REDUCE), PHASE(STEP))->group, GK(REPLICATE));
+    assert_int_equal(l1->strategy, PCS__V1__STRATEGY__STRATEGY_NO_SHARD);
+    assert_int_equal(l1->shard_group_size, 1);
+    const Pcs__V1__CollectiveSpec *ar = coll_of(l1, COLL(ALL_REDUCE), PHASE(STEP));
+    assert_int_equal(ar->group, GK(DP));
+    assert_int_equal(ar->group_size, 4);
+    assert_true(has_note(p, "strategy_overrides[0].strategy: shard_grad_op on a mesh with "
+                            "dp_replicate=2 runs as hybrid_shard_zero2"));
+    pcs_plan_free(p);
+
+    /* int reshard is checked against the shard dim when only an override shards */
+    snprintf(yaml, sizeof yaml,
+             "%sstrategy: no_shard\nmesh: [{dim: dp_shard, size: 4}]\n"
+             "reshard_after_forward: 2\n"
+             "strategy_overrides: [{match: {path: layers.0}, strategy: full_shard}]",
+             mlp);
+    p = plan_of(yaml, 0);
+    assert_int_equal(unit_at(p, "layers.0")->reshard_group_size, 2);
+    assert_int_equal(unit_at(p, "")->reshard_group_size, 0);
+    pcs_plan_free(p);
+    snprintf(yaml, sizeof yaml,
+             "%sstrategy: no_shard\nmesh: [{dim: dp_shard, size: 4}]\n"
+             "strategy_overrides: [{match: {path: layers.0}}]",
+             mlp);
+    expect_error(yaml, 0, "strategy_overrides[0].strategy: required");
+}
+
 static void test_dp_pp_mesh_groups_and_stages_section7(void **state)
 {
     (void)state;
@@ -1211,6 +1299,7 @@ int main(void)
         cmocka_unit_test(test_reshard_after_forward_int_case22),
         cmocka_unit_test(test_hsdp_groups_and_averaging_case23),
         cmocka_unit_test(test_no_shard_all_reduces_over_dp),
+        cmocka_unit_test(test_strategy_overrides_compose_replicate_and_fully_shard),
         cmocka_unit_test(test_dp_pp_mesh_groups_and_stages_section7),
         cmocka_unit_test(test_mlp_expansion_uses_the_fixed_fqn_scheme),
         cmocka_unit_test(test_explicit_tree_keeps_shared_params_once),

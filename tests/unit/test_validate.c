@@ -269,6 +269,18 @@ static const row_t rows[] = {
     {"training", "training: {steps: 1, micro_batch_size: 4, optimizer: {sgd: {lr: 0.1}}, "
                  "backward_prefetch: later}", NULL, NULL,
      NULL, "training.backward_prefetch: unknown value 'later' (pre, post, none)"},
+    /* per-module composition (strategy_overrides) */
+    {"collectives", "collectives: gloo\nstrategy_overrides: [{strategy: no_shard}]", NULL, NULL,
+     NULL, "strategy_overrides[0].match: required (module_class or path)"},
+    {"collectives", "collectives: gloo\nstrategy_overrides: [{match: {path: zz}, strategy: no_shard}]",
+     NULL, NULL, NULL, "strategy_overrides[0].match.path: no module matches 'zz'"},
+    {"collectives", "collectives: gloo\nstrategy_overrides: [{match: {module_class: Linear}}]",
+     NULL, NULL, NULL, "strategy_overrides[0].strategy: required"},
+    {"collectives",
+     "collectives: gloo\nstrategy_overrides: [{match: {module_class: Linear}, strategy: "
+     "hybrid_shard}]",
+     "mesh", "mesh: [{dim: dp_shard, size: 8}]", NULL,
+     "strategy_overrides[0].strategy: hybrid_shard needs a dp_replicate mesh dimension"},
     /* the worker program (spec.program) */
     {"collectives", "collectives: gloo\nprogram: 'pcs torch'", NULL, NULL, NULL,
      "program: must be at most 64 characters of [A-Za-z0-9._-], got 'pcs torch'"},
