@@ -180,6 +180,10 @@ static void print_estimate(const Pcs__V1__RankEstimate *e, const char *title)
            human(e->optimizer_bytes, c, sizeof c), human(e->peak_unsharded_bytes, d, sizeof d),
            human(e->staging_bytes, h, sizeof h), human(e->buffer_bytes, f, sizeof f),
            human(e->total_bytes, g, sizeof g));
+    if (e->host_bytes)
+        printf("#   cpu_offload: params and optimizer state in host memory (not in the device "
+               "total above): host %s\n",
+               human(e->host_bytes, a, sizeof a));
     printf("#   traffic per step (received per rank): all-gather %s  reduce-scatter %s  "
            "all-reduce %s\n",
            human(e->all_gather_bytes, a, sizeof a), human(e->reduce_scatter_bytes, b, sizeof b),

@@ -1180,6 +1180,7 @@ static pcs_status_t estimate_max_of(const ctx_t *c, const Pcs__V1__Plan *p,
         MAXF(all_reduce_bytes);
         MAXF(buffer_bytes);
         MAXF(staging_bytes);
+        MAXF(host_bytes);
         MAXF(total_bytes);
 #undef MAXF
     }
@@ -1199,6 +1200,13 @@ static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
     p->reduce_dtype_rule = dupstr(c, PCS_PLAN_REDUCE_DTYPE_RULE);
     p->prefetch = s->training && s->training->prefetch ? s->training->prefetch : 1;
     p->virtual_stages = c->vstages;
+    if (s->cpu_offload) {
+        if (s->backend && strcmp(s->backend, "cuda") == 0)
+            p->cpu_offload = true;
+        else
+            note(c, "cpu_offload: the cpu backend keeps shards, gradients and optimizer state in "
+                    "host memory already (nothing to offload)");
+    }
     p->micro_batches = s->training && s->training->micro_batches ? s->training->micro_batches : 1;
     p->full_precision_eval = s->training && s->training->full_precision_eval;
     {

@@ -287,9 +287,10 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         max_c = sh > max_c ? sh : max_c;
         for (size_t b = 0; b < u->n_buffers; b++)
             out->buffer_bytes += u->buffers[b]->numel * dsz(u->buffers[b]->run_dtype);
-        /* a replicated unit computing in fp32 on its fp32 master needs no unsharded copy */
+        /* a replicated unit computing in fp32 on its fp32 master needs no unsharded copy,
+         * unless the master is in host memory (cpu_offload) */
         bool copy = sg > 1 || param != PCS__V1__DTYPE__DTYPE_FP32 ||
-                    master != PCS__V1__DTYPE__DTYPE_FP32;
+                    master != PCS__V1__DTYPE__DTYPE_FP32 || p->cpu_offload;
         uint64_t f = copy ? u->padded_numel * dsz(param) : 0;
         full[nu] = f;
         kept[nu] = !u->reshard_after_forward ? f
@@ -429,7 +430,17 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
     }
     free(full);
     out->peak_unsharded_bytes = peak + acc;
-    out->total_bytes = out->param_shard_bytes + out->grad_shard_bytes + out->optimizer_bytes +
-                       out->peak_unsharded_bytes + out->staging_bytes + out->buffer_bytes;
+    out->total_bytes = out->peak_unsharded_bytes + out->grad_shard_bytes + out->staging_bytes +
+                       out->buffer_bytes;
+    if (p->cpu_offload) {
+        /* masters and optimizer state in host memory, with the host copy of one gradient shard
+         * (widened to fp32) the CPU optimizer reads; on the device, the fp32 master shard being
+         * copied in for an all-gather (one at a time: the all-gather stream's pool block) */
+        out->host_bytes = out->param_shard_bytes + out->optimizer_bytes + max_c * f32;
+        out->staging_bytes += max_c * f32;
+        out->total_bytes += max_c * f32;
+    } else {
+        out->total_bytes += out->param_shard_bytes + out->optimizer_bytes;
+    }
     return PCS_OK;
 }

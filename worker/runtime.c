@@ -123,6 +123,11 @@ struct pcs_runtime {
                              * [3 + i] sum of squares of unit i */
     float *h_scal;          /* pinned host: read-back of d_scal, and staged scalar reductions */
     float *d_tmp;           /* backend: max shard fp32 scratch (grad widening, master rounding) */
+    /* cpu_offload (plan): master shards and optimizer state are host memory (host_be's kernels
+     * update them), h_grad the host copy of one gradient shard (max shard, fp32) */
+    int offload;
+    const pcs_backend_ops_t *host_be;
+    float *h_grad;
     pcs_rt_tpool_t tp_ag, tp_rs; /* collective timings of the all-gather and reduction
                                   * streams (runtime_stats.h) */
     double ev_ms[3];             /* resolved timings of this step by PCS_RT_T_* (under mu) */
@@ -522,26 +527,50 @@ static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full)
     void *dst = full ? u->full : u->unsharded;
     size_t esz = pcs_dtype_size(dt);
     uint64_t t0 = pcs_now_us();
-    const void *src = u->master_shard;
+    const void *master = u->master_shard;
+    void *h2d = NULL; /* cpu_offload: the master shard copied to the device for this gather */
+    if (rt->offload && u->c > 0) {
+        PCS_CHECK(pool_get(rt, u->c * sizeof(float), rt->ag_stream, &h2d));
+        pcs_status_t cst = rt->be->copy(h2d, u->master_shard, u->c * sizeof(float),
+                                        PCS_COPY_H2D, rt->ag_stream);
+        if (cst != PCS_OK) {
+            (void)pool_put(rt, h2d, rt->ag_stream);
+            return cst;
+        }
+        master = h2d;
+    }
+    const void *src = master;
+    pcs_status_t st = PCS_OK;
     /* Master shards are stored as fp32 holding values of the master dtype (pure fp16 keeps
      * fp16-representable values), so the cast source is always fp32. */
     if (dt != PCS_DTYPE_FP32) {
-        PCS_CHECK(pcs_kernel_cast(rt->be, u->ag_in, dt, u->master_shard, PCS_DTYPE_FP32, u->c,
-                                  rt->ag_stream));
+        st = pcs_kernel_cast(rt->be, u->ag_in, dt, master, PCS_DTYPE_FP32, u->c, rt->ag_stream);
         src = u->ag_in;
     }
     double cast_ms = dt != PCS_DTYPE_FP32 ? ms_since(t0) : 0;
     if (u->sg <= 1) {
-        PCS_CHECK(rt->be->copy(dst, src, u->c * esz, PCS_COPY_D2D, rt->ag_stream));
+        if (st == PCS_OK)
+            st = rt->be->copy(dst, src, u->c * esz, PCS_COPY_D2D, rt->ag_stream);
+        if (h2d) {
+            pcs_status_t pst = pool_put(rt, h2d, rt->ag_stream);
+            st = st == PCS_OK ? pst : st;
+        }
         pthread_mutex_lock(&rt->mu);
         rt->cast_ms += cast_ms;
         pthread_mutex_unlock(&rt->mu);
-        return PCS_OK;
+        return st;
     }
-    pcs_rt_timing_t *tm = pcs_rt_timing_start(&rt->tp_ag, rt->ag_stream);
-    pcs_status_t st = coll_ag(rt, rt->shard_ag, rt->stage_ag, rt->ag_stream, src, dst, u->c, dt);
-    if (st == PCS_OK)
-        pcs_rt_timing_end(&rt->tp_ag, tm, rt->ag_stream, PCS_RT_T_AG);
+    pcs_rt_timing_t *tm = NULL;
+    if (st == PCS_OK) {
+        tm = pcs_rt_timing_start(&rt->tp_ag, rt->ag_stream);
+        st = coll_ag(rt, rt->shard_ag, rt->stage_ag, rt->ag_stream, src, dst, u->c, dt);
+        if (st == PCS_OK)
+            pcs_rt_timing_end(&rt->tp_ag, tm, rt->ag_stream, PCS_RT_T_AG);
+    }
+    if (h2d) { /* the block goes back once the stream has read it */
+        pcs_status_t pst = pool_put(rt, h2d, rt->ag_stream);
+        st = st == PCS_OK ? pst : st;
+    }
     pthread_mutex_lock(&rt->mu);
     rt->cast_ms += cast_ms;
     rt->ag_bytes += u->c * u->sg * esz;
@@ -630,6 +659,27 @@ static pcs_status_t alloc_zero(pcs_runtime_t *rt, uint64_t n, pcs_dtype_t dt, vo
     PCS_CHECK(rt->be->alloc((size_t)n * pcs_dtype_size(dt), out));
     mem_setup(rt, (uint64_t)n * pcs_dtype_size(dt));
     return pcs_kernel_fill(rt->be, *out, dt, (size_t)n, 0.0, rt->cstream);
+}
+
+/* A master shard or optimizer state: backend memory, or host memory with cpu_offload (not in the
+ * runtime's device account; zeroed like alloc_zero). */
+static pcs_status_t alloc_state(pcs_runtime_t *rt, uint64_t n, void **out)
+{
+    if (!rt->offload)
+        return alloc_zero(rt, n, PCS_DTYPE_FP32, out);
+    *out = NULL;
+    PCS_CHECK(rt->be->host_alloc((size_t)n * sizeof(float), out));
+    if (*out)
+        memset(*out, 0, (size_t)n * sizeof(float));
+    return PCS_OK;
+}
+
+static void free_state(pcs_runtime_t *rt, void *p)
+{
+    if (rt->offload)
+        rt->be->host_free(p);
+    else
+        rt->be->free(p);
 }
 
 /* The same for a buffer allocated lazily, while a step may run: the prefetch and reduction
@@ -748,14 +798,15 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         }
         /* Every buffer starts zeroed (as calloc did): padding stays 0 and optimizer state
          * starts at 0. */
-        PCS_CHECK_GOTO(alloc_zero(rt, u->c, PCS_DTYPE_FP32, &u->master_shard), st, out);
+        PCS_CHECK_GOTO(alloc_state(rt, u->c, &u->master_shard), st, out);
         PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->grad, &u->grad_shard), st, out);
-        PCS_CHECK_GOTO(alloc_zero(rt, u->c, PCS_DTYPE_FP32, (void **)&u->opt_a), st, out);
+        PCS_CHECK_GOTO(alloc_state(rt, u->c, (void **)&u->opt_a), st, out);
         if (rt->opt == PCS_OPT_ADAMW)
-            PCS_CHECK_GOTO(alloc_zero(rt, u->c, PCS_DTYPE_FP32, (void **)&u->opt_b), st, out);
+            PCS_CHECK_GOTO(alloc_state(rt, u->c, (void **)&u->opt_b), st, out);
         /* unsharded, grads and rs_in come from the pool while the unit is live; a replicated
          * unit computing in fp32 on an fp32 master computes on the master itself (DDP) */
-        u->alias = u->sg <= 1 && u->param == PCS_DTYPE_FP32 && u->master == PCS_DTYPE_FP32;
+        u->alias = u->sg <= 1 && u->param == PCS_DTYPE_FP32 && u->master == PCS_DTYPE_FP32 &&
+                   !rt->offload;
         if (u->alias)
             u->unsharded = NULL; /* set to master_shard below */
         if (rt->micro_batches > 1)
@@ -790,6 +841,19 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         float *ms = u->master_shard;
         if (u->alias)
             u->unsharded = ms;
+        if (rt->offload) {
+            if (u->c > 0)
+                memcpy(ms, tmp, u->c * sizeof(float));
+            if (u->master != PCS_DTYPE_FP32 && u->c > 0) { /* the rounding below, on the host */
+                PCS_CHECK_GOTO(pcs_kernel_cast(rt->host_be, rt->h_grad, u->master, ms,
+                                               PCS_DTYPE_FP32, u->c, NULL),
+                               st, out);
+                PCS_CHECK_GOTO(pcs_kernel_cast(rt->host_be, ms, PCS_DTYPE_FP32, rt->h_grad,
+                                               u->master, u->c, NULL),
+                               st, out);
+            }
+            continue;
+        }
         PCS_CHECK_GOTO(rt->be->copy(ms, tmp, u->c * sizeof(float), PCS_COPY_H2D, rt->cstream), st,
                        out);
         /* the host buffer is reused for the next unit: the copy must have read it */
@@ -826,6 +890,8 @@ static pcs_status_t alloc_shared(pcs_runtime_t *rt)
     PCS_CHECK(alloc_zero(rt, max_c, PCS_DTYPE_FP32, (void **)&rt->d_tmp));
     PCS_CHECK(alloc_zero(rt, 3 + p->n_units, PCS_DTYPE_FP32, (void **)&rt->d_scal));
     PCS_CHECK(rt->be->host_alloc((3 + p->n_units) * sizeof(float), (void **)&rt->h_scal));
+    if (rt->offload)
+        PCS_CHECK(rt->be->host_alloc((size_t)max_c * sizeof(float), (void **)&rt->h_grad));
     if (rt->stage) {
         /* fp32 is the widest dtype a collective here moves */
         PCS_CHECK(rt->be->host_alloc((size_t)max_stage * sizeof(float), &rt->stage_ag));
@@ -864,6 +930,8 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
     /* Gloo works on host memory: with a device backend it always goes through staging. */
     int host_be = strcmp(cfg->be->name, "cpu") == 0;
     rt->stage = cfg->stage_host || (rt->coll == PCS_COLL_GLOO && !host_be);
+    /* offloading from host memory to host memory is nothing: a cpu job runs as before */
+    rt->offload = cfg->plan->cpu_offload && !host_be;
     if (cfg->rank >= rt->world) {
         st = pcs_set_error(PCS_ERR_INVALID_ARG, "runtime: rank %u >= world %u", cfg->rank,
                            rt->world);
@@ -887,6 +955,7 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
                            "(simulate-cuda); use collectives: gloo");
         goto fail;
     }
+    PCS_CHECK_GOTO(pcs_backend_get("cpu", &rt->host_be), st, fail);
     PCS_CHECK_GOTO(rt->be->set_device(rt->device), st, fail);
     PCS_CHECK_GOTO(rt->be->stream_create(&rt->ag_stream), st, fail);
     PCS_CHECK_GOTO(rt->be->stream_create(&rt->rs_stream), st, fail);
@@ -1069,10 +1138,10 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
     for (size_t i = 0; rt->units && i < rt->n_units; i++) {
         rt_unit_t *u = &rt->units[i];
         const pcs_backend_ops_t *be = rt->be;
-        be->free(u->master_shard);
+        free_state(rt, u->master_shard);
         be->free(u->grad_shard);
-        be->free(u->opt_a);
-        be->free(u->opt_b);
+        free_state(rt, u->opt_a);
+        free_state(rt, u->opt_b);
         /* unsharded, slice, grads and rs_in are pool blocks (freed below) */
         /* lazily allocated ones: stream-ordered on the compute stream (every stream synced
          * above, so nothing else still uses them), after which the compute stream syncs again */
@@ -1103,6 +1172,7 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
         rt->be->free(rt->d_tmp);
         rt->be->free(rt->d_scal);
         rt->be->host_free(rt->h_scal);
+        rt->be->host_free(rt->h_grad);
         rt->be->host_free(rt->stage_ag);
         rt->be->host_free(rt->stage_rs);
         if (rt->ev_opt)
@@ -1721,9 +1791,11 @@ static pcs_status_t fence_side_streams(pcs_runtime_t *rt)
 
 /* The optimizer on one unit's shard (fp32 grads g): the whole shard in one tensor, or, when frozen
  * parameters overlap it, the trainable ranges as one tensor list (one launch on cuda). */
-static pcs_status_t update_unit(pcs_runtime_t *rt, rt_unit_t *u, float *g, pcs_stream_t cs)
+/* The optimizer update of unit u's master shard from fp32 gradient g, with backend be's kernels
+ * on stream cs (cpu_offload: the host backend on host memory). */
+static pcs_status_t update_unit(pcs_runtime_t *rt, const pcs_backend_ops_t *be, rt_unit_t *u,
+                                float *g, pcs_stream_t cs)
 {
-    const pcs_backend_ops_t *be = rt->be;
     enum { MAXR = 32 };
     pcs_tensor_t p[MAXR], gt[MAXR], a[MAXR], b[MAXR];
     size_t done = 0, total = u->has_frozen ? u->n_upd : 1;
@@ -1848,6 +1920,10 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
     rt->opt_steps++;
     pcs_status_t st = PCS_OK;
     float *tmp = rt->d_tmp; /* max shard fp32 scratch */
+    if (rt->offload) {
+        /* the host update must not race the last all-gathers' copies of the masters */
+        PCS_CHECK_GOTO(be->sync(rt->ag_stream), st, out);
+    }
     for (size_t i = 0; i < rt->n_units; i++) {
         rt_unit_t *u = &rt->units[i];
         float *g = u->grad_shard;
@@ -1857,7 +1933,26 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
                 out);
             g = tmp;
         }
-        PCS_CHECK_GOTO(update_unit(rt, u, g, cs), st, out);
+        if (rt->offload) {
+            /* FSDP1 CPUOffload: the reduced gradient comes back to the host and the optimizer
+             * steps there, on the host masters and state */
+            if (u->c == 0)
+                continue;
+            PCS_CHECK_GOTO(be->copy(rt->h_grad, g, u->c * sizeof(float), PCS_COPY_D2H, cs), st,
+                           out);
+            PCS_CHECK_GOTO(be->sync(cs), st, out);
+            PCS_CHECK_GOTO(update_unit(rt, rt->host_be, u, rt->h_grad, NULL), st, out);
+            if (u->master != PCS_DTYPE_FP32) { /* as below, on the host (h_grad is free) */
+                PCS_CHECK_GOTO(pcs_kernel_cast(rt->host_be, rt->h_grad, u->master,
+                                               u->master_shard, PCS_DTYPE_FP32, u->c, NULL),
+                               st, out);
+                PCS_CHECK_GOTO(pcs_kernel_cast(rt->host_be, u->master_shard, PCS_DTYPE_FP32,
+                                               rt->h_grad, u->master, u->c, NULL),
+                               st, out);
+            }
+            continue;
+        }
+        PCS_CHECK_GOTO(update_unit(rt, be, u, g, cs), st, out);
         if (u->master != PCS_DTYPE_FP32) {
             /* Low-precision masters (pure fp16): the fp32 update is rounded back to the master
              * dtype, as a parameter stored in fp16 would be. */
@@ -1969,6 +2064,17 @@ pcs_status_t pcs_runtime_shard_to_host(pcs_runtime_t *rt, uint32_t unit, void *m
     /* the optimizer state the optimizer has (pcs_runtime_shard's exp_avg/exp_avg_sq/momentum) */
     const float *a = rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0 ? u->opt_a : NULL;
     const float *b = rt->opt == PCS_OPT_ADAMW ? u->opt_b : NULL;
+    if (rt->offload) { /* host memory, updated synchronously by the host optimizer */
+        if (bytes == 0)
+            return PCS_OK;
+        if (master)
+            memcpy(master, u->master_shard, bytes);
+        if (state_a && a)
+            memcpy(state_a, a, bytes);
+        if (state_b && b)
+            memcpy(state_b, b, bytes);
+        return PCS_OK;
+    }
     /* ordered after the update on the compute stream; one sync for the three copies */
     if (master)
         PCS_CHECK(rt->be->copy(master, u->master_shard, bytes, PCS_COPY_D2H, rt->cstream));
@@ -1987,6 +2093,17 @@ pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const
     size_t bytes = u->c * sizeof(float);
     float *a = rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0 ? u->opt_a : NULL;
     float *b = rt->opt == PCS_OPT_ADAMW ? u->opt_b : NULL;
+    if (rt->offload) {
+        if (bytes == 0)
+            return PCS_OK;
+        if (master)
+            memcpy(u->master_shard, master, bytes);
+        if (state_a && a)
+            memcpy(a, state_a, bytes);
+        if (state_b && b)
+            memcpy(b, state_b, bytes);
+        return PCS_OK;
+    }
     if (master)
         PCS_CHECK(rt->be->copy(u->master_shard, master, bytes, PCS_COPY_H2D, rt->cstream));
     if (state_a && a)

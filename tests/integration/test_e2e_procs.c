@@ -799,6 +799,90 @@ static void run_sim_parity(const job_params_t *p, const char *tag)
     run_bit_parity(p, tag, "PCS_SIMULATE_CUDA", SIM_TAIL, "simulated cuda");
 }
 
+/* CPU offload (FSDP1 CPUOffload(offload_params=True), seed test_fsdp_mixed_precision and
+ * test_fsdp_pure_fp16): masters and optimizer state in host memory, the shard copied to the
+ * device and cast there for each all-gather, gradients back to the host, the optimizer on the
+ * CPU. On the simulated device it must give the cpu job's bits, and the device memory the
+ * runtime holds must keep the plan's (smaller) device estimate. */
+static void run_offload(const job_params_t *p, const char *tag)
+{
+    run_bit_parity(p, tag, "PCS_SIMULATE_CUDA", SIM_TAIL "cpu_offload: true\n",
+                   "simulated cuda + cpu_offload");
+    char yaml[4096], off[4096 + 64];
+    make_yaml(p, yaml, sizeof yaml);
+    snprintf(off, sizeof off, "%s%scpu_offload: true\n", yaml, SIM_TAIL);
+    assert_int_equal(setenv("PCS_SIMULATE_CUDA", "1", 1), 0);
+    e2e_job_t job;
+    char *dir = NULL;
+    int rc = e2e_run_local(off, tag, p->world, 0, 0, &job, &dir);
+    unsetenv("PCS_SIMULATE_CUDA");
+    assert_int_equal(rc, 0);
+    assert_int_equal(job.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+    assert_int_equal(e2e_check_memory_promise(&job, off, 0.8), 0);
+    /* the estimate moved the masters and optimizer state out of the device total */
+    Pcs__V1__Plan *with = NULL, *without = NULL;
+    Pcs__V1__JobSpec *s1 = e2e_parse_spec(off), *s0 = e2e_parse_spec(yaml);
+    assert_int_equal(pcs_plan_build(s1, 0, &with), PCS_OK);
+    assert_int_equal(pcs_plan_build(s0, 0, &without), PCS_OK);
+    assert_true(with->cpu_offload);
+    const Pcs__V1__RankEstimate *a = with->estimate_max, *b = without->estimate_max;
+    assert_int_equal(a->host_bytes, a->param_shard_bytes + a->optimizer_bytes +
+                                        (a->staging_bytes - b->staging_bytes));
+    /* the device total: what the device holds, masters and optimizer state left out */
+    assert_int_equal(a->total_bytes, a->peak_unsharded_bytes + a->grad_shard_bytes +
+                                         a->staging_bytes + a->buffer_bytes);
+    assert_int_equal(b->total_bytes, b->peak_unsharded_bytes + b->grad_shard_bytes +
+                                         b->staging_bytes + b->buffer_bytes +
+                                         b->param_shard_bytes + b->optimizer_bytes);
+    assert_true(a->total_bytes < b->total_bytes);
+    fprintf(stderr, "cpu_offload: device estimate %llu B (host %llu B), without %llu B\n",
+            (unsigned long long)a->total_bytes, (unsigned long long)a->host_bytes,
+            (unsigned long long)b->total_bytes);
+    pcs_plan_free(with);
+    pcs_plan_free(without);
+    protobuf_c_message_free_unpacked(&s1->base, NULL);
+    protobuf_c_message_free_unpacked(&s0->base, NULL);
+    e2e_job_free(&job);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_cpu_offload_full_shard_bf16_w2_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 3};
+    run_offload(&p, "offload-fs");
+}
+
+/* SGD with momentum, micro-batches and full-precision eval (the fp32 eval gathers read the host
+ * masters too), replicated fp32 units (no alias of the master: it is host memory) */
+static void test_cpu_offload_no_shard_fp32_sgd_eval_w2_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.strategy = "no_shard",
+                      .precision = "param_dtype: fp32",
+                      .optimizer = "sgd: {lr: 0.05, momentum: 0.9}",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .steps = 4,
+                      .micro = 3,
+                      .eval_every = 2};
+    run_offload(&p, "offload-ns");
+}
+
+/* pure fp16 (test_fsdp_pure_fp16 with CPUOffload): fp16 masters rounded on the host after the
+ * CPU update, the grad scaler's inf check on the device */
+static void test_cpu_offload_pure_fp16_scaler_w2_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "master_dtype: fp16",
+                      .scaler = "true",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .steps = 3};
+    run_offload(&p, "offload-fp16");
+}
+
 static void test_simulated_cuda_full_shard_bf16_w1_is_bit_identical_to_cpu(void **state)
 {
     (void)state;
@@ -1109,6 +1193,9 @@ int main(void)
         cmocka_unit_test(test_stage_host_full_precision_eval_w2_is_bit_identical_to_direct),
         cmocka_unit_test(test_init_from_safetensors_w2_matches_reference),
         cmocka_unit_test(test_simulated_cuda_full_shard_bf16_w1_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_cpu_offload_full_shard_bf16_w2_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_cpu_offload_no_shard_fp32_sgd_eval_w2_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_cpu_offload_pure_fp16_scaler_w2_is_bit_identical_to_cpu),
         cmocka_unit_test(test_simulated_cuda_full_shard_bf16_w2_is_bit_identical_to_cpu),
         cmocka_unit_test(test_simulated_cuda_fp32_w2_is_bit_identical_to_cpu),
         cmocka_unit_test(test_simulated_cuda_batchnorm_eval_w2_is_bit_identical_to_cpu),

@@ -653,6 +653,43 @@ static void test_strategy_overrides_compose_replicate_and_fully_shard(void **sta
     expect_error(yaml, 0, "strategy_overrides[0].strategy: required");
 }
 
+/* cpu_offload (FSDP1 CPUOffload / FSDP2 CPUOffloadPolicy) on a cuda job: masters and optimizer
+ * state move to host_bytes, out of the device total, which gains the device copy of one master
+ * shard; a cpu job has nothing to offload and says so. */
+static void test_cpu_offload_moves_masters_and_state_to_the_host(void **state)
+{
+    (void)state;
+    const char *base = "model: {mlp: {input_dim: 8, hidden_dims: [16, 16], output_dim: 4}}\n"
+                       "wrap: {module_class: [MLPBlock]}\nmesh: [{dim: dp_shard, size: 2}]\n"
+                       "precision: {param_dtype: bf16}\n";
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml, "%sbackend: cuda\n", base);
+    Pcs__V1__Plan *on_dev = plan_of(yaml, 0);
+    snprintf(yaml, sizeof yaml, "%sbackend: cuda\ncpu_offload: true\n", base);
+    Pcs__V1__Plan *off = plan_of(yaml, 0);
+    assert_false(on_dev->cpu_offload);
+    assert_true(off->cpu_offload);
+    const Pcs__V1__RankEstimate *a = off->estimate_max, *b = on_dev->estimate_max;
+    uint64_t max_c = 0;
+    for (size_t i = 0; i < off->n_units; i++)
+        max_c = off->units[i]->shard_numel > max_c ? off->units[i]->shard_numel : max_c;
+    assert_int_equal(a->param_shard_bytes, b->param_shard_bytes);
+    assert_int_equal(a->optimizer_bytes, b->optimizer_bytes);
+    assert_int_equal(a->host_bytes, a->param_shard_bytes + a->optimizer_bytes + 4 * max_c);
+    assert_int_equal(a->staging_bytes, b->staging_bytes + 4 * max_c);
+    assert_int_equal(b->host_bytes, 0);
+    assert_int_equal(a->total_bytes,
+                     b->total_bytes - b->param_shard_bytes - b->optimizer_bytes + 4 * max_c);
+    pcs_plan_free(on_dev);
+    pcs_plan_free(off);
+    snprintf(yaml, sizeof yaml, "%scpu_offload: true\n", base);
+    Pcs__V1__Plan *cpu = plan_of(yaml, 0);
+    assert_false(cpu->cpu_offload);
+    assert_int_equal(cpu->estimate_max->host_bytes, 0);
+    assert_true(has_note(cpu, "cpu_offload: the cpu backend keeps"));
+    pcs_plan_free(cpu);
+}
+
 static void test_dp_pp_mesh_groups_and_stages_section7(void **state)
 {
     (void)state;
@@ -1300,6 +1337,7 @@ int main(void)
         cmocka_unit_test(test_hsdp_groups_and_averaging_case23),
         cmocka_unit_test(test_no_shard_all_reduces_over_dp),
         cmocka_unit_test(test_strategy_overrides_compose_replicate_and_fully_shard),
+        cmocka_unit_test(test_cpu_offload_moves_masters_and_state_to_the_host),
         cmocka_unit_test(test_dp_pp_mesh_groups_and_stages_section7),
         cmocka_unit_test(test_mlp_expansion_uses_the_fixed_fqn_scheme),
         cmocka_unit_test(test_explicit_tree_keeps_shared_params_once),
