@@ -262,6 +262,9 @@ static pcs_status_t units_default(pcs_reference_t *r, const Pcs__V1__JobSpec *sp
     pcs_dtype_t reduce = ps ? dt(ps->reduce_dtype) : PCS_DTYPE_NONE;
     pcs_dtype_t output = ps ? dt(ps->output_dtype) : PCS_DTYPE_NONE;
     int cast = ps && ps->cast_forward_inputs ? ps->cast_forward_inputs->value : 1;
+    /* FSDP1: the root also casts when cast_root_forward_inputs is set */
+    int cast_root =
+        cast || (ps && ps->cast_root_forward_inputs && ps->cast_root_forward_inputs->value);
     int keep_low = ps && ps->keep_low_precision_grads ? ps->keep_low_precision_grads->value : 0;
     const Pcs__V1__TrainingSpec *ts = spec->training;
     double factor = ts && ts->gradient_divide_factor ? ts->gradient_divide_factor->value : 0;
@@ -287,7 +290,7 @@ static pcs_status_t units_default(pcs_reference_t *r, const Pcs__V1__JobSpec *sp
         u->accum = u->reduce;
         u->grad = keep_low && !full ? u->compute : master;
         u->output = full ? PCS_DTYPE_NONE : output;
-        u->cast_inputs = !full && cast && param;
+        u->cast_inputs = !full && (md->kind == PCS_MOD_MLP ? cast_root : cast) && param;
         default_reduction(u, r->D, factor);
     }
     /* each parameter goes to its nearest enclosing unit */

@@ -30,7 +30,8 @@ typedef struct unit_b {
     uint32_t root; /* module index */
     uint32_t stage;
     bool is_root; /* model root, or a stage's root with pp > 1 */
-    bool ignored; /* ignored class: mixed precision off */
+    bool ignored;   /* ignored class: mixed precision off */
+    bool unmanaged; /* spec.ignored_modules: whole, uncast, unreduced */
     /* its strategy (spec.strategy, or the last strategy_overrides entry matching its root),
      * shard group size and all-reduce group size */
     Pcs__V1__Strategy eff;
@@ -50,7 +51,7 @@ typedef struct ctx {
     uint32_t ar_size; /* all-reduce group after the RS (HSDP) */
     uint32_t vstages, nstages;
     /* per module */
-    uint8_t *wrapped, *ignored, *promoted;
+    uint8_t *wrapped, *ignored, *promoted, *unmanaged;
     uint32_t *stage_of;
     int32_t *unit_of;
     int32_t container;
@@ -470,6 +471,36 @@ static void select_units(ctx_t *c)
             ret[mod->parent] += ret[i];
         c->wrapped[i] = wrap;
     }
+    /* FSDP ignored_modules: each is a unit of its own holding its whole subtree (no unit, no
+     * ignored class, no promotion inside it) */
+    const Pcs__V1__JobSpec *s = c->spec;
+    uint32_t n_unmanaged = 0;
+    for (size_t k = 0; k < s->n_ignored_modules; k++) {
+        int32_t mi = pcs_model_find(m, s->ignored_modules[k] ? s->ignored_modules[k] : "");
+        if (mi <= 0) {
+            pcs_errlist_add(&c->errs, "ignored_modules[%zu]: %s", k,
+                            mi == 0 ? "the root module cannot be ignored"
+                                    : "no such module in the model");
+            continue;
+        }
+        if (!c->unmanaged[mi])
+            n_unmanaged++;
+        c->unmanaged[mi] = 1;
+    }
+    for (uint32_t i = 1; i < n && n_unmanaged; i++) {
+        if (!c->unmanaged[i])
+            continue;
+        c->wrapped[i] = 1;
+        c->ignored[i] = 0;
+        for (uint32_t d = i + 1; d < m->modules[i].subtree_end; d++)
+            c->wrapped[d] = c->ignored[d] = c->promoted[d] = c->unmanaged[d] = 0;
+        i = m->modules[i].subtree_end - 1; /* an ignored module inside one is part of it */
+    }
+    if (n_unmanaged)
+        note(c,
+             "ignored_modules: %u module(s) not managed (whole on every rank, no cast, no "
+             "gradient reduction)",
+             n_unmanaged);
 out:
     free(visit);
     free(ret);
@@ -582,8 +613,10 @@ static pcs_status_t build_units(ctx_t *c)
     for (uint32_t i = 1; i < n; i++)
         if (c->wrapped[i]) {
             uint32_t s = c->stage_of[i];
-            c->units[cnt[s]++] =
-                (unit_b_t){.root = i, .stage = s, .ignored = c->ignored[i] != 0};
+            c->units[cnt[s]++] = (unit_b_t){.root = i,
+                                            .stage = s,
+                                            .ignored = c->ignored[i] != 0,
+                                            .unmanaged = c->unmanaged[i] != 0};
         }
     free(cnt);
     /* region: nearest wrapped ancestor-or-self, else the root unit of the module's stage
@@ -609,9 +642,10 @@ static void unit_strategies(ctx_t *c)
 {
     const Pcs__V1__JobSpec *s = c->spec;
     for (uint32_t k = 0; k < c->nunits; k++) {
-        c->units[k].eff = c->eff;
-        c->units[k].group = c->group;
-        c->units[k].ar = c->ar_size;
+        bool own = c->units[k].unmanaged; /* replicated, never reduced */
+        c->units[k].eff = own ? PCS__V1__STRATEGY__STRATEGY_NO_SHARD : c->eff;
+        c->units[k].group = own ? 1 : c->group;
+        c->units[k].ar = own ? 1 : c->ar_size;
     }
     for (size_t o = 0; o < s->n_strategy_overrides; o++) {
         const Pcs__V1__StrategyOverride *ov = s->strategy_overrides[o];
@@ -627,7 +661,8 @@ static void unit_strategies(ctx_t *c)
         uint32_t group = 1, ar = 1, hits = 0;
         strategy_on_mesh(c, (Pcs__V1__Strategy)req, field, &eff, &group, &ar);
         for (uint32_t k = 0; k < c->nunits; k++) {
-            if (!override_matches(ov->match, &c->m->modules[c->units[k].root]))
+            if (c->units[k].unmanaged ||
+                !override_matches(ov->match, &c->m->modules[c->units[k].root]))
                 continue;
             c->units[k].eff = eff;
             c->units[k].group = group;
@@ -649,6 +684,11 @@ static pcs_status_t unit_precision(ctx_t *c, const unit_b_t *ub, pcs_dtype_t mas
     const pcs_model_module_t *mod = &c->m->modules[ub->root];
     pcs_precision_in_t in = {
         .master = master, .cast_forward_inputs = true, .mixed_precision = !ub->ignored};
+    if (ub->unmanaged) { /* not FSDP's: its own dtype, no policy, no override */
+        in.mixed_precision = false;
+        pcs_plan_resolve_precision(&in, out);
+        return PCS_OK;
+    }
     if (p) {
         in.param = (pcs_dtype_t)p->param_dtype;
         in.reduce = (pcs_dtype_t)p->reduce_dtype;
@@ -656,6 +696,10 @@ static pcs_status_t unit_precision(ctx_t *c, const unit_b_t *ub, pcs_dtype_t mas
         in.output = (pcs_dtype_t)p->output_dtype;
         if (p->cast_forward_inputs)
             in.cast_forward_inputs = p->cast_forward_inputs->value;
+        /* FSDP1 _root_pre_forward: the root casts when cast_root_forward_inputs is set, whatever
+         * cast_forward_inputs says (_pre_forward casts on that one) */
+        if (ub->is_root && p->cast_root_forward_inputs && p->cast_root_forward_inputs->value)
+            in.cast_forward_inputs = true;
         if (p->keep_low_precision_grads)
             in.keep_low_precision_grads = p->keep_low_precision_grads->value;
         for (size_t i = 0; i < p->n_overrides; i++) {
@@ -759,6 +803,7 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
     u->stage = ub->stage;
     u->shard_group_size = ub->group;
     u->strategy = ub->eff;
+    u->unmanaged = ub->unmanaged;
 
     /* master dtype: precision.master_dtype converts the model (model.half()); else the
      * parameters' own dtype, which must be uniform in a flat buffer */
@@ -912,7 +957,7 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
         c->oom = true;
         return;
     }
-    if (!has_params)
+    if (!has_params || ub->unmanaged) /* an ignored module: no collective, no divide */
         return;
     pcs_dtype_t ag = pr.compute;
     if (ub->group > 1) {
@@ -1090,7 +1135,7 @@ static pcs_status_t assemble(ctx_t *c, Pcs__V1__Plan *p)
      * PyTorch); FSDP2's documented fix is output_dtype = param_dtype on such a unit. */
     for (uint32_t k = 0; k < p->n_units && !c->oom; k++) {
         Pcs__V1__Unit *u = p->units[k];
-        if (u->is_root || u->output_dtype)
+        if (u->is_root || u->output_dtype || u->unmanaged)
             continue;
         uint32_t parent = m->modules[c->units[k].root].parent;
         const Pcs__V1__Unit *pu = p->units[c->unit_of[parent]];
@@ -1387,6 +1432,7 @@ pcs_status_t pcs_plan_build(const Pcs__V1__JobSpec *spec, uint32_t world_size, P
     uint32_t n = c.m->n_modules;
     if (pcs_calloc(n, 1, (void **)&c.wrapped) != PCS_OK ||
         pcs_calloc(n, 1, (void **)&c.ignored) != PCS_OK ||
+        pcs_calloc(n, 1, (void **)&c.unmanaged) != PCS_OK ||
         pcs_calloc(n, 1, (void **)&c.promoted) != PCS_OK ||
         pcs_calloc(n, sizeof *c.stage_of, (void **)&c.stage_of) != PCS_OK ||
         pcs_calloc(n, sizeof *c.unit_of, (void **)&c.unit_of) != PCS_OK) {
@@ -1433,6 +1479,7 @@ out:
     free(c.wrapped);
     free(c.ignored);
     free(c.promoted);
+    free(c.unmanaged);
     free(c.stage_of);
     free(c.unit_of);
     free(c.units);

@@ -726,6 +726,17 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
                            ? "hybrid_shard"
                            : "hybrid_shard_zero2");
     }
+    for (size_t i = 0; i < s->n_ignored_modules; i++) {
+        const char *p = s->ignored_modules[i] ? s->ignored_modules[i] : "";
+        if (!*p)
+            return bad(v, "ignored_modules[%zu]: the root module cannot be ignored", i);
+        if (!valid_module_path(p))
+            return bad(v, "ignored_modules[%zu]: '%.*s' is not a module path", i,
+                       pcs_utf8_prefix(p, 80), p);
+        if (!kind_of(&v->tree, p))
+            return bad(v, "ignored_modules[%zu]: no module '%.*s' in the model", i,
+                       pcs_utf8_prefix(p, 80), p);
+    }
     return PCS_OK;
 }
 

@@ -791,7 +791,7 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
             u->ar_comm = g == PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE ? rt->rep_c
                          : g == PCS__V1__GROUP_KIND__GROUP_KIND_WORLD   ? rt->world_c
                                                                         : rt->dp_c;
-        } else if (u->sg <= 1 && rt->dp_size > 1) {
+        } else if (u->sg <= 1 && rt->dp_size > 1 && !pu->unmanaged) {
             u->ar_comm = rt->dp_c; /* replicated unit without a planned collective: average */
         } else if (u->sg > 1 && rt->rep_size > 1) {
             u->ar_comm = rt->rep_c;

@@ -404,6 +404,7 @@ pcs_status_t pcs_worker_unit_policy(const pcs_worker_t *w, uint32_t unit,
     out->output_dtype = (pcs_dtype_t)u->output_dtype;
     out->n_modules = u->n_modules;
     out->modules = (const char *const *)u->modules;
+    out->unmanaged = u->unmanaged;
     return PCS_OK;
 }
 

@@ -338,7 +338,7 @@ class ShardedModule:
         if u.policy.input_dtype:
             dt = _TORCH[u.policy.input_dtype]
             return _map_floats(args, lambda t: t.to(dt))
-        if not u.policy.mixed_precision and self._mixed:
+        if not u.policy.mixed_precision and self._mixed and not u.policy.unmanaged:
             # FSDP1 _override_module_mixed_precision: a unit with mixed precision off (an
             # ignored class such as BatchNorm, a full_precision override) runs in its own dtype
             # on inputs upcast to it, and hands its output back in the dtype it was given

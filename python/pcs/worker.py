@@ -101,7 +101,8 @@ class _UnitPolicy(ctypes.Structure):
                 ("keep_low_precision_grads", ctypes.c_int), ("input_dtype", ctypes.c_int),
                 ("reduce_dtype", ctypes.c_int), ("master_dtype", ctypes.c_int),
                 ("buffer_dtype", ctypes.c_int), ("output_dtype", ctypes.c_int),
-                ("n_modules", ctypes.c_size_t), ("modules", ctypes.POINTER(ctypes.c_char_p))]
+                ("n_modules", ctypes.c_size_t), ("modules", ctypes.POINTER(ctypes.c_char_p)),
+                ("unmanaged", ctypes.c_int)]
 
 
 class _StepResult(ctypes.Structure):
@@ -223,6 +224,7 @@ class UnitPolicy:
         self.buffer_dtype = dtype_name(ci.buffer_dtype) if ci.buffer_dtype else None
         self.output_dtype = dtype_name(ci.output_dtype) if ci.output_dtype else None
         self.modules = [ci.modules[k].decode() for k in range(ci.n_modules)]
+        self.unmanaged = bool(ci.unmanaged)
 
 
 class StepResult:

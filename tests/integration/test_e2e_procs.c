@@ -191,6 +191,80 @@ static void test_hybrid_shard_w4_matches_reference(void **state)
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
 }
 
+/* FSDP ignored_modules (seed test_mixed_precision_with_ignored_module): the ignored block is not
+ * managed — whole on every rank, in its own dtype, never reduced. Under bf16 its fp32 Linear
+ * receives bf16 activations and the forward fails with PyTorch's message; in fp32 the job trains,
+ * with no collective for the block (each rank steps it with its own gradient), and on one rank
+ * it is the reference's training. */
+static void test_ignored_module_is_unmanaged(void **state)
+{
+    (void)state;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .steps = 2,
+                      .train_extra = "ignored_modules: [layers.1]\n"};
+    char yaml[4096];
+    make_yaml(&p, yaml, sizeof yaml);
+    e2e_job_t job;
+    char *dir = NULL;
+    assert_int_equal(e2e_run_local(yaml, "ignored-bf16", p.world, 0, 0, &job, &dir), 0);
+    assert_int_equal(job.state, PCS__V1__JOB_STATE__JOB_STATE_FAILED);
+    if (!strstr(job.reason, "mat1 and mat2 must have the same dtype") ||
+        !strstr(job.reason, "layers.1"))
+        fail_msg("reason: %s", job.reason);
+    e2e_job_free(&job);
+    pcs_test_rmtree(dir);
+    free(dir);
+
+    p.precision = "param_dtype: fp32";
+    p.steps = 3;
+    make_yaml(&p, yaml, sizeof yaml);
+    Pcs__V1__JobSpec *spec = e2e_parse_spec(yaml);
+    Pcs__V1__Plan *plan = NULL;
+    assert_int_equal(pcs_plan_build(spec, 2, &plan), PCS_OK);
+    uint32_t mine = UINT32_MAX;
+    for (size_t i = 0; i < plan->n_units; i++)
+        if (strcmp(plan->units[i]->path, "layers.1") == 0)
+            mine = (uint32_t)i;
+    assert_true(mine != UINT32_MAX && plan->units[mine]->unmanaged);
+    pcs_plan_free(plan);
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+    dir = NULL;
+    assert_int_equal(e2e_run_local(yaml, "ignored-fp32", p.world, 0, 0, &job, &dir), 0);
+    assert_int_equal(job.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+    size_t others = 0;
+    for (int r = 0; r < p.world; r++)
+        for (size_t i = 0; i < job.n_reports[r]; i++)
+            for (size_t k = 0; k < job.reports[r][i]->n_collectives; k++) {
+                const Pcs__V1__CollectiveRecord *cr = job.reports[r][i]->collectives[k];
+                assert_int_not_equal(cr->unit, mine); /* never reduced, never gathered */
+                others += cr->unit != mine;
+            }
+    assert_true(others > 0); /* the managed units did reduce */
+    assert_int_equal(e2e_check_memory_promise(&job, yaml, 0.8), 0);
+    e2e_job_free(&job);
+    pcs_test_rmtree(dir);
+    free(dir);
+
+    /* one rank: the unmanaged block trains as the reference's does */
+    job_params_t one = p;
+    one.mesh = "{dim: dp_shard, size: 1}";
+    one.world = 1;
+    run_parity(&one, 1e-5, 1e-4, 1e-5);
+}
+
+/* FSDP1's MixedPrecision defaults: only the root casts its inputs (cast_root_forward_inputs);
+ * the blocks take the bf16 activations as they come. */
+static void test_fsdp1_root_only_input_cast_w2_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.precision = "param_dtype: bf16, reduce_dtype: fp32, cast_forward_inputs: "
+                                   "false, cast_root_forward_inputs: true",
+                      .mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
 /* Per-module composition (seed replicate.py: replicate(model) with fully_shard(block) inside):
  * the root unit replicated (all-reduce over dp), the MLPBlocks fully sharded (all-gather,
  * reduce-scatter); one job, one optimizer, the reference's parameters. */
@@ -1163,6 +1237,8 @@ int main(void)
         cmocka_unit_test(test_no_shard_divide_factor_w2_matches_reference),
         cmocka_unit_test(test_hybrid_shard_w4_matches_reference),
         cmocka_unit_test(test_replicate_root_with_fully_sharded_blocks_w2_matches_reference),
+        cmocka_unit_test(test_fsdp1_root_only_input_cast_w2_matches_reference),
+        cmocka_unit_test(test_ignored_module_is_unmanaged),
         cmocka_unit_test(test_hybrid_shard_with_a_replicated_block_w4_matches_reference),
         cmocka_unit_test(test_hybrid_shard_zero2_w4_matches_reference),
         cmocka_unit_test(test_bf16_reduce_w2_matches_reference),

@@ -653,6 +653,79 @@ static void test_strategy_overrides_compose_replicate_and_fully_shard(void **sta
     expect_error(yaml, 0, "strategy_overrides[0].strategy: required");
 }
 
+/* FSDP ignored_modules: one unmanaged unit per ignored module with its whole subtree, in the
+ * master dtype whatever the policy, no cast in or out, no collective or divide, untouched by
+ * strategy and precision overrides. */
+static void test_ignored_modules_are_unmanaged_units(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *p = plan_of(
+        "model: {mlp: {input_dim: 8, hidden_dims: [16, 16, 16], output_dim: 4, norm: layernorm}}\n"
+        "wrap: {module_class: [MLPBlock, LayerNorm]}\nmesh: [{dim: dp_shard, size: 4}]\n"
+        "precision: {param_dtype: bf16, reduce_dtype: fp32,\n"
+        "            overrides: [{match: {path: 'layers.1*'}, output_dtype: fp32}]}\n"
+        "strategy_overrides: [{match: {module_class: MLPBlock}, strategy: no_shard}]\n"
+        "ignored_modules: [layers.1]\n",
+        0);
+    const Pcs__V1__Unit *u = unit_at(p, "layers.1");
+    assert_true(u->unmanaged);
+    assert_false(u->mixed_precision);
+    assert_int_equal(u->param_dtype, PCS__V1__DTYPE__DTYPE_FP32);
+    assert_int_equal(u->output_dtype, 0); /* no cast back: a following bf16 unit fails */
+    assert_false(u->cast_forward_inputs);
+    assert_int_equal(u->shard_group_size, 1);
+    assert_int_equal(u->n_collectives, 0);
+    assert_null(u->local_reduction);
+    assert_int_equal(u->padded_numel, u->flat_numel);
+    /* its LayerNorm is part of it, not a unit */
+    for (size_t i = 0; i < p->n_units; i++)
+        assert_null(strstr(p->units[i]->path, "layers.1."));
+    bool has_norm = false;
+    for (size_t i = 0; i < u->n_modules; i++)
+        has_norm |= strcmp(u->modules[i], "layers.1.norm") == 0;
+    assert_true(has_norm);
+    /* the other blocks follow the overrides */
+    assert_int_equal(unit_at(p, "layers.0")->strategy, PCS__V1__STRATEGY__STRATEGY_NO_SHARD);
+    assert_false(unit_at(p, "layers.0")->unmanaged);
+    assert_non_null(coll_of(unit_at(p, "layers.0"), COLL(ALL_REDUCE), PHASE(STEP)));
+    assert_true(has_note(p, "ignored_modules: 1 module(s) not managed"));
+    pcs_plan_free(p);
+    expect_error("model: {mlp: {input_dim: 8, hidden_dims: [16], output_dim: 4}}\n"
+                 "ignored_modules: [nope]\n",
+                 2, "ignored_modules[0]: no such module in the model");
+}
+
+/* FSDP1's MixedPrecision defaults (cast_forward_inputs False, cast_root_forward_inputs True):
+ * only the root casts; the root casts if either flag is true; unset, cast_forward_inputs alone
+ * decides (FSDP2). */
+static void test_cast_root_forward_inputs_is_fsdp1s_root_cast(void **state)
+{
+    (void)state;
+    const char *base = "model: {mlp: {input_dim: 8, hidden_dims: [16, 16], output_dim: 4}}\n"
+                       "wrap: {module_class: [MLPBlock]}\nmesh: [{dim: dp_shard, size: 2}]\n";
+    const struct {
+        const char *flags;
+        bool root, block;
+    } rows[] = {
+        {"", true, true},
+        {"cast_forward_inputs: false, cast_root_forward_inputs: true", true, false},
+        {"cast_forward_inputs: true, cast_root_forward_inputs: false", true, true},
+        {"cast_forward_inputs: false", false, false},
+        {"cast_forward_inputs: false, cast_root_forward_inputs: false", false, false},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        char yaml[1024];
+        snprintf(yaml, sizeof yaml, "%sprecision: {param_dtype: bf16%s%s}\n", base,
+                 *rows[i].flags ? ", " : "", rows[i].flags);
+        Pcs__V1__Plan *p = plan_of(yaml, 0);
+        if (unit_at(p, "")->cast_forward_inputs != rows[i].root ||
+            unit_at(p, "layers.0")->cast_forward_inputs != rows[i].block)
+            fail_msg("%s: root %d block %d", rows[i].flags, unit_at(p, "")->cast_forward_inputs,
+                     unit_at(p, "layers.0")->cast_forward_inputs);
+        pcs_plan_free(p);
+    }
+}
+
 /* cpu_offload (FSDP1 CPUOffload / FSDP2 CPUOffloadPolicy) on a cuda job: masters and optimizer
  * state move to host_bytes, out of the device total, which gains the device copy of one master
  * shard; a cpu job has nothing to offload and says so. */
@@ -1338,6 +1411,8 @@ int main(void)
         cmocka_unit_test(test_no_shard_all_reduces_over_dp),
         cmocka_unit_test(test_strategy_overrides_compose_replicate_and_fully_shard),
         cmocka_unit_test(test_cpu_offload_moves_masters_and_state_to_the_host),
+        cmocka_unit_test(test_cast_root_forward_inputs_is_fsdp1s_root_cast),
+        cmocka_unit_test(test_ignored_modules_are_unmanaged_units),
         cmocka_unit_test(test_dp_pp_mesh_groups_and_stages_section7),
         cmocka_unit_test(test_mlp_expansion_uses_the_fixed_fqn_scheme),
         cmocka_unit_test(test_explicit_tree_keeps_shared_params_once),

@@ -281,6 +281,11 @@ static const row_t rows[] = {
      "hybrid_shard}]",
      "mesh", "mesh: [{dim: dp_shard, size: 8}]", NULL,
      "strategy_overrides[0].strategy: hybrid_shard needs a dp_replicate mesh dimension"},
+    /* FSDP ignored_modules */
+    {"collectives", "collectives: gloo\nignored_modules: ['']", NULL, NULL, NULL,
+     "ignored_modules[0]: the root module cannot be ignored"},
+    {"collectives", "collectives: gloo\nignored_modules: [layers.9]", NULL, NULL, NULL,
+     "ignored_modules[0]: no module 'layers.9' in the model"},
     /* the worker program (spec.program) */
     {"collectives", "collectives: gloo\nprogram: 'pcs torch'", NULL, NULL, NULL,
      "program: must be at most 64 characters of [A-Za-z0-9._-], got 'pcs torch'"},

@@ -103,6 +103,8 @@ typedef struct pcs_worker_unit_policy {
     pcs_dtype_t output_dtype;    /* PCS_DTYPE_NONE: no cast */
     size_t n_modules;            /* modules whose parameters the unit owns */
     const char *const *modules;  /* their FQNs (valid until destroy) */
+    int unmanaged;               /* spec.ignored_modules: no cast of any kind (pcs does not
+                                  * reduce its gradients either) */
 } pcs_worker_unit_policy_t;
 
 size_t pcs_worker_num_units(const pcs_worker_t *w);
