@@ -1298,9 +1298,37 @@ static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
     if (rg)
         add_group(c, p, PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD, rg, all + 2, 1);
 
+    /* when gradients are reduced (training.gradient_sync), and HSDP's all-reduce with it */
+    const Pcs__V1__TrainingSpec *tr = s->training;
+    if (tr && tr->gradient_sync && !strcmp(tr->gradient_sync, "every_micro_batch")) {
+        if (p->micro_batches > 1)
+            p->sync_every_micro_batch = true;
+        else
+            note(c, "training.gradient_sync: every_micro_batch with one micro-batch is the "
+                    "default");
+    }
+    if (tr && tr->hsdp_all_reduce && !strcmp(tr->hsdp_all_reduce, "last_micro_batch") &&
+        p->sync_every_micro_batch) {
+        bool hsdp = false;
+        for (size_t k = 0; k < p->n_units; k++) {
+            const Pcs__V1__Unit *u = p->units[k];
+            for (size_t j = 0; j < u->n_collectives; j++)
+                hsdp |= u->collectives[j]->kind == PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE &&
+                        u->collectives[j]->group == PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE;
+        }
+        if (hsdp)
+            p->hsdp_all_reduce_last = true;
+        else
+            note(c, "training.hsdp_all_reduce: no unit all-reduces across replicas (not HSDP)");
+    }
+
     /* gradient accumulation: units that reshard may stay gathered across the no-sync
      * micro-batches (training.accumulation); auto decides by the per-rank estimate */
-    if (p->micro_batches > 1) {
+    if (p->sync_every_micro_batch && tr && tr->accumulation &&
+        !strcmp(tr->accumulation, "keep_gathered"))
+        note(c, "training.accumulation: keep_gathered applies to no-sync micro-batches; with "
+                "gradient_sync every_micro_batch every micro-batch syncs and reshards");
+    if (p->micro_batches > 1 && !p->sync_every_micro_batch) {
         const char *acc = s->training && s->training->accumulation ? s->training->accumulation : "";
         uint64_t budget = s->training ? s->training->memory_budget_bytes : 0;
         size_t n_keep = 0;

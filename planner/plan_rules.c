@@ -237,6 +237,9 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
     out->rank = rank;
     uint32_t pp = p->pp_size ? p->pp_size : 1;
     uint64_t mb = p->micro_batches ? p->micro_batches : 1;
+    /* micro-batches whose gradients accumulate unsharded (no-sync): none when every micro-batch
+     * reduces (training.gradient_sync every_micro_batch), whose hand-ins then look like mb 1's */
+    uint64_t mb_acc = p->sync_every_micro_batch ? 1 : mb;
     /* units gathered ahead in forward and in backward (0: prefetch off in that direction) */
     uint64_t fdepth = p->forward_prefetch_depth, bdepth = p->backward_prefetch_depth;
     const uint64_t f32 = 4;
@@ -309,18 +312,26 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
             /* the reduction input is a block of its own unless it is the gradient block itself
              * (mb 1, no cast) or the no-sync accumulator read in place (mb > 1, accumulated in
              * the reduce dtype) */
-            bool borrow = mb > 1 && accum == reduce;
+            bool borrow = mb_acc > 1 && accum == reduce;
             gradb[nu] = u->padded_numel * dsz(param);
             rsb[nu] = borrow ? 0 : u->padded_numel * dsz(reduce);
-            copyb[nu] = reduce != param || mb > 1 ? rsb[nu] : 0;
-            if (mb > 1)
+            copyb[nu] = reduce != param || mb_acc > 1 ? rsb[nu] : 0;
+            if (mb_acc > 1)
                 acc += u->padded_numel * dsz(accum);
         }
         /* still gathered after its backward in a no-sync micro-batch (not freed after it) */
-        held[nu] = mb > 1 && (!u->reshard_after_backward || u->keep_gathered_in_accumulation)
+        held[nu] = mb_acc > 1 && (!u->reshard_after_backward || u->keep_gathered_in_accumulation)
                        ? f
                        : 0;
-        keep |= mb > 1 && u->keep_gathered_in_accumulation;
+        keep |= mb_acc > 1 && u->keep_gathered_in_accumulation;
+        /* hsdp_all_reduce last_micro_batch: the partial sums of an HSDP unit's earlier
+         * micro-batches wait for the last one's all-reduce (runtime: allocated at setup) */
+        bool hsdp = false;
+        for (size_t k = 0; k < u->n_collectives; k++)
+            hsdp |= u->collectives[k]->kind == PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE &&
+                    u->collectives[k]->group == PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE;
+        if (p->hsdp_all_reduce_last && mb > 1 && hsdp && sg > 1 && train)
+            out->staging_bytes += sh * dsz(reduce);
         nu++;
         for (size_t k = 0; k < u->n_collectives; k++) {
             const Pcs__V1__CollectiveSpec *cs = u->collectives[k];
@@ -332,13 +343,16 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
                  * micro-batches (shard_grad_op); backward re-gather: every micro-batch */
                 uint64_t times = u->keep_gathered_in_accumulation ? 1
                                  : cs->phase == PCS__V1__PHASE__PHASE_FORWARD
-                                     ? (u->reshard_after_backward ? mb : 1)
+                                     ? (u->reshard_after_backward || mb_acc == 1 ? mb : 1)
                                      : mb;
                 out->all_gather_bytes += times * (g - 1) * bytes;
             } else if (cs->kind == PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER) {
-                out->reduce_scatter_bytes += (g - 1) * bytes;
+                /* once per step, or every micro-batch (gradient_sync every_micro_batch) */
+                out->reduce_scatter_bytes += (mb / mb_acc) * (g - 1) * bytes;
             } else if (cs->kind == PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE) {
-                out->all_reduce_bytes += 2 * (g - 1) * bytes / g;
+                bool once = p->hsdp_all_reduce_last &&
+                            cs->group == PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE;
+                out->all_reduce_bytes += (once ? 1 : mb / mb_acc) * 2 * (g - 1) * bytes / g;
             }
         }
     }

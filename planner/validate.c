@@ -675,6 +675,20 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
                                                                    : "";
     if (*bp && strcmp(bp, "pre") && strcmp(bp, "post") && strcmp(bp, "none"))
         return bad(v, "training.backward_prefetch: unknown value '%s' (pre, post, none)", bp);
+    const char *gs = s->training && s->training->gradient_sync ? s->training->gradient_sync : "";
+    if (*gs && strcmp(gs, "last_micro_batch") && strcmp(gs, "every_micro_batch"))
+        return bad(v,
+                   "training.gradient_sync: unknown value '%s' (last_micro_batch, "
+                   "every_micro_batch)",
+                   gs);
+    const char *ha =
+        s->training && s->training->hsdp_all_reduce ? s->training->hsdp_all_reduce : "";
+    if (*ha && strcmp(ha, "every_sync") && strcmp(ha, "last_micro_batch"))
+        return bad(v, "training.hsdp_all_reduce: unknown value '%s' (every_sync, last_micro_batch)",
+                   ha);
+    if (!strcmp(ha, "last_micro_batch") && strcmp(gs, "every_micro_batch"))
+        return bad(v, "training.hsdp_all_reduce: last_micro_batch needs gradient_sync: "
+                      "every_micro_batch (otherwise the one reduction of a step is the last)");
     const char *hook = s->ddp_comm_hook ? s->ddp_comm_hook : "";
     if (*hook) {
         if (strcmp(hook, "allreduce") && strcmp(hook, "fp16_compress") &&

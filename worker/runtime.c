@@ -87,6 +87,14 @@ typedef struct rt_unit {
     void *rs_out; /* c, reduce dtype; only with a shard group */
     void *ag_in;  /* c, param dtype; only when the param dtype is not fp32 (the cast) */
     int accum_valid;
+    /* hsdp_all_reduce last_micro_batch: the reduce-scattered partial sums of this step's earlier
+     * micro-batches (c, reduce dtype), valid once written; syncs counts this step's reductions
+     * (compute thread), skip_ar is the queued reduction's verdict (read by the thread that runs
+     * it) */
+    void *ar_partial;
+    int ar_partial_valid;
+    uint32_t syncs;
+    int skip_ar;
     int state;           /* under mu */
     uint32_t rs_pending; /* queued or running reductions reading rs_in (under mu) */
     pcs_status_t ag_err;
@@ -126,6 +134,8 @@ struct pcs_runtime {
     /* cpu_offload (plan): master shards and optimizer state are host memory (host_be's kernels
      * update them), h_grad the host copy of one gradient shard (max shard, fp32) */
     int offload;
+    int sync_every; /* plan: every micro-batch reduces (no unsharded accumulator at setup) */
+    int ar_last;    /* plan: HSDP all-reduces once per step, on the last micro-batch */
     const pcs_backend_ops_t *host_be;
     float *h_grad;
     pcs_rt_tpool_t tp_ag, tp_rs; /* collective timings of the all-gather and reduction
@@ -809,8 +819,10 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
                    !rt->offload;
         if (u->alias)
             u->unsharded = NULL; /* set to master_shard below */
-        if (rt->micro_batches > 1)
+        if (rt->micro_batches > 1 && !rt->sync_every)
             PCS_CHECK_GOTO(alloc_zero(rt, u->padded, u->accum, &u->accum_buf), st, out);
+        if (rt->ar_last && rt->micro_batches > 1 && u->sg > 1 && u->ar_comm)
+            PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->reduce, &u->ar_partial), st, out);
         if (u->sg > 1)
             PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->reduce, &u->rs_out), st, out);
         if (u->param != PCS_DTYPE_FP32)
@@ -932,6 +944,8 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
     rt->stage = cfg->stage_host || (rt->coll == PCS_COLL_GLOO && !host_be);
     /* offloading from host memory to host memory is nothing: a cpu job runs as before */
     rt->offload = cfg->plan->cpu_offload && !host_be;
+    rt->sync_every = cfg->plan->sync_every_micro_batch;
+    rt->ar_last = cfg->plan->hsdp_all_reduce_last;
     if (cfg->rank >= rt->world) {
         st = pcs_set_error(PCS_ERR_INVALID_ARG, "runtime: rank %u >= world %u", cfg->rank,
                            rt->world);
@@ -1150,6 +1164,7 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
         else
             be->free(u->accum_buf);
         be->free(u->rs_out);
+        be->free(u->ar_partial);
         be->free(u->ag_in);
         free(u->upd_off);
         free(u->upd_len);
@@ -1211,6 +1226,8 @@ pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt)
          * waits for a copy-in enqueued after this */
         PCS_CHECK(pcs_kernel_fill(rt->be, u->grad_shard, u->grad, u->c, 0.0, rt->cstream));
         u->accum_valid = 0;
+        u->syncs = 0;
+        u->ar_partial_valid = 0;
     }
     pthread_mutex_lock(&rt->mu);
     rt->ar_ms = rt->cast_ms = rt->opt_ms = rt->wait_ms = 0;
@@ -1549,6 +1566,22 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
         if (st != PCS_OK)
             return wrap_err(st, "reduce-scatter of unit %u", u->index);
         result = u->rs_out;
+        if (hsdp && u->skip_ar) {
+            /* keep the partial sum; the last micro-batch's reduction all-reduces it */
+            st = u->ar_partial_valid ? pcs_kernel_accumulate(rt->be, u->ar_partial, u->reduce,
+                                                          u->rs_out, u->reduce, u->c,
+                                                          rt->rs_stream)
+                                  : rt->be->copy(u->ar_partial, u->rs_out,
+                                                 u->c * pcs_dtype_size(u->reduce), PCS_COPY_D2D,
+                                                 rt->rs_stream);
+            u->ar_partial_valid = 1;
+            return st;
+        }
+        if (hsdp && u->ar_partial_valid) {
+            PCS_CHECK(pcs_kernel_accumulate(rt->be, u->rs_out, u->reduce, u->ar_partial,
+                                            u->reduce, u->c, rt->rs_stream));
+            u->ar_partial_valid = 0;
+        }
         if (hsdp) {
             pcs_coll_red_t ared = red_of(u->ar ? u->ar : u->rs, 0, 1);
             if (!u->ar) /* unplanned HSDP leg: keep the RS op, post-divide after it */
@@ -1723,6 +1756,11 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
         rt->rs_wait_ms += ms_since(t0);
         pthread_mutex_unlock(&rt->mu);
     }
+    /* FSDP2 set_requires_all_reduce(False) before the last micro-batch: only the step's last
+     * reduction of an HSDP unit all-reduces across replicas (counted per unit, so a C API
+     * program that syncs every micro-batch gets it too) */
+    u->syncs++;
+    u->skip_ar = u->ar_partial != NULL && u->syncs < rt->micro_batches;
     pcs_status_t st = reduce_copy_in(rt, u);
     u->accum_valid = 0;
     if (st != PCS_OK)

@@ -1151,7 +1151,8 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
         PCS_CHECK_GOTO(pcs_runtime_begin_step(t->rt), st, fail);
         pcs_mlp_hooks_t h;
         for (uint32_t m = 0; m < t->M; m++) {
-            t->sync = m + 1 == t->M;
+            /* training.gradient_sync every_micro_batch: every backward reduces (FSDP2) */
+            t->sync = m + 1 == t->M || t->plan->sync_every_micro_batch;
             uint64_t first = pcs_data_batch_start(s - 1, m, t->M, t->D, t->dp_rank, t->b);
             PCS_CHECK_GOTO(pcs_data_read(t->data, first, t->b, t->x, t->y), st, fail);
             uint64_t c0 = pcs_now_us();

@@ -380,10 +380,6 @@ class ShardedModule:
             self._hand_in(u)
 
     def _hand_in(self, u):
-        if self._sync and u.synced:
-            raise _w.PcsError(-1, "PCS_ERR_STATE",
-                              "unit %d (%r) was already reduced this step: call step() before "
-                              "the next synced backward" % (u.index, u.info.path))
         buf = self.worker.grad_buffer(u.index).torch()
         for p, pi in u.params:
             g = p.grad
@@ -418,7 +414,8 @@ class ShardedModule:
     @contextlib.contextmanager
     def no_sync(self):
         """Micro-batches whose gradients are accumulated, not reduced (the last one of a step
-        runs outside)."""
+        runs outside). Without it every micro-batch reduces into the sharded gradients
+        (FSDP2's default; the job's ``training.gradient_sync: every_micro_batch`` plans it)."""
         prev = self._sync
         self._sync = False
         try:

@@ -731,6 +731,85 @@ static uint64_t all_gathers(const Pcs__V1__StepReport *r)
     return n;
 }
 
+/* Calls of `kind` in a step report, per unit with parameters (max over units). */
+static uint64_t calls_per_unit(const Pcs__V1__StepReport *r, int kind, uint64_t *min_out)
+{
+    uint64_t per[64] = {0};
+    for (size_t k = 0; k < r->n_collectives; k++)
+        if ((int)r->collectives[k]->kind == kind && r->collectives[k]->unit < 64)
+            per[r->collectives[k]->unit] += r->collectives[k]->calls;
+    uint64_t most = 0, least = UINT64_MAX;
+    for (int u = 0; u < 64; u++)
+        if (per[u]) {
+            most = per[u] > most ? per[u] : most;
+            least = per[u] < least ? per[u] : least;
+        }
+    *min_out = least;
+    return most;
+}
+
+/* FSDP2's default gradient sync (training.gradient_sync every_micro_batch): every backward
+ * reduce-scatters into the sharded gradient, no unsharded accumulator; with HSDP and
+ * hsdp_all_reduce last_micro_batch (set_requires_all_reduce(False) before the last), the
+ * partial sums wait and one all-reduce per step carries them. The math is the reference's, the
+ * collectives are counted per step, and the plan's memory promise (no accumulators, the partial
+ * buffers) holds. */
+static void run_sync_every(const job_params_t *p, uint64_t want_rs, uint64_t want_ar)
+{
+    char yaml[4096];
+    make_yaml(p, yaml, sizeof yaml);
+    e2e_job_t job;
+    char *dir = NULL;
+    assert_int_equal(e2e_run_local(yaml, "sync-every", p->world, 0, 0, &job, &dir), 0);
+    assert_int_equal(job.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
+    double max_abs = 0;
+    assert_int_equal(e2e_check_parity(&job, yaml, 1e-4, 1e-3, 1.6e-2, &max_abs), 0);
+    assert_int_equal(e2e_check_memory_promise(&job, yaml, 0.8), 0);
+    for (int r = 0; r < p->world; r++)
+        for (size_t i = 0; i < job.n_reports[r]; i++) {
+            const Pcs__V1__StepReport *rep = job.reports[r][i];
+            uint64_t lo, hi = calls_per_unit(rep, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER, &lo);
+            if (hi != want_rs || lo != want_rs)
+                fail_msg("rank %d step %llu: %llu..%llu reduce-scatters per unit, want %llu", r,
+                         (unsigned long long)rep->step, (unsigned long long)lo,
+                         (unsigned long long)hi, (unsigned long long)want_rs);
+            hi = calls_per_unit(rep, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, &lo);
+            if (want_ar && (hi != want_ar || lo != want_ar))
+                fail_msg("rank %d step %llu: %llu..%llu all-reduces per unit, want %llu", r,
+                         (unsigned long long)rep->step, (unsigned long long)lo,
+                         (unsigned long long)hi, (unsigned long long)want_ar);
+        }
+    fprintf(stderr, "gradient_sync every_micro_batch W=%d: max |d| %.3g\n", p->world, max_abs);
+    e2e_job_free(&job);
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
+static void test_gradient_sync_every_micro_batch_w2_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 2}",
+                      .world = 2,
+                      .micro = 3,
+                      .train_extra = "  gradient_sync: every_micro_batch\n"};
+    run_sync_every(&p, 3, 0);
+}
+
+static void test_hsdp_all_reduce_once_per_step_w4_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.strategy = "hybrid_shard",
+                      .mesh = "{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 2}",
+                      .world = 4,
+                      .micro = 3,
+                      .train_extra = "  gradient_sync: every_micro_batch\n"
+                                     "  hsdp_all_reduce: last_micro_batch\n"};
+    run_sync_every(&p, 3, 1);
+    /* every_sync: an all-reduce with every reduce-scatter */
+    p.train_extra = "  gradient_sync: every_micro_batch\n";
+    run_sync_every(&p, 3, 3);
+}
+
 /* training.accumulation keep_gathered (issue 18, part 2): sharded units stay gathered from their
  * first all-gather of a step until the synced micro-batch. The parameters gathered are the same
  * (the masters change only at the step), so the run is bit-identical to the resharding one; it
@@ -1239,6 +1318,8 @@ int main(void)
         cmocka_unit_test(test_replicate_root_with_fully_sharded_blocks_w2_matches_reference),
         cmocka_unit_test(test_fsdp1_root_only_input_cast_w2_matches_reference),
         cmocka_unit_test(test_ignored_module_is_unmanaged),
+        cmocka_unit_test(test_gradient_sync_every_micro_batch_w2_matches_reference),
+        cmocka_unit_test(test_hsdp_all_reduce_once_per_step_w4_matches_reference),
         cmocka_unit_test(test_hybrid_shard_with_a_replicated_block_w4_matches_reference),
         cmocka_unit_test(test_hybrid_shard_zero2_w4_matches_reference),
         cmocka_unit_test(test_bf16_reduce_w2_matches_reference),

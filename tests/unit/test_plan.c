@@ -653,6 +653,42 @@ static void test_strategy_overrides_compose_replicate_and_fully_shard(void **sta
     expect_error(yaml, 0, "strategy_overrides[0].strategy: required");
 }
 
+/* training.gradient_sync every_micro_batch (FSDP2's default): no unsharded accumulator, the
+ * reduce-scatter (and all-reduce) traffic of every micro-batch; hsdp_all_reduce last_micro_batch
+ * keeps one all-reduce per step and holds the partial sums. */
+static void test_gradient_sync_every_micro_batch_estimate(void **state)
+{
+    (void)state;
+    const char *base = "model: {mlp: {input_dim: 8, hidden_dims: [16, 16], output_dim: 4}}\n"
+                       "wrap: {module_class: [MLPBlock]}\nstrategy: hybrid_shard\n"
+                       "mesh: [{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 2}]\n"
+                       "precision: {param_dtype: bf16, reduce_dtype: fp32}\n";
+    char yaml[1024];
+    Pcs__V1__Plan *p[3];
+    const char *extra[3] = {"", "gradient_sync: every_micro_batch",
+                            "gradient_sync: every_micro_batch, hsdp_all_reduce: last_micro_batch"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(yaml, sizeof yaml,
+                 "%straining: {steps: 1, micro_batch_size: 4, micro_batches: 3, "
+                 "optimizer: {sgd: {lr: 0.1}}%s%s}\n",
+                 base, *extra[k] ? ", " : "", extra[k]);
+        p[k] = plan_of(yaml, 0);
+    }
+    assert_false(p[0]->sync_every_micro_batch);
+    assert_true(p[1]->sync_every_micro_batch && !p[1]->hsdp_all_reduce_last);
+    assert_true(p[2]->sync_every_micro_batch && p[2]->hsdp_all_reduce_last);
+    const Pcs__V1__RankEstimate *e0 = p[0]->estimate_max, *e1 = p[1]->estimate_max,
+                                *e2 = p[2]->estimate_max;
+    assert_int_equal(e1->reduce_scatter_bytes, 3 * e0->reduce_scatter_bytes);
+    assert_int_equal(e1->all_reduce_bytes, 3 * e0->all_reduce_bytes);
+    assert_int_equal(e2->reduce_scatter_bytes, 3 * e0->reduce_scatter_bytes);
+    assert_int_equal(e2->all_reduce_bytes, e0->all_reduce_bytes);
+    assert_true(e1->peak_unsharded_bytes < e0->peak_unsharded_bytes); /* no accumulators */
+    assert_true(e2->staging_bytes > e1->staging_bytes);                /* the partial sums */
+    for (int k = 0; k < 3; k++)
+        pcs_plan_free(p[k]);
+}
+
 /* FSDP ignored_modules: one unmanaged unit per ignored module with its whole subtree, in the
  * master dtype whatever the policy, no cast in or out, no collective or divide, untouched by
  * strategy and precision overrides. */
@@ -1413,6 +1449,7 @@ int main(void)
         cmocka_unit_test(test_cpu_offload_moves_masters_and_state_to_the_host),
         cmocka_unit_test(test_cast_root_forward_inputs_is_fsdp1s_root_cast),
         cmocka_unit_test(test_ignored_modules_are_unmanaged_units),
+        cmocka_unit_test(test_gradient_sync_every_micro_batch_estimate),
         cmocka_unit_test(test_dp_pp_mesh_groups_and_stages_section7),
         cmocka_unit_test(test_mlp_expansion_uses_the_fixed_fqn_scheme),
         cmocka_unit_test(test_explicit_tree_keeps_shared_params_once),

@@ -281,6 +281,18 @@ static const row_t rows[] = {
      "hybrid_shard}]",
      "mesh", "mesh: [{dim: dp_shard, size: 8}]", NULL,
      "strategy_overrides[0].strategy: hybrid_shard needs a dp_replicate mesh dimension"},
+    /* when gradients are reduced */
+    {"training",
+     "training: {steps: 1, micro_batch_size: 4, optimizer: {sgd: {lr: 0.1}}, gradient_sync: "
+     "sometimes}",
+     NULL, NULL, NULL,
+     "training.gradient_sync: unknown value 'sometimes' (last_micro_batch, every_micro_batch)"},
+    {"training",
+     "training: {steps: 1, micro_batch_size: 4, optimizer: {sgd: {lr: 0.1}}, hsdp_all_reduce: "
+     "last_micro_batch}",
+     NULL, NULL, NULL,
+     "training.hsdp_all_reduce: last_micro_batch needs gradient_sync: every_micro_batch "
+     "(otherwise the one reduction of a step is the last)"},
     /* FSDP ignored_modules */
     {"collectives", "collectives: gloo\nignored_modules: ['']", NULL, NULL, NULL,
      "ignored_modules[0]: the root module cannot be ignored"},

@@ -147,7 +147,10 @@ pcs_status_t pcs_worker_reshard(pcs_worker_t *w, uint32_t unit);
 pcs_status_t pcs_worker_grad_buffer(pcs_worker_t *w, uint32_t unit, void **grads,
                                     pcs_dtype_t *dtype);
 /* Hand in the gradient buffer: sync = 0 accumulates (micro-batch without sync), sync = 1 reduces
- * across ranks into the sharded gradient (once per unit per step, on the last micro-batch). */
+ * across ranks and adds the result to the sharded gradient: on the last micro-batch (FSDP1
+ * no_sync), or on every micro-batch (FSDP2's default; training.gradient_sync every_micro_batch).
+ * With training.hsdp_all_reduce last_micro_batch, a unit's micro_batches-th reduction of the step
+ * is the one that all-reduces across replicas. */
 pcs_status_t pcs_worker_hand_in_grads(pcs_worker_t *w, uint32_t unit, int sync);
 
 typedef struct pcs_worker_step_result {
