@@ -1157,10 +1157,15 @@ const char *pcs_coord_job_transport(const char *backend, const char *collectives
 }
 
 /* A job that names its program runs only on workers that registered as that program (a Python
- * program of pcs.torch computes any nn.Module; pcs-worker only its own layer classes). */
+ * program of pcs.torch computes any nn.Module; pcs-worker only its own layer classes); a job that
+ * names none runs on pcs-worker or on a worker that named no program, never on one that asked
+ * for jobs by name (a pcs.torch process cannot run the built-in model). */
 static bool is_program(const pcs_coord_worker_t *w, const pcs_coord_job_t *j)
 {
-    return !j->program[0] || (w->program && strcmp(w->program, j->program) == 0);
+    const char *wp = w->program ? w->program : "";
+    if (!j->program[0])
+        return !wp[0] || strcmp(wp, "pcs-worker") == 0;
+    return strcmp(wp, j->program) == 0;
 }
 
 /* A worker that states what it offers must offer the job's transport (a GPU pod started with

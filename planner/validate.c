@@ -687,7 +687,7 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
         return bad(v, "training.hsdp_all_reduce: unknown value '%s' (every_sync, last_micro_batch)",
                    ha);
     if (!strcmp(ha, "last_micro_batch") && strcmp(gs, "every_micro_batch"))
-        return bad(v, "training.hsdp_all_reduce: last_micro_batch needs gradient_sync: "
+        return bad(v, "training.hsdp_all_reduce: last_micro_batch needs training.gradient_sync: "
                       "every_micro_batch (otherwise the one reduction of a step is the last)");
     const char *hook = s->ddp_comm_hook ? s->ddp_comm_hook : "";
     if (*hook) {

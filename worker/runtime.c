@@ -138,6 +138,8 @@ struct pcs_runtime {
     int ar_last;    /* plan: HSDP all-reduces once per step, on the last micro-batch */
     const pcs_backend_ops_t *host_be;
     float *h_grad;
+    void *d_h2d; /* cpu_offload: device copy of one master shard for an all-gather (max shard,
+                  * fp32; used on the all-gather stream only, which orders its reuse) */
     pcs_rt_tpool_t tp_ag, tp_rs; /* collective timings of the all-gather and reduction
                                   * streams (runtime_stats.h) */
     double ev_ms[3];             /* resolved timings of this step by PCS_RT_T_* (under mu) */
@@ -538,16 +540,11 @@ static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full)
     size_t esz = pcs_dtype_size(dt);
     uint64_t t0 = pcs_now_us();
     const void *master = u->master_shard;
-    void *h2d = NULL; /* cpu_offload: the master shard copied to the device for this gather */
     if (rt->offload && u->c > 0) {
-        PCS_CHECK(pool_get(rt, u->c * sizeof(float), rt->ag_stream, &h2d));
-        pcs_status_t cst = rt->be->copy(h2d, u->master_shard, u->c * sizeof(float),
-                                        PCS_COPY_H2D, rt->ag_stream);
-        if (cst != PCS_OK) {
-            (void)pool_put(rt, h2d, rt->ag_stream);
-            return cst;
-        }
-        master = h2d;
+        /* cpu_offload: the master shard to the device first (the cast happens there) */
+        PCS_CHECK(rt->be->copy(rt->d_h2d, u->master_shard, u->c * sizeof(float), PCS_COPY_H2D,
+                               rt->ag_stream));
+        master = rt->d_h2d;
     }
     const void *src = master;
     pcs_status_t st = PCS_OK;
@@ -561,10 +558,6 @@ static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full)
     if (u->sg <= 1) {
         if (st == PCS_OK)
             st = rt->be->copy(dst, src, u->c * esz, PCS_COPY_D2D, rt->ag_stream);
-        if (h2d) {
-            pcs_status_t pst = pool_put(rt, h2d, rt->ag_stream);
-            st = st == PCS_OK ? pst : st;
-        }
         pthread_mutex_lock(&rt->mu);
         rt->cast_ms += cast_ms;
         pthread_mutex_unlock(&rt->mu);
@@ -576,10 +569,6 @@ static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full)
         st = coll_ag(rt, rt->shard_ag, rt->stage_ag, rt->ag_stream, src, dst, u->c, dt);
         if (st == PCS_OK)
             pcs_rt_timing_end(&rt->tp_ag, tm, rt->ag_stream, PCS_RT_T_AG);
-    }
-    if (h2d) { /* the block goes back once the stream has read it */
-        pcs_status_t pst = pool_put(rt, h2d, rt->ag_stream);
-        st = st == PCS_OK ? pst : st;
     }
     pthread_mutex_lock(&rt->mu);
     rt->cast_ms += cast_ms;
@@ -821,7 +810,8 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
             u->unsharded = NULL; /* set to master_shard below */
         if (rt->micro_batches > 1 && !rt->sync_every)
             PCS_CHECK_GOTO(alloc_zero(rt, u->padded, u->accum, &u->accum_buf), st, out);
-        if (rt->ar_last && rt->micro_batches > 1 && u->sg > 1 && u->ar_comm)
+        if (rt->ar_last && rt->micro_batches > 1 && u->sg > 1 && u->ar &&
+            u->ar->group == PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE)
             PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->reduce, &u->ar_partial), st, out);
         if (u->sg > 1)
             PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->reduce, &u->rs_out), st, out);
@@ -902,8 +892,10 @@ static pcs_status_t alloc_shared(pcs_runtime_t *rt)
     PCS_CHECK(alloc_zero(rt, max_c, PCS_DTYPE_FP32, (void **)&rt->d_tmp));
     PCS_CHECK(alloc_zero(rt, 3 + p->n_units, PCS_DTYPE_FP32, (void **)&rt->d_scal));
     PCS_CHECK(rt->be->host_alloc((3 + p->n_units) * sizeof(float), (void **)&rt->h_scal));
-    if (rt->offload)
+    if (rt->offload) {
         PCS_CHECK(rt->be->host_alloc((size_t)max_c * sizeof(float), (void **)&rt->h_grad));
+        PCS_CHECK(alloc_zero(rt, max_c, PCS_DTYPE_FP32, &rt->d_h2d));
+    }
     if (rt->stage) {
         /* fp32 is the widest dtype a collective here moves */
         PCS_CHECK(rt->be->host_alloc((size_t)max_stage * sizeof(float), &rt->stage_ag));
@@ -1188,6 +1180,7 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
         rt->be->free(rt->d_scal);
         rt->be->host_free(rt->h_scal);
         rt->be->host_free(rt->h_grad);
+        rt->be->free(rt->d_h2d);
         rt->be->host_free(rt->stage_ag);
         rt->be->host_free(rt->stage_rs);
         if (rt->ev_opt)
@@ -1574,7 +1567,8 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
                                   : rt->be->copy(u->ar_partial, u->rs_out,
                                                  u->c * pcs_dtype_size(u->reduce), PCS_COPY_D2D,
                                                  rt->rs_stream);
-            u->ar_partial_valid = 1;
+            if (st == PCS_OK)
+                u->ar_partial_valid = 1;
             return st;
         }
         if (hsdp && u->ar_partial_valid) {
@@ -1743,6 +1737,10 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
         rt->cast_ms += ms;
         pthread_mutex_unlock(&rt->mu);
     }
+    /* hsdp_all_reduce last_micro_batch: the step's last hand-in of a unit all-reduces across
+     * replicas (hand-ins counted synced or not; a partial left by fewer hand-ins is all-reduced
+     * by the optimizer step) */
+    u->syncs++;
     if (!sync)
         return drop_grads(rt, u);
     if (rt->rs_started) {
@@ -1759,7 +1757,6 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
     /* FSDP2 set_requires_all_reduce(False) before the last micro-batch: only the step's last
      * reduction of an HSDP unit all-reduces across replicas (counted per unit, so a C API
      * program that syncs every micro-batch gets it too) */
-    u->syncs++;
     u->skip_ar = u->ar_partial != NULL && u->syncs < rt->micro_batches;
     pcs_status_t st = reduce_copy_in(rt, u);
     u->accum_valid = 0;
@@ -1816,6 +1813,26 @@ static pcs_status_t world_all_reduce_f32(pcs_runtime_t *rt, pcs_coll_t *c, float
 
 /* The compute stream waits for everything the all-gather and reduction streams hold: the
  * prefetch thread idle (nothing queued or running), the reductions drained. */
+/* hsdp_all_reduce last_micro_batch: all-reduce a partial sum that no last hand-in carried (a
+ * program synced fewer times than micro_batches, or a unit sat out a micro-batch), on the idle
+ * reduction stream, and add it to the sharded gradient. */
+static pcs_status_t flush_partial(pcs_runtime_t *rt, rt_unit_t *u)
+{
+    pcs_coll_red_t ared = red_of(u->ar, 0, 1);
+    pcs_status_t st = coll_ar(rt, u->ar_comm, rt->stage_rs, rt->rs_stream, u->ar_partial, u->c,
+                              u->reduce, &ared);
+    pthread_mutex_lock(&rt->mu);
+    rt->ar_bytes += u->c * pcs_dtype_size(u->reduce);
+    pcs_rt_record(&rt->recs, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, u->index, u->reduce, u->c,
+                  (uint32_t)pcs_coll_size(u->ar_comm), u->ar, 0);
+    pthread_mutex_unlock(&rt->mu);
+    if (st != PCS_OK)
+        return wrap_err(st, "all-reduce (replicas) of unit %u's partial sum", u->index);
+    u->ar_partial_valid = 0;
+    return pcs_kernel_accumulate(rt->be, u->grad_shard, u->grad, u->ar_partial, u->reduce, u->c,
+                                 rt->rs_stream);
+}
+
 static pcs_status_t fence_side_streams(pcs_runtime_t *rt)
 {
     PCS_CHECK(wait_reductions(rt));
@@ -1869,6 +1886,14 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
     /* Everything below runs on the compute stream: the sharded grads were accumulated on the
      * reduction stream, and an all-gather still running reads the master shard. */
     PCS_CHECK(fence_side_streams(rt));
+    int flushed = 0;
+    for (size_t i = 0; i < rt->n_units; i++)
+        if (rt->units[i].ar_partial_valid) {
+            PCS_CHECK(flush_partial(rt, &rt->units[i]));
+            flushed = 1;
+        }
+    if (flushed)
+        PCS_CHECK(fence_compute_after(rt, rt->rs_stream));
     const pcs_backend_ops_t *be = rt->be;
     pcs_stream_t cs = rt->cstream;
     uint64_t t0 = pcs_now_us();
@@ -2134,6 +2159,8 @@ pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const
     if (rt->offload) {
         if (bytes == 0)
             return PCS_OK;
+        /* an all-gather still queued may be copying the old master in */
+        PCS_CHECK(rt->be->sync(rt->ag_stream));
         if (master)
             memcpy(u->master_shard, master, bytes);
         if (state_a && a)

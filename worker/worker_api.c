@@ -157,6 +157,12 @@ static pcs_status_t api_init_param(void *ctx, const Pcs__V1__ParamSlot *ps, uint
 
 pcs_status_t pcs_worker_join(const pcs_worker_options_t *opt, pcs_worker_t **out)
 {
+    return pcs_worker_join_as(opt, NULL, out);
+}
+
+pcs_status_t pcs_worker_join_as(const pcs_worker_options_t *opt, const char *program,
+                                pcs_worker_t **out)
+{
     if (!opt || !out || !opt->coordinator)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_worker_join: coordinator required");
     *out = NULL;
@@ -174,7 +180,7 @@ pcs_status_t pcs_worker_join(const pcs_worker_options_t *opt, pcs_worker_t **out
     ac.hostname = opt->hostname;
     ac.coll_timeout_ms = opt->coll_timeout_ms;
     ac.backend = opt->backend;
-    ac.program = opt->program ? opt->program : "";
+    ac.program = program ? program : "";
     ac.device = opt->device;
     ac.max_jobs = 1;
     ac.job_fn = api_job;

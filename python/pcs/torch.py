@@ -1,6 +1,7 @@
 """An ``nn.Module`` on pcs: PyTorch does the math, pcs owns the parameters and the communication.
 
-    spec = pcs.torch.job_spec(model, wrap=["layers.0", "layers.1"], precision={...}, ...)
+    spec = pcs.torch.job_spec(model, wrap={"explicit": {"paths": ["layers.0", "layers.1"]}},
+                              precision={...}, ...)
     # submit it (pcsctl submit job.json), then in each of the job's N processes:
     model = pcs.torch.shard(build_model(), coordinator="127.0.0.1:7070")
     for step in range(model.total_steps):
@@ -150,6 +151,12 @@ def _tensors(x, out):
     return out
 
 
+def _error(status, message):
+    """A PcsError raised by this package, named like pcs's own (pcs_status_str)."""
+    code = {"invalid_arg": _w.PCS_ERR_INVALID_ARG, "state": _w.PCS_ERR_STATE}[status]
+    return _w.PcsError(code, status, message)
+
+
 class _Unit:
     def __init__(self, info, policy, module, params):
         self.index = info.index
@@ -166,12 +173,21 @@ class _Unit:
         # (FSDP shows its fp32 shard there): what it is, without memory
         self.empty = torch.empty(0, dtype=_TORCH[policy.master_dtype])
         self.live = False
-        self.trainable = {id(p) for p, _ in params if p.requires_grad}
-        self.ready = set()  # trainable parameters whose gradient is in (this backward)
-        self.used = False  # ran forward in this micro-batch
-        self.handed = False  # handed in this micro-batch
+        # a frozen parameter may still be needed after the trainable ones' gradients are in (the
+        # input gradient of its op): such a unit is freed at the end of the backward
+        self.has_frozen = any(not p.requires_grad for p, _ in params)
+        # The AccumulateGrad nodes this unit's forwards used since its last backward: PyTorch
+        # makes a new node when a parameter's .data changes dtype (a mixed-precision parameter
+        # between its master-dtype placeholder and its param_dtype view), so a module called
+        # twice may use two per parameter. The unit is handed in when all of them have fired.
+        self.hooked = []  # [(node, token)]: nodes carrying our hook (identity, not id(): ids
+        #                   of freed wrappers are reused)
+        self.nodes = set()  # tokens of the nodes this pass's forwards used
+        self.fired = set()
+        self.fresh = True  # the next forward starts a new set of nodes
+        self.used = False  # ran forward since the last backward
+        self.handed = False  # handed in during this backward
         self.synced = False  # handed in with sync this step
-        self.acc = {}  # id(param) -> its AccumulateGrad node (kept alive: hooks live on it)
         self.input_dtype = None  # mixed precision off: the dtype its output goes back to
 
 
@@ -185,6 +201,7 @@ class ShardedModule:
         self._sync = True
         self._in_step = False
         self._callback_queued = False
+        self._tokens = 0  # the hook tokens handed out (never reused)
         self._hooks = []
         params = dict(module.named_parameters())
         mods = dict(module.named_modules())
@@ -195,28 +212,29 @@ class ShardedModule:
             plist = []
             for pi in worker.params(info.index):
                 if pi.fqn not in params:
-                    raise _w.PcsError(-1, "PCS_ERR_INVALID_ARG",
-                                      "the plan's parameter %s is not a parameter of the module "
+                    raise _error("invalid_arg",
+                                 "the plan's parameter %s is not a parameter of the module "
                                       "(was the job submitted with pcs.torch.job_spec of this "
                                       "model?)" % pi.fqn)
                 p = params[pi.fqn]
                 if tuple(p.shape) != pi.shape:
-                    raise _w.PcsError(-1, "PCS_ERR_INVALID_ARG",
-                                      "parameter %s: shape %s in the module, %s in the plan" %
+                    raise _error("invalid_arg",
+                                 "parameter %s: shape %s in the module, %s in the plan" %
                                       (pi.fqn, tuple(p.shape), pi.shape))
                 plist.append((p, pi))
                 seen.add(pi.fqn)
             if info.path not in mods:
-                raise _w.PcsError(-1, "PCS_ERR_INVALID_ARG",
-                                  "the plan's unit %d roots at %r, not a module of the model" %
+                raise _error("invalid_arg",
+                             "the plan's unit %d roots at %r, not a module of the model" %
                                   (info.index, info.path))
             u = _Unit(info, worker.unit_policy(info.index), mods[info.path], plist)
-            self._mixed = self._mixed or bool(u.policy.mixed_precision and u.policy.input_dtype)
+            self._mixed = self._mixed or (u.policy.mixed_precision and
+                                          info.param_dtype != u.policy.master_dtype)
             self.units.append(u)
         missing = sorted(set(params) - seen)
         if missing:
-            raise _w.PcsError(-1, "PCS_ERR_INVALID_ARG",
-                              "parameters of the module not in the plan: %s" %
+            raise _error("invalid_arg",
+                         "parameters of the module not in the plan: %s" %
                               ", ".join(missing[:8]))
         # the parameters now live in pcs (fp32 shards): drop the module's own copies
         for u in self.units:
@@ -297,6 +315,10 @@ class ShardedModule:
     # -- unshard / free
     def _gather(self, u):
         buf = self.worker.unshard(u.index)
+        if buf.dtype != u.info.param_dtype or buf.numel != u.info.padded_numel:
+            raise _error("state", "unit %d: pcs gathered %d %s, the plan says %d %s" %
+                         (u.index, buf.numel, buf.dtype, u.info.padded_numel,
+                          u.info.param_dtype))
         if u.full.storage().size() == 0:
             u.full.storage().resize_(u.info.padded_numel)
         ctypes.memmove(u.full.data_ptr(), buf.address, buf.nbytes)
@@ -317,24 +339,34 @@ class ShardedModule:
         if not self._in_step:
             self.worker.begin_step()
             self._in_step = True
+            self._callback_queued = False
             for u in self.units:
                 u.synced = False
 
     def _pre_forward(self, u, _module, args):
-        self._begin()
+        training = torch.is_grad_enabled()
+        if training:  # an eval or no_grad forward opens no step
+            self._begin()
         if not u.live:
             self._gather(u)
-        u.used = True
-        if torch.is_grad_enabled():
+        if training:
+            u.used = True
+            if u.fresh:  # a new pass: keep the hooked nodes the last one used
+                u.hooked = [(n, t) for n, t in u.hooked if t in u.nodes]
+                u.nodes, u.fired, u.fresh = set(), set(), False
             for p, _ in u.params:
                 if not p.requires_grad:
                     continue
-                # PyTorch makes a new AccumulateGrad when .data changes dtype (a mixed-precision
-                # parameter between its master-dtype placeholder and its param_dtype view)
-                acc = p.expand_as(p).grad_fn.next_functions[0][0]
-                if u.acc.get(id(p)) is not acc:
-                    acc.register_hook(functools.partial(self._param_ready, u, p))
-                    u.acc[id(p)] = acc
+                node = p.expand_as(p).grad_fn.next_functions[0][0]
+                token = next((t for n, t in u.hooked if n is node), None)
+                if token is None:
+                    self._tokens += 1
+                    token = self._tokens
+                    node.register_hook(functools.partial(self._node_ready, u, token))
+                    u.hooked.append((node, token))
+                u.nodes.add(token)
+        if u.policy.unmanaged:
+            return None
         if u.policy.input_dtype:
             dt = _TORCH[u.policy.input_dtype]
             return _map_floats(args, lambda t: t.to(dt))
@@ -374,12 +406,14 @@ class ShardedModule:
             self._gather(u)
         return None
 
-    def _param_ready(self, u, p, *_unused):
-        u.ready.add(id(p))
-        if u.ready >= u.trainable and not u.handed:
-            self._hand_in(u)
+    def _node_ready(self, u, token, *_unused):
+        u.fired.add(token)
+        if not u.handed and u.fired >= u.nodes:
+            # every node of the unit's forwards has accumulated its gradient: hand in now, so
+            # the reduction overlaps the rest of the backward
+            self._hand_in(u, free=not u.has_frozen)
 
-    def _hand_in(self, u):
+    def _hand_in(self, u, free=True):
         buf = self.worker.grad_buffer(u.index).torch()
         for p, pi in u.params:
             g = p.grad
@@ -389,27 +423,34 @@ class ShardedModule:
         self.worker.hand_in_grads(u.index, self._sync)
         u.handed = True
         u.synced = u.synced or self._sync
-        u.ready = set()
-        self._free(u)
+        if free:
+            self._free(u)
 
     def _backward_done(self):
         self._callback_queued = False
         for u in self.units:
-            if (u.used and not u.handed) or (self._sync and not u.synced):
+            pending = any(p.grad is not None for p, _ in u.params)
+            if (u.used and not u.handed) or pending or (self._sync and not u.synced):
                 self._hand_in(u)
+            elif u.live and u.handed and u.has_frozen:
+                self._free(u)
         for u in self.units:
-            u.used = u.handed = False
-            u.ready = set()
+            # the nodes stay until the unit's next forward: a second backward through a
+            # retained graph fires them again and hands the unit in again
+            u.handed = u.used = False
+            u.fired = set()
+            u.fresh = True
 
     def scale_loss(self, loss):
         """``loss`` x the loss scale / micro_batches: pcs's gradient is the one of the step's
         mean loss (times the grad scaler's scale with fp16)."""
         return loss * (self.worker.loss_scale / self.worker.micro_batches)
 
-    def backward(self, loss):
-        """``scale_loss(loss).backward()``: this micro-batch's gradients, handed in by the
-        hooks (reduced unless inside :meth:`no_sync`)."""
-        self.scale_loss(loss).backward()
+    def backward(self, loss, **kwargs):
+        """``scale_loss(loss).backward(**kwargs)``: this micro-batch's gradients, handed in by
+        the hooks (reduced unless inside :meth:`no_sync`)."""
+        self._callback_queued = False  # a backward that raised never ran its callback
+        self.scale_loss(loss).backward(**kwargs)
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -428,11 +469,11 @@ class ShardedModule:
         step report; ``loss`` is this rank's mean loss of the step. Returns a
         :class:`pcs.worker.StepResult`."""
         if not self._in_step:
-            raise _w.PcsError(-1, "PCS_ERR_STATE", "step() before any forward of this step")
+            raise _error("state", "step() before any forward of this step")
         pending = [u.index for u in self.units if not u.synced]
         if pending:
-            raise _w.PcsError(-1, "PCS_ERR_STATE",
-                              "step(): units %s have no synced backward this step" % pending)
+            raise _error("state",
+                         "step(): units %s have no synced backward this step" % pending)
         for u in self.units:
             self._free(u)
         r = self.worker.step(loss)
@@ -483,6 +524,10 @@ def shard(module, coordinator, identity=None, hostname=None, join_timeout_ms=0,
     try:
         return ShardedModule(module, w)
     except BaseException as e:
-        w.finish("pcs.torch: %s" % e)
-        w.destroy()
+        try:
+            w.finish("pcs.torch: %s" % e)
+        except _w.PcsError:
+            pass  # the job fails anyway; the first error is the one to see
+        finally:
+            w.destroy()
         raise

@@ -21,6 +21,9 @@ import os
 __all__ = ["PcsError", "Worker", "Buffer", "UnitInfo", "ParamInfo", "UnitPolicy", "StepResult",
            "dtype_name", "library_path"]
 
+# pcs_status_t (pcs/status.h): the ones this package raises itself
+PCS_OK, PCS_ERR_INVALID_ARG, PCS_ERR_STATE = 0, 1, 2
+
 # pcs_dtype_t (pcs/dtype.h)
 DTYPE_NONE, DTYPE_FP32, DTYPE_BF16, DTYPE_FP16, DTYPE_FP64, DTYPE_INT64 = range(6)
 _DTYPE_NAMES = {DTYPE_NONE: "none", DTYPE_FP32: "fp32", DTYPE_BF16: "bf16", DTYPE_FP16: "fp16",
@@ -37,8 +40,9 @@ def dtype_name(dt):
 
 
 class PcsError(RuntimeError):
-    """A pcs call failed: ``status`` is pcs's status name (``PCS_ERR_TIMEOUT`` ...), ``code``
-    its number, the message pcs's own (pcs_last_error())."""
+    """A pcs call failed: ``status`` is pcs's status name (pcs_status_str: ``invalid_arg``,
+    ``state``, ``timeout`` ...), ``code`` its number (pcs_status_t), the message pcs's own
+    (pcs_last_error()) or this package's."""
 
     def __init__(self, code, status, message):
         super().__init__("%s: %s" % (status, message))
@@ -80,7 +84,7 @@ class _Options(ctypes.Structure):
                 ("hostname", ctypes.c_char_p), ("join_timeout_ms", ctypes.c_uint32),
                 ("coll_timeout_ms", ctypes.c_uint32), ("init", _INIT_FN),
                 ("init_ctx", ctypes.c_void_p), ("backend", ctypes.c_char_p),
-                ("device", ctypes.c_int), ("program", ctypes.c_char_p)]
+                ("device", ctypes.c_int)]
 
 
 class _UnitInfo(ctypes.Structure):
@@ -121,7 +125,8 @@ def _load():
     sig = {
         "pcs_last_error": (ctypes.c_char_p, []),
         "pcs_status_str": (ctypes.c_char_p, [st]),
-        "pcs_worker_join": (st, [ctypes.POINTER(_Options), ctypes.POINTER(P)]),
+        "pcs_worker_join_as": (st, [ctypes.POINTER(_Options), ctypes.c_char_p,
+                                    ctypes.POINTER(P)]),
         "pcs_worker_rank": (ctypes.c_uint32, [P]),
         "pcs_worker_world_size": (ctypes.c_uint32, [P]),
         "pcs_worker_dp_rank": (ctypes.c_uint32, [P]),
@@ -247,6 +252,15 @@ class StepResult:
 
 # ---- buffers -------------------------------------------------------------------------------------
 
+class _CudaWords:
+    """A device buffer of 16-bit words as int16 for torch.as_tensor (then viewed as bf16)."""
+
+    def __init__(self, address, numel):
+        self.__cuda_array_interface__ = {"shape": (numel,), "typestr": "<i2",
+                                         "data": (address, False), "version": 3,
+                                         "strides": None}
+
+
 class Buffer:
     """pcs's memory: ``address``, ``numel``, ``dtype`` (pcs name), ``nbytes``, ``device``
     ("cpu" or "cuda"). Views, not copies; valid as long as pcs says (see the module doc)."""
@@ -274,8 +288,10 @@ class Buffer:
         if self.numel == 0:
             return torch.empty(0, dtype=tdt, device=self.device)
         if self.device == "cuda":
-            t = torch.as_tensor(self, device="cuda")
-            return t.view(tdt) if self.dtype_code == DTYPE_BF16 else t
+            if self.dtype_code == DTYPE_BF16:  # no bf16 typestr; torch < 2.3 has no uint16
+                words = _CudaWords(self.address, self.numel)
+                return torch.as_tensor(words, device="cuda").view(torch.bfloat16)
+            return torch.as_tensor(self, device="cuda")
         raw = (ctypes.c_uint8 * self.nbytes).from_address(self.address)
         return torch.frombuffer(raw, dtype=tdt)
 
@@ -345,11 +361,10 @@ class Worker:
             opt.init = cb
         opt.backend = _b(backend)
         opt.device = device
-        opt.program = _b(program)
         self._keep.append(opt)
-        code = lib.pcs_worker_join(ctypes.byref(opt), ctypes.byref(self._w))
+        code = lib.pcs_worker_join_as(ctypes.byref(opt), _b(program), ctypes.byref(self._w))
         if code != 0 and self._init_error is not None:
-            raise PcsError(code, "PCS_ERR_INVALID_ARG",
+            raise PcsError(code, "invalid_arg",
                            "init: %r" % (self._init_error,)) from self._init_error
         _check(code)
         self.device = "cuda" if backend == "cuda" else "cpu"
@@ -362,7 +377,7 @@ class Worker:
 
     def _handle(self):
         if not self._w:
-            raise PcsError(-1, "PCS_ERR_STATE", "the worker was destroyed")
+            raise PcsError(PCS_ERR_STATE, "state", "the worker was destroyed")
         return self._w
 
     # who and what

@@ -39,7 +39,7 @@ done
 # only the API is exported: no gRPC, protobuf-c, collectives or runtime internals
 # every defined dynamic symbol (code, data, weak, C++ vague linkage), not only functions
 exports=$(nm -D --defined-only "$libdir/libpcs_worker.so" | awk 'NF == 3 {print $3}' | sed 's/@.*//' |
-          grep -v '^PCS_WORKER_0$')
+          grep -v '^PCS_WORKER_0')
 echo "$exports" | grep -qx pcs_worker_join || fail "pcs_worker_join not exported"
 bad=$(echo "$exports" | grep -v -e '^pcs_worker_' -e '^pcs_last_error$' -e '^pcs_clear_error$' \
       -e '^pcs_set_error' -e '^pcs_status_' -e '^pcs_log_breadcrumb$' -e '^pcs_dtype_')

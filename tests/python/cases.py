@@ -123,8 +123,54 @@ class Frozen(nn.Module):
         return self.trained(torch.relu(self.frozen(x)))
 
 
+class Twice(nn.Module):
+    """A unit called twice in one forward (weight sharing across depth): under mixed precision
+    with reshard-after-forward its parameters change dtype between the calls, and PyTorch gives
+    each call its own AccumulateGrad node."""
+
+    WRAP = ["shared", "out"]
+
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.shared(torch.tanh(self.shared(x)))))
+
+
+class LoraLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.base = nn.Linear(8, 8)
+        self.a = nn.Linear(8, 2, bias=False)
+        self.b = nn.Linear(2, 8, bias=False)
+        for p in self.base.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        return self.base(x) + self.b(self.a(x))
+
+
+class Lora(nn.Module):
+    """A unit with frozen and trainable parameters (LoRA): the frozen weight is still needed for
+    the input gradient after the trainable ones' gradients are in."""
+
+    WRAP = ["adapter"]
+
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Linear(8, 8)
+        self.adapter = LoraLinear()
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        return self.head(torch.relu(self.adapter(torch.relu(self.pre(x)))))
+
+
 MODELS = {"nested": NestedWrappedModule, "batchnorm": BatchNormNet, "tied": TiedLM,
-          "external": ExternalInput, "owncast": OwnCast, "frozen": Frozen}
+          "external": ExternalInput, "owncast": OwnCast, "frozen": Frozen, "twice": Twice,
+          "lora": Lora}
 
 
 def build(name, seed=1234):
@@ -164,19 +210,24 @@ BASE = {"strategy": "full_shard", "mesh": [{"dim": "dp_shard", "size": 2}]}
 
 
 def case(model, precision=None, steps=4, micro_batches=2, mbs=4, clip=None, data=None,
-         opt=None, **extra):
+         opt=None, split_loss=False, eval_each_step=False, **extra):
     training = {"steps": steps, "micro_batch_size": mbs, "micro_batches": micro_batches,
                 "optimizer": opt or OPT}
     if clip:
         training["clip_grad_norm"] = clip
-    c = {"model": model, "precision": precision or {}, "training": training, "data": data}
+    c = {"model": model, "precision": precision or {}, "training": training, "data": data,
+         "split_loss": split_loss, "eval": eval_each_step}
     c.update(extra)
     return c
 
 
 CASES = {
     # fp32: the reference is plain single-process PyTorch on the global batch (tight)
-    "nested_fp32": case("nested", clip=1.0),
+    # with a no_grad eval forward after every step (it opens no step, frees what it gathers)
+    "nested_fp32": case("nested", clip=1.0, eval_each_step=True),
+    # two backward calls per micro-batch (two losses, the graph retained for the second)
+    "split_fp32": case("nested", opt=SGD, split_loss=True),
+    "lora_fp32": case("lora", opt=SGD),
     "tied_fp32": case("tied"),
     "external_fp32": case("external", opt=SGD),
     "owncast_fp32": case("owncast", opt=SGD),
@@ -188,6 +239,7 @@ CASES = {
     # FSDP2 output_dtype: every unit hands its floating outputs on in fp32
     "external_bf16_out32": case("external", {"param_dtype": "bf16", "reduce_dtype": "fp32",
                                              "output_dtype": "fp32"}, opt=SGD),
+    "twice_bf16": case("twice", {"param_dtype": "bf16", "reduce_dtype": "fp32"}, opt=SGD),
     "owncast_bf16": case("owncast", {"param_dtype": "bf16", "reduce_dtype": "fp32",
                                      "buffer_dtype": "bf16"}),
     "batchnorm_bf16": case("batchnorm", {"param_dtype": "bf16", "reduce_dtype": "fp32",
@@ -198,6 +250,17 @@ CASES = {
     "nested_pure_bf16": case("nested", {"master_dtype": "bf16"}, steps=1, micro_batches=1,
                              data=torch.bfloat16),
 }
+
+
+def eval_batch(name, rows):
+    """The held-out batch evaluated after every step (eval_each_step cases)."""
+    return batch(name, 10**6, 0, rows)
+
+
+def split_losses(name, out, target):
+    """The two losses of a split_loss case (their sum is loss_fn's value times 2)."""
+    return (F.mse_loss(out[:, :4].float(), target[:, :4]),
+            F.mse_loss(out[:, 4:].float(), target[:, 4:]))
 
 
 def data_dtype(name):

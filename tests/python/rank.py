@@ -75,8 +75,15 @@ def main():
             last = mb + 1 == model.micro_batches
             with contextlib.nullcontext() if last else model.no_sync():
                 out = model(*mine)
-                loss = cases.loss_fn(name, out, target[r * rows:(r + 1) * rows])
-                model.backward(loss)
+                tgt = target[r * rows:(r + 1) * rows]
+                if cases.CASES[a.case]["split_loss"]:
+                    l1, l2 = cases.split_losses(name, out, tgt)
+                    model.backward(l1, retain_graph=True)
+                    model.backward(l2)
+                    loss = l1 + l2
+                else:
+                    loss = cases.loss_fn(name, out, tgt)
+                    model.backward(loss)
             losses.append(loss.item())
             if step == 0 and last:  # the parameters after a synced backward
                 for fqn, p in module.named_parameters():
@@ -85,6 +92,11 @@ def main():
         res = model.step(sum(losses) / len(losses))
         steps.append({"loss": res.loss, "grad_norm": res.grad_norm, "skipped": res.skipped,
                       "local_loss": sum(losses) / len(losses)})
+        if cases.CASES[a.case]["eval"]:
+            inputs, target = cases.eval_batch(name, rows * model.dp_size)
+            with torch.no_grad():
+                out = model(*inputs)  # every rank evaluates the whole batch
+            steps[-1]["eval_loss"] = cases.loss_fn(name, out, target).item()
     for h in handles:
         h.remove()
     params = {k: v.float() for k, v in model.full_parameters().items()}

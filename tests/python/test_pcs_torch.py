@@ -56,25 +56,35 @@ def _optimizer(model, training):
                              betas=(0.9, 0.999), eps=1e-8)
 
 
-def reference_fp32(name, training, world):
-    """Plain single-process PyTorch on the global batch."""
+def reference_fp32(case_name, name, training, world):
+    """Plain single-process PyTorch on the global batch (and the held-out loss after each step
+    for eval cases)."""
+    c = cases.CASES[case_name]
     model = cases.build(name)
     opt = _optimizer(model, training)
     M, rows = training["micro_batches"], training["micro_batch_size"] * world
-    losses = []
+    losses, evals = [], []
     for step in range(training["steps"]):
         opt.zero_grad()
         tot = 0.0
         for mb in range(M):
             inputs, target = cases.batch(name, step, mb, rows)
-            loss = cases.loss_fn(name, model(*inputs), target)
+            out = model(*inputs)
+            if c["split_loss"]:
+                loss = sum(cases.split_losses(name, out, target))
+            else:
+                loss = cases.loss_fn(name, out, target)
             (loss / M).backward()
             tot += loss.item()
         if training.get("clip_grad_norm"):
             torch.nn.utils.clip_grad_norm_(model.parameters(), training["clip_grad_norm"])
         opt.step()
         losses.append(tot / M)
-    return {k: v.detach().clone() for k, v in model.named_parameters()}, losses
+        if c["eval"]:
+            inputs, target = cases.eval_batch(name, rows)
+            with torch.no_grad():
+                evals.append(cases.loss_fn(name, model(*inputs), target).item())
+    return {k: v.detach().clone() for k, v in model.named_parameters()}, losses, evals
 
 
 def _cast_out(dtype):
@@ -184,12 +194,17 @@ class PcsTorchTest(unittest.TestCase):
 
     def check_fp32(self, case_name):
         name, training, res = self.run_case(case_name)
-        want, losses = reference_fp32(name, training, W)
+        want, losses, evals = reference_fp32(case_name, name, training, W)
         for r in res:  # every rank sees the same parameters
             self.assert_params(r["params"], want, 1e-4, 1e-5)
             got = [s["loss"] for s in r["steps"]]
             self.assertTrue(torch.allclose(torch.tensor(got), torch.tensor(losses), rtol=1e-5),
                             "losses %s, reference %s" % (got, losses))
+            if evals:
+                got = [s["eval_loss"] for s in r["steps"]]
+                self.assertTrue(torch.allclose(torch.tensor(got), torch.tensor(evals),
+                                               rtol=1e-5),
+                                "eval losses %s, reference %s" % (got, evals))
             for fqn, dt in r["seen"]["params"].items():
                 self.assertEqual(dt, "torch.float32", fqn)
         return name, res
@@ -202,6 +217,17 @@ class PcsTorchTest(unittest.TestCase):
         # one tensor, declared shared: the plan has embed.weight only, and the head sees it
         self.assertNotIn("head.weight", res[0]["params"])
 
+    def test_two_backward_calls_per_micro_batch_fp32(self):
+        self.check_fp32("split_fp32")
+
+    def test_frozen_and_trainable_in_one_unit_fp32(self):
+        name, res = self.check_fp32("lora_fp32")
+        init = dict(cases.build(name).named_parameters())
+        self.assertTrue(torch.equal(res[0]["params"]["adapter.base.weight"],
+                                    init["adapter.base.weight"].detach()))
+        self.assertFalse(torch.equal(res[0]["params"]["adapter.a.weight"],
+                                     init["adapter.a.weight"].detach()))
+
     def test_external_input_fp32(self):
         self.check_fp32("external_fp32")
 
@@ -213,7 +239,6 @@ class PcsTorchTest(unittest.TestCase):
         init = dict(cases.build(name).named_parameters())
         for k in ("frozen.weight", "frozen.bias"):
             self.assertTrue(torch.equal(res[0]["params"][k], init[k].detach()), k)
-            self.assertNotIn(k, res[0]["seen"]["grads"])
         self.assertFalse(torch.equal(res[0]["params"]["trained.weight"],
                                      init["trained.weight"].detach()))
 
@@ -237,6 +262,11 @@ class PcsTorchTest(unittest.TestCase):
             self.assertEqual(seen["grads"][path + ".weight"], "torch.bfloat16", path)
             self.assertEqual(seen["after_backward"][path + ".weight"][:2],
                              ["torch.float32", True], path)
+
+    def test_unit_called_twice_under_bf16(self):
+        res = self.check_mixed("twice_bf16", torch.bfloat16)
+        self.assertEqual(res[0]["seen"]["after_backward"]["shared.weight"][:2],
+                         ["torch.float32", True])
 
     def test_output_dtype_fp32_under_bf16(self):
         res = self.check_mixed("external_bf16_out32", torch.bfloat16, output_dtype=torch.float32)

@@ -551,12 +551,21 @@ static void test_jobs_naming_a_program_only_take_workers_of_it(void **state)
     assert_int_equal(pcs_coord_register(f->c, &py, &w3, &rr), PCS_OK);
     assert_int_equal(j1->state, PCS_JOB_RUNNING);
     assert_int_equal(j1->rank_worker[0], w3->number);
-    /* a job naming no program takes any idle worker, in registration order */
+    /* a job naming no program takes pcs-worker or a worker that said nothing, in registration
+     * order, never a worker that asked for jobs by name */
     pcs_coord_job_desc_t any = {.n_dims = 1, .dim_name = names, .dim_size = sizes};
-    pcs_coord_job_t *j2;
+    pcs_coord_job_t *j2, *j2b, *j2c;
     assert_int_equal(pcs_coord_submit(f->c, &any, &j2), PCS_OK);
     assert_int_equal(j2->state, PCS_JOB_RUNNING);
     assert_int_equal(j2->rank_worker[0], w1->number);
+    assert_int_equal(pcs_coord_submit(f->c, &any, &j2b), PCS_OK);
+    assert_int_equal(j2b->state, PCS_JOB_RUNNING);
+    assert_int_equal(j2b->rank_worker[0], w2->number);
+    pcs_coord_register_t py2 = {.identity = "python-1", .program = "pcs.torch"};
+    pcs_coord_worker_t *w5;
+    assert_int_equal(pcs_coord_register(f->c, &py2, &w5, &rr), PCS_OK);
+    assert_int_equal(pcs_coord_submit(f->c, &any, &j2c), PCS_OK);
+    assert_int_equal(j2c->state, PCS_JOB_PENDING); /* the idle pcs.torch worker is not taken */
     pcs_coord_register_t bad = {.identity = "bad", .program = "a b"};
     pcs_coord_worker_t *w4;
     assert_int_equal(pcs_coord_register(f->c, &bad, &w4, &rr), PCS_ERR_INVALID_ARG);

@@ -486,6 +486,111 @@ static void test_replicated_unit_without_a_planned_all_reduce_is_averaged(void *
     run_two_ranks(TWO_UNPLANNED_REPLICATED);
 }
 
+// ---- HSDP all-reduce once per step (hsdp_all_reduce last_micro_batch) ----
+
+/* Rank r of a 2 x 2 HSDP world, unit 0 sharded (plan: reduce-scatter SUM pre-divide 2 over the
+ * shard pair, all-reduce SUM post-divide 2 over the replicas), SGD lr 1 from 0, 3 micro-batches
+ * of power-of-two gradients (exact sums): the master after each step must equal the mean over
+ * the 4 ranks of the summed micro-batch gradients, whether each micro-batch all-reduces
+ * (ar_last 0), the partial sums wait for the third hand-in (ar_last 1, all synced), or a
+ * micro-batch is left out so the optimizer step all-reduces the partial sum itself (ar_last 1,
+ * pattern 2: hand-ins at micro-batches 0 and 1 only). */
+typedef struct {
+    int ar_last, pattern;
+} partial_arg_t;
+
+static int partial_rank_main(const char *kvdir, uint32_t r, void *arg)
+{
+    const partial_arg_t *a = arg;
+    pcs_kv_t *kv = NULL;
+    if (pcs_kv_file_create(kvdir, &kv) != PCS_OK)
+        return 2;
+    static const uint64_t numel[PCS_RTH_UNITS] = {64, 8};
+    pcs_rth_plan_t b;
+    pcs_rth_plan_build(&b, PCS_RTH_HYBRID, 4, numel);
+    b.plan.micro_batches = 3;
+    b.plan.sync_every_micro_batch = 1;
+    b.plan.hsdp_all_reduce_last = a->ar_last;
+    b.unit[0].param_dtype = PCS__V1__DTYPE__DTYPE_FP32; /* exact: no bf16 rounding */
+    b.unit[1].param_dtype = PCS__V1__DTYPE__DTYPE_FP32;
+    pcs_runtime_config_t rc;
+    if (sgd_lr1_config(&rc, &b.plan, 1) != PCS_OK)
+        return 3;
+    rc.micro_batches = 3;
+    rc.rank = r;
+    rc.kv = kv;
+    rc.coll = PCS_COLL_GLOO;
+    rc.job_tag = a->ar_last ? (a->pattern == 2 ? "partial-flush-" : "partial-last-") : "every-";
+    pcs_runtime_t *rt = NULL;
+    int rv = 0;
+    if (pcs_runtime_create(&rc, &rt) != PCS_OK) {
+        fprintf(stderr, "rank %u: create: %s\n", r, pcs_last_error());
+        pcs_kv_destroy(kv);
+        return 4;
+    }
+    float expect = 0;
+    for (int step = 0; step < 2 && !rv; step++) {
+        if (pcs_runtime_begin_step(rt) != PCS_OK)
+            rv = 5;
+        float want = 0;
+        for (int m = 0; m < 3 && !rv; m++) {
+            int in = !(a->pattern == 2 && m == 2);
+            /* rank r, micro-batch m: 2^(r + 2m) (exact in fp32, summed in any order) */
+            float v = (float)(1u << (r + 2 * m));
+            for (uint32_t q = 0; q < 4; q++)
+                want += in ? (float)(1u << (q + 2 * m)) / 4 : 0;
+            for (uint32_t u = 0; u < PCS_RTH_UNITS && in; u++) {
+                void *g;
+                pcs_dtype_t dt;
+                if (pcs_runtime_grad_buffer(rt, u, &g, &dt) != PCS_OK) {
+                    rv = 6;
+                    break;
+                }
+                for (uint64_t i = 0; i < b.unit[u].padded_numel; i++)
+                    ((float *)g)[i] = i < numel[u] ? v : 0;
+                if (pcs_runtime_post_backward(rt, u, 1) != PCS_OK)
+                    rv = 7;
+            }
+        }
+        pcs_rt_step_opts_t o;
+        memset(&o, 0, sizeof o);
+        pcs_rt_step_result_t res;
+        if (!rv && pcs_runtime_optimizer_step(rt, &o, &res) != PCS_OK) {
+            fprintf(stderr, "rank %u: step: %s\n", r, pcs_last_error());
+            rv = 8;
+        }
+        expect -= want;
+        pcs_rt_shard_t sh;
+        if (!rv && pcs_runtime_shard(rt, 0, &sh) != PCS_OK)
+            rv = 9;
+        /* the shard's elements that belong to the parameter (padding stays 0) */
+        for (uint64_t i = 0; !rv && i < sh.numel; i++) {
+            uint64_t g = sh.shard_index * sh.numel + i;
+            float w = ((const float *)sh.master)[i], e = g < numel[0] ? expect : 0;
+            if (w != e) {
+                fprintf(stderr, "rank %u step %d: master[%llu] = %g, want %g\n", r, step,
+                        (unsigned long long)g, w, e);
+                rv = 10;
+            }
+        }
+    }
+    pcs_runtime_destroy(rt);
+    pcs_kv_destroy(kv);
+    return rv;
+}
+
+static void test_hsdp_partial_sums_all_reduce_once_per_step(void **state)
+{
+    (void)state;
+    const partial_arg_t args[3] = {{0, 1}, {1, 1}, {1, 2}};
+    for (int k = 0; k < 3; k++) {
+        int codes[4];
+        pcs_rth_fork_ranks("rt-partial", 4, partial_rank_main, (void *)&args[k], 120000, codes);
+        for (uint32_t r = 0; r < 4; r++)
+            assert_int_equal(codes[r], 0);
+    }
+}
+
 // ---- host staging gives the direct path's bits ----
 
 /* Unit 0 sharded (FULL: reduce-scatter AVG; HYBRID: reduce-scatter SUM pre-divide 2 then an
@@ -699,6 +804,7 @@ int main(void)
         cmocka_unit_test(test_staged_full_shard_w2_is_bit_identical_to_direct),
         cmocka_unit_test(test_staged_no_shard_w2_is_bit_identical_to_direct),
         cmocka_unit_test(test_staged_hybrid_shard_w4_is_bit_identical_to_direct),
+        cmocka_unit_test(test_hsdp_partial_sums_all_reduce_once_per_step),
         cmocka_unit_test(test_nccl_on_host_buffers_is_refused_with_a_reason),
         cmocka_unit_test(test_cpu_event_elapsed_is_host_time_between_records),
     };

@@ -291,8 +291,8 @@ static const row_t rows[] = {
      "training: {steps: 1, micro_batch_size: 4, optimizer: {sgd: {lr: 0.1}}, hsdp_all_reduce: "
      "last_micro_batch}",
      NULL, NULL, NULL,
-     "training.hsdp_all_reduce: last_micro_batch needs gradient_sync: every_micro_batch "
-     "(otherwise the one reduction of a step is the last)"},
+     "training.hsdp_all_reduce: last_micro_batch needs training.gradient_sync: "
+     "every_micro_batch (otherwise the one reduction of a step is the last)"},
     /* FSDP ignored_modules */
     {"collectives", "collectives: gloo\nignored_modules: ['']", NULL, NULL, NULL,
      "ignored_modules[0]: the root module cannot be ignored"},

@@ -42,11 +42,6 @@ typedef struct pcs_worker_options {
      * spec.backend decides; a cuda job needs "cuda" here. */
     const char *backend;
     int device; /* cuda device ordinal; -1 = $LOCAL_RANK modulo the visible devices */
-    /* What this program is, for jobs that name their program (spec.program): NULL or "" = not
-     * said (it takes jobs that name none); else [A-Za-z0-9._-], at most 64 characters. The
-     * Python package registers as "pcs.torch". (Added after the first release: a program built
-     * against the older header must be rebuilt.) */
-    const char *program;
 } pcs_worker_options_t;
 
 /* Register with the coordinator, wait for an assignment, build the communicators and the fp32
@@ -54,6 +49,12 @@ typedef struct pcs_worker_options {
  * (coordinator unreachable), PCS_ERR_INVALID_ARG (a plan this runtime cannot run).
  * Caller ends with pcs_worker_finish() and pcs_worker_destroy(). */
 pcs_status_t pcs_worker_join(const pcs_worker_options_t *opt, pcs_worker_t **out);
+/* pcs_worker_join as `program` (RegisterRequest.program): a job whose spec.program names it is
+ * given only to such workers, and a worker that names a program takes no job that names none.
+ * NULL or "" = pcs_worker_join (not said: jobs that name no program). [A-Za-z0-9._-], at most 64
+ * characters; the Python package joins as "pcs.torch". (Version node PCS_WORKER_0.2.) */
+pcs_status_t pcs_worker_join_as(const pcs_worker_options_t *opt, const char *program,
+                                pcs_worker_t **out);
 
 uint32_t pcs_worker_rank(const pcs_worker_t *w);
 uint32_t pcs_worker_world_size(const pcs_worker_t *w);
