@@ -411,6 +411,10 @@ pcs_status_t pcs_worker_unit_policy(const pcs_worker_t *w, uint32_t unit,
     out->n_modules = u->n_modules;
     out->modules = (const char *const *)u->modules;
     out->unmanaged = u->unmanaged;
+    /* the mixed-precision units computing in another dtype than the master (FSDP1 forces full
+     * precision only where mixed precision is in use) */
+    out->full_precision_eval = w->as->plan->full_precision_eval && u->mixed_precision &&
+                               u->param_dtype && u->param_dtype != u->master_dtype;
     return PCS_OK;
 }
 
@@ -460,6 +464,18 @@ pcs_status_t pcs_worker_unshard(pcs_worker_t *w, uint32_t unit, const void **par
                                 pcs_dtype_t *dtype)
 {
     return pcs_runtime_unshard(w->rt, unit, 0, params, dtype);
+}
+
+pcs_status_t pcs_worker_unshard_full(pcs_worker_t *w, uint32_t unit, const float **params)
+{
+    const void *p = NULL;
+    pcs_dtype_t dt;
+    PCS_CHECK(pcs_runtime_unshard(w->rt, unit, 1, &p, &dt));
+    if (dt != PCS_DTYPE_FP32)
+        return pcs_set_error(PCS_ERR_INTERNAL, "unit %u: full-precision gather gave %s", unit,
+                             pcs_dtype_name(dt));
+    *params = p;
+    return PCS_OK;
 }
 
 pcs_status_t pcs_worker_prefetch(pcs_worker_t *w, uint32_t unit)

@@ -189,6 +189,9 @@ class _Unit:
         self.handed = False  # handed in during this backward
         self.synced = False  # handed in with sync this step
         self.input_dtype = None  # mixed precision off: the dtype its output goes back to
+        self.full32 = None  # full-precision eval: the fp32 masters (allocated on first use)
+        self.views32 = []
+        self.live_full = False  # live holds full32, not full
 
 
 class ShardedModule:
@@ -241,6 +244,13 @@ class ShardedModule:
             for p, _ in u.params:
                 p.data = u.empty
                 p.grad = None
+        # every floating buffer's own dtype: full-precision eval runs in it (FSDP1 casts them
+        # back for eval and to buffer_dtype again for training)
+        self._mods = mods
+        self._buffer_dtypes = {(path, name): b.dtype for path, m in mods.items()
+                               for name, b in m._buffers.items()
+                               if b is not None and torch.is_floating_point(b)}
+        self._buffers_full = False
         self._cast_buffers(mods)
         for u in self.units:
             self._hooks.append(u.module.register_forward_pre_hook(
@@ -312,7 +322,37 @@ class ShardedModule:
                 if b is not None and torch.is_floating_point(b) and b.dtype != dt:
                     m._buffers[name] = b.to(dt)
 
+    def _buffers_to(self, full):
+        """Floating buffers in their own dtype (full-precision eval) or the plan's again."""
+        if full == self._buffers_full:
+            return
+        if full:
+            for (path, name), dt in self._buffer_dtypes.items():
+                m = self._mods[path]
+                b = m._buffers.get(name)
+                if b is not None and b.dtype != dt:
+                    m._buffers[name] = b.to(dt)
+        else:
+            self._cast_buffers(self._mods)
+        self._buffers_full = full
+
     # -- unshard / free
+    def _gather_full(self, u):
+        """Full-precision eval: the unit's fp32 masters, a copy PyTorch owns (freed after the
+        unit's forward)."""
+        buf = self.worker.unshard_full(u.index)
+        if u.full32 is None:
+            u.full32 = torch.empty(u.info.padded_numel, dtype=torch.float32)
+            u.views32 = [u.full32.narrow(0, pi.offset, pi.numel).view(pi.shape)
+                         for _, pi in u.params]
+        elif u.full32.storage().size() == 0:
+            u.full32.storage().resize_(u.info.padded_numel)
+        ctypes.memmove(u.full32.data_ptr(), buf.address, buf.nbytes)
+        self.worker.reshard(u.index)
+        for (p, _), v in zip(u.params, u.views32):
+            p.data = v
+        u.live = u.live_full = True
+
     def _gather(self, u):
         buf = self.worker.unshard(u.index)
         if buf.dtype != u.info.param_dtype or buf.numel != u.info.padded_numel:
@@ -332,8 +372,11 @@ class ShardedModule:
             return
         for p, _ in u.params:
             p.data = u.empty
-        u.full.storage().resize_(0)
-        u.live = False
+        if u.live_full:
+            u.full32.storage().resize_(0)
+        else:
+            u.full.storage().resize_(0)
+        u.live = u.live_full = False
 
     def _begin(self):
         if not self._in_step:
@@ -345,10 +388,24 @@ class ShardedModule:
 
     def _pre_forward(self, u, _module, args):
         training = torch.is_grad_enabled()
+        # FSDP_USE_FULL_PREC_IN_EVAL: an eval-mode forward of a mixed-precision unit runs on its
+        # fp32 masters with no casts and the buffers in their own dtype
+        full = u.policy.full_precision_eval and not u.module.training
+        if full and training:
+            raise _error("state", "unit %d (%r): an eval-mode forward with gradients under "
+                         "training.full_precision_eval (FSDP reduces in full precision then) is "
+                         "not supported; run eval under torch.no_grad()" %
+                         (u.index, u.info.path))
+        self._buffers_to(not u.module.training and any(
+            v.policy.full_precision_eval for v in self.units))
         if training:  # an eval or no_grad forward opens no step
             self._begin()
+        if u.live and u.live_full != full:
+            self._free(u)
         if not u.live:
-            self._gather(u)
+            self._gather_full(u) if full else self._gather(u)
+        if full:
+            return None
         if training:
             u.used = True
             if u.fresh:  # a new pass: keep the hooked nodes the last one used
@@ -380,6 +437,9 @@ class ShardedModule:
         return None
 
     def _post_forward(self, u, _module, _args, out):
+        if u.live_full:  # full-precision eval: no casts, nothing comes back
+            self._free(u)
+            return out
         if u.policy.output_dtype:
             dt = _TORCH[u.policy.output_dtype]
             out = _map_floats(out, lambda t: t.to(dt))

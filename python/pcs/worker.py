@@ -106,7 +106,7 @@ class _UnitPolicy(ctypes.Structure):
                 ("reduce_dtype", ctypes.c_int), ("master_dtype", ctypes.c_int),
                 ("buffer_dtype", ctypes.c_int), ("output_dtype", ctypes.c_int),
                 ("n_modules", ctypes.c_size_t), ("modules", ctypes.POINTER(ctypes.c_char_p)),
-                ("unmanaged", ctypes.c_int)]
+                ("unmanaged", ctypes.c_int), ("full_precision_eval", ctypes.c_int)]
 
 
 class _StepResult(ctypes.Structure):
@@ -146,6 +146,7 @@ def _load():
         "pcs_worker_unshard": (st, [P, ctypes.c_uint32, ctypes.POINTER(P),
                                     ctypes.POINTER(ctypes.c_int)]),
         "pcs_worker_prefetch": (st, [P, ctypes.c_uint32]),
+        "pcs_worker_unshard_full": (st, [P, ctypes.c_uint32, ctypes.POINTER(P)]),
         "pcs_worker_reshard": (st, [P, ctypes.c_uint32]),
         "pcs_worker_grad_buffer": (st, [P, ctypes.c_uint32, ctypes.POINTER(P),
                                         ctypes.POINTER(ctypes.c_int)]),
@@ -230,6 +231,7 @@ class UnitPolicy:
         self.output_dtype = dtype_name(ci.output_dtype) if ci.output_dtype else None
         self.modules = [ci.modules[k].decode() for k in range(ci.n_modules)]
         self.unmanaged = bool(ci.unmanaged)
+        self.full_precision_eval = bool(ci.full_precision_eval)
 
 
 class StepResult:
@@ -451,6 +453,12 @@ class Worker:
         _check(self._lib.pcs_worker_unshard(self._handle(), unit, ctypes.byref(p),
                                             ctypes.byref(dt)))
         return Buffer(p.value, self.units[unit].padded_numel, dt.value, self.device)
+
+    def unshard_full(self, unit):
+        """Full-precision eval: all-gather ``unit``'s fp32 masters (valid until reshard)."""
+        p = ctypes.c_void_p()
+        _check(self._lib.pcs_worker_unshard_full(self._handle(), unit, ctypes.byref(p)))
+        return Buffer(p.value, self.units[unit].padded_numel, DTYPE_FP32, self.device)
 
     def prefetch(self, unit):
         _check(self._lib.pcs_worker_prefetch(self._handle(), unit))

@@ -210,9 +210,11 @@ BASE = {"strategy": "full_shard", "mesh": [{"dim": "dp_shard", "size": 2}]}
 
 
 def case(model, precision=None, steps=4, micro_batches=2, mbs=4, clip=None, data=None,
-         opt=None, split_loss=False, eval_each_step=False, **extra):
+         opt=None, split_loss=False, eval_each_step=False, full_precision_eval=False, **extra):
     training = {"steps": steps, "micro_batch_size": mbs, "micro_batches": micro_batches,
                 "optimizer": opt or OPT}
+    if full_precision_eval:
+        training["full_precision_eval"] = True
     if clip:
         training["clip_grad_norm"] = clip
     c = {"model": model, "precision": precision or {}, "training": training, "data": data,
@@ -240,6 +242,10 @@ CASES = {
     "external_bf16_out32": case("external", {"param_dtype": "bf16", "reduce_dtype": "fp32",
                                              "output_dtype": "fp32"}, opt=SGD),
     "twice_bf16": case("twice", {"param_dtype": "bf16", "reduce_dtype": "fp32"}, opt=SGD),
+    # FSDP_USE_FULL_PREC_IN_EVAL: eval forwards on the fp32 masters, buffers in their own dtype
+    "owncast_bf16_fulleval": case("owncast", {"param_dtype": "bf16", "reduce_dtype": "fp32",
+                                              "buffer_dtype": "bf16"},
+                                  eval_each_step=True, full_precision_eval=True),
     "owncast_bf16": case("owncast", {"param_dtype": "bf16", "reduce_dtype": "fp32",
                                      "buffer_dtype": "bf16"}),
     "batchnorm_bf16": case("batchnorm", {"param_dtype": "bf16", "reduce_dtype": "fp32",

@@ -35,18 +35,23 @@ def main():
     model = pcs.torch.shard(module, coordinator=a.coordinator, identity=a.identity,
                             join_timeout_ms=60000, coll_timeout_ms=20000)
     seen = {"inputs": {}, "params": {}, "grads": {}, "buffers": {}, "after_backward": {},
-            "outputs": {}}
+            "outputs": {}, "eval": {"inputs": {}, "params": {}, "buffers": {}},
+            "after_eval": {"inputs": {}, "params": {}, "buffers": {}}}
     first = [True]
+    in_eval = [False]
+    after_eval = [False]  # the training forward after the first eval
 
     def pre(path):
         def hook(mod, args):
-            if first[0]:
+            rec = (seen["eval"] if in_eval[0] else seen if first[0]
+                   else seen["after_eval"] if after_eval[0] else None)
+            if rec is not None:
                 fl = [t.dtype for t in args if torch.is_tensor(t) and t.is_floating_point()]
-                seen["inputs"].setdefault(path, str(fl[0]) if fl else None)
+                rec["inputs"].setdefault(path, str(fl[0]) if fl else None)
                 for n, p in mod.named_parameters(recurse=False):
-                    seen["params"].setdefault(path + "." + n if path else n, str(p.dtype))
+                    rec["params"].setdefault(path + "." + n if path else n, str(p.dtype))
                 for n, b in mod.named_buffers(recurse=False):
-                    seen["buffers"].setdefault(path + "." + n if path else n, str(b.dtype))
+                    rec["buffers"].setdefault(path + "." + n if path else n, str(b.dtype))
         return hook
 
     def post(path):
@@ -85,6 +90,7 @@ def main():
                     loss = cases.loss_fn(name, out, tgt)
                     model.backward(loss)
             losses.append(loss.item())
+            after_eval[0] = False
             if step == 0 and last:  # the parameters after a synced backward
                 for fqn, p in module.named_parameters():
                     seen["after_backward"][fqn] = [str(p.dtype), p.grad is None, p.numel()]
@@ -94,8 +100,13 @@ def main():
                       "local_loss": sum(losses) / len(losses)})
         if cases.CASES[a.case]["eval"]:
             inputs, target = cases.eval_batch(name, rows * model.dp_size)
+            model.eval()
+            in_eval[0] = True
             with torch.no_grad():
                 out = model(*inputs)  # every rank evaluates the whole batch
+            in_eval[0] = False
+            after_eval[0] = step == 0
+            model.train()
             steps[-1]["eval_loss"] = cases.loss_fn(name, out, target).item()
     for h in handles:
         h.remove()

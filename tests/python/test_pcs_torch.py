@@ -126,8 +126,22 @@ def _low_copy(master, dtype, wrap, output_dtype=None):
     return m
 
 
+def _full_eval(master, name, rows, buffer_dtype):
+    """FSDP_USE_FULL_PREC_IN_EVAL on the masters: fp32, buffers holding their buffer_dtype values
+    (pcs, like FSDP, keeps them in buffer_dtype and casts them back for eval)."""
+    m = copy.deepcopy(master).float()
+    for mod in m.modules():
+        for n, b in list(mod._buffers.items()):
+            if b is not None and b.is_floating_point() and buffer_dtype is not None:
+                mod._buffers[n] = b.to(buffer_dtype).float()
+    inputs, target = cases.eval_batch(name, rows)
+    m.eval()
+    with torch.no_grad():
+        return cases.loss_fn(name, m(*inputs), target).item()
+
+
 def reference_mixed(name, training, world, dtype, master_dtype=torch.float32,
-                    output_dtype=None):
+                    output_dtype=None, buffer_dtype=None):
     wrap = cases.MODELS[name].WRAP
     """Each rank's rows computed in `dtype` from the masters, gradients reduced in fp32 (mean
     over ranks, summed over micro-batches), AdamW on the masters."""
@@ -136,7 +150,7 @@ def reference_mixed(name, training, world, dtype, master_dtype=torch.float32,
         master = master.to(master_dtype)
     opt = _optimizer(master, training)
     M, rows = training["micro_batches"], training["micro_batch_size"]
-    losses = []
+    losses, evals = [], []
     for step in range(training["steps"]):
         acc = {k: torch.zeros(p.shape) for k, p in master.named_parameters()}
         tot = 0.0
@@ -157,7 +171,10 @@ def reference_mixed(name, training, world, dtype, master_dtype=torch.float32,
             torch.nn.utils.clip_grad_norm_(master.parameters(), training["clip_grad_norm"])
         opt.step()
         losses.append(tot / M)
-    return {k: v.detach().float().clone() for k, v in master.named_parameters()}, losses
+        if training.get("full_precision_eval"):
+            evals.append(_full_eval(master, name, rows * world, buffer_dtype))
+    return ({k: v.detach().float().clone() for k, v in master.named_parameters()}, losses,
+            evals)
 
 
 # ---- the tests ---------------------------------------------------------------------------------
@@ -242,15 +259,22 @@ class PcsTorchTest(unittest.TestCase):
         self.assertFalse(torch.equal(res[0]["params"]["trained.weight"],
                                      init["trained.weight"].detach()))
 
-    def check_mixed(self, case_name, dtype, master=torch.float32, output_dtype=None):
+    def check_mixed(self, case_name, dtype, master=torch.float32, output_dtype=None,
+                    buffer_dtype=None):
         name, training, res = self.run_case(case_name)
-        want, losses = reference_mixed(name, training, W, dtype, master, output_dtype)
+        want, losses, evals = reference_mixed(name, training, W, dtype, master, output_dtype,
+                                              buffer_dtype)
         for r in res:
             self.assert_params(r["params"], {k: v.to(dtype).float() for k, v in want.items()},
                                1e-2, 1e-3)
             got = [s["loss"] for s in r["steps"]]
             self.assertTrue(torch.allclose(torch.tensor(got), torch.tensor(losses), rtol=1e-3),
                             "losses %s, reference %s" % (got, losses))
+            if evals:  # fp32 eval on masters that agree within the bf16 steps' rounding
+                got = [s["eval_loss"] for s in r["steps"]]
+                self.assertTrue(torch.allclose(torch.tensor(got), torch.tensor(evals),
+                                               rtol=1e-3),
+                                "eval losses %s, reference %s" % (got, evals))
         return res
 
     def test_nested_wrapped_module_bf16_params_fp32_reduce(self):
@@ -275,6 +299,22 @@ class PcsTorchTest(unittest.TestCase):
             self.assertEqual(seen["outputs"][unit], "torch.float32", unit)
         self.assertEqual(seen["inputs"]["b"], "torch.bfloat16")  # cast again at the next unit
         self.assertEqual(seen["params"]["b.weight"], "torch.bfloat16")
+
+    def test_full_precision_eval_restores_buffer_dtypes(self):
+        """test_full_precision_in_eval_buffers: eval in fp32 (parameters, inputs, buffers),
+        training in bf16 with the buffer in buffer_dtype again."""
+        res = self.check_mixed("owncast_bf16_fulleval", torch.bfloat16,
+                               buffer_dtype=torch.bfloat16)
+        seen = res[0]["seen"]
+        ev = seen["eval"]
+        self.assertEqual(ev["buffers"]["inner.shift"], "torch.float32")
+        self.assertEqual(ev["params"]["inner.weight"], "torch.float32")
+        self.assertEqual(ev["inputs"]["inner"], "torch.float32")  # no cast in eval
+        self.assertEqual(seen["buffers"]["inner.shift"], "torch.bfloat16")
+        self.assertEqual(seen["params"]["inner.weight"], "torch.bfloat16")
+        # and back to buffer_dtype for the next training forward
+        self.assertEqual(seen["after_eval"]["buffers"]["inner.shift"], "torch.bfloat16")
+        self.assertEqual(seen["after_eval"]["params"]["inner.weight"], "torch.bfloat16")
 
     def test_own_cast_and_buffer_under_bf16(self):
         res = self.check_mixed("owncast_bf16", torch.bfloat16)

@@ -106,6 +106,8 @@ typedef struct pcs_worker_unit_policy {
     const char *const *modules;  /* their FQNs (valid until destroy) */
     int unmanaged;               /* spec.ignored_modules: no cast of any kind (pcs does not
                                   * reduce its gradients either) */
+    int full_precision_eval;     /* eval forwards gather the masters (pcs_worker_unshard_full)
+                                  * and run without casts, buffers in their own dtype */
 } pcs_worker_unit_policy_t;
 
 size_t pcs_worker_num_units(const pcs_worker_t *w);
@@ -138,6 +140,10 @@ pcs_status_t pcs_worker_begin_step(pcs_worker_t *w);
 pcs_status_t pcs_worker_unshard(pcs_worker_t *w, uint32_t unit, const void **params,
                                 pcs_dtype_t *dtype);
 pcs_status_t pcs_worker_prefetch(pcs_worker_t *w, uint32_t unit);
+/* Full-precision eval (training.full_precision_eval, FSDP_USE_FULL_PREC_IN_EVAL): all-gather
+ * `unit`'s masters in fp32 instead (padded_numel fp32 elements, valid until the reshard), for a
+ * forward with mixed precision off. (Version node PCS_WORKER_0.2.) */
+pcs_status_t pcs_worker_unshard_full(pcs_worker_t *w, uint32_t unit, const float **params);
 pcs_status_t pcs_worker_reshard(pcs_worker_t *w, uint32_t unit);
 /* The buffer the program writes `unit`'s gradients into (padded_numel elements of *dtype, laid
  * out like the parameters; padding must stay zero; the ranges of frozen parameters are ignored:
