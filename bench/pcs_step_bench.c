@@ -1,5 +1,6 @@
 /* pcs-step-bench: step time breakdown of the sharded training loop for the demo model (MLP
- * 256-1024x4-16, FULL_SHARD, bf16 params / fp32 reduce, AdamW, 4 micro-batches of 32 rows) at
+ * 256-1024x4-16, FULL_SHARD, bf16 params / fp32 reduce, AdamW, 4 micro-batches of 32 rows; -p fp32
+ * and -s shard_grad_op|no_shard change the policy and strategy) at
  * W = 1, 2, 4 ranks (forked processes, file KV store; CPU + Gloo over loopback by default,
  * `-d cuda [-c nccl|gloo]` for a backend: cuda job on the GPUs, rank r on device r % count), with
  * and without the all-gather prefetch thread, and the overlap efficiency max(compute, comm) / step.
@@ -35,8 +36,8 @@ static const char k_job_fmt[] =
     "  mlp: {input_dim: %u, hidden_dims: [%s], output_dim: 16, activation: gelu,\n"
     "        norm: layernorm, bias: true, residual: true}\n"
     "wrap: {module_class: [MLPBlock]}\n"
-    "precision: {param_dtype: bf16, reduce_dtype: fp32}\n"
-    "strategy: full_shard\n"
+    "precision: {param_dtype: %s, reduce_dtype: fp32}\n"
+    "strategy: %s\n"
     "mesh: [{dim: dp_shard, size: %d}]\n"
     "training:\n"
     "  steps: %d\n"
@@ -58,6 +59,8 @@ typedef struct bench_cfg {
     int devices;         /* cuda devices: rank r computes on r % devices */
     int blas_threads;    /* per rank; 0 = auto (the CPUs divided by the ranks) */
     const char *accumulation; /* training.accumulation */
+    const char *precision;    /* param_dtype: bf16 (default) | fp32 */
+    const char *strategy;     /* full_shard (default) | shard_grad_op | no_shard */
 } bench_cfg_t;
 
 /* Per-rank means over the timed steps. */
@@ -116,8 +119,8 @@ static Pcs__V1__JobSpec *make_spec(const bench_cfg_t *b, int world, int steps, c
     if (ckpt)
         snprintf(extra + n, sizeof extra - (size_t)n, "checkpoint: {dir: '%s'}\n", ckpt);
     char yaml[4096];
-    snprintf(yaml, sizeof yaml, k_job_fmt, b->input_dim, b->hidden, world, steps, b->rows,
-             b->accumulation, extra);
+    snprintf(yaml, sizeof yaml, k_job_fmt, b->input_dim, b->hidden, b->precision, b->strategy,
+             world, steps, b->rows, b->accumulation, extra);
     ProtobufCMessage *m = NULL;
     if (pcs_pb_from_yaml(yaml, strlen(yaml), &pcs__v1__job_spec__descriptor, &m) != PCS_OK) {
         fprintf(stderr, "pcs-step-bench: job: %s\n", pcs_last_error());
@@ -367,7 +370,8 @@ static int memory_table(const bench_cfg_t *b0, const int *worlds, int n_worlds)
 
 int main(int argc, char **argv)
 {
-    bench_cfg_t b = {256, 32, "1024, 1024, 1024, 1024", 2, 5, "cpu", "gloo", 0, 0, "reshard"};
+    bench_cfg_t b = {256,  32, "1024, 1024, 1024, 1024", 2, 5, "cpu", "gloo", 0, 0, "reshard",
+                     "bf16", "full_shard"};
     int rss_slope = 0;
     char cmdline[1024] = "";
     for (int i = 0, o = 0; i < argc && o < (int)sizeof cmdline - 2; i++)
@@ -398,12 +402,27 @@ int main(int argc, char **argv)
             b.accumulation = argv[++i];
         } else if (strcmp(argv[i], "--memory") == 0) {
             rss_slope = 1;
+        } else if (strcmp(argv[i], "-p") == 0 && i + 1 < argc) {
+            b.precision = argv[++i];
+        } else if (strcmp(argv[i], "-s") == 0 && i + 1 < argc) {
+            b.strategy = argv[++i];
         } else {
             fprintf(stderr, "usage: pcs-step-bench [-g 1,2,4] [-n iters] [-w warmup] [--tiny] "
                             "[--check-steps N] [-d cpu|cuda] [-c gloo|nccl] [-t blas-threads] "
-                            "[-a reshard|keep_gathered] [--memory]\n");
+                            "[-a reshard|keep_gathered] [-p bf16|fp32] "
+                            "[-s full_shard|shard_grad_op|no_shard] [--memory]\n");
             return 2;
         }
+    }
+    if (strcmp(b.precision, "bf16") != 0 && strcmp(b.precision, "fp32") != 0) {
+        fprintf(stderr, "pcs-step-bench: -p: bf16 or fp32, got '%s'\n", b.precision);
+        return 2;
+    }
+    if (strcmp(b.strategy, "full_shard") != 0 && strcmp(b.strategy, "shard_grad_op") != 0 &&
+        strcmp(b.strategy, "no_shard") != 0) {
+        fprintf(stderr, "pcs-step-bench: -s: full_shard, shard_grad_op or no_shard, got '%s'\n",
+                b.strategy);
+        return 2;
     }
     if (strcmp(b.backend, "cpu") != 0 && strcmp(b.backend, "cuda") != 0) {
         fprintf(stderr, "pcs-step-bench: -d: cpu or cuda, got '%s'\n", b.backend);
@@ -433,9 +452,9 @@ int main(int argc, char **argv)
     printf("# pcs-step-bench  git %s  %s  cmd:%s", PCS_GIT_SHA, ts, cmdline);
     printf("\n# host %s  nproc %ld  cpu %s  backend %s (%s, %d devices)  coll %s (loopback)\n",
            host, sysconf(_SC_NPROCESSORS_ONLN), cpu, b.backend, devname, b.devices, b.coll);
-    printf("# model mlp %u-[%s]-16, FULL_SHARD bf16 params / fp32 reduce, AdamW, 4 micro-batches "
+    printf("# model mlp %u-[%s]-16, %s %s params / fp32 reduce, AdamW, 4 micro-batches "
            "x %u rows per rank (accumulation: %s), clip 1.0\n",
-           b.input_dim, b.hidden, b.rows, b.accumulation);
+           b.input_dim, b.hidden, b.strategy, b.precision, b.rows, b.accumulation);
     printf("# warmup %d steps, timed %d steps, per-rank mean, max over ranks; comm = AG + RS/AR "
            "time; overlap = max(compute, comm) / step\n",
            b.warmup, b.iters);
