@@ -1811,8 +1811,6 @@ static pcs_status_t world_all_reduce_f32(pcs_runtime_t *rt, pcs_coll_t *c, float
     return st;
 }
 
-/* The compute stream waits for everything the all-gather and reduction streams hold: the
- * prefetch thread idle (nothing queued or running), the reductions drained. */
 /* hsdp_all_reduce last_micro_batch: all-reduce a partial sum that no last hand-in carried (a
  * program synced fewer times than micro_batches, or a unit sat out a micro-batch), on the idle
  * reduction stream, and add it to the sharded gradient. */
@@ -1833,6 +1831,8 @@ static pcs_status_t flush_partial(pcs_runtime_t *rt, rt_unit_t *u)
                                  rt->rs_stream);
 }
 
+/* The compute stream waits for everything the all-gather and reduction streams hold: the
+ * prefetch thread idle (nothing queued or running), the reductions drained. */
 static pcs_status_t fence_side_streams(pcs_runtime_t *rt)
 {
     PCS_CHECK(wait_reductions(rt));
@@ -1845,9 +1845,8 @@ static pcs_status_t fence_side_streams(pcs_runtime_t *rt)
 }
 
 /* The optimizer on one unit's shard (fp32 grads g): the whole shard in one tensor, or, when frozen
- * parameters overlap it, the trainable ranges as one tensor list (one launch on cuda). */
-/* The optimizer update of unit u's master shard from fp32 gradient g, with backend be's kernels
- * on stream cs (cpu_offload: the host backend on host memory). */
+ * parameters overlap it, the trainable ranges as one tensor list (one launch on cuda); with
+ * backend be's kernels on stream cs (cpu_offload: the host backend on host memory). */
 static pcs_status_t update_unit(pcs_runtime_t *rt, const pcs_backend_ops_t *be, rt_unit_t *u,
                                 float *g, pcs_stream_t cs)
 {
