@@ -26,9 +26,10 @@ What :func:`shard` does, per the plan the coordinator sent (the FSDP1 runtime's 
   that the unit is gathered again before its backward.
 - Outside a unit's forward and backward its parameters are empty tensors of the master dtype
   (FSDP shows the fp32 shard there) and their ``.grad`` is None: pcs holds the gradients.
-- A hook on each trainable parameter's AccumulateGrad counts the unit's gradients; when all are
+- A hook on each AccumulateGrad node the unit's forwards used counts its gradients; when all are
   in, they are copied into the unit's gradient buffer and handed in (sync unless inside
-  :meth:`ShardedModule.no_sync`), and the unsharded tensor is freed. A callback at the end of the
+  :meth:`ShardedModule.no_sync`), and the unsharded tensor is freed (a unit with frozen
+  parameters at the end of the backward: they may still be needed for the input gradient). A callback at the end of the
   backward hands in what is left (unused parameters: zero); on a synced micro-batch every unit
   not yet synced this step is handed in.
 - A unit with mixed precision off (an ignored class such as BatchNorm) in a mixed-precision job
@@ -93,7 +94,9 @@ def model_spec(module):
             if b is None:
                 continue
             t = {"name": name, "shape": list(b.shape)}
-            if b.dtype != torch.float32:
+            if b.dtype == torch.bool:
+                t["dtype"] = "int64"  # a mask: declared for the memory account only
+            elif b.dtype != torch.float32:
                 if b.dtype not in _PCS:
                     raise ValueError("model_spec: buffer %s has dtype %s, which pcs does not "
                                      "declare" % (path + "." + name if path else name, b.dtype))
@@ -172,6 +175,10 @@ class _Unit:
         # outside its forward and backward a parameter is an empty tensor of the master dtype
         # (FSDP shows its fp32 shard there): what it is, without memory
         self.empty = torch.empty(0, dtype=_TORCH[policy.master_dtype])
+        # ... but inside a step a freed parameter keeps its param dtype: a dtype change would make
+        # PyTorch drop the parameter's hooked AccumulateGrad node (a forward re-run by
+        # checkpointing would then create an unhooked one)
+        self.empty_p = torch.empty(0, dtype=self.dtype)
         self.live = False
         # a frozen parameter may still be needed after the trainable ones' gradients are in (the
         # input gradient of its op): such a unit is freed at the end of the backward
@@ -204,6 +211,8 @@ class ShardedModule:
         self._sync = True
         self._in_step = False
         self._callback_queued = False
+        self._in_backward = False  # between the first pre-backward hook and _backward_done
+        self._fired_any = False  # some AccumulateGrad node fired in this backward
         self._tokens = 0  # the hook tokens handed out (never reused)
         self._hooks = []
         params = dict(module.named_parameters())
@@ -367,11 +376,17 @@ class ShardedModule:
             p.data = v
         u.live = True
 
-    def _free(self, u):
+    def _free(self, u, final=False):
+        """Give the unit's unsharded copy back; `final` (or outside a step): the parameters
+        become master-dtype placeholders, else param-dtype ones (see _Unit.empty_p)."""
         if not u.live:
+            if final:
+                for p, _ in u.params:
+                    p.data = u.empty
             return
+        placeholder = u.empty if final or not self._in_step else u.empty_p
         for p, _ in u.params:
-            p.data = u.empty
+            p.data = placeholder
         if u.live_full:
             u.full32.storage().resize_(0)
         else:
@@ -411,6 +426,8 @@ class ShardedModule:
             if u.fresh:  # a new pass: keep the hooked nodes the last one used
                 u.hooked = [(n, t) for n, t in u.hooked if t in u.nodes]
                 u.nodes, u.fired, u.fresh = set(), set(), False
+                # requires_grad may change between passes (staged fine-tuning)
+                u.has_frozen = any(not p.requires_grad for p, _ in u.params)
             for p, _ in u.params:
                 if not p.requires_grad:
                     continue
@@ -453,7 +470,9 @@ class ShardedModule:
         for t in _tensors(out, []):
             if t.requires_grad:
                 t.register_hook(functools.partial(self._pre_backward, u))
-        if u.policy.reshard_after_forward:
+        if u.policy.reshard_after_forward and not self._in_backward:
+            # (a forward re-run inside the backward by activation checkpointing keeps the unit:
+            # its backward comes next)
             self._free(u)
         return out
 
@@ -462,11 +481,13 @@ class ShardedModule:
         if not self._callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._backward_done)
             self._callback_queued = True
+        self._in_backward = True
         if not u.live:
             self._gather(u)
         return None
 
     def _node_ready(self, u, token, *_unused):
+        self._fired_any = True
         u.fired.add(token)
         if not u.handed and u.fired >= u.nodes:
             # every node of the unit's forwards has accumulated its gradient: hand in now, so
@@ -488,6 +509,13 @@ class ShardedModule:
 
     def _backward_done(self):
         self._callback_queued = False
+        self._in_backward = False
+        if not self._fired_any and not any(p.grad is not None for u in self.units
+                                           for p, _ in u.params):
+            # torch.autograd.grad(..., inputs=...) through the model (a gradient penalty): no
+            # parameter gradient, nothing to hand in; the backward that follows does
+            return
+        self._fired_any = False
         for u in self.units:
             pending = any(p.grad is not None for p, _ in u.params)
             if (u.used and not u.handed) or pending or (self._sync and not u.synced):
@@ -500,6 +528,8 @@ class ShardedModule:
             u.handed = u.used = False
             u.fired = set()
             u.fresh = True
+            if self._sync and not u.live:
+                self._free(u, final=True)  # between uses: master-dtype placeholders
 
     def scale_loss(self, loss):
         """``loss`` x the loss scale / micro_batches: pcs's gradient is the one of the step's
@@ -508,9 +538,20 @@ class ShardedModule:
 
     def backward(self, loss, **kwargs):
         """``scale_loss(loss).backward(**kwargs)``: this micro-batch's gradients, handed in by
-        the hooks (reduced unless inside :meth:`no_sync`)."""
-        self._callback_queued = False  # a backward that raised never ran its callback
-        self.scale_loss(loss).backward(**kwargs)
+        the hooks (reduced unless inside :meth:`no_sync`). If the backward raises, the pass's
+        state is reset so that the next forward and backward work (what was handed in before
+        the error stays handed in)."""
+        try:
+            self.scale_loss(loss).backward(**kwargs)
+        except BaseException:
+            self._abandon_backward()
+            raise
+
+    def _abandon_backward(self):
+        self._callback_queued = self._in_backward = self._fired_any = False
+        for u in self.units:
+            u.handed = u.used = False
+            u.fired, u.fresh = set(), True
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -535,27 +576,31 @@ class ShardedModule:
             raise _error("state",
                          "step(): units %s have no synced backward this step" % pending)
         for u in self.units:
-            self._free(u)
+            self._free(u, final=True)
         r = self.worker.step(loss)
         self._in_step = False
         return r
 
     def full_parameters(self):
-        """Every parameter, unsharded, as {fqn: tensor in the param dtype} (copies): gathers
-        one unit at a time. Outside a step."""
+        """Every parameter, unsharded, as {fqn: tensor} copies of the masters (fp32; a pure
+        low-precision job's in its master dtype): gathers one unit at a time. Outside a step."""
         out = {}
         for u in self.units:
-            was_live = u.live
-            if not was_live:
+            self._free(u, final=True)
+            if u.info.param_dtype != u.policy.master_dtype:
+                self._gather_full(u)
+                views = u.views32
+            else:
                 self._gather(u)
-            for (p, pi), v in zip(u.params, u.views):
+                views = u.views
+            for (p, pi), v in zip(u.params, views):
                 out[pi.fqn] = v.detach().clone()
-            if not was_live:
-                self._free(u)
+            self._free(u, final=True)
         return out
 
     def finish(self, error=None):
-        """Leave the job (error None = success) and release the worker."""
+        """Leave the job (error None = success) and release the worker. The module keeps its
+        empty placeholder parameters: take what you need with full_parameters() first."""
         for h in self._hooks:
             h.remove()
         self._hooks = []

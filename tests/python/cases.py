@@ -12,6 +12,7 @@ generator, so each rank takes its rows and the reference takes all of them.
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 
@@ -168,9 +169,25 @@ class Lora(nn.Module):
         return self.head(torch.relu(self.adapter(torch.relu(self.pre(x)))))
 
 
+class Checkpointed(nn.Module):
+    """A unit run under non-reentrant activation checkpointing: its forward runs again inside
+    the backward (and, with reshard-after-forward, must find the unit still gathered)."""
+
+    WRAP = ["block"]
+
+    def __init__(self):
+        super().__init__()
+        self.block = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 8))
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x):
+        h = torch.utils.checkpoint.checkpoint(self.block, x, use_reentrant=False)
+        return self.head(torch.relu(h))
+
+
 MODELS = {"nested": NestedWrappedModule, "batchnorm": BatchNormNet, "tied": TiedLM,
           "external": ExternalInput, "owncast": OwnCast, "frozen": Frozen, "twice": Twice,
-          "lora": Lora}
+          "lora": Lora, "ckpt": Checkpointed}
 
 
 def build(name, seed=1234):
@@ -230,6 +247,7 @@ CASES = {
     # two backward calls per micro-batch (two losses, the graph retained for the second)
     "split_fp32": case("nested", opt=SGD, split_loss=True),
     "lora_fp32": case("lora", opt=SGD),
+    "ckpt_fp32": case("ckpt", opt=SGD),
     "tied_fp32": case("tied"),
     "external_fp32": case("external", opt=SGD),
     "owncast_fp32": case("owncast", opt=SGD),

@@ -245,6 +245,9 @@ class PcsTorchTest(unittest.TestCase):
         self.assertFalse(torch.equal(res[0]["params"]["adapter.a.weight"],
                                      init["adapter.a.weight"].detach()))
 
+    def test_activation_checkpointing_fp32(self):
+        self.check_fp32("ckpt_fp32")
+
     def test_external_input_fp32(self):
         self.check_fp32("external_fp32")
 

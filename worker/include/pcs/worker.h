@@ -141,8 +141,10 @@ pcs_status_t pcs_worker_unshard(pcs_worker_t *w, uint32_t unit, const void **par
                                 pcs_dtype_t *dtype);
 pcs_status_t pcs_worker_prefetch(pcs_worker_t *w, uint32_t unit);
 /* Full-precision eval (training.full_precision_eval, FSDP_USE_FULL_PREC_IN_EVAL): all-gather
- * `unit`'s masters in fp32 instead (padded_numel fp32 elements, valid until the reshard), for a
- * forward with mixed precision off. (Version node PCS_WORKER_0.2.) */
+ * `unit`'s fp32 masters instead (padded_numel fp32 elements, valid until the reshard), for a
+ * forward with mixed precision off. A unit computing in its master dtype (fp32, or a pure
+ * low-precision job) has nothing else to give: PCS_ERR_INVALID_ARG, use pcs_worker_unshard.
+ * (Version node PCS_WORKER_0.2.) */
 pcs_status_t pcs_worker_unshard_full(pcs_worker_t *w, uint32_t unit, const float **params);
 pcs_status_t pcs_worker_reshard(pcs_worker_t *w, uint32_t unit);
 /* The buffer the program writes `unit`'s gradients into (padded_numel elements of *dtype, laid
