@@ -7,6 +7,10 @@
 #   full_shard+kg  the same with training.accumulation keep_gathered
 #   shard_grad_op  pcs-step-bench -s shard_grad_op
 #   no_shard       pcs-step-bench -s no_shard
+#   torch.fs       bench/torch_step.py: the same MLP as a PyTorch module through pcs.torch
+#                  (PyTorch computes, pcs shards and reduces), full_shard, prefetch on
+#   torch.fs-nopf  the same without pcs.torch's prefetch
+#   torch.ns       pcs.torch, no_shard
 # and prints, per config, the median step time over the rounds and its ratio to DDP's median in
 # the same run, with the load average before and after (the machine is shared: read ratios).
 # usage: bench/pcs_vs_ddp.sh BUILD_DIR [rounds] [W]
@@ -22,12 +26,18 @@ if ! $py -c 'import torch' 2>/dev/null; then
   exit 77
 fi
 bench="$build/bin/pcs-step-bench"
-configs=(ddp full_shard full_shard+kg shard_grad_op no_shard)
+configs=(ddp full_shard full_shard+kg shard_grad_op no_shard torch.fs torch.fs-nopf torch.ns)
 declare -A times
 run() { # config -> step ms
   case "$1" in
     ddp) $py "$here/ddp_step.py" -g "$world" |
            sed -n 's/.*step_ms=\([0-9.]*\).*/\1/p' ;;
+    torch.fs) $py "$here/torch_step.py" "$build" -g "$world" -s full_shard |
+                sed -n 's/.*step_ms=\([0-9.]*\).*/\1/p' ;;
+    torch.fs-nopf) $py "$here/torch_step.py" "$build" -g "$world" -s full_shard --no-prefetch |
+                     sed -n 's/.*step_ms=\([0-9.]*\).*/\1/p' ;;
+    torch.ns) $py "$here/torch_step.py" "$build" -g "$world" -s no_shard |
+                sed -n 's/.*step_ms=\([0-9.]*\).*/\1/p' ;;
     full_shard+kg) "$bench" -g "$world" -p "$prec" -s full_shard -a keep_gathered \
                      --check-steps 0 | awk -v w="$world" '$1 == w && $2 == "on" {print $3}' ;;
     *) "$bench" -g "$world" -p "$prec" -s "$1" --check-steps 0 |

@@ -205,9 +205,15 @@ class ShardedModule:
     """``module`` driven by pcs (see the module doc). Call it like the module; ``backward``,
     ``no_sync``, ``step``, ``finish``; ``worker`` is the :class:`pcs.worker.Worker`."""
 
-    def __init__(self, module, worker):
+    def __init__(self, module, worker, prefetch=True):
         self.module = module
         self.worker = worker
+        # forward/backward prefetch: the next unit in the last step's forward order (the
+        # previous one in backward) is all-gathered by pcs's prefetch thread while PyTorch
+        # computes the current one
+        self._prefetch = prefetch
+        self._order, self._order_now = [], []
+        self._prefetched = set()
         self._sync = True
         self._in_step = False
         self._callback_queued = False
@@ -349,6 +355,7 @@ class ShardedModule:
     def _gather_full(self, u):
         """Full-precision eval: the unit's fp32 masters, a copy PyTorch owns (freed after the
         unit's forward)."""
+        self._prefetched.discard(u.index)  # (a queued prefetch is given back with it)
         buf = self.worker.unshard_full(u.index)
         if u.full32 is None:
             u.full32 = torch.empty(u.info.padded_numel, dtype=torch.float32)
@@ -362,7 +369,25 @@ class ShardedModule:
             p.data = v
         u.live = u.live_full = True
 
+    def _prefetch_next(self, u, step):
+        """Queue the all-gather of the unit `step` places from u in forward order."""
+        if not self._prefetch or u.index not in self._order:
+            return
+        k = self._order.index(u.index) + step
+        if 0 <= k < len(self._order):
+            n = self.units[self._order[k]]
+            if not n.live and n.index not in self._prefetched:
+                self.worker.prefetch(n.index)
+                self._prefetched.add(n.index)
+
+    def _drop_prefetched(self):
+        """Prefetched gathers nobody consumed go back before the step changes the masters."""
+        for i in sorted(self._prefetched):
+            self.worker.reshard(i)
+        self._prefetched.clear()
+
     def _gather(self, u):
+        self._prefetched.discard(u.index)  # the unshard consumes a queued prefetch
         buf = self.worker.unshard(u.index)
         if buf.dtype != u.info.param_dtype or buf.numel != u.info.padded_numel:
             raise _error("state", "unit %d: pcs gathered %d %s, the plan says %d %s" %
@@ -421,6 +446,10 @@ class ShardedModule:
             self._gather_full(u) if full else self._gather(u)
         if full:
             return None
+        if training and not self._in_backward:
+            if u.index not in self._order_now:
+                self._order_now.append(u.index)
+            self._prefetch_next(u, +1)
         if training:
             u.used = True
             if u.fresh:  # a new pass: keep the hooked nodes the last one used
@@ -484,6 +513,7 @@ class ShardedModule:
         self._in_backward = True
         if not u.live:
             self._gather(u)
+        self._prefetch_next(u, -1)
         return None
 
     def _node_ready(self, u, token, *_unused):
@@ -575,6 +605,9 @@ class ShardedModule:
         if pending:
             raise _error("state",
                          "step(): units %s have no synced backward this step" % pending)
+        self._drop_prefetched()
+        if self._order_now:
+            self._order, self._order_now = self._order_now, []
         for u in self.units:
             self._free(u, final=True)
         r = self.worker.step(loss)
@@ -585,6 +618,7 @@ class ShardedModule:
         """Every parameter, unsharded, as {fqn: tensor} copies of the masters (fp32; a pure
         low-precision job's in its master dtype): gathers one unit at a time. Outside a step."""
         out = {}
+        self._drop_prefetched()
         for u in self.units:
             self._free(u, final=True)
             if u.info.param_dtype != u.policy.master_dtype:
@@ -604,6 +638,7 @@ class ShardedModule:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+        self._drop_prefetched()
         try:
             self.worker.finish(error)
         finally:
@@ -611,7 +646,7 @@ class ShardedModule:
 
 
 def shard(module, coordinator, identity=None, hostname=None, join_timeout_ms=0,
-          coll_timeout_ms=0, program=PROGRAM):
+          coll_timeout_ms=0, program=PROGRAM, prefetch=True):
     """Join the next job for ``program`` at ``coordinator`` with ``module``'s current parameter
     values as the initial values (every rank must build the module the same way) and return the
     :class:`ShardedModule`. The module stays on the cpu."""
@@ -627,7 +662,7 @@ def shard(module, coordinator, identity=None, hostname=None, join_timeout_ms=0,
                   join_timeout_ms=join_timeout_ms, coll_timeout_ms=coll_timeout_ms, init=init,
                   program=program)
     try:
-        return ShardedModule(module, w)
+        return ShardedModule(module, w, prefetch=prefetch)
     except BaseException as e:
         try:
             w.finish("pcs.torch: %s" % e)
