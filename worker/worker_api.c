@@ -411,6 +411,7 @@ pcs_status_t pcs_worker_unit_policy(const pcs_worker_t *w, uint32_t unit,
     out->n_modules = u->n_modules;
     out->modules = (const char *const *)u->modules;
     out->unmanaged = u->unmanaged;
+    out->keep_gathered_in_accumulation = u->keep_gathered_in_accumulation;
     /* the mixed-precision units computing in another dtype than the master (FSDP1 forces full
      * precision only where mixed precision is in use) */
     out->full_precision_eval = w->as->plan->full_precision_eval && u->mixed_precision &&

@@ -499,7 +499,8 @@ class ShardedModule:
         for t in _tensors(out, []):
             if t.requires_grad:
                 t.register_hook(functools.partial(self._pre_backward, u))
-        if u.policy.reshard_after_forward and not self._in_backward:
+        if (u.policy.reshard_after_forward and not self._in_backward and
+                (self._sync or not u.policy.keep_gathered)):
             # (a forward re-run inside the backward by activation checkpointing keeps the unit:
             # its backward comes next)
             self._free(u)
@@ -521,8 +522,10 @@ class ShardedModule:
         u.fired.add(token)
         if not u.handed and u.fired >= u.nodes:
             # every node of the unit's forwards has accumulated its gradient: hand in now, so
-            # the reduction overlaps the rest of the backward
-            self._hand_in(u, free=not u.has_frozen)
+            # the reduction overlaps the rest of the backward (and free the unit unless it
+            # stays gathered across this step's no-sync micro-batches, training.accumulation)
+            keep = u.policy.keep_gathered and not self._sync
+            self._hand_in(u, free=not u.has_frozen and not keep)
 
     def _hand_in(self, u, free=True):
         buf = self.worker.grad_buffer(u.index).torch()
@@ -548,9 +551,10 @@ class ShardedModule:
         self._fired_any = False
         for u in self.units:
             pending = any(p.grad is not None for p, _ in u.params)
+            keep = u.policy.keep_gathered and not self._sync
             if (u.used and not u.handed) or pending or (self._sync and not u.synced):
-                self._hand_in(u)
-            elif u.live and u.handed and u.has_frozen:
+                self._hand_in(u, free=not keep)
+            elif u.live and u.handed and u.has_frozen and not keep:
                 self._free(u)
         for u in self.units:
             # the nodes stay until the unit's next forward: a second backward through a

@@ -106,7 +106,8 @@ class _UnitPolicy(ctypes.Structure):
                 ("reduce_dtype", ctypes.c_int), ("master_dtype", ctypes.c_int),
                 ("buffer_dtype", ctypes.c_int), ("output_dtype", ctypes.c_int),
                 ("n_modules", ctypes.c_size_t), ("modules", ctypes.POINTER(ctypes.c_char_p)),
-                ("unmanaged", ctypes.c_int), ("full_precision_eval", ctypes.c_int)]
+                ("unmanaged", ctypes.c_int), ("full_precision_eval", ctypes.c_int),
+                ("keep_gathered_in_accumulation", ctypes.c_int)]
 
 
 class _StepResult(ctypes.Structure):
@@ -232,6 +233,7 @@ class UnitPolicy:
         self.modules = [ci.modules[k].decode() for k in range(ci.n_modules)]
         self.unmanaged = bool(ci.unmanaged)
         self.full_precision_eval = bool(ci.full_precision_eval)
+        self.keep_gathered = bool(ci.keep_gathered_in_accumulation)
 
 
 class StepResult:

@@ -227,9 +227,12 @@ BASE = {"strategy": "full_shard", "mesh": [{"dim": "dp_shard", "size": 2}]}
 
 
 def case(model, precision=None, steps=4, micro_batches=2, mbs=4, clip=None, data=None,
-         opt=None, split_loss=False, eval_each_step=False, full_precision_eval=False, **extra):
+         opt=None, split_loss=False, eval_each_step=False, full_precision_eval=False,
+         accumulation=None, **extra):
     training = {"steps": steps, "micro_batch_size": mbs, "micro_batches": micro_batches,
                 "optimizer": opt or OPT}
+    if accumulation:
+        training["accumulation"] = accumulation
     if full_precision_eval:
         training["full_precision_eval"] = True
     if clip:
@@ -248,6 +251,8 @@ CASES = {
     "split_fp32": case("nested", opt=SGD, split_loss=True),
     "lora_fp32": case("lora", opt=SGD),
     "ckpt_fp32": case("ckpt", opt=SGD),
+    # training.accumulation keep_gathered: units stay gathered across the no-sync micro-batches
+    "keep_fp32": case("nested", opt=SGD, micro_batches=3, accumulation="keep_gathered"),
     "tied_fp32": case("tied"),
     "external_fp32": case("external", opt=SGD),
     "owncast_fp32": case("owncast", opt=SGD),

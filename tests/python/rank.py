@@ -66,6 +66,14 @@ def main():
         if p.requires_grad:
             handles.append(p.register_hook(
                 lambda g, fqn=fqn: seen["grads"].setdefault(fqn, str(g.dtype)) and None))
+    gathers = [0]
+    unshard = model.worker.unshard
+
+    def counting_unshard(unit):
+        gathers[0] += 1
+        return unshard(unit)
+
+    model.worker.unshard = counting_unshard
     rows = model.micro_batch_size
     r = model.dp_rank
     steps = []
@@ -112,6 +120,7 @@ def main():
         h.remove()
     params = {k: v.float() for k, v in model.full_parameters().items()}
     torch.save({"rank": model.rank, "dp_rank": r, "steps": steps, "params": params,
+                "gathers": gathers[0],
                 "seen": seen, "job_id": model.worker.job_id}, a.out)
     model.finish()
     return 0

@@ -248,6 +248,15 @@ class PcsTorchTest(unittest.TestCase):
     def test_activation_checkpointing_fp32(self):
         self.check_fp32("ckpt_fp32")
 
+    def test_keep_gathered_accumulation_fp32(self):
+        """training.accumulation keep_gathered: the same numbers, and the three resharding units
+        are gathered once per step in forward and once more for the synced backward, instead of
+        twice in each of the 3 micro-batches; the root (freed after each backward, as FSDP's
+        FULL_SHARD root) in each micro-batch. Per step 3 + 3 + 3 instead of 3 + 9 + 9, for 4
+        steps, plus full_parameters' 4 gathers at the end."""
+        name, res = self.check_fp32("keep_fp32")
+        self.assertEqual(res[0]["gathers"], 4 * (3 + 3 + 3) + 4)
+
     def test_external_input_fp32(self):
         self.check_fp32("external_fp32")
 

@@ -108,6 +108,9 @@ typedef struct pcs_worker_unit_policy {
                                   * reduce its gradients either) */
     int full_precision_eval;     /* eval forwards gather the masters (pcs_worker_unshard_full)
                                   * and run without casts, buffers in their own dtype */
+    int keep_gathered_in_accumulation; /* training.accumulation: stays gathered from its first
+                                        * gather of a step until the synced micro-batch (no
+                                        * reshard after a no-sync forward or backward) */
 } pcs_worker_unit_policy_t;
 
 size_t pcs_worker_num_units(const pcs_worker_t *w);
