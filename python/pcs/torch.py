@@ -266,6 +266,7 @@ class ShardedModule:
                                for name, b in m._buffers.items()
                                if b is not None and torch.is_floating_point(b)}
         self._buffers_full = False
+        self._full_eval = any(u.policy.full_precision_eval for u in self.units)
         self._cast_buffers(mods)
         for u in self.units:
             self._hooks.append(u.module.register_forward_pre_hook(
@@ -436,8 +437,7 @@ class ShardedModule:
                          "training.full_precision_eval (FSDP reduces in full precision then) is "
                          "not supported; run eval under torch.no_grad()" %
                          (u.index, u.info.path))
-        self._buffers_to(not u.module.training and any(
-            v.policy.full_precision_eval for v in self.units))
+        self._buffers_to(not u.module.training and self._full_eval)
         if training:  # an eval or no_grad forward opens no step
             self._begin()
         if u.live and u.live_full != full:
