@@ -207,7 +207,7 @@ static void print_table(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p)
     printf("# reduce_dtype rule: %s\n", p->reduce_dtype_rule);
     for (size_t i = 0; i < p->n_notes; i++)
         printf("# note: %s\n", p->notes[i]);
-    if (pcs_plan_check_runnable(p) != PCS_OK)
+    if (pcs_job_check_runnable(spec, p) != PCS_OK)
         printf("# not run by this release (SubmitJob refuses it): %s\n", pcs_last_error());
 
     static const char *hdr[] = {"unit",    "path",  "class",     "stage",      "modules",

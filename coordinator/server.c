@@ -788,7 +788,7 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     uint32_t world;
     Pcs__V1__Plan *plan = NULL;
     pcs_status_t st = check_and_plan(s, req->spec, 0, &world, &plan);
-    if (st == PCS_OK && (st = pcs_plan_check_runnable(plan)) != PCS_OK) {
+    if (st == PCS_OK && (st = pcs_job_check_runnable(req->spec, plan)) != PCS_OK) {
         /* planned (DryRunPlan shows it) but not run by the workers of this release: refused
          * now rather than failed at step 1 */
         char why[512];

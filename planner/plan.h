@@ -57,13 +57,15 @@ struct pcs_schedule;
 pcs_status_t pcs_plan_schedule(const Pcs__V1__Plan *p, struct pcs_schedule **out);
 
 /* What the unit runtime of this release runs of a plan; the coordinator refuses the rest at
- * SubmitJob and the runtime refuses it at create, so the two never disagree. Not run (yet):
- * pipeline stages (pp > 1: planned and shown by `pcsctl plan`, no pipeline runtime) and a unit
- * master, param, reduce, grad or accumulation dtype other than fp32, bf16 and fp16 (fp64: the
- * kernels compute and the collectives reduce only those three). Buffers may be any floating dtype.
- * PCS_OK, or PCS_ERR_UNSUPPORTED with "field: reason" (the spec field that asked for it) in
- * pcs_last_error(). Pure; O(units). */
+ * SubmitJob and the runtime refuses it at create, so the two never disagree. Not run (yet): a
+ * unit master, param, reduce, grad or accumulation dtype other than fp32, bf16 and fp16 (fp64:
+ * the kernels compute and the collectives reduce only those three). Buffers may be any floating
+ * dtype. PCS_OK, or PCS_ERR_UNSUPPORTED with "field: reason" (the spec field that asked for it)
+ * in pcs_last_error(). Pure; O(units). */
 pcs_status_t pcs_plan_check_runnable(const Pcs__V1__Plan *p);
+/* The same for a job: its plan, and pipeline stages (pp > 1) only for the built-in mlp model
+ * (pcs-worker runs the stages; a C API program computes its whole model). */
+pcs_status_t pcs_job_check_runnable(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p);
 
 /* [begin, end) of shard `shard_rank`'s unpadded part of the unit's flat buffer (torch.chunk rule:
  * c = shard_numel, begin = min(r*c, flat_numel), end = min((r+1)*c, flat_numel); trailing shards

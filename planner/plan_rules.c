@@ -191,11 +191,6 @@ pcs_status_t pcs_plan_check_runnable(const Pcs__V1__Plan *p)
 {
     if (!p)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: required");
-    if (p->pp_size > 1)
-        return pcs_set_error(PCS_ERR_UNSUPPORTED,
-                             "mesh: pipeline stages (pp = %u) are planned (pcsctl plan shows the "
-                             "stages) but not run by this release",
-                             p->pp_size);
     for (size_t i = 0; i < p->n_units; i++) {
         const Pcs__V1__Unit *u = p->units[i];
         const struct {
@@ -457,4 +452,15 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         out->total_bytes += out->param_shard_bytes + out->optimizer_bytes;
     }
     return PCS_OK;
+}
+
+pcs_status_t pcs_job_check_runnable(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p)
+{
+    if (p && p->pp_size > 1 &&
+        (!spec || !spec->model || spec->model->kind_case != PCS__V1__MODEL_SPEC__KIND_MLP))
+        return pcs_set_error(PCS_ERR_UNSUPPORTED,
+                             "mesh: pipeline stages (pp = %u) run the built-in mlp model only; "
+                             "programs using the C API (model.explicit) compute whole models",
+                             p->pp_size);
+    return pcs_plan_check_runnable(p);
 }

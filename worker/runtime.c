@@ -95,6 +95,8 @@ typedef struct rt_unit {
     int ar_partial_valid;
     uint32_t syncs;
     int skip_ar;
+    int held; /* this rank holds the unit: always, except for the units of other pipeline
+               * stages (pp > 1), which get no memory, no collective and no update here */
     int state;           /* under mu */
     uint32_t rs_pending; /* queued or running reductions reading rs_in (under mu) */
     pcs_status_t ag_err;
@@ -156,6 +158,9 @@ struct pcs_runtime {
 
     /* communicators (NULL when the group has one rank) */
     pcs_coll_t *world_c, *shard_ag, *shard_rs, *rep_c, *dp_c, *reshard_c;
+    pcs_coll_t *pp_c; /* the ranks with this rank's dp coordinates (pp > 1): the global grad norm
+                       * and the loss across stages */
+    uint32_t pp_size, pp_index;
     uint32_t reshard_n, reshard_index; /* FSDP2 reshard_after_forward=int groups */
     uint32_t shard_size, shard_index, rep_size, rep_index, dp_size, dp_index;
 
@@ -755,6 +760,8 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         PCS_CHECK_GOTO(rt->be->event_create(&u->ev_rsdone), st, out);
         u->u = pu;
         u->index = (uint32_t)i;
+        /* pipeline stage s runs on pp rank s mod pp (planner/schedule.h) */
+        u->held = rt->pp_size <= 1 || pu->stage % rt->pp_size == rt->pp_index;
         u->master = dt_or(pu->master_dtype, PCS_DTYPE_FP32);
         u->param = dt_or(pu->param_dtype, u->master);
         u->reduce = dt_or(pu->reduce_dtype, u->param);
@@ -776,6 +783,10 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
             goto out;
         }
         u->shard_index = u->sg > 1 ? rt->shard_index : 0;
+        if (!u->held) {
+            u->c = 0; /* another stage's unit: nothing of it lives here */
+            continue;
+        }
         u->ag = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER);
         u->rs = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER);
         u->ar = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE);
@@ -885,6 +896,8 @@ static pcs_status_t alloc_shared(pcs_runtime_t *rt)
     uint64_t max_c = 1, max_stage = 1;
     for (size_t i = 0; i < p->n_units; i++) {
         const Pcs__V1__Unit *pu = p->units[i];
+        if (rt->pp_size > 1 && pu->stage % rt->pp_size != rt->pp_index)
+            continue; /* another pipeline stage's unit */
         uint64_t c = pu->shard_numel ? pu->shard_numel : pu->padded_numel;
         max_c = c > max_c ? c : max_c;
         max_stage = pu->padded_numel + c > max_stage ? pu->padded_numel + c : max_stage;
@@ -983,6 +996,14 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
     rt->rep_index = rep_g.index;
     rt->dp_size = dp_g.size;
     rt->dp_index = dp_g.index;
+    pcs_mesh_group_t pp_g = {0};
+    pp_g.size = 1;
+    if (cfg->plan->pp_size > 1)
+        PCS_CHECK_GOTO(
+            pcs_plan_group(cfg->plan, PCS__V1__GROUP_KIND__GROUP_KIND_PP, rt->rank, &pp_g), st,
+            fail);
+    rt->pp_size = pp_g.size;
+    rt->pp_index = pp_g.index;
 
     int any_sharded = 0, any_rep = 0;
     for (size_t i = 0; i < cfg->plan->n_units; i++) {
@@ -1023,9 +1044,13 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
             make_comm(cfg, "reshard", g.first, rt->reshard_index, rt->reshard_n, &rt->reshard_c),
             st, fail);
     }
-    if (any_rep)
+    /* the dp group: replicated units' all-reduce, and the loss over the data-parallel ranks
+     * when they are not the world (pipeline stages) */
+    if (any_rep || cfg->plan->pp_size > 1)
         PCS_CHECK_GOTO(make_comm(cfg, "dp", dp_g.first, rt->dp_index, rt->dp_size, &rt->dp_c), st,
                        fail);
+    PCS_CHECK_GOTO(make_comm(cfg, "pp", pp_g.first, rt->pp_index, rt->pp_size, &rt->pp_c), st,
+                   fail);
 
     PCS_CHECK_GOTO(alloc_shared(rt), st, fail);
     PCS_CHECK_GOTO(alloc_units(rt, cfg), st, fail);
@@ -1053,8 +1078,8 @@ void pcs_runtime_abort(pcs_runtime_t *rt, const char *reason)
     if (!rt)
         return;
     atomic_store(&rt->aborted, 1);
-    pcs_coll_t *cs[] = {rt->world_c, rt->shard_ag, rt->shard_rs,
-                        rt->rep_c,   rt->dp_c,     rt->reshard_c};
+    pcs_coll_t *cs[] = {rt->world_c, rt->shard_ag,  rt->shard_rs, rt->rep_c,
+                        rt->dp_c,    rt->reshard_c, rt->pp_c};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
         if (cs[i])
             pcs_coll_abort(cs[i], reason);
@@ -1075,7 +1100,8 @@ int pcs_runtime_blame(const pcs_runtime_t *rt, pcs_coll_fault_t *fault)
               {rt->shard_rs, PCS__V1__GROUP_KIND__GROUP_KIND_SHARD},
               {rt->rep_c, PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE},
               {rt->dp_c, PCS__V1__GROUP_KIND__GROUP_KIND_DP},
-              {rt->reshard_c, PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD}};
+              {rt->reshard_c, PCS__V1__GROUP_KIND__GROUP_KIND_RESHARD},
+              {rt->pp_c, PCS__V1__GROUP_KIND__GROUP_KIND_PP}};
     for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++) {
         pcs_coll_fault_t f;
         int idx = cs[i].c ? pcs_coll_blame(cs[i].c, &f) : -1;
@@ -1134,6 +1160,7 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
     pcs_coll_destroy(rt->rep_c);
     pcs_coll_destroy(rt->dp_c);
     pcs_coll_destroy(rt->reshard_c);
+    pcs_coll_destroy(rt->pp_c);
     /* nothing queued may still use the buffers (errors ignored: we are tearing down) */
     if (rt->ag_stream)
         (void)rt->be->sync(rt->ag_stream);
@@ -1215,6 +1242,8 @@ pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt)
     PCS_CHECK(fence_compute_after(rt, rt->rs_stream));
     for (size_t i = 0; i < rt->n_units; i++) {
         rt_unit_t *u = &rt->units[i];
+        if (!u->held)
+            continue;
         /* on the compute stream: the optimizer that read it ran there, and every reduction
          * waits for a copy-in enqueued after this */
         PCS_CHECK(pcs_kernel_fill(rt->be, u->grad_shard, u->grad, u->c, 0.0, rt->cstream));
@@ -1247,7 +1276,16 @@ static pcs_status_t check_unit(const pcs_runtime_t *rt, uint32_t unit)
     if (unit >= rt->n_units)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "unit %u out of range (%zu units)", unit,
                              rt->n_units);
+    if (!rt->units[unit].held)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "unit %u belongs to pipeline stage %u, which pp rank %u does not hold",
+                             unit, rt->units[unit].u->stage, rt->pp_index);
     return PCS_OK;
+}
+
+int pcs_runtime_holds(const pcs_runtime_t *rt, uint32_t unit)
+{
+    return unit < rt->n_units && rt->units[unit].held;
 }
 
 /* Take the unit's unsharded block from the pool (compute thread, unit not queued or running: only
@@ -1901,17 +1939,20 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
     for (size_t i = 0; i < rt->n_units; i++) {
         rt_unit_t *u = &rt->units[i];
         size_t esz = pcs_dtype_size(u->grad);
-        for (size_t k = 0; k < u->n_frz; k++)
+        for (size_t k = 0; u->held && k < u->n_frz; k++)
             PCS_CHECK(pcs_kernel_fill(be, (uint8_t *)u->grad_shard + u->frz_off[k] * esz, u->grad,
                                       u->frz_len[k], 0.0, cs));
     }
     /* fp32 view of every grad shard (keep_low_precision_grads keeps them in the param dtype:
      * FSDP1 hands those to the optimizer; we widen for the fp32 update). */
-    if (o->inject_inf && rt->n_units > 0) {
-        rt_unit_t *u = &rt->units[0];
+    size_t first_held = 0;
+    while (first_held < rt->n_units && !rt->units[first_held].held)
+        first_held++;
+    if (o->inject_inf && first_held < rt->n_units) {
+        rt_unit_t *u = &rt->units[first_held];
         /* fill rounds +Inf once to the grad dtype: the same bits a cast of an fp32 +Inf gives */
         PCS_CHECK(pcs_kernel_fill(be, u->grad_shard, u->grad, 1, (double)INFINITY, cs));
-        PCS_INFO(PCS_SUB_WORKER, "test hook: injected +Inf into unit 0's gradient");
+        PCS_INFO(PCS_SUB_WORKER, "test hook: injected +Inf into unit %zu's gradient", first_held);
     }
     if (o->scaler) {
         float found = 0.0f, inv = (float)(1.0 / o->loss_scale);
@@ -1920,6 +1961,8 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         PCS_CHECK(pcs_kernel_fill(be, d_inv, PCS_DTYPE_FP32, 1, (double)inv, cs));
         for (size_t i = 0; i < rt->n_units; i++) {
             rt_unit_t *u = &rt->units[i];
+            if (!u->held)
+                continue;
             pcs_tensor_t t = {u->grad_shard, u->grad, u->c};
             PCS_CHECK(pcs_kernel_nonfinite_check_and_unscale(be, &t, 1, d_found, d_inv, cs));
         }
@@ -1943,7 +1986,8 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         float *d_ss = &rt->d_scal[3];
         for (size_t i = 0; i < rt->n_units; i++) {
             rt_unit_t *u = &rt->units[i];
-            PCS_CHECK(pcs_kernel_sum_squares(be, u->grad_shard, u->grad, u->c, &d_ss[i], cs));
+            if (u->held)
+                PCS_CHECK(pcs_kernel_sum_squares(be, u->grad_shard, u->grad, u->c, &d_ss[i], cs));
         }
         if (rt->n_units > 0) {
             PCS_CHECK(
@@ -1953,6 +1997,8 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         double local_sh = 0, local_rep = 0;
         for (size_t i = 0; i < rt->n_units; i++) {
             float ss = rt->h_scal[3 + i];
+            if (!rt->units[i].held)
+                continue;
             if (rt->units[i].sg > 1)
                 local_sh += ss;
             else
@@ -1968,13 +2014,26 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
             if (st != PCS_OK)
                 return wrap_err(st, "grad-norm all-reduce");
         }
+        float stage_tot = tot + (float)local_rep;
+        if (rt->pp_c) {
+            /* pipeline: every stage's part of the norm (torch clip_grad_norm_ over the stages'
+             * parameters) — one more fp32 sum over the pp group */
+            PCS_CHECK(
+                pcs_kernel_fill(be, &rt->d_scal[2], PCS_DTYPE_FP32, 1, (double)stage_tot, cs));
+            pcs_status_t st =
+                world_all_reduce_f32(rt, rt->pp_c, &rt->d_scal[2], &stage_tot, PCS_RED_SUM);
+            if (st != PCS_OK)
+                return wrap_err(st, "grad-norm all-reduce over the pipeline stages");
+        }
         t0 = pcs_now_us();
-        float total_norm = sqrtf(tot + (float)local_rep);
+        float total_norm = sqrtf(stage_tot);
         r->grad_norm = total_norm;
         float coef = (float)o->clip_norm / (total_norm + 1e-6f);
         if (coef < 1.0f) {
             for (size_t i = 0; i < rt->n_units; i++) {
                 rt_unit_t *u = &rt->units[i];
+                if (!u->held)
+                    continue;
                 PCS_CHECK(pcs_kernel_scale(be, u->grad_shard, u->grad, u->c, coef, cs));
             }
         }
@@ -1988,6 +2047,8 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
     }
     for (size_t i = 0; i < rt->n_units; i++) {
         rt_unit_t *u = &rt->units[i];
+        if (!u->held)
+            continue;
         float *g = u->grad_shard;
         if (u->grad != PCS_DTYPE_FP32) {
             PCS_CHECK_GOTO(
@@ -2059,6 +2120,17 @@ pcs_status_t pcs_runtime_mean_over_dp(pcs_runtime_t *rt, double *v)
     PCS_CHECK(pcs_kernel_fill(rt->be, &rt->d_scal[2], PCS_DTYPE_FP32, 1, (double)f, rt->cstream));
     PCS_CHECK(scalar_reduce(rt, c, &rt->d_scal[2], PCS_RED_SUM, &f));
     *v = (double)f / (double)pcs_coll_size(c);
+    return PCS_OK;
+}
+
+pcs_status_t pcs_runtime_sum_over_pp(pcs_runtime_t *rt, double *v)
+{
+    if (!rt->pp_c)
+        return PCS_OK;
+    float f = (float)*v;
+    PCS_CHECK(pcs_kernel_fill(rt->be, &rt->d_scal[2], PCS_DTYPE_FP32, 1, (double)f, rt->cstream));
+    PCS_CHECK(scalar_reduce(rt, rt->pp_c, &rt->d_scal[2], PCS_RED_SUM, &f));
+    *v = (double)f;
     return PCS_OK;
 }
 

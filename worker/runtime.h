@@ -130,6 +130,13 @@ void pcs_runtime_abort(pcs_runtime_t *rt, const char *reason);
 int pcs_runtime_blame(const pcs_runtime_t *rt, pcs_coll_fault_t *fault);
 
 size_t pcs_runtime_n_units(const pcs_runtime_t *rt);
+/* Whether this rank holds `unit`: always with pp = 1; with pipeline stages only the units of
+ * its stages (stage s on pp rank s mod pp). The other units have no memory here and every call
+ * naming one fails with INVALID_ARG; the step and the optimizer skip them. */
+int pcs_runtime_holds(const pcs_runtime_t *rt, uint32_t unit);
+/* Sum of a scalar over the pipeline stages (the ranks with this rank's dp coordinates; one fp32
+ * all-reduce, identity with pp = 1): the loss only the last stage computes. */
+pcs_status_t pcs_runtime_sum_over_pp(pcs_runtime_t *rt, double *v);
 
 /* Start of a step: zero sharded grads and stats. */
 pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt);
@@ -169,7 +176,8 @@ typedef struct pcs_rt_step_result {
 } pcs_rt_step_result_t;
 
 /* Unscale + global inf check (one all-reduce over the world), clipping (one all-reduce over the
- * shard group), optimizer update on the shards unless skipped. */
+ * shard group, and one over the pp group with pipeline stages: the norm covers every stage),
+ * optimizer update on the held shards unless skipped. */
 pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opts_t *o,
                                         pcs_rt_step_result_t *r);
 /* Barrier over the world (checkpoints). */

@@ -26,10 +26,13 @@
 #include "pcs/mem.h"
 #include "planner/mesh.h"
 #include "planner/plan.h"
+#include "planner/schedule.h"
+#include "worker/pipe.h"
 #include "worker/runtime.h"
 
 typedef struct train_buffer {
     const Pcs__V1__BufferSlot *slot;
+    uint32_t unit; /* the plan unit listing it */
     int model_index;
     pcs_dtype_t run_dtype; /* dtype while training */
     void *data;            /* host copy (the only copy on cpu) */
@@ -64,6 +67,9 @@ struct pcs_train {
     train_buffer_t *buffers;
     size_t n_buffers;
 
+    struct pp_state *pp; /* pipeline stages (pp > 1): see "pipeline" below; NULL otherwise */
+    uint32_t n_hidden, out_dim;
+
     /* step state */
     int sync, training, full_eval;
     /* M micro-batches per step, b rows per micro-batch, D data-parallel ranks (the sample-order
@@ -93,23 +99,31 @@ struct pcs_train {
     char abort_reason[256];
 };
 
+struct pp_state;
+static pcs_status_t pp_setup(pcs_train_t *t, const pcs_mlp_config_t *mc);
+static void pp_free(pcs_train_t *t);
+static pcs_pipe_t *pp_pipe(const pcs_train_t *t);
+static pcs_status_t pp_eval(pcs_train_t *t, const float *x, const void *y, double *loss);
+static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, double *compute_ms);
+
 // ---- hooks ----
 
 /* The unit's parameters as views into its unsharded buffer: after every unshard (the runtime
  * hands out a pooled buffer while the unit is live, not a fixed one). */
-static pcs_status_t bind_unit(pcs_train_t *t, uint32_t unit, const void *flat, pcs_dtype_t dt)
+static pcs_status_t bind_unit(pcs_train_t *t, pcs_mlp_t *model, uint32_t unit, const void *flat,
+                              pcs_dtype_t dt)
 {
     const Pcs__V1__Unit *u = t->plan->units[unit];
     size_t esz = pcs_dtype_size(dt);
     const int32_t *pi = t->slot_param + t->unit_slot0[unit];
     for (size_t k = 0; k < u->n_params; k++)
-        PCS_CHECK(pcs_mlp_bind_param(t->model, (uint32_t)pi[k], dt,
+        PCS_CHECK(pcs_mlp_bind_param(model, (uint32_t)pi[k], dt,
                                      (const uint8_t *)flat + u->params[k]->offset * esz));
     return PCS_OK;
 }
 
 /* Its gradients as views into the gradient buffer, before its backward (frozen: none). */
-static pcs_status_t bind_unit_grads(pcs_train_t *t, uint32_t unit)
+static pcs_status_t bind_unit_grads(pcs_train_t *t, pcs_mlp_t *model, uint32_t unit)
 {
     const Pcs__V1__Unit *u = t->plan->units[unit];
     void *g;
@@ -118,7 +132,7 @@ static pcs_status_t bind_unit_grads(pcs_train_t *t, uint32_t unit)
     size_t esz = pcs_dtype_size(gdt);
     const int32_t *pi = t->slot_param + t->unit_slot0[unit];
     for (size_t k = 0; k < u->n_params; k++)
-        PCS_CHECK(pcs_mlp_bind_grad(t->model, (uint32_t)pi[k], gdt,
+        PCS_CHECK(pcs_mlp_bind_grad(model, (uint32_t)pi[k], gdt,
                                     u->params[k]->frozen ? NULL
                                                          : (uint8_t *)g + u->params[k]->offset * esz));
     return PCS_OK;
@@ -137,7 +151,7 @@ static pcs_status_t hook_pre_forward(void *ctx, uint32_t mod)
     const Pcs__V1__Unit *u = t->plan->units[unit];
     int full = t->full_eval && u->mixed_precision && u->param_dtype != u->master_dtype;
     PCS_CHECK(pcs_runtime_unshard(t->rt, (uint32_t)unit, full, &p, &dt));
-    PCS_CHECK(bind_unit(t, (uint32_t)unit, p, dt));
+    PCS_CHECK(bind_unit(t, t->model, (uint32_t)unit, p, dt));
     /* Keep `fdepth` units gathered ahead in forward order (bounded memory: root + current +
      * fdepth). */
     uint32_t pos = t->unit_pos[unit];
@@ -184,8 +198,8 @@ static pcs_status_t hook_pre_backward(void *ctx, uint32_t mod)
     const void *p;
     pcs_dtype_t dt;
     PCS_CHECK(pcs_runtime_unshard(t->rt, (uint32_t)unit, 0, &p, &dt));
-    PCS_CHECK(bind_unit(t, (uint32_t)unit, p, dt));
-    PCS_CHECK(bind_unit_grads(t, (uint32_t)unit));
+    PCS_CHECK(bind_unit(t, t->model, (uint32_t)unit, p, dt));
+    PCS_CHECK(bind_unit_grads(t, t->model, (uint32_t)unit));
     if (!t->bpost) /* BACKWARD_PRE: before this unit's gradient computation */
         PCS_CHECK(prefetch_backward(t, (uint32_t)unit));
     return PCS_OK;
@@ -297,6 +311,7 @@ static pcs_status_t setup_buffers(pcs_train_t *t)
         for (size_t j = 0; j < u->n_buffers; j++, k++) {
             train_buffer_t *b = &t->buffers[k];
             b->slot = u->buffers[j];
+            b->unit = (uint32_t)i;
             b->model_index = pcs_mlp_find_buffer(t->model, b->slot->fqn);
             if (b->model_index < 0)
                 return pcs_set_error(PCS_ERR_INVALID_ARG, "plan buffer %s is not in the model",
@@ -645,6 +660,8 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     pcs_mlp_config_t mc;
     PCS_CHECK_GOTO(pcs_mlp_config_from_proto(spec->model->mlp, &mc), st, fail);
     t->in_dim = mc.input_dim;
+    t->n_hidden = mc.n_hidden;
+    t->out_dim = mc.output_dim;
     /* Eval reads the global eval batch (D*b rows, as the reference) and forwards this rank's b. */
     uint32_t eval_rows = t->D * t->b;
     PCS_CHECK_GOTO(pcs_mlp_create_on(&mc, t->b, t->be, t->stream, &t->model), st, fail);
@@ -745,6 +762,8 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     t->bootstrap_ms = (double)(pcs_now_us() - t_boot) / 1000.0;
 
     PCS_CHECK_GOTO(setup_buffers(t), st, fail);
+    if (t->plan->pp_size > 1)
+        PCS_CHECK_GOTO(pp_setup(t, &mc), st, fail);
     uint64_t t_resume = pcs_now_us();
     PCS_CHECK_GOTO(resume_if_asked(t), st, fail);
     t->resume_ms = (double)(pcs_now_us() - t_resume) / 1000.0;
@@ -782,13 +801,17 @@ void pcs_train_abort(pcs_train_t *t, const char *reason)
     if (!atomic_exchange(&t->aborted, 1))
         snprintf(t->abort_reason, sizeof t->abort_reason, "%s", reason ? reason : "aborted");
     pcs_runtime_abort(t->rt, reason);
+    pcs_pipe_abort(pp_pipe(t), reason);
 }
 
 int pcs_train_blame(const pcs_train_t *t, pcs_coll_fault_t *fault)
 {
     if (fault)
         *fault = PCS_COLL_FAULT_NONE;
-    return t ? pcs_runtime_blame(t->rt, fault) : -1;
+    if (!t)
+        return -1;
+    int r = pcs_runtime_blame(t->rt, fault);
+    return r >= 0 ? r : pcs_pipe_blame(pp_pipe(t), fault);
 }
 
 void pcs_train_destroy(pcs_train_t *t)
@@ -796,6 +819,7 @@ void pcs_train_destroy(pcs_train_t *t)
     if (!t)
         return;
     pcs_ckpt_dir_close(&t->ckpt);
+    pp_free(t); /* its instances bind the buffers freed below */
     pcs_runtime_destroy(t->rt);
     pcs_mlp_destroy(t->model);
     pcs_data_close(t->data);
@@ -904,6 +928,12 @@ static pcs_status_t run_eval(pcs_train_t *t, double *eval_loss)
     const void *y = t->loss == PCS_LOSS_CROSS_ENTROPY
                         ? (const void *)((const int64_t *)t->y + (size_t)t->dp_rank * n)
                         : (const void *)((const float *)t->y + (size_t)t->dp_rank * n * od);
+    if (t->pp) {
+        pcs_status_t st = pp_eval(t, x, y, eval_loss);
+        t->full_eval = 0;
+        t->training = 1;
+        return st;
+    }
     if (t->full_eval) {
         /* FSDP1 forced full precision: fp32 params, no input/output casts */
         for (size_t i = 0; i < t->n_units; i++)
@@ -963,6 +993,8 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
     const pcs_backend_ops_t *host_be = NULL; /* host-side conversions of the copied shards */
     PCS_CHECK_GOTO(pcs_backend_get("cpu", &host_be), st, out);
     for (size_t i = 0; i < t->n_units; i++) {
+        if (!pcs_runtime_holds(t->rt, (uint32_t)i))
+            continue; /* another pipeline stage's: its ranks write it */
         /* the shard's pointers are backend (device) memory: copy it to host buffers */
         PCS_CHECK_GOTO(pcs_runtime_shard(t->rt, (uint32_t)i, &sh), st, out);
         void **h = &host[i * 4];
@@ -992,6 +1024,8 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
     }
     for (size_t i = 0; i < t->n_buffers; i++) {
         train_buffer_t *b = &t->buffers[i];
+        if (!pcs_runtime_holds(t->rt, b->unit))
+            continue; /* updated by the stage that holds it */
         pcs_dtype_t orig = b->slot->dtype ? (pcs_dtype_t)b->slot->dtype : PCS_DTYPE_FP32;
         uint64_t numel = b->slot->numel ? b->slot->numel : 1;
         if (b->dev != b->data) {
@@ -1107,6 +1141,510 @@ void pcs_train_fill_report(Pcs__V1__StepReport *r, Pcs__V1__CollectiveRecord *re
     r->collectives = rp;
 }
 
+// ---- pipeline stages (issue 14) ----
+//
+// With pp > 1 this rank runs its pp rank's action list of the plan's schedule
+// (planner/schedule.h) instead of the forward/backward loop: F and B (I for the zero-bubble
+// schedule) on one of its stages (layers [first, end) of the model, pcs_mlp_forward_range), the
+// sends and receives of activations and their gradients (worker/pipe.h), and the FSDP actions
+// UNSHARD / RESHARD around them. A micro-batch's forward state lives in a model instance of its
+// stage until its backward: a stage has as many instances as its schedule keeps micro-batches in
+// flight (GPipe: all of them; 1F1B: at most pp), every instance bound to the same unsharded
+// parameters and buffers. Gradients accumulate per micro-batch as without stages, and the
+// stage's last backward of the step reduces them over its data-parallel group (REDUCE_GRAD,
+// FSDP's sync on the last micro-batch). An activation crosses a stage boundary in the dtype
+// the forward produced it in (its values are exactly representable there) and its gradient in
+// the same dtype; the first activation of each stage in a pass is preceded by a header naming
+// that dtype and the element count, which the receiver checks. The zero-bubble schedule's I
+// action computes the input and the weight gradients together and its W action is empty:
+// numerically the same, but the weight-gradient work is not moved into the bubbles
+// (docs/DESIGN-NOTES.md).
+
+typedef struct pp_stage {
+    uint32_t stage, first, end; /* global stage; model layers [first, end) */
+    uint32_t in_w, out_w;       /* row widths of the stage's input and output */
+    int is_first, is_last;
+    uint32_t *units;
+    size_t n_units;
+    pcs_mlp_t **inst; /* forward state of the micro-batches in flight */
+    int32_t *inst_mb; /* micro-batch an instance holds, -1 when free */
+    uint32_t n_inst;
+    int32_t *mb_inst; /* [M] instance of a micro-batch between its F and its B */
+    float **in;       /* [M] stage input (backend memory, b x in_w) */
+    float **gout;     /* [M] gradient of the stage output (backend memory, b x out_w) */
+    float **h_out;    /* [M] host: output awaiting SEND_F */
+    float **h_gin;    /* [M] host: input gradient awaiting SEND_B */
+    float *gin;       /* backend: the input gradient of one backward (b x in_w) */
+    pcs_dtype_t in_dt, out_dt;
+    int in_known, hdr_sent; /* this pass: the header was received / sent */
+    uint32_t n_bwd;         /* backwards run this step */
+} pp_stage_t;
+
+typedef struct pp_state {
+    pcs_schedule_t *sch;
+    pcs_pipe_t *pipe;
+    uint32_t me, pp, n_stages;
+    pp_stage_t *st; /* this rank's stages, st[k] = stage me + k * pp */
+    uint32_t n_st;
+    void *msg; /* host: one message in its dtype */
+} pp_state_t;
+
+static pcs_pipe_t *pp_pipe(const pcs_train_t *t)
+{
+    return t->pp ? t->pp->pipe : NULL;
+}
+
+static pp_stage_t *pp_local(pcs_train_t *t, uint32_t stage)
+{
+    pp_state_t *pp = t->pp;
+    uint32_t k = stage / pp->pp;
+    return stage % pp->pp == pp->me && k < pp->n_st ? &pp->st[k] : NULL;
+}
+
+static void pp_free(pcs_train_t *t)
+{
+    pp_state_t *pp = t->pp;
+    if (!pp)
+        return;
+    pcs_pipe_destroy(pp->pipe);
+    for (uint32_t k = 0; pp->st && k < pp->n_st; k++) {
+        pp_stage_t *ls = &pp->st[k];
+        for (uint32_t i = 0; ls->inst && i < ls->n_inst; i++)
+            pcs_mlp_destroy(ls->inst[i]);
+        for (uint32_t m = 0; m < t->M; m++) {
+            if (ls->in)
+                t->be->free(ls->in[m]);
+            if (ls->gout)
+                t->be->free(ls->gout[m]);
+            if (ls->h_out)
+                free(ls->h_out[m]);
+            if (ls->h_gin)
+                free(ls->h_gin[m]);
+        }
+        t->be->free(ls->gin);
+        free(ls->inst), free(ls->inst_mb), free(ls->mb_inst), free(ls->units);
+        free(ls->in), free(ls->gout), free(ls->h_out), free(ls->h_gin);
+    }
+    free(pp->st);
+    free(pp->msg);
+    pcs_schedule_free(pp->sch);
+    free(pp);
+    t->pp = NULL;
+}
+
+static uint32_t layer_width(pcs_train_t *t, uint32_t layer, int out)
+{
+    char path[32];
+    if (layer < t->n_hidden)
+        snprintf(path, sizeof path, "layers.%u", layer);
+    else
+        snprintf(path, sizeof path, "head");
+    int mi = pcs_mlp_find_module(t->model, path);
+    if (mi < 0)
+        return 0;
+    const pcs_mlp_module_t *m = pcs_mlp_module(t->model, (uint32_t)mi);
+    return out ? m->out_dim : m->in_dim;
+}
+
+/* Stages, instances, buffers and channels (after the runtime and the buffers exist). */
+static pcs_status_t pp_setup(pcs_train_t *t, const pcs_mlp_config_t *mc)
+{
+    const Pcs__V1__Plan *plan = t->plan;
+    pp_state_t *pp = NULL;
+    PCS_CHECK(pcs_calloc(1, sizeof *pp, (void **)&pp));
+    t->pp = pp;
+    PCS_CHECK(pcs_plan_schedule(plan, &pp->sch));
+    pp->pp = plan->pp_size;
+    {
+        uint32_t n = 0, my = 0;
+        PCS_CHECK(pcs_plan_group_ranks(plan, PCS__V1__GROUP_KIND__GROUP_KIND_PP, t->as->rank, NULL,
+                                       &n, &my));
+        pp->me = my;
+    }
+    pp->n_stages = pp->sch->n_stages;
+    pp->n_st = pp->sch->v;
+    if (plan->n_stages != pp->n_stages)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: %zu stages, the schedule has %u",
+                             plan->n_stages, pp->n_stages);
+    PCS_CHECK(pcs_calloc(pp->n_st, sizeof *pp->st, (void **)&pp->st));
+    size_t max_msg = 1;
+    for (uint32_t k = 0; k < pp->n_st; k++) {
+        pp_stage_t *ls = &pp->st[k];
+        ls->stage = pp->me + k * pp->pp;
+        const Pcs__V1__StageSpec *ss = NULL;
+        for (size_t i = 0; i < plan->n_stages; i++)
+            if (plan->stages[i]->stage == ls->stage)
+                ss = plan->stages[i];
+        if (!ss || ss->first_layer >= ss->last_layer || ss->last_layer > t->n_hidden)
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: stage %u has no layer range of the "
+                                 "model's %u blocks", ls->stage, t->n_hidden);
+        ls->is_first = ls->stage == 0;
+        ls->is_last = ls->stage + 1 == pp->n_stages;
+        ls->first = ss->first_layer;
+        /* the head follows the last block on the last stage */
+        ls->end = ls->is_last ? t->n_hidden + 1 : ss->last_layer;
+        if (ls->is_first && ls->first != 0)
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: stage 0 starts at layer %u",
+                                 ls->first);
+        ls->in_w = ls->first == 0 ? t->in_dim : layer_width(t, ls->first, 0);
+        ls->out_w = layer_width(t, ls->end - 1, 1);
+        if (!ls->in_w || !ls->out_w)
+            return pcs_set_error(PCS_ERR_INVALID_ARG, "stage %u: layers [%u, %u) not in the model",
+                                 ls->stage, ls->first, ls->end);
+        size_t w = ls->in_w > ls->out_w ? ls->in_w : ls->out_w;
+        max_msg = (size_t)t->b * w > max_msg ? (size_t)t->b * w : max_msg;
+        /* the plan's units of this stage */
+        PCS_CHECK(pcs_calloc(t->n_units + 1, sizeof *ls->units, (void **)&ls->units));
+        for (size_t i = 0; i < t->n_units; i++)
+            if (plan->units[i]->stage == ls->stage)
+                ls->units[ls->n_units++] = (uint32_t)i;
+        /* micro-batches in flight: forwards not yet consumed by their backward */
+        uint32_t live = 0, most = 1;
+        const pcs_action_t *a = pp->sch->acts[pp->me];
+        for (size_t i = 0; i < pp->sch->n_acts[pp->me]; i++) {
+            if (a[i].stage != ls->stage)
+                continue;
+            if (a[i].kind == PCS_ACT_F && ++live > most)
+                most = live;
+            if ((a[i].kind == PCS_ACT_B || a[i].kind == PCS_ACT_I) && live)
+                live--;
+        }
+        ls->n_inst = most;
+        PCS_CHECK(pcs_calloc(most, sizeof *ls->inst, (void **)&ls->inst));
+        PCS_CHECK(pcs_calloc(most, sizeof *ls->inst_mb, (void **)&ls->inst_mb));
+        for (uint32_t i = 0; i < most; i++) {
+            PCS_CHECK(pcs_mlp_create_on(mc, t->b, t->be, t->stream, &ls->inst[i]));
+            PCS_CHECK(pcs_mlp_apply_plan_casts(ls->inst[i], plan));
+            ls->inst_mb[i] = -1;
+            for (size_t b = 0; b < t->n_buffers; b++) { /* the shared running statistics */
+                train_buffer_t *tb = &t->buffers[b];
+                PCS_CHECK(pcs_mlp_bind_buffer(ls->inst[i], (uint32_t)tb->model_index,
+                                              tb->run_dtype, tb->dev));
+            }
+        }
+        PCS_CHECK(pcs_calloc(t->M, sizeof *ls->mb_inst, (void **)&ls->mb_inst));
+        PCS_CHECK(pcs_calloc(t->M, sizeof *ls->in, (void **)&ls->in));
+        PCS_CHECK(pcs_calloc(t->M, sizeof *ls->gout, (void **)&ls->gout));
+        PCS_CHECK(pcs_calloc(t->M, sizeof *ls->h_out, (void **)&ls->h_out));
+        PCS_CHECK(pcs_calloc(t->M, sizeof *ls->h_gin, (void **)&ls->h_gin));
+        size_t in_b = (size_t)t->b * ls->in_w * sizeof(float);
+        size_t out_b = (size_t)t->b * ls->out_w * sizeof(float);
+        for (uint32_t m = 0; m < t->M; m++) {
+            ls->mb_inst[m] = -1;
+            PCS_CHECK(t->be->alloc(in_b, (void **)&ls->in[m]));
+            PCS_CHECK(t->be->alloc(out_b, (void **)&ls->gout[m]));
+            if (!ls->is_last)
+                PCS_CHECK(pcs_calloc(1, out_b, (void **)&ls->h_out[m]));
+            if (!ls->is_first)
+                PCS_CHECK(pcs_calloc(1, in_b, (void **)&ls->h_gin[m]));
+        }
+        PCS_CHECK(t->be->alloc(in_b, (void **)&ls->gin));
+        ls->in_dt = t->feed_dtype;
+    }
+    PCS_CHECK(pcs_calloc(max_msg, sizeof(float), &pp->msg));
+    pcs_pipe_config_t pc;
+    memset(&pc, 0, sizeof pc);
+    pc.plan = plan;
+    pc.rank = t->as->rank;
+    pc.kv = t->cfg.kv;
+    pc.hostname = t->cfg.hostname;
+    pc.timeout_ms = t->cfg.coll_timeout_ms ? (int)t->cfg.coll_timeout_ms : 30000;
+    PCS_CHECK(pcs_pipe_create(&pc, &pp->pipe));
+    PCS_INFO(PCS_SUB_WORKER,
+             "rank %u: pipeline %s, pp rank %u of %u, %u stage(s) here, %u micro-batches",
+             t->as->rank, pcs_sched_name(pp->sch->kind), pp->me, pp->pp, pp->n_st, t->M);
+    return PCS_OK;
+}
+
+/* Unshard the stage's units (a no-op for those already unsharded) and bind them on `m`. */
+static pcs_status_t pp_bind(pcs_train_t *t, pp_stage_t *ls, pcs_mlp_t *m, int full, int grads)
+{
+    for (size_t i = 0; i < ls->n_units; i++) {
+        const void *p;
+        pcs_dtype_t dt;
+        const Pcs__V1__Unit *u = t->plan->units[ls->units[i]];
+        int f = full && u->mixed_precision && u->param_dtype != u->master_dtype;
+        PCS_CHECK(pcs_runtime_unshard(t->rt, ls->units[i], f, &p, &dt));
+        PCS_CHECK(bind_unit(t, m, ls->units[i], p, dt));
+        if (grads)
+            PCS_CHECK(bind_unit_grads(t, m, ls->units[i]));
+    }
+    return PCS_OK;
+}
+
+static pcs_status_t pp_reshard(pcs_train_t *t, pp_stage_t *ls)
+{
+    for (size_t i = 0; i < ls->n_units; i++)
+        if (pcs_runtime_is_unsharded(t->rt, ls->units[i]))
+            PCS_CHECK(pcs_runtime_reshard(t->rt, ls->units[i]));
+    return PCS_OK;
+}
+
+/* Host rows (fp32 values of dt) -> one message in dt, sent to `peer`; the stage's first
+ * activation of a pass goes after a header {dtype, count}. */
+static pcs_status_t pp_send(pcs_train_t *t, pp_stage_t *ls, pcs_pipe_dir_t dir, uint32_t peer,
+                            const float *rows, size_t n, pcs_dtype_t dt)
+{
+    pp_state_t *pp = t->pp;
+    if (dir == PCS_PIPE_FWD && !ls->hdr_sent) {
+        int64_t hdr[2] = {(int64_t)dt, (int64_t)n};
+        PCS_CHECK(pcs_pipe_send(pp->pipe, dir, peer, hdr, 2, PCS_DTYPE_INT64));
+        ls->hdr_sent = 1;
+    }
+    if (dt == PCS_DTYPE_FP32)
+        return pcs_pipe_send(pp->pipe, dir, peer, rows, n, dt);
+    pcs_from_f32(rows, n, dt, pp->msg);
+    return pcs_pipe_send(pp->pipe, dir, peer, pp->msg, n, dt);
+}
+
+/* The next message from `peer` into host rows (fp32 values of dt); an activation's dtype comes
+ * from the pass's header. */
+static pcs_status_t pp_recv(pcs_train_t *t, pp_stage_t *ls, pcs_pipe_dir_t dir, uint32_t peer,
+                            float *rows, size_t n, pcs_dtype_t *dt)
+{
+    pp_state_t *pp = t->pp;
+    if (dir == PCS_PIPE_FWD && !ls->in_known) {
+        int64_t hdr[2];
+        PCS_CHECK(pcs_pipe_recv(pp->pipe, dir, peer, hdr, 2, PCS_DTYPE_INT64));
+        pcs_dtype_t h = (pcs_dtype_t)hdr[0];
+        if ((hdr[0] != PCS_DTYPE_FP32 && hdr[0] != PCS_DTYPE_BF16 && hdr[0] != PCS_DTYPE_FP16) ||
+            hdr[1] != (int64_t)n)
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "pipeline: stage %u's input from pp rank %u is %lld elements of "
+                                 "dtype %lld; this stage takes %zu elements of fp32, bf16 or fp16",
+                                 ls->stage, peer, (long long)hdr[1], (long long)hdr[0], n);
+        ls->in_dt = h;
+        ls->in_known = 1;
+    }
+    *dt = dir == PCS_PIPE_FWD ? ls->in_dt : ls->out_dt;
+    if (*dt == PCS_DTYPE_FP32)
+        return pcs_pipe_recv(pp->pipe, dir, peer, rows, n, *dt);
+    PCS_CHECK(pcs_pipe_recv(pp->pipe, dir, peer, pp->msg, n, *dt));
+    pcs_to_f32(pp->msg, *dt, n, rows);
+    return PCS_OK;
+}
+
+static pcs_status_t pp_copy(pcs_train_t *t, void *dst, const void *src, size_t bytes,
+                            pcs_copy_kind_t kind)
+{
+    if (t->on_host) {
+        memmove(dst, src, bytes);
+        return PCS_OK;
+    }
+    PCS_CHECK(t->be->copy(dst, src, bytes, kind, t->stream));
+    return kind == PCS_COPY_D2H ? t->be->sync(t->stream) : PCS_OK;
+}
+
+static pcs_status_t pp_forward(pcs_train_t *t, pp_stage_t *ls, uint32_t mb, uint64_t step,
+                               double *loss_sum)
+{
+    uint32_t b = t->b;
+    int32_t k = -1;
+    for (uint32_t i = 0; i < ls->n_inst && k < 0; i++)
+        if (ls->inst_mb[i] < 0)
+            k = (int32_t)i;
+    if (k < 0 || mb >= t->M || ls->mb_inst[mb] >= 0)
+        return pcs_set_error(PCS_ERR_INTERNAL, "pipeline: stage %u forward of micro-batch %u "
+                             "has no free instance", ls->stage, mb);
+    pcs_mlp_t *m = ls->inst[k];
+    if (ls->is_first || ls->is_last) {
+        uint64_t first = pcs_data_batch_start(step - 1, mb, t->M, t->D, t->dp_rank, b);
+        PCS_CHECK(pcs_data_read(t->data, first, b, t->x, t->y));
+    }
+    if (ls->is_first) {
+        pcs_round_to(t->x, (size_t)b * t->in_dim, t->feed_dtype);
+        PCS_CHECK(pp_copy(t, ls->in[mb], t->x, (size_t)b * t->in_dim * sizeof(float),
+                          PCS_COPY_H2D));
+    }
+    PCS_CHECK(pp_bind(t, ls, m, 0, 0));
+    const float *out;
+    pcs_dtype_t odt;
+    PCS_CHECK(pcs_mlp_forward_range(m, ls->first, ls->end, ls->in[mb], ls->in_dt, b, 1, NULL,
+                                    &out, &odt));
+    ls->inst_mb[k] = (int32_t)mb;
+    ls->mb_inst[mb] = k;
+    ls->out_dt = odt;
+    size_t n = (size_t)b * ls->out_w;
+    if (!ls->is_last)
+        return pp_copy(t, ls->h_out[mb], out, n * sizeof(float), PCS_COPY_D2H);
+    /* the loss, scaled as scale_grads: the mean over the step's micro-batches */
+    const float *host;
+    PCS_CHECK(fetch_output(t, out, n, &host));
+    double l = 0;
+    float sc = (float)(t->scale / (double)t->M);
+    PCS_CHECK(pcs_loss_compute(t->loss, host, b, ls->out_w, t->y, sc, &l, t->gout));
+    *loss_sum += l;
+    return pp_copy(t, ls->gout[mb], t->gout, n * sizeof(float), PCS_COPY_H2D);
+}
+
+static pcs_status_t pp_backward(pcs_train_t *t, pp_stage_t *ls, uint32_t mb)
+{
+    int32_t k = mb < t->M ? ls->mb_inst[mb] : -1;
+    if (k < 0)
+        return pcs_set_error(PCS_ERR_INTERNAL,
+                             "pipeline: stage %u backward of micro-batch %u before its forward",
+                             ls->stage, mb);
+    pcs_mlp_t *m = ls->inst[k];
+    /* the units may have been re-gathered into other blocks since the forward */
+    PCS_CHECK(pp_bind(t, ls, m, 0, 1));
+    PCS_CHECK(pcs_mlp_backward_input(m, ls->gout[mb], NULL, ls->is_first ? NULL : ls->gin));
+    ls->n_bwd++;
+    /* the stage's last backward of the step reduces (REDUCE_GRAD); the others accumulate */
+    int sync = ls->n_bwd == t->M || t->plan->sync_every_micro_batch;
+    for (size_t i = 0; i < ls->n_units; i++)
+        PCS_CHECK(pcs_runtime_post_backward(t->rt, ls->units[i], sync));
+    ls->inst_mb[k] = -1;
+    ls->mb_inst[mb] = -1;
+    if (ls->is_first)
+        return PCS_OK;
+    return pp_copy(t, ls->h_gin[mb], ls->gin, (size_t)t->b * ls->in_w * sizeof(float),
+                   PCS_COPY_D2H);
+}
+
+static void pp_begin_pass(pcs_train_t *t)
+{
+    for (uint32_t k = 0; k < t->pp->n_st; k++) {
+        pp_stage_t *ls = &t->pp->st[k];
+        ls->in_known = ls->is_first;
+        ls->in_dt = ls->is_first ? t->feed_dtype : ls->in_dt;
+        ls->hdr_sent = 0;
+        ls->n_bwd = 0;
+        for (uint32_t i = 0; i < ls->n_inst; i++)
+            ls->inst_mb[i] = -1;
+        for (uint32_t m = 0; m < t->M; m++)
+            ls->mb_inst[m] = -1;
+    }
+}
+
+/* One training step's forward and backward: this pp rank's action list. */
+static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, double *compute_ms)
+{
+    pp_state_t *pp = t->pp;
+    pp_begin_pass(t);
+    const pcs_action_t *acts = pp->sch->acts[pp->me];
+    size_t n = pp->sch->n_acts[pp->me];
+    for (size_t i = 0; i < n; i++) {
+        const pcs_action_t *a = &acts[i];
+        if (atomic_load(&t->aborted))
+            return pcs_set_error(PCS_ERR_CANCELLED, "%s", t->abort_reason);
+        pp_stage_t *ls = pp_local(t, a->stage);
+        if (!ls) {
+            char what[64];
+            pcs_action_str(a, what, sizeof what);
+            return pcs_set_error(PCS_ERR_INTERNAL, "pipeline: action %s is not on pp rank %u",
+                                 what, pp->me);
+        }
+        size_t nin = (size_t)t->b * ls->in_w, nout = (size_t)t->b * ls->out_w;
+        uint64_t c0 = pcs_now_us();
+        if (pcs_log_level_ >= (int)PCS_LOG_DEBUG && (pcs_log_mask_ & PCS_SUB_WORKER)) {
+            char what[64];
+            pcs_action_str(a, what, sizeof what);
+            PCS_DEBUG(PCS_SUB_WORKER, "step %llu: %s", (unsigned long long)step, what);
+        }
+        pcs_dtype_t dt;
+        switch ((pcs_act_kind_t)a->kind) {
+        case PCS_ACT_UNSHARD:
+            for (size_t u = 0; u < ls->n_units; u++) {
+                const void *p;
+                PCS_CHECK(pcs_runtime_unshard(t->rt, ls->units[u], 0, &p, &dt));
+            }
+            break;
+        case PCS_ACT_RESHARD:
+            PCS_CHECK(pp_reshard(t, ls));
+            break;
+        case PCS_ACT_REDUCE_GRAD: /* issued by the stage's last backward */
+        case PCS_ACT_W:           /* computed with I (see above) */
+            break;
+        case PCS_ACT_F:
+            PCS_CHECK(pp_forward(t, ls, a->mb, step, loss_sum));
+            *compute_ms += (double)(pcs_now_us() - c0) / 1000.0;
+            break;
+        case PCS_ACT_B:
+        case PCS_ACT_I:
+            PCS_CHECK(pp_backward(t, ls, a->mb));
+            *compute_ms += (double)(pcs_now_us() - c0) / 1000.0;
+            break;
+        case PCS_ACT_SEND_F:
+            PCS_CHECK(pp_send(t, ls, PCS_PIPE_FWD, a->peer, ls->h_out[a->mb], nout, ls->out_dt));
+            break;
+        case PCS_ACT_RECV_F: {
+            float *h = t->on_host ? ls->in[a->mb] : ls->h_gin[a->mb]; /* host staging */
+            PCS_CHECK(pp_recv(t, ls, PCS_PIPE_FWD, a->peer, h, nin, &dt));
+            if (!t->on_host)
+                PCS_CHECK(pp_copy(t, ls->in[a->mb], h, nin * sizeof(float), PCS_COPY_H2D));
+            break;
+        }
+        case PCS_ACT_SEND_B:
+            PCS_CHECK(pp_send(t, ls, PCS_PIPE_BWD, a->peer, ls->h_gin[a->mb], nin, ls->in_dt));
+            break;
+        case PCS_ACT_RECV_B: {
+            float *h = t->on_host ? ls->gout[a->mb] : ls->h_out[a->mb];
+            PCS_CHECK(pp_recv(t, ls, PCS_PIPE_BWD, a->peer, h, nout, &dt));
+            if (!t->on_host)
+                PCS_CHECK(pp_copy(t, ls->gout[a->mb], h, nout * sizeof(float), PCS_COPY_H2D));
+            break;
+        }
+        default:
+            return pcs_set_error(PCS_ERR_INTERNAL, "pipeline: action kind %u", a->kind);
+        }
+    }
+    /* every stage ends the step resharded (the schedule's RESHARD); sends drained */
+    for (uint32_t k = 0; k < pp->n_st; k++)
+        PCS_CHECK(pp_reshard(t, &pp->st[k]));
+    return pcs_pipe_flush(pp->pipe);
+}
+
+/* Eval through the stages: each stage forwards this rank's rows of the eval batch once, in
+ * stage order (one micro-batch: the sends cannot cross). Only the last stage has a loss. */
+static pcs_status_t pp_eval(pcs_train_t *t, const float *x, const void *y, double *loss)
+{
+    pp_state_t *pp = t->pp;
+    pp_begin_pass(t);
+    *loss = 0;
+    uint32_t b = t->b;
+    for (uint32_t k = 0; k < pp->n_st; k++) {
+        pp_stage_t *ls = &pp->st[k];
+        pcs_mlp_t *m = ls->inst[0];
+        size_t nin = (size_t)b * ls->in_w, nout = (size_t)b * ls->out_w;
+        pcs_dtype_t dt;
+        if (ls->is_first) {
+            PCS_CHECK(pp_copy(t, ls->in[0], x, nin * sizeof(float), PCS_COPY_H2D));
+        } else {
+            float *h = t->on_host ? ls->in[0] : ls->h_gin[0];
+            PCS_CHECK(pp_recv(t, ls, PCS_PIPE_FWD, (ls->stage - 1) % pp->pp, h, nin, &dt));
+            if (!t->on_host)
+                PCS_CHECK(pp_copy(t, ls->in[0], h, nin * sizeof(float), PCS_COPY_H2D));
+        }
+        if (t->full_eval) /* FSDP1 forced full precision: fp32 params, no casts */
+            for (size_t i = 0; i < ls->n_units; i++)
+                PCS_CHECK(pcs_mlp_set_cast(m, (uint32_t)t->unit_mod[ls->units[i]], PCS_DTYPE_NONE,
+                                           PCS_DTYPE_NONE));
+        const float *out;
+        pcs_dtype_t odt;
+        pcs_status_t st = pp_bind(t, ls, m, t->full_eval, 0);
+        if (st == PCS_OK)
+            st = pcs_mlp_forward_range(m, ls->first, ls->end, ls->in[0], ls->in_dt, b, 0, NULL,
+                                       &out, &odt);
+        if (st == PCS_OK)
+            st = pp_reshard(t, ls);
+        if (t->full_eval) {
+            pcs_status_t cs = pcs_mlp_apply_plan_casts(m, t->plan);
+            st = st == PCS_OK ? cs : st;
+        }
+        PCS_CHECK(st);
+        if (ls->is_last) {
+            const float *host;
+            PCS_CHECK(fetch_output(t, out, nout, &host));
+            PCS_CHECK(pcs_loss_compute(t->loss, host, b, ls->out_w, y, 1.0f, loss, NULL));
+        } else {
+            PCS_CHECK(pp_copy(t, ls->h_out[0], out, nout * sizeof(float), PCS_COPY_D2H));
+            PCS_CHECK(pp_send(t, ls, PCS_PIPE_FWD, (ls->stage + 1) % pp->pp, ls->h_out[0], nout,
+                              odt));
+        }
+    }
+    return pcs_pipe_flush(pp->pipe);
+}
+
 pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
 {
     const Pcs__V1__TrainingSpec *tr = t->spec->training;
@@ -1150,7 +1688,9 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
         double compute_ms = 0, loss_sum = 0;
         PCS_CHECK_GOTO(pcs_runtime_begin_step(t->rt), st, fail);
         pcs_mlp_hooks_t h;
-        for (uint32_t m = 0; m < t->M; m++) {
+        if (t->pp)
+            PCS_CHECK_GOTO(pp_step(t, s, &loss_sum, &compute_ms), st, fail);
+        for (uint32_t m = 0; !t->pp && m < t->M; m++) {
             /* training.gradient_sync every_micro_batch: every backward reduces (FSDP2) */
             t->sync = m + 1 == t->M || t->plan->sync_every_micro_batch;
             uint64_t first = pcs_data_batch_start(s - 1, m, t->M, t->D, t->dp_rank, t->b);
@@ -1189,6 +1729,8 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
         if (sr.skipped)
             t->skipped++;
         double loss = loss_sum / (double)t->M;
+        /* pipeline: only the last stage has the loss */
+        PCS_CHECK_GOTO(pcs_runtime_sum_over_pp(t->rt, &loss), st, fail);
         PCS_CHECK_GOTO(pcs_runtime_mean_over_dp(t->rt, &loss), st, fail);
         pcs_rt_stats_t rs;
         pcs_runtime_stats(t->rt, &rs);
@@ -1214,6 +1756,7 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
         if (eval_every && s % eval_every == 0) {
             double el = 0;
             PCS_CHECK_GOTO(run_eval(t, &el), st, fail);
+            PCS_CHECK_GOTO(pcs_runtime_sum_over_pp(t->rt, &el), st, fail);
             PCS_CHECK_GOTO(pcs_runtime_mean_over_dp(t->rt, &el), st, fail);
             r.eval_loss = el;
         }

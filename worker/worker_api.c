@@ -230,6 +230,13 @@ pcs_status_t pcs_worker_join_as(const pcs_worker_options_t *opt, const char *pro
         PCS_CHECK_GOTO(w->be->stream_create(&w->stream), st, fail_job);
     }
     PCS_CHECK_GOTO(pcs_train_data_position(as, &w->dp_rank, &w->dp_size), st, fail_job);
+    if (plan->pp_size > 1) { /* the coordinator refuses these at SubmitJob */
+        st = pcs_set_error(PCS_ERR_UNSUPPORTED,
+                           "mesh: pipeline stages (pp = %u) run in pcs-worker only; a C API "
+                           "program computes its whole model",
+                           plan->pp_size);
+        goto fail_job;
+    }
     if (tr->grad_scaler && tr->grad_scaler->enabled)
         w->scale = tr->grad_scaler->init_scale ? tr->grad_scaler->init_scale->value : 65536.0;
     pcs_runtime_config_t rc;

@@ -724,9 +724,6 @@ static void test_nccl_on_host_buffers_is_refused_with_a_reason(void **state)
     assert_null(rt);
     assert_non_null(strstr(pcs_last_error(), "reduce dtype fp64"));
     b.plan.units[0]->reduce_dtype = PCS__V1__DTYPE__DTYPE_FP32;
-    b.plan.pp_size = 2;
-    assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_ERR_UNSUPPORTED);
-    assert_non_null(strstr(pcs_last_error(), "pipeline stages (pp = 2)"));
 }
 
 /* A pool block is reused only after every stream's work on it: unit 0 prefetched (its
