@@ -246,18 +246,21 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
     size_t nu = 0;
     uint64_t *full = NULL;
     size_t n = p->n_units;
-    PCS_CHECK(pcs_calloc(n * 12 + 6, sizeof *full, (void **)&full));
+    PCS_CHECK(pcs_calloc(n * 13 + 6, sizeof *full, (void **)&full));
     uint64_t *kept = full + n, *gradb = kept + n, *copyb = gradb + n, *rsb = copyb + n,
              *held = rsb + n, *anc_f = held + n, *anc_b = anc_f + n, *evalb = anc_b + n,
-             *pk = evalb + n, *pf = pk + n + 1, *ps = pf + n + 1;
+             *pk = evalb + n, *pf = pk + n + 1, *ps = pf + n + 1, *stg = ps + n + 1;
+    bool per_mb = false; /* pipeline: stages unshard around every micro-batch (plan_schedule) */
     uint64_t root_eval = 0;
     bool keep = false; /* units stay gathered across no-sync micro-batches */
     size_t root_i = SIZE_MAX;
     uint64_t acc = 0, max_c = 1;
     for (size_t i = 0; i < n; i++) {
         const Pcs__V1__Unit *u = p->units[i];
+        per_mb |= !u->is_root && u->reshard_after_forward;
         if (u->stage % pp != c.pp)
             continue;
+        stg[nu] = u->stage;
         bool train = unit_trainable(u);
         uint64_t sh = u->shard_numel;
         uint32_t sg = u->shard_group_size ? u->shard_group_size : 1;
@@ -436,6 +439,31 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         uint64_t s = (i == root_i ? 0 : root_eval) + evalb[i];
         if (s > peak)
             peak = s;
+    }
+    if (pp > 1) {
+        /* Pipeline stages (worker/train.c): UNSHARD gathers a whole stage and RESHARD frees it
+         * (around every compute action, or once per step, when every stage of this rank stays
+         * gathered); a backward takes the gradient blocks of its stage's units at once and hands
+         * them in together, and reductions of every stage may be in flight at the same time.
+         * Eval gathers one stage at a time. A bound over the schedule's order. */
+        uint64_t all_full = pf[nu], full_max = 0, grad_max = 0, copy_all = 0, eval_max = 0;
+        for (uint32_t k = 0; k < (p->virtual_stages ? p->virtual_stages : 1); k++) {
+            uint64_t sf = 0, sgr = 0, se = 0, stage = c.pp + (uint64_t)k * pp;
+            for (size_t i = 0; i < nu; i++) {
+                if (stg[i] != stage)
+                    continue;
+                sf += full[i];
+                sgr += gradb[i];
+                se += evalb[i];
+                copy_all += copyb[i] > rsb[i] ? copyb[i] : rsb[i];
+            }
+            full_max = sf > full_max ? sf : full_max;
+            grad_max = sgr > grad_max ? sgr : grad_max;
+            eval_max = se > eval_max ? se : eval_max;
+        }
+        peak = (per_mb ? full_max : all_full) + grad_max + copy_all;
+        if (eval_max > peak)
+            peak = eval_max;
     }
     free(full);
     out->peak_unsharded_bytes = peak + acc;

@@ -30,22 +30,27 @@ pcs_status_t pcs_plan_rank_shard(const Pcs__V1__Plan *p, uint32_t unit, uint32_t
     return PCS_OK;
 }
 
+bool pcs_plan_rank_holds(const Pcs__V1__Plan *p, uint32_t unit, uint32_t rank)
+{
+    if (unit >= p->n_units)
+        return false;
+    if (p->pp_size <= 1)
+        return true;
+    Pcs__V1__MeshCoords c;
+    /* pipeline stage s lives on pp rank s mod pp (planner/schedule.h) */
+    return pcs_plan_rank_coords(p, rank, &c) == PCS_OK &&
+           p->units[unit]->stage % p->pp_size == c.pp;
+}
+
 uint32_t pcs_plan_shard_holder(const Pcs__V1__Plan *p, uint32_t unit, uint32_t shard)
 {
     for (uint32_t r = 0; r < p->world_size; r++) {
         uint32_t s, rep;
-        if (pcs_plan_rank_shard(p, unit, r, &s, &rep) == PCS_OK && s == shard && rep == 0)
+        if (pcs_plan_rank_holds(p, unit, r) &&
+            pcs_plan_rank_shard(p, unit, r, &s, &rep) == PCS_OK && s == shard && rep == 0)
             return r;
     }
     return UINT32_MAX;
-}
-
-static uint32_t mesh_pp(const Pcs__V1__Plan *p)
-{
-    pcs_mesh_t m;
-    if (pcs_mesh_from_plan(p, &m) != PCS_OK)
-        return 0;
-    return pcs_mesh_size(&m, PCS_MESH_PP);
 }
 
 pcs_status_t pcs_plan_transfer(const Pcs__V1__Plan *old, const Pcs__V1__Plan *neu, uint32_t rank,
@@ -55,13 +60,11 @@ pcs_status_t pcs_plan_transfer(const Pcs__V1__Plan *old, const Pcs__V1__Plan *ne
     *n = 0;
     if (!old || !neu || rank >= neu->world_size)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "transfer: plans and a rank of the new one");
-    uint32_t opp = mesh_pp(old), npp = mesh_pp(neu);
-    if (!opp || !npp)
+    pcs_mesh_t om, nm;
+    if (pcs_mesh_from_plan(old, &om) != PCS_OK || pcs_mesh_from_plan(neu, &nm) != PCS_OK)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "transfer: a plan without a valid mesh");
-    if (opp > 1 || npp > 1)
-        return pcs_set_error(PCS_ERR_UNSUPPORTED,
-                             "transfer: resharding pipelined checkpoints (pp > 1) is not "
-                             "supported");
+    /* Pipeline stages on either side: parameters are found by FQN, a unit's shards on the
+     * ranks of its stage (pcs_plan_rank_holds), so pp may change too. */
     /* old parameters by FQN: unit index << 32 | slot */
     pcs_strmap_t by_fqn = PCS_STRMAP_BORROWED;
     uint32_t *slot_of = NULL;
@@ -100,6 +103,8 @@ pcs_status_t pcs_plan_transfer(const Pcs__V1__Plan *old, const Pcs__V1__Plan *ne
     for (uint32_t r = 0; st == PCS_OK && r < old->world_size; r++)
         for (size_t u = 0; st == PCS_OK && u < old->n_units; u++) {
             uint32_t s = 0, rep = 0;
+            if (!pcs_plan_rank_holds(old, (uint32_t)u, r))
+                continue; /* another stage's rank */
             st = pcs_plan_rank_shard(old, (uint32_t)u, r, &s, &rep);
             if (st == PCS_OK && rep == 0 && holder[hbase[u] + s] == UINT32_MAX)
                 holder[hbase[u] + s] = r;
@@ -108,6 +113,8 @@ pcs_status_t pcs_plan_transfer(const Pcs__V1__Plan *old, const Pcs__V1__Plan *ne
     size_t m = 0;
     for (size_t u = 0; st == PCS_OK && u < neu->n_units; u++) {
         const Pcs__V1__Unit *nu = neu->units[u];
+        if (!pcs_plan_rank_holds(neu, (uint32_t)u, rank))
+            continue; /* held by another stage's ranks */
         uint32_t s = 0, rep = 0;
         st = pcs_plan_rank_shard(neu, (uint32_t)u, rank, &s, &rep);
         if (st != PCS_OK)

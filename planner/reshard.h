@@ -5,6 +5,7 @@
 #ifndef PCS_PLANNER_RESHARD_H
 #define PCS_PLANNER_RESHARD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,12 +28,18 @@ typedef struct pcs_xfer_seg {
     uint64_t count;
 } pcs_xfer_seg_t;
 
-/* The segments `rank` of `neu` needs from a checkpoint of `old`, in (unit, dst) order; *segs is
- * malloc'd (NULL with *n = 0 when none). Errors: PCS_ERR_INVALID_ARG naming the first parameter
- * the two plans disagree on (missing in the checkpoint, another element count), a plan without
- * a valid mesh or a rank out of range; PCS_ERR_UNSUPPORTED for pipelined plans (pp > 1). */
+/* The segments `rank` of `neu` needs from a checkpoint of `old`, in (unit, dst) order, for the
+ * units it holds (pipeline stages: the units of its stages only); *segs is malloc'd (NULL with
+ * *n = 0 when none). Either plan may have pipeline stages, pp may differ: a unit's shards come
+ * from the ranks of its stage. Errors: PCS_ERR_INVALID_ARG naming the first parameter the two
+ * plans disagree on (missing in the checkpoint, another element count), a plan without a valid
+ * mesh or a rank out of range. */
 pcs_status_t pcs_plan_transfer(const Pcs__V1__Plan *old, const Pcs__V1__Plan *neu, uint32_t rank,
                                pcs_xfer_seg_t **segs, size_t *n);
+
+/* Whether `rank` holds `unit` (true with pp = 1; with pipeline stages the ranks whose pp
+ * coordinate is the unit's stage mod pp). */
+bool pcs_plan_rank_holds(const Pcs__V1__Plan *p, uint32_t unit, uint32_t rank);
 
 /* Old rank holding replica 0 of shard `shard` of old unit `unit` (the rank files export reads);
  * UINT32_MAX when none does. */

@@ -23,6 +23,10 @@ pcs_add_test(NAME test_e2e_procs SOURCES integration/test_e2e_procs.c ${PCS_E2E_
 pcs_add_test(NAME test_resume SOURCES integration/test_resume.c ${PCS_E2E_UTIL}
              LIBS pcs_worker LABELS integration TIMEOUT 300)
 add_dependencies(test_resume pcsctl)
+# Pipeline stages (issue 14): every schedule x FSDP / mixed precision / DDP x W 2 and 4 against
+# the same job without stages (bit for bit) and the reference; clipping, eval and resume.
+pcs_add_test(NAME test_pipeline SOURCES integration/test_pipeline.c ${PCS_E2E_UTIL}
+             LIBS pcs_worker LABELS integration TIMEOUT 600)
 # pcs-worker's start-up flags (backend, transport, device) as real processes.
 pcs_add_test(NAME test_worker_flags SOURCES integration/test_worker_flags.c ${PCS_E2E_UTIL}
              LIBS pcs_worker LABELS integration TIMEOUT 120)
@@ -58,4 +62,5 @@ set_tests_properties(test_e2e_cuda_sim PROPERTIES LABELS integration TIMEOUT 300
   ENVIRONMENT "PCS_BIN_DIR=${CMAKE_BINARY_DIR}/bin;PCS_SOURCE_DIR=${PROJECT_SOURCE_DIR};PCS_LOG_LEVEL=warn;PCS_SIMULATE_CUDA=1")
 
 set_target_properties(test_runtime test_runtime_cuda test_e2e_cpu test_e2e_procs test_worker_flags
-                      test_e2e_capi test_e2e_cuda test_resume PROPERTIES LINKER_LANGUAGE CXX)
+                      test_e2e_capi test_e2e_cuda test_resume test_pipeline
+                      PROPERTIES LINKER_LANGUAGE CXX)
