@@ -48,20 +48,30 @@ static int teardown(void **state)
     return 0;
 }
 
+/* pipelined jobs (issue 14): the same job on a dp x pp 2 mesh with the 1F1B schedule */
+static int g_pp;
+
 static char *job_yaml(int world, int min_workers, int max_restarts, const char *resume_from)
 {
     char *y = malloc(2048);
     assert_non_null(y);
-    char resume[1300] = "";
+    char resume[1300] = "", mesh[160];
     if (resume_from)
         snprintf(resume, sizeof resume, "resume: {from: '%s', step: 10}\n", resume_from);
+    if (g_pp)
+        snprintf(mesh, sizeof mesh,
+                 "  - {dim: dp_shard, size: %d}\n  - {dim: pp, size: 2}\n"
+                 "pipeline: {schedule: 1f1b}\n",
+                 world / 2);
+    else
+        snprintf(mesh, sizeof mesh, "  - {dim: dp_shard, size: %d}\n", world);
     snprintf(y, 2048,
              "name: elastic\n"
              "model:\n"
              "  mlp: {input_dim: 8, hidden_dims: [32, 32], output_dim: 4, norm: layernorm}\n"
              "wrap: {module_class: [MLPBlock]}\n"
              "precision: {param_dtype: bf16, reduce_dtype: fp32}\n"
-             "mesh:\n  - {dim: dp_shard, size: %d}\n"
+             "mesh:\n%s"
              "training: {steps: %d, micro_batch_size: 4, micro_batches: 2,"
              " optimizer: {adamw: {lr: 0.01}}}\n"
              "data: {synthetic: {seed: 7}}\n"
@@ -69,13 +79,14 @@ static char *job_yaml(int world, int min_workers, int max_restarts, const char *
              "checkpoint: {dir: ckpt, every_steps: 10, keep_last: 5}\n"
              "elastic: {min_workers: %d, max_restarts: %d}\n"
              "%s",
-             world, 24, min_workers, max_restarts, resume);
+             mesh, 24, min_workers, max_restarts, resume);
     return y;
 }
 
 
 static void start(const char *tag, int workers)
 {
+    g_pp = 0;
     memset(&g_cl, 0, sizeof g_cl);
     g_cl.dir = pcs_test_tmpdir(tag);
     int port = e2e_free_port();
@@ -429,6 +440,60 @@ static void test_a_death_during_a_checkpoint_resumes_from_the_one_before(void **
     free(y);
 }
 
+/* A pipelined job (dp 2 x pp 2, 1F1B) loses the rank holding stage 1 of replica 1: with a
+ * spare it restarts from its last checkpoint (each stage's ranks wrote their units) and ends with
+ * the bits of an uninterrupted run; without a restart budget it fails naming the rank. */
+static void test_a_killed_pipeline_stage_restarts_and_ends_bit_identical(void **state)
+{
+    (void)state;
+    start("elastic-pp", 5);
+    g_pp = 1;
+    char *y = job_yaml(4, 4, 2, NULL);
+    e2e_job_t job;
+    submit_and_reach(y, &job, 12);
+    pid_t victim = holder(job.job_id, 3);
+    kill(victim, SIGKILL);
+    waitpid(victim, NULL, 0);
+    forget_worker(victim);
+    assert_int_equal(e2e_wait_job(&g_cl, &job, 180000), 0);
+    if (job.state != SUCCEEDED)
+        fail_msg("job %s: state %d: %s (logs in %s)", job.job_id, job.state, job.reason,
+                 g_cl.dir);
+    Pcs__V1__GetJobResponse *keep = NULL;
+    Pcs__V1__Job *j = get_job(job.job_id, &keep);
+    assert_int_equal(j->restarts, 1);
+    if (!strstr(j->restart_log[0]->cause, "rank 3 (worker"))
+        fail_msg("restart cause: %s", j->restart_log[0]->cause);
+    protobuf_c_message_free_unpacked(&keep->base, NULL);
+    char *dirs[2] = {NULL, NULL};
+    char *ref = reference(4, 4, dirs);
+    e2e_assert_same_bits(job.export_path, ref, job.job_id);
+    free_reference(ref, dirs);
+    e2e_job_free(&job);
+    free(y);
+}
+
+static void test_a_dead_pipeline_stage_without_restarts_fails_naming_it(void **state)
+{
+    (void)state;
+    start("elastic-pp-dead", 4);
+    g_pp = 1;
+    char *y = job_yaml(4, 4, 0, NULL);
+    e2e_job_t job;
+    submit_and_reach(y, &job, 4);
+    pid_t victim = holder(job.job_id, 1);
+    kill(victim, SIGKILL);
+    waitpid(victim, NULL, 0);
+    forget_worker(victim);
+    assert_int_equal(e2e_wait_job(&g_cl, &job, 120000), 0);
+    assert_int_equal(job.state, FAILED);
+    fprintf(stderr, "pipelined job without restarts: %s\n", job.reason);
+    if (!strstr(job.reason, "rank 1 (worker"))
+        fail_msg("reason: %s", job.reason);
+    e2e_job_free(&job);
+    free(y);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -436,6 +501,10 @@ int main(void)
                                   teardown),
         cmocka_unit_test_teardown(
             test_a_killed_rank_with_a_spare_costs_one_restart_and_nothing_else, teardown),
+        cmocka_unit_test_teardown(test_a_killed_pipeline_stage_restarts_and_ends_bit_identical,
+                                  teardown),
+        cmocka_unit_test_teardown(test_a_dead_pipeline_stage_without_restarts_fails_naming_it,
+                                  teardown),
         cmocka_unit_test_teardown(test_without_a_spare_the_job_shrinks_to_the_survivors,
                                   teardown),
         cmocka_unit_test_teardown(test_a_stopped_rank_is_named_silent_and_left_behind, teardown),
