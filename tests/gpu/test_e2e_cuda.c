@@ -40,6 +40,7 @@
     "strategy: full_shard\n"                                                                       \
     "mesh:\n"                                                                                      \
     "  - {dim: dp_shard, size: %d}\n"                                                              \
+    "%s"                                                                                           \
     "training:\n"                                                                                  \
     "  steps: 6\n"                                                                                 \
     "  micro_batch_size: 8\n"                                                                      \
@@ -72,11 +73,12 @@ static int teardown(void **state)
 }
 
 /* world workers with --backend cuda, rank r's worker on device r % devices. */
-static void run(const char *param_dtype, int world, const char *coll, double atol, double rtol,
-                double loss_rtol)
+static void run_pp(const char *param_dtype, int world, int pp, const char *coll, double atol,
+                   double rtol, double loss_rtol)
 {
     char yaml[4096];
-    snprintf(yaml, sizeof yaml, K_JOB_FMT, param_dtype, world, coll);
+    const char *pipe = pp > 1 ? "  - {dim: pp, size: 2}\npipeline: {schedule: 1f1b}\n" : "";
+    snprintf(yaml, sizeof yaml, K_JOB_FMT, param_dtype, world / pp, pipe, coll);
     for (int r = 0; r < world; r++) {
         char dev[16];
         snprintf(dev, sizeof dev, "%d", r % g_devices);
@@ -95,8 +97,14 @@ static void run(const char *param_dtype, int world, const char *coll, double ato
     }
     double max_abs = 0;
     assert_int_equal(e2e_check_parity(&g_job, yaml, atol, rtol, loss_rtol, &max_abs), 0);
-    fprintf(stderr, "%s W=%d %s: max |param - reference| = %.3g, job %.1f s\n", param_dtype, world,
-            coll, max_abs, g_job.wall_s);
+    fprintf(stderr, "%s W=%d pp %d %s: max |param - reference| = %.3g, job %.1f s\n", param_dtype,
+            world, pp, coll, max_abs, g_job.wall_s);
+}
+
+static void run(const char *param_dtype, int world, const char *coll, double atol, double rtol,
+                double loss_rtol)
+{
+    run_pp(param_dtype, world, 1, coll, atol, rtol, loss_rtol);
 }
 
 static void test_fp32_w1_nccl_matches_the_cpu_reference(void **state)
@@ -109,6 +117,15 @@ static void test_bf16_w2_gloo_staged_matches_the_cpu_reference(void **state)
 {
     (void)state;
     run("bf16", 2, "gloo", 5e-4, 5e-3, 1.6e-2);
+}
+
+/* Pipeline stages on the device (issue 14): two ranks, one stage each, 1F1B; activations and
+ * their gradients cross through host memory over Gloo (worker/pipe.h), the stages' FSDP
+ * collectives are groups of one. Same tolerances as the Gloo-staged W=2 case. */
+static void test_bf16_pp2_pipeline_matches_the_cpu_reference(void **state)
+{
+    (void)state;
+    run_pp("bf16", 2, 2, "gloo", 5e-4, 5e-3, 1.6e-2);
 }
 
 static void test_bf16_w2_nccl_on_two_devices_matches_the_cpu_reference(void **state)
@@ -127,14 +144,14 @@ static void test_nccl_job_is_not_given_to_a_simulated_worker(void **state)
 {
     (void)state;
     char yaml[4096];
-    snprintf(yaml, sizeof yaml, K_JOB_FMT, "fp32", 1, "nccl");
+    snprintf(yaml, sizeof yaml, K_JOB_FMT, "fp32", 1, "", "nccl");
     const char *const extra[] = {"--backend", "cuda", NULL};
     assert_int_equal(e2e_spawn_workers(&g_cluster, 1, extra), 0);
     assert_int_equal(e2e_submit(&g_cluster, yaml, "cuda-nccl", &g_job), 0);
     assert_int_equal(e2e_wait_job(&g_cluster, &g_job, 2000), -1); /* still not terminal */
     e2e_job_t gloo_job;
     memset(&gloo_job, 0, sizeof gloo_job);
-    snprintf(yaml, sizeof yaml, K_JOB_FMT, "fp32", 1, "gloo");
+    snprintf(yaml, sizeof yaml, K_JOB_FMT, "fp32", 1, "", "gloo");
     assert_int_equal(e2e_run_job(&g_cluster, yaml, "cuda-gloo", 60000, &gloo_job), 0);
     assert_int_equal(gloo_job.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
     e2e_job_free(&gloo_job);
@@ -163,6 +180,8 @@ int main(void)
         const struct CMUnitTest sim_tests[] = {
             cmocka_unit_test_setup_teardown(test_bf16_w2_gloo_staged_matches_the_cpu_reference,
                                             setup, teardown),
+            cmocka_unit_test_setup_teardown(test_bf16_pp2_pipeline_matches_the_cpu_reference,
+                                            setup, teardown),
             cmocka_unit_test_setup_teardown(test_nccl_job_is_not_given_to_a_simulated_worker, setup,
                                             teardown),
         };
@@ -172,6 +191,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_fp32_w1_nccl_matches_the_cpu_reference, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_bf16_w2_gloo_staged_matches_the_cpu_reference, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_bf16_pp2_pipeline_matches_the_cpu_reference, setup,
                                         teardown),
         cmocka_unit_test_setup_teardown(test_bf16_w2_nccl_on_two_devices_matches_the_cpu_reference,
                                         setup, teardown),
