@@ -113,6 +113,8 @@ struct pcs_mlp {
     int trained;      /* last forward was a training forward */
     int out_slot;     /* slot of the last forward's output */
     int want_in_grad; /* backward also computes the gradient of slot 0 (stage input) */
+    int defer_w;      /* this backward leaves the parameter gradients to backward_weights */
+    int w_pending;    /* a backward_input_only ran; its parameter gradients are not written */
     /* scratch, backend memory */
     float **wsave; /* per Linear module: a low-precision weight as forward saved it for backward
                       (the values autograd saved), pcs_nn_linear_saved_bytes() */
@@ -911,6 +913,9 @@ pcs_status_t pcs_mlp_forward_range(pcs_mlp_t *m, uint32_t first, uint32_t end, c
     if (rows == 0 || rows > m->max_rows)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_forward: %u rows, limit is %u", rows,
                              m->max_rows);
+    if (m->w_pending)
+        return pcs_set_error(PCS_ERR_STATE, "pcs_mlp_forward: the last backward's weight "
+                                            "gradients are pending (pcs_mlp_backward_weights)");
     m->trained = 0;
     m->rows = rows;
     m->n_ops = 0;
@@ -1027,7 +1032,7 @@ static pcs_status_t linear_bwd(pcs_mlp_t *m, const op_t *op)
     pcs_nn_grad_t gw = grad_dst(m, pw), gb = {NULL, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
     if (md->n_params > 1)
         gb = grad_dst(m, pw + 1);
-    if (gw.data || gb.data)
+    if ((gw.data || gb.data) && !m->defer_w)
         PCS_CHECK(pcs_nn_linear_bwd_params(m->nn, &l, dY, X, &gw, &gb));
     if (op->in == 0 && !m->want_in_grad)
         return PCS_OK; /* the model input needs no gradient */
@@ -1053,9 +1058,13 @@ static pcs_status_t norm_bwd(pcs_mlp_t *m, const op_t *op)
     if (!p.bias) /* backward does not read the bias: any dtype passes validation */
         p.bias_dtype = p.weight_dtype;
     pcs_nn_grad_t gw = grad_dst(m, pw), gb = grad_dst(m, pw + 1);
+    if (m->defer_w) /* backward_weights computes them */
+        gw.data = gb.data = NULL;
     float *dX = NULL;
     if (op->in != 0 || m->want_in_grad)
         PCS_CHECK(grad_target(m, op->in, &dX));
+    if (!dX && !gw.data && !gb.data)
+        return PCS_OK;
     PCS_CHECK(pcs_nn_norm_bwd(m->nn, &p, m->slots[op->in].v, m->slots[op->out].g, dX, &gw, &gb));
     if (dX)
         PCS_CHECK(grad_commit(m, op->in, dX));
@@ -1090,11 +1099,14 @@ static pcs_status_t elementwise_bwd(pcs_mlp_t *m, const op_t *op)
     return grad_commit(m, op->in, dX);
 }
 
-pcs_status_t pcs_mlp_backward_input(pcs_mlp_t *m, const float *grad_out,
-                                    const pcs_mlp_hooks_t *hooks, float *grad_in)
+static pcs_status_t backward(pcs_mlp_t *m, const float *grad_out, const pcs_mlp_hooks_t *hooks,
+                             float *grad_in, int defer_w)
 {
     if (!m || !grad_out)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_backward: NULL argument");
+    if (m->w_pending)
+        return pcs_set_error(PCS_ERR_STATE, "pcs_mlp_backward: the last backward's weight "
+                                            "gradients are pending (pcs_mlp_backward_weights)");
     if (!m->trained)
         return pcs_set_error(PCS_ERR_STATE, "pcs_mlp_backward: no training forward to "
                                             "differentiate");
@@ -1106,6 +1118,7 @@ pcs_status_t pcs_mlp_backward_input(pcs_mlp_t *m, const float *grad_out,
     sf->gvalid = 1;
     m->trained = 0; /* one backward per forward, like retain_graph=False */
     m->want_in_grad = grad_in != NULL;
+    m->defer_w = defer_w;
     for (size_t k = m->n_ops; k-- > 0;) {
         const op_t *op = &m->ops_tape[k];
         if (op->kind == OP_EXIT) {
@@ -1141,6 +1154,60 @@ pcs_status_t pcs_mlp_backward_input(pcs_mlp_t *m, const float *grad_out,
                 m->be->copy(grad_in, m->slots[0].g, n0 * sizeof(float), PCS_COPY_DEFAULT, st));
         else
             PCS_CHECK(pcs_kernel_fill(m->be, grad_in, PCS_DTYPE_FP32, n0, 0.0, st));
+    }
+    m->defer_w = 0;
+    m->w_pending = defer_w;
+    return PCS_OK;
+}
+
+pcs_status_t pcs_mlp_backward_input(pcs_mlp_t *m, const float *grad_out,
+                                    const pcs_mlp_hooks_t *hooks, float *grad_in)
+{
+    return backward(m, grad_out, hooks, grad_in, 0);
+}
+
+pcs_status_t pcs_mlp_backward_input_only(pcs_mlp_t *m, const float *grad_out, float *grad_in)
+{
+    return backward(m, grad_out, NULL, grad_in, 1);
+}
+
+pcs_status_t pcs_mlp_backward_weights(pcs_mlp_t *m)
+{
+    if (!m)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_backward_weights: NULL argument");
+    if (!m->w_pending)
+        return pcs_set_error(PCS_ERR_STATE, "pcs_mlp_backward_weights: no input-only backward "
+                                            "to finish");
+    m->w_pending = 0;
+    /* Every op that has parameters, from what the input pass left: its input's values (the
+     * forward's) and its output's gradient (the input pass's). The same kernels on the same
+     * operands as a whole backward: the same bits. */
+    for (size_t k = m->n_ops; k-- > 0;) {
+        const op_t *op = &m->ops_tape[k];
+        if (!m->slots[op->out].gvalid)
+            continue;
+        const pcs_mlp_module_t *md = &m->mods[op->module];
+        uint32_t pw = md->first_param;
+        if (op->kind == OP_LINEAR) {
+            pcs_nn_linear_t l = linear_desc(m, op->module, op->wdt);
+            pcs_nn_grad_t gw = grad_dst(m, pw), gb = {NULL, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
+            if (md->n_params > 1)
+                gb = grad_dst(m, pw + 1);
+            if (gw.data || gb.data)
+                PCS_CHECK(pcs_nn_linear_bwd_params(m->nn, &l, m->slots[op->out].g,
+                                                   m->slots[op->in].v, &gw, &gb));
+        } else if (op->kind == OP_LN || op->kind == OP_BN) {
+            if (!m->pb[pw].data)
+                return pcs_set_error(PCS_ERR_STATE,
+                                     "mlp: parameters of %s are not bound in backward", md->path);
+            pcs_nn_norm_t p = norm_desc(m, op->module, m->slots[op->in].dtype, op->save, 1);
+            if (!p.bias)
+                p.bias_dtype = p.weight_dtype;
+            pcs_nn_grad_t gw = grad_dst(m, pw), gb = grad_dst(m, pw + 1);
+            if (gw.data || gb.data)
+                PCS_CHECK(pcs_nn_norm_bwd(m->nn, &p, m->slots[op->in].v, m->slots[op->out].g,
+                                          NULL, &gw, &gb));
+        }
     }
     return PCS_OK;
 }

@@ -186,6 +186,18 @@ pcs_status_t pcs_mlp_backward(pcs_mlp_t *m, const float *grad_out, const pcs_mlp
 pcs_status_t pcs_mlp_backward_input(pcs_mlp_t *m, const float *grad_out,
                                     const pcs_mlp_hooks_t *hooks, float *grad_in);
 
+/* The zero-bubble split of pcs_mlp_backward_input (pipeline schedules' I and W actions, ZB-H1):
+ * backward_input_only computes every activation gradient and grad_in (as backward_input) but
+ * writes no parameter gradient; backward_weights then writes every bound parameter gradient of
+ * that backward (Linear weight and bias, norm affine) from the activations and activation
+ * gradients the model kept: the same kernels on the same operands, so the pair writes exactly
+ * what backward_input writes. Parameters may be rebound in between (the gradient destinations
+ * are read by backward_weights); no other forward or backward may run on the model in between
+ * (PCS_ERR_STATE), and the stage input x must stay valid until backward_weights (the first
+ * Linear's weight gradient reads it). No hooks. */
+pcs_status_t pcs_mlp_backward_input_only(pcs_mlp_t *m, const float *grad_out, float *grad_in);
+pcs_status_t pcs_mlp_backward_weights(pcs_mlp_t *m);
+
 /* Threads OpenBLAS may use for the GEMMs (process-wide). Workers that share a host with other
  * ranks should use 1 (the default OpenBLAS pool oversubscribes the cores); 0 = leave as is.
  * Returns the count in effect. */

@@ -1159,9 +1159,10 @@ void pcs_train_fill_report(Pcs__V1__StepReport *r, Pcs__V1__CollectiveRecord *re
 // the forward produced it in (its values are exactly representable there) and its gradient in
 // the same dtype; the first activation of each stage in a pass is preceded by a header naming
 // that dtype and the element count, which the receiver checks. The zero-bubble schedule's I
-// action computes the input and the weight gradients together and its W action is empty:
-// numerically the same, but the weight-gradient work is not moved into the bubbles
-// (docs/DESIGN-NOTES.md).
+// action computes the activation gradients only (pcs_mlp_backward_input_only) and sends the
+// input gradient on; its W action computes the parameter gradients later from what the
+// micro-batch's instance kept (pcs_mlp_backward_weights) and hands them in: the instance is
+// busy from F to W.
 
 typedef struct pp_stage {
     uint32_t stage, first, end; /* global stage; model layers [first, end) */
@@ -1309,7 +1310,7 @@ static pcs_status_t pp_setup(pcs_train_t *t, const pcs_mlp_config_t *mc)
                 continue;
             if (a[i].kind == PCS_ACT_F && ++live > most)
                 most = live;
-            if ((a[i].kind == PCS_ACT_B || a[i].kind == PCS_ACT_I) && live)
+            if ((a[i].kind == PCS_ACT_B || a[i].kind == PCS_ACT_W) && live)
                 live--;
         }
         ls->n_inst = most;
@@ -1480,7 +1481,9 @@ static pcs_status_t pp_forward(pcs_train_t *t, pp_stage_t *ls, uint32_t mb, uint
     return pp_copy(t, ls->gout[mb], t->gout, n * sizeof(float), PCS_COPY_H2D);
 }
 
-static pcs_status_t pp_backward(pcs_train_t *t, pp_stage_t *ls, uint32_t mb)
+/* B (whole backward), I (activation gradients only: zero bubble) or W (the parameter gradients
+ * of an earlier I) of micro-batch mb. B and W hand the gradients in and free the instance. */
+static pcs_status_t pp_backward(pcs_train_t *t, pp_stage_t *ls, uint32_t mb, pcs_act_kind_t kind)
 {
     int32_t k = mb < t->M ? ls->mb_inst[mb] : -1;
     if (k < 0)
@@ -1488,9 +1491,20 @@ static pcs_status_t pp_backward(pcs_train_t *t, pp_stage_t *ls, uint32_t mb)
                              "pipeline: stage %u backward of micro-batch %u before its forward",
                              ls->stage, mb);
     pcs_mlp_t *m = ls->inst[k];
-    /* the units may have been re-gathered into other blocks since the forward */
-    PCS_CHECK(pp_bind(t, ls, m, 0, 1));
-    PCS_CHECK(pcs_mlp_backward_input(m, ls->gout[mb], NULL, ls->is_first ? NULL : ls->gin));
+    /* the units may have been re-gathered into other blocks since the forward; gradient blocks
+     * are taken where parameter gradients are written */
+    PCS_CHECK(pp_bind(t, ls, m, 0, kind != PCS_ACT_I));
+    float *gin = ls->is_first ? NULL : ls->gin;
+    if (kind == PCS_ACT_W)
+        PCS_CHECK(pcs_mlp_backward_weights(m));
+    else if (kind == PCS_ACT_I)
+        PCS_CHECK(pcs_mlp_backward_input_only(m, ls->gout[mb], gin));
+    else
+        PCS_CHECK(pcs_mlp_backward_input(m, ls->gout[mb], NULL, gin));
+    if (kind == PCS_ACT_I)
+        return ls->is_first ? PCS_OK
+                            : pp_copy(t, ls->h_gin[mb], ls->gin,
+                                      (size_t)t->b * ls->in_w * sizeof(float), PCS_COPY_D2H);
     ls->n_bwd++;
     /* the stage's last backward of the step reduces (REDUCE_GRAD); the others accumulate */
     int sync = ls->n_bwd == t->M || t->plan->sync_every_micro_batch;
@@ -1498,7 +1512,7 @@ static pcs_status_t pp_backward(pcs_train_t *t, pp_stage_t *ls, uint32_t mb)
         PCS_CHECK(pcs_runtime_post_backward(t->rt, ls->units[i], sync));
     ls->inst_mb[k] = -1;
     ls->mb_inst[mb] = -1;
-    if (ls->is_first)
+    if (ls->is_first || kind == PCS_ACT_W)
         return PCS_OK;
     return pp_copy(t, ls->h_gin[mb], ls->gin, (size_t)t->b * ls->in_w * sizeof(float),
                    PCS_COPY_D2H);
@@ -1556,7 +1570,6 @@ static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, dou
             PCS_CHECK(pp_reshard(t, ls));
             break;
         case PCS_ACT_REDUCE_GRAD: /* issued by the stage's last backward */
-        case PCS_ACT_W:           /* computed with I (see above) */
             break;
         case PCS_ACT_F:
             PCS_CHECK(pp_forward(t, ls, a->mb, step, loss_sum));
@@ -1564,7 +1577,8 @@ static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, dou
             break;
         case PCS_ACT_B:
         case PCS_ACT_I:
-            PCS_CHECK(pp_backward(t, ls, a->mb));
+        case PCS_ACT_W:
+            PCS_CHECK(pp_backward(t, ls, a->mb, (pcs_act_kind_t)a->kind));
             *compute_ms += (double)(pcs_now_us() - c0) / 1000.0;
             break;
         case PCS_ACT_SEND_F:

@@ -1133,6 +1133,84 @@ static void test_pipeline_stages_compose_to_the_full_model(void **state)
     fix_free(&f);
 }
 
+/* The zero-bubble split: backward_input_only then backward_weights writes the bits one
+ * backward_input writes (every parameter gradient and the input gradient), for LayerNorm and
+ * BatchNorm blocks, fp32 and bf16 parameters; the input-only pass writes no parameter gradient;
+ * a forward or a second backward with weight gradients pending is refused. */
+static void test_zero_bubble_split_backward_writes_the_same_bits(void **state)
+{
+    (void)state;
+    uint32_t h[3] = {6, 6, 6};
+    const pcs_norm_t norms[2] = {PCS_NORM_LAYERNORM, PCS_NORM_BATCHNORM};
+    const pcs_dtype_t dts[2] = {PCS_DTYPE_FP32, PCS_DTYPE_BF16};
+    for (int ni = 0; ni < 2; ni++)
+        for (int di = 0; di < 2; di++) {
+            pcs_mlp_config_t cfg = mkcfg(6, h, 3, 3, PCS_ACT_GELU, norms[ni], 1, 1);
+            const uint32_t R = 4;
+            fix_t f;
+            fix_init(&f, &cfg, R);
+            pcs_mlp_t *s;
+            assert_int_equal(pcs_mlp_create(&cfg, R, &s), PCS_OK);
+            for (uint32_t i = 0; i < f.nb; i++) { /* the same running statistics */
+                const pcs_named_tensor_t *t = pcs_mlp_buffer(f.m, i);
+                assert_int_equal(pcs_mlp_bind_buffer(s, i, t->dtype, f.bv[i]), PCS_OK);
+            }
+            size_t esz = pcs_dtype_size(dts[di]);
+            void *lp[16], *gf[16], *gs[16];
+            for (uint32_t p = 0; p < f.np; p++) {
+                uint64_t n = pcs_mlp_param(f.m, p)->numel;
+                lp[p] = calloc(n, esz);
+                gf[p] = calloc(n, esz);
+                gs[p] = calloc(n, esz);
+                pcs_from_f32(f.pv[p], n, dts[di], lp[p]);
+                assert_int_equal(pcs_mlp_bind_param(f.m, p, dts[di], lp[p]), PCS_OK);
+                assert_int_equal(pcs_mlp_bind_grad(f.m, p, dts[di], gf[p]), PCS_OK);
+                assert_int_equal(pcs_mlp_bind_param(s, p, dts[di], lp[p]), PCS_OK);
+                assert_int_equal(pcs_mlp_bind_grad(s, p, dts[di], gs[p]), PCS_OK);
+            }
+            if (dts[di] != PCS_DTYPE_FP32) {
+                assert_int_equal(pcs_mlp_set_cast(f.m, 0, dts[di], PCS_DTYPE_NONE), PCS_OK);
+                assert_int_equal(pcs_mlp_set_cast(s, 0, dts[di], PCS_DTYPE_NONE), PCS_OK);
+            }
+            float x[24], d[12], gin_full[24], gin_s[24];
+            for (int i = 0; i < 24; i++)
+                x[i] = (float)(2 * urand() - 1);
+            for (int i = 0; i < 12; i++)
+                d[i] = (float)(urand() - 0.5);
+            const float *out;
+            pcs_dtype_t odt;
+            assert_int_equal(pcs_mlp_forward(f.m, x, PCS_DTYPE_FP32, R, 1, NULL, &out, &odt),
+                             PCS_OK);
+            assert_int_equal(pcs_mlp_backward_input(f.m, d, NULL, gin_full), PCS_OK);
+            assert_int_equal(pcs_mlp_forward(s, x, PCS_DTYPE_FP32, R, 1, NULL, &out, &odt),
+                             PCS_OK);
+            assert_int_equal(pcs_mlp_backward_input_only(s, d, gin_s), PCS_OK);
+            assert_memory_equal(gin_s, gin_full, sizeof gin_full);
+            for (uint32_t p = 0; p < f.np; p++) { /* nothing written yet */
+                uint64_t n = pcs_mlp_param(f.m, p)->numel;
+                for (uint64_t e = 0; e < n * esz; e++)
+                    assert_int_equal(((uint8_t *)gs[p])[e], 0);
+            }
+            assert_int_equal(pcs_mlp_forward(s, x, PCS_DTYPE_FP32, R, 1, NULL, &out, &odt),
+                             PCS_ERR_STATE);
+            assert_int_equal(pcs_mlp_backward_input_only(s, d, gin_s), PCS_ERR_STATE);
+            assert_int_equal(pcs_mlp_backward_weights(s), PCS_OK);
+            for (uint32_t p = 0; p < f.np; p++)
+                if (memcmp(gs[p], gf[p], pcs_mlp_param(f.m, p)->numel * esz) != 0)
+                    fail_msg("%s (%s, %s): the split backward's gradient differs",
+                             pcs_mlp_param(f.m, p)->fqn, ni ? "batchnorm" : "layernorm",
+                             pcs_dtype_name(dts[di]));
+            assert_int_equal(pcs_mlp_backward_weights(s), PCS_ERR_STATE); /* once */
+            for (uint32_t p = 0; p < f.np; p++) {
+                free(lp[p]);
+                free(gf[p]);
+                free(gs[p]);
+            }
+            pcs_mlp_destroy(s);
+            fix_free(&f);
+        }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1155,6 +1233,7 @@ int main(void)
         cmocka_unit_test(test_batchnorm_eval_uses_running_stats),
         cmocka_unit_test(test_losses_match_closed_forms),
         cmocka_unit_test(test_pipeline_stages_compose_to_the_full_model),
+        cmocka_unit_test(test_zero_bubble_split_backward_writes_the_same_bits),
     };
     return cmocka_run_group_tests_name("model", tests, NULL, NULL);
 }
