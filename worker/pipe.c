@@ -1,5 +1,6 @@
 /* Pipeline point-to-point channels (see pipe.h): one two-rank communicator per channel, a sender
- * thread draining a FIFO of copied messages, receives on the caller's thread. */
+ * thread at its source draining a FIFO of copied messages, a receiver thread at its destination
+ * receiving the posted messages ahead of their use. */
 #include "worker/pipe.h"
 
 #include <pthread.h>
@@ -7,38 +8,43 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/model.h"
 #include "pcs/mem.h"
 #include "planner/mesh.h"
 
+/* A message: the header both ends exchange first, then count elements of dt (data follows). */
 typedef struct pipe_msg {
     struct pipe_msg *next;
+    int64_t hdr[2]; /* dtype, count */
     size_t count;
     pcs_dtype_t dt;
-    /* data follows */
 } pipe_msg_t;
 
-/* One outgoing channel with its own sender thread: a send blocked until its receiver gets to
- * it must not hold back the other channels (a 1F1B rank sends an activation forward while its
- * gradient for the previous stage waits). */
-typedef struct pipe_tx {
+/* One end of a channel with its thread: a send blocked until its receiver gets to it must not
+ * hold back the other channels (a 1F1B rank sends an activation forward while its gradient for
+ * the previous stage waits), and a receive waits for its data on its own thread. */
+typedef struct pipe_end {
     struct pcs_pipe *p;
     pcs_coll_t *c;
+    int rx; /* receiving end */
     pthread_t thread;
     int started;
-    pipe_msg_t *head, *tail; /* under p->mu */
-    int busy;
-} pipe_tx_t;
+    pipe_msg_t *head, *tail; /* tx: queued to send; rx: arrived, not taken (under p->mu) */
+    size_t *want;            /* rx: counts posted, not yet received (ring) */
+    size_t want_head, want_len, want_cap;
+    size_t posted; /* rx: posted and not taken */
+    int busy;      /* the thread is in a send / receive */
+} pipe_end_t;
 
 struct pcs_pipe {
     uint32_t pp, me;
     uint32_t *ranks; /* global rank of each pp rank of this replica */
     /* tx[dir][peer]: this rank -> peer (index 0 sends to 1); rx[dir][peer]: peer -> this rank */
-    pipe_tx_t *tx[2];
-    pcs_coll_t **rx[2];
+    pipe_end_t *tx[2], *rx[2];
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int quit;
-    pcs_status_t err; /* the first failed send */
+    pcs_status_t err; /* the first failed send or receive */
     char errmsg[512];
 };
 
@@ -47,33 +53,91 @@ static uint32_t peer_of(const pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t src)
     return dir == PCS_PIPE_FWD ? (src + 1) % p->pp : (src + p->pp - 1) % p->pp;
 }
 
-static void *sender_main(void *arg)
+static void fail_locked(pcs_pipe_t *p, pcs_status_t st, const char *msg)
 {
-    pipe_tx_t *tx = arg;
-    pcs_pipe_t *p = tx->p;
+    if (p->err == PCS_OK) {
+        p->err = st;
+        snprintf(p->errmsg, sizeof p->errmsg, "%s", msg);
+    }
+}
+
+static pcs_status_t send_one(pipe_end_t *e, pipe_msg_t *m)
+{
+    PCS_CHECK(pcs_coll_send(e->c, m->hdr, 2, PCS_DTYPE_INT64, 1, NULL));
+    return pcs_coll_send(e->c, m + 1, m->count, m->dt, 1, NULL);
+}
+
+/* Receive the next message of `want` elements: header, checks, elements. */
+static pcs_status_t recv_one(pipe_end_t *e, size_t want, pipe_msg_t **out)
+{
+    int64_t hdr[2];
+    PCS_CHECK(pcs_coll_recv(e->c, hdr, 2, PCS_DTYPE_INT64, 0, NULL));
+    if ((hdr[0] != PCS_DTYPE_FP32 && hdr[0] != PCS_DTYPE_BF16 && hdr[0] != PCS_DTYPE_FP16) ||
+        hdr[1] != (int64_t)want)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "a message of %lld elements of dtype %lld where %zu elements of "
+                             "fp32, bf16 or fp16 were expected",
+                             (long long)hdr[1], (long long)hdr[0], want);
+    pcs_dtype_t dt = (pcs_dtype_t)hdr[0];
+    pipe_msg_t *m = NULL;
+    PCS_CHECK(pcs_calloc(1, sizeof *m + want * pcs_dtype_size(dt), (void **)&m));
+    m->count = want;
+    m->dt = dt;
+    pcs_status_t st = pcs_coll_recv(e->c, m + 1, want, dt, 0, NULL);
+    if (st != PCS_OK) {
+        free(m);
+        return st;
+    }
+    *out = m;
+    return PCS_OK;
+}
+
+static void *end_main(void *arg)
+{
+    pipe_end_t *e = arg;
+    pcs_pipe_t *p = e->p;
     pthread_mutex_lock(&p->mu);
     for (;;) {
-        while (!tx->head && !p->quit)
+        while (!(e->rx ? e->want_len : e->head != NULL) && !p->quit)
             pthread_cond_wait(&p->cv, &p->mu);
         if (p->quit) /* destroy: what was not flushed is dropped */
             break;
-        pipe_msg_t *m = tx->head;
-        tx->head = m->next;
-        if (!tx->head)
-            tx->tail = NULL;
-        tx->busy = 1;
+        pipe_msg_t *m = NULL;
+        size_t want = 0;
+        if (e->rx) {
+            want = e->want[e->want_head];
+            e->want_head = (e->want_head + 1) % e->want_cap;
+            e->want_len--;
+        } else {
+            m = e->head;
+            e->head = m->next;
+            if (!e->head)
+                e->tail = NULL;
+        }
+        e->busy = 1;
         int failed = p->err != PCS_OK;
         pthread_mutex_unlock(&p->mu);
         pcs_status_t st = PCS_OK;
         if (!failed)
-            st = pcs_coll_send(tx->c, m + 1, m->count, m->dt, 1, NULL);
-        free(m);
-        pthread_mutex_lock(&p->mu);
-        if (st != PCS_OK && p->err == PCS_OK) {
-            p->err = st;
-            snprintf(p->errmsg, sizeof p->errmsg, "%s", pcs_last_error());
+            st = e->rx ? recv_one(e, want, &m) : send_one(e, m);
+        char msg[512] = "";
+        if (st != PCS_OK)
+            snprintf(msg, sizeof msg, "%s", pcs_last_error());
+        if (!e->rx || st != PCS_OK) {
+            free(m);
+            m = NULL;
         }
-        tx->busy = 0;
+        pthread_mutex_lock(&p->mu);
+        if (st != PCS_OK)
+            fail_locked(p, st, msg);
+        if (m) {
+            if (e->tail)
+                e->tail->next = m;
+            else
+                e->head = m;
+            e->tail = m;
+        }
+        e->busy = 0;
         pthread_cond_broadcast(&p->cv);
     }
     pthread_mutex_unlock(&p->mu);
@@ -125,9 +189,11 @@ pcs_status_t pcs_pipe_create(const pcs_pipe_config_t *cfg, pcs_pipe_t **out)
                    st, fail);
     for (int d = 0; d < 2; d++) {
         PCS_CHECK_GOTO(pcs_calloc(n, sizeof *p->tx[d], (void **)&p->tx[d]), st, fail);
-        for (uint32_t r = 0; r < n; r++)
-            p->tx[d][r].p = p;
         PCS_CHECK_GOTO(pcs_calloc(n, sizeof *p->rx[d], (void **)&p->rx[d]), st, fail);
+        for (uint32_t r = 0; r < n; r++) {
+            p->tx[d][r].p = p->rx[d][r].p = p;
+            p->rx[d][r].rx = 1;
+        }
     }
     /* Every rank walks the same global list of channels and joins the ones it is an end of:
      * the lowest channel not yet connected always has both ends waiting on it, so the
@@ -148,21 +214,22 @@ pcs_status_t pcs_pipe_create(const pcs_pipe_config_t *cfg, pcs_pipe_t **out)
                                st, fail);
             else
                 PCS_CHECK_GOTO(make_channel(cfg, name, p->ranks[src], p->ranks[dst], 1,
-                                            &p->rx[d][src]),
+                                            &p->rx[d][src].c),
                                st, fail);
         }
     }
     for (int d = 0; d < 2; d++)
-        for (uint32_t r = 0; r < n; r++) {
-            pipe_tx_t *tx = &p->tx[d][r];
-            if (!tx->c)
-                continue;
-            if (pthread_create(&tx->thread, NULL, sender_main, tx) != 0) {
-                st = pcs_set_error(PCS_ERR_SYSTEM, "pipe: cannot start a sender thread");
-                goto fail;
+        for (uint32_t r = 0; r < n; r++)
+            for (int k = 0; k < 2; k++) {
+                pipe_end_t *e = k ? &p->rx[d][r] : &p->tx[d][r];
+                if (!e->c)
+                    continue;
+                if (pthread_create(&e->thread, NULL, end_main, e) != 0) {
+                    st = pcs_set_error(PCS_ERR_SYSTEM, "pipe: cannot start a channel thread");
+                    goto fail;
+                }
+                e->started = 1;
             }
-            tx->started = 1;
-        }
     *out = p;
     return PCS_OK;
 fail:
@@ -180,55 +247,124 @@ uint32_t pcs_pipe_pp_size(const pcs_pipe_t *p)
     return p->pp;
 }
 
-static pcs_status_t sender_error_locked(pcs_pipe_t *p)
+static pcs_status_t error_locked(pcs_pipe_t *p)
 {
-    return pcs_set_error(p->err, "pipeline send: %s", p->errmsg);
+    return pcs_set_error(p->err, "pipeline: %s", p->errmsg);
 }
 
-pcs_status_t pcs_pipe_send(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, const void *data,
+static pipe_end_t *end_of(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, int rx)
+{
+    if ((dir != PCS_PIPE_FWD && dir != PCS_PIPE_BWD) || peer >= p->pp)
+        return NULL;
+    pipe_end_t *e = rx ? &p->rx[dir][peer] : &p->tx[dir][peer];
+    return e->c ? e : NULL;
+}
+
+static pcs_status_t no_channel(const pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, int rx)
+{
+    return pcs_set_error(PCS_ERR_INVALID_ARG, "pipe: pp rank %u has no %s channel %s %u", p->me,
+                         dir == PCS_PIPE_FWD ? "activation" : "gradient", rx ? "from" : "to",
+                         peer);
+}
+
+pcs_status_t pcs_pipe_send(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, const float *rows,
                            size_t count, pcs_dtype_t dt)
 {
-    if ((dir != PCS_PIPE_FWD && dir != PCS_PIPE_BWD) || peer >= p->pp || !p->tx[dir][peer].c)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "pipe: pp rank %u has no %s channel to %u",
-                             p->me, dir == PCS_PIPE_FWD ? "activation" : "gradient", peer);
-    size_t bytes = count * pcs_dtype_size(dt);
+    pipe_end_t *e = end_of(p, dir, peer, 0);
+    if (!e)
+        return no_channel(p, dir, peer, 0);
+    if (dt != PCS_DTYPE_FP32 && dt != PCS_DTYPE_BF16 && dt != PCS_DTYPE_FP16)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pipe: cannot send %s", pcs_dtype_name(dt));
     pipe_msg_t *m = NULL;
-    PCS_CHECK(pcs_calloc(1, sizeof *m + bytes, (void **)&m));
-    m->next = NULL;
+    PCS_CHECK(pcs_calloc(1, sizeof *m + count * pcs_dtype_size(dt), (void **)&m));
+    m->hdr[0] = (int64_t)dt;
+    m->hdr[1] = (int64_t)count;
     m->count = count;
     m->dt = dt;
-    if (bytes)
-        memcpy(m + 1, data, bytes);
+    if (count)
+        pcs_from_f32(rows, count, dt, m + 1);
     pthread_mutex_lock(&p->mu);
     if (p->err != PCS_OK) {
-        pcs_status_t st = sender_error_locked(p);
+        pcs_status_t st = error_locked(p);
         pthread_mutex_unlock(&p->mu);
         free(m);
         return st;
     }
-    pipe_tx_t *tx = &p->tx[dir][peer];
-    if (tx->tail)
-        tx->tail->next = m;
+    if (e->tail)
+        e->tail->next = m;
     else
-        tx->head = m;
-    tx->tail = m;
+        e->head = m;
+    e->tail = m;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     return PCS_OK;
 }
 
-pcs_status_t pcs_pipe_recv(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, void *data,
-                           size_t count, pcs_dtype_t dt)
+pcs_status_t pcs_pipe_post(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, size_t count)
 {
-    if ((dir != PCS_PIPE_FWD && dir != PCS_PIPE_BWD) || peer >= p->pp || !p->rx[dir][peer])
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "pipe: pp rank %u has no %s channel from %u",
-                             p->me, dir == PCS_PIPE_FWD ? "activation" : "gradient", peer);
-    pcs_status_t st = pcs_coll_recv(p->rx[dir][peer], data, count, dt, 0, NULL);
-    if (st != PCS_OK)
-        return pcs_set_error(st, "pipeline receive of %s from pp rank %u (rank %u): %s",
+    pipe_end_t *e = end_of(p, dir, peer, 1);
+    if (!e)
+        return no_channel(p, dir, peer, 1);
+    pthread_mutex_lock(&p->mu);
+    pcs_status_t st = PCS_OK;
+    if (e->want_len == e->want_cap) {
+        size_t cap = e->want_cap ? 2 * e->want_cap : 16, *w = NULL;
+        st = pcs_calloc(cap, sizeof *w, (void **)&w);
+        if (st == PCS_OK) {
+            for (size_t i = 0; i < e->want_len; i++)
+                w[i] = e->want[(e->want_head + i) % e->want_cap];
+            free(e->want);
+            e->want = w;
+            e->want_head = 0;
+            e->want_cap = cap;
+        }
+    }
+    if (st == PCS_OK) {
+        e->want[(e->want_head + e->want_len) % e->want_cap] = count;
+        e->want_len++;
+        e->posted++;
+        pthread_cond_broadcast(&p->cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return st;
+}
+
+pcs_status_t pcs_pipe_take(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, float *rows,
+                           size_t count, pcs_dtype_t *dt)
+{
+    pipe_end_t *e = end_of(p, dir, peer, 1);
+    if (!e)
+        return no_channel(p, dir, peer, 1);
+    pthread_mutex_lock(&p->mu);
+    if (!e->posted) {
+        pthread_mutex_unlock(&p->mu);
+        return pcs_set_error(PCS_ERR_STATE, "pipe: nothing posted from pp rank %u", peer);
+    }
+    while (!e->head && p->err == PCS_OK)
+        pthread_cond_wait(&p->cv, &p->mu);
+    if (!e->head) {
+        pcs_status_t st = error_locked(p);
+        pthread_mutex_unlock(&p->mu);
+        return pcs_set_error(st, "receive of %s from pp rank %u (rank %u): %s",
                              dir == PCS_PIPE_FWD ? "an activation" : "a gradient", peer,
                              p->ranks[peer], pcs_last_error());
-    return PCS_OK;
+    }
+    pipe_msg_t *m = e->head;
+    e->head = m->next;
+    if (!e->head)
+        e->tail = NULL;
+    e->posted--;
+    pthread_mutex_unlock(&p->mu);
+    pcs_status_t st = PCS_OK;
+    if (m->count != count)
+        st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                           "pipe: the message from pp rank %u has %zu elements, %zu taken", peer,
+                           m->count, count);
+    else if (count)
+        pcs_to_f32(m + 1, m->dt, count, rows);
+    *dt = m->dt;
+    free(m);
+    return st;
 }
 
 /* Some channel still has a message queued or in flight (under mu). */
@@ -246,43 +382,34 @@ pcs_status_t pcs_pipe_flush(pcs_pipe_t *p)
     pthread_mutex_lock(&p->mu);
     while (sending_locked(p) && p->err == PCS_OK)
         pthread_cond_wait(&p->cv, &p->mu);
-    pcs_status_t st = p->err != PCS_OK ? sender_error_locked(p) : PCS_OK;
+    pcs_status_t st = p->err != PCS_OK ? error_locked(p) : PCS_OK;
     pthread_mutex_unlock(&p->mu);
     return st;
 }
 
-static void each_channel(pcs_pipe_t *p, void (*fn)(pcs_coll_t *, const char *), const char *why)
+void pcs_pipe_abort(pcs_pipe_t *p, const char *reason)
 {
+    if (!p)
+        return;
     for (int d = 0; d < 2; d++)
         for (uint32_t r = 0; r < p->pp; r++) {
             if (p->tx[d] && p->tx[d][r].c)
-                fn(p->tx[d][r].c, why);
-            if (p->rx[d] && p->rx[d][r])
-                fn(p->rx[d][r], why);
+                pcs_coll_abort(p->tx[d][r].c, reason);
+            if (p->rx[d] && p->rx[d][r].c)
+                pcs_coll_abort(p->rx[d][r].c, reason);
         }
-}
-
-static void abort_one(pcs_coll_t *c, const char *why)
-{
-    pcs_coll_abort(c, why);
-}
-
-void pcs_pipe_abort(pcs_pipe_t *p, const char *reason)
-{
-    if (p)
-        each_channel(p, abort_one, reason);
 }
 
 int pcs_pipe_blame(const pcs_pipe_t *p, pcs_coll_fault_t *fault)
 {
     if (fault)
         *fault = PCS_COLL_FAULT_NONE;
-    if (!p)
+    if (!p || !p->tx[0] || !p->tx[1] || !p->rx[0] || !p->rx[1])
         return -1;
     for (int d = 0; d < 2; d++)
         for (uint32_t r = 0; r < p->pp; r++) {
             /* index 0 of a channel is its sender, 1 its receiver */
-            const pcs_coll_t *cs[2] = {p->tx[d][r].c, p->rx[d][r]};
+            const pcs_coll_t *cs[2] = {p->tx[d][r].c, p->rx[d][r].c};
             for (int k = 0; k < 2; k++) {
                 if (!cs[k])
                     continue;
@@ -300,10 +427,13 @@ int pcs_pipe_blame(const pcs_pipe_t *p, pcs_coll_fault_t *fault)
     return -1;
 }
 
-static void destroy_one(pcs_coll_t *c, const char *why)
+static void free_msgs(pipe_msg_t *m)
 {
-    (void)why;
-    pcs_coll_destroy(c);
+    while (m) {
+        pipe_msg_t *n = m->next;
+        free(m);
+        m = n;
+    }
 }
 
 void pcs_pipe_destroy(pcs_pipe_t *p)
@@ -312,23 +442,27 @@ void pcs_pipe_destroy(pcs_pipe_t *p)
         return;
     pthread_mutex_lock(&p->mu);
     p->quit = 1;
-    int busy = p->tx[0] && p->tx[1] && sending_locked(p);
+    int busy = 0;
+    for (int d = 0; d < 2; d++)
+        for (uint32_t r = 0; p->tx[d] && p->rx[d] && r < p->pp; r++)
+            busy |= p->tx[d][r].busy || p->rx[d][r].busy;
     pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
-    if (busy) /* a send blocked on a peer that never receives returns only when aborted */
+    if (busy) /* a send or receive blocked on a peer returns only when aborted */
         pcs_pipe_abort(p, "pipeline destroyed");
     for (int d = 0; d < 2; d++)
-        for (uint32_t r = 0; p->tx[d] && r < p->pp; r++) {
-            pipe_tx_t *tx = &p->tx[d][r];
-            if (tx->started)
-                pthread_join(tx->thread, NULL);
-            while (tx->head) {
-                pipe_msg_t *m = tx->head;
-                tx->head = m->next;
-                free(m);
+        for (uint32_t r = 0; r < p->pp; r++)
+            for (int k = 0; k < 2; k++) {
+                pipe_end_t *e = k ? (p->rx[d] ? &p->rx[d][r] : NULL)
+                                  : (p->tx[d] ? &p->tx[d][r] : NULL);
+                if (!e)
+                    continue;
+                if (e->started)
+                    pthread_join(e->thread, NULL);
+                free_msgs(e->head);
+                free(e->want);
+                pcs_coll_destroy(e->c);
             }
-        }
-    each_channel(p, destroy_one, NULL);
     for (int d = 0; d < 2; d++) {
         free(p->tx[d]);
         free(p->rx[d]);

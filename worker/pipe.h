@@ -4,14 +4,17 @@
  *
  * The schedules (planner/schedule.h) are validated with buffered sends and blocking receives,
  * as torch.distributed.pipelining's isend / irecv with waits at use: a rank that sends an
- * activation goes on to its next action before the receiver asked for it. Gloo's unbound-buffer
- * send is a rendezvous (it completes when the peer has posted the receive), so sends here are
- * copied and handed to a sender thread that sends them in order, and receives block on the
- * caller's thread. Every channel (direction, sender, receiver) is a communicator of its two
- * ranks, used on each side by one thread only (the sender thread at the source, the caller at
- * the destination): no communicator is ever driven by two threads, and the FIFO order of a
- * channel is the order the schedule validator checked.
+ * activation goes on to its next action before the receiver asked for it, and a receive posted
+ * ahead lets the data land while the receiver still computes. Gloo's unbound-buffer send is a
+ * rendezvous (it completes when the peer has posted the receive), so each channel has two
+ * threads: at the source a sender thread sends the copied messages in order, at the destination
+ * a receiver thread receives the messages the caller posted (pcs_pipe_post: a step posts all
+ * its receives up front) into buffers of its own, which pcs_pipe_take hands over. Every channel
+ * (direction, sender, receiver) is a communicator of its two ranks driven by one thread at each
+ * end, and the FIFO order of a channel is the order the schedule validator checked.
  *
+ * A message is self-describing: a header (dtype, element count) then the elements, so the
+ * receiver learns the dtype an activation was produced in and checks the count it expected.
  * Messages are host memory and travel over Gloo on every backend (a cuda job copies activations
  * to and from the host around them). Not thread-safe: one caller thread. */
 #ifndef PCS_WORKER_PIPE_H
@@ -50,15 +53,21 @@ void pcs_pipe_destroy(pcs_pipe_t *p);
 uint32_t pcs_pipe_pp_rank(const pcs_pipe_t *p);
 uint32_t pcs_pipe_pp_size(const pcs_pipe_t *p);
 
-/* Queue `count` elements of `dt` (copied now) for pp rank `peer` on direction `dir`; returns at
- * once. INVALID_ARG for a peer this rank has no channel to; the first failure of an earlier send
- * (REMOTE, TIMEOUT, CANCELLED, with the sender thread's message) fails every later call. */
-pcs_status_t pcs_pipe_send(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, const void *data,
+/* Queue `count` fp32 values (copied now, as dtype `dt`: fp32, bf16 or fp16, values exactly
+ * representable there) for pp rank `peer` on direction `dir`; returns at once. INVALID_ARG for a
+ * peer this rank has no channel to; the first failure of an earlier send (REMOTE, TIMEOUT,
+ * CANCELLED, with the sender thread's message) fails every later call. */
+pcs_status_t pcs_pipe_send(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, const float *rows,
                            size_t count, pcs_dtype_t dt);
-/* Receive the next message from pp rank `peer` on `dir` into data (its count and dtype must be
- * the sender's). Blocks until it arrived or the timeout. */
-pcs_status_t pcs_pipe_recv(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, void *data,
-                           size_t count, pcs_dtype_t dt);
+/* Post the receive of the next message from pp rank `peer` on `dir`, of `count` elements: the
+ * receiver thread receives it as soon as it arrives. INVALID_ARG for a peer without a channel. */
+pcs_status_t pcs_pipe_post(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, size_t count);
+/* The oldest posted message of (dir, peer), as fp32 values into rows[count] (*dt: the dtype it
+ * travelled in, fp32 / bf16 / fp16). Blocks until it arrived; the receiver thread's failure
+ * (timeout, dead peer, a count other than the posted one: INVALID_ARG) is returned here, and
+ * STATE when nothing was posted. */
+pcs_status_t pcs_pipe_take(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, float *rows,
+                           size_t count, pcs_dtype_t *dt);
 /* Wait until every queued send has been received (end of a step); the first failure. */
 pcs_status_t pcs_pipe_flush(pcs_pipe_t *p);
 /* Wake blocked sends and receives (any thread). */

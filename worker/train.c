@@ -1157,8 +1157,9 @@ void pcs_train_fill_report(Pcs__V1__StepReport *r, Pcs__V1__CollectiveRecord *re
 // stage's last backward of the step reduces them over its data-parallel group (REDUCE_GRAD,
 // FSDP's sync on the last micro-batch). An activation crosses a stage boundary in the dtype
 // the forward produced it in (its values are exactly representable there) and its gradient in
-// the same dtype; the first activation of each stage in a pass is preceded by a header naming
-// that dtype and the element count, which the receiver checks. The zero-bubble schedule's I
+// the same dtype (a message names its dtype and element count, which the receiver checks); a
+// step posts all its receives up front, so the data lands while the stage still computes. The
+// zero-bubble schedule's I
 // action computes the activation gradients only (pcs_mlp_backward_input_only) and sends the
 // input gradient on; its W action computes the parameter gradients later from what the
 // micro-batch's instance kept (pcs_mlp_backward_weights) and hands them in: the instance is
@@ -1180,8 +1181,7 @@ typedef struct pp_stage {
     float **h_gin;    /* [M] host: input gradient awaiting SEND_B */
     float *gin;       /* backend: the input gradient of one backward (b x in_w) */
     pcs_dtype_t in_dt, out_dt;
-    int in_known, hdr_sent; /* this pass: the header was received / sent */
-    uint32_t n_bwd;         /* backwards run this step */
+    uint32_t n_bwd; /* backwards run this step */
 } pp_stage_t;
 
 typedef struct pp_state {
@@ -1190,7 +1190,6 @@ typedef struct pp_state {
     uint32_t me, pp, n_stages;
     pp_stage_t *st; /* this rank's stages, st[k] = stage me + k * pp */
     uint32_t n_st;
-    void *msg; /* host: one message in its dtype */
 } pp_state_t;
 
 static pcs_pipe_t *pp_pipe(const pcs_train_t *t)
@@ -1230,7 +1229,6 @@ static void pp_free(pcs_train_t *t)
         free(ls->in), free(ls->gout), free(ls->h_out), free(ls->h_gin);
     }
     free(pp->st);
-    free(pp->msg);
     pcs_schedule_free(pp->sch);
     free(pp);
     t->pp = NULL;
@@ -1271,7 +1269,6 @@ static pcs_status_t pp_setup(pcs_train_t *t, const pcs_mlp_config_t *mc)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: %zu stages, the schedule has %u",
                              plan->n_stages, pp->n_stages);
     PCS_CHECK(pcs_calloc(pp->n_st, sizeof *pp->st, (void **)&pp->st));
-    size_t max_msg = 1;
     for (uint32_t k = 0; k < pp->n_st; k++) {
         pp_stage_t *ls = &pp->st[k];
         ls->stage = pp->me + k * pp->pp;
@@ -1295,8 +1292,6 @@ static pcs_status_t pp_setup(pcs_train_t *t, const pcs_mlp_config_t *mc)
         if (!ls->in_w || !ls->out_w)
             return pcs_set_error(PCS_ERR_INVALID_ARG, "stage %u: layers [%u, %u) not in the model",
                                  ls->stage, ls->first, ls->end);
-        size_t w = ls->in_w > ls->out_w ? ls->in_w : ls->out_w;
-        max_msg = (size_t)t->b * w > max_msg ? (size_t)t->b * w : max_msg;
         /* the plan's units of this stage */
         PCS_CHECK(pcs_calloc(t->n_units + 1, sizeof *ls->units, (void **)&ls->units));
         for (size_t i = 0; i < t->n_units; i++)
@@ -1345,7 +1340,6 @@ static pcs_status_t pp_setup(pcs_train_t *t, const pcs_mlp_config_t *mc)
         PCS_CHECK(t->be->alloc(in_b, (void **)&ls->gin));
         ls->in_dt = t->feed_dtype;
     }
-    PCS_CHECK(pcs_calloc(max_msg, sizeof(float), &pp->msg));
     pcs_pipe_config_t pc;
     memset(&pc, 0, sizeof pc);
     pc.plan = plan;
@@ -1384,47 +1378,20 @@ static pcs_status_t pp_reshard(pcs_train_t *t, pp_stage_t *ls)
     return PCS_OK;
 }
 
-/* Host rows (fp32 values of dt) -> one message in dt, sent to `peer`; the stage's first
- * activation of a pass goes after a header {dtype, count}. */
-static pcs_status_t pp_send(pcs_train_t *t, pp_stage_t *ls, pcs_pipe_dir_t dir, uint32_t peer,
-                            const float *rows, size_t n, pcs_dtype_t dt)
+/* The next message from `peer` on `dir` (posted at the start of the pass) into host rows; an
+ * activation sets the stage's input dtype (the dtype its producer computed it in). */
+static pcs_status_t pp_take(pcs_train_t *t, pp_stage_t *ls, pcs_pipe_dir_t dir, uint32_t peer,
+                            float *rows, size_t n)
 {
-    pp_state_t *pp = t->pp;
-    if (dir == PCS_PIPE_FWD && !ls->hdr_sent) {
-        int64_t hdr[2] = {(int64_t)dt, (int64_t)n};
-        PCS_CHECK(pcs_pipe_send(pp->pipe, dir, peer, hdr, 2, PCS_DTYPE_INT64));
-        ls->hdr_sent = 1;
-    }
-    if (dt == PCS_DTYPE_FP32)
-        return pcs_pipe_send(pp->pipe, dir, peer, rows, n, dt);
-    pcs_from_f32(rows, n, dt, pp->msg);
-    return pcs_pipe_send(pp->pipe, dir, peer, pp->msg, n, dt);
-}
-
-/* The next message from `peer` into host rows (fp32 values of dt); an activation's dtype comes
- * from the pass's header. */
-static pcs_status_t pp_recv(pcs_train_t *t, pp_stage_t *ls, pcs_pipe_dir_t dir, uint32_t peer,
-                            float *rows, size_t n, pcs_dtype_t *dt)
-{
-    pp_state_t *pp = t->pp;
-    if (dir == PCS_PIPE_FWD && !ls->in_known) {
-        int64_t hdr[2];
-        PCS_CHECK(pcs_pipe_recv(pp->pipe, dir, peer, hdr, 2, PCS_DTYPE_INT64));
-        pcs_dtype_t h = (pcs_dtype_t)hdr[0];
-        if ((hdr[0] != PCS_DTYPE_FP32 && hdr[0] != PCS_DTYPE_BF16 && hdr[0] != PCS_DTYPE_FP16) ||
-            hdr[1] != (int64_t)n)
-            return pcs_set_error(PCS_ERR_INVALID_ARG,
-                                 "pipeline: stage %u's input from pp rank %u is %lld elements of "
-                                 "dtype %lld; this stage takes %zu elements of fp32, bf16 or fp16",
-                                 ls->stage, peer, (long long)hdr[1], (long long)hdr[0], n);
-        ls->in_dt = h;
-        ls->in_known = 1;
-    }
-    *dt = dir == PCS_PIPE_FWD ? ls->in_dt : ls->out_dt;
-    if (*dt == PCS_DTYPE_FP32)
-        return pcs_pipe_recv(pp->pipe, dir, peer, rows, n, *dt);
-    PCS_CHECK(pcs_pipe_recv(pp->pipe, dir, peer, pp->msg, n, *dt));
-    pcs_to_f32(pp->msg, *dt, n, rows);
+    pcs_dtype_t dt;
+    PCS_CHECK(pcs_pipe_take(t->pp->pipe, dir, peer, rows, n, &dt));
+    if (dir == PCS_PIPE_FWD)
+        ls->in_dt = dt;
+    else if (dt != ls->out_dt)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "pipeline: stage %u's output gradient from pp rank %u is %s, its "
+                             "output %s",
+                             ls->stage, peer, pcs_dtype_name(dt), pcs_dtype_name(ls->out_dt));
     return PCS_OK;
 }
 
@@ -1522,9 +1489,7 @@ static void pp_begin_pass(pcs_train_t *t)
 {
     for (uint32_t k = 0; k < t->pp->n_st; k++) {
         pp_stage_t *ls = &t->pp->st[k];
-        ls->in_known = ls->is_first;
         ls->in_dt = ls->is_first ? t->feed_dtype : ls->in_dt;
-        ls->hdr_sent = 0;
         ls->n_bwd = 0;
         for (uint32_t i = 0; i < ls->n_inst; i++)
             ls->inst_mb[i] = -1;
@@ -1540,6 +1505,16 @@ static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, dou
     pp_begin_pass(t);
     const pcs_action_t *acts = pp->sch->acts[pp->me];
     size_t n = pp->sch->n_acts[pp->me];
+    double by_kind[PCS_ACT_REDUCE_GRAD + 1] = {0}; /* ms per action kind (debug log) */
+    /* every receive of the step, posted now in the list's order (irecv ahead of use) */
+    for (size_t i = 0; i < n; i++) {
+        const pcs_action_t *a = &acts[i];
+        pp_stage_t *ls = pp_local(t, a->stage);
+        if (ls && a->kind == PCS_ACT_RECV_F)
+            PCS_CHECK(pcs_pipe_post(pp->pipe, PCS_PIPE_FWD, a->peer, (size_t)t->b * ls->in_w));
+        else if (ls && a->kind == PCS_ACT_RECV_B)
+            PCS_CHECK(pcs_pipe_post(pp->pipe, PCS_PIPE_BWD, a->peer, (size_t)t->b * ls->out_w));
+    }
     for (size_t i = 0; i < n; i++) {
         const pcs_action_t *a = &acts[i];
         if (atomic_load(&t->aborted))
@@ -1582,21 +1557,23 @@ static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, dou
             *compute_ms += (double)(pcs_now_us() - c0) / 1000.0;
             break;
         case PCS_ACT_SEND_F:
-            PCS_CHECK(pp_send(t, ls, PCS_PIPE_FWD, a->peer, ls->h_out[a->mb], nout, ls->out_dt));
+            PCS_CHECK(
+                pcs_pipe_send(pp->pipe, PCS_PIPE_FWD, a->peer, ls->h_out[a->mb], nout, ls->out_dt));
             break;
         case PCS_ACT_RECV_F: {
             float *h = t->on_host ? ls->in[a->mb] : ls->h_gin[a->mb]; /* host staging */
-            PCS_CHECK(pp_recv(t, ls, PCS_PIPE_FWD, a->peer, h, nin, &dt));
+            PCS_CHECK(pp_take(t, ls, PCS_PIPE_FWD, a->peer, h, nin));
             if (!t->on_host)
                 PCS_CHECK(pp_copy(t, ls->in[a->mb], h, nin * sizeof(float), PCS_COPY_H2D));
             break;
         }
         case PCS_ACT_SEND_B:
-            PCS_CHECK(pp_send(t, ls, PCS_PIPE_BWD, a->peer, ls->h_gin[a->mb], nin, ls->in_dt));
+            PCS_CHECK(
+                pcs_pipe_send(pp->pipe, PCS_PIPE_BWD, a->peer, ls->h_gin[a->mb], nin, ls->in_dt));
             break;
         case PCS_ACT_RECV_B: {
             float *h = t->on_host ? ls->gout[a->mb] : ls->h_out[a->mb];
-            PCS_CHECK(pp_recv(t, ls, PCS_PIPE_BWD, a->peer, h, nout, &dt));
+            PCS_CHECK(pp_take(t, ls, PCS_PIPE_BWD, a->peer, h, nout));
             if (!t->on_host)
                 PCS_CHECK(pp_copy(t, ls->gout[a->mb], h, nout * sizeof(float), PCS_COPY_H2D));
             break;
@@ -1604,7 +1581,15 @@ static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, dou
         default:
             return pcs_set_error(PCS_ERR_INTERNAL, "pipeline: action kind %u", a->kind);
         }
+        by_kind[a->kind] += (double)(pcs_now_us() - c0) / 1000.0;
     }
+    PCS_DEBUG(PCS_SUB_WORKER,
+              "step %llu pipeline: F %.2f B %.2f I %.2f W %.2f ms computing; waiting %.2f ms for "
+              "activations, %.2f ms for gradients; sends %.2f ms; unshard %.2f reshard %.2f ms",
+              (unsigned long long)step, by_kind[PCS_ACT_F], by_kind[PCS_ACT_B], by_kind[PCS_ACT_I],
+              by_kind[PCS_ACT_W], by_kind[PCS_ACT_RECV_F], by_kind[PCS_ACT_RECV_B],
+              by_kind[PCS_ACT_SEND_F] + by_kind[PCS_ACT_SEND_B], by_kind[PCS_ACT_UNSHARD],
+              by_kind[PCS_ACT_RESHARD]);
     /* the schedule's RESHARDs left every stage sharded (seed test_pp_fsdp_unshard_reshard_runtime:
      * a unit still gathered here would be a schedule that leaks memory into the next step) */
     for (uint32_t k = 0; k < pp->n_st; k++)
@@ -1629,12 +1614,13 @@ static pcs_status_t pp_eval(pcs_train_t *t, const float *x, const void *y, doubl
         pp_stage_t *ls = &pp->st[k];
         pcs_mlp_t *m = ls->inst[0];
         size_t nin = (size_t)b * ls->in_w, nout = (size_t)b * ls->out_w;
-        pcs_dtype_t dt;
         if (ls->is_first) {
             PCS_CHECK(pp_copy(t, ls->in[0], x, nin * sizeof(float), PCS_COPY_H2D));
         } else {
             float *h = t->on_host ? ls->in[0] : ls->h_gin[0];
-            PCS_CHECK(pp_recv(t, ls, PCS_PIPE_FWD, (ls->stage - 1) % pp->pp, h, nin, &dt));
+            uint32_t from = (ls->stage - 1) % pp->pp;
+            PCS_CHECK(pcs_pipe_post(pp->pipe, PCS_PIPE_FWD, from, nin));
+            PCS_CHECK(pp_take(t, ls, PCS_PIPE_FWD, from, h, nin));
             if (!t->on_host)
                 PCS_CHECK(pp_copy(t, ls->in[0], h, nin * sizeof(float), PCS_COPY_H2D));
         }
@@ -1661,8 +1647,8 @@ static pcs_status_t pp_eval(pcs_train_t *t, const float *x, const void *y, doubl
             PCS_CHECK(pcs_loss_compute(t->loss, host, b, ls->out_w, y, 1.0f, loss, NULL));
         } else {
             PCS_CHECK(pp_copy(t, ls->h_out[0], out, nout * sizeof(float), PCS_COPY_D2H));
-            PCS_CHECK(pp_send(t, ls, PCS_PIPE_FWD, (ls->stage + 1) % pp->pp, ls->h_out[0], nout,
-                              odt));
+            PCS_CHECK(pcs_pipe_send(pp->pipe, PCS_PIPE_FWD, (ls->stage + 1) % pp->pp, ls->h_out[0],
+                                    nout, odt));
         }
     }
     return pcs_pipe_flush(pp->pipe);
@@ -1711,8 +1697,12 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
         double compute_ms = 0, loss_sum = 0;
         PCS_CHECK_GOTO(pcs_runtime_begin_step(t->rt), st, fail);
         pcs_mlp_hooks_t h;
-        if (t->pp)
+        double pipeline_ms = 0;
+        if (t->pp) {
+            uint64_t p0 = pcs_now_us();
             PCS_CHECK_GOTO(pp_step(t, s, &loss_sum, &compute_ms), st, fail);
+            pipeline_ms = (double)(pcs_now_us() - p0) / 1000.0;
+        }
         for (uint32_t m = 0; !t->pp && m < t->M; m++) {
             /* training.gradient_sync every_micro_batch: every backward reduces (FSDP2) */
             t->sync = m + 1 == t->M || t->plan->sync_every_micro_batch;
@@ -1763,10 +1753,13 @@ pcs_status_t pcs_train_run(pcs_train_t *t, pcs_train_result_t *result)
         r.step = s;
         r.loss = loss;
         r.step_ms = step_ms;
-        /* compute = forward/backward wall time minus the communication it waited on */
-        double waited = rs.compute_thread_comm_ms;
+        /* compute = forward/backward wall time minus the communication it waited on (with
+         * pipeline stages the gathers are the schedule's UNSHARD actions, outside the compute
+         * actions' time: nothing to take off) */
+        double waited = t->pp ? 0 : rs.compute_thread_comm_ms;
         r.compute_ms = compute_ms > waited ? compute_ms - waited : 0;
         r.grad_norm = sr.grad_norm;
+        r.pipeline_ms = pipeline_ms;
         r.loss_scale = reported_scale;
         r.skipped = sr.skipped;
         r.skipped_steps = t->skipped;
