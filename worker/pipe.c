@@ -12,13 +12,20 @@
 #include "pcs/mem.h"
 #include "planner/mesh.h"
 
-/* A message: the header both ends exchange first, then count elements of dt (data follows). */
+/* A message: its header (sent first when `header`), then count elements of dt (data follows). */
 typedef struct pipe_msg {
     struct pipe_msg *next;
     int64_t hdr[2]; /* dtype, count */
+    int header;
     size_t count;
     pcs_dtype_t dt;
 } pipe_msg_t;
+
+typedef struct pipe_want { /* a posted receive */
+    size_t count;
+    uint32_t key;
+    int header;
+} pipe_want_t;
 
 /* One end of a channel with its thread: a send blocked until its receiver gets to it must not
  * hold back the other channels (a 1F1B rank sends an activation forward while its gradient for
@@ -30,14 +37,15 @@ typedef struct pipe_end {
     pthread_t thread;
     int started;
     pipe_msg_t *head, *tail; /* tx: queued to send; rx: arrived, not taken (under p->mu) */
-    size_t *want;            /* rx: counts posted, not yet received (ring) */
+    pipe_want_t *want;       /* rx: posted, not yet received (ring) */
+    pcs_dtype_t *key_dt;     /* rx: dtype of the last header per key (receiver thread only) */
     size_t want_head, want_len, want_cap;
     size_t posted; /* rx: posted and not taken */
     int busy;      /* the thread is in a send / receive */
 } pipe_end_t;
 
 struct pcs_pipe {
-    uint32_t pp, me;
+    uint32_t pp, me, n_keys;
     uint32_t *ranks; /* global rank of each pp rank of this replica */
     /* tx[dir][peer]: this rank -> peer (index 0 sends to 1); rx[dir][peer]: peer -> this rank */
     pipe_end_t *tx[2], *rx[2];
@@ -63,22 +71,29 @@ static void fail_locked(pcs_pipe_t *p, pcs_status_t st, const char *msg)
 
 static pcs_status_t send_one(pipe_end_t *e, pipe_msg_t *m)
 {
-    PCS_CHECK(pcs_coll_send(e->c, m->hdr, 2, PCS_DTYPE_INT64, 1, NULL));
+    if (m->header)
+        PCS_CHECK(pcs_coll_send(e->c, m->hdr, 2, PCS_DTYPE_INT64, 1, NULL));
     return pcs_coll_send(e->c, m + 1, m->count, m->dt, 1, NULL);
 }
 
-/* Receive the next message of `want` elements: header, checks, elements. */
-static pcs_status_t recv_one(pipe_end_t *e, size_t want, pipe_msg_t **out)
+/* Receive the next message as posted: its header and checks, then its elements. */
+static pcs_status_t recv_one(pipe_end_t *e, const pipe_want_t *w, pipe_msg_t **out)
 {
-    int64_t hdr[2];
-    PCS_CHECK(pcs_coll_recv(e->c, hdr, 2, PCS_DTYPE_INT64, 0, NULL));
-    if ((hdr[0] != PCS_DTYPE_FP32 && hdr[0] != PCS_DTYPE_BF16 && hdr[0] != PCS_DTYPE_FP16) ||
-        hdr[1] != (int64_t)want)
-        return pcs_set_error(PCS_ERR_INVALID_ARG,
-                             "a message of %lld elements of dtype %lld where %zu elements of "
-                             "fp32, bf16 or fp16 were expected",
-                             (long long)hdr[1], (long long)hdr[0], want);
-    pcs_dtype_t dt = (pcs_dtype_t)hdr[0];
+    size_t want = w->count;
+    if (w->header) {
+        int64_t hdr[2];
+        PCS_CHECK(pcs_coll_recv(e->c, hdr, 2, PCS_DTYPE_INT64, 0, NULL));
+        if ((hdr[0] != PCS_DTYPE_FP32 && hdr[0] != PCS_DTYPE_BF16 && hdr[0] != PCS_DTYPE_FP16) ||
+            hdr[1] != (int64_t)want)
+            return pcs_set_error(PCS_ERR_INVALID_ARG,
+                                 "a message of %lld elements of dtype %lld where %zu elements of "
+                                 "fp32, bf16 or fp16 were expected",
+                                 (long long)hdr[1], (long long)hdr[0], want);
+        e->key_dt[w->key] = (pcs_dtype_t)hdr[0];
+    }
+    pcs_dtype_t dt = e->key_dt[w->key];
+    if (dt == PCS_DTYPE_NONE)
+        return pcs_set_error(PCS_ERR_STATE, "a message of key %u before its header", w->key);
     pipe_msg_t *m = NULL;
     PCS_CHECK(pcs_calloc(1, sizeof *m + want * pcs_dtype_size(dt), (void **)&m));
     m->count = want;
@@ -103,7 +118,7 @@ static void *end_main(void *arg)
         if (p->quit) /* destroy: what was not flushed is dropped */
             break;
         pipe_msg_t *m = NULL;
-        size_t want = 0;
+        pipe_want_t want = {0, 0, 0};
         if (e->rx) {
             want = e->want[e->want_head];
             e->want_head = (e->want_head + 1) % e->want_cap;
@@ -119,7 +134,7 @@ static void *end_main(void *arg)
         pthread_mutex_unlock(&p->mu);
         pcs_status_t st = PCS_OK;
         if (!failed)
-            st = e->rx ? recv_one(e, want, &m) : send_one(e, m);
+            st = e->rx ? recv_one(e, &want, &m) : send_one(e, m);
         char msg[512] = "";
         if (st != PCS_OK)
             snprintf(msg, sizeof msg, "%s", pcs_last_error());
@@ -183,6 +198,7 @@ pcs_status_t pcs_pipe_create(const pcs_pipe_config_t *cfg, pcs_pipe_t **out)
                    st, fail);
     p->pp = n;
     p->me = my;
+    p->n_keys = (uint32_t)cfg->plan->n_stages ? (uint32_t)cfg->plan->n_stages : 1;
     PCS_CHECK_GOTO(pcs_calloc(n, sizeof *p->ranks, (void **)&p->ranks), st, fail);
     PCS_CHECK_GOTO(pcs_plan_group_ranks(cfg->plan, PCS__V1__GROUP_KIND__GROUP_KIND_PP, cfg->rank,
                                         p->ranks, &n, &my),
@@ -193,6 +209,9 @@ pcs_status_t pcs_pipe_create(const pcs_pipe_config_t *cfg, pcs_pipe_t **out)
         for (uint32_t r = 0; r < n; r++) {
             p->tx[d][r].p = p->rx[d][r].p = p;
             p->rx[d][r].rx = 1;
+            PCS_CHECK_GOTO(pcs_calloc(p->n_keys, sizeof *p->rx[d][r].key_dt,
+                                      (void **)&p->rx[d][r].key_dt),
+                           st, fail);
         }
     }
     /* Every rank walks the same global list of channels and joins the ones it is an end of:
@@ -268,7 +287,7 @@ static pcs_status_t no_channel(const pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t
 }
 
 pcs_status_t pcs_pipe_send(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, const float *rows,
-                           size_t count, pcs_dtype_t dt)
+                           size_t count, pcs_dtype_t dt, int header)
 {
     pipe_end_t *e = end_of(p, dir, peer, 0);
     if (!e)
@@ -279,6 +298,7 @@ pcs_status_t pcs_pipe_send(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, con
     PCS_CHECK(pcs_calloc(1, sizeof *m + count * pcs_dtype_size(dt), (void **)&m));
     m->hdr[0] = (int64_t)dt;
     m->hdr[1] = (int64_t)count;
+    m->header = header;
     m->count = count;
     m->dt = dt;
     if (count)
@@ -300,15 +320,19 @@ pcs_status_t pcs_pipe_send(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, con
     return PCS_OK;
 }
 
-pcs_status_t pcs_pipe_post(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, size_t count)
+pcs_status_t pcs_pipe_post(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, size_t count,
+                           uint32_t key, int header)
 {
     pipe_end_t *e = end_of(p, dir, peer, 1);
     if (!e)
         return no_channel(p, dir, peer, 1);
+    if (key >= p->n_keys)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pipe: key %u of %u", key, p->n_keys);
     pthread_mutex_lock(&p->mu);
     pcs_status_t st = PCS_OK;
     if (e->want_len == e->want_cap) {
-        size_t cap = e->want_cap ? 2 * e->want_cap : 16, *w = NULL;
+        size_t cap = e->want_cap ? 2 * e->want_cap : 16;
+        pipe_want_t *w = NULL;
         st = pcs_calloc(cap, sizeof *w, (void **)&w);
         if (st == PCS_OK) {
             for (size_t i = 0; i < e->want_len; i++)
@@ -320,7 +344,7 @@ pcs_status_t pcs_pipe_post(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, siz
         }
     }
     if (st == PCS_OK) {
-        e->want[(e->want_head + e->want_len) % e->want_cap] = count;
+        e->want[(e->want_head + e->want_len) % e->want_cap] = (pipe_want_t){count, key, header};
         e->want_len++;
         e->posted++;
         pthread_cond_broadcast(&p->cv);
@@ -461,6 +485,7 @@ void pcs_pipe_destroy(pcs_pipe_t *p)
                     pthread_join(e->thread, NULL);
                 free_msgs(e->head);
                 free(e->want);
+                free(e->key_dt);
                 pcs_coll_destroy(e->c);
             }
     for (int d = 0; d < 2; d++) {

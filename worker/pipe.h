@@ -13,8 +13,10 @@
  * (direction, sender, receiver) is a communicator of its two ranks driven by one thread at each
  * end, and the FIFO order of a channel is the order the schedule validator checked.
  *
- * A message is self-describing: a header (dtype, element count) then the elements, so the
- * receiver learns the dtype an activation was produced in and checks the count it expected.
+ * A message is the elements, preceded by a header (dtype, element count) when the caller asks
+ * for one (both ends must agree: the first message of each stage boundary in a pass): the
+ * receiver learns the dtype an activation was produced in and checks the count it expected;
+ * later messages of the same key (stage) travel alone, in the dtype the header named.
  * Messages are host memory and travel over Gloo on every backend (a cuda job copies activations
  * to and from the host around them). Not thread-safe: one caller thread. */
 #ifndef PCS_WORKER_PIPE_H
@@ -58,10 +60,14 @@ uint32_t pcs_pipe_pp_size(const pcs_pipe_t *p);
  * peer this rank has no channel to; the first failure of an earlier send (REMOTE, TIMEOUT,
  * CANCELLED, with the sender thread's message) fails every later call. */
 pcs_status_t pcs_pipe_send(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, const float *rows,
-                           size_t count, pcs_dtype_t dt);
+                           size_t count, pcs_dtype_t dt, int header);
 /* Post the receive of the next message from pp rank `peer` on `dir`, of `count` elements: the
- * receiver thread receives it as soon as it arrives. INVALID_ARG for a peer without a channel. */
-pcs_status_t pcs_pipe_post(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, size_t count);
+ * receiver thread receives it as soon as it arrives. `header`: the message has one (the
+ * sender's send said so); without one its dtype is the last header's of the same `key` (a
+ * stage index below the plan's stage count) on this channel. INVALID_ARG for a peer without a
+ * channel or a key out of range. */
+pcs_status_t pcs_pipe_post(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, size_t count,
+                           uint32_t key, int header);
 /* The oldest posted message of (dir, peer), as fp32 values into rows[count] (*dt: the dtype it
  * travelled in, fp32 / bf16 / fp16). Blocks until it arrived; the receiver thread's failure
  * (timeout, dead peer, a count other than the posted one: INVALID_ARG) is returned here, and

@@ -1157,8 +1157,9 @@ void pcs_train_fill_report(Pcs__V1__StepReport *r, Pcs__V1__CollectiveRecord *re
 // stage's last backward of the step reduces them over its data-parallel group (REDUCE_GRAD,
 // FSDP's sync on the last micro-batch). An activation crosses a stage boundary in the dtype
 // the forward produced it in (its values are exactly representable there) and its gradient in
-// the same dtype (a message names its dtype and element count, which the receiver checks); a
-// step posts all its receives up front, so the data lands while the stage still computes. The
+// the same dtype (the first message across a boundary in a pass names its dtype and element
+// count, which the receiver checks); a step posts all its receives up front, so the data lands
+// while the stage still computes. The
 // zero-bubble schedule's I
 // action computes the activation gradients only (pcs_mlp_backward_input_only) and sends the
 // input gradient on; its W action computes the parameter gradients later from what the
@@ -1182,6 +1183,8 @@ typedef struct pp_stage {
     float *gin;       /* backend: the input gradient of one backward (b x in_w) */
     pcs_dtype_t in_dt, out_dt;
     uint32_t n_bwd; /* backwards run this step */
+    /* this pass's first message across each boundary carries a header (worker/pipe.h) */
+    int hdr_sent_f, hdr_sent_b, hdr_post_f, hdr_post_b;
 } pp_stage_t;
 
 typedef struct pp_state {
@@ -1491,6 +1494,7 @@ static void pp_begin_pass(pcs_train_t *t)
         pp_stage_t *ls = &t->pp->st[k];
         ls->in_dt = ls->is_first ? t->feed_dtype : ls->in_dt;
         ls->n_bwd = 0;
+        ls->hdr_sent_f = ls->hdr_sent_b = ls->hdr_post_f = ls->hdr_post_b = 0;
         for (uint32_t i = 0; i < ls->n_inst; i++)
             ls->inst_mb[i] = -1;
         for (uint32_t m = 0; m < t->M; m++)
@@ -1510,10 +1514,15 @@ static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, dou
     for (size_t i = 0; i < n; i++) {
         const pcs_action_t *a = &acts[i];
         pp_stage_t *ls = pp_local(t, a->stage);
-        if (ls && a->kind == PCS_ACT_RECV_F)
-            PCS_CHECK(pcs_pipe_post(pp->pipe, PCS_PIPE_FWD, a->peer, (size_t)t->b * ls->in_w));
-        else if (ls && a->kind == PCS_ACT_RECV_B)
-            PCS_CHECK(pcs_pipe_post(pp->pipe, PCS_PIPE_BWD, a->peer, (size_t)t->b * ls->out_w));
+        if (ls && a->kind == PCS_ACT_RECV_F) {
+            PCS_CHECK(pcs_pipe_post(pp->pipe, PCS_PIPE_FWD, a->peer, (size_t)t->b * ls->in_w,
+                                    ls->stage, !ls->hdr_post_f));
+            ls->hdr_post_f = 1;
+        } else if (ls && a->kind == PCS_ACT_RECV_B) {
+            PCS_CHECK(pcs_pipe_post(pp->pipe, PCS_PIPE_BWD, a->peer, (size_t)t->b * ls->out_w,
+                                    ls->stage, !ls->hdr_post_b));
+            ls->hdr_post_b = 1;
+        }
     }
     for (size_t i = 0; i < n; i++) {
         const pcs_action_t *a = &acts[i];
@@ -1528,10 +1537,10 @@ static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, dou
         }
         size_t nin = (size_t)t->b * ls->in_w, nout = (size_t)t->b * ls->out_w;
         uint64_t c0 = pcs_now_us();
-        if (pcs_log_level_ >= (int)PCS_LOG_DEBUG && (pcs_log_mask_ & PCS_SUB_WORKER)) {
+        if (pcs_log_level_ >= (int)PCS_LOG_TRACE && (pcs_log_mask_ & PCS_SUB_WORKER)) {
             char what[64];
             pcs_action_str(a, what, sizeof what);
-            PCS_DEBUG(PCS_SUB_WORKER, "step %llu: %s", (unsigned long long)step, what);
+            PCS_TRACE(PCS_SUB_WORKER, "step %llu: %s", (unsigned long long)step, what);
         }
         pcs_dtype_t dt;
         switch ((pcs_act_kind_t)a->kind) {
@@ -1557,8 +1566,9 @@ static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, dou
             *compute_ms += (double)(pcs_now_us() - c0) / 1000.0;
             break;
         case PCS_ACT_SEND_F:
-            PCS_CHECK(
-                pcs_pipe_send(pp->pipe, PCS_PIPE_FWD, a->peer, ls->h_out[a->mb], nout, ls->out_dt));
+            PCS_CHECK(pcs_pipe_send(pp->pipe, PCS_PIPE_FWD, a->peer, ls->h_out[a->mb], nout,
+                                    ls->out_dt, !ls->hdr_sent_f));
+            ls->hdr_sent_f = 1;
             break;
         case PCS_ACT_RECV_F: {
             float *h = t->on_host ? ls->in[a->mb] : ls->h_gin[a->mb]; /* host staging */
@@ -1568,8 +1578,9 @@ static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, dou
             break;
         }
         case PCS_ACT_SEND_B:
-            PCS_CHECK(
-                pcs_pipe_send(pp->pipe, PCS_PIPE_BWD, a->peer, ls->h_gin[a->mb], nin, ls->in_dt));
+            PCS_CHECK(pcs_pipe_send(pp->pipe, PCS_PIPE_BWD, a->peer, ls->h_gin[a->mb], nin,
+                                    ls->in_dt, !ls->hdr_sent_b));
+            ls->hdr_sent_b = 1;
             break;
         case PCS_ACT_RECV_B: {
             float *h = t->on_host ? ls->gout[a->mb] : ls->h_out[a->mb];
@@ -1619,7 +1630,7 @@ static pcs_status_t pp_eval(pcs_train_t *t, const float *x, const void *y, doubl
         } else {
             float *h = t->on_host ? ls->in[0] : ls->h_gin[0];
             uint32_t from = (ls->stage - 1) % pp->pp;
-            PCS_CHECK(pcs_pipe_post(pp->pipe, PCS_PIPE_FWD, from, nin));
+            PCS_CHECK(pcs_pipe_post(pp->pipe, PCS_PIPE_FWD, from, nin, ls->stage, 1));
             PCS_CHECK(pp_take(t, ls, PCS_PIPE_FWD, from, h, nin));
             if (!t->on_host)
                 PCS_CHECK(pp_copy(t, ls->in[0], h, nin * sizeof(float), PCS_COPY_H2D));
@@ -1648,7 +1659,7 @@ static pcs_status_t pp_eval(pcs_train_t *t, const float *x, const void *y, doubl
         } else {
             PCS_CHECK(pp_copy(t, ls->h_out[0], out, nout * sizeof(float), PCS_COPY_D2H));
             PCS_CHECK(pcs_pipe_send(pp->pipe, PCS_PIPE_FWD, (ls->stage + 1) % pp->pp, ls->h_out[0],
-                                    nout, odt));
+                                    nout, odt, 1));
         }
     }
     return pcs_pipe_flush(pp->pipe);
