@@ -1645,8 +1645,10 @@ static pcs_status_t pp_eval(pcs_train_t *t, const float *x, const void *y, doubl
         if (st == PCS_OK)
             st = pcs_mlp_forward_range(m, ls->first, ls->end, ls->in[0], ls->in_dt, b, 0, NULL,
                                        &out, &odt);
-        if (st == PCS_OK)
-            st = pp_reshard(t, ls);
+        /* every unit, gathered or not: a full-precision gather holds its fp32 block until the
+         * reshard, which is_unsharded does not report (as the hooks' eval) */
+        for (size_t i = 0; st == PCS_OK && i < ls->n_units; i++)
+            st = pcs_runtime_reshard(t->rt, ls->units[i]);
         if (t->full_eval) {
             pcs_status_t cs = pcs_mlp_apply_plan_casts(m, t->plan);
             st = st == PCS_OK ? cs : st;

@@ -295,6 +295,43 @@ static void test_a_pipelined_checkpoint_resumes_at_any_pp(void **state)
     done(&full, full_dir);
 }
 
+/* HSDP (dp_replicate 2 x dp_shard 2) x pp 2, interleaved, fp16 with the grad scaler, clipping
+ * and full-precision eval every step: the stages' replicate all-reduces, the scaler's verdict
+ * over the world, the estimate kept; within the mixed-precision tolerance of the reference. */
+static void test_hsdp_fp16_scaler_full_precision_eval(void **state)
+{
+    (void)state;
+    const char *y = "name: hsdp-pp\n"
+                    "model:\n"
+                    "  mlp: {input_dim: 16, hidden_dims: [32, 32, 32, 32], output_dim: 8,"
+                    " activation: gelu, norm: layernorm, residual: true}\n"
+                    "wrap: {module_class: [MLPBlock]}\n"
+                    "strategy: hybrid_shard\n"
+                    "precision: {param_dtype: fp16, reduce_dtype: fp32}\n"
+                    "mesh: [{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 2},"
+                    " {dim: pp, size: 2}]\n"
+                    "pipeline: {schedule: interleaved_1f1b, virtual_stages: 2}\n"
+                    "training: {steps: 3, micro_batch_size: 2, micro_batches: 4,"
+                    " optimizer: {adamw: {lr: 1.0e-3}}, clip_grad_norm: 0.5,"
+                    " grad_scaler: {enabled: true}, loss: mse, eval_every: 1,"
+                    " full_precision_eval: true}\n"
+                    "data: {synthetic: {task: regression, seed: 7}}\n"
+                    "init: {seed: 13}\n"
+                    "checkpoint: {dir: ckpt}\n";
+    e2e_job_t job;
+    char *dir = NULL;
+    assert_int_equal(e2e_run_local(y, "pp-hsdp", 8, 0, 0, &job, &dir), 0);
+    if (job.state != SUCCEEDED)
+        fail_msg("%s (logs in %s)", job.reason, dir);
+    double max_abs = 0;
+    int fails = e2e_check_parity(&job, y, 1e-4, 1e-3, 1.6e-2, &max_abs);
+    fails += e2e_check_memory_promise(&job, y, 0.5);
+    for (int r = 0; r < 8; r++)
+        assert_true(job.reports[r][0]->eval_loss > 0);
+    assert_int_equal(fails, 0);
+    done(&job, dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -302,6 +339,7 @@ int main(void)
         cmocka_unit_test(test_reshard_after_forward_unshards_around_every_action),
         cmocka_unit_test(test_clipping_and_eval_span_the_stages),
         cmocka_unit_test(test_a_pipelined_checkpoint_resumes_at_any_pp),
+        cmocka_unit_test(test_hsdp_fp16_scaler_full_precision_eval),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
