@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "bench_train.h"
 #include "bench_util.h"
 #include "coll/kv.h"
 #include "pcs/log.h"
@@ -88,18 +89,9 @@ static int rank_main(const cfg_t *c, Pcs__V1__JobSpec *spec, int world, int rank
         fprintf(stderr, "pcs-pipe-bench: plan: %s\n", pcs_last_error());
         return 2;
     }
-    Pcs__V1__MeshCoords coords = PCS__V1__MESH_COORDS__INIT;
-    pcs_plan_rank_coords(plan, (uint32_t)rank, &coords);
-    Pcs__V1__Assignment as = PCS__V1__ASSIGNMENT__INIT;
-    as.job_id = (char *)"pipe-bench";
-    as.generation = 1;
-    as.rank = (uint32_t)rank;
-    as.world_size = (uint32_t)world;
-    as.local_rank = (uint32_t)rank;
-    as.local_world_size = (uint32_t)world;
-    as.coords = &coords;
-    as.spec = spec;
-    as.plan = plan;
+    Pcs__V1__MeshCoords coords;
+    Pcs__V1__Assignment as;
+    pcs_bench_assignment(spec, plan, world, rank, "pipe-bench", &as, &coords);
     char kvdir[1200];
     snprintf(kvdir, sizeof kvdir, "%s/kv", dir);
     pcs_kv_t *kv = NULL;

@@ -17,6 +17,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_train.h"
 #include "bench_util.h"
 #include "io/checkpoint.h"
 #include "coll/kv.h"
@@ -136,18 +137,9 @@ static int rank_main(const bench_cfg_t *b, int world, int rank, int prefetch, in
     Pcs__V1__Plan *plan = NULL;
     if (!spec || pcs_plan_build(spec, (uint32_t)world, &plan) != PCS_OK)
         return 2;
-    Pcs__V1__MeshCoords coords = PCS__V1__MESH_COORDS__INIT;
-    pcs_plan_rank_coords(plan, (uint32_t)rank, &coords);
-    Pcs__V1__Assignment as = PCS__V1__ASSIGNMENT__INIT;
-    as.job_id = (char *)"bench";
-    as.generation = 1;
-    as.rank = (uint32_t)rank;
-    as.world_size = (uint32_t)world;
-    as.local_rank = (uint32_t)rank; /* every rank on this host */
-    as.local_world_size = (uint32_t)world;
-    as.coords = &coords;
-    as.spec = spec;
-    as.plan = plan;
+    Pcs__V1__MeshCoords coords;
+    Pcs__V1__Assignment as;
+    pcs_bench_assignment(spec, plan, world, rank, "bench", &as, &coords);
     char kvdir[1200];
     snprintf(kvdir, sizeof kvdir, "%s/kv", dir);
     pcs_kv_t *kv = NULL;

@@ -153,6 +153,24 @@ static void forget_worker(pid_t p)
             g_cl.workers[i] = -1;
 }
 
+/* SIGKILL the worker holding `rank` and reap it. */
+static void kill_rank(const char *job_id, uint32_t rank)
+{
+    pid_t victim = holder(job_id, rank);
+    kill(victim, SIGKILL);
+    waitpid(victim, NULL, 0);
+    forget_worker(victim);
+}
+
+/* Wait for the job's end, which must be SUCCEEDED. */
+static void wait_succeeded(e2e_job_t *job)
+{
+    assert_int_equal(e2e_wait_job(&g_cl, job, 180000), 0);
+    if (job->state != SUCCEEDED)
+        fail_msg("job %s: state %d: %s (logs in %s)", job->job_id, job->state, job->reason,
+                 g_cl.dir);
+}
+
 /* The uninterrupted reference: the same job on `w1` ranks to step 10 (a checkpoint), then, if w2
  * differs, resumed on w2 ranks to the end; the final export. */
 static char *reference(int w1, int w2, char **dirs)
@@ -260,22 +278,19 @@ static void test_metrics_during_a_real_job_show_every_rank_and_pass_promtool(voi
     free(y);
 }
 
-static void test_a_killed_rank_with_a_spare_costs_one_restart_and_nothing_else(void **state)
+/* 4 ranks and a spare; the worker of `victim` is killed after step 12: one restart from the
+ * checkpoint of step 10, the same world, and the bits of an uninterrupted run. pp: the job is
+ * pipelined (dp 2 x pp 2, 1F1B). */
+static void killed_rank_with_a_spare(const char *tag, int pp, uint32_t victim)
 {
-    (void)state;
-    start("elastic-spare", 5);
+    start(tag, 5);
+    g_pp = pp;
     char *y = job_yaml(4, 4, 2, NULL);
     e2e_job_t job;
     submit_and_reach(y, &job, 12);
-    pid_t victim = holder(job.job_id, 1);
     uint64_t t0 = pcs_now_ms();
-    kill(victim, SIGKILL);
-    waitpid(victim, NULL, 0);
-    forget_worker(victim);
-    assert_int_equal(e2e_wait_job(&g_cl, &job, 180000), 0);
-    if (job.state != SUCCEEDED)
-        fail_msg("job %s: state %d: %s (logs in %s)", job.job_id, job.state, job.reason,
-                 g_cl.dir);
+    kill_rank(job.job_id, victim);
+    wait_succeeded(&job);
     fprintf(stderr, "elastic: job SUCCEEDED %.1f s after the kill\n",
             (double)(pcs_now_ms() - t0) / 1000.0);
     Pcs__V1__GetJobResponse *keep = NULL;
@@ -287,7 +302,10 @@ static void test_a_killed_rank_with_a_spare_costs_one_restart_and_nothing_else(v
     assert_int_equal(j->restart_log[0]->world_before, 4);
     assert_int_equal(j->restart_log[0]->world_after, 4);
     assert_true(j->restart_log[0]->step >= 12);
-    assert_non_null(strstr(j->restart_log[0]->cause, "rank 1 (worker"));
+    char cause[64];
+    snprintf(cause, sizeof cause, "rank %u (worker", victim);
+    if (!strstr(j->restart_log[0]->cause, cause))
+        fail_msg("restart cause: %s", j->restart_log[0]->cause);
     protobuf_c_message_free_unpacked(&keep->base, NULL);
     char *dirs[2] = {NULL, NULL};
     char *ref = reference(4, 4, dirs);
@@ -297,6 +315,20 @@ static void test_a_killed_rank_with_a_spare_costs_one_restart_and_nothing_else(v
     free(y);
 }
 
+static void test_a_killed_rank_with_a_spare_costs_one_restart_and_nothing_else(void **state)
+{
+    (void)state;
+    killed_rank_with_a_spare("elastic-spare", 0, 1);
+}
+
+/* A pipelined job loses the rank holding stage 1 of replica 1: each stage's ranks wrote their
+ * units into the checkpoint, the restart resumes them. */
+static void test_a_killed_pipeline_stage_restarts_and_ends_bit_identical(void **state)
+{
+    (void)state;
+    killed_rank_with_a_spare("elastic-pp", 1, 3);
+}
+
 static void test_without_a_spare_the_job_shrinks_to_the_survivors(void **state)
 {
     (void)state;
@@ -304,14 +336,8 @@ static void test_without_a_spare_the_job_shrinks_to_the_survivors(void **state)
     char *y = job_yaml(4, 2, 2, NULL);
     e2e_job_t job;
     submit_and_reach(y, &job, 12);
-    pid_t victim = holder(job.job_id, 3);
-    kill(victim, SIGKILL);
-    waitpid(victim, NULL, 0);
-    forget_worker(victim);
-    assert_int_equal(e2e_wait_job(&g_cl, &job, 180000), 0);
-    if (job.state != SUCCEEDED)
-        fail_msg("job %s: state %d: %s (logs in %s)", job.job_id, job.state, job.reason,
-                 g_cl.dir);
+    kill_rank(job.job_id, 3);
+    wait_succeeded(&job);
     Pcs__V1__GetJobResponse *keep = NULL;
     Pcs__V1__Job *j = get_job(job.job_id, &keep);
     assert_int_equal(j->world_size, 3);
@@ -419,10 +445,7 @@ static void test_a_death_during_a_checkpoint_resumes_from_the_one_before(void **
             pcs_test_sleep_ms(100);
     }
     assert_int_equal(rc, 0);
-    assert_int_equal(e2e_wait_job(&g_cl, &job, 180000), 0);
-    if (job.state != SUCCEEDED)
-        fail_msg("job %s: state %d: %s (logs in %s)", job.job_id, job.state, job.reason,
-                 g_cl.dir);
+    wait_succeeded(&job);
     Pcs__V1__GetJobResponse *keep = NULL;
     Pcs__V1__Job *j = get_job(job.job_id, &keep);
     assert_int_equal(j->restarts, 1);
@@ -440,39 +463,8 @@ static void test_a_death_during_a_checkpoint_resumes_from_the_one_before(void **
     free(y);
 }
 
-/* A pipelined job (dp 2 x pp 2, 1F1B) loses the rank holding stage 1 of replica 1: with a
- * spare it restarts from its last checkpoint (each stage's ranks wrote their units) and ends with
- * the bits of an uninterrupted run; without a restart budget it fails naming the rank. */
-static void test_a_killed_pipeline_stage_restarts_and_ends_bit_identical(void **state)
-{
-    (void)state;
-    start("elastic-pp", 5);
-    g_pp = 1;
-    char *y = job_yaml(4, 4, 2, NULL);
-    e2e_job_t job;
-    submit_and_reach(y, &job, 12);
-    pid_t victim = holder(job.job_id, 3);
-    kill(victim, SIGKILL);
-    waitpid(victim, NULL, 0);
-    forget_worker(victim);
-    assert_int_equal(e2e_wait_job(&g_cl, &job, 180000), 0);
-    if (job.state != SUCCEEDED)
-        fail_msg("job %s: state %d: %s (logs in %s)", job.job_id, job.state, job.reason,
-                 g_cl.dir);
-    Pcs__V1__GetJobResponse *keep = NULL;
-    Pcs__V1__Job *j = get_job(job.job_id, &keep);
-    assert_int_equal(j->restarts, 1);
-    if (!strstr(j->restart_log[0]->cause, "rank 3 (worker"))
-        fail_msg("restart cause: %s", j->restart_log[0]->cause);
-    protobuf_c_message_free_unpacked(&keep->base, NULL);
-    char *dirs[2] = {NULL, NULL};
-    char *ref = reference(4, 4, dirs);
-    e2e_assert_same_bits(job.export_path, ref, job.job_id);
-    free_reference(ref, dirs);
-    e2e_job_free(&job);
-    free(y);
-}
-
+/* A pipelined job (dp 2 x pp 2, 1F1B) without a restart budget fails naming the dead stage's
+ * rank. */
 static void test_a_dead_pipeline_stage_without_restarts_fails_naming_it(void **state)
 {
     (void)state;
@@ -481,10 +473,7 @@ static void test_a_dead_pipeline_stage_without_restarts_fails_naming_it(void **s
     char *y = job_yaml(4, 4, 0, NULL);
     e2e_job_t job;
     submit_and_reach(y, &job, 4);
-    pid_t victim = holder(job.job_id, 1);
-    kill(victim, SIGKILL);
-    waitpid(victim, NULL, 0);
-    forget_worker(victim);
+    kill_rank(job.job_id, 1);
     assert_int_equal(e2e_wait_job(&g_cl, &job, 120000), 0);
     assert_int_equal(job.state, FAILED);
     fprintf(stderr, "pipelined job without restarts: %s\n", job.reason);
