@@ -1184,6 +1184,8 @@ pcs_status_t pcs_mlp_backward_weights(pcs_mlp_t *m)
      * operands as a whole backward: the same bits. */
     for (size_t k = m->n_ops; k-- > 0;) {
         const op_t *op = &m->ops_tape[k];
+        if (op->kind != OP_LINEAR && op->kind != OP_LN && op->kind != OP_BN)
+            continue; /* no parameters (ENTER / EXIT marks have no slots) */
         if (!m->slots[op->out].gvalid)
             continue;
         const pcs_mlp_module_t *md = &m->mods[op->module];

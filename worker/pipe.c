@@ -61,11 +61,26 @@ static uint32_t peer_of(const pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t src)
     return dir == PCS_PIPE_FWD ? (src + 1) % p->pp : (src + p->pp - 1) % p->pp;
 }
 
+static void abort_all(pcs_pipe_t *p, const char *reason)
+{
+    for (int d = 0; d < 2; d++)
+        for (uint32_t r = 0; r < p->pp; r++) {
+            if (p->tx[d] && p->tx[d][r].c)
+                pcs_coll_abort(p->tx[d][r].c, reason);
+            if (p->rx[d] && p->rx[d][r].c)
+                pcs_coll_abort(p->rx[d][r].c, reason);
+        }
+}
+
+/* The first failure of any channel ends them all at once: a neighbour still waiting on another
+ * channel then sees this rank abort (a note that blames nobody) instead of, later, its
+ * connections closing, which would blame this live rank for the culprit's death. */
 static void fail_locked(pcs_pipe_t *p, pcs_status_t st, const char *msg)
 {
     if (p->err == PCS_OK) {
         p->err = st;
         snprintf(p->errmsg, sizeof p->errmsg, "%s", msg);
+        abort_all(p, "pipeline: another channel of this rank failed");
     }
 }
 
@@ -162,8 +177,11 @@ static void *end_main(void *arg)
 static pcs_status_t make_channel(const pcs_pipe_config_t *cfg, const char *name, uint32_t src,
                                  uint32_t dst, uint32_t index, pcs_coll_t **out)
 {
-    char gname[160];
-    snprintf(gname, sizeof gname, "%s%s-%u", cfg->job_tag ? cfg->job_tag : "", name, dst);
+    char gname[512];
+    if ((size_t)snprintf(gname, sizeof gname, "%s%s-%u", cfg->job_tag ? cfg->job_tag : "", name,
+                         dst) >= sizeof gname)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pipe: job tag of %zu bytes is too long",
+                             strlen(cfg->job_tag));
     pcs_coll_config_t cc;
     memset(&cc, 0, sizeof cc);
     cc.backend = PCS_COLL_GLOO;
@@ -329,6 +347,11 @@ pcs_status_t pcs_pipe_post(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, siz
     if (key >= p->n_keys)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pipe: key %u of %u", key, p->n_keys);
     pthread_mutex_lock(&p->mu);
+    if (p->err != PCS_OK) {
+        pcs_status_t st = error_locked(p);
+        pthread_mutex_unlock(&p->mu);
+        return st;
+    }
     pcs_status_t st = PCS_OK;
     if (e->want_len == e->want_cap) {
         size_t cap = e->want_cap ? 2 * e->want_cap : 16;
@@ -413,15 +436,8 @@ pcs_status_t pcs_pipe_flush(pcs_pipe_t *p)
 
 void pcs_pipe_abort(pcs_pipe_t *p, const char *reason)
 {
-    if (!p)
-        return;
-    for (int d = 0; d < 2; d++)
-        for (uint32_t r = 0; r < p->pp; r++) {
-            if (p->tx[d] && p->tx[d][r].c)
-                pcs_coll_abort(p->tx[d][r].c, reason);
-            if (p->rx[d] && p->rx[d][r].c)
-                pcs_coll_abort(p->rx[d][r].c, reason);
-        }
+    if (p)
+        abort_all(p, reason);
 }
 
 int pcs_pipe_blame(const pcs_pipe_t *p, pcs_coll_fault_t *fault)

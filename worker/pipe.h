@@ -8,8 +8,9 @@
  * ahead lets the data land while the receiver still computes. Gloo's unbound-buffer send is a
  * rendezvous (it completes when the peer has posted the receive), so each channel has two
  * threads: at the source a sender thread sends the copied messages in order, at the destination
- * a receiver thread receives the messages the caller posted (pcs_pipe_post: a step posts all
- * its receives up front) into buffers of its own, which pcs_pipe_take hands over. Every channel
+ * a receiver thread receives the messages the caller posted (pcs_pipe_post: the training loop
+ * keeps each channel's next receive posted) into buffers of its own, which pcs_pipe_take hands
+ * over. Every channel
  * (direction, sender, receiver) is a communicator of its two ranks driven by one thread at each
  * end, and the FIFO order of a channel is the order the schedule validator checked.
  *
@@ -62,7 +63,8 @@ uint32_t pcs_pipe_pp_size(const pcs_pipe_t *p);
 pcs_status_t pcs_pipe_send(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, const float *rows,
                            size_t count, pcs_dtype_t dt, int header);
 /* Post the receive of the next message from pp rank `peer` on `dir`, of `count` elements: the
- * receiver thread receives it as soon as it arrives. `header`: the message has one (the
+ * receiver thread receives it as soon as it arrives (its timeout runs from then: post shortly
+ * before the message is needed, not a whole step ahead). `header`: the message has one (the
  * sender's send said so); without one its dtype is the last header's of the same `key` (a
  * stage index below the plan's stage count) on this channel. INVALID_ARG for a peer without a
  * channel or a key out of range. */
@@ -74,7 +76,8 @@ pcs_status_t pcs_pipe_post(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, siz
  * STATE when nothing was posted. */
 pcs_status_t pcs_pipe_take(pcs_pipe_t *p, pcs_pipe_dir_t dir, uint32_t peer, float *rows,
                            size_t count, pcs_dtype_t *dt);
-/* Wait until every queued send has been received (end of a step); the first failure. */
+/* Wait until every queued send has been received (end of a step); the first failure. The first
+ * failure of any channel aborts every channel of this rank: each later call returns it. */
 pcs_status_t pcs_pipe_flush(pcs_pipe_t *p);
 /* Wake blocked sends and receives (any thread). */
 void pcs_pipe_abort(pcs_pipe_t *p, const char *reason);

@@ -1190,6 +1190,12 @@ typedef struct pp_stage {
 typedef struct pp_state {
     pcs_schedule_t *sch;
     pcs_pipe_t *pipe;
+    /* receives of this rank's list: each channel's first, and after each the next one on its
+     * channel (SIZE_MAX: none) — a channel's next receive is posted when the one before it is
+     * taken, so the data lands while the stage computes and a receive's timeout starts just
+     * before it is needed */
+    size_t *next_recv, *first_recv;
+    size_t n_first;
     uint32_t me, pp, n_stages;
     pp_stage_t *st; /* this rank's stages, st[k] = stage me + k * pp */
     uint32_t n_st;
@@ -1232,6 +1238,8 @@ static void pp_free(pcs_train_t *t)
         free(ls->in), free(ls->gout), free(ls->h_out), free(ls->h_gin);
     }
     free(pp->st);
+    free(pp->next_recv);
+    free(pp->first_recv);
     pcs_schedule_free(pp->sch);
     free(pp);
     t->pp = NULL;
@@ -1268,9 +1276,39 @@ static pcs_status_t pp_setup(pcs_train_t *t, const pcs_mlp_config_t *mc)
     }
     pp->n_stages = pp->sch->n_stages;
     pp->n_st = pp->sch->v;
-    if (plan->n_stages != pp->n_stages)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: %zu stages, the schedule has %u",
-                             plan->n_stages, pp->n_stages);
+    if (plan->n_stages != pp->n_stages || pp->sch->m != t->M)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "plan: %zu stages and %u micro-batches, the schedule has %u and %u",
+                             plan->n_stages, t->M, pp->n_stages, pp->sch->m);
+    {
+        /* every action is on a stage of this rank, for a micro-batch of the step */
+        const pcs_action_t *a = pp->sch->acts[pp->me];
+        size_t n = pp->sch->n_acts[pp->me];
+        for (size_t i = 0; i < n; i++)
+            if (a[i].stage % pp->pp != pp->me || a[i].stage >= pp->n_stages || a[i].mb >= t->M ||
+                a[i].peer >= pp->pp)
+                return pcs_set_error(PCS_ERR_INTERNAL, "pipeline: action %zu of pp rank %u is "
+                                     "not one of its stages' micro-batches", i, pp->me);
+        PCS_CHECK(pcs_calloc(n + 1, sizeof *pp->next_recv, (void **)&pp->next_recv));
+        PCS_CHECK(pcs_calloc(4 * (size_t)pp->pp + 1, sizeof *pp->first_recv,
+                             (void **)&pp->first_recv));
+        size_t *last = NULL; /* per channel (direction, peer): its receive seen last */
+        PCS_CHECK(pcs_calloc(2 * (size_t)pp->pp, sizeof *last, (void **)&last));
+        for (size_t c = 0; c < 2 * (size_t)pp->pp; c++)
+            last[c] = SIZE_MAX;
+        for (size_t i = n; i-- > 0;) {
+            pp->next_recv[i] = SIZE_MAX;
+            if (a[i].kind != PCS_ACT_RECV_F && a[i].kind != PCS_ACT_RECV_B)
+                continue;
+            size_t c = (size_t)(a[i].kind == PCS_ACT_RECV_B) * pp->pp + a[i].peer;
+            pp->next_recv[i] = last[c];
+            last[c] = i;
+        }
+        for (size_t c = 0; c < 2 * (size_t)pp->pp; c++)
+            if (last[c] != SIZE_MAX)
+                pp->first_recv[pp->n_first++] = last[c];
+        free(last);
+    }
     PCS_CHECK(pcs_calloc(pp->n_st, sizeof *pp->st, (void **)&pp->st));
     for (uint32_t k = 0; k < pp->n_st; k++) {
         pp_stage_t *ls = &pp->st[k];
@@ -1381,7 +1419,24 @@ static pcs_status_t pp_reshard(pcs_train_t *t, pp_stage_t *ls)
     return PCS_OK;
 }
 
-/* The next message from `peer` on `dir` (posted at the start of the pass) into host rows; an
+/* Post the receive of RECV action a (the pass's first message across its boundary carries a
+ * header: both ends count the same way). */
+static pcs_status_t pp_post(pcs_train_t *t, const pcs_action_t *a)
+{
+    pp_stage_t *ls = pp_local(t, a->stage);
+    if (a->kind == PCS_ACT_RECV_F) {
+        PCS_CHECK(pcs_pipe_post(t->pp->pipe, PCS_PIPE_FWD, a->peer, (size_t)t->b * ls->in_w,
+                                ls->stage, !ls->hdr_post_f));
+        ls->hdr_post_f = 1;
+        return PCS_OK;
+    }
+    PCS_CHECK(pcs_pipe_post(t->pp->pipe, PCS_PIPE_BWD, a->peer, (size_t)t->b * ls->out_w,
+                            ls->stage, !ls->hdr_post_b));
+    ls->hdr_post_b = 1;
+    return PCS_OK;
+}
+
+/* The next message from `peer` on `dir` (posted before) into host rows; an
  * activation sets the stage's input dtype (the dtype its producer computed it in). */
 static pcs_status_t pp_take(pcs_train_t *t, pp_stage_t *ls, pcs_pipe_dir_t dir, uint32_t peer,
                             float *rows, size_t n)
@@ -1417,7 +1472,11 @@ static pcs_status_t pp_forward(pcs_train_t *t, pp_stage_t *ls, uint32_t mb, uint
     for (uint32_t i = 0; i < ls->n_inst && k < 0; i++)
         if (ls->inst_mb[i] < 0)
             k = (int32_t)i;
-    if (k < 0 || mb >= t->M || ls->mb_inst[mb] >= 0)
+    if (mb >= t->M || ls->mb_inst[mb] >= 0)
+        return pcs_set_error(PCS_ERR_INTERNAL,
+                             "pipeline: stage %u forward of micro-batch %u, which is in flight",
+                             ls->stage, mb);
+    if (k < 0)
         return pcs_set_error(PCS_ERR_INTERNAL, "pipeline: stage %u forward of micro-batch %u "
                              "has no free instance", ls->stage, mb);
     pcs_mlp_t *m = ls->inst[k];
@@ -1510,20 +1569,8 @@ static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, dou
     const pcs_action_t *acts = pp->sch->acts[pp->me];
     size_t n = pp->sch->n_acts[pp->me];
     double by_kind[PCS_ACT_REDUCE_GRAD + 1] = {0}; /* ms per action kind (debug log) */
-    /* every receive of the step, posted now in the list's order (irecv ahead of use) */
-    for (size_t i = 0; i < n; i++) {
-        const pcs_action_t *a = &acts[i];
-        pp_stage_t *ls = pp_local(t, a->stage);
-        if (ls && a->kind == PCS_ACT_RECV_F) {
-            PCS_CHECK(pcs_pipe_post(pp->pipe, PCS_PIPE_FWD, a->peer, (size_t)t->b * ls->in_w,
-                                    ls->stage, !ls->hdr_post_f));
-            ls->hdr_post_f = 1;
-        } else if (ls && a->kind == PCS_ACT_RECV_B) {
-            PCS_CHECK(pcs_pipe_post(pp->pipe, PCS_PIPE_BWD, a->peer, (size_t)t->b * ls->out_w,
-                                    ls->stage, !ls->hdr_post_b));
-            ls->hdr_post_b = 1;
-        }
-    }
+    for (size_t c = 0; c < pp->n_first; c++) /* each channel's first receive of the step */
+        PCS_CHECK(pp_post(t, &acts[pp->first_recv[c]]));
     for (size_t i = 0; i < n; i++) {
         const pcs_action_t *a = &acts[i];
         if (atomic_load(&t->aborted))
@@ -1556,13 +1603,15 @@ static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, dou
         case PCS_ACT_REDUCE_GRAD: /* issued by the stage's last backward */
             break;
         case PCS_ACT_F:
-            PCS_CHECK(pp_forward(t, ls, a->mb, step, loss_sum));
-            *compute_ms += (double)(pcs_now_us() - c0) / 1000.0;
-            break;
         case PCS_ACT_B:
         case PCS_ACT_I:
         case PCS_ACT_W:
-            PCS_CHECK(pp_backward(t, ls, a->mb, (pcs_act_kind_t)a->kind));
+            if (a->kind == PCS_ACT_F)
+                PCS_CHECK(pp_forward(t, ls, a->mb, step, loss_sum));
+            else
+                PCS_CHECK(pp_backward(t, ls, a->mb, (pcs_act_kind_t)a->kind));
+            if (t->stream) /* compute time = the device's, not the enqueue */
+                PCS_CHECK(t->be->sync(t->stream));
             *compute_ms += (double)(pcs_now_us() - c0) / 1000.0;
             break;
         case PCS_ACT_SEND_F:
@@ -1573,6 +1622,8 @@ static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, dou
         case PCS_ACT_RECV_F: {
             float *h = t->on_host ? ls->in[a->mb] : ls->h_gin[a->mb]; /* host staging */
             PCS_CHECK(pp_take(t, ls, PCS_PIPE_FWD, a->peer, h, nin));
+            if (pp->next_recv[i] != SIZE_MAX)
+                PCS_CHECK(pp_post(t, &acts[pp->next_recv[i]]));
             if (!t->on_host)
                 PCS_CHECK(pp_copy(t, ls->in[a->mb], h, nin * sizeof(float), PCS_COPY_H2D));
             break;
@@ -1585,6 +1636,8 @@ static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, dou
         case PCS_ACT_RECV_B: {
             float *h = t->on_host ? ls->gout[a->mb] : ls->h_out[a->mb];
             PCS_CHECK(pp_take(t, ls, PCS_PIPE_BWD, a->peer, h, nout));
+            if (pp->next_recv[i] != SIZE_MAX)
+                PCS_CHECK(pp_post(t, &acts[pp->next_recv[i]]));
             if (!t->on_host)
                 PCS_CHECK(pp_copy(t, ls->gout[a->mb], h, nout * sizeof(float), PCS_COPY_H2D));
             break;
