@@ -23,6 +23,9 @@ pcs_add_test(NAME test_e2e_procs SOURCES integration/test_e2e_procs.c ${PCS_E2E_
 pcs_add_test(NAME test_resume SOURCES integration/test_resume.c ${PCS_E2E_UTIL}
              LIBS pcs_worker LABELS integration TIMEOUT 300)
 add_dependencies(test_resume pcsctl)
+# The pipeline channels between two pp ranks in one process (real Gloo pairs, file KV store).
+pcs_add_test(NAME test_pipe SOURCES unit/test_pipe.c LIBS pcs_worker LABELS unit TIMEOUT 60)
+set_target_properties(test_pipe PROPERTIES LINKER_LANGUAGE CXX)
 # Pipeline stages (issue 14): every schedule x FSDP / mixed precision / DDP x W 2 and 4 against
 # the same job without stages (bit for bit) and the reference; clipping, eval and resume.
 pcs_add_test(NAME test_pipeline SOURCES integration/test_pipeline.c ${PCS_E2E_UTIL}
