@@ -250,14 +250,23 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
     uint64_t *kept = full + n, *gradb = kept + n, *copyb = gradb + n, *rsb = copyb + n,
              *held = rsb + n, *anc_f = held + n, *anc_b = anc_f + n, *evalb = anc_b + n,
              *pk = evalb + n, *pf = pk + n + 1, *ps = pf + n + 1, *stg = ps + n + 1;
-    bool per_mb = false; /* pipeline: stages unshard around every micro-batch (plan_schedule) */
+    /* pipeline: stages unshard around every compute action (pcs_plan_schedule's rule) — F and B,
+     * or F, I and W with the zero-bubble schedule — or once per step */
+    bool per_mb = false;
+    for (size_t i = 0; pp > 1 && i < p->n_units; i++)
+        per_mb |= !p->units[i]->is_root && p->units[i]->reshard_after_forward;
+    uint64_t pp_gathers =
+        !per_mb ? 1
+                : mb * (p->pipeline_schedule &&
+                                !strcmp(p->pipeline_schedule, "interleaved_zero_bubble")
+                            ? 3
+                            : 2);
     uint64_t root_eval = 0;
     bool keep = false; /* units stay gathered across no-sync micro-batches */
     size_t root_i = SIZE_MAX;
     uint64_t acc = 0, max_c = 1;
     for (size_t i = 0; i < n; i++) {
         const Pcs__V1__Unit *u = p->units[i];
-        per_mb |= !u->is_root && u->reshard_after_forward;
         if (u->stage % pp != c.pp)
             continue;
         stg[nu] = u->stage;
@@ -338,8 +347,11 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
                 continue;
             if (cs->kind == PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER) {
                 /* forward: every micro-batch unless params stay unsharded between no-sync
-                 * micro-batches (shard_grad_op); backward re-gather: every micro-batch */
-                uint64_t times = u->keep_gathered_in_accumulation ? 1
+                 * micro-batches (shard_grad_op); backward re-gather: every micro-batch. With
+                 * pipeline stages the schedule's UNSHARDs gather the stage (count them once,
+                 * on the forward collective) */
+                uint64_t times = pp > 1 ? (cs->phase == PCS__V1__PHASE__PHASE_FORWARD ? pp_gathers : 0)
+                                 : u->keep_gathered_in_accumulation ? 1
                                  : cs->phase == PCS__V1__PHASE__PHASE_FORWARD
                                      ? (u->reshard_after_backward || mb_acc == 1 ? mb : 1)
                                      : mb;

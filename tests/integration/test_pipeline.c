@@ -209,6 +209,20 @@ static void test_reshard_after_forward_unshards_around_every_action(void **state
                 j.schedule, (unsigned long long)ag, (unsigned long long)ag1);
         assert_true(ag1 > 0);
         assert_int_equal(ag, 16 * ag1);
+        /* as the plan's traffic estimate says: it counts what rank 0 receives, (g - 1) / g of
+         * the bytes a report counts (nccl-tests' S), g = 2 */
+        for (int k = 0; k < 2; k++) {
+            char *yk = job_yaml(k ? &o : &j);
+            Pcs__V1__JobSpec *spec = e2e_parse_spec(yk);
+            Pcs__V1__Plan *plan = NULL;
+            assert_int_equal(pcs_plan_build(spec, 4, &plan), PCS_OK);
+            Pcs__V1__RankEstimate e;
+            assert_int_equal(pcs_plan_rank_estimate(plan, 0, &e), PCS_OK);
+            assert_int_equal(2 * e.all_gather_bytes, k ? ag1 : ag);
+            pcs_plan_free(plan);
+            protobuf_c_message_free_unpacked(&spec->base, NULL);
+            free(yk);
+        }
         done(&once, once_dir);
         done(&job, dir);
     }
