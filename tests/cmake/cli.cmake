@@ -21,6 +21,12 @@ add_test(NAME plan_cli_bad_world_fails COMMAND pcsctl plan
          ${PROJECT_SOURCE_DIR}/examples/hsdp-job.yaml --world 7)
 set_tests_properties(plan_cli_bad_world_fails PROPERTIES LABELS integration TIMEOUT 60
   PASS_REGULAR_EXPRESSION "mesh: world size 7 is not a multiple of pp x dp_replicate = 2")
+# the pipeline example as a user runs it: 4 workers, interleaved 1F1B, compared with the
+# single-process reference
+add_test(NAME demo_cli_pipeline COMMAND pcsctl demo --job
+         ${PROJECT_SOURCE_DIR}/examples/pipeline-job.yaml)
+set_tests_properties(demo_cli_pipeline PROPERTIES LABELS integration TIMEOUT 180
+  PASS_REGULAR_EXPRESSION "parity vs single-process reference \\([0-9]+ steps[^)]*\\): OK")
 # pipeline stages of the built-in model run (issue 14): the plan names the schedule and does not
 # say SubmitJob refuses it
 add_test(NAME plan_cli_pipeline_runs COMMAND pcsctl plan
