@@ -205,10 +205,9 @@ static void test_two_workers_start_the_tiny_job_and_show_in_tables(void **state)
 static void test_submit_every_example_file(void **state)
 {
     (void)state;
-    const char *files[] = {"demo-job.yaml", "hsdp-job.yaml", "fp16-explicit-job.json",
-                           "pipeline-job.yaml"};
-    const char *world[] = {"world 4", "world 4", "world 2", "world 4"};
-    for (size_t i = 0; i < 4; i++) {
+    const char *files[] = {"demo-job.yaml", "hsdp-job.yaml", "fp16-explicit-job.json"};
+    const char *world[] = {"world 4", "world 4", "world 2"};
+    for (size_t i = 0; i < 3; i++) {
         int rc;
         char *out = ctl(&rc, "submit '%s'", example(files[i]));
         if (rc != 0)
