@@ -159,6 +159,7 @@ static void job_free(pcs_coord_t *c, pcs_coord_job_t *j)
     free(j->rank_step);
     free(j->rank_step_ms);
     free(j->rank_loss);
+    free(j->rank_bubble);
     free(j->fp_ring);
     free(j->log);
     free(j);
@@ -784,18 +785,20 @@ static pcs_status_t resize_ranks(pcs_coord_job_t *j, uint32_t world)
     uint32_t *rw = NULL;
     uint8_t *done = NULL;
     uint64_t *rep = NULL, *stp = NULL;
-    double *sms = NULL, *loss = NULL;
+    double *sms = NULL, *loss = NULL, *bub = NULL;
     if (pcs_calloc(world, sizeof *rw, (void **)&rw) != PCS_OK ||
         pcs_calloc(world, 1, (void **)&done) != PCS_OK ||
         pcs_calloc(world, sizeof *rep, (void **)&rep) != PCS_OK ||
         pcs_calloc(world, sizeof *stp, (void **)&stp) != PCS_OK ||
         pcs_calloc(world, sizeof *sms, (void **)&sms) != PCS_OK ||
-        pcs_calloc(world, sizeof *loss, (void **)&loss) != PCS_OK) {
-        free(rw), free(done), free(rep), free(stp), free(sms), free(loss);
+        pcs_calloc(world, sizeof *loss, (void **)&loss) != PCS_OK ||
+        pcs_calloc(world, sizeof *bub, (void **)&bub) != PCS_OK) {
+        free(rw), free(done), free(rep), free(stp), free(sms), free(loss), free(bub);
         return PCS_ERR_NOMEM;
     }
     free(j->rank_worker), free(j->rank_done), free(j->rank_report_ms), free(j->rank_step);
-    free(j->rank_step_ms), free(j->rank_loss), free(j->rank_reserved);
+    free(j->rank_step_ms), free(j->rank_loss), free(j->rank_bubble), free(j->rank_reserved);
+    j->rank_bubble = bub;
     j->rank_reserved = NULL;
     j->rank_worker = rw, j->rank_done = done, j->rank_report_ms = rep, j->rank_step = stp;
     j->rank_step_ms = sms, j->rank_loss = loss;
@@ -973,6 +976,7 @@ static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job
     PCS_CHECK_GOTO(pcs_calloc(world, sizeof *j->rank_step_ms, (void **)&j->rank_step_ms), st,
                    fail);
     PCS_CHECK_GOTO(pcs_calloc(world, sizeof *j->rank_loss, (void **)&j->rank_loss), st, fail);
+    PCS_CHECK_GOTO(pcs_calloc(world, sizeof *j->rank_bubble, (void **)&j->rank_bubble), st, fail);
     j->number = number;
     j->steps = d->steps;
     j->max_restarts = d->max_restarts;
@@ -1084,12 +1088,13 @@ static void drop_rank_state(pcs_coord_t *c, pcs_coord_job_t *j)
     free(j->rank_step);
     free(j->rank_step_ms);
     free(j->rank_loss);
+    free(j->rank_bubble);
     free(j->fp_ring);
     j->rank_worker = j->rank_reserved = NULL;
     j->rank_done = NULL;
     j->rank_report_ms = NULL;
     j->rank_step = NULL;
-    j->rank_step_ms = j->rank_loss = NULL;
+    j->rank_step_ms = j->rank_loss = j->rank_bubble = NULL;
     j->fp_ring = NULL;
     j->fp_stages = 0;
 }
@@ -1242,6 +1247,7 @@ static void start_job(pcs_coord_t *c, pcs_coord_job_t *j)
     memset(j->rank_step, 0, (size_t)j->world_size * sizeof *j->rank_step);
     memset(j->rank_step_ms, 0, (size_t)j->world_size * sizeof *j->rank_step_ms);
     memset(j->rank_loss, 0, (size_t)j->world_size * sizeof *j->rank_loss);
+    memset(j->rank_bubble, 0, (size_t)j->world_size * sizeof *j->rank_bubble);
     j->n_done = 0;
     if (j->fp_ring)
         memset(j->fp_ring, 0, (size_t)j->fp_stages * FP_RING * sizeof *j->fp_ring);
@@ -1399,6 +1405,11 @@ pcs_status_t pcs_coord_report_step(pcs_coord_t *c, const pcs_coord_report_t *r, 
     j->rank_step[r->rank] = r->step;
     j->rank_step_ms[r->rank] = r->step_ms;
     j->rank_loss[r->rank] = r->loss;
+    /* pipeline stages: the share of the action list not computing (-1: no stages) */
+    j->rank_bubble[r->rank] =
+        r->pipeline_ms > 0 && r->compute_ms <= r->pipeline_ms ? 1.0 - r->compute_ms / r->pipeline_ms
+        : r->pipeline_ms > 0                                  ? 0.0
+                                                              : -1.0;
     pcs_coord_progress_t *p = &j->progress;
     p->reports++;
     if (r->step >= p->step) {

@@ -183,6 +183,7 @@ typedef struct pcs_coord_job {
     uint64_t *rank_report_ms;
     uint64_t *rank_step; /* each rank's last reported step in this generation (0: none) */
     double *rank_step_ms, *rank_loss; /* and its step time and loss (stragglers, /metrics) */
+    double *rank_bubble; /* pipeline stages: 1 - compute / action list of its last step; -1 none */
     uint64_t steps;      /* training steps the job runs (0: not known; no bound) */
     pcs_coord_progress_t progress;
     struct pcs_coord_fp_slot *fp_ring; /* recent step fingerprints per pp stage (coord.c) */
@@ -376,6 +377,7 @@ typedef struct pcs_coord_report {
     uint32_t peer_rank;
     uint64_t fingerprint; /* of the step's collective sequence; 0 = not given */
     uint64_t all_gather_bytes, reduce_scatter_bytes, all_reduce_bytes;
+    double compute_ms, pipeline_ms; /* pipeline stages: the action list and its compute part */
 } pcs_coord_report_t;
 
 /* Record a step report. *directive is PCS_EV_STOP when the worker should stop (job no longer

@@ -666,7 +666,9 @@ static void h_report_step(pcs_rpc_call_t *call, const ProtobufCMessage *m, void 
                             .fingerprint = sr->fingerprint,
                             .all_gather_bytes = sr->all_gather_bytes,
                             .reduce_scatter_bytes = sr->reduce_scatter_bytes,
-                            .all_reduce_bytes = sr->all_reduce_bytes};
+                            .all_reduce_bytes = sr->all_reduce_bytes,
+                            .compute_ms = sr->compute_ms,
+                            .pipeline_ms = sr->pipeline_ms};
     int dir = 0;
     char reason[512];
     pcs_status_t st = pcs_coord_report_step(s->coord, &r, &dir, reason, sizeof reason);
@@ -1567,6 +1569,8 @@ static void rank_metrics(pcs_server_t *s, FILE *f)
         {"pcs_job_straggler_ratio", "Slowest rank's last step time over the median rank's (1: "
                                     "none lags)."},
         {"pcs_job_slowest_rank", "The rank with the longest last step time."},
+        {"pcs_rank_pipeline_bubble", "Pipeline stages: the share of a rank's last schedule action "
+                                     "list not spent computing (absent without stages)."},
     };
     char lab[256];
     for (size_t k = 0; k < sizeof fam / sizeof fam[0]; k++) {
@@ -1575,13 +1579,15 @@ static void rank_metrics(pcs_server_t *s, FILE *f)
             pcs_coord_job_t *j = pcs_coord_job_by_number(s->coord, i);
             if (!j || j->state != PCS_JOB_RUNNING || !j->rank_step_ms)
                 continue;
-            if (k < 2) {
+            if (k < 2 || k == 4) {
                 for (uint32_t r = 0; r < j->world_size && r < MAX_RANK_SERIES; r++) {
-                    if (!j->rank_step[r])
+                    if (!j->rank_step[r] || (k == 4 && j->rank_bubble[r] < 0))
                         continue;
                     snprintf(lab, sizeof lab, "job_id=\"%s\",rank=\"%u\"", j->id, r);
                     pcs_metrics_line(f, fam[k].name, lab,
-                                     k == 0 ? j->rank_step_ms[r] / 1000.0 : j->rank_loss[r]);
+                                     k == 0   ? j->rank_step_ms[r] / 1000.0
+                                     : k == 1 ? j->rank_loss[r]
+                                              : j->rank_bubble[r]);
                 }
                 continue;
             }

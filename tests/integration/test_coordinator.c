@@ -1227,6 +1227,10 @@ static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
         rep.audit_ok = true;
         rep.all_gather_bytes = 1000;
         rep.reduce_scatter_bytes = 24;
+        if (r == 1) { /* as a pipelined rank reports: a quarter of its action list idle */
+            rep.pipeline_ms = 40;
+            rep.compute_ms = 30;
+        }
         req.worker_id = ids[r];
         req.job_id = "job-1";
         req.generation = 1;
@@ -1261,6 +1265,9 @@ static void test_metrics_endpoint_reports_workers_jobs_and_rpcs(void **state)
     /* per rank, with the straggler view: ranks 0 and 1 reported 0.5 and 7.0 */
     assert_non_null(strstr(m, "pcs_rank_loss{job_id=\"job-1\",rank=\"1\"} 7\n"));
     assert_non_null(strstr(m, "pcs_job_slowest_rank{job_id=\"job-1\"}"));
+    /* the pipeline bubble of the rank that has one, none for the other */
+    assert_non_null(strstr(m, "pcs_rank_pipeline_bubble{job_id=\"job-1\",rank=\"1\"} 0.25\n"));
+    assert_null(strstr(m, "pcs_rank_pipeline_bubble{job_id=\"job-1\",rank=\"0\"}"));
     assert_non_null(strstr(m, "pcs_build_info{version=\""));
     assert_non_null(strstr(m, "# TYPE process_resident_memory_bytes gauge"));
     assert_non_null(strstr(m, "process_open_fds "));
