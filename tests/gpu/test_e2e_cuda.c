@@ -51,7 +51,8 @@
     "data: {synthetic: {task: regression, seed: 7}}\n"                                             \
     "init: {seed: 13}\n"                                                                           \
     "backend: cuda\n"                                                                              \
-    "collectives: %s\n"
+    "collectives: %s\n"                                                                            \
+    "%s"
 
 static int g_devices;
 static e2e_cluster_t g_cluster;
@@ -74,11 +75,11 @@ static int teardown(void **state)
 
 /* world workers with --backend cuda, rank r's worker on device r % devices. */
 static void run_pp(const char *param_dtype, int world, int pp, const char *coll, double atol,
-                   double rtol, double loss_rtol)
+                   double rtol, double loss_rtol, const char *spec_extra)
 {
     char yaml[4096];
     const char *pipe = pp > 1 ? "  - {dim: pp, size: 2}\npipeline: {schedule: 1f1b}\n" : "";
-    snprintf(yaml, sizeof yaml, K_JOB_FMT, param_dtype, world / pp, pipe, coll);
+    snprintf(yaml, sizeof yaml, K_JOB_FMT, param_dtype, world / pp, pipe, coll, spec_extra);
     for (int r = 0; r < world; r++) {
         char dev[16];
         snprintf(dev, sizeof dev, "%d", r % g_devices);
@@ -104,7 +105,7 @@ static void run_pp(const char *param_dtype, int world, int pp, const char *coll,
 static void run(const char *param_dtype, int world, const char *coll, double atol, double rtol,
                 double loss_rtol)
 {
-    run_pp(param_dtype, world, 1, coll, atol, rtol, loss_rtol);
+    run_pp(param_dtype, world, 1, coll, atol, rtol, loss_rtol, "");
 }
 
 static void test_fp32_w1_nccl_matches_the_cpu_reference(void **state)
@@ -121,11 +122,15 @@ static void test_bf16_w2_gloo_staged_matches_the_cpu_reference(void **state)
 
 /* Pipeline stages on the device (issue 14): two ranks, one stage each, 1F1B; activations and
  * their gradients cross through host memory over Gloo (worker/pipe.h), the stages' FSDP
- * collectives are groups of one. Same tolerances as the Gloo-staged W=2 case. */
+ * collectives are groups of one. Same tolerances as the Gloo-staged W=2 case; the second run
+ * keeps each stage's masters and optimizer in host memory (cpu_offload). */
 static void test_bf16_pp2_pipeline_matches_the_cpu_reference(void **state)
 {
     (void)state;
-    run_pp("bf16", 2, 2, "gloo", 5e-4, 5e-3, 1.6e-2);
+    run_pp("bf16", 2, 2, "gloo", 5e-4, 5e-3, 1.6e-2, "");
+    e2e_job_free(&g_job);
+    memset(&g_job, 0, sizeof g_job);
+    run_pp("bf16", 2, 2, "gloo", 5e-4, 5e-3, 1.6e-2, "cpu_offload: true\n");
 }
 
 static void test_bf16_w2_nccl_on_two_devices_matches_the_cpu_reference(void **state)
@@ -144,14 +149,14 @@ static void test_nccl_job_is_not_given_to_a_simulated_worker(void **state)
 {
     (void)state;
     char yaml[4096];
-    snprintf(yaml, sizeof yaml, K_JOB_FMT, "fp32", 1, "", "nccl");
+    snprintf(yaml, sizeof yaml, K_JOB_FMT, "fp32", 1, "", "nccl", "");
     const char *const extra[] = {"--backend", "cuda", NULL};
     assert_int_equal(e2e_spawn_workers(&g_cluster, 1, extra), 0);
     assert_int_equal(e2e_submit(&g_cluster, yaml, "cuda-nccl", &g_job), 0);
     assert_int_equal(e2e_wait_job(&g_cluster, &g_job, 2000), -1); /* still not terminal */
     e2e_job_t gloo_job;
     memset(&gloo_job, 0, sizeof gloo_job);
-    snprintf(yaml, sizeof yaml, K_JOB_FMT, "fp32", 1, "", "gloo");
+    snprintf(yaml, sizeof yaml, K_JOB_FMT, "fp32", 1, "", "gloo", "");
     assert_int_equal(e2e_run_job(&g_cluster, yaml, "cuda-gloo", 60000, &gloo_job), 0);
     assert_int_equal(gloo_job.state, PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED);
     e2e_job_free(&gloo_job);
