@@ -1561,6 +1561,20 @@ static void pp_begin_pass(pcs_train_t *t)
     }
 }
 
+/* Before a receive that may wait: when the action after it gathers a stage (the schedule's
+ * UNSHARD right after RECV), start that all-gather on the prefetch thread so it overlaps the
+ * wait. Nothing else of this rank is gathered then beyond what the list holds anyway (around
+ * every action: no stage; once per step: the stages gathered so far), so the estimate holds. */
+static pcs_status_t pp_prefetch_next(pcs_train_t *t, const pcs_action_t *acts, size_t n, size_t i)
+{
+    if (i + 1 >= n || acts[i + 1].kind != PCS_ACT_UNSHARD)
+        return PCS_OK;
+    pp_stage_t *ls = pp_local(t, acts[i + 1].stage);
+    for (size_t u = 0; ls && u < ls->n_units; u++)
+        PCS_CHECK(pcs_runtime_prefetch(t->rt, ls->units[u]));
+    return PCS_OK;
+}
+
 /* One training step's forward and backward: this pp rank's action list. */
 static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, double *compute_ms)
 {
@@ -1621,6 +1635,7 @@ static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, dou
             break;
         case PCS_ACT_RECV_F: {
             float *h = t->on_host ? ls->in[a->mb] : ls->h_gin[a->mb]; /* host staging */
+            PCS_CHECK(pp_prefetch_next(t, acts, n, i));
             PCS_CHECK(pp_take(t, ls, PCS_PIPE_FWD, a->peer, h, nin));
             if (pp->next_recv[i] != SIZE_MAX)
                 PCS_CHECK(pp_post(t, &acts[pp->next_recv[i]]));
@@ -1635,6 +1650,7 @@ static pcs_status_t pp_step(pcs_train_t *t, uint64_t step, double *loss_sum, dou
             break;
         case PCS_ACT_RECV_B: {
             float *h = t->on_host ? ls->gout[a->mb] : ls->h_out[a->mb];
+            PCS_CHECK(pp_prefetch_next(t, acts, n, i));
             PCS_CHECK(pp_take(t, ls, PCS_PIPE_BWD, a->peer, h, nout));
             if (pp->next_recv[i] != SIZE_MAX)
                 PCS_CHECK(pp_post(t, &acts[pp->next_recv[i]]));
