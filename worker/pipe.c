@@ -72,16 +72,18 @@ static void abort_all(pcs_pipe_t *p, const char *reason)
         }
 }
 
-/* The first failure of any channel ends them all at once: a neighbour still waiting on another
- * channel then sees this rank abort (a note that blames nobody) instead of, later, its
- * connections closing, which would blame this live rank for the culprit's death. */
-static void fail_locked(pcs_pipe_t *p, pcs_status_t st, const char *msg)
+/* Record the first failure (under mu); returns 1 for the first. The caller then ends every
+ * channel at once, outside mu (an abort may leave a failure note over RPC): a neighbour still
+ * waiting on another channel sees this rank abort (a note that blames nobody) instead of,
+ * later, its connections closing, which would blame this live rank for the culprit's death.
+ * The communicators outlive every channel thread (destroy joins them all first). */
+static int fail_locked(pcs_pipe_t *p, pcs_status_t st, const char *msg)
 {
-    if (p->err == PCS_OK) {
-        p->err = st;
-        snprintf(p->errmsg, sizeof p->errmsg, "%s", msg);
-        abort_all(p, "pipeline: another channel of this rank failed");
-    }
+    if (p->err != PCS_OK)
+        return 0;
+    p->err = st;
+    snprintf(p->errmsg, sizeof p->errmsg, "%s", msg);
+    return 1;
 }
 
 static pcs_status_t send_one(pipe_end_t *e, pipe_msg_t *m)
@@ -158,8 +160,11 @@ static void *end_main(void *arg)
             m = NULL;
         }
         pthread_mutex_lock(&p->mu);
-        if (st != PCS_OK)
-            fail_locked(p, st, msg);
+        if (st != PCS_OK && fail_locked(p, st, msg)) {
+            pthread_mutex_unlock(&p->mu);
+            abort_all(p, "pipeline: another channel of this rank failed");
+            pthread_mutex_lock(&p->mu);
+        }
         if (m) {
             if (e->tail)
                 e->tail->next = m;
@@ -177,11 +182,8 @@ static void *end_main(void *arg)
 static pcs_status_t make_channel(const pcs_pipe_config_t *cfg, const char *name, uint32_t src,
                                  uint32_t dst, uint32_t index, pcs_coll_t **out)
 {
-    char gname[512];
-    if ((size_t)snprintf(gname, sizeof gname, "%s%s-%u", cfg->job_tag ? cfg->job_tag : "", name,
-                         dst) >= sizeof gname)
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "pipe: job tag of %zu bytes is too long",
-                             strlen(cfg->job_tag));
+    char gname[512]; /* pcs_coll_create refuses a name over 64 bytes */
+    snprintf(gname, sizeof gname, "%s%s-%u", cfg->job_tag ? cfg->job_tag : "", name, dst);
     pcs_coll_config_t cc;
     memset(&cc, 0, sizeof cc);
     cc.backend = PCS_COLL_GLOO;
@@ -490,20 +492,25 @@ void pcs_pipe_destroy(pcs_pipe_t *p)
     pthread_mutex_unlock(&p->mu);
     if (busy) /* a send or receive blocked on a peer returns only when aborted */
         pcs_pipe_abort(p, "pipeline destroyed");
-    for (int d = 0; d < 2; d++)
-        for (uint32_t r = 0; r < p->pp; r++)
-            for (int k = 0; k < 2; k++) {
-                pipe_end_t *e = k ? (p->rx[d] ? &p->rx[d][r] : NULL)
-                                  : (p->tx[d] ? &p->tx[d][r] : NULL);
-                if (!e)
-                    continue;
-                if (e->started)
-                    pthread_join(e->thread, NULL);
-                free_msgs(e->head);
-                free(e->want);
-                free(e->key_dt);
-                pcs_coll_destroy(e->c);
-            }
+    /* every thread first: a failing one aborts all the communicators, which must still exist */
+    for (int pass = 0; pass < 2; pass++)
+        for (int d = 0; d < 2; d++)
+            for (uint32_t r = 0; r < p->pp; r++)
+                for (int k = 0; k < 2; k++) {
+                    pipe_end_t *e = k ? (p->rx[d] ? &p->rx[d][r] : NULL)
+                                      : (p->tx[d] ? &p->tx[d][r] : NULL);
+                    if (!e)
+                        continue;
+                    if (pass == 0) {
+                        if (e->started)
+                            pthread_join(e->thread, NULL);
+                        continue;
+                    }
+                    free_msgs(e->head);
+                    free(e->want);
+                    free(e->key_dt);
+                    pcs_coll_destroy(e->c);
+                }
     for (int d = 0; d < 2; d++) {
         free(p->tx[d]);
         free(p->rx[d]);
