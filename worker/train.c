@@ -1158,13 +1158,11 @@ void pcs_train_fill_report(Pcs__V1__StepReport *r, Pcs__V1__CollectiveRecord *re
 // FSDP's sync on the last micro-batch). An activation crosses a stage boundary in the dtype
 // the forward produced it in (its values are exactly representable there) and its gradient in
 // the same dtype (the first message across a boundary in a pass names its dtype and element
-// count, which the receiver checks); a step posts all its receives up front, so the data lands
-// while the stage still computes. The
-// zero-bubble schedule's I
-// action computes the activation gradients only (pcs_mlp_backward_input_only) and sends the
-// input gradient on; its W action computes the parameter gradients later from what the
-// micro-batch's instance kept (pcs_mlp_backward_weights) and hands them in: the instance is
-// busy from F to W.
+// count, which the receiver checks); each channel keeps its next receive posted, so the data
+// lands while the stage still computes. The zero-bubble schedule's I action computes the
+// activation gradients only (pcs_mlp_backward_input_only) and sends the input gradient on; its
+// W action computes the parameter gradients later from what the micro-batch's instance kept
+// (pcs_mlp_backward_weights) and hands them in: the instance is busy from F to W.
 
 typedef struct pp_stage {
     uint32_t stage, first, end; /* global stage; model layers [first, end) */
@@ -1175,7 +1173,7 @@ typedef struct pp_stage {
     pcs_mlp_t **inst; /* forward state of the micro-batches in flight */
     int32_t *inst_mb; /* micro-batch an instance holds, -1 when free */
     uint32_t n_inst;
-    int32_t *mb_inst; /* [M] instance of a micro-batch between its F and its B */
+    int32_t *mb_inst; /* [M] instance of a micro-batch between its F and its B (or W) */
     float **in;       /* [M] stage input (backend memory, b x in_w) */
     float **gout;     /* [M] gradient of the stage output (backend memory, b x out_w) */
     float **h_out;    /* [M] host: output awaiting SEND_F */
