@@ -2,7 +2,9 @@
  * (STYLE.md B12). Spawns -g rank processes itself (fork; the backend is initialized only in the
  * children), rendezvous through a file KV store in a temp dir. For the Gloo backend the same run
  * also times the plain Gloo library call at the same sizes (gloo::allgather, gloo::allreduce
- * fp32) on the same context, so the layer's overhead is visible. Correctness is checked in a
+ * fp32) on the same context, so the layer's overhead is visible. When the ranks' collectives
+ * run over shared memory (coll/shm.h: the default for ranks on one host), the same calls are
+ * also timed on a second communicator forced to TCP ("tcp" columns). Correctness is checked in a
  * separate untimed pass (#wrong). */
 #include <errno.h>
 #include <getopt.h>
@@ -107,7 +109,7 @@ static long wrong_gather(const void *out, size_t n, int P, pcs_dtype_t dt)
 // ---- one rank ----
 
 typedef struct result {
-    double t_us, raw_us; /* max over ranks of the mean per iteration; raw < 0: not measured */
+    double t_us, raw_us, tcp_us; /* max over ranks of the mean per iteration; < 0: not measured */
     long wrong;
 } result_t;
 
@@ -187,6 +189,15 @@ static int rank_main(int rank, const opts_t *o, const char *dir, int out_fd)
         pcs_kv_destroy(kv);
         return 1;
     }
+    pcs_coll_t *ctcp = NULL; /* the TCP twin of a shared-memory communicator */
+    if (strcmp(pcs_coll_transport(c), "shm") == 0) {
+        cfg.group_name = "bench-tcp";
+        cfg.transport = PCS_COLL_TRANSPORT_TCP;
+        if (pcs_coll_create(&cfg, &ctcp) != PCS_OK) {
+            fprintf(stderr, "rank %d: create tcp: %s\n", rank, pcs_last_error());
+            return 1;
+        }
+    }
     const int P = o->ranks;
     const size_t es = pcs_dtype_size(o->dt);
     const pcs_coll_red_t red = {o->op, 0, 0};
@@ -215,7 +226,7 @@ static int rank_main(int rank, const opts_t *o, const char *dir, int out_fd)
                 continue;
             size_t in_n = coll == RS ? count * (size_t)P : count;
             size_t out_n = coll == AG ? count * (size_t)P : count;
-            result_t res = {0, -1, 0};
+            result_t res = {0, -1, -1, 0};
             /* untimed correctness pass */
             fill(hin, in_n, o->dt, rank, 0);
             if (nccl)
@@ -243,13 +254,15 @@ static int rank_main(int rank, const opts_t *o, const char *dir, int out_fd)
             /* timed passes */
             if (rc == PCS_OK)
                 res.t_us = time_loop(c, coll, 0, in, out, count, o, &red, &rc);
+            if (rc == PCS_OK && ctcp)
+                res.tcp_us = time_loop(ctcp, coll, 0, in, out, count, o, &red, &rc);
             int raw_ok =
                 !nccl && P > 1 &&
                 (coll == AG || (coll == AR && o->dt == PCS_DTYPE_FP32 && o->op == PCS_RED_SUM));
             if (rc == PCS_OK && raw_ok)
-                res.raw_us = time_loop(c, coll, 1, hin, hout, count, o, &red, &rc);
+                res.raw_us = time_loop(ctcp ? ctcp : c, coll, 1, hin, hout, count, o, &red, &rc);
             if (rank == 0 && rc == PCS_OK) {
-                double rec[4] = {(double)coll, (double)bytes, res.t_us, res.raw_us};
+                double rec[5] = {(double)coll, (double)bytes, res.t_us, res.raw_us, res.tcp_us};
                 double rec2[2] = {(double)res.wrong, (double)count};
                 if (write(out_fd, rec, sizeof rec) != sizeof rec ||
                     write(out_fd, rec2, sizeof rec2) != sizeof rec2)
@@ -265,6 +278,7 @@ static int rank_main(int rank, const opts_t *o, const char *dir, int out_fd)
     }
     free(hin);
     free(hout);
+    pcs_coll_destroy(ctcp);
     pcs_coll_destroy(c);
     pcs_kv_destroy(kv);
     return rc == PCS_OK ? 0 : 1;
@@ -277,12 +291,12 @@ static double busbw_factor(int coll, int P)
     return coll == AR ? 2.0 * (P - 1) / P : (double)(P - 1) / P;
 }
 
-static void print_row(FILE *csv, const opts_t *o, const double rec[4], const double rec2[2],
+static void print_row(FILE *csv, const opts_t *o, const double rec[5], const double rec2[2],
                       double *bw_sum, int *bw_n)
 {
     int coll = (int)rec[0];
     size_t bytes = (size_t)rec[1];
-    double t = rec[2], raw = rec[3];
+    double t = rec[2], raw = rec[3], tcp = rec[4];
     double alg = t > 0 ? (double)bytes / 1e3 / t : 0.0, bus = alg * busbw_factor(coll, o->ranks);
     const char *redop = coll == AG             ? "-"
                         : o->op == PCS_RED_SUM ? "sum"
@@ -291,6 +305,10 @@ static void print_row(FILE *csv, const opts_t *o, const double rec[4], const dou
     size_t elems = bytes / pcs_dtype_size(o->dt);
     printf(" %11zu %12zu %5s %3s %5s %10.1f %7.3f %7.3f %6ld", bytes, elems, pcs_dtype_name(o->dt),
            coll_name[coll], redop, t, alg, bus, (long)rec2[0]);
+    if (tcp >= 0)
+        printf(" %10.1f %6.2f", tcp, tcp > 0 ? t / tcp : 0.0);
+    else
+        printf(" %10s %6s", "-", "-");
     if (raw >= 0) {
         double ralg = raw > 0 ? (double)bytes / 1e3 / raw : 0.0;
         double rbus = ralg * busbw_factor(coll, o->ranks);
@@ -299,8 +317,9 @@ static void print_row(FILE *csv, const opts_t *o, const double rec[4], const dou
         printf(" %10s %7s %7s %6s\n", "-", "-", "-", "-");
     }
     if (csv)
-        fprintf(csv, "%zu,%zu,%s,%s,%s,%.3f,%.4f,%.4f,%ld,%.3f\n", bytes, elems,
-                pcs_dtype_name(o->dt), coll_name[coll], redop, t, alg, bus, (long)rec2[0], raw);
+        fprintf(csv, "%zu,%zu,%s,%s,%s,%.3f,%.4f,%.4f,%ld,%.3f,%.3f\n", bytes, elems,
+                pcs_dtype_name(o->dt), coll_name[coll], redop, t, alg, bus, (long)rec2[0], raw,
+                tcp);
     *bw_sum += bus;
     (*bw_n)++;
 }
@@ -397,17 +416,20 @@ int main(int argc, char **argv)
     time_t now = time(NULL);
     strftime(when, sizeof when, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     printf("# pcs-coll-bench  git %s  %s  cmd: %s\n", PCS_GIT_SHA, when, o.cmd);
-    printf("# backend %s  nRanks %d (processes on this host, loopback TCP for gloo)  cpus %ld\n",
+    printf("# backend %s  nRanks %d (processes on this host)  cpus %ld\n",
            o.backend == PCS_COLL_GLOO ? "gloo" : "nccl", o.ranks, sysconf(_SC_NPROCESSORS_ONLN));
     printf("# warmup %d iters %d validation 1 timing max-over-ranks of the mean; raw = plain Gloo "
-           "library call on the same context (AG: gloo::allgather; AR: gloo::allreduce fp32 sum; "
-           "RS: none in Gloo 2022-05)\n",
+           "library call over TCP (AG: gloo::allgather; AR: gloo::allreduce fp32 sum; RS: none in "
+           "Gloo 2022-05)\n",
            o.warmup, o.iters);
-    printf("#%11s %12s %5s %3s %5s %10s %7s %7s %6s %10s %7s %7s %6s\n", "size", "count", "type",
-           "op", "redop", "time", "algbw", "busbw", "#wrong", "raw time", "algbw", "busbw",
-           "ratio");
-    printf("#%11s %12s %5s %3s %5s %10s %7s %7s %6s %10s %7s %7s %6s\n", "(B)", "(elements)", "",
-           "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "t/raw");
+    printf("# gloo transport: shared memory when the ranks share this host (PCS_COLL_SHM=0: TCP); "
+           "tcp time = the same call on a second communicator forced to TCP\n");
+    printf("#%11s %12s %5s %3s %5s %10s %7s %7s %6s %10s %6s %10s %7s %7s %6s\n", "size", "count",
+           "type", "op", "redop", "time", "algbw", "busbw", "#wrong", "tcp time", "ratio",
+           "raw time", "algbw", "busbw", "ratio");
+    printf("#%11s %12s %5s %3s %5s %10s %7s %7s %6s %10s %6s %10s %7s %7s %6s\n", "(B)",
+           "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "t/tcp", "(us)",
+           "(GB/s)", "(GB/s)", "t/raw");
     fflush(stdout);
 
     const char *base = getenv("TMPDIR");
@@ -442,9 +464,9 @@ int main(int argc, char **argv)
         csv = fopen(o.csv, "w");
         if (csv)
             fprintf(csv, "size_bytes,count,type,op,redop,time_us,algbw_gbps,busbw_gbps,wrong,"
-                         "raw_time_us\n");
+                         "raw_time_us,tcp_time_us\n");
     }
-    double rec[4], rec2[2], bw_sum = 0;
+    double rec[5], rec2[2], bw_sum = 0;
     int bw_n = 0;
     long total_wrong = 0;
     while (read(fds[0], rec, sizeof rec) == sizeof rec &&

@@ -442,8 +442,12 @@ int main(int argc, char **argv)
     char ts[32];
     strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     printf("# pcs-step-bench  git %s  %s  cmd:%s", PCS_GIT_SHA, ts, cmdline);
-    printf("\n# host %s  nproc %ld  cpu %s  backend %s (%s, %d devices)  coll %s (loopback)\n",
-           host, sysconf(_SC_NPROCESSORS_ONLN), cpu, b.backend, devname, b.devices, b.coll);
+    const char *shm = getenv("PCS_COLL_SHM");
+    printf("\n# host %s  nproc %ld  cpu %s  backend %s (%s, %d devices)  coll %s (%s)\n", host,
+           sysconf(_SC_NPROCESSORS_ONLN), cpu, b.backend, devname, b.devices, b.coll,
+           strcmp(b.coll, "gloo") != 0     ? "device"
+           : shm && strcmp(shm, "0") == 0 ? "loopback TCP: PCS_COLL_SHM=0"
+                                           : "shared memory between the ranks of this host");
     printf("# model mlp %u-[%s]-16, %s %s params / fp32 reduce, AdamW, 4 micro-batches "
            "x %u rows per rank (accumulation: %s), clip 1.0\n",
            b.input_dim, b.hidden, b.strategy, b.precision, b.rows, b.accumulation);

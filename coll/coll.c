@@ -60,6 +60,10 @@ PCS_COLL_LOOP16(add_bf16, pcs_bf16_to_f32, pcs_f32_to_bf16, a + b)
 PCS_COLL_LOOP16(add_fp16, pcs_fp16_to_f32, pcs_f32_to_fp16, a + b)
 PCS_COLL_LOOP16(max_bf16, pcs_bf16_to_f32, pcs_f32_to_bf16, fmaxf(a, b))
 PCS_COLL_LOOP16(max_fp16, pcs_fp16_to_f32, pcs_f32_to_fp16, fmaxf(a, b))
+PCS_COLL_LOOP16(add_bf16_acc, pcs_bf16_to_f32, pcs_f32_to_bf16, b + a)
+PCS_COLL_LOOP16(add_fp16_acc, pcs_fp16_to_f32, pcs_f32_to_fp16, b + a)
+PCS_COLL_LOOP16(max_bf16_acc, pcs_bf16_to_f32, pcs_f32_to_bf16, fmaxf(b, a))
+PCS_COLL_LOOP16(max_fp16_acc, pcs_fp16_to_f32, pcs_f32_to_fp16, fmaxf(b, a))
 PCS_COLL_LOOP16(mul_bf16, pcs_bf16_to_f32, pcs_f32_to_bf16, b *f)
 PCS_COLL_LOOP16(mul_fp16, pcs_fp16_to_f32, pcs_f32_to_fp16, b *f)
 
@@ -87,11 +91,25 @@ PCS_VECTORIZE static void max_f32(float *restrict d, const float *restrict s, si
         d[i] = fmaxf(d[i], s[i]);
 }
 
+/* The ring's operand order for an accumulator that arrives second: d = s op d. */
+PCS_VECTORIZE static void add_f32_acc(float *restrict d, const float *restrict s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        d[i] = s[i] + d[i];
+}
+
+PCS_VECTORIZE static void max_f32_acc(float *restrict d, const float *restrict s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        d[i] = fmaxf(s[i], d[i]);
+}
+
 /* bf16/fp16 blocks go through the kernels' vectorized casts (round-to-nearest-even, the same
  * results as the scalar pcs/half.h conversions): widen both blocks, add in fp32, narrow once. */
 enum { BLOCK = 2048 };
 
-static int reduce16_fast(uint16_t *d, const uint16_t *s, size_t n, pcs_dtype_t dt, int mx)
+static int reduce16_fast(uint16_t *d, const uint16_t *s, size_t n, pcs_dtype_t dt, int mx,
+                         int acc)
 {
     float fa[BLOCK], fb[BLOCK];
     for (size_t o = 0; o < n; o += BLOCK) {
@@ -100,34 +118,44 @@ static int reduce16_fast(uint16_t *d, const uint16_t *s, size_t n, pcs_dtype_t d
             pcs_cpu_cast_array(fb, PCS_DTYPE_FP32, s + o, dt, m) != PCS_OK)
             return 0;
         if (mx)
-            max_f32(fa, fb, m);
+            (acc ? max_f32_acc : max_f32)(fa, fb, m);
         else
-            add_f32(fa, fb, m);
+            (acc ? add_f32_acc : add_f32)(fa, fb, m);
         if (pcs_cpu_cast_array(d + o, dt, fa, PCS_DTYPE_FP32, m) != PCS_OK)
             return 0;
     }
     return 1;
 }
 
-void pcs_coll_reduce_into(void *dst, const void *src, size_t n, pcs_dtype_t dt, pcs_red_op_t op)
+static void reduce(void *dst, const void *src, size_t n, pcs_dtype_t dt, pcs_red_op_t op, int acc)
 {
     int mx = op == PCS_RED_MAX;
-    if ((dt == PCS_DTYPE_BF16 || dt == PCS_DTYPE_FP16) && reduce16_fast(dst, src, n, dt, mx))
+    if ((dt == PCS_DTYPE_BF16 || dt == PCS_DTYPE_FP16) && reduce16_fast(dst, src, n, dt, mx, acc))
         return;
     switch (dt) {
     case PCS_DTYPE_BF16:
-        (mx ? max_bf16 : add_bf16)(dst, src, n, 1.0f);
+        (mx ? (acc ? max_bf16_acc : max_bf16) : (acc ? add_bf16_acc : add_bf16))(dst, src, n, 1.0f);
         return;
     case PCS_DTYPE_FP16:
-        (mx ? max_fp16 : add_fp16)(dst, src, n, 1.0f);
+        (mx ? (acc ? max_fp16_acc : max_fp16) : (acc ? add_fp16_acc : add_fp16))(dst, src, n, 1.0f);
         return;
     default:
         if (mx)
-            max_f32(dst, src, n);
+            (acc ? max_f32_acc : max_f32)(dst, src, n);
         else
-            add_f32(dst, src, n);
+            (acc ? add_f32_acc : add_f32)(dst, src, n);
         return;
     }
+}
+
+void pcs_coll_reduce_into(void *dst, const void *src, size_t n, pcs_dtype_t dt, pcs_red_op_t op)
+{
+    reduce(dst, src, n, dt, op, 0);
+}
+
+void pcs_coll_reduce_acc(void *acc, const void *x, size_t n, pcs_dtype_t dt, pcs_red_op_t op)
+{
+    reduce(acc, x, n, dt, op, 1);
 }
 
 PCS_VECTORIZE static void mul_f32(float *d, const float *s, size_t n, float f)
@@ -159,6 +187,19 @@ void pcs_coll_scale(void *dst, const void *src, size_t n, pcs_dtype_t dt, float 
         return;
     }
     mul_f32(dst, src, n, f);
+}
+
+void pcs_coll_prepare(void *dst, const void *src, size_t n, pcs_dtype_t dt, float f_pre,
+                      float f_avg)
+{
+    if (f_pre != 1.0f) {
+        pcs_coll_scale(dst, src, n, dt, f_pre);
+        src = dst;
+    }
+    if (f_avg != 1.0f)
+        pcs_coll_scale(dst, src, n, dt, f_avg);
+    else if (dst != src)
+        memcpy(dst, src, n * pcs_dtype_size(dt));
 }
 
 float pcs_coll_avg_factor(int size, pcs_dtype_t dt)
@@ -336,6 +377,14 @@ void *pcs_coll_backend_impl(const pcs_coll_t *c)
 const char *pcs_coll_backend_name(const pcs_coll_t *c)
 {
     return c->ops->name;
+}
+
+const char *pcs_coll_gloo_transport(const pcs_coll_t *c);
+
+const char *pcs_coll_transport(const pcs_coll_t *c)
+{
+    const char *t = pcs_coll_gloo_transport(c);
+    return t ? t : c->ops->name;
 }
 
 // ---- argument checks ----

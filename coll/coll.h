@@ -61,7 +61,15 @@ typedef struct pcs_coll_config {
     const char *hostname; /* gloo: address to bind and publish (NULL = "127.0.0.1") */
     const char *iface;    /* gloo: interface name, overrides hostname when set (multi-host) */
     int cuda_device;      /* nccl: device ordinal; -1 = the current device */
+    int transport;        /* gloo: PCS_COLL_TRANSPORT_AUTO (0) or PCS_COLL_TRANSPORT_TCP */
 } pcs_coll_config_t;
+
+/* Gloo transports. AUTO: the collectives (all_gather, reduce_scatter, all_reduce, broadcast,
+ * barrier) run over shared memory when every rank of the communicator has the same locality key
+ * (host, boot, IPC/PID/mount/net namespaces, uid; coll/shm.h) and each could create a segment in
+ * /dev/shm, else over TCP; point-to-point always uses TCP. PCS_COLL_SHM=0 in the environment
+ * forces TCP (NCCL_SHM_DISABLE's role); PCS_HOST_ID replaces the host part of the key. */
+enum { PCS_COLL_TRANSPORT_AUTO = 0, PCS_COLL_TRANSPORT_TCP = 1 };
 
 typedef struct pcs_coll pcs_coll_t;
 
@@ -77,6 +85,8 @@ typedef pcs_stream_t pcs_coll_stream_t;
 pcs_status_t pcs_coll_create(const pcs_coll_config_t *cfg, pcs_coll_t **out);
 
 int pcs_coll_rank(const pcs_coll_t *c);
+/* "shm" or "tcp" for a Gloo communicator (what its collectives use), "nccl" for NCCL. */
+const char *pcs_coll_transport(const pcs_coll_t *c);
 int pcs_coll_size(const pcs_coll_t *c);
 const char *pcs_coll_backend_name(const pcs_coll_t *c);
 
@@ -181,8 +191,15 @@ pcs_status_t pcs_coll_gloo_raw_all_reduce_f32(pcs_coll_t *c, float *buf, size_t 
 int pcs_coll_dtype_reducible(pcs_dtype_t dt);
 /* dst[i] = rnd(dst[i] op src[i]) in dt; op SUM (also used for AVG after pre-multiplying) or MAX. */
 void pcs_coll_reduce_into(void *dst, const void *src, size_t n, pcs_dtype_t dt, pcs_red_op_t op);
+/* acc[i] = rnd(x[i] op acc[i]): the same value with the ring's operand order (the rank's own
+ * contribution first, the arriving accumulator second), for transports that accumulate. */
+void pcs_coll_reduce_acc(void *acc, const void *x, size_t n, pcs_dtype_t dt, pcs_red_op_t op);
 /* dst[i] = rnd(src[i] * f) in dt (dst may equal src). */
 void pcs_coll_scale(void *dst, const void *src, size_t n, pcs_dtype_t dt, float f);
+/* dst = src with one contribution's factors applied: x * f_pre, then * f_avg, each rounded to dt
+ * (1.0f = skipped; a plain copy when both are; dst may equal src). */
+void pcs_coll_prepare(void *dst, const void *src, size_t n, pcs_dtype_t dt, float f_pre,
+                      float f_avg);
 /* The ncclAvg pre-multiplier: (float)(1.0/size) rounded to dt, returned as a float. */
 float pcs_coll_avg_factor(int size, pcs_dtype_t dt);
 /* The factor x is multiplied by for pre/post divide d: (float)(1.0/d); 1.0f if d is 0 or 1. */

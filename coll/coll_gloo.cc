@@ -4,7 +4,9 @@
 // point-to-point buffers, so the reduction order is the documented one (coll.h), each wait knows
 // which peer it waits for (errors name it), and abort() can wake every wait. Gloo's legacy
 // ReduceScatterHalvingDoubling is NOT used: wrong offsets, and later ops on its context stall.
-// No C++ exception crosses the extern "C" boundary.
+// When every rank of a communicator shares this host (same locality key, shm.h), the
+// collectives run over shared memory instead (coll/shm.c, same reduction order); point-to-point
+// stays on TCP. No C++ exception crosses the extern "C" boundary.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -31,6 +33,7 @@
 #include <gloo/transport/unbound_buffer.h>
 
 #include "coll/coll.h"
+#include "coll/shm.h"
 #include "pcs/clock.h"
 #include "pcs/log.h"
 
@@ -195,6 +198,14 @@ struct GlooComm {
     bool in_group = false;
     std::vector<QueuedOp> queue;
     std::vector<char> tmp, acc; // scratch for the reductions
+
+    pcs_shm_t *shm = nullptr; // collectives over shared memory (every rank on this host)
+    std::string transport = "tcp";
+
+    ~GlooComm()
+    {
+        pcs_shm_destroy(shm);
+    }
 
     bool is_aborted()
     {
@@ -442,6 +453,7 @@ pcs_status_t fail_peer(GlooComm *g, const char *op, const PeerError &e)
         }
     }
     write_note(g, culprit, fault, msg, true);
+    pcs_shm_leave(g->shm, 1);
     try {
         g->ctx->closeConnections();
     } catch (...) {
@@ -504,19 +516,6 @@ char *grow(std::vector<char> &v, size_t n)
     if (v.size() < n)
         v.resize(n);
     return v.data();
-}
-
-// dst = src with the per-contribution factors applied (pre-divide, then the ncclAvg multiplier).
-void prepare(void *dst, const void *src, size_t n, pcs_dtype_t dt, float f_pre, float f_avg)
-{
-    if (f_pre != 1.0f) {
-        pcs_coll_scale(dst, src, n, dt, f_pre);
-        src = dst;
-    }
-    if (f_avg != 1.0f)
-        pcs_coll_scale(dst, src, n, dt, f_avg);
-    else if (dst != src)
-        memcpy(dst, src, n * pcs_dtype_size(dt));
 }
 
 // Each ring chunk travels in up to kMaxSegs segments of >= kSegBytes so that the receiver
@@ -662,7 +661,7 @@ void do_reduce_scatter(GlooComm *g, const void *in, void *out, size_t rc, pcs_dt
     // Work on a prepared copy of the whole input (the input is const and may be read by the
     // caller concurrently); the result lands in chunk `rank` of the copy.
     char *work = grow(g->acc, bytes * (size_t)P);
-    prepare(work, in, rc * (size_t)P, dt, f_pre, f_avg);
+    pcs_coll_prepare(work, in, rc * (size_t)P, dt, f_pre, f_avg);
     if (P > 1)
         ring_reduce(g, work, rc, dt, op, [rc](int k, size_t *off, size_t *n) {
             *off = (size_t)k * rc;
@@ -687,7 +686,7 @@ void do_all_reduce(GlooComm *g, const void *in, void *out, size_t count, pcs_dty
     const float f_post = pcs_coll_div_factor(red->post_div);
     const pcs_red_op_t op = red->op == PCS_RED_MAX ? PCS_RED_MAX : PCS_RED_SUM;
     char *o = (char *)out;
-    prepare(o, in, count, dt, f_pre, f_avg);
+    pcs_coll_prepare(o, in, count, dt, f_pre, f_avg);
     if (P == 1) {
         if (f_post != 1.0f)
             pcs_coll_scale(o, o, count, dt, f_post);
@@ -730,11 +729,96 @@ void do_broadcast(GlooComm *g, void *buf, size_t count, pcs_dtype_t dt, int root
             bufs[i++]->wait_send(p);
 }
 
+// ---- shared memory: the same operations, failures mapped to the TCP path's errors ----
+
+int shm_cancelled(void *arg)
+{
+    GlooComm *g = static_cast<GlooComm *>(arg);
+    std::lock_guard<std::mutex> lk(g->mu);
+    return g->aborted || g->peer_failed >= 0;
+}
+
+// What Buf's constructor checks before a TCP operation.
+void shm_precheck(GlooComm *g)
+{
+    std::lock_guard<std::mutex> lk(g->mu);
+    if (g->aborted)
+        throw Cancelled();
+    if (g->peer_failed >= 0)
+        throw PeerError(g->peer_failed, false, g->peer_msg, g->peer_reporter, g->peer_fault);
+}
+
+void shm_result(GlooComm *g, pcs_status_t st, const pcs_shm_fail_t &f)
+{
+    if (st == PCS_OK)
+        return;
+    std::string msg = pcs_last_error();
+    switch (f.fault) {
+    case PCS_SHM_CANCELLED:
+        woken(g);
+    case PCS_SHM_SILENT:
+        throw PeerError(f.peer, true, msg);
+    case PCS_SHM_DIED:
+    case PCS_SHM_LEFT:
+        throw PeerError(f.peer, false, msg);
+    default:
+        throw std::runtime_error(msg);
+    }
+}
+
+void all_gather(GlooComm *g, const void *in, void *out, size_t count, pcs_dtype_t dt)
+{
+    const size_t bytes = count * pcs_dtype_size(dt);
+    if (!g->shm || bytes == 0) {
+        ring_all_gather(g, in, out, count, dt);
+        return;
+    }
+    shm_precheck(g);
+    pcs_shm_fail_t f;
+    shm_result(g, pcs_shm_all_gather(g->shm, in, out, bytes, &f), f);
+}
+
+void reduce_scatter(GlooComm *g, const void *in, void *out, size_t rc, pcs_dtype_t dt,
+                    const pcs_coll_red_t *red)
+{
+    if (!g->shm || rc == 0) {
+        do_reduce_scatter(g, in, out, rc, dt, red);
+        return;
+    }
+    shm_precheck(g);
+    pcs_shm_fail_t f;
+    shm_result(g, pcs_shm_reduce_scatter(g->shm, in, out, rc, dt, red, &f), f);
+}
+
+void all_reduce(GlooComm *g, const void *in, void *out, size_t count, pcs_dtype_t dt,
+                const pcs_coll_red_t *red)
+{
+    if (!g->shm || count == 0) {
+        do_all_reduce(g, in, out, count, dt, red);
+        return;
+    }
+    shm_precheck(g);
+    pcs_shm_fail_t f;
+    shm_result(g, pcs_shm_all_reduce(g->shm, in, out, count, dt, red, &f), f);
+}
+
+void broadcast(GlooComm *g, void *buf, size_t count, pcs_dtype_t dt, int root)
+{
+    const size_t bytes = count * pcs_dtype_size(dt);
+    if (!g->shm || bytes == 0) {
+        do_broadcast(g, buf, count, dt, root);
+        return;
+    }
+    shm_precheck(g);
+    pcs_shm_fail_t f;
+    shm_result(g, pcs_shm_broadcast(g->shm, buf, bytes, root, &f), f);
+}
+
 void do_barrier(GlooComm *g)
 {
     std::vector<float> tokens((size_t)g->size, 0.0f);
     float mine = 1.0f;
-    ring_all_gather(g, &mine, tokens.data(), 1, PCS_DTYPE_FP32);
+    all_gather(g, &mine, tokens.data(), 1, PCS_DTYPE_FP32);
 }
 
 // ---- vtable ----
@@ -760,7 +844,7 @@ extern "C" pcs_status_t g_all_gather(void *impl, const void *in, void *out, size
     GlooComm *g = G(impl);
     if (g->in_group)
         return queue_op(g, {QueuedOp::AG, in, out, count, dt, {}, 0});
-    return guarded(g, "all_gather", [&] { ring_all_gather(g, in, out, count, dt); });
+    return guarded(g, "all_gather", [&] { all_gather(g, in, out, count, dt); });
 }
 
 extern "C" pcs_status_t g_reduce_scatter(void *impl, const void *in, void *out, size_t rc,
@@ -770,7 +854,7 @@ extern "C" pcs_status_t g_reduce_scatter(void *impl, const void *in, void *out, 
     GlooComm *g = G(impl);
     if (g->in_group)
         return queue_op(g, {QueuedOp::RS, in, out, rc, dt, *red, 0});
-    return guarded(g, "reduce_scatter", [&] { do_reduce_scatter(g, in, out, rc, dt, red); });
+    return guarded(g, "reduce_scatter", [&] { reduce_scatter(g, in, out, rc, dt, red); });
 }
 
 extern "C" pcs_status_t g_all_reduce(void *impl, const void *in, void *out, size_t count,
@@ -779,7 +863,7 @@ extern "C" pcs_status_t g_all_reduce(void *impl, const void *in, void *out, size
     GlooComm *g = G(impl);
     if (g->in_group)
         return queue_op(g, {QueuedOp::AR, in, out, count, dt, *red, 0});
-    return guarded(g, "all_reduce", [&] { do_all_reduce(g, in, out, count, dt, red); });
+    return guarded(g, "all_reduce", [&] { all_reduce(g, in, out, count, dt, red); });
 }
 
 extern "C" pcs_status_t g_broadcast(void *impl, void *buf, size_t count, pcs_dtype_t dt, int root,
@@ -788,7 +872,7 @@ extern "C" pcs_status_t g_broadcast(void *impl, void *buf, size_t count, pcs_dty
     GlooComm *g = G(impl);
     if (g->in_group)
         return queue_op(g, {QueuedOp::BC, nullptr, buf, count, dt, {}, root});
-    return guarded(g, "broadcast", [&] { do_broadcast(g, buf, count, dt, root); });
+    return guarded(g, "broadcast", [&] { broadcast(g, buf, count, dt, root); });
 }
 
 extern "C" pcs_status_t g_send(void *impl, const void *buf, size_t count, pcs_dtype_t dt, int peer,
@@ -862,16 +946,16 @@ extern "C" pcs_status_t g_group_end(void *impl)
         for (const auto &op : ops) {
             switch (op.kind) {
             case QueuedOp::AG:
-                ring_all_gather(g, op.in, op.out, op.count, op.dt);
+                all_gather(g, op.in, op.out, op.count, op.dt);
                 break;
             case QueuedOp::RS:
-                do_reduce_scatter(g, op.in, op.out, op.count, op.dt, &op.red);
+                reduce_scatter(g, op.in, op.out, op.count, op.dt, &op.red);
                 break;
             case QueuedOp::AR:
-                do_all_reduce(g, op.in, op.out, op.count, op.dt, &op.red);
+                all_reduce(g, op.in, op.out, op.count, op.dt, &op.red);
                 break;
             case QueuedOp::BC:
-                do_broadcast(g, op.out, op.count, op.dt, op.peer);
+                broadcast(g, op.out, op.count, op.dt, op.peer);
                 break;
             default:
                 break;
@@ -902,6 +986,7 @@ extern "C" void g_abort(void *impl, const char *reason)
     }
     write_note(g, g->rank, PCS_COLL_FAULT_NONE,
                std::string("rank ") + std::to_string(g->rank) + " aborted: " + reason, false);
+    pcs_shm_leave(g->shm, 1);
     try {
         if (g->ctx)
             g->ctx->closeConnections();
@@ -933,6 +1018,83 @@ extern "C" void g_destroy(void *impl)
 {
     stop_watchdog(G(impl));
     delete G(impl);
+}
+
+// Decide, with every rank alike, whether this communicator's collectives run over shared
+// memory: each rank publishes its locality key and its segment's name (or that it has none),
+// maps the peers' segments when all keys are equal and all have one, publishes whether that
+// worked, and removes its name from /dev/shm once everyone has answered. Any "no" keeps TCP.
+void setup_shm(GlooComm *g, const pcs_coll_config_t *cfg)
+{
+    const char *env = getenv("PCS_COLL_SHM");
+    if (cfg->transport == PCS_COLL_TRANSPORT_TCP || (env && strcmp(env, "0") == 0)) {
+        g->transport = "tcp";
+        return;
+    }
+    const int P = g->size, r = g->rank;
+    std::unique_ptr<pcs_shm_t, void (*)(pcs_shm_t *)> s(nullptr, pcs_shm_destroy);
+    std::string why;
+    if (P > PCS_SHM_MAX_RANKS) {
+        why = std::to_string(P) + " ranks";
+    } else {
+        pcs_shm_t *raw = nullptr;
+        if (pcs_shm_create(r, P, (int)g->timeout.count(), &raw) == PCS_OK)
+            s.reset(raw);
+        else
+            why = pcs_last_error();
+    }
+    char loc[512];
+    pcs_shm_locality(loc, sizeof loc);
+    KvStore store(g->kv, g->prefix + "shm/", g->timeout);
+    std::string mine = std::string(s ? "1" : "0") + "\n" + loc + "\n" + (s ? pcs_shm_name(s.get()) : "");
+    store.set("seg/" + std::to_string(r), std::vector<char>(mine.begin(), mine.end()));
+    std::vector<std::string> names((size_t)P);
+    bool ok = s != nullptr;
+    for (int p = 0; p < P; p++) {
+        std::vector<char> v = store.get("seg/" + std::to_string(p));
+        std::string rec(v.begin(), v.end());
+        size_t a = rec.find('\n'), b = a == std::string::npos ? a : rec.find('\n', a + 1);
+        if (b == std::string::npos || rec[0] != '1') {
+            if (ok)
+                why = "rank " + std::to_string(p) + " has no segment";
+            ok = false;
+            continue;
+        }
+        if (rec.substr(a + 1, b - a - 1) != loc) {
+            if (ok)
+                why = "rank " + std::to_string(p) + " is on another host or namespace";
+            ok = false;
+        }
+        names[(size_t)p] = rec.substr(b + 1);
+    }
+    for (int p = 0; ok && p < P; p++) {
+        if (p != r && pcs_shm_attach(s.get(), p, names[(size_t)p].c_str()) != PCS_OK) {
+            why = pcs_last_error();
+            ok = false;
+        }
+    }
+    std::string mapped = ok ? "1" : "0";
+    store.set("mapped/" + std::to_string(r), std::vector<char>(mapped.begin(), mapped.end()));
+    for (int p = 0; p < P; p++) {
+        std::vector<char> v = store.get("mapped/" + std::to_string(p));
+        if (v.empty() || v[0] != '1') {
+            if (ok)
+                why = "rank " + std::to_string(p) + " could not map the segments";
+            ok = false;
+        }
+    }
+    if (s)
+        pcs_shm_unlink(s.get());
+    if (!ok) {
+        PCS_INFO(PCS_SUB_COLL, "%s rank %d/%d: collectives over TCP (no shared memory: %s)",
+                 g->prefix.c_str(), r, P, why.c_str());
+        return;
+    }
+    pcs_shm_set_cancel(s.get(), shm_cancelled, g);
+    g->shm = s.release();
+    g->transport = "shm";
+    PCS_INFO(PCS_SUB_COLL, "%s rank %d/%d: collectives over shared memory", g->prefix.c_str(), r,
+             P);
 }
 
 const pcs_coll_ops_t gloo_ops = {
@@ -983,6 +1145,7 @@ extern "C" pcs_status_t pcs_coll_gloo_create(const pcs_coll_config_t *cfg, const
         if (cfg->size > 1) {
             KvStore store(cfg->kv, g->prefix + "gloo/", g->timeout);
             g->ctx->connectFullMesh(store, g->dev);
+            setup_shm(g, cfg);
             g->watchdog = std::thread(watchdog_loop, g);
         }
     } catch (const PeerError &e) {
@@ -1042,4 +1205,11 @@ extern "C" pcs_status_t pcs_coll_gloo_raw_all_reduce_f32(pcs_coll_t *c, float *b
         o.setTimeout(g->timeout);
         gloo::allreduce(o);
     });
+}
+
+extern "C" const char *pcs_coll_gloo_transport(const pcs_coll_t *c)
+{
+    if (!c || strcmp(pcs_coll_backend_name(c), "gloo") != 0)
+        return nullptr;
+    return G(pcs_coll_backend_impl(c))->transport.c_str();
 }

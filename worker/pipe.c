@@ -195,6 +195,7 @@ static pcs_status_t make_channel(const pcs_pipe_config_t *cfg, const char *name,
     cc.timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 30000;
     cc.hostname = cfg->hostname;
     cc.cuda_device = -1;
+    cc.transport = PCS_COLL_TRANSPORT_TCP; /* send/recv only: no collective uses a segment */
     pcs_status_t st = pcs_coll_create(&cc, out);
     if (st != PCS_OK)
         return pcs_set_error(st, "pipeline channel %s rank %u -> %u: %s", name, src, dst,

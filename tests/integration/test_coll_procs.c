@@ -2,7 +2,10 @@
  * gRPC are only ever initialized in the children), rendezvous through a file KV store in a temp
  * dir or through a real pcs-coordinator's KV. Every op x dtype x count {0, 1, 7, 1000, 65537} is
  * compared bit-exactly with a reference computed here in the documented ring order (coll.h).
- * Failures: SIGKILL of a rank mid-collective, a silent peer (timeout), abort from a thread. */
+ * Failures: SIGKILL of a rank mid-collective, a silent peer (timeout), abort from a thread.
+ * Everything runs on both Gloo transports: shared memory (what ranks on one host get) and TCP;
+ * ranks whose locality keys differ (PCS_HOST_ID) must agree on TCP; ranks issuing different
+ * collectives over shared memory must fail with a message saying so. */
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -18,6 +21,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include <time.h>
+#include <dirent.h>
 #include <unistd.h>
 
 #include "coll/coll.h"
@@ -32,7 +36,8 @@
 
 #define TIMEOUT_MS 2000
 
-static const size_t counts[] = {0, 1, 7, 1000, 65537};
+/* 65537 and 300007 span several shared-memory rounds (1 MiB slots) with an uneven last one */
+static const size_t counts[] = {0, 1, 7, 1000, 65537, 300007};
 static const pcs_dtype_t dtypes[] = {PCS_DTYPE_FP32, PCS_DTYPE_BF16, PCS_DTYPE_FP16};
 
 // ---- independent reference arithmetic (scalar, per element, via pcs/half.h) ----
@@ -132,6 +137,10 @@ static char g_msg[1024];
         return 1;                                                                                  \
     } while (0)
 
+/* The transport the children ask for (set before fork) and whether they must get shared memory. */
+static int g_transport = PCS_COLL_TRANSPORT_AUTO;
+static int g_expect_tcp;
+
 static int child_open(const char *dir, int rank, int size, const char *group, pcs_kv_t **kv,
                       pcs_coll_t **c, int timeout_ms)
 {
@@ -144,8 +153,13 @@ static int child_open(const char *dir, int rank, int size, const char *group, pc
     cfg.rank = rank;
     cfg.size = size;
     cfg.timeout_ms = timeout_ms;
+    cfg.transport = g_transport;
     if (pcs_coll_create(&cfg, c) != PCS_OK)
         CHILD_FAIL("create: %s", pcs_last_error());
+    const char *want =
+        size > 1 && g_transport == PCS_COLL_TRANSPORT_AUTO && !g_expect_tcp ? "shm" : "tcp";
+    if (strcmp(pcs_coll_transport(*c), want) != 0)
+        CHILD_FAIL("transport %s, want %s", pcs_coll_transport(*c), want);
     return 0;
 }
 
@@ -692,38 +706,140 @@ static void expect_all_ok(int P, pid_t *pids, int timeout_ms)
     }
 }
 
-static void run_matrix(int P)
+/* Segments are removed from /dev/shm as soon as every rank mapped them: none of these
+ * processes may have left one behind, whatever happened to them. */
+static void assert_no_segments_left(int P, const pid_t *pids)
 {
-    char *dir = pcs_test_tmpdir("coll");
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        for (int r = 0; r < P; r++) {
+            char prefix[64];
+            snprintf(prefix, sizeof prefix, "pcs-coll-%d-", (int)pids[r]);
+            if (strncmp(e->d_name, prefix, strlen(prefix)) == 0)
+                fail_msg("/dev/shm/%s left behind by rank %d", e->d_name, r);
+        }
+    closedir(d);
+}
+
+static void run_children(int P, int transport, child_fn fn, const char *name, int timeout_ms)
+{
+    char *dir = pcs_test_tmpdir(name);
     pid_t pids[4];
     uint64_t t0 = pcs_now_ms();
-    spawn_ranks(P, dir, child_matrix, pids);
-    expect_all_ok(P, pids, 120000);
-    fprintf(stderr, "# %d ranks: matrix took %llu ms\n", P,
+    g_transport = transport;
+    spawn_ranks(P, dir, fn, pids);
+    g_transport = PCS_COLL_TRANSPORT_AUTO;
+    expect_all_ok(P, pids, timeout_ms);
+    fprintf(stderr, "# %d ranks, %s: %s took %llu ms\n", P,
+            transport == PCS_COLL_TRANSPORT_TCP ? "tcp" : "auto", name,
             (unsigned long long)(pcs_now_ms() - t0));
+    assert_no_segments_left(P, pids);
     pcs_test_rmtree(dir);
     free(dir);
+}
+
+static void run_matrix(int P, int transport)
+{
+    run_children(P, transport, child_matrix, "coll", 180000);
 }
 
 static void test_every_op_dtype_count_matches_ring_reference_1_rank(void **s)
 {
     (void)s;
-    run_matrix(1);
+    run_matrix(1, PCS_COLL_TRANSPORT_AUTO);
 }
-static void test_every_op_dtype_count_matches_ring_reference_2_ranks(void **s)
+static void test_every_op_dtype_count_matches_ring_reference_2_ranks_shm(void **s)
 {
     (void)s;
-    run_matrix(2);
+    run_matrix(2, PCS_COLL_TRANSPORT_AUTO);
 }
-static void test_every_op_dtype_count_matches_ring_reference_3_ranks(void **s)
+static void test_every_op_dtype_count_matches_ring_reference_3_ranks_shm(void **s)
 {
     (void)s;
-    run_matrix(3);
+    run_matrix(3, PCS_COLL_TRANSPORT_AUTO);
 }
-static void test_every_op_dtype_count_matches_ring_reference_4_ranks(void **s)
+static void test_every_op_dtype_count_matches_ring_reference_4_ranks_shm(void **s)
 {
     (void)s;
-    run_matrix(4);
+    run_matrix(4, PCS_COLL_TRANSPORT_AUTO);
+}
+static void test_every_op_dtype_count_matches_ring_reference_2_ranks_tcp(void **s)
+{
+    (void)s;
+    run_matrix(2, PCS_COLL_TRANSPORT_TCP);
+}
+static void test_every_op_dtype_count_matches_ring_reference_3_ranks_tcp(void **s)
+{
+    (void)s;
+    run_matrix(3, PCS_COLL_TRANSPORT_TCP);
+}
+static void test_every_op_dtype_count_matches_ring_reference_4_ranks_tcp(void **s)
+{
+    (void)s;
+    run_matrix(4, PCS_COLL_TRANSPORT_TCP);
+}
+
+/* Ranks 0 and 1 claim different hosts (PCS_HOST_ID, NCCL_HOSTID's role): all of them must settle
+ * on TCP (a shared-memory rank waiting for a TCP one would hang) and compute the same sums. */
+static int child_other_hosts(int rank, int P, const char *dir)
+{
+    setenv("PCS_HOST_ID", rank == 1 ? "node-b" : "node-a", 1);
+    g_expect_tcp = 1;
+    pcs_kv_t *kv;
+    pcs_coll_t *c;
+    if (child_open(dir, rank, P, "hosts", &kv, &c, TIMEOUT_MS * 5))
+        return 1;
+    float v[5] = {0};
+    for (int i = 0; i < 5; i++)
+        v[i] = (float)(rank + 1) * (float)(i + 1);
+    pcs_coll_red_t red = {PCS_RED_SUM, 0, 0};
+    if (pcs_coll_all_reduce(c, v, v, 5, PCS_DTYPE_FP32, &red, NULL) != PCS_OK)
+        CHILD_FAIL("all_reduce: %s", pcs_last_error());
+    for (int i = 0; i < 5; i++)
+        if (v[i] != (float)(P * (P + 1) / 2) * (float)(i + 1))
+            CHILD_FAIL("element %d: %g", i, (double)v[i]);
+    pcs_coll_destroy(c);
+    pcs_kv_destroy(kv);
+    return 0;
+}
+
+static void test_ranks_on_different_hosts_agree_on_tcp(void **s)
+{
+    (void)s;
+    run_children(3, PCS_COLL_TRANSPORT_AUTO, child_other_hosts, "coll-hosts", 30000);
+}
+
+/* Over shared memory, rank 1 issues all_reduce of 12 elements where the others issue 10: every
+ * rank fails fast (not at the timeout) with a message naming the mismatch. */
+static int child_mismatch(int rank, int P, const char *dir)
+{
+    pcs_kv_t *kv;
+    pcs_coll_t *c;
+    if (child_open(dir, rank, P, "mismatch", &kv, &c, 10000))
+        return 1;
+    float v[12] = {0};
+    pcs_coll_red_t red = {PCS_RED_SUM, 0, 0};
+    uint64_t t0 = pcs_now_ms();
+    pcs_status_t rc = pcs_coll_all_reduce(c, v, v, rank == 1 ? 12 : 10, PCS_DTYPE_FP32, &red, NULL);
+    uint64_t dt = pcs_now_ms() - t0;
+    if (rc == PCS_OK)
+        CHILD_FAIL("mismatched all_reduce succeeded");
+    if (dt > 5000)
+        CHILD_FAIL("mismatch took %llu ms to fail", (unsigned long long)dt);
+    if (!strstr(pcs_last_error(), "same collectives") && !strstr(pcs_last_error(), "gave up"))
+        CHILD_FAIL("message does not say why: %s", pcs_last_error());
+    pcs_coll_destroy(c);
+    pcs_kv_destroy(kv);
+    return 0;
+}
+
+static void test_mismatched_collectives_fail_fast_over_shm(void **s)
+{
+    (void)s;
+    run_children(3, PCS_COLL_TRANSPORT_AUTO, child_mismatch, "coll-mismatch", 30000);
 }
 
 static void test_ddp_compress_hook_divides_before_the_sum_case25(void **s)
@@ -737,13 +853,16 @@ static void test_ddp_compress_hook_divides_before_the_sum_case25(void **s)
     free(dir);
 }
 
-static void test_sigkill_mid_collective_fails_survivors_within_timeout_naming_rank(void **s)
+/* The victim is reaped only after the survivors answered: over shared memory they must see a
+ * zombie as dead (its pid still exists), as TCP peers see its sockets close. */
+static void sigkill_mid_collective(int transport)
 {
-    (void)s;
     const int P = 4, victim = 2;
     char *dir = pcs_test_tmpdir("coll-kill");
     pid_t pids[4];
+    g_transport = transport;
     spawn_ranks(P, dir, child_loop, pids);
+    g_transport = PCS_COLL_TRANSPORT_AUTO;
     char path[512];
     for (int r = 0; r < P; r++) {
         snprintf(path, sizeof path, "%s/started.%d", dir, r);
@@ -752,7 +871,6 @@ static void test_sigkill_mid_collective_fails_survivors_within_timeout_naming_ra
     pcs_test_sleep_ms(300); /* let a few all_reduces run */
     kill(pids[victim], SIGKILL);
     uint64_t t_kill = pcs_now_ms();
-    waitpid(pids[victim], NULL, 0);
     int status[4] = {0};
     for (int r = 0; r < P; r++) { /* collect every survivor first: a failure shows them all */
         if (r == victim)
@@ -788,30 +906,46 @@ static void test_sigkill_mid_collective_fails_survivors_within_timeout_naming_ra
         assert_non_null(strstr(res, want));
         free(res);
     }
+    waitpid(pids[victim], NULL, 0);
+    assert_no_segments_left(P, pids);
     pcs_test_rmtree(dir);
     free(dir);
 }
 
-static void test_silent_peer_times_out_naming_it(void **s)
+static void test_sigkill_mid_collective_fails_survivors_within_timeout_naming_rank_shm(void **s)
 {
     (void)s;
-    char *dir = pcs_test_tmpdir("coll-silent");
-    pid_t pids[2];
-    spawn_ranks(2, dir, child_silent, pids);
-    expect_all_ok(2, pids, 20000);
-    pcs_test_rmtree(dir);
-    free(dir);
+    sigkill_mid_collective(PCS_COLL_TRANSPORT_AUTO);
 }
 
-static void test_abort_wakes_blocked_call_and_peer_names_aborter(void **s)
+static void test_sigkill_mid_collective_fails_survivors_within_timeout_naming_rank_tcp(void **s)
 {
     (void)s;
-    char *dir = pcs_test_tmpdir("coll-abort");
-    pid_t pids[2];
-    spawn_ranks(2, dir, child_abort, pids);
-    expect_all_ok(2, pids, 20000);
-    pcs_test_rmtree(dir);
-    free(dir);
+    sigkill_mid_collective(PCS_COLL_TRANSPORT_TCP);
+}
+
+static void test_silent_peer_times_out_naming_it_shm(void **s)
+{
+    (void)s;
+    run_children(2, PCS_COLL_TRANSPORT_AUTO, child_silent, "coll-silent", 20000);
+}
+
+static void test_silent_peer_times_out_naming_it_tcp(void **s)
+{
+    (void)s;
+    run_children(2, PCS_COLL_TRANSPORT_TCP, child_silent, "coll-silent", 20000);
+}
+
+static void test_abort_wakes_blocked_call_and_peer_names_aborter_shm(void **s)
+{
+    (void)s;
+    run_children(2, PCS_COLL_TRANSPORT_AUTO, child_abort, "coll-abort", 20000);
+}
+
+static void test_abort_wakes_blocked_call_and_peer_names_aborter_tcp(void **s)
+{
+    (void)s;
+    run_children(2, PCS_COLL_TRANSPORT_TCP, child_abort, "coll-abort", 20000);
 }
 
 static void run_ranks(int P, const char *dir, child_fn fn, int timeout_ms);
@@ -850,13 +984,21 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_1_rank),
-        cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_2_ranks),
-        cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_3_ranks),
-        cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_4_ranks),
+        cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_2_ranks_shm),
+        cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_3_ranks_shm),
+        cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_4_ranks_shm),
+        cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_2_ranks_tcp),
+        cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_3_ranks_tcp),
+        cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_4_ranks_tcp),
+        cmocka_unit_test(test_ranks_on_different_hosts_agree_on_tcp),
+        cmocka_unit_test(test_mismatched_collectives_fail_fast_over_shm),
         cmocka_unit_test(test_ddp_compress_hook_divides_before_the_sum_case25),
-        cmocka_unit_test(test_sigkill_mid_collective_fails_survivors_within_timeout_naming_rank),
-        cmocka_unit_test(test_silent_peer_times_out_naming_it),
-        cmocka_unit_test(test_abort_wakes_blocked_call_and_peer_names_aborter),
+        cmocka_unit_test(test_sigkill_mid_collective_fails_survivors_within_timeout_naming_rank_shm),
+        cmocka_unit_test(test_sigkill_mid_collective_fails_survivors_within_timeout_naming_rank_tcp),
+        cmocka_unit_test(test_silent_peer_times_out_naming_it_shm),
+        cmocka_unit_test(test_silent_peer_times_out_naming_it_tcp),
+        cmocka_unit_test(test_abort_wakes_blocked_call_and_peer_names_aborter_shm),
+        cmocka_unit_test(test_abort_wakes_blocked_call_and_peer_names_aborter_tcp),
         cmocka_unit_test(test_gloo_rendezvous_through_coordinator_kv),
     };
     return cmocka_run_group_tests_name("coll_procs", tests, NULL, NULL);

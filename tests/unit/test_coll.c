@@ -158,7 +158,7 @@ static void test_create_rejects_bad_config(void **s)
 {
     (void)s;
     pcs_coll_t *c = NULL;
-    pcs_coll_config_t cfg = {PCS_COLL_GLOO, NULL, "world", 0, 0, 1, 1000, NULL, NULL, -1};
+    pcs_coll_config_t cfg = {PCS_COLL_GLOO, NULL, "world", 0, 0, 1, 1000, NULL, NULL, -1, PCS_COLL_TRANSPORT_AUTO};
     cfg.rank = 1;
     assert_int_equal(pcs_coll_create(&cfg, &c), PCS_ERR_INVALID_ARG);
     cfg.rank = 0;
@@ -259,7 +259,7 @@ static void test_abort_poisons_later_calls_with_reason(void **s)
 static void test_nccl_backend_absent_or_needs_store(void **s)
 {
     (void)s;
-    pcs_coll_config_t cfg = {PCS_COLL_NCCL, NULL, "world", 0, 0, 2, 1000, NULL, NULL, -1};
+    pcs_coll_config_t cfg = {PCS_COLL_NCCL, NULL, "world", 0, 0, 2, 1000, NULL, NULL, -1, PCS_COLL_TRANSPORT_AUTO};
     pcs_coll_t *c = NULL;
     /* size 2 without a store is rejected before the backend is touched */
     assert_int_equal(pcs_coll_create(&cfg, &c), PCS_ERR_INVALID_ARG);
