@@ -45,6 +45,15 @@ int pcs_coll_dtype_reducible(pcs_dtype_t dt)
     return dt == PCS_DTYPE_FP32 || dt == PCS_DTYPE_BF16 || dt == PCS_DTYPE_FP16;
 }
 
+/* MAX of the arriving value a and the accumulator b: fmaxf's rule (a NaN loses to a number)
+ * with ties, +0 against -0 included, going to a. Spelled out because fmaxf leaves the sign of a
+ * zero result open and its vectorized and scalar forms disagree; this form vectorizes to a
+ * compare and blend. */
+static inline float max_first(float a, float b)
+{
+    return a != a ? b : (b > a ? b : a);
+}
+
 /* One loop per dtype (no per-element switch) so the compiler can vectorize the bf16 path. */
 #define PCS_COLL_LOOP16(name, to_f, from_f, expr)                                                  \
     static void name(uint16_t *d, const uint16_t *s, size_t n, float f)                            \
@@ -58,12 +67,12 @@ int pcs_coll_dtype_reducible(pcs_dtype_t dt)
     }
 PCS_COLL_LOOP16(add_bf16, pcs_bf16_to_f32, pcs_f32_to_bf16, a + b)
 PCS_COLL_LOOP16(add_fp16, pcs_fp16_to_f32, pcs_f32_to_fp16, a + b)
-PCS_COLL_LOOP16(max_bf16, pcs_bf16_to_f32, pcs_f32_to_bf16, fmaxf(a, b))
-PCS_COLL_LOOP16(max_fp16, pcs_fp16_to_f32, pcs_f32_to_fp16, fmaxf(a, b))
+PCS_COLL_LOOP16(max_bf16, pcs_bf16_to_f32, pcs_f32_to_bf16, max_first(a, b))
+PCS_COLL_LOOP16(max_fp16, pcs_fp16_to_f32, pcs_f32_to_fp16, max_first(a, b))
 PCS_COLL_LOOP16(add_bf16_acc, pcs_bf16_to_f32, pcs_f32_to_bf16, b + a)
 PCS_COLL_LOOP16(add_fp16_acc, pcs_fp16_to_f32, pcs_f32_to_fp16, b + a)
-PCS_COLL_LOOP16(max_bf16_acc, pcs_bf16_to_f32, pcs_f32_to_bf16, fmaxf(b, a))
-PCS_COLL_LOOP16(max_fp16_acc, pcs_fp16_to_f32, pcs_f32_to_fp16, fmaxf(b, a))
+PCS_COLL_LOOP16(max_bf16_acc, pcs_bf16_to_f32, pcs_f32_to_bf16, max_first(b, a))
+PCS_COLL_LOOP16(max_fp16_acc, pcs_fp16_to_f32, pcs_f32_to_fp16, max_first(b, a))
 PCS_COLL_LOOP16(mul_bf16, pcs_bf16_to_f32, pcs_f32_to_bf16, b *f)
 PCS_COLL_LOOP16(mul_fp16, pcs_fp16_to_f32, pcs_f32_to_fp16, b *f)
 
@@ -88,7 +97,7 @@ PCS_VECTORIZE static void add_f32(float *restrict d, const float *restrict s, si
 PCS_VECTORIZE static void max_f32(float *restrict d, const float *restrict s, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        d[i] = fmaxf(d[i], s[i]);
+        d[i] = max_first(d[i], s[i]);
 }
 
 /* The ring's operand order for an accumulator that arrives second: d = s op d. */
@@ -101,7 +110,7 @@ PCS_VECTORIZE static void add_f32_acc(float *restrict d, const float *restrict s
 PCS_VECTORIZE static void max_f32_acc(float *restrict d, const float *restrict s, size_t n)
 {
     for (size_t i = 0; i < n; i++)
-        d[i] = fmaxf(s[i], d[i]);
+        d[i] = max_first(s[i], d[i]);
 }
 
 /* bf16/fp16 blocks go through the kernels' vectorized casts (round-to-nearest-even, the same

@@ -7,11 +7,13 @@
  *  - Reductions run element-wise in the data type: every partial sum is rounded to the dtype
  *    (bf16/fp16 via fp32 and round-to-nearest-even, pcs/half.h), as NCCL's ring does.
  *  - Order: the chunk that rank r ends up owning is reduced along the ring starting at rank r+1:
- *    acc = x[r+1]; acc = rnd(acc + x[r+2]); ...; acc = rnd(acc + x[r]) (indices mod size).
+ *    acc = x[r+1]; acc = rnd(x[r+2] op acc); ...; acc = rnd(x[r] op acc) (indices mod size; the
+ *    arriving rank's value is the first operand, which MAX's signed zeros can tell apart).
  *    all_reduce splits the buffer into `size` chunks (the first count%size one element longer)
  *    and reduces chunk k in that order as well, then all-gathers.
  *  - AVG = NCCL's ncclAvg: each contribution is pre-multiplied by f = rnd(1/size) (rounded to
- *    the dtype once) and the products summed; MAX = fmaxf (a NaN loses to a number).
+ *    the dtype once) and the products summed; MAX = fmaxf's rule (a NaN loses to a number) with
+ *    a tie (+0 against -0 too) going to the first operand, the arriving rank's value.
  *  - pre_div / post_div (spec §4.2): x = rnd(x * (float)(1/pre)) on each input before the
  *    reduction, y = rnd(y * (float)(1/post)) on the result (PyTorch's CUDA div_ by a scalar
  *    multiplies by the fp32 reciprocal). Applied only when the factor is not 0 or 1.

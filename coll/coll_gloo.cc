@@ -1023,18 +1023,18 @@ extern "C" void g_destroy(void *impl)
 // Decide, with every rank alike, whether this communicator's collectives run over shared
 // memory: each rank publishes its locality key and its segment's name (or that it has none),
 // maps the peers' segments when all keys are equal and all have one, publishes whether that
-// worked, and removes its name from /dev/shm once everyone has answered. Any "no" keeps TCP.
+// worked, and removes its name from /dev/shm once everyone has answered. Any "no" keeps TCP. A
+// rank that does not want shared memory (PCS_COLL_SHM=0, a TCP config) still answers: its peers
+// may want it, and must learn that they cannot have it.
 void setup_shm(GlooComm *g, const pcs_coll_config_t *cfg)
 {
     const char *env = getenv("PCS_COLL_SHM");
-    if (cfg->transport == PCS_COLL_TRANSPORT_TCP || (env && strcmp(env, "0") == 0)) {
-        g->transport = "tcp";
-        return;
-    }
     const int P = g->size, r = g->rank;
     std::unique_ptr<pcs_shm_t, void (*)(pcs_shm_t *)> s(nullptr, pcs_shm_destroy);
     std::string why;
-    if (P > PCS_SHM_MAX_RANKS) {
+    if (cfg->transport == PCS_COLL_TRANSPORT_TCP || (env && strcmp(env, "0") == 0)) {
+        why = cfg->transport == PCS_COLL_TRANSPORT_TCP ? "TCP asked for" : "PCS_COLL_SHM=0";
+    } else if (P > PCS_SHM_MAX_RANKS) {
         why = std::to_string(P) + " ranks";
     } else {
         pcs_shm_t *raw = nullptr;
@@ -1056,7 +1056,7 @@ void setup_shm(GlooComm *g, const pcs_coll_config_t *cfg)
         size_t a = rec.find('\n'), b = a == std::string::npos ? a : rec.find('\n', a + 1);
         if (b == std::string::npos || rec[0] != '1') {
             if (ok)
-                why = "rank " + std::to_string(p) + " has no segment";
+                why = "rank " + std::to_string(p) + " has no segment or wants TCP";
             ok = false;
             continue;
         }
@@ -1086,8 +1086,12 @@ void setup_shm(GlooComm *g, const pcs_coll_config_t *cfg)
     if (s)
         pcs_shm_unlink(s.get());
     if (!ok) {
-        PCS_INFO(PCS_SUB_COLL, "%s rank %d/%d: collectives over TCP (no shared memory: %s)",
-                 g->prefix.c_str(), r, P, why.c_str());
+        if (cfg->transport == PCS_COLL_TRANSPORT_TCP) /* pipeline channels: nothing to say */
+            PCS_DEBUG(PCS_SUB_COLL, "%s rank %d/%d: collectives over TCP (%s)", g->prefix.c_str(),
+                      r, P, why.c_str());
+        else
+            PCS_INFO(PCS_SUB_COLL, "%s rank %d/%d: collectives over TCP (no shared memory: %s)",
+                     g->prefix.c_str(), r, P, why.c_str());
         return;
     }
     pcs_shm_set_cancel(s.get(), shm_cancelled, g);

@@ -8,12 +8,19 @@
  *   done[p]  last round rank p finished reading from w (written by p)
  *   desc[2]  what w is doing in the round held by each slot (checked by readers)
  * Rounds are numbered from 1 by every rank alike (the same operations with the same counts give
- * the same rounds); counters are compared with wrap-around arithmetic. Before rank w fills slot
- * R % 2 it waits for done[p] >= R - 2 of every peer p: at most one round ahead of its slowest
- * reader. */
+ * the same rounds); counters are compared with wrap-around arithmetic, which holds because every
+ * counter moves in every round (a broadcast's non-roots post their desc without data, and a round
+ * that is not an all_reduce publishes `reduced` with `posted`): no counter lags by more than two
+ * rounds. Before rank w fills slot R % 2 it waits for done[p] >= R - 2 of every peer p: at most
+ * one round ahead of its slowest reader.
+ *
+ * Names are /pcs-coll-<pid namespace>-<pid>-<n>-<ns>, unlinked once every rank mapped them. A
+ * rank killed in between leaves its name behind; the next segment created in the same PID
+ * namespace removes the names of processes that no longer exist. */
 #define _GNU_SOURCE
 #include "coll/shm.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -207,6 +214,38 @@ static unsigned long ns_inode(const char *which)
     return stat(path, &st) == 0 ? (unsigned long)st.st_ino : 0ul;
 }
 
+/* Remove the names that processes of this PID namespace left behind when they were killed
+ * between creating their segment and unlinking it. */
+static void sweep_stale(void)
+{
+    char prefix[64];
+    int pl = snprintf(prefix, sizeof prefix, "pcs-coll-%lu-", ns_inode("pid"));
+    DIR *d = opendir("/dev/shm");
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, (size_t)pl) != 0)
+            continue;
+        int pid = atoi(e->d_name + pl);
+        if (pid > 0 && pid != (int)getpid() && process_gone(pid)) {
+            char name[300];
+            snprintf(name, sizeof name, "/%s", e->d_name);
+            if (shm_unlink(name) == 0)
+                PCS_INFO(PCS_SUB_COLL, "removed %s left by process %d", name, pid);
+        }
+    }
+    closedir(d);
+}
+
+/* PCS_SHM_FIRST_ROUND (test hook): the round counters start there instead of 0, so that a test
+ * crosses the 32-bit wrap in a few rounds. Every rank of a communicator must use the same. */
+static uint32_t first_round(void)
+{
+    const char *v = getenv("PCS_SHM_FIRST_ROUND");
+    return v && v[0] ? (uint32_t)strtoul(v, NULL, 0) : 0u;
+}
+
 void pcs_shm_locality(char *out, size_t cap)
 {
     char host[256] = "", boot[64] = "";
@@ -245,12 +284,18 @@ pcs_status_t pcs_shm_create(int rank, int size, int timeout_ms, pcs_shm_t **out)
         free(s);
         return pcs_set_error(PCS_ERR_NOMEM, "shm: out of memory");
     }
+    sweep_stale();
     static uint32_t counter;
-    struct timespec now;
-    clock_gettime(CLOCK_REALTIME, &now);
-    snprintf(s->name, sizeof s->name, "/pcs-coll-%d-%u-%lx", (int)getpid(),
-             __atomic_add_fetch(&counter, 1, __ATOMIC_SEQ_CST), (unsigned long)now.tv_nsec);
-    int fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    int fd = -1;
+    for (int attempt = 0; attempt < 8 && fd < 0; attempt++) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        snprintf(s->name, sizeof s->name, "/pcs-coll-%lu-%d-%u-%lx", ns_inode("pid"), (int)getpid(),
+                 __atomic_add_fetch(&counter, 1, __ATOMIC_SEQ_CST), (unsigned long)now.tv_nsec);
+        fd = shm_open(s->name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd < 0 && errno != EEXIST)
+            break;
+    }
     if (fd < 0) {
         pcs_status_t st =
             pcs_set_error(PCS_ERR_SYSTEM, "shm_open %s: %s", s->name, strerror(errno));
@@ -278,6 +323,10 @@ pcs_status_t pcs_shm_create(int rank, int size, int timeout_ms, pcs_shm_t **out)
     h->pid = (int32_t)getpid();
     h->slot_bytes = PCS_SHM_SLOT_BYTES;
     h->version = SHM_VERSION;
+    s->round = first_round();
+    h->posted.v = h->reduced.v = s->round;
+    for (int q = 0; q < size; q++)
+        h->done[q].v = s->round;
     __atomic_store_n(&h->magic, SHM_MAGIC, __ATOMIC_SEQ_CST);
     *out = s;
     return PCS_OK;
@@ -340,8 +389,11 @@ void pcs_shm_leave(pcs_shm_t *s, int aborted)
     /* sleepers re-check states every slice; wake the ones waiting on this rank's words now */
     futex_wake(&h->posted.v);
     futex_wake(&h->reduced.v);
-    for (int p = 0; p < s->size; p++)
+    for (int p = 0; p < s->size; p++) {
         futex_wake(&h->done[p].v);
+        if (p != s->rank && s->seg[p])
+            futex_wake(&H(s, p)->done[s->rank].v); /* a peer waiting for this rank's release */
+    }
 }
 
 void pcs_shm_destroy(pcs_shm_t *s)
@@ -377,10 +429,14 @@ static pcs_status_t begin_round(pcs_shm_t *s, pcs_shm_fail_t *f)
     return PCS_OK;
 }
 
+/* This rank is in the round (its input, if any, is in its slot). Outside all_reduce, `reduced`
+ * moves along with `posted` (see the header). */
 static void post(pcs_shm_t *s, const op_desc_t *d)
 {
     shm_hdr_t *me = H(s, s->rank);
     me->desc[s->round % 2] = *d;
+    if (d->kind != OP_AR)
+        publish(me, &me->reduced.v, s->round);
     publish(me, &me->posted.v, s->round);
 }
 
@@ -433,10 +489,14 @@ pcs_status_t pcs_shm_all_gather(pcs_shm_t *s, const void *in, void *out, size_t 
     const op_desc_t d = desc(s, OP_AG, PCS_DTYPE_NONE, bytes, 0);
     f->peer = -1;
     f->fault = PCS_SHM_OK;
+    /* own block first (as the ring does): any `in` inside `out` is then read before overwritten */
+    char *own = o + (size_t)r * bytes;
+    if (in != own)
+        memmove(own, in, bytes);
     for (size_t off = 0; off < bytes; off += PCS_SHM_SLOT_BYTES) {
         size_t n = bytes - off < PCS_SHM_SLOT_BYTES ? bytes - off : PCS_SHM_SLOT_BYTES;
         PCS_CHECK(begin_round(s, f));
-        memcpy(slot(s, r, s->round), (const char *)in + off, n);
+        memcpy(slot(s, r, s->round), own + off, n);
         post(s, &d);
         for (int k = 1; k < P; k++) {
             int p = mod(r + k, P);
@@ -445,9 +505,6 @@ pcs_status_t pcs_shm_all_gather(pcs_shm_t *s, const void *in, void *out, size_t 
         }
         end_round(s);
     }
-    /* own block last: `in` may be out + r * bytes (in place), read above */
-    if (in != o + (size_t)r * bytes)
-        memmove(o + (size_t)r * bytes, in, bytes);
     return PCS_OK;
 }
 
@@ -463,6 +520,7 @@ pcs_status_t pcs_shm_broadcast(pcs_shm_t *s, void *buf, size_t bytes, int root, 
             memcpy(slot(s, root, s->round), (char *)buf + off, n);
             post(s, &d);
         } else {
+            post(s, &d); /* no data: keeps the counters in step and lets others check the root */
             PCS_CHECK(await_posted(s, root, &d, f));
             memcpy((char *)buf + off, slot(s, root, s->round), n);
         }

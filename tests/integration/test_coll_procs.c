@@ -22,10 +22,12 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <dirent.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "coll/coll.h"
 #include "coll/kv.h"
+#include "coll/shm.h"
 #include "pcs/clock.h"
 #include "pcs/half.h"
 #include "pcs/pbtext.h"
@@ -82,10 +84,13 @@ static uint32_t mix(uint32_t x)
 }
 
 /* Input element i of rank r for test case `tc`: mixed signs and magnitudes so that rounding in
- * every dtype matters. */
+ * every dtype matters, and some +0 / -0 so that MAX's operand order shows (coll.h: a tie goes to
+ * the first operand, so max(+0, -0) is +0 and max(-0, +0) is -0). */
 static float input_val(int tc, int r, size_t i)
 {
     uint32_t h = mix((uint32_t)tc * 2654435761U ^ mix((uint32_t)r * 97U + (uint32_t)i));
+    if (h % 7u == 0)
+        return (h >> 8) & 1u ? -0.0f : 0.0f;
     float mant = (float)((int)(h % 20001u) - 10000) / 3001.0f;
     return ldexpf(mant, (int)((h >> 20) % 9u) - 4);
 }
@@ -107,15 +112,16 @@ static float contrib(float x, pcs_dtype_t dt, const pcs_coll_red_t *red, int P)
     return x;
 }
 
-/* Reduction of element `i` of chunk owned by `owner`, in ring order owner+1, ..., owner.
- * vals[r] = rank r's dtype value. */
+/* Reduction of element `i` of chunk owned by `owner`, in ring order owner+1, ..., owner, each
+ * step rnd(x op acc) with the arriving rank's x first (coll.h). vals[r] = rank r's dtype value. */
 static float ring_ref(const float *vals, int P, int owner, pcs_dtype_t dt,
                       const pcs_coll_red_t *red)
 {
     float acc = contrib(vals[(owner + 1) % P], dt, red, P);
     for (int s = 2; s <= P; s++) {
         float x = contrib(vals[(owner + s) % P], dt, red, P);
-        acc = red->op == PCS_RED_MAX ? rnd(fmaxf(acc, x), dt) : rnd(acc + x, dt);
+        float mx = x != x ? acc : (acc > x ? acc : x); /* coll.h's MAX, x first */
+        acc = red->op == PCS_RED_MAX ? rnd(mx, dt) : rnd(x + acc, dt);
     }
     if (red->post_div != 0 && red->post_div != 1)
         acc = rnd(acc * (float)(1.0 / red->post_div), dt);
@@ -708,6 +714,12 @@ static void expect_all_ok(int P, pid_t *pids, int timeout_ms)
 
 /* Segments are removed from /dev/shm as soon as every rank mapped them: none of these
  * processes may have left one behind, whatever happened to them. */
+static unsigned long pid_ns(void)
+{
+    struct stat st;
+    return stat("/proc/self/ns/pid", &st) == 0 ? (unsigned long)st.st_ino : 0ul;
+}
+
 static void assert_no_segments_left(int P, const pid_t *pids)
 {
     DIR *d = opendir("/dev/shm");
@@ -717,7 +729,7 @@ static void assert_no_segments_left(int P, const pid_t *pids)
     while ((e = readdir(d)) != NULL)
         for (int r = 0; r < P; r++) {
             char prefix[64];
-            snprintf(prefix, sizeof prefix, "pcs-coll-%d-", (int)pids[r]);
+            snprintf(prefix, sizeof prefix, "pcs-coll-%lu-%d-", pid_ns(), (int)pids[r]);
             if (strncmp(e->d_name, prefix, strlen(prefix)) == 0)
                 fail_msg("/dev/shm/%s left behind by rank %d", e->d_name, r);
         }
@@ -784,9 +796,8 @@ static void test_every_op_dtype_count_matches_ring_reference_4_ranks_tcp(void **
 
 /* Ranks 0 and 1 claim different hosts (PCS_HOST_ID, NCCL_HOSTID's role): all of them must settle
  * on TCP (a shared-memory rank waiting for a TCP one would hang) and compute the same sums. */
-static int child_other_hosts(int rank, int P, const char *dir)
+static int child_tcp_sum(int rank, int P, const char *dir)
 {
-    setenv("PCS_HOST_ID", rank == 1 ? "node-b" : "node-a", 1);
     g_expect_tcp = 1;
     pcs_kv_t *kv;
     pcs_coll_t *c;
@@ -806,10 +817,106 @@ static int child_other_hosts(int rank, int P, const char *dir)
     return 0;
 }
 
+static int child_other_hosts(int rank, int P, const char *dir)
+{
+    setenv("PCS_HOST_ID", rank == 1 ? "node-b" : "node-a", 1);
+    return child_tcp_sum(rank, P, dir);
+}
+
 static void test_ranks_on_different_hosts_agree_on_tcp(void **s)
 {
     (void)s;
     run_children(3, PCS_COLL_TRANSPORT_AUTO, child_other_hosts, "coll-hosts", 30000);
+}
+
+/* Only rank 2 says PCS_COLL_SHM=0: the others wanted shared memory and must settle on TCP too. */
+static int child_one_disabled(int rank, int P, const char *dir)
+{
+    if (rank == 2)
+        setenv("PCS_COLL_SHM", "0", 1);
+    return child_tcp_sum(rank, P, dir);
+}
+
+static void test_one_rank_without_shm_keeps_every_rank_on_tcp(void **s)
+{
+    (void)s;
+    run_children(3, PCS_COLL_TRANSPORT_AUTO, child_one_disabled, "coll-one-tcp", 30000);
+}
+
+/* The 32-bit round counters wrap in the first rounds (PCS_SHM_FIRST_ROUND, a test hook): the
+ * whole matrix must still match the reference. */
+static void test_matrix_across_the_round_counter_wrap_shm(void **s)
+{
+    (void)s;
+    setenv("PCS_SHM_FIRST_ROUND", "0xfffffff0", 1);
+    run_matrix(3, PCS_COLL_TRANSPORT_AUTO);
+    unsetenv("PCS_SHM_FIRST_ROUND");
+}
+
+/* Rank 2 takes rank 1 for the broadcast's root, ranks 0 and 1 take rank 0: rank 2 fails fast
+ * with the mismatch (rank 1's posted round names root 0), not at the timeout. */
+static int child_bcast_roots(int rank, int P, const char *dir)
+{
+    pcs_kv_t *kv;
+    pcs_coll_t *c;
+    if (child_open(dir, rank, P, "bcast-roots", &kv, &c, 10000))
+        return 1;
+    float v[4] = {0};
+    uint64_t t0 = pcs_now_ms();
+    pcs_status_t rc = pcs_coll_broadcast(c, v, 4, PCS_DTYPE_FP32, rank == 2 ? 1 : 0, NULL);
+    uint64_t dt = pcs_now_ms() - t0;
+    if (rank < 2 && rc == PCS_OK) { /* ranks 0 and 1 agree on root 0 and may finish */
+    } else if (rc == PCS_OK) {
+        CHILD_FAIL("broadcast with another root succeeded");
+    } else if (dt > 5000) {
+        CHILD_FAIL("mismatch took %llu ms to fail", (unsigned long long)dt);
+    } else if (!strstr(pcs_last_error(), "same collectives") &&
+               !strstr(pcs_last_error(), "gave up")) {
+        CHILD_FAIL("message does not say why: %s", pcs_last_error());
+    }
+    pcs_coll_destroy(c);
+    pcs_kv_destroy(kv);
+    return 0;
+}
+
+static void test_broadcast_roots_that_differ_fail_fast_over_shm(void **s)
+{
+    (void)s;
+    run_children(3, PCS_COLL_TRANSPORT_AUTO, child_bcast_roots, "coll-bcast-roots", 30000);
+}
+
+/* A rank killed between creating its segment and the unlink leaves its name in /dev/shm: the
+ * next segment created in this PID namespace removes it. */
+static void test_segment_of_a_killed_rank_is_swept(void **st)
+{
+    (void)st;
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        pcs_shm_t *s = NULL;
+        if (pcs_shm_create(0, 2, 1000, &s) == PCS_OK) {
+            const char *n = pcs_shm_name(s);
+            if (write(fds[1], n, strlen(n)) < 0)
+                _exit(2);
+        }
+        _exit(0); /* no destroy, no unlink: as if killed */
+    }
+    close(fds[1]);
+    char name[128] = "";
+    ssize_t n = read(fds[0], name, sizeof name - 1);
+    close(fds[0]);
+    assert_int_not_equal(pcs_test_wait(pid, 10000), -1);
+    assert_true(n > 0);
+    name[n] = '\0';
+    char path[160];
+    snprintf(path, sizeof path, "/dev/shm%s", name);
+    assert_int_equal(access(path, F_OK), 0);
+    pcs_shm_t *s = NULL;
+    assert_int_equal(pcs_shm_create(1, 2, 1000, &s), PCS_OK);
+    assert_int_not_equal(access(path, F_OK), 0);
+    pcs_shm_destroy(s);
 }
 
 /* Over shared memory, rank 1 issues all_reduce of 12 elements where the others issue 10: every
@@ -991,6 +1098,10 @@ int main(void)
         cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_3_ranks_tcp),
         cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_4_ranks_tcp),
         cmocka_unit_test(test_ranks_on_different_hosts_agree_on_tcp),
+        cmocka_unit_test(test_one_rank_without_shm_keeps_every_rank_on_tcp),
+        cmocka_unit_test(test_matrix_across_the_round_counter_wrap_shm),
+        cmocka_unit_test(test_broadcast_roots_that_differ_fail_fast_over_shm),
+        cmocka_unit_test(test_segment_of_a_killed_rank_is_swept),
         cmocka_unit_test(test_mismatched_collectives_fail_fast_over_shm),
         cmocka_unit_test(test_ddp_compress_hook_divides_before_the_sum_case25),
         cmocka_unit_test(test_sigkill_mid_collective_fails_survivors_within_timeout_naming_rank_shm),
