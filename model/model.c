@@ -22,11 +22,12 @@
  *   its own dtype; a cast's gradient is cast back to the source dtype.
  * Buffers (slots, saved statistics, scratch) are allocated in the backend's memory on the first
  * pass (stream-ordered, alloc_async on the model's stream) and reused, so steady-state passes do
- * not allocate. A low-precision Linear weight is saved
- * once per forward (cpu: as fp32) and backward reuses that copy (the values autograd saved;
- * memory: 4 bytes per such weight element between forward and backward). Parameters must still be
- * bound during backward (norm weights and fp32 weights are read from the binding), as FSDP
- * re-gathers a unit in its pre-backward hook. */
+ * not allocate. A low-precision Linear weight is put in the form the GEMM reads (cpu: fp32) in
+ * one scratch per model, sized for the largest Linear; backward converts the binding again (the
+ * values autograd saved: parameters do not change between forward and backward) instead of
+ * keeping a copy of every weight from forward to backward, which cost 4 bytes per weight element
+ * of the whole model. Parameters must be bound during backward, as FSDP re-gathers a unit in its
+ * pre-backward hook. */
 #include "model/model.h"
 
 #include <cblas.h>
@@ -116,9 +117,9 @@ struct pcs_mlp {
     int defer_w;      /* this backward leaves the parameter gradients to backward_weights */
     int w_pending;    /* a backward_input_only ran; its parameter gradients are not written */
     /* scratch, backend memory */
-    float **wsave; /* per Linear module: a low-precision weight as forward saved it for backward
-                      (the values autograd saved), pcs_nn_linear_saved_bytes() */
-    size_t *wsave_cap;
+    float *wsave; /* a low-precision Linear weight as the GEMM reads it (one Linear at a time),
+                     pcs_nn_linear_saved_bytes() of the largest */
+    size_t wsave_cap;
     float *tmp; /* gradient contribution */
     size_t tmp_cap;
 };
@@ -325,8 +326,6 @@ pcs_status_t pcs_mlp_create_on(const pcs_mlp_config_t *cfg, uint32_t max_rows,
     PCS_CHECK_GOTO(pcs_calloc(max_bufs, sizeof *m->bufs, (void **)&m->bufs), rc, fail);
     PCS_CHECK_GOTO(pcs_calloc(max_mods, sizeof *m->cast_in, (void **)&m->cast_in), rc, fail);
     PCS_CHECK_GOTO(pcs_calloc(max_mods, sizeof *m->cast_out, (void **)&m->cast_out), rc, fail);
-    PCS_CHECK_GOTO(pcs_calloc(max_mods, sizeof *m->wsave, (void **)&m->wsave), rc, fail);
-    PCS_CHECK_GOTO(pcs_calloc(max_mods, sizeof *m->wsave_cap, (void **)&m->wsave_cap), rc, fail);
 
     uint32_t root, list, idx;
     PCS_CHECK_GOTO(
@@ -412,11 +411,8 @@ void pcs_mlp_destroy(pcs_mlp_t *m)
     for (size_t i = 0; i < m->cap_ops; i++)
         m->be->free_async(m->ops_tape[i].save, st);
     free(m->ops_tape);
-    for (uint32_t i = 0; m->wsave && i < m->n_mods; i++)
-        m->be->free_async(m->wsave[i], st);
-    free(m->wsave);
-    free(m->wsave_cap);
     if (m->be) {
+        m->be->free_async(m->wsave, st);
         m->be->free_async(m->tmp, st);
         if (m->nn)
             (void)m->be->sync(st);
@@ -737,7 +733,7 @@ static pcs_nn_linear_t linear_desc(const pcs_mlp_t *m, uint32_t mod, pcs_dtype_t
     uint32_t pw = md->first_param;
     pcs_nn_linear_t l = {m->rows,      md->in_dim,     md->out_dim,
                          dt,           m->pb[pw].data, md->n_params > 1 ? m->pb[pw + 1].data : NULL,
-                         m->wsave[mod]};
+                         m->wsave};
     return l;
 }
 
@@ -759,7 +755,7 @@ static pcs_status_t linear_fwd(pcs_mlp_t *m, uint32_t mod, int in, int *out)
     if (md->n_params > 1)
         PCS_CHECK(need_bound(m, pw + 1));
     if (dt != PCS_DTYPE_FP32)
-        PCS_CHECK(ensure(m, &m->wsave[mod], &m->wsave_cap[mod],
+        PCS_CHECK(ensure(m, &m->wsave, &m->wsave_cap,
                          pcs_nn_linear_saved_bytes(K, N) / sizeof(float)));
     int o;
     PCS_CHECK(new_slot(m, dt, N, &o));
@@ -1036,11 +1032,17 @@ static pcs_status_t linear_bwd(pcs_mlp_t *m, const op_t *op)
         PCS_CHECK(pcs_nn_linear_bwd_params(m->nn, &l, dY, X, &gw, &gb));
     if (op->in == 0 && !m->want_in_grad)
         return PCS_OK; /* the model input needs no gradient */
-    /* the weight values the forward used: the fp32 binding or forward's saved copy */
-    l.weight = m->pb[pw].dtype == PCS_DTYPE_FP32 ? m->pb[pw].data : NULL;
-    if (op->wdt == PCS_DTYPE_FP32 && !l.weight)
+    /* the weight values the forward used: the binding (re-gathered by the unit's pre-backward
+     * hook; the nn op converts a low-precision one into the model's scratch again) */
+    if (!m->pb[pw].data)
         return pcs_set_error(PCS_ERR_STATE, "mlp: parameter %s is not bound in backward",
                              m->params[pw].fqn);
+    if (m->pb[pw].dtype != op->wdt)
+        return pcs_set_error(PCS_ERR_STATE,
+                             "mlp: parameter %s is bound as %s in backward, forward used %s",
+                             m->params[pw].fqn, pcs_dtype_name(m->pb[pw].dtype),
+                             pcs_dtype_name(op->wdt));
+    l.weight = m->pb[pw].data;
     float *dX;
     PCS_CHECK(grad_target(m, op->in, &dX));
     PCS_CHECK(pcs_nn_linear_bwd_input(m->nn, &l, dY, dX));

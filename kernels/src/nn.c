@@ -115,7 +115,8 @@ static pcs_status_t check_ew(const char *op, const pcs_nn_t *nn, const void *a, 
 }
 
 /* What an op reads of a Linear's weight: forward reads `weight` (and fills `saved` for low
- * precision), input-backward reads `weight` (fp32) or `saved`, parameter-backward neither. */
+ * precision), input-backward reads `weight` (low precision: through `saved`) or, without one,
+ * `saved`, parameter-backward neither. */
 typedef enum { READ_FWD, READ_BWD_INPUT, READ_BWD_PARAMS } read_t;
 
 /* A Linear: dims in [1, 2^31), compute dtype, the weight / saved buffer the op reads. */

@@ -138,7 +138,7 @@ static pcs_status_t cpu_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const
     int R = (int)l->rows;
     const float *W = l->weight;
     if (l->dtype != PCS_DTYPE_FP32) {
-        /* the fp32 copy backward reuses (the values autograd saved) */
+        /* the fp32 form the GEMM reads (backward without a binding reads it too) */
         pcs_nn_host_to_f32(l->weight, l->dtype, (size_t)N * K, l->saved);
         W = l->saved;
     }
@@ -192,8 +192,15 @@ static pcs_status_t cpu_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l,
 {
     uint32_t K = l->in_dim, N = l->out_dim;
     int R = (int)l->rows;
-    /* the weight values the forward used: the fp32 binding or forward's converted copy */
-    const float *W = l->dtype == PCS_DTYPE_FP32 ? l->weight : l->saved;
+    /* the weight values the forward used: the fp32 binding, the low-precision binding converted
+     * again (the same values: parameters do not change between forward and backward), or, with no
+     * binding, forward's converted copy */
+    const float *W = l->weight;
+    if (l->dtype != PCS_DTYPE_FP32) {
+        if (l->weight)
+            pcs_nn_host_to_f32(l->weight, l->dtype, (size_t)N * K, l->saved);
+        W = l->saved;
+    }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, (int)K, (int)N, 1.0f, dY, (int)N, W,
                 (int)K, 0.0f, dX, (int)K);
     return PCS_OK;

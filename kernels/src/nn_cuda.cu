@@ -601,7 +601,9 @@ pcs_status_t cu_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l, const f
         return gemm(nn, CUBLAS_OP_N, CUBLAS_OP_N, K, R, N, l->weight, K, dy, N, dx, K,
                     PCS_DTYPE_FP32);
     PCS_CHECK(to_half(nn, &c->hb, &c->hb_bytes, dy, (size_t)R * N, l->dtype));
-    return gemm(nn, CUBLAS_OP_N, CUBLAS_OP_N, K, R, N, l->saved, K, c->hb, N, dx, K, l->dtype);
+    /* the re-gathered binding when given (same values as forward's), else forward's copy */
+    const void *w = l->weight ? l->weight : l->saved;
+    return gemm(nn, CUBLAS_OP_N, CUBLAS_OP_N, K, R, N, w, K, c->hb, N, dx, K, l->dtype);
 }
 
 pcs_status_t cu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *x, float *y)

@@ -37,8 +37,10 @@ typedef struct pcs_nn_grad {
 /* y[rows, out_dim] = x[rows, in_dim] . weight^T + bias, fp32 accumulation, rounded once to dtype.
  * weight [out_dim, in_dim] and bias [out_dim] (NULL = none) are arrays of `dtype`; x and y are
  * fp32 arrays carrying `dtype` values. `saved` (backend memory, at least in_dim * out_dim * 4
- * bytes; only used when dtype != FP32) receives the weight in the form backward reads it, so the
- * weight binding may be resharded between forward and backward, as FSDP does. */
+ * bytes; only used when dtype != FP32) is where a low-precision weight is put in the form the
+ * GEMM reads (cpu: fp32): forward fills it; input-backward refills it from `weight` when
+ * `weight` is given (FSDP re-gathers a unit before its backward, so one scratch can serve every
+ * Linear of a model) and reads what forward left there only when `weight` is NULL. */
 typedef struct pcs_nn_linear {
     uint32_t rows, in_dim, out_dim;
     pcs_dtype_t dtype;
@@ -100,8 +102,8 @@ pcs_status_t pcs_nn_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const flo
 pcs_status_t pcs_nn_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy,
                                       const float *x, const pcs_nn_grad_t *dw,
                                       const pcs_nn_grad_t *db);
-/* dx (unrounded) = dy . W, W being l->weight for fp32, else what forward left in l->saved
- * (l->weight is not read then and may be NULL). */
+/* dx (unrounded) = dy . W, W being l->weight (low precision: through l->saved), or what forward
+ * left in l->saved when a low-precision l->weight is NULL. */
 pcs_status_t pcs_nn_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy,
                                      float *dx);
 
