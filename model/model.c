@@ -22,12 +22,11 @@
  *   its own dtype; a cast's gradient is cast back to the source dtype.
  * Buffers (slots, saved statistics, scratch) are allocated in the backend's memory on the first
  * pass (stream-ordered, alloc_async on the model's stream) and reused, so steady-state passes do
- * not allocate. A low-precision Linear weight is put in the form the GEMM reads (cpu: fp32) in
- * one scratch per model, sized for the largest Linear; backward converts the binding again (the
- * values autograd saved: parameters do not change between forward and backward) instead of
- * keeping a copy of every weight from forward to backward, which cost 4 bytes per weight element
- * of the whole model. Parameters must be bound during backward, as FSDP re-gathers a unit in its
- * pre-backward hook. */
+ * not allocate. Backward reads a Linear's weight from its binding again (the values autograd
+ * saved: parameters do not change between forward and backward) instead of keeping a copy of
+ * every low-precision weight from forward to backward, which cost 4 bytes per weight element of
+ * the whole model; the cpu twin converts a bounded block at a time. Parameters must be bound
+ * during backward, as FSDP re-gathers a unit in its pre-backward hook. */
 #include "model/model.h"
 
 #include <cblas.h>
@@ -117,9 +116,6 @@ struct pcs_mlp {
     int defer_w;      /* this backward leaves the parameter gradients to backward_weights */
     int w_pending;    /* a backward_input_only ran; its parameter gradients are not written */
     /* scratch, backend memory */
-    float *wsave; /* a low-precision Linear weight as the GEMM reads it (one Linear at a time),
-                     pcs_nn_linear_saved_bytes() of the largest */
-    size_t wsave_cap;
     float *tmp; /* gradient contribution */
     size_t tmp_cap;
 };
@@ -412,7 +408,6 @@ void pcs_mlp_destroy(pcs_mlp_t *m)
         m->be->free_async(m->ops_tape[i].save, st);
     free(m->ops_tape);
     if (m->be) {
-        m->be->free_async(m->wsave, st);
         m->be->free_async(m->tmp, st);
         if (m->nn)
             (void)m->be->sync(st);
@@ -733,14 +728,14 @@ static pcs_nn_linear_t linear_desc(const pcs_mlp_t *m, uint32_t mod, pcs_dtype_t
     uint32_t pw = md->first_param;
     pcs_nn_linear_t l = {m->rows,      md->in_dim,     md->out_dim,
                          dt,           m->pb[pw].data, md->n_params > 1 ? m->pb[pw + 1].data : NULL,
-                         m->wsave};
+                         NULL};
     return l;
 }
 
 static pcs_status_t linear_fwd(pcs_mlp_t *m, uint32_t mod, int in, int *out)
 {
     const pcs_mlp_module_t *md = &m->mods[mod];
-    uint32_t pw = md->first_param, K = md->in_dim, N = md->out_dim;
+    uint32_t pw = md->first_param, N = md->out_dim;
     const binding_t *bw = &m->pb[pw];
     PCS_CHECK(need_bound(m, pw));
     pcs_dtype_t dt = bw->dtype;
@@ -754,9 +749,6 @@ static pcs_status_t linear_fwd(pcs_mlp_t *m, uint32_t mod, int in, int *out)
                              md->path, pcs_dtype_name(m->pb[pw + 1].dtype), pcs_dtype_name(dt));
     if (md->n_params > 1)
         PCS_CHECK(need_bound(m, pw + 1));
-    if (dt != PCS_DTYPE_FP32)
-        PCS_CHECK(ensure(m, &m->wsave, &m->wsave_cap,
-                         pcs_nn_linear_saved_bytes(K, N) / sizeof(float)));
     int o;
     PCS_CHECK(new_slot(m, dt, N, &o));
     pcs_nn_linear_t l = linear_desc(m, mod, dt);

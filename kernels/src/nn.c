@@ -114,9 +114,9 @@ static pcs_status_t check_ew(const char *op, const pcs_nn_t *nn, const void *a, 
     return PCS_OK;
 }
 
-/* What an op reads of a Linear's weight: forward reads `weight` (and fills `saved` for low
- * precision), input-backward reads `weight` (low precision: through `saved`) or, without one,
- * `saved`, parameter-backward neither. */
+/* What an op reads of a Linear's weight: forward reads `weight` (and fills `saved`, when given,
+ * for low precision), input-backward reads `weight` or, without one, `saved`, parameter-backward
+ * neither. */
 typedef enum { READ_FWD, READ_BWD_INPUT, READ_BWD_PARAMS } read_t;
 
 /* A Linear: dims in [1, 2^31), compute dtype, the weight / saved buffer the op reads. */
@@ -139,9 +139,9 @@ static pcs_status_t check_linear(const char *op, const pcs_nn_t *nn, const pcs_n
         return PCS_OK;
     if (!l->weight && (reads == READ_FWD || !low))
         return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: NULL weight", op);
-    if (low && !l->saved)
+    if (low && reads == READ_BWD_INPUT && !l->weight && !l->saved)
         return pcs_set_error(PCS_ERR_INVALID_ARG,
-                             "nn %s: a %s weight needs a `saved` buffer for backward", op,
+                             "nn %s: a %s weight needs the weight or forward's `saved` copy", op,
                              pcs_dtype_name(l->dtype));
     return PCS_OK;
 }

@@ -13,9 +13,16 @@
 #include "pcs/log.h"
 #include "pcs/mem.h"
 
+/* A low-precision weight is converted to fp32 (and an fp32 dW of one is rounded) a block of at
+ * most this many elements at a time, so the scratch does not grow with the model: the blocks
+ * split dimensions the GEMM does not reduce over, so every element's sum is the same. */
+enum { WBLOCK = 1 << 18 };
+
 typedef struct {
-    float *gw32; /* fp32 dW / db before rounding and storing */
+    float *gw32; /* fp32 dW / db before rounding and storing (a block of dW) */
     size_t gw32_cap;
+    float *wblk; /* a block of a low-precision weight as fp32 */
+    size_t wblk_cap;
     float *vec; /* bias / norm parameters as fp32 */
     size_t vec_cap;
 } cpu_nn_t;
@@ -55,6 +62,7 @@ static void cpu_destroy(pcs_nn_t *nn)
     cpu_nn_t *c = nn->impl;
     if (c) {
         free(c->gw32);
+        free(c->wblk);
         free(c->vec);
         free(c);
     }
@@ -136,14 +144,26 @@ static pcs_status_t cpu_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const
     cpu_nn_t *c = impl(nn);
     uint32_t K = l->in_dim, N = l->out_dim;
     int R = (int)l->rows;
-    const float *W = l->weight;
-    if (l->dtype != PCS_DTYPE_FP32) {
-        /* the fp32 form the GEMM reads (backward without a binding reads it too) */
+    if (l->dtype == PCS_DTYPE_FP32) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, (int)N, (int)K, 1.0f, X, (int)K,
+                    l->weight, (int)K, 0.0f, Y, (int)N);
+    } else if (l->saved) {
+        /* the whole weight as fp32 where a backward without a binding will read it */
         pcs_nn_host_to_f32(l->weight, l->dtype, (size_t)N * K, l->saved);
-        W = l->saved;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, (int)N, (int)K, 1.0f, X, (int)K,
+                    l->saved, (int)K, 0.0f, Y, (int)N);
+    } else {
+        /* blocks of output features: rows n0.. of W give columns n0.. of Y */
+        size_t es = pcs_dtype_size(l->dtype), nb = WBLOCK / K ? WBLOCK / K : 1;
+        nb = nb < N ? nb : N;
+        PCS_CHECK(ensure(&c->wblk, &c->wblk_cap, nb * K));
+        for (size_t n0 = 0; n0 < N; n0 += nb) {
+            size_t m = N - n0 < nb ? N - n0 : nb;
+            pcs_nn_host_to_f32((const char *)l->weight + n0 * K * es, l->dtype, m * K, c->wblk);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, (int)m, (int)K, 1.0f, X,
+                        (int)K, c->wblk, (int)K, 0.0f, Y + n0, (int)N);
+        }
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, R, (int)N, (int)K, 1.0f, X, (int)K, W,
-                (int)K, 0.0f, Y, (int)N);
     const float *B = l->bias;
     if (B && l->dtype != PCS_DTYPE_FP32) {
         PCS_CHECK(ensure(&c->vec, &c->vec_cap, N));
@@ -173,10 +193,18 @@ static pcs_status_t cpu_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, R, 1.0f, dY, (int)N, X,
                     (int)K, 0.0f, dw->data, (int)K);
     } else if (pcs_nn_wants(dw)) {
-        PCS_CHECK(ensure(&c->gw32, &c->gw32_cap, (size_t)N * K));
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, R, 1.0f, dY, (int)N, X,
-                    (int)K, 0.0f, c->gw32, (int)K);
-        store_grad(dw, c->gw32, (size_t)N * K);
+        /* blocks of rows of dW (output features): dW[n0..] = dY[:, n0..]^T X */
+        size_t es = pcs_dtype_size(dw->dtype), nb = WBLOCK / K ? WBLOCK / K : 1;
+        nb = nb < N ? nb : N;
+        PCS_CHECK(ensure(&c->gw32, &c->gw32_cap, nb * K));
+        for (size_t n0 = 0; n0 < N; n0 += nb) {
+            size_t m = N - n0 < nb ? N - n0 : nb;
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)m, (int)K, R, 1.0f, dY + n0,
+                        (int)N, X, (int)K, 0.0f, c->gw32, (int)K);
+            pcs_nn_grad_t part = *dw;
+            part.data = (char *)dw->data + n0 * K * es;
+            store_grad(&part, c->gw32, m * K);
+        }
     }
     if (pcs_nn_wants(db)) {
         PCS_CHECK(ensure(&c->gw32, &c->gw32_cap, N));
@@ -190,16 +218,28 @@ static pcs_status_t cpu_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l
 static pcs_status_t cpu_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dY,
                                          float *dX)
 {
+    cpu_nn_t *c = impl(nn);
     uint32_t K = l->in_dim, N = l->out_dim;
     int R = (int)l->rows;
     /* the weight values the forward used: the fp32 binding, the low-precision binding converted
      * again (the same values: parameters do not change between forward and backward), or, with no
      * binding, forward's converted copy */
-    const float *W = l->weight;
-    if (l->dtype != PCS_DTYPE_FP32) {
-        if (l->weight)
-            pcs_nn_host_to_f32(l->weight, l->dtype, (size_t)N * K, l->saved);
-        W = l->saved;
+    const float *W = l->dtype == PCS_DTYPE_FP32 ? l->weight : l->saved;
+    if (l->dtype != PCS_DTYPE_FP32 && l->weight) {
+        /* blocks of input features: columns k0.. of W give columns k0.. of dX, each element's
+         * sum over the N output features unchanged */
+        size_t es = pcs_dtype_size(l->dtype), kb = WBLOCK / N ? WBLOCK / N : 1;
+        kb = kb < K ? kb : K;
+        PCS_CHECK(ensure(&c->wblk, &c->wblk_cap, kb * N));
+        for (size_t k0 = 0; k0 < K; k0 += kb) {
+            size_t kk = K - k0 < kb ? K - k0 : kb;
+            for (size_t n = 0; n < N; n++)
+                pcs_nn_host_to_f32((const char *)l->weight + (n * K + k0) * es, l->dtype, kk,
+                                   c->wblk + n * kk);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, (int)kk, (int)N, 1.0f, dY,
+                        (int)N, c->wblk, (int)kk, 0.0f, dX + k0, (int)K);
+        }
+        return PCS_OK;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, R, (int)K, (int)N, 1.0f, dY, (int)N, W,
                 (int)K, 0.0f, dX, (int)K);

@@ -543,12 +543,13 @@ pcs_status_t cu_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *
         PCS_CHECK(
             gemm(nn, CUBLAS_OP_T, CUBLAS_OP_N, N, R, K, l->weight, K, x, K, y, N, PCS_DTYPE_FP32));
     } else {
-        /* the weight as backward reads it (the binding may be resharded before backward) */
-        PCS_CUDA_CHECK(cudaMemcpyAsync(l->saved, l->weight, (size_t)N * K * sizeof(uint16_t),
-                                       cudaMemcpyDeviceToDevice, cs(nn)));
+        /* with `saved`, the weight as a backward without a binding reads it */
+        if (l->saved)
+            PCS_CUDA_CHECK(cudaMemcpyAsync(l->saved, l->weight, (size_t)N * K * sizeof(uint16_t),
+                                           cudaMemcpyDeviceToDevice, cs(nn)));
         PCS_CHECK(to_half(nn, &c->ha, &c->ha_bytes, x, (size_t)R * K, l->dtype));
-        PCS_CHECK(
-            gemm(nn, CUBLAS_OP_T, CUBLAS_OP_N, N, R, K, l->saved, K, c->ha, K, y, N, l->dtype));
+        PCS_CHECK(gemm(nn, CUBLAS_OP_T, CUBLAS_OP_N, N, R, K, l->weight, K, c->ha, K, y, N,
+                       l->dtype));
     }
     if (l->bias || l->dtype != PCS_DTYPE_FP32) {
         size_t n = (size_t)R * N;

@@ -121,8 +121,9 @@ static void test_every_op_rejects_bad_arguments_with_a_message(void **state)
     bad.dtype = PCS_DTYPE_FP64;
     expect_invalid(pcs_nn_linear_fwd(nn, &bad, a, b), "linear_fwd");
     bad = l;
-    bad.saved = NULL; /* a bf16 weight needs somewhere to save it for backward */
-    expect_invalid(pcs_nn_linear_fwd(nn, &bad, a, b), "linear_fwd");
+    bad.saved = NULL;
+    bad.weight = NULL; /* a bf16 input-backward needs the weight or forward's saved copy */
+    expect_invalid(pcs_nn_linear_bwd_input(nn, &bad, a, b), "linear_bwd_input");
     bad = l;
     bad.weight = NULL;
     expect_invalid(pcs_nn_linear_fwd(nn, &bad, a, b), "linear_fwd");
@@ -248,6 +249,63 @@ static void test_bf16_linear_rounds_once_after_the_bias_and_saves_the_weight(voi
             assert_true(dw[j * K + k] == (double)ref_bf16(s));
         }
     }
+    pcs_nn_destroy(nn);
+}
+
+/* The built-in model gives no `saved` buffer and hands backward the re-gathered weight: the cpu
+ * twin then converts a bounded block of the weight at a time (over features the GEMM does not
+ * sum over). Forward, input-backward and the bf16 dW must equal the whole-weight path bit for
+ * bit, also for a Linear above the block size (600 x 500). */
+static void test_bf16_linear_without_saved_copy_matches_the_saved_path(void **state)
+{
+    (void)state;
+    pcs_nn_t *nn = NULL;
+    assert_int_equal(pcs_nn_create(NULL, NULL, &nn), PCS_OK);
+    const uint32_t R = 7, K = 600, N = 500;
+    size_t nw = (size_t)N * K;
+    float *x = malloc(R * K * sizeof(float)), *w = malloc(nw * sizeof(float));
+    float *saved = malloc(nw * sizeof(float)), *dy = malloc(R * N * sizeof(float));
+    float *y1 = malloc(R * N * sizeof(float)), *y2 = malloc(R * N * sizeof(float));
+    float *dx1 = malloc(R * K * sizeof(float)), *dx2 = malloc(R * K * sizeof(float));
+    uint16_t *w16 = malloc(nw * 2), *dw1 = malloc(nw * 2), *dw2 = malloc(nw * 2);
+    assert_non_null(x && w && saved && dy && y1 && y2 && dx1 && dx2 && w16 && dw1 && dw2);
+    for (size_t i = 0; i < (size_t)R * K; i++)
+        x[i] = (float)((int)((i * 7919u) % 2001u) - 1000) / 512.0f;
+    for (size_t i = 0; i < nw; i++)
+        w[i] = (float)((int)((i * 104729u) % 4001u) - 2000) / 4096.0f;
+    for (size_t i = 0; i < (size_t)R * N; i++)
+        dy[i] = (float)((int)((i * 31u) % 17u) - 8) / 16.0f;
+    pcs_from_f32(w, nw, PCS_DTYPE_BF16, w16);
+    pcs_nn_linear_t with = {R, K, N, PCS_DTYPE_BF16, w16, NULL, saved};
+    pcs_nn_linear_t without = {R, K, N, PCS_DTYPE_BF16, w16, NULL, NULL};
+    assert_int_equal(pcs_nn_linear_fwd(nn, &with, x, y1), PCS_OK);
+    assert_int_equal(pcs_nn_linear_fwd(nn, &without, x, y2), PCS_OK);
+    assert_memory_equal(y1, y2, R * N * sizeof(float));
+    with.weight = NULL; /* forward's copy */
+    assert_int_equal(pcs_nn_linear_bwd_input(nn, &with, dy, dx1), PCS_OK);
+    assert_int_equal(pcs_nn_linear_bwd_input(nn, &without, dy, dx2), PCS_OK);
+    assert_memory_equal(dx1, dx2, R * K * sizeof(float));
+    /* dW: blocks of rows against one GEMM of the whole, both rounded to bf16 */
+    pcs_nn_grad_t g2 = {dw2, PCS_DTYPE_BF16, PCS_DTYPE_BF16};
+    assert_int_equal(pcs_nn_linear_bwd_params(nn, &without, dy, x, &g2, NULL), PCS_OK);
+    float *full = malloc(nw * sizeof(float));
+    assert_non_null(full);
+    for (uint32_t j = 0; j < N; j++)
+        for (uint32_t k = 0; k < K; k++) {
+            float s = 0;
+            for (uint32_t r = 0; r < R; r++)
+                s += dy[r * N + j] * x[r * K + k];
+            full[(size_t)j * K + k] = s;
+        }
+    pcs_from_f32(full, nw, PCS_DTYPE_BF16, dw1);
+    size_t off = 0;
+    for (size_t i = 0; i < nw; i++) /* a 7-term sum: the GEMM may fuse; allow one bf16 ulp */
+        if (dw1[i] != dw2[i] && abs((int)dw1[i] - (int)dw2[i]) > 1)
+            off++;
+    assert_int_equal(off, 0);
+    free(full);
+    free(x), free(w), free(saved), free(dy), free(y1), free(y2), free(dx1), free(dx2);
+    free(w16), free(dw1), free(dw2);
     pcs_nn_destroy(nn);
 }
 
@@ -426,6 +484,7 @@ int main(void)
         cmocka_unit_test(test_cuda_model_is_unsupported_or_built_never_a_crash),
         cmocka_unit_test(test_every_op_rejects_bad_arguments_with_a_message),
         cmocka_unit_test(test_bf16_linear_rounds_once_after_the_bias_and_saves_the_weight),
+        cmocka_unit_test(test_bf16_linear_without_saved_copy_matches_the_saved_path),
         cmocka_unit_test(test_gradient_accumulation_rounds_each_contribution_then_the_sum),
         cmocka_unit_test(test_explicit_cpu_backend_model_is_bit_identical_to_pcs_mlp_create),
     };

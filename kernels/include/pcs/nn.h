@@ -36,11 +36,11 @@ typedef struct pcs_nn_grad {
 
 /* y[rows, out_dim] = x[rows, in_dim] . weight^T + bias, fp32 accumulation, rounded once to dtype.
  * weight [out_dim, in_dim] and bias [out_dim] (NULL = none) are arrays of `dtype`; x and y are
- * fp32 arrays carrying `dtype` values. `saved` (backend memory, at least in_dim * out_dim * 4
- * bytes; only used when dtype != FP32) is where a low-precision weight is put in the form the
- * GEMM reads (cpu: fp32): forward fills it; input-backward refills it from `weight` when
- * `weight` is given (FSDP re-gathers a unit before its backward, so one scratch can serve every
- * Linear of a model) and reads what forward left there only when `weight` is NULL. */
+ * fp32 arrays carrying `dtype` values. `saved` (optional backend memory, at least in_dim *
+ * out_dim * 4 bytes; only used when dtype != FP32): forward copies a low-precision weight there
+ * in the form the GEMM reads (cpu: fp32) so that an input-backward given no `weight` can still
+ * run. The built-in model passes none and gives backward the re-gathered weight (FSDP re-gathers
+ * a unit before its backward): the cpu twin then converts a bounded block at a time. */
 typedef struct pcs_nn_linear {
     uint32_t rows, in_dim, out_dim;
     pcs_dtype_t dtype;
