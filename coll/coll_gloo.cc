@@ -647,6 +647,47 @@ void ring_reduce(GlooComm *g, char *data, size_t max_chunk, pcs_dtype_t dt, pcs_
         b->wait_send(right);
 }
 
+// Direct reduce-scatter: every rank sends chunk k of its prepared input (`work`, P chunks of rc)
+// straight to rank k and receives its own chunk from every peer into scratch, all transfers in
+// flight at once (one hop per byte instead of P-1 dependent ring steps), then reduces them in the
+// ring's order and operand order (coll.h): the bits equal ring_reduce's. The result is left in
+// chunk `rank` of `work`. Costs (P-1) x rc elements of receive scratch.
+void direct_reduce(GlooComm *g, char *work, size_t rc, pcs_dtype_t dt, pcs_red_op_t op)
+{
+    const int P = g->size, r = g->rank;
+    const size_t es = pcs_dtype_size(dt), bytes = rc * es;
+    const uint64_t slot = g->next_slot();
+    char *tmp = grow(g->tmp, (size_t)(P - 1) * bytes); // area k-1: the chunk of rank r+k
+    std::vector<std::unique_ptr<Buf>> recvs, sends;
+    for (int k = 1; k < P; k++) {
+        recvs.emplace_back(new Buf(g, tmp + (size_t)(k - 1) * bytes, bytes));
+        recvs.back()->recv(mod(r + k, P), slot, 0, bytes);
+    }
+    for (int k = 1; k < P; k++) { // rank r-k is the one that waits for this rank longest
+        int p = mod(r - k, P);
+        sends.emplace_back(new Buf(g, work + (size_t)p * bytes, bytes));
+        sends.back()->send(p, slot, 0, bytes);
+    }
+    for (int k = 1; k < P; k++) {
+        recvs[(size_t)k - 1]->wait_recv(mod(r + k, P));
+        if (k > 1) // acc (area 0, from r+1) = rnd(x[r+k] op acc)
+            pcs_coll_reduce_acc(tmp, tmp + (size_t)(k - 1) * bytes, rc, dt, op);
+    }
+    pcs_coll_reduce_into(work + (size_t)r * bytes, tmp, rc, dt, op); // rnd(x[r] op acc)
+    for (int k = 1; k < P; k++)
+        sends[(size_t)k - 1]->wait_send(mod(r - k, P));
+}
+
+// Which reduce-scatter algorithm over TCP: PCS_COLL_RS_ALGO=direct picks the direct exchange,
+// anything else the ring. Measured over loopback at 3 and 4 ranks, 64 KB - 64 MB
+// (docs/perf/coll.md), the ring was as fast or faster at every size, so it stays the default;
+// the direct exchange is there for networks where P-1 flows at once beat a chain of hops.
+bool use_direct_rs(int P)
+{
+    static const char *env = getenv("PCS_COLL_RS_ALGO");
+    return P > 1 && env && strcmp(env, "direct") == 0;
+}
+
 void do_reduce_scatter(GlooComm *g, const void *in, void *out, size_t rc, pcs_dtype_t dt,
                        const pcs_coll_red_t *red)
 {
@@ -662,7 +703,9 @@ void do_reduce_scatter(GlooComm *g, const void *in, void *out, size_t rc, pcs_dt
     // caller concurrently); the result lands in chunk `rank` of the copy.
     char *work = grow(g->acc, bytes * (size_t)P);
     pcs_coll_prepare(work, in, rc * (size_t)P, dt, f_pre, f_avg);
-    if (P > 1)
+    if (use_direct_rs(P))
+        direct_reduce(g, work, rc, dt, op);
+    else if (P > 1)
         ring_reduce(g, work, rc, dt, op, [rc](int k, size_t *off, size_t *n) {
             *off = (size_t)k * rc;
             *n = rc;

@@ -794,6 +794,15 @@ static void test_every_op_dtype_count_matches_ring_reference_4_ranks_tcp(void **
     run_matrix(4, PCS_COLL_TRANSPORT_TCP);
 }
 
+/* The direct reduce-scatter over TCP (PCS_COLL_RS_ALGO=direct) gives the ring's bits too. */
+static void test_every_op_dtype_count_matches_ring_reference_4_ranks_tcp_direct_rs(void **s)
+{
+    (void)s;
+    setenv("PCS_COLL_RS_ALGO", "direct", 1);
+    run_matrix(4, PCS_COLL_TRANSPORT_TCP);
+    unsetenv("PCS_COLL_RS_ALGO");
+}
+
 /* Ranks 0 and 1 claim different hosts (PCS_HOST_ID, NCCL_HOSTID's role): all of them must settle
  * on TCP (a shared-memory rank waiting for a TCP one would hang) and compute the same sums. */
 static int child_tcp_sum(int rank, int P, const char *dir)
@@ -1097,6 +1106,7 @@ int main(void)
         cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_2_ranks_tcp),
         cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_3_ranks_tcp),
         cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_4_ranks_tcp),
+        cmocka_unit_test(test_every_op_dtype_count_matches_ring_reference_4_ranks_tcp_direct_rs),
         cmocka_unit_test(test_ranks_on_different_hosts_agree_on_tcp),
         cmocka_unit_test(test_one_rank_without_shm_keeps_every_rank_on_tcp),
         cmocka_unit_test(test_matrix_across_the_round_counter_wrap_shm),
