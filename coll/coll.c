@@ -23,7 +23,11 @@ struct pcs_coll {
     pthread_mutex_t mu;  /* guards failed/err (abort may come from another thread) */
     pcs_status_t failed; /* first error; PCS_OK while healthy */
     char err[512];
+    int transport; /* PCS_COLL_LIVE_* it is counted under */
 };
+
+/* Live communicators of this process by transport (pcs_coll_live). */
+static unsigned live_count[PCS_COLL_LIVE_N];
 
 // ---- backend table (CMake decides what is built; no #ifdef inside functions) ----
 
@@ -332,8 +336,19 @@ pcs_status_t pcs_coll_create(const pcs_coll_config_t *cfg, pcs_coll_t **out)
         return rc;
     }
     PCS_DEBUG(PCS_SUB_COLL, "comm %s rank %d/%d up (%s)", prefix, c->rank, c->size, c->ops->name);
+    const char *t = pcs_coll_transport(c);
+    c->transport = strcmp(t, "shm") == 0   ? PCS_COLL_LIVE_SHM
+                   : strcmp(t, "tcp") == 0 ? PCS_COLL_LIVE_TCP
+                                           : PCS_COLL_LIVE_NCCL;
+    __atomic_add_fetch(&live_count[c->transport], 1u, __ATOMIC_RELAXED);
     *out = c;
     return PCS_OK;
+}
+
+void pcs_coll_live(unsigned counts[PCS_COLL_LIVE_N])
+{
+    for (int i = 0; i < PCS_COLL_LIVE_N; i++)
+        counts[i] = __atomic_load_n(&live_count[i], __ATOMIC_RELAXED);
 }
 
 void pcs_coll_destroy(pcs_coll_t *c)
@@ -341,6 +356,7 @@ void pcs_coll_destroy(pcs_coll_t *c)
     if (!c)
         return;
     c->ops->destroy(c->impl);
+    __atomic_sub_fetch(&live_count[c->transport], 1u, __ATOMIC_RELAXED);
     pthread_mutex_destroy(&c->mu);
     memset(c, 0, sizeof *c);
     free(c);

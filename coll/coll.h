@@ -89,6 +89,9 @@ pcs_status_t pcs_coll_create(const pcs_coll_config_t *cfg, pcs_coll_t **out);
 int pcs_coll_rank(const pcs_coll_t *c);
 /* "shm" or "tcp" for a Gloo communicator (what its collectives use), "nccl" for NCCL. */
 const char *pcs_coll_transport(const pcs_coll_t *c);
+/* How many communicators of this process are alive now, by transport (for /metrics). */
+enum { PCS_COLL_LIVE_SHM = 0, PCS_COLL_LIVE_TCP = 1, PCS_COLL_LIVE_NCCL = 2, PCS_COLL_LIVE_N = 3 };
+void pcs_coll_live(unsigned counts[PCS_COLL_LIVE_N]);
 int pcs_coll_size(const pcs_coll_t *c);
 const char *pcs_coll_backend_name(const pcs_coll_t *c);
 

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "coll/coll.h"
 #include "pcs/clock.h"
 #include "pcs/http.h"
 #include "pcs/log.h"
@@ -101,6 +102,17 @@ char *pcs_worker_metrics_text(const pcs_agent_stats_t *st, double start_wall_s, 
                      (double)st->reduce_scatter_bytes);
     pcs_metrics_line(f, "pcs_worker_collective_bytes_total", "kind=\"all_reduce\"",
                      (double)st->all_reduce_bytes);
+    unsigned live[PCS_COLL_LIVE_N];
+    pcs_coll_live(live);
+    family(f, "pcs_worker_communicators", "gauge",
+           "Communicators alive in this worker, by the transport of their collectives (shm: every "
+           "rank on this host; tcp: across hosts, PCS_COLL_SHM=0, pipeline channels; nccl).");
+    pcs_metrics_line(f, "pcs_worker_communicators", "transport=\"shm\"",
+                     (double)live[PCS_COLL_LIVE_SHM]);
+    pcs_metrics_line(f, "pcs_worker_communicators", "transport=\"tcp\"",
+                     (double)live[PCS_COLL_LIVE_TCP]);
+    pcs_metrics_line(f, "pcs_worker_communicators", "transport=\"nccl\"",
+                     (double)live[PCS_COLL_LIVE_NCCL]);
     if (st->job_id[0]) {
         label_value(st->job_id, job, sizeof job);
         family(f, "pcs_worker_job_info", "gauge",

@@ -166,6 +166,12 @@ static int child_open(const char *dir, int rank, int size, const char *group, pc
         size > 1 && g_transport == PCS_COLL_TRANSPORT_AUTO && !g_expect_tcp ? "shm" : "tcp";
     if (strcmp(pcs_coll_transport(*c), want) != 0)
         CHILD_FAIL("transport %s, want %s", pcs_coll_transport(*c), want);
+    unsigned live[PCS_COLL_LIVE_N]; /* this process's only communicator, counted once */
+    pcs_coll_live(live);
+    int k = want[0] == 's' ? PCS_COLL_LIVE_SHM : PCS_COLL_LIVE_TCP;
+    if (live[k] != 1 || live[PCS_COLL_LIVE_SHM] + live[PCS_COLL_LIVE_TCP] != 1)
+        CHILD_FAIL("live communicators shm %u tcp %u, want one %s", live[PCS_COLL_LIVE_SHM],
+                   live[PCS_COLL_LIVE_TCP], want);
     return 0;
 }
 

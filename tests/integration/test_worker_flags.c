@@ -224,6 +224,9 @@ static void test_worker_health_and_metrics_follow_the_coordinator(void **state)
         fail_msg("no %s in the worker's /metrics:\n%s", info, m);
     assert_non_null(strstr(m, "pcs_worker_registered 1\n"));
     assert_non_null(strstr(m, "pcs_worker_registrations_total 1\n"));
+    /* a world of one has no communicator */
+    assert_non_null(strstr(m, "pcs_worker_communicators{transport=\"shm\"} 0\n"));
+    assert_non_null(strstr(m, "pcs_worker_communicators{transport=\"tcp\"} 0\n"));
     assert_non_null(strstr(m, "pcs_worker_info{worker_id=\"w-"));
     assert_non_null(strstr(m, "pcs_build_info{version=\""));
     assert_non_null(strstr(m, "# TYPE process_resident_memory_bytes gauge"));
