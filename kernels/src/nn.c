@@ -328,9 +328,33 @@ static void cast_fast(void *dst, pcs_dtype_t dt, const void *src, pcs_dtype_t st
         cast_scalar(dst, dt, src, st, n);
 }
 
+/* fp32 -> bf16 -> fp32 in place in one pass, the bits of the two casts (pcs_f32_to_bf16:
+ * nearest even, NaN to the canonical quiet NaN with its sign): the rounding step of every bf16 op
+ * of the model, which the two casts through a buffer made a sizeable share of a bf16 step.
+ * Proven on all 2^32 inputs by test_kernels_cast_exhaustive. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+__attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic"),
+               target_clones("avx512f", "avx2", "default")))
+#endif
+static void round_bf16(float *restrict v, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint32_t x;
+        memcpy(&x, v + i, sizeof x);
+        uint32_t r = (x + 0x7fffu + ((x >> 16) & 1u)) & 0xffff0000u;
+        uint32_t q = (x & 0x80000000u) | 0x7fc00000u;
+        x = (x & 0x7fffffffu) > 0x7f800000u ? q : r;
+        memcpy(v + i, &x, sizeof x);
+    }
+}
+
 void pcs_nn_host_round(float *v, size_t n, pcs_dtype_t dtype)
 {
-    if (dtype != PCS_DTYPE_BF16 && dtype != PCS_DTYPE_FP16)
+    if (dtype == PCS_DTYPE_BF16) {
+        round_bf16(v, n);
+        return;
+    }
+    if (dtype != PCS_DTYPE_FP16)
         return;
     uint16_t tmp[4096];
     for (size_t i = 0; i < n; i += 4096) {

@@ -16,6 +16,7 @@
 
 #include "pcs/half.h"
 #include "pcs/kernels.h"
+#include "pcs/nn.h"
 #include "test_kernels_ref.h"
 
 #define BLOCK    (1u << 16)
@@ -156,6 +157,65 @@ static void test_every_fp32_pattern_rounds_to_bf16_and_fp16_like_the_reference(v
     assert_true(bad == 0);
 }
 
+/* pcs_nn_host_round to bf16 (the model's in-place rounding step, one pass) equals the two casts
+ * through pcs/half.h bit for bit on every fp32 pattern. */
+typedef struct round_job {
+    uint64_t begin, end, bad;
+    uint32_t first_bad;
+} round_job_t;
+
+static void *round_range(void *arg)
+{
+    round_job_t *j = arg;
+    float *v = malloc(BLOCK * sizeof *v);
+    if (!v) {
+        j->bad = 1;
+        return NULL;
+    }
+    for (uint64_t b = j->begin; b < j->end; b += BLOCK) {
+        for (uint32_t i = 0; i < BLOCK; i++) {
+            uint32_t u = (uint32_t)(b + i);
+            memcpy(&v[i], &u, sizeof u);
+        }
+        pcs_nn_host_round(v, BLOCK, PCS_DTYPE_BF16);
+        for (uint32_t i = 0; i < BLOCK; i++) {
+            uint32_t u = (uint32_t)(b + i), got, want;
+            float f;
+            memcpy(&f, &u, sizeof f);
+            float w = pcs_bf16_to_f32(pcs_f32_to_bf16(f));
+            memcpy(&want, &w, sizeof want);
+            memcpy(&got, &v[i], sizeof got);
+            if (got != want && !j->bad++)
+                j->first_bad = u;
+        }
+    }
+    free(v);
+    return NULL;
+}
+
+static void test_every_fp32_pattern_rounds_in_place_to_bf16_like_the_two_casts(void **state)
+{
+    (void)state;
+    round_job_t jobs[NTHREADS];
+    pthread_t th[NTHREADS];
+    const uint64_t total = (uint64_t)1 << 32, per = total / NTHREADS;
+    for (int t = 0; t < NTHREADS; t++) {
+        memset(&jobs[t], 0, sizeof jobs[t]);
+        jobs[t].begin = per * (uint64_t)t;
+        jobs[t].end = t == NTHREADS - 1 ? total : per * (uint64_t)(t + 1);
+        assert_int_equal(pthread_create(&th[t], NULL, round_range, &jobs[t]), 0);
+    }
+    uint64_t bad = 0;
+    for (int t = 0; t < NTHREADS; t++) {
+        pthread_join(th[t], NULL);
+        if (jobs[t].bad)
+            print_message("range %d: %llu mismatches, first input 0x%08x\n", t,
+                          (unsigned long long)jobs[t].bad, jobs[t].first_bad);
+        bad += jobs[t].bad;
+    }
+    assert_true(bad == 0);
+}
+
 /* Every 16-bit pattern widens exactly (value by definition; NaN stays NaN with its sign) through
  * both the fast and the scalar path, and narrows back to itself (NaN: to the canonical NaN). */
 static void check_all_halfs(pcs_dtype_t dt, const ref_fmt_t *f, uint16_t (*narrow)(float),
@@ -219,6 +279,7 @@ int main(void)
         cmocka_unit_test(test_every_bf16_pattern_widens_exactly_and_round_trips),
         cmocka_unit_test(test_every_fp16_pattern_widens_exactly_and_round_trips),
         cmocka_unit_test(test_every_fp32_pattern_rounds_to_bf16_and_fp16_like_the_reference),
+        cmocka_unit_test(test_every_fp32_pattern_rounds_in_place_to_bf16_like_the_two_casts),
     };
     return cmocka_run_group_tests_name("kernels_cast_exhaustive", tests, NULL, NULL);
 }
