@@ -13,7 +13,8 @@
  *    and reduces chunk k in that order as well, then all-gathers.
  *  - AVG = NCCL's ncclAvg: each contribution is pre-multiplied by f = rnd(1/size) (rounded to
  *    the dtype once) and the products summed; MAX = fmaxf's rule (a NaN loses to a number) with
- *    a tie (+0 against -0 too) going to the first operand, the arriving rank's value.
+ *    a tie (+0 against -0 too) going to the first operand, the arriving rank's value (Gloo, both
+ *    transports; NCCL's device max leaves the sign of a zero tie to the hardware).
  *  - pre_div / post_div (spec §4.2): x = rnd(x * (float)(1/pre)) on each input before the
  *    reduction, y = rnd(y * (float)(1/post)) on the result (PyTorch's CUDA div_ by a scalar
  *    multiplies by the fp32 reciprocal). Applied only when the factor is not 0 or 1.

@@ -679,7 +679,7 @@ void direct_reduce(GlooComm *g, char *work, size_t rc, pcs_dtype_t dt, pcs_red_o
 }
 
 // Which reduce-scatter algorithm over TCP: PCS_COLL_RS_ALGO=direct picks the direct exchange,
-// anything else the ring. Measured over loopback at 3 and 4 ranks, 64 KB - 64 MB
+// anything else the ring; every rank must see the same value (as with NCCL_ALGO). Measured over loopback at 3 and 4 ranks, 64 KB - 64 MB
 // (docs/perf/coll.md), the ring was as fast or faster at every size, so it stays the default;
 // the direct exchange is there for networks where P-1 flows at once beat a chain of hops.
 bool use_direct_rs(int P)

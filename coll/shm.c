@@ -218,8 +218,11 @@ static unsigned long ns_inode(const char *which)
  * between creating their segment and unlinking it. */
 static void sweep_stale(void)
 {
+    unsigned long ns = ns_inode("pid");
+    if (ns == 0) /* no /proc: another namespace's names would look like ours */
+        return;
     char prefix[64];
-    int pl = snprintf(prefix, sizeof prefix, "pcs-coll-%lu-", ns_inode("pid"));
+    int pl = snprintf(prefix, sizeof prefix, "pcs-coll-%lu-", ns);
     DIR *d = opendir("/dev/shm");
     if (!d)
         return;
@@ -272,6 +275,8 @@ pcs_status_t pcs_shm_create(int rank, int size, int timeout_ms, pcs_shm_t **out)
     if (size < 2 || size > PCS_SHM_MAX_RANKS || rank < 0 || rank >= size)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "shm: %d ranks (2..%d supported)", size,
                              PCS_SHM_MAX_RANKS);
+    if (ns_inode("pid") == 0) /* liveness checks and names need the PID namespace */
+        return pcs_set_error(PCS_ERR_UNSUPPORTED, "shm: no /proc/self/ns/pid");
     pcs_shm_t *s = calloc(1, sizeof *s);
     if (!s)
         return pcs_set_error(PCS_ERR_NOMEM, "shm: out of memory");
@@ -519,6 +524,9 @@ pcs_status_t pcs_shm_broadcast(pcs_shm_t *s, void *buf, size_t bytes, int root, 
         if (s->rank == root) {
             memcpy(slot(s, root, s->round), (char *)buf + off, n);
             post(s, &d);
+            /* every rank posts: a peer that takes another rank (or itself) for the root shows */
+            for (int k = 1; k < s->size; k++)
+                PCS_CHECK(await_posted(s, mod(root + k, s->size), &d, f));
         } else {
             post(s, &d); /* no data: keeps the counters in step and lets others check the root */
             PCS_CHECK(await_posted(s, root, &d, f));

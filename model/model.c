@@ -81,7 +81,7 @@ typedef struct {
     op_kind_t kind;
     uint32_t module;
     int in, in2, out;
-    pcs_dtype_t wdt; /* Linear: the weight dtype forward used (what `saved` holds) */
+    pcs_dtype_t wdt; /* Linear: the weight dtype forward used (backward's binding must match) */
     float *save;     /* backend memory. LN: mean, rstd per row; BN: mean, invstd per feature */
     size_t save_cap;
 } op_t;
@@ -1020,20 +1020,21 @@ static pcs_status_t linear_bwd(pcs_mlp_t *m, const op_t *op)
     pcs_nn_grad_t gw = grad_dst(m, pw), gb = {NULL, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
     if (md->n_params > 1)
         gb = grad_dst(m, pw + 1);
-    if ((gw.data || gb.data) && !m->defer_w)
-        PCS_CHECK(pcs_nn_linear_bwd_params(m->nn, &l, dY, X, &gw, &gb));
-    if (op->in == 0 && !m->want_in_grad)
-        return PCS_OK; /* the model input needs no gradient */
+    int need_dx = op->in != 0 || m->want_in_grad; /* the model input needs no gradient */
     /* the weight values the forward used: the binding (re-gathered by the unit's pre-backward
-     * hook; the nn op converts a low-precision one into the model's scratch again) */
-    if (!m->pb[pw].data)
+     * hook; the nn op converts a low-precision one again), checked before anything is written */
+    if (need_dx && !m->pb[pw].data)
         return pcs_set_error(PCS_ERR_STATE, "mlp: parameter %s is not bound in backward",
                              m->params[pw].fqn);
-    if (m->pb[pw].dtype != op->wdt)
+    if (need_dx && m->pb[pw].dtype != op->wdt)
         return pcs_set_error(PCS_ERR_STATE,
                              "mlp: parameter %s is bound as %s in backward, forward used %s",
                              m->params[pw].fqn, pcs_dtype_name(m->pb[pw].dtype),
                              pcs_dtype_name(op->wdt));
+    if ((gw.data || gb.data) && !m->defer_w)
+        PCS_CHECK(pcs_nn_linear_bwd_params(m->nn, &l, dY, X, &gw, &gb));
+    if (!need_dx)
+        return PCS_OK;
     l.weight = m->pb[pw].data;
     float *dX;
     PCS_CHECK(grad_target(m, op->in, &dX));

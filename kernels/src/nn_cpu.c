@@ -228,8 +228,8 @@ static pcs_status_t cpu_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l,
     if (l->dtype != PCS_DTYPE_FP32 && l->weight) {
         /* blocks of input features: columns k0.. of W give columns k0.. of dX, each element's
          * sum over the N output features unchanged */
-        size_t es = pcs_dtype_size(l->dtype), kb = WBLOCK / N ? WBLOCK / N : 1;
-        kb = kb < K ? kb : K;
+        size_t es = pcs_dtype_size(l->dtype), kb = WBLOCK / N > 16 ? WBLOCK / N : 16;
+        kb = kb < K ? kb : K; /* at least 16 columns: a huge N still converts whole runs */
         PCS_CHECK(ensure(&c->wblk, &c->wblk_cap, kb * N));
         for (size_t k0 = 0; k0 < K; k0 += kb) {
             size_t kk = K - k0 < kb ? K - k0 : kb;

@@ -868,8 +868,10 @@ static void test_matrix_across_the_round_counter_wrap_shm(void **s)
     unsetenv("PCS_SHM_FIRST_ROUND");
 }
 
-/* Rank 2 takes rank 1 for the broadcast's root, ranks 0 and 1 take rank 0: rank 2 fails fast
- * with the mismatch (rank 1's posted round names root 0), not at the timeout. */
+/* With 3 ranks, rank 2 takes rank 1 for the broadcast's root, ranks 0 and 1 take rank 0; with
+ * 2, each rank takes itself. Every rank whose view disagrees with a peer it checks fails fast with
+ * the mismatch, not at the timeout: rank 2 (rank 1's round names root 0), the roots (a peer's
+ * round names another root); only rank 1 of 3, whose root agrees, may finish. */
 static int child_bcast_roots(int rank, int P, const char *dir)
 {
     pcs_kv_t *kv;
@@ -877,10 +879,11 @@ static int child_bcast_roots(int rank, int P, const char *dir)
     if (child_open(dir, rank, P, "bcast-roots", &kv, &c, 10000))
         return 1;
     float v[4] = {0};
+    int root = P == 2 ? rank : rank == 2 ? 1 : 0;
     uint64_t t0 = pcs_now_ms();
-    pcs_status_t rc = pcs_coll_broadcast(c, v, 4, PCS_DTYPE_FP32, rank == 2 ? 1 : 0, NULL);
+    pcs_status_t rc = pcs_coll_broadcast(c, v, 4, PCS_DTYPE_FP32, root, NULL);
     uint64_t dt = pcs_now_ms() - t0;
-    if (rank < 2 && rc == PCS_OK) { /* ranks 0 and 1 agree on root 0 and may finish */
+    if (P == 3 && rank == 1 && rc == PCS_OK) {
     } else if (rc == PCS_OK) {
         CHILD_FAIL("broadcast with another root succeeded");
     } else if (dt > 5000) {
@@ -898,6 +901,7 @@ static void test_broadcast_roots_that_differ_fail_fast_over_shm(void **s)
 {
     (void)s;
     run_children(3, PCS_COLL_TRANSPORT_AUTO, child_bcast_roots, "coll-bcast-roots", 30000);
+    run_children(2, PCS_COLL_TRANSPORT_AUTO, child_bcast_roots, "coll-bcast-self-roots", 30000);
 }
 
 /* A rank killed between creating its segment and the unlink leaves its name in /dev/shm: the

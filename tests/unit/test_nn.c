@@ -129,7 +129,7 @@ static void test_every_op_rejects_bad_arguments_with_a_message(void **state)
     expect_invalid(pcs_nn_linear_fwd(nn, &bad, a, b), "linear_fwd");
     expect_invalid(pcs_nn_linear_fwd(nn, &l, NULL, b), "linear_fwd");
     expect_invalid(pcs_nn_linear_fwd(nn, NULL, a, b), "linear_fwd");
-    /* backward of a bf16 weight reads `saved`, not the (possibly resharded) weight */
+    /* backward of a bf16 weight given no weight reads forward's `saved` copy */
     assert_int_equal(pcs_nn_linear_bwd_input(nn, &bad, a, b), PCS_OK);
     bad.dtype = PCS_DTYPE_FP32;
     expect_invalid(pcs_nn_linear_bwd_input(nn, &bad, a, b), "linear_bwd_input");

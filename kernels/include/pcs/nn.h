@@ -102,8 +102,8 @@ pcs_status_t pcs_nn_linear_fwd(pcs_nn_t *nn, const pcs_nn_linear_t *l, const flo
 pcs_status_t pcs_nn_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy,
                                       const float *x, const pcs_nn_grad_t *dw,
                                       const pcs_nn_grad_t *db);
-/* dx (unrounded) = dy . W, W being l->weight (low precision: through l->saved), or what forward
- * left in l->saved when a low-precision l->weight is NULL. */
+/* dx (unrounded) = dy . W, W being l->weight (cpu, low precision: converted a block at a time),
+ * or what forward left in l->saved when a low-precision l->weight is NULL. */
 pcs_status_t pcs_nn_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l, const float *dy,
                                      float *dx);
 
