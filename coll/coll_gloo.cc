@@ -22,6 +22,7 @@
 #include <vector>
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -35,6 +36,7 @@
 #include "coll/coll.h"
 #include "coll/shm.h"
 #include "pcs/clock.h"
+#include "pcs/cpu.h"
 #include "pcs/log.h"
 
 namespace
@@ -363,6 +365,7 @@ bool read_note(GlooComm *g, int p, int *culprit, int *fault, std::string *msg)
 
 void watchdog_loop(GlooComm *g)
 {
+    pcs_thread_name("pcs-coll-watch");
     std::unique_lock<std::mutex> wl(g->wmu);
     int period_ms = kWatchPeriodMs;
     while (!g->wstop) {
@@ -1152,6 +1155,26 @@ const pcs_coll_ops_t gloo_ops = {
 
 } // namespace
 
+// One Gloo TCP device (one listening socket, one event-loop thread) per address for all the
+// communicators of a process: a worker has up to five and the pipeline's channels, each of which
+// had its own loop thread. Gloo's device serves any number of contexts (pairs find theirs by
+// sequence number). Keyed by the process too: a forked child must not reuse its parent's device,
+// whose loop thread it does not have.
+static std::shared_ptr<gloo::transport::Device> shared_device(
+    const gloo::transport::tcp::attr &attr)
+{
+    static std::mutex mu;
+    static std::map<std::string, std::weak_ptr<gloo::transport::Device>> devs;
+    std::string key = std::to_string((long)getpid()) + "|" + attr.iface + "|" + attr.hostname;
+    std::lock_guard<std::mutex> lk(mu);
+    std::weak_ptr<gloo::transport::Device> &w = devs[key];
+    if (auto d = w.lock())
+        return d;
+    auto d = gloo::transport::tcp::CreateDevice(attr);
+    w = d;
+    return d;
+}
+
 // Gloo's TCP pairs write with writev(2), which raises SIGPIPE when a peer has died; the default
 // action would kill this rank instead of letting the write fail with EPIPE. Python (hence
 // PyTorch) ignores SIGPIPE at startup; do the same unless the program installed a handler.
@@ -1184,7 +1207,7 @@ extern "C" pcs_status_t pcs_coll_gloo_create(const pcs_coll_config_t *cfg, const
             attr.iface = cfg->iface;
         else
             attr.hostname = cfg->hostname && cfg->hostname[0] ? cfg->hostname : "127.0.0.1";
-        g->dev = gloo::transport::tcp::CreateDevice(attr);
+        g->dev = shared_device(attr);
         g->ctx = std::make_shared<gloo::rendezvous::Context>(cfg->rank, cfg->size);
         g->ctx->setTimeout(g->timeout);
         // A single rank never creates a buffer (every algorithm returns before), so it needs

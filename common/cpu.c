@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "pcs/cpu.h"
 
+#include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,4 +99,11 @@ int pcs_cpu_threads_per_rank(int cpus, uint32_t local_ranks)
 {
     int t = cpus / (int)(local_ranks ? local_ranks : 1);
     return t > 0 ? t : 1;
+}
+
+void pcs_thread_name(const char *name)
+{
+    char n[16];
+    snprintf(n, sizeof n, "%s", name ? name : "");
+    (void)pthread_setname_np(pthread_self(), n);
 }

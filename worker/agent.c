@@ -20,6 +20,7 @@
 #include "coll/kv.h"
 #include "io/report.h"
 #include "pcs/clock.h"
+#include "pcs/cpu.h"
 #include "pcs/kernels.h"
 #include "pcs/file.h"
 #include "pcs/log.h"
@@ -256,6 +257,7 @@ static void abort_running(pcs_agent_t *a, const char *job_id, const char *reason
 static void *heartbeat_main(void *arg)
 {
     pcs_agent_t *a = arg;
+    pcs_thread_name("pcs-heartbeat");
     uint32_t backoff = 100;
     while (!atomic_load(&a->quit) && !atomic_load(&a->leaving)) {
         char wid[64], job[64];
@@ -381,6 +383,7 @@ static void handle_event(pcs_agent_t *a, Pcs__V1__AssignmentEvent *ev)
 static void *watch_main(void *arg)
 {
     pcs_agent_t *a = arg;
+    pcs_thread_name("pcs-watch");
     uint32_t backoff = 100;
     while (!atomic_load(&a->quit) && !atomic_load(&a->leaving)) {
         char wid[64];
@@ -536,6 +539,7 @@ static void send_report(pcs_agent_t *a, report_item_t *it)
 static void *report_main(void *arg)
 {
     pcs_agent_t *a = arg;
+    pcs_thread_name("pcs-report");
     pthread_mutex_lock(&a->mu);
     for (;;) {
         while (!a->rq_head && !atomic_load(&a->quit)) {

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "model/model.h"
+#include "pcs/cpu.h"
 #include "pcs/mem.h"
 #include "planner/mesh.h"
 
@@ -127,6 +128,7 @@ static pcs_status_t recv_one(pipe_end_t *e, const pipe_want_t *w, pipe_msg_t **o
 static void *end_main(void *arg)
 {
     pipe_end_t *e = arg;
+    pcs_thread_name("pcs-pipe");
     pcs_pipe_t *p = e->p;
     pthread_mutex_lock(&p->mu);
     for (;;) {

@@ -35,6 +35,7 @@
 
 #include "coll/coll.h"
 #include "pcs/clock.h"
+#include "pcs/cpu.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
 #include "planner/mesh.h"
@@ -598,6 +599,7 @@ static int ag_in_flight(const pcs_runtime_t *rt)
 static void *ag_main(void *arg)
 {
     pcs_runtime_t *rt = arg;
+    pcs_thread_name("pcs-prefetch");
     /* CUDA's current device is per host thread: this thread's launches and copies target it. */
     char dev_err[512] = "";
     pcs_status_t dev_st = rt->be->set_device(rt->device);
@@ -1669,6 +1671,7 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
 static void *rs_main(void *arg)
 {
     pcs_runtime_t *rt = arg;
+    pcs_thread_name("pcs-reduce");
     char dev_err[512] = "";
     pcs_status_t dev_st = rt->be->set_device(rt->device);
     if (dev_st != PCS_OK)

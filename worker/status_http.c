@@ -12,6 +12,7 @@
 
 #include "coll/coll.h"
 #include "pcs/clock.h"
+#include "pcs/cpu.h"
 #include "pcs/http.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
@@ -160,6 +161,7 @@ static void publish(pcs_worker_http_t *w)
 static void *publisher_main(void *arg)
 {
     pcs_worker_http_t *w = arg;
+    pcs_thread_name("pcs-metrics");
     while (!atomic_load(&w->quit)) {
         publish(w);
         for (unsigned t = 0; t < PUBLISH_EVERY_MS && !atomic_load(&w->quit); t += 50)

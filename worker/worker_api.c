@@ -15,6 +15,7 @@
 #include "model/init.h"
 #include "coll/kv.h"
 #include "pcs/clock.h"
+#include "pcs/cpu.h"
 #include "pcs/kernels.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
@@ -95,6 +96,7 @@ static pcs_status_t api_job(void *ctx, pcs_agent_t *a, const Pcs__V1__Assignment
 static void *agent_main(void *arg)
 {
     pcs_worker_t *w = arg;
+    pcs_thread_name("pcs-agent");
     pcs_status_t st = pcs_agent_run(w->agent);
     pthread_mutex_lock(&w->mu);
     w->agent_status = st;

@@ -22,6 +22,10 @@ int pcs_cpu_available(void);
  * (local_ranks 0 = unknown: 1 rank). Pure. */
 int pcs_cpu_threads_per_rank(int cpus, uint32_t local_ranks);
 
+/* Name the calling thread (at most 15 bytes are kept) so that `top -H`, `ps -L` and debuggers
+ * show what each of a worker's threads is for. Best effort. */
+void pcs_thread_name(const char *name);
+
 /* CPUs the machine has online (sysconf). */
 int pcs_cpu_online(void);
 
