@@ -497,11 +497,12 @@ int pcs_cli_demo(int argc, char **argv)
         snprintf(ident, sizeof ident, "demo-%d-w%u", (int)getpid(), i);
         snprintf(log, sizeof log, "%s/worker-%u.log", dir, i);
         /* job files resolve beneath the directory the demo runs in (examples/...), checkpoints
-         * beneath the demo's own */
-        char *args[] = {worker_bin,    "--coordinator",     addr, "--identity", ident,
-                        "--max-jobs",  "1",                 "--report-dir", dir,
-                        "--root",      cwd,                 "--checkpoint-root", dir,
-                        NULL};
+         * beneath the demo's own. The demo's coordinator dies with the demo (PDEATHSIG), so a
+         * worker stopped with it must not wait the default 30 s to hand it its last report. */
+        char *args[] = {worker_bin,          "--coordinator", addr,     "--identity",
+                        ident,               "--max-jobs",    "1",      "--report-dir",
+                        dir,                 "--root",        cwd,      "--checkpoint-root",
+                        dir,                 "--report-flush-ms", "2000", NULL};
         wpids[n_w++] = spawn(args, log);
     }
     printf("pcs demo: coordinator %s (pid %d), %u CPU workers, logs and outputs in %s\n", addr,

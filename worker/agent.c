@@ -854,7 +854,10 @@ static void run_job(pcs_agent_t *a, Pcs__V1__Assignment *as)
                  as->job_id, (unsigned long long)(t ? res.steps : a->last_step),
                  (double)(pcs_now_ms() - t0) / 1e3, res.last_loss);
     }
-    flush_reports(a, 10000, 0); /* the rest goes on in the background */
+    /* the rest goes on in the background; a worker asked to stop leaves after the final flush,
+     * whose budget (--report-flush-ms) bounds this one too */
+    uint32_t job_flush = atomic_load(&a->stop) && a->flush_ms < 10000 ? a->flush_ms : 10000;
+    flush_reports(a, job_flush, 0);
     pthread_mutex_lock(&a->mu);
     if (st == PCS_OK)
         a->jobs_ok++;
