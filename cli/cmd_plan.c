@@ -190,6 +190,44 @@ static void print_estimate(const Pcs__V1__RankEstimate *e, const char *title)
            human(e->all_reduce_bytes, c, sizeof c));
 }
 
+/* Which elements of which parameters `rank`'s shard of every unit it holds contains, in shard
+ * order (pcs_plan_shard_pieces): rows of each parameter with per_param, element ranges of the flat
+ * buffer otherwise. */
+static void print_shards(const Pcs__V1__Plan *p, uint32_t rank)
+{
+    for (size_t i = 0; i < p->n_units; i++) {
+        const Pcs__V1__Unit *u = p->units[i];
+        uint32_t s = 0, rep = 0;
+        if (!pcs_plan_rank_holds(p, (uint32_t)i, rank) ||
+            pcs_plan_rank_shard(p, (uint32_t)i, rank, &s, &rep) != PCS_OK)
+            continue;
+        pcs_plan_piece_t *pc = calloc(u->n_params + 1, sizeof *pc);
+        if (!pc)
+            return;
+        size_t n = pcs_plan_shard_pieces(u, s, pc);
+        bool pp = u->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM;
+        uint32_t sg = u->shard_group_size ? u->shard_group_size : 1;
+        printf("#   unit %zu (%s) shard %u of %u, replica %u, %s: %" PRIu64 " elements\n", i,
+               *u->path ? u->path : "<root>", s, sg, rep, pp ? "per_param" : "flat",
+               u->shard_numel);
+        for (size_t k = 0; k < n; k++) {
+            const Pcs__V1__ParamSlot *ps = u->params[pc[k].param];
+            uint64_t rows = ps->n_shape ? ps->shape[0] : 1, inner = rows ? ps->numel / rows : 1;
+            if (pp)
+                printf("#     [%" PRIu64 ", +%" PRIu64 ") %s rows [%" PRIu64 ", %" PRIu64
+                       ") of %" PRIu64 "\n",
+                       pc[k].shard_off, pc[k].len, ps->fqn, pc[k].elem / inner,
+                       (pc[k].elem + pc[k].len) / inner, rows);
+            else
+                printf("#     [%" PRIu64 ", +%" PRIu64 ") %s elements [%" PRIu64 ", %" PRIu64
+                       ") of %" PRIu64 "\n",
+                       pc[k].shard_off, pc[k].len, ps->fqn, pc[k].elem, pc[k].elem + pc[k].len,
+                       ps->numel);
+        }
+        free(pc);
+    }
+}
+
 static void print_table(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p)
 {
     char b1[32], b2[32], b3[32], red[96];
@@ -207,6 +245,13 @@ static void print_table(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p)
     printf("# reduce_dtype rule: %s\n", p->reduce_dtype_rule);
     for (size_t i = 0; i < p->n_notes; i++)
         printf("# note: %s\n", p->notes[i]);
+    bool any_pp = false;
+    for (size_t i = 0; i < p->n_units; i++)
+        any_pp |= p->units[i]->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM;
+    printf("# shard layout: %s\n",
+           any_pp ? "per_param (FSDP2 fully_shard: each parameter's rows chunked over the shard "
+                    "group; --rank R lists a rank's rows)"
+                  : "flat (FSDP1 FlatParameter: each unit's flat buffer cut into equal ranges)");
     if (pcs_job_check_runnable(spec, p) != PCS_OK)
         printf("# not run by this release (SubmitJob refuses it): %s\n", pcs_last_error());
 
@@ -403,6 +448,7 @@ int pcs_cli_plan(int argc, char **argv)
             }
             free(r);
         }
+        print_shards(plan, rank);
         print_estimate(&est, "estimate");
     }
     rc = spec->resume && spec->resume->from && spec->resume->from[0]

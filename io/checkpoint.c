@@ -8,6 +8,7 @@
 #include <fcntl.h>
 #include <time.h>
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -734,6 +735,55 @@ static uint32_t unit_index(pcs_st_file_t *f, size_t u, const char *what)
     return pcs_st_metadata(f, key) ? meta_u32(f, key, 0) : meta_u32(f, what, 0);
 }
 
+/* Unit.layout per_param (FSDP2): shard r holds rows [r*R, (r+1)*R) of every parameter (R =
+ * shard_rows, clipped to its rows) at shard_offset. The planner's pcs_plan_shard_pieces states
+ * the same rule; io sits beside the planner (DESIGN.md dependency rule), so it reads the plan's
+ * fields itself, and checks them first: a plan from a file must not point outside the buffers. */
+static void param_rows(const Pcs__V1__ParamSlot *ps, uint64_t *rows, uint64_t *inner)
+{
+    *rows = ps->n_shape ? ps->shape[0] : 1;
+    *inner = *rows ? ps->numel / *rows : 0;
+}
+
+static bool per_param_ok(const Pcs__V1__Unit *u, uint32_t sg)
+{
+    uint64_t c = u->shard_numel;
+    if (c > UINT64_MAX / sg || c * sg > u->padded_numel)
+        return false;
+    for (size_t i = 0; i < u->n_params; i++) {
+        const Pcs__V1__ParamSlot *ps = u->params[i];
+        uint64_t rows, inner, chunk;
+        param_rows(ps, &rows, &inner);
+        if (rows && ps->numel % rows)
+            return false;
+        if (ps->shard_rows > UINT64_MAX / sg || ps->shard_rows * sg < rows ||
+            __builtin_mul_overflow(ps->shard_rows, inner, &chunk) || ps->shard_offset > c ||
+            chunk > c - ps->shard_offset || ps->offset > u->padded_numel ||
+            ps->numel > u->padded_numel - ps->offset)
+            return false;
+    }
+    return true;
+}
+
+/* gathered [sg, c] -> flat (parameters at their offsets); per_param_ok(u, sg) holds. */
+static void per_param_copy_out(const Pcs__V1__Unit *u, uint32_t sg, size_t esz,
+                               const uint8_t *gathered, uint8_t *flat)
+{
+    for (size_t i = 0; i < u->n_params; i++) {
+        const Pcs__V1__ParamSlot *ps = u->params[i];
+        uint64_t rows, inner;
+        param_rows(ps, &rows, &inner);
+        for (uint64_t r = 0; r < sg; r++) {
+            uint64_t r0 = r * ps->shard_rows;
+            uint64_t r1 = r0 + ps->shard_rows < rows ? r0 + ps->shard_rows : rows;
+            if (r0 < r1)
+                memcpy(flat + (ps->offset + r0 * inner) * esz,
+                       gathered + (r * u->shard_numel + ps->shard_offset) * esz,
+                       (r1 - r0) * inner * esz);
+        }
+    }
+}
+
 pcs_status_t pcs_ckpt_export(const char *dir, uint64_t step, const char *out_path,
                              pcs_ckpt_export_info_t *info)
 {
@@ -833,7 +883,8 @@ pcs_status_t pcs_ckpt_export_in(const pcs_ckpt_dir_t *d, uint64_t step, const ch
         size_t esz = pcs_dtype_size(md);
         uint32_t sg = un->shard_group_size ? un->shard_group_size : 1;
         uint64_t c = un->shard_numel;
-        if (c * sg < un->padded_numel) {
+        bool per_param = un->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM && sg > 1;
+        if (per_param ? !per_param_ok(un, sg) : c * sg < un->padded_numel) {
             st = pcs_set_error(PCS_ERR_INVALID_ARG, "plan unit %zu: shard %llu x %u < padded %llu",
                                u, (unsigned long long)c, sg, (unsigned long long)un->padded_numel);
             goto out;
@@ -865,9 +916,19 @@ pcs_status_t pcs_ckpt_export_in(const pcs_ckpt_dir_t *d, uint64_t step, const ch
             PCS_CHECK_GOTO(pcs_st_read_raw(src, t, 0, c * esz, flats[u] + (size_t)(s * c) * esz),
                            st, out);
         }
+        if (per_param) { /* the gathered [sg, c] to the flat layout the entries point into */
+            uint8_t *flat = NULL;
+            PCS_CHECK_GOTO(pcs_calloc(un->padded_numel ? un->padded_numel : 1, esz,
+                                      (void **)&flat),
+                           st, out);
+            per_param_copy_out(un, sg, esz, flats[u], flat);
+            free(flats[u]);
+            flats[u] = flat;
+        }
+        uint64_t flat_len = per_param ? un->padded_numel : c * sg;
         for (size_t p = 0; p < un->n_params; p++) {
             const Pcs__V1__ParamSlot *ps = un->params[p];
-            if (ps->numel > c * sg || ps->offset > c * sg - ps->numel ||
+            if (ps->numel > flat_len || ps->offset > flat_len - ps->numel ||
                 ps->n_shape > PCS_ST_MAX_DIMS) {
                 st = pcs_set_error(PCS_ERR_INVALID_ARG, "plan: param %s outside unit %zu", ps->fqn,
                                    u);

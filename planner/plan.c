@@ -902,6 +902,29 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
     u->flat_numel = off;
     u->padded_numel = (off + G - 1) / G * G;
     u->shard_numel = u->padded_numel / G;
+    const char *lay = c->spec->shard_layout ? c->spec->shard_layout : "";
+    if (!strcmp(lay, "per_param") && G > 1 && !ub->unmanaged && u->params &&
+        u->n_params == npk) {
+        /* FSDP2 _init_sharded_param: each parameter chunked on dim 0 by the torch.chunk rule,
+         * chunks packed back to back in parameter order (no alignment: the all-gather input of
+         * foreach_all_gather); the flat buffer keeps its aligned offsets for compute */
+        uint64_t sc = 0;
+        for (size_t i = 0; i < u->n_params; i++) {
+            Pcs__V1__ParamSlot *q = u->params[i];
+            uint64_t rows = q->n_shape ? q->shape[0] : 1;
+            uint64_t inner = rows ? q->numel / rows : 0;
+            q->shard_rows = (rows + G - 1) / G;
+            q->shard_offset = sc;
+            sc += q->shard_rows * inner; /* <= numel: no overflow past the flat offsets' cap */
+        }
+        u->layout = PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM;
+        u->shard_numel = sc;
+        uint64_t need = 0;
+        if (__builtin_mul_overflow(sc, G, &need) || need > (1ull << 62))
+            pcs_errlist_add(&c->errs, "model: unit '%s' has more than 2^62 elements", root->path);
+        need = need > off ? need : off;
+        u->padded_numel = (need + G - 1) / G * G;
+    }
 
     /* buffers: never sharded; floating ones run in buffer_dtype when mixed precision is on */
     u->buffers = calloc(nbufs ? nbufs : 1, sizeof *u->buffers);

@@ -73,6 +73,26 @@ pcs_status_t pcs_job_check_runnable(const Pcs__V1__JobSpec *spec, const Pcs__V1_
 void pcs_plan_shard_range(const Pcs__V1__Unit *u, uint32_t shard_rank, uint64_t *begin,
                           uint64_t *end);
 
+/* One contiguous piece of a parameter in a rank's shard: elements [elem, elem + len) of the
+ * unit's parameter `param` (row-major; in the unit's flat buffer at params[param]->offset + elem)
+ * are elements [shard_off, shard_off + len) of the rank's c-element shard. */
+typedef struct pcs_plan_piece {
+    uint32_t param;
+    uint64_t elem, len, shard_off;
+} pcs_plan_piece_t;
+
+/* The non-empty pieces of shard `shard_rank` of unit u, in parameter order, into `out` (room for
+ * u->n_params); returns their count. Flat layout: each parameter's overlap with [r*c, (r+1)*c)
+ * (alignment padding between them is shard elements of no parameter); per_param: rows [r*rows,
+ * (r+1)*rows) of each parameter at its shard_offset. Shard elements in no piece are padding
+ * (zero). Works for every unit (a replicated one: its one shard is the flat buffer). Pure. */
+size_t pcs_plan_shard_pieces(const Pcs__V1__Unit *u, uint32_t shard_rank, pcs_plan_piece_t *out);
+
+/* Where element `elem` (< numel) of parameter `param` lives: its shard, its offset in that shard,
+ * and `run` >= 1, the elements of the parameter from `elem` on that follow contiguously there. */
+void pcs_plan_locate(const Pcs__V1__Unit *u, uint32_t param, uint64_t elem, uint32_t *shard,
+                     uint64_t *shard_off, uint64_t *run);
+
 /* Elements of shard `shard_rank`'s c-element range of the unit's flat buffer that are not part of
  * a frozen parameter: the elements with optimizer state (alignment and tail padding count, as
  * the flat optimizer state covers them; a unit without frozen parameters gives c on every

@@ -152,15 +152,98 @@ static bool unit_trainable(const Pcs__V1__Unit *u)
     return false;
 }
 
+static bool per_param(const Pcs__V1__Unit *u)
+{
+    return u->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM;
+}
+
+/* Rows along dim 0 (a 0-d parameter is one row) and elements per row. */
+static void param_rows(const Pcs__V1__ParamSlot *ps, uint64_t *rows, uint64_t *inner)
+{
+    *rows = ps->n_shape ? ps->shape[0] : 1;
+    *inner = *rows ? ps->numel / *rows : 0;
+}
+
+static uint64_t unit_c(const Pcs__V1__Unit *u)
+{
+    return u->shard_numel ? u->shard_numel : u->padded_numel;
+}
+
+size_t pcs_plan_shard_pieces(const Pcs__V1__Unit *u, uint32_t shard_rank, pcs_plan_piece_t *out)
+{
+    size_t n = 0;
+    uint64_t c = unit_c(u);
+    for (size_t i = 0; i < u->n_params; i++) {
+        const Pcs__V1__ParamSlot *ps = u->params[i];
+        uint64_t lo, hi, at;
+        if (per_param(u)) {
+            uint64_t rows, inner;
+            param_rows(ps, &rows, &inner);
+            uint64_t r0 = (uint64_t)shard_rank * ps->shard_rows;
+            uint64_t r1 = r0 + ps->shard_rows < rows ? r0 + ps->shard_rows : rows;
+            if (r0 >= r1)
+                continue;
+            lo = r0 * inner;
+            hi = r1 * inner;
+            at = ps->shard_offset;
+        } else {
+            uint64_t b = (uint64_t)shard_rank * c, e = b + c;
+            uint64_t pb = ps->offset, pe = ps->offset + ps->numel;
+            uint64_t a = pb > b ? pb : b, z = pe < e ? pe : e;
+            if (a >= z)
+                continue;
+            lo = a - pb;
+            hi = z - pb;
+            at = a - b;
+        }
+        if (hi > lo)
+            out[n++] = (pcs_plan_piece_t){(uint32_t)i, lo, hi - lo, at};
+    }
+    return n;
+}
+
+void pcs_plan_locate(const Pcs__V1__Unit *u, uint32_t param, uint64_t elem, uint32_t *shard,
+                     uint64_t *shard_off, uint64_t *run)
+{
+    const Pcs__V1__ParamSlot *ps = u->params[param];
+    if (per_param(u)) {
+        uint64_t rows, inner;
+        param_rows(ps, &rows, &inner);
+        uint64_t chunk = ps->shard_rows * inner; /* > 0: the parameter has elem */
+        uint64_t s = elem / chunk;
+        *shard = (uint32_t)s;
+        *shard_off = ps->shard_offset + (elem - s * chunk);
+        uint64_t end = (s + 1) * chunk < ps->numel ? (s + 1) * chunk : ps->numel;
+        *run = end - elem;
+        return;
+    }
+    uint64_t c = unit_c(u), idx = ps->offset + elem;
+    *shard = (uint32_t)(idx / c);
+    *shard_off = idx % c;
+    uint64_t left = c - *shard_off, rest = ps->numel - elem;
+    *run = left < rest ? left : rest;
+}
+
 uint64_t pcs_plan_unfrozen_numel(const Pcs__V1__Unit *u, uint32_t shard_rank)
 {
-    uint64_t c = u->shard_numel, b = (uint64_t)shard_rank * c, e = b + c, frozen = 0;
+    uint64_t c = u->shard_numel, frozen = 0;
     for (size_t i = 0; i < u->n_params; i++) {
         const Pcs__V1__ParamSlot *ps = u->params[i];
         if (!ps->frozen)
             continue;
-        uint64_t lo = ps->offset > b ? ps->offset : b;
-        uint64_t hi = ps->offset + ps->numel < e ? ps->offset + ps->numel : e;
+        uint64_t lo, hi;
+        if (per_param(u)) {
+            uint64_t rows, inner;
+            param_rows(ps, &rows, &inner);
+            uint64_t r0 = (uint64_t)shard_rank * ps->shard_rows;
+            uint64_t r1 = r0 + ps->shard_rows < rows ? r0 + ps->shard_rows : rows;
+            lo = r0 * inner;
+            hi = r1 * inner;
+        } else {
+            uint64_t b = (uint64_t)shard_rank * c, e = b + c;
+            lo = ps->offset > b ? ps->offset : b;
+            hi = ps->offset + ps->numel < e ? ps->offset + ps->numel : e;
+        }
         frozen += hi > lo ? hi - lo : 0;
     }
     return c - (frozen < c ? frozen : c);
@@ -264,7 +347,7 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
     uint64_t root_eval = 0;
     bool keep = false; /* units stay gathered across no-sync micro-batches */
     size_t root_i = SIZE_MAX;
-    uint64_t acc = 0, max_c = 1;
+    uint64_t acc = 0, max_c = 1, max_g = 0;
     for (size_t i = 0; i < n; i++) {
         const Pcs__V1__Unit *u = p->units[i];
         if (u->stage % pp != c.pp)
@@ -295,6 +378,14 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         if (sg > 1)
             out->staging_bytes += sh * dsz(reduce);
         max_c = sh > max_c ? sh : max_c;
+        bool pp_lay = per_param(u) && sg > 1;
+        if (pp_lay) {
+            /* the runtime's gather buffer [sg, c] before the FSDP2 copy-out, one for all
+             * per_param units: the largest (fp32 when a full-precision gather may land there) */
+            uint64_t g = sg * sh * (param != master ? f32 : dsz(param));
+            g = (g + f32 - 1) / f32 * f32;
+            max_g = g > max_g ? g : max_g;
+        }
         for (size_t b = 0; b < u->n_buffers; b++)
             out->buffer_bytes += u->buffers[b]->numel * dsz(u->buffers[b]->run_dtype);
         /* a replicated unit computing in fp32 on its fp32 master needs no unsharded copy,
@@ -323,6 +414,8 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
             gradb[nu] = u->padded_numel * dsz(param);
             rsb[nu] = borrow ? 0 : u->padded_numel * dsz(reduce);
             copyb[nu] = reduce != param || mb_acc > 1 ? rsb[nu] : 0;
+            if (pp_lay) /* per_param: always its own [sg, c] block, filled by the copy-in */
+                rsb[nu] = copyb[nu] = sg * sh * dsz(reduce);
             if (mb_acc > 1)
                 acc += u->padded_numel * dsz(accum);
         }
@@ -367,7 +460,7 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         }
     }
     /* the runtime's fp32 scratch (largest shard) and read-back scalars */
-    out->staging_bytes += max_c * f32 + (3 + (uint64_t)n) * f32;
+    out->staging_bytes += max_c * f32 + (3 + (uint64_t)n) * f32 + max_g;
     /* prefix sums make the walks O(units); ancestors (units whose module encloses unit i's, by
      * path, in pre-order) stay gathered, with their gradient, while unit i computes */
     for (size_t i = 0; i < nu; i++) {

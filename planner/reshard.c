@@ -8,6 +8,7 @@
 #include "pcs/mem.h"
 #include "pcs/strmap.h"
 #include "planner/mesh.h"
+#include "planner/plan.h"
 
 pcs_status_t pcs_plan_rank_shard(const Pcs__V1__Plan *p, uint32_t unit, uint32_t rank,
                                  uint32_t *shard, uint32_t *replica)
@@ -119,9 +120,11 @@ pcs_status_t pcs_plan_transfer(const Pcs__V1__Plan *old, const Pcs__V1__Plan *ne
         st = pcs_plan_rank_shard(neu, (uint32_t)u, rank, &s, &rep);
         if (st != PCS_OK)
             break;
-        uint64_t c = nu->shard_numel, lo = (uint64_t)s * c, hi = lo + c;
-        for (size_t i = 0; st == PCS_OK && i < nu->n_params; i++) {
-            const Pcs__V1__ParamSlot *np = nu->params[i];
+        pcs_plan_piece_t *pc = NULL;
+        st = pcs_calloc(nu->n_params + 1, sizeof *pc, (void **)&pc);
+        size_t npc = st == PCS_OK ? pcs_plan_shard_pieces(nu, s, pc) : 0;
+        for (size_t q = 0; st == PCS_OK && q < npc; q++) {
+            const Pcs__V1__ParamSlot *np = nu->params[pc[q].param];
             uint32_t key = 0;
             if (!pcs_strmap_get(&by_fqn, np->fqn, &key)) {
                 st = pcs_set_error(PCS_ERR_INVALID_ARG,
@@ -129,10 +132,11 @@ pcs_status_t pcs_plan_transfer(const Pcs__V1__Plan *old, const Pcs__V1__Plan *ne
                 break;
             }
             const Pcs__V1__Unit *ou = old->units[slot_of[key]];
-            const Pcs__V1__ParamSlot *op = NULL;
-            for (size_t j = 0; j < ou->n_params && !op; j++)
+            size_t oj = ou->n_params;
+            for (size_t j = 0; j < ou->n_params && oj == ou->n_params; j++)
                 if (strcmp(ou->params[j]->fqn, np->fqn) == 0)
-                    op = ou->params[j];
+                    oj = j;
+            const Pcs__V1__ParamSlot *op = oj < ou->n_params ? ou->params[oj] : NULL;
             if (!op || op->numel != np->numel) {
                 st = pcs_set_error(PCS_ERR_INVALID_ARG,
                                    "resume: parameter %s has %llu elements in the checkpoint, "
@@ -141,15 +145,15 @@ pcs_status_t pcs_plan_transfer(const Pcs__V1__Plan *old, const Pcs__V1__Plan *ne
                                    (unsigned long long)np->numel);
                 break;
             }
-            uint64_t a = np->offset > lo ? np->offset : lo;
-            uint64_t b = np->offset + np->numel < hi ? np->offset + np->numel : hi;
-            uint64_t oc = ou->shard_numel;
+            /* the piece's elements of the parameter, found in the old layout (flat or
+             * per_param) run by run */
             uint32_t osg = ou->shard_group_size ? ou->shard_group_size : 1;
-            while (st == PCS_OK && a < b) {
-                uint64_t idx = op->offset + (a - np->offset); /* in the old flat layout */
-                uint32_t os = (uint32_t)(idx / oc);
-                uint64_t within = idx % oc;
-                uint64_t len = b - a < oc - within ? b - a : oc - within;
+            uint64_t e = pc[q].elem, end = pc[q].elem + pc[q].len;
+            while (st == PCS_OK && e < end) {
+                uint32_t os = 0;
+                uint64_t within = 0, run = 0;
+                pcs_plan_locate(ou, (uint32_t)oj, e, &os, &within, &run);
+                uint64_t len = end - e < run ? end - e : run;
                 uint32_t src = os < osg ? holder[hbase[slot_of[key]] + os] : UINT32_MAX;
                 if (src == UINT32_MAX) {
                     st = pcs_set_error(PCS_ERR_INVALID_ARG,
@@ -163,10 +167,12 @@ pcs_status_t pcs_plan_transfer(const Pcs__V1__Plan *old, const Pcs__V1__Plan *ne
                     if (st != PCS_OK)
                         break;
                 }
-                out[m++] = (pcs_xfer_seg_t){(uint32_t)u, a - lo, src, slot_of[key], within, len};
-                a += len;
+                out[m++] = (pcs_xfer_seg_t){(uint32_t)u, pc[q].shard_off + (e - pc[q].elem), src,
+                                            slot_of[key], within, len};
+                e += len;
             }
         }
+        free(pc);
     }
     pcs_strmap_free(&by_fqn);
     free(slot_of);

@@ -712,6 +712,9 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
                        "it",
                        hook, dtype_str(want), dtype_str(red));
     }
+    const char *lay = s->shard_layout ? s->shard_layout : "";
+    if (*lay && strcmp(lay, "flat") && strcmp(lay, "per_param"))
+        return bad(v, "shard_layout: must be flat or per_param, got '%s'", lay);
     const char *b = s->backend ? s->backend : "";
     if (*b && strcmp(b, "cpu") && strcmp(b, "cuda"))
         return bad(v, "backend: must be cpu or cuda, got '%s'", b);

@@ -84,7 +84,13 @@ typedef struct rt_unit {
     int has_frozen;
     uint64_t *frz_off, *frz_len; /* the frozen ranges themselves: their grads are zeroed */
     size_t n_frz;
-    void *rs_in;  /* padded, reduce dtype (pooled, see above) */
+    /* Unit.layout per_param (FSDP2): the pieces of every shard of the unit (shard s: pieces
+     * [pc_at[s], pc_at[s + 1])). The all-gather lands in rt->gbuf as [sg, c] and is copied out
+     * into `unsharded` (the flat layout the model binds); the reduction input [sg, c] is copied
+     * in from the gradients (padding zeroed). NULL with the flat layout. */
+    pcs_plan_piece_t *pieces;
+    size_t *pc_at;
+    void *rs_in;  /* padded, reduce dtype (pooled, see above); per_param: sg * c */
     void *rs_out; /* c, reduce dtype; only with a shard group */
     void *ag_in;  /* c, param dtype; only when the param dtype is not fp32 (the cast) */
     int accum_valid;
@@ -127,6 +133,8 @@ struct pcs_runtime {
     pcs_stream_t rs_stream; /* reductions (reduction thread, or inline) */
     pcs_event_t ev_opt;     /* compute stream: optimizer update of the master shards done */
     pcs_event_t ev_fence;   /* recorded on an idle side stream, waited by the compute stream */
+    void *gbuf;             /* per_param units: the gathered [sg, c] before its copy-out (the
+                             * largest such unit, fp32 when its param dtype is not the master's) */
     void *stage_ag;         /* host staging of the all-gather stream (padded fp32 of the largest
                              * unit); NULL without staging */
     void *stage_rs;         /* host staging of the reduction stream ((padded + c) fp32) */
@@ -490,6 +498,46 @@ static pcs_status_t fence_compute_after(pcs_runtime_t *rt, pcs_stream_t s)
     return rt->be->stream_wait_event(rt->cstream, rt->ev_fence);
 }
 
+// ---- per_param layout: the FSDP2 copy-out and copy-in ----
+
+/* [sg, c] of dtype dt (all shards, in rank order) -> the unit's flat buffer `flat`: each piece of
+ * each shard to its parameter's place (FSDP2 foreach_all_gather_copy_out). Padding is not copied;
+ * the flat buffer's gaps (alignment, tail) are never read. */
+static pcs_status_t copy_out(pcs_runtime_t *rt, rt_unit_t *u, void *flat, const void *gathered,
+                             pcs_dtype_t dt, pcs_stream_t s)
+{
+    size_t esz = pcs_dtype_size(dt);
+    for (uint32_t r = 0; r < u->sg; r++)
+        for (size_t k = u->pc_at[r]; k < u->pc_at[r + 1]; k++) {
+            const pcs_plan_piece_t *q = &u->pieces[k];
+            uint64_t at = u->u->params[q->param]->offset + q->elem;
+            PCS_CHECK(rt->be->copy((uint8_t *)flat + at * esz,
+                                   (const uint8_t *)gathered + (r * u->c + q->shard_off) * esz,
+                                   q->len * esz, PCS_COPY_D2D, s));
+        }
+    return PCS_OK;
+}
+
+/* The flat buffer `flat` (gradients, sdt) -> [sg, c] of ddt at `dst`: zeroed, then each piece cast
+ * (or copied) to its place (FSDP2 foreach_reduce_scatter_copy_in: chunk-cat with zero padding,
+ * cast to the reduce dtype during the copy). */
+static pcs_status_t copy_in(pcs_runtime_t *rt, rt_unit_t *u, void *dst, pcs_dtype_t ddt,
+                            const void *flat, pcs_dtype_t sdt, pcs_stream_t s)
+{
+    size_t de = pcs_dtype_size(ddt), se = pcs_dtype_size(sdt);
+    PCS_CHECK(pcs_kernel_fill(rt->be, dst, ddt, (size_t)(u->sg * u->c), 0.0, s));
+    for (uint32_t r = 0; r < u->sg; r++)
+        for (size_t k = u->pc_at[r]; k < u->pc_at[r + 1]; k++) {
+            const pcs_plan_piece_t *q = &u->pieces[k];
+            uint64_t at = u->u->params[q->param]->offset + q->elem;
+            void *d = (uint8_t *)dst + (r * u->c + q->shard_off) * de;
+            const void *src = (const uint8_t *)flat + at * se;
+            PCS_CHECK(ddt == sdt ? rt->be->copy(d, src, q->len * de, PCS_COPY_D2D, s)
+                                 : pcs_kernel_cast(rt->be, d, ddt, src, sdt, q->len, s));
+        }
+    return PCS_OK;
+}
+
 // ---- unshard (runs on the prefetch thread, or inline) ----
 
 static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full);
@@ -572,9 +620,12 @@ static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full)
     pcs_rt_timing_t *tm = NULL;
     if (st == PCS_OK) {
         tm = pcs_rt_timing_start(&rt->tp_ag, rt->ag_stream);
-        st = coll_ag(rt, rt->shard_ag, rt->stage_ag, rt->ag_stream, src, dst, u->c, dt);
+        st = coll_ag(rt, rt->shard_ag, rt->stage_ag, rt->ag_stream, src,
+                     u->pieces ? rt->gbuf : dst, u->c, dt);
         if (st == PCS_OK)
             pcs_rt_timing_end(&rt->tp_ag, tm, rt->ag_stream, PCS_RT_T_AG);
+        if (st == PCS_OK && u->pieces) /* FSDP2 copy-out: [sg, c] -> the parameters */
+            st = copy_out(rt, u, dst, rt->gbuf, dt, rt->ag_stream);
     }
     pthread_mutex_lock(&rt->mu);
     rt->cast_ms += cast_ms;
@@ -702,16 +753,15 @@ static pcs_status_t alloc_zero_async(pcs_runtime_t *rt, uint64_t n, pcs_dtype_t 
     return pcs_kernel_fill(rt->be, *out, dt, (size_t)n, 0.0, rt->cstream);
 }
 
-/* The shard [b, e) minus the frozen parameters in it, as local element ranges (see rt_unit_t).
- * Slots are in offset order (the plan's flat layout). */
-static pcs_status_t trainable_ranges(rt_unit_t *u, const Pcs__V1__Unit *pu, uint64_t b, uint64_t e)
+/* This rank's shard (c elements, pieces `pc`) minus the frozen parameters' pieces in it, as local
+ * element ranges (see rt_unit_t). Pieces are in shard order (both layouts keep parameter order
+ * in a shard). */
+static pcs_status_t trainable_ranges(rt_unit_t *u, const Pcs__V1__Unit *pu,
+                                     const pcs_plan_piece_t *pc, size_t npc)
 {
     size_t n_frozen = 0;
-    for (size_t k = 0; k < pu->n_params; k++) {
-        const Pcs__V1__ParamSlot *ps = pu->params[k];
-        if (ps->frozen && ps->offset < e && ps->offset + ps->numel > b)
-            n_frozen++;
-    }
+    for (size_t k = 0; k < npc; k++)
+        n_frozen += pu->params[pc[k].param]->frozen;
     if (n_frozen == 0)
         return PCS_OK;
     u->has_frozen = 1;
@@ -719,25 +769,23 @@ static pcs_status_t trainable_ranges(rt_unit_t *u, const Pcs__V1__Unit *pu, uint
     PCS_CHECK(pcs_calloc(n_frozen + 1, sizeof *u->upd_len, (void **)&u->upd_len));
     PCS_CHECK(pcs_calloc(n_frozen, sizeof *u->frz_off, (void **)&u->frz_off));
     PCS_CHECK(pcs_calloc(n_frozen, sizeof *u->frz_len, (void **)&u->frz_len));
-    uint64_t at = b; /* start of the next trainable range (global element index) */
-    for (size_t k = 0; k < pu->n_params; k++) {
-        const Pcs__V1__ParamSlot *ps = pu->params[k];
-        uint64_t lo = ps->offset > b ? ps->offset : b;
-        uint64_t hi = ps->offset + ps->numel < e ? ps->offset + ps->numel : e;
-        if (!ps->frozen || lo >= hi)
+    uint64_t at = 0; /* start of the next trainable range */
+    for (size_t k = 0; k < npc; k++) {
+        if (!pu->params[pc[k].param]->frozen)
             continue;
+        uint64_t lo = pc[k].shard_off, hi = lo + pc[k].len;
         if (lo > at) {
-            u->upd_off[u->n_upd] = at - b;
+            u->upd_off[u->n_upd] = at;
             u->upd_len[u->n_upd++] = lo - at;
         }
-        u->frz_off[u->n_frz] = lo - b;
+        u->frz_off[u->n_frz] = lo;
         u->frz_len[u->n_frz++] = hi - lo;
         if (hi > at)
             at = hi;
     }
-    if (e > at) {
-        u->upd_off[u->n_upd] = at - b;
-        u->upd_len[u->n_upd++] = e - at;
+    if (u->c > at) {
+        u->upd_off[u->n_upd] = at;
+        u->upd_len[u->n_upd++] = u->c - at;
     }
     return PCS_OK;
 }
@@ -779,9 +827,12 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
                                i, u->sg, rt->shard_size);
             goto out;
         }
-        if (u->c * u->sg != u->padded) {
-            st = pcs_set_error(PCS_ERR_INVALID_ARG, "unit %zu: shard %llu x %u != padded %llu", i,
-                               (unsigned long long)u->c, u->sg, (unsigned long long)u->padded);
+        int per_param = pu->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM && u->sg > 1;
+        if (per_param ? u->c * u->sg > u->padded || u->padded < pu->flat_numel
+                      : u->c * u->sg != u->padded) {
+            st = pcs_set_error(PCS_ERR_INVALID_ARG, "unit %zu: shard %llu x %u %s padded %llu", i,
+                               (unsigned long long)u->c, u->sg, per_param ? ">" : "!=",
+                               (unsigned long long)u->padded);
             goto out;
         }
         u->shard_index = u->sg > 1 ? rt->shard_index : 0;
@@ -831,9 +882,21 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         if (u->param != PCS_DTYPE_FP32)
             PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->param, &u->ag_in), st, out);
 
-        /* Master shard: elements [shard_index*c, +c) of the flat buffer; parameters overlapping
-         * it are generated only for the overlap (init is a function of element index), into a
-         * zeroed host buffer copied H2D (init_param fills host memory). */
+        /* The pieces of every shard: this rank's tell what its shard holds; with per_param, all
+         * of them copy the gathered [sg, c] out and the gradients in. */
+        PCS_CHECK_GOTO(pcs_calloc((size_t)u->sg * (pu->n_params + 1), sizeof *u->pieces,
+                                  (void **)&u->pieces),
+                       st, out);
+        PCS_CHECK_GOTO(pcs_calloc((size_t)u->sg + 1, sizeof *u->pc_at, (void **)&u->pc_at), st,
+                       out);
+        for (uint32_t r = 0; r < u->sg; r++)
+            u->pc_at[r + 1] = u->pc_at[r] + pcs_plan_shard_pieces(pu, r, u->pieces + u->pc_at[r]);
+        const pcs_plan_piece_t *mine = u->pieces + u->pc_at[u->shard_index];
+        size_t n_mine = u->pc_at[u->shard_index + 1] - u->pc_at[u->shard_index];
+        /* Master shard: the pieces of the parameters it holds (flat layout: elements
+         * [shard_index*c, +c) of the flat buffer), each generated only for that piece (init is
+         * a function of element index), into a zeroed host buffer copied H2D (init_param fills
+         * host memory). */
         if (u->c > tmp_cap) {
             free(tmp);
             tmp = NULL;
@@ -842,17 +905,17 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         }
         if (u->c > 0)
             memset(tmp, 0, u->c * sizeof(float));
-        uint64_t b = (uint64_t)u->shard_index * u->c, e = b + u->c;
-        for (size_t k = 0; k < pu->n_params; k++) {
-            const Pcs__V1__ParamSlot *ps = pu->params[k];
-            uint64_t pb = ps->offset, pe2 = ps->offset + ps->numel;
-            uint64_t lo = pb > b ? pb : b, hi = pe2 < e ? pe2 : e;
-            if (lo >= hi)
-                continue;
-            PCS_CHECK_GOTO(cfg->init_param(cfg->init_ctx, ps, lo - pb, hi - lo, tmp + (lo - b)), st,
-                           out);
+        for (size_t k = 0; k < n_mine; k++)
+            PCS_CHECK_GOTO(cfg->init_param(cfg->init_ctx, pu->params[mine[k].param], mine[k].elem,
+                                           mine[k].len, tmp + mine[k].shard_off),
+                           st, out);
+        PCS_CHECK_GOTO(trainable_ranges(u, pu, mine, n_mine), st, out);
+        if (!per_param) { /* the flat layout's moves are whole ranges: no pieces needed */
+            free(u->pieces);
+            free(u->pc_at);
+            u->pieces = NULL;
+            u->pc_at = NULL;
         }
-        PCS_CHECK_GOTO(trainable_ranges(u, pu, b, e), st, out);
         float *ms = u->master_shard;
         if (u->alias)
             u->unsharded = ms;
@@ -895,7 +958,7 @@ out:
 static pcs_status_t alloc_shared(pcs_runtime_t *rt)
 {
     const Pcs__V1__Plan *p = rt->plan;
-    uint64_t max_c = 1, max_stage = 1;
+    uint64_t max_c = 1, max_stage = 1, gbytes = 0;
     for (size_t i = 0; i < p->n_units; i++) {
         const Pcs__V1__Unit *pu = p->units[i];
         if (rt->pp_size > 1 && pu->stage % rt->pp_size != rt->pp_index)
@@ -903,7 +966,17 @@ static pcs_status_t alloc_shared(pcs_runtime_t *rt)
         uint64_t c = pu->shard_numel ? pu->shard_numel : pu->padded_numel;
         max_c = c > max_c ? c : max_c;
         max_stage = pu->padded_numel + c > max_stage ? pu->padded_numel + c : max_stage;
+        uint64_t sg = pu->shard_group_size ? pu->shard_group_size : 1;
+        if (pu->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM && sg > 1) {
+            /* the full-precision (fp32) gather lands here too when the param dtype differs */
+            pcs_dtype_t md = dt_or(pu->master_dtype, PCS_DTYPE_FP32);
+            pcs_dtype_t pd = dt_or(pu->param_dtype, md);
+            uint64_t b = sg * c * (pd != md ? 4 : pcs_dtype_size(pd));
+            gbytes = b > gbytes ? b : gbytes;
+        }
     }
+    if (gbytes)
+        PCS_CHECK(alloc_zero(rt, (gbytes + 3) / 4, PCS_DTYPE_FP32, &rt->gbuf));
     PCS_CHECK(alloc_zero(rt, max_c, PCS_DTYPE_FP32, (void **)&rt->d_tmp));
     PCS_CHECK(alloc_zero(rt, 3 + p->n_units, PCS_DTYPE_FP32, (void **)&rt->d_scal));
     PCS_CHECK(rt->be->host_alloc((3 + p->n_units) * sizeof(float), (void **)&rt->h_scal));
@@ -1191,6 +1264,8 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
         free(u->upd_len);
         free(u->frz_off);
         free(u->frz_len);
+        free(u->pieces);
+        free(u->pc_at);
         pcs_event_t evs[] = {u->ev_ag, u->ev_use, u->ev_rsin, u->ev_rsdone};
         for (size_t k = 0; k < sizeof evs / sizeof evs[0]; k++)
             if (evs[k])
@@ -1210,6 +1285,7 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
         rt->be->host_free(rt->h_scal);
         rt->be->host_free(rt->h_grad);
         rt->be->free(rt->d_h2d);
+        rt->be->free(rt->gbuf);
         rt->be->host_free(rt->stage_ag);
         rt->be->host_free(rt->stage_rs);
         if (rt->ev_opt)
@@ -1495,7 +1571,19 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
     /* On the compute stream, after the backward that wrote the grads. */
     PCS_CHECK(rt->be->stream_wait_event(rt->cstream, u->ev_rsdone));
     u->rs_in_accum = 0;
-    if (src == u->grads && sdt == u->reduce) {
+    if (u->pieces) {
+        /* per_param: the [sg, c] reduction input is always a block of its own, built by the
+         * FSDP2 copy-in (chunk-cat with zero padding, cast to the reduce dtype on the way) */
+        PCS_CHECK(pool_get(rt, (size_t)(u->sg * u->c) * pcs_dtype_size(u->reduce), rt->cstream,
+                           &u->rs_in));
+        pcs_status_t st = copy_in(rt, u, u->rs_in, u->reduce, src, sdt, rt->cstream);
+        if (st != PCS_OK) {
+            (void)pool_put(rt, u->rs_in, rt->cstream);
+            u->rs_in = NULL;
+            return st;
+        }
+        PCS_CHECK(drop_grads(rt, u));
+    } else if (src == u->grads && sdt == u->reduce) {
         /* no cast: the gradient block itself is the reduction's input (no copy) */
         u->rs_in = u->grads;
         u->grads = NULL;

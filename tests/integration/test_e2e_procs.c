@@ -875,6 +875,57 @@ static void test_keep_gathered_accumulation_is_bit_identical_with_fewer_all_gath
     }
 }
 
+/* FSDP2's per-parameter layout (shard_layout: per_param): every rank holds rows of every
+ * parameter, the runtime copies the gathered [W, c] out to the parameters after each all-gather
+ * and copies gradients in (zero-padded, cast to the reduce dtype) before each reduce-scatter.
+ * Every element meets the same arithmetic except two orders that depend on which rank owns it:
+ * the ring's summation order across ranks (its owner's chunk starts the ring) and gradient
+ * clipping's per-rank partial sums. With sums of two (a + b == b + a exactly) and no clipping the
+ * run must be bit-identical to the flat layout: exported parameters, losses, eval losses. Covers
+ * the full-precision eval gather (fp32 through the same copy-out), the no-sync accumulator copied
+ * in (4 micro-batches), HSDP (2 x 2: a reduce-scatter and an all-reduce of two) and an fp16
+ * reduction with pre/post divide and the scaler. */
+static void test_per_param_layout_is_bit_identical_to_flat(void **state)
+{
+    (void)state;
+    const char *tail = "shard_layout: per_param\n";
+    job_params_t fs = {.mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 3, .clip = "0",
+                       .eval_every = 2, .full_eval = "true"};
+    run_bit_parity(&fs, "pp-fs", "PCS_TEST_LAYOUT", tail, "per_param");
+    job_params_t sgo = {.strategy = "shard_grad_op", .mesh = "{dim: dp_shard, size: 2}",
+                        .world = 2, .steps = 3, .micro = 4, .clip = "0"};
+    run_bit_parity(&sgo, "pp-sgo", "PCS_TEST_LAYOUT", tail, "per_param");
+    job_params_t hs = {.strategy = "hybrid_shard",
+                       .mesh = "{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 2}",
+                       .world = 4,
+                       .steps = 3,
+                       .clip = "0"};
+    run_bit_parity(&hs, "pp-hs", "PCS_TEST_LAYOUT", tail, "per_param");
+    job_params_t f16 = {.precision = "param_dtype: fp16, reduce_dtype: fp16",
+                        .scaler = "true",
+                        .mesh = "{dim: dp_shard, size: 2}",
+                        .world = 2,
+                        .steps = 3,
+                        .clip = "0"};
+    run_bit_parity(&f16, "pp-f16", "PCS_TEST_LAYOUT", tail, "per_param");
+}
+
+/* per_param at W = 4 (uneven chunks: rows of 32 over 4 ranks, of 4 over 4, 16-wide inputs),
+ * with clipping, against the reference (tolerances as FULL_SHARD), with and without
+ * reshard_after_forward=2 (the pair re-gather works on the flat buffer, after the copy-out);
+ * run_parity also checks the plan's memory promise, which counts the gather buffer and the
+ * copy-in block. */
+static void test_per_param_layout_w4_matches_reference(void **state)
+{
+    (void)state;
+    job_params_t p = {.mesh = "{dim: dp_shard, size: 4}",
+                      .world = 4,
+                      .train_extra = "shard_layout: per_param\n"};
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+    p.raf = "2";
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+}
+
 /* Run the job with the runtime's collectives direct and again through host staging buffers (the
  * path a Gloo job takes on a device backend). */
 static void run_stage_parity(const job_params_t *p, const char *tag)
@@ -1310,6 +1361,8 @@ int main(void)
         cmocka_unit_test(test_no_shard_w2_matches_reference),
         cmocka_unit_test(test_prefetch_controls_six_combinations_match_reference),
         cmocka_unit_test(test_keep_gathered_accumulation_is_bit_identical_with_fewer_all_gathers),
+        cmocka_unit_test(test_per_param_layout_is_bit_identical_to_flat),
+        cmocka_unit_test(test_per_param_layout_w4_matches_reference),
         cmocka_unit_test(test_ddp_fp16_compress_hook_w4_matches_reference),
         cmocka_unit_test(test_ddp_bf16_compress_hook_w2_matches_reference),
         cmocka_unit_test(test_world_of_one_divide_factor_w1_matches_reference),
@@ -1373,5 +1426,8 @@ int main(void)
         cmocka_unit_test(test_simulated_cuda_injected_inf_skip_w2_is_bit_identical_to_cpu),
         cmocka_unit_test(test_simulated_cuda_refuses_nccl_with_a_reason),
     };
+    /* PCS_TEST_FILTER=test_per_param* runs the matching tests only (cmocka's pattern) */
+    if (getenv("PCS_TEST_FILTER"))
+        cmocka_set_test_filter(getenv("PCS_TEST_FILTER"));
     return cmocka_run_group_tests_name("e2e_procs", tests, NULL, NULL);
 }

@@ -518,6 +518,40 @@ static void test_unreachable_coordinator_is_a_clear_error(void **state)
     free(out);
 }
 
+/* FSDP2's per-parameter layout offline: the plan says so and --rank lists the rank's rows of each
+ * parameter (W = 3: 32 rows in chunks of 11, rank 2 holds rows 22..31; the 4-row head leaves it
+ * nothing); the coordinator accepts the job. */
+static void test_plan_rank_lists_per_param_rows(void **state)
+{
+    (void)state;
+    char path[1200], cmd[3000];
+    snprintf(path, sizeof path, "%s/per-param.yaml", E.dir);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs("name: pp\n"
+          "model: {mlp: {input_dim: 16, hidden_dims: [32, 32], output_dim: 4, norm: layernorm}}\n"
+          "wrap: {module_class: [MLPBlock]}\n"
+          "mesh: [{dim: dp_shard, size: 3}]\n"
+          "shard_layout: per_param\n"
+          "training: {steps: 1, micro_batch_size: 4, optimizer: {sgd: {lr: 0.1}}}\n",
+          f);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "'%s' plan '%s' --rank 2 2>&1", E.pcsctl, path);
+    int rc;
+    char *out = pcs_test_run(cmd, &rc);
+    assert_int_equal(rc, 0);
+    expect_contains(out, "# shard layout: per_param");
+    expect_contains(out, "unit 1 (layers.0) shard 2 of 3, replica 0, per_param: 209 elements");
+    expect_contains(out, "[0, +160) layers.0.linear.weight rows [22, 32) of 32");
+    expect_contains(out,
+                    "unit 0 (<root>) shard 2 of 3, replica 0, per_param: 66 elements\n#   unit 1");
+    free(out);
+    out = ctl(&rc, "submit '%s'", path);
+    assert_int_equal(rc, 0);
+    expect_contains(out, " pending (world 3, request ctl-");
+    free(out);
+}
+
 static void test_submit_reads_the_job_from_stdin(void **state)
 {
     (void)state;
@@ -551,6 +585,7 @@ int main(void)
         cmocka_unit_test(test_status_watch_keeps_watching_until_stopped),
         cmocka_unit_test(test_unreachable_coordinator_is_a_clear_error),
         cmocka_unit_test(test_submit_reads_the_job_from_stdin),
+        cmocka_unit_test(test_plan_rank_lists_per_param_rows),
     };
     return cmocka_run_group_tests_name("pcsctl", tests, setup, teardown);
 }

@@ -28,11 +28,14 @@ typedef struct variant {
     const char *strategy;
     const char *extra; /* more training: keys */
     int world;
+    const char *layout, *layout2; /* shard_layout of the first jobs, of the resharded ones */
 } variant_t;
 
 static char *job_yaml(const variant_t *v, const char *resume_from, int resume_step,
                       const char *strategy, int world)
 {
+    const char *layout = (strategy ? v->layout2 : v->layout) ? (strategy ? v->layout2 : v->layout)
+                                                            : "flat";
     char *y = malloc(4096);
     assert_non_null(y);
     char resume[1400] = "";
@@ -50,9 +53,10 @@ static char *job_yaml(const variant_t *v, const char *resume_from, int resume_st
              "data: {synthetic: {seed: 11}}\n"
              "init: {seed: 5}\n"
              "checkpoint: {dir: ckpt, every_steps: 4, keep_last: 4}\n"
+             "shard_layout: %s\n"
              "%s",
              v->name, v->model, v->precision, strategy ? strategy : v->strategy, world,
-             v->optimizer, v->extra ? v->extra : "", resume);
+             v->optimizer, v->extra ? v->extra : "", layout, resume);
     return y;
 }
 
@@ -147,7 +151,7 @@ static void test_fp32_adamw_full_shard(void **state)
 {
     (void)state;
     variant_t v = {"fp32-adamw", k_mlp, "{}", "{adamw: {lr: 0.01, weight_decay: 0.1}}",
-                   "full_shard", NULL, 4};
+                   "full_shard", NULL, 4, NULL, NULL};
     run_variant(&v);
 }
 
@@ -155,7 +159,7 @@ static void test_bf16_sgd_momentum_shard_grad_op(void **state)
 {
     (void)state;
     variant_t v = {"bf16-sgd", k_mlp, "{param_dtype: bf16, reduce_dtype: fp32}",
-                   "{sgd: {lr: 0.05, momentum: 0.9}}", "shard_grad_op", NULL, 2};
+                   "{sgd: {lr: 0.05, momentum: 0.9}}", "shard_grad_op", NULL, 2, NULL, NULL};
     run_variant(&v);
 }
 
@@ -169,14 +173,36 @@ static void test_fp16_grad_scaler_and_batchnorm(void **state)
                    "full_shard",
                    ", eval_every: 2, grad_scaler: {enabled: true, init_scale: 1024, "
                    "growth_interval: 3}",
-                   4};
+                   4,
+                   NULL,
+                   NULL};
+    run_variant(&v);
+}
+
+/* FSDP2's per-parameter layout: resumed in the same layout to the bit, then resharded to the
+ * flat layout at another world size and strategy (and the reverse): the transfer finds every
+ * element of a parameter by its rows, and the resume at the last step exports the uninterrupted
+ * run's parameters to the bit. */
+static void test_per_param_layout_resumes_and_reshards_to_flat(void **state)
+{
+    (void)state;
+    variant_t v = {"per-param", k_mlp, "{param_dtype: bf16, reduce_dtype: fp32}",
+                   "{adamw: {lr: 0.01}}", "shard_grad_op", NULL, 4, "per_param", "flat"};
+    run_variant(&v);
+}
+
+static void test_flat_checkpoint_reshards_to_per_param(void **state)
+{
+    (void)state;
+    variant_t v = {"flat-to-per-param", k_mlp, "{}", "{sgd: {lr: 0.05, momentum: 0.9}}",
+                   "shard_grad_op", NULL, 2, "flat", "per_param"};
     run_variant(&v);
 }
 
 static void test_a_checkpoint_of_another_model_is_refused(void **state)
 {
     (void)state;
-    variant_t v = {"other", k_mlp, "{}", "{sgd: {lr: 0.1}}", "full_shard", NULL, 2};
+    variant_t v = {"other", k_mlp, "{}", "{sgd: {lr: 0.1}}", "full_shard", NULL, 2, NULL, NULL};
     e2e_job_t full, other;
     char *full_dir = NULL, *other_dir = NULL;
     char *y = job_yaml(&v, NULL, 0, NULL, 2);
@@ -207,7 +233,11 @@ int main(void)
         cmocka_unit_test(test_fp32_adamw_full_shard),
         cmocka_unit_test(test_bf16_sgd_momentum_shard_grad_op),
         cmocka_unit_test(test_fp16_grad_scaler_and_batchnorm),
+        cmocka_unit_test(test_per_param_layout_resumes_and_reshards_to_flat),
+        cmocka_unit_test(test_flat_checkpoint_reshards_to_per_param),
         cmocka_unit_test(test_a_checkpoint_of_another_model_is_refused),
     };
+    if (getenv("PCS_TEST_FILTER")) /* e.g. "test_per_param*": the matching tests only */
+        cmocka_set_test_filter(getenv("PCS_TEST_FILTER"));
     return cmocka_run_group_tests_name("resume", tests, NULL, NULL);
 }

@@ -179,6 +179,49 @@ static void test_export_rebuilds_full_parameters_from_uneven_shards(void **state
     free(dir);
 }
 
+/* Unit 0 in FSDP2's per-parameter layout: rank r holds rows [2r, 2r+2) of a [3,2] and of b [3]
+ * (chunks of 2 rows, zero-padded), back to back: rank 0 = a0..a3 b0 b1, rank 1 = a4 a5 0 0 b2 0.
+ * Export copies them out to whole parameters. */
+static void test_export_rebuilds_per_param_shards(void **state)
+{
+    (void)state;
+    fixture_t f;
+    make_plan(&f);
+    f.u[0].layout = PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM;
+    f.p[0].shard_rows = 2;
+    f.p[0].shard_offset = 0;
+    f.p[1].shard_rows = 2;
+    f.p[1].shard_offset = 4;
+    static const float a[6] = {1, 2, 3, 4, 5, 6}, b[3] = {-7, -8, -9};
+    const float shards[12] = {a[0], a[1], a[2], a[3], b[0], b[1], a[4], a[5], 0, 0, b[2], 0};
+    memcpy(f.flat0, shards, sizeof shards);
+    char *dir = pcs_test_tmpdir("ckpt");
+    write_rank(dir, &f, 0, 3, 0, 0);
+    write_rank(dir, &f, 1, 3, 0, 0);
+    assert_int_equal(pcs_ckpt_commit(dir, 3, &f.plan), PCS_OK);
+    char out[1200];
+    snprintf(out, sizeof out, "%s/full.safetensors", dir);
+    pcs_ckpt_export_info_t info;
+    assert_int_equal(pcs_ckpt_export(dir, 0, out, &info), PCS_OK);
+    pcs_st_file_t *st = NULL;
+    assert_int_equal(pcs_st_open(out, &st), PCS_OK);
+    float v[6];
+    assert_int_equal(pcs_st_read_f32(st, pcs_st_find(st, "enc.a"), 0, 6, v), PCS_OK);
+    assert_memory_equal(v, a, sizeof a);
+    assert_int_equal(pcs_st_read_f32(st, pcs_st_find(st, "enc.b"), 0, 3, v), PCS_OK);
+    assert_memory_equal(v, b, sizeof b);
+    pcs_st_close(st);
+    /* a plan whose chunks do not fit the shard is refused, not read past */
+    f.p[1].shard_offset = 5;
+    write_rank(dir, &f, 0, 4, 0, 0);
+    write_rank(dir, &f, 1, 4, 0, 0);
+    assert_int_equal(pcs_ckpt_commit(dir, 4, &f.plan), PCS_OK);
+    assert_int_equal(pcs_ckpt_export(dir, 4, out, NULL), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "plan unit 0"));
+    pcs_test_rmtree(dir);
+    free(dir);
+}
+
 /* The rank-file builder (what pcs-worker writes with): units named and typed as the format says,
  * optimizer state per unit, buffers flat or 0-d, per-unit indices in the metadata; what it writes
  * exports to the original parameters. Misuse is an error, never a broken file. */
@@ -770,6 +813,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_export_rebuilds_full_parameters_from_uneven_shards),
+        cmocka_unit_test(test_export_rebuilds_per_param_shards),
         cmocka_unit_test(test_export_without_a_complete_checkpoint_is_not_found),
         cmocka_unit_test(test_export_names_a_missing_or_inconsistent_shard),
         cmocka_unit_test(test_export_refuses_a_plan_inconsistent_with_itself_or_the_files),

@@ -178,6 +178,136 @@ static void test_aligned_flat_param_case7(void **state)
     pcs_plan_free(p);
 }
 
+// ---- FSDP2 per-parameter layout: cases 2, 4 and 5 --------------------------------------------
+
+static Pcs__V1__Plan *per_param_plan(const char *params, uint32_t ws, const char *extra)
+{
+    char y[1024];
+    snprintf(y, sizeof y,
+             "model: {explicit: [{path: '', class: Net, params: [%s]}]}\n"
+             "mesh: [{dim: dp_shard, size: %u}]\nshard_layout: per_param\n%s",
+             params, ws, extra ? extra : "");
+    return plan_of(y, ws);
+}
+
+static void test_fsdp2_param_shard_case2(void **state)
+{
+    (void)state;
+    /* W (10, 3), ws 4: 3 rows a rank; rank 3 holds row 9 (sharded (1, 3), padded (3, 3)) */
+    Pcs__V1__Plan *p = per_param_plan("{name: w, shape: [10, 3]}", 4, NULL);
+    const Pcs__V1__Unit *u = p->units[0];
+    assert_int_equal(u->layout, PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM);
+    assert_int_equal(u->params[0]->shard_rows, 3);
+    assert_int_equal(u->shard_numel, 9);
+    pcs_plan_piece_t pc[1];
+    assert_int_equal(pcs_plan_shard_pieces(u, 0, pc), 1);
+    assert_int_equal(pc[0].elem, 0); /* rows 0-2 */
+    assert_int_equal(pc[0].len, 9);
+    assert_int_equal(pcs_plan_shard_pieces(u, 3, pc), 1);
+    assert_int_equal(pc[0].elem, 27); /* row 9; rows 1-2 of the padded (3, 3) are padding */
+    assert_int_equal(pc[0].len, 3);
+    assert_int_equal(pc[0].shard_off, 0);
+    pcs_plan_free(p);
+    /* (3, 5), ws 4: one row a rank, rank 3 holds nothing (sharded (0, 5), padded (1, 5)) */
+    p = per_param_plan("{name: w, shape: [3, 5]}", 4, NULL);
+    u = p->units[0];
+    assert_int_equal(u->params[0]->shard_rows, 1);
+    assert_int_equal(u->shard_numel, 5);
+    assert_int_equal(pcs_plan_shard_pieces(u, 2, pc), 1);
+    assert_int_equal(pc[0].elem, 10);
+    assert_int_equal(pcs_plan_shard_pieces(u, 3, pc), 0);
+    /* the gathered [4, 5] fits the unsharded buffer, which keeps the flat offsets */
+    assert_true(u->padded_numel >= 20 && u->padded_numel % 4 == 0);
+    assert_int_equal(u->params[0]->offset, 0);
+    pcs_plan_free(p);
+}
+
+/* Group {W (10, 3), b (10)}, ws 4, bf16: rank r's all-gather input is W's chunk r (9 elements)
+ * then b's (3), 12 in all; the gathered [4, 12] copied out by the pieces rebuilds W and b, and the
+ * reduce-scatter input built from gradients by the same pieces has row r = W rows 3r..3r+2 (zero
+ * past row 9) then b[3r..3r+2] (zero past 9). */
+static void test_fsdp2_all_gather_and_reduce_scatter_packing_cases_4_5(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *p = per_param_plan("{name: w, shape: [10, 3]}, {name: b, shape: [10]}", 4,
+                                      "precision: {param_dtype: bf16}");
+    const Pcs__V1__Unit *u = p->units[0];
+    assert_int_equal(u->param_dtype, DT(BF16));
+    assert_int_equal(u->shard_numel, 12);
+    assert_int_equal(u->params[0]->shard_offset, 0);
+    assert_int_equal(u->params[1]->shard_offset, 9);
+    assert_int_equal(u->params[1]->shard_rows, 3);
+    const Pcs__V1__CollectiveSpec *ag = coll_of(u, COLL(ALL_GATHER), PHASE(FORWARD));
+    const Pcs__V1__CollectiveSpec *rs = coll_of(u, COLL(REDUCE_SCATTER), PHASE(STEP));
+    assert_non_null(ag);
+    assert_non_null(rs);
+    assert_int_equal(ag->count, 12); /* per rank; the output is 48 */
+    assert_int_equal(ag->dtype, DT(BF16));
+    assert_int_equal(rs->count, 12);
+    /* the flat (unsharded) buffer: W at 0, b at 32 (bf16: 16-byte alignment is 8 elements) */
+    uint64_t woff = u->params[0]->offset, boff = u->params[1]->offset;
+    assert_int_equal(woff, 0);
+    assert_int_equal(boff, 32);
+    float flat[64], gathered[48], rebuilt[64];
+    for (int i = 0; i < 64; i++)
+        flat[i] = rebuilt[i] = -1;
+    for (int i = 0; i < 30; i++)
+        flat[woff + i] = (float)(100 + i);
+    for (int i = 0; i < 10; i++)
+        flat[boff + i] = (float)(500 + i);
+    for (int i = 0; i < 48; i++)
+        gathered[i] = 0; /* padding */
+    pcs_plan_piece_t pc[2];
+    for (uint32_t r = 0; r < 4; r++) { /* each rank's all-gather input, from its pieces */
+        size_t n = pcs_plan_shard_pieces(u, r, pc);
+        for (size_t k = 0; k < n; k++)
+            memcpy(gathered + r * 12 + pc[k].shard_off,
+                   flat + u->params[pc[k].param]->offset + pc[k].elem, pc[k].len * sizeof(float));
+    }
+    for (uint32_t r = 0; r < 4; r++)
+        for (int j = 0; j < 12; j++) {
+            /* row r: W rows 3r..3r+2 (row-major), then b[3r..3r+2]; zero past the end */
+            int row = j < 9 ? 3 * (int)r + j / 3 : 3 * (int)r + j - 9;
+            float want = row >= 10 ? 0.f
+                         : j < 9   ? (float)(100 + 9 * (int)r + j)
+                                   : (float)(500 + row);
+            assert_true(gathered[r * 12 + j] == want);
+        }
+    /* copy-out: every parameter rebuilt exactly */
+    for (uint32_t r = 0; r < 4; r++) {
+        size_t n = pcs_plan_shard_pieces(u, r, pc);
+        for (size_t k = 0; k < n; k++)
+            memcpy(rebuilt + u->params[pc[k].param]->offset + pc[k].elem,
+                   gathered + r * 12 + pc[k].shard_off, pc[k].len * sizeof(float));
+    }
+    assert_memory_equal(rebuilt + woff, flat + woff, 30 * sizeof(float));
+    assert_memory_equal(rebuilt + boff, flat + boff, 10 * sizeof(float));
+    /* case 5: rank 3's W-grad is the first 3 output elements (row 9), its b-grad element 9 */
+    assert_int_equal(pcs_plan_shard_pieces(u, 3, pc), 2);
+    assert_int_equal(pc[0].param, 0);
+    assert_int_equal(pc[0].shard_off, 0);
+    assert_int_equal(pc[0].len, 3);
+    assert_int_equal(pc[1].param, 1);
+    assert_int_equal(pc[1].elem, 9);
+    assert_int_equal(pc[1].shard_off, 9);
+    assert_int_equal(pc[1].len, 1);
+    pcs_plan_free(p);
+}
+
+static void test_per_param_layout_only_where_sharded(void **state)
+{
+    (void)state;
+    /* flat by default; per_param with no_shard (one-rank shard groups) stays flat */
+    uint64_t numel[] = {10, 3};
+    Pcs__V1__Plan *p = flat_plan(numel, 2, 4, NULL);
+    assert_int_equal(p->units[0]->layout, PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_FLAT);
+    pcs_plan_free(p);
+    p = per_param_plan("{name: w, shape: [10, 3]}", 4, "strategy: no_shard\n");
+    assert_int_equal(p->units[0]->layout, PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_FLAT);
+    assert_int_equal(p->units[0]->params[0]->shard_rows, 0);
+    pcs_plan_free(p);
+}
+
 // ---- factors and ops: cases 8 and 9 -------------------------------------------------------
 
 static void test_divide_factors_match_spec_table_case8(void **state)
@@ -1435,6 +1565,9 @@ int main(void)
         cmocka_unit_test(test_chunk_layout_matches_spec_table),
         cmocka_unit_test(test_fsdp1_flat_shard_case6),
         cmocka_unit_test(test_aligned_flat_param_case7),
+        cmocka_unit_test(test_fsdp2_param_shard_case2),
+        cmocka_unit_test(test_fsdp2_all_gather_and_reduce_scatter_packing_cases_4_5),
+        cmocka_unit_test(test_per_param_layout_only_where_sharded),
         cmocka_unit_test(test_divide_factors_match_spec_table_case8),
         cmocka_unit_test(test_custom_divide_factor_reaches_world_of_one_and_no_shard),
         cmocka_unit_test(test_fsdp2_reduce_op_choice_case9),

@@ -1,5 +1,6 @@
-/* Property tests of the planner over random module trees, wrap policies, precision policies and
- * world sizes 1..64: shards tile the padded buffer exactly, every parameter appears once with its
+/* Property tests of the planner over random module trees, wrap policies, precision policies,
+ * shard layouts and world sizes 1..64: shards tile the padded buffer exactly (flat layout), every
+ * parameter element lies in exactly one piece of one shard (both layouts), every parameter appears once with its
  * bytes inside the flat buffer and 16-byte aligned, every module belongs to one unit, unit
  * selection equals a direct recursive transliteration of FSDP1 _recursive_wrap, the dtype rules
  * are total, and group membership agrees with the mesh coordinates. Seeded: failures reproduce. */
@@ -150,6 +151,8 @@ static void random_job(gen_t *g, uint32_t *ws_out)
     }
     put(g, "training: {micro_batches: %u, prefetch: %u, optimizer: {adamw: {lr: 0.1}}}\n",
         1 + rnd(4), 1 + rnd(2));
+    if (rnd(2))
+        put(g, "shard_layout: %s\n", rnd(2) ? "per_param" : "flat");
     *ws_out = ws;
     free(paths);
     free(nparams);
@@ -222,6 +225,8 @@ static bool is_float(Pcs__V1__DType d)
     return pcs_dtype_is_float((pcs_dtype_t)d) && d != 0;
 }
 
+static uint32_t n_per_param_units; /* the per_param layout was exercised */
+
 static void check_plan(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p, const char *y)
 {
     pcs_model_t *m = NULL;
@@ -262,19 +267,88 @@ static void check_plan(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p, con
         }
         assert_int_equal(end, u->flat_numel);
         assert_int_equal(sum, u->numel);
-        /* padding and shards: padded = roundup(flat, G), shards tile it exactly */
+        bool pp = u->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM;
+        n_per_param_units += pp;
+        const char *lay = spec->shard_layout ? spec->shard_layout : "";
+        /* per_param exactly for the sharded, managed units of a per_param job */
+        assert_int_equal(pp, !strcmp(lay, "per_param") && G > 1 && !u->unmanaged);
         assert_int_equal(u->padded_numel % G, 0);
-        assert_true(u->padded_numel >= u->flat_numel && u->padded_numel - u->flat_numel < G);
-        assert_int_equal(u->shard_numel * G, u->padded_numel);
-        uint64_t next = 0;
-        for (uint32_t r = 0; r < G; r++) {
-            uint64_t b, e;
-            pcs_plan_shard_range(u, r, &b, &e);
-            assert_int_equal(b, next);
-            assert_true(e >= b && e - b <= u->shard_numel);
-            next = e;
+        if (!pp) {
+            /* padding and shards: padded = roundup(flat, G), shards tile it exactly */
+            assert_true(u->padded_numel >= u->flat_numel && u->padded_numel - u->flat_numel < G);
+            assert_int_equal(u->shard_numel * G, u->padded_numel);
+            uint64_t next = 0;
+            for (uint32_t r = 0; r < G; r++) {
+                uint64_t b, e;
+                pcs_plan_shard_range(u, r, &b, &e);
+                assert_int_equal(b, next);
+                assert_true(e >= b && e - b <= u->shard_numel);
+                next = e;
+            }
+            assert_int_equal(next, u->flat_numel);
+        } else {
+            /* FSDP2 _init_sharded_param: ceil(rows / G) rows a rank, chunks back to back; the
+             * unsharded buffer holds both the flat layout and the gathered [G, c] */
+            uint64_t c = 0;
+            for (size_t i = 0; i < u->n_params; i++) {
+                const Pcs__V1__ParamSlot *q = u->params[i];
+                uint64_t rows = q->n_shape ? q->shape[0] : 1;
+                assert_int_equal(q->shard_rows, (rows + G - 1) / G);
+                assert_int_equal(q->shard_offset, c);
+                c += q->shard_rows * (rows ? q->numel / rows : 0);
+            }
+            assert_int_equal(u->shard_numel, c);
+            assert_true(u->padded_numel >= u->flat_numel && u->padded_numel >= c * G);
+            assert_true(u->padded_numel - (u->flat_numel > c * G ? u->flat_numel : c * G) < G);
         }
-        assert_int_equal(next, u->flat_numel);
+        /* every element of every parameter in exactly one piece of one shard, pieces inside
+         * their shard and disjoint there, and pcs_plan_locate agreeing with them */
+        {
+            pcs_plan_piece_t *pcs = calloc(u->n_params + 1, sizeof *pcs);
+            uint64_t c = u->shard_numel;
+            uint8_t *used = calloc(c + 1, 1);
+            uint8_t **seen = calloc(u->n_params + 1, sizeof *seen);
+            assert_true(pcs && used && seen);
+            for (size_t i = 0; i < u->n_params; i++)
+                assert_non_null(seen[i] = calloc(u->params[i]->numel + 1, 1));
+            for (uint32_t r = 0; r < G; r++) {
+                memset(used, 0, c + 1);
+                size_t np = pcs_plan_shard_pieces(u, r, pcs);
+                assert_true(np <= u->n_params);
+                for (size_t j = 0; j < np; j++) {
+                    const pcs_plan_piece_t *q = &pcs[j];
+                    assert_true(q->param < u->n_params && q->len > 0);
+                    if (j)
+                        assert_true(q->param > pcs[j - 1].param);
+                    assert_true(q->elem + q->len <= u->params[q->param]->numel);
+                    assert_true(q->shard_off + q->len <= c);
+                    for (uint64_t e = 0; e < q->len; e++) {
+                        assert_int_equal(used[q->shard_off + e]++, 0);
+                        assert_int_equal(seen[q->param][q->elem + e]++, 0);
+                    }
+                    if (!pp) /* the flat buffer's own order: offset + elem at r*c + shard_off */
+                        assert_int_equal(u->params[q->param]->offset + q->elem,
+                                         (uint64_t)r * c + q->shard_off);
+                    uint32_t s;
+                    uint64_t off, run;
+                    uint64_t e = q->elem + rnd((uint32_t)q->len);
+                    pcs_plan_locate(u, q->param, e, &s, &off, &run);
+                    assert_int_equal(s, r);
+                    assert_int_equal(off, q->shard_off + (e - q->elem));
+                    assert_int_equal(run, q->len - (e - q->elem));
+                }
+            }
+            for (size_t i = 0; i < u->n_params; i++) {
+                for (uint64_t e = 0; e < u->params[i]->numel; e++)
+                    if (seen[i][e] != 1)
+                        fail_msg("unit %zu param %s element %llu in %u pieces\n%s", k,
+                                 u->params[i]->fqn, (unsigned long long)e, seen[i][e], y);
+                free(seen[i]);
+            }
+            free(seen);
+            free(used);
+            free(pcs);
+        }
         /* collectives run in the unit's dtypes, over groups of the plan's sizes */
         for (size_t i = 0; i < u->n_collectives; i++) {
             const Pcs__V1__CollectiveSpec *c = u->collectives[i];
@@ -390,6 +464,7 @@ static void test_random_trees_tile_align_and_cover_every_param_once(void **state
         free(g.y);
     }
     assert_int_equal(planned, ITERS);
+    assert_true(n_per_param_units > 0);
 }
 
 static void test_precision_rules_are_total(void **state)

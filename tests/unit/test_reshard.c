@@ -1,8 +1,9 @@
 /* The transfer plan of a resharded resume (planner/reshard.c), checked by simulation: old rank
  * shards are filled with a code per parameter element (0 in padding), every new rank's shard is
  * rebuilt from the segments alone, and must equal the shard computed directly from the new plan's
- * flat layout — for every pair of world sizes 1..8, strategies (FULL_SHARD, SHARD_GRAD_OP,
- * NO_SHARD, HYBRID_SHARD), wrap policies (units that differ between the plans) and meshes. Also
+ * layout (flat, or FSDP2's per-parameter chunks from the shapes) — for every pair of world sizes
+ * 1..8, strategies (FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD), wrap policies (units that
+ * differ between the plans), shard layouts and meshes. Also
  * the refusals: a parameter missing from the checkpoint, another element count, pipelines. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -17,6 +18,8 @@
 #include "pcs/pbtext.h"
 #include "planner/plan.h"
 #include "planner/reshard.h"
+
+static const char *layout = "flat"; /* shard_layout of the plans made next */
 
 static Pcs__V1__JobSpec *spec_of(const char *strategy, const char *wrap, uint32_t rep,
                                  uint32_t shard, uint32_t hidden)
@@ -35,8 +38,9 @@ static Pcs__V1__JobSpec *spec_of(const char *strategy, const char *wrap, uint32_
              "strategy: %s\n"
              "wrap: %s\n"
              "mesh:\n%s"
-             "training: {steps: 1, micro_batch_size: 2, optimizer: {sgd: {lr: 0.1}}}\n",
-             hidden, strategy, wrap, mesh);
+             "training: {steps: 1, micro_batch_size: 2, optimizer: {sgd: {lr: 0.1}}}\n"
+             "shard_layout: %s\n",
+             hidden, strategy, wrap, mesh, layout);
     ProtobufCMessage *m = NULL;
     if (pcs_pb_from_yaml(y, strlen(y), &pcs__v1__job_spec__descriptor, &m) != PCS_OK)
         fail_msg("spec: %s\n%s", pcs_last_error(), y);
@@ -72,6 +76,22 @@ static uint64_t *shard_of(const Pcs__V1__Plan *p, uint32_t u, uint32_t rank)
     uint64_t c = un->shard_numel, lo = (uint64_t)s * c;
     uint64_t *v = calloc(c ? c : 1, sizeof *v);
     assert_non_null(v);
+    if (un->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM) {
+        /* FSDP2 _init_sharded_param, from the shapes alone: ceil(rows / G) rows a rank, the
+         * parameters' chunks back to back */
+        uint64_t G = un->shard_group_size, at = 0;
+        for (size_t i = 0; i < un->n_params; i++) {
+            const Pcs__V1__ParamSlot *ps = un->params[i];
+            uint64_t rows = ps->n_shape ? ps->shape[0] : 1, inner = ps->numel / rows;
+            uint64_t R = (rows + G - 1) / G;
+            for (uint64_t r = s * R; r < (s + 1) * R && r < rows; r++)
+                for (uint64_t j = 0; j < inner; j++)
+                    v[at + (r - s * R) * inner + j] = code(ps->fqn, r * inner + j);
+            at += R * inner;
+        }
+        assert_int_equal(at, c);
+        return v;
+    }
     for (size_t i = 0; i < un->n_params; i++) {
         const Pcs__V1__ParamSlot *ps = un->params[i];
         for (uint64_t e = 0; e < ps->numel; e++) {
@@ -141,13 +161,23 @@ static void test_every_world_strategy_and_wrap_pair_rebuilds_the_new_shards(void
                 if (ow % kinds[ok].rep || nw % kinds[nk].rep)
                     continue;
                 const char *ow_wrap = wraps[(ow + ok) % 2], *nw_wrap = wraps[(nw + nk + 1) % 2];
+                /* shard layouts: flat -> flat, and the three pairs with FSDP2's per_param */
+                static const char *lays[4][2] = {{"flat", "flat"},
+                                                 {"per_param", "per_param"},
+                                                 {"flat", "per_param"},
+                                                 {"per_param", "flat"}};
+                const char *const *lp = lays[(ow * 3 + nw + ok) % 4];
+                layout = lp[0];
                 Pcs__V1__Plan *old = plan_of(kinds[ok].strategy, ow_wrap, kinds[ok].rep,
                                              ow / kinds[ok].rep, 11);
+                layout = lp[1];
                 Pcs__V1__Plan *neu = plan_of(kinds[nk].strategy, nw_wrap, kinds[nk].rep,
                                              nw / kinds[nk].rep, 11);
+                layout = "flat";
                 char what[256];
-                snprintf(what, sizeof what, "%s W=%u (%s) -> %s W=%u (%s)", kinds[ok].strategy,
-                         ow, ow_wrap, kinds[nk].strategy, nw, nw_wrap);
+                snprintf(what, sizeof what, "%s W=%u (%s, %s) -> %s W=%u (%s, %s)",
+                         kinds[ok].strategy, ow, ow_wrap, lp[0], kinds[nk].strategy, nw, nw_wrap,
+                         lp[1]);
                 check_pair(old, neu, what);
                 pcs_plan_free(old);
                 pcs_plan_free(neu);

@@ -303,6 +303,9 @@ static const row_t rows[] = {
      "program: must be at most 64 characters of [A-Za-z0-9._-], got 'pcs torch'"},
     {"collectives", "collectives: gloo\nprogram: ../x", NULL, NULL, NULL,
      "program: must be at most 64 characters of [A-Za-z0-9._-], got '../x'"},
+    /* shard layouts (FSDP1 flat, FSDP2 per-parameter) */
+    {"collectives", "collectives: gloo\nshard_layout: fsdp2", NULL, NULL, NULL,
+     "shard_layout: must be flat or per_param, got 'fsdp2'"},
     /* DDP communication hooks (spec §6) */
     {"strategy", "strategy: no_shard\nddp_comm_hook: allreduce",
      "training",
