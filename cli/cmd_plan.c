@@ -212,8 +212,16 @@ static void print_shards(const Pcs__V1__Plan *p, uint32_t rank)
                u->shard_numel);
         for (size_t k = 0; k < n; k++) {
             const Pcs__V1__ParamSlot *ps = u->params[pc[k].param];
-            uint64_t rows = ps->n_shape ? ps->shape[0] : 1, inner = rows ? ps->numel / rows : 1;
-            if (pp)
+            uint32_t d = ps->shard_dim < ps->n_shape ? ps->shard_dim : 0;
+            uint64_t rows = ps->n_shape ? ps->shape[d] : 1, inner = 1;
+            for (size_t j = d + 1; j < ps->n_shape; j++)
+                inner *= ps->shape[j];
+            if (pp && d > 0)
+                printf("#     [%" PRIu64 ", +%" PRIu64 ") %s dim %u [%" PRIu64 ", %" PRIu64
+                       ") of %" PRIu64 "\n",
+                       pc[k].shard_off, pc[k].count * pc[k].len, ps->fqn, d, pc[k].elem / inner,
+                       (pc[k].elem + pc[k].len) / inner, rows);
+            else if (pp)
                 printf("#     [%" PRIu64 ", +%" PRIu64 ") %s rows [%" PRIu64 ", %" PRIu64
                        ") of %" PRIu64 "\n",
                        pc[k].shard_off, pc[k].len, ps->fqn, pc[k].elem / inner,

@@ -735,14 +735,28 @@ static uint32_t unit_index(pcs_st_file_t *f, size_t u, const char *what)
     return pcs_st_metadata(f, key) ? meta_u32(f, key, 0) : meta_u32(f, what, 0);
 }
 
-/* Unit.layout per_param (FSDP2): shard r holds rows [r*R, (r+1)*R) of every parameter (R =
- * shard_rows, clipped to its rows) at shard_offset. The planner's pcs_plan_shard_pieces states
- * the same rule; io sits beside the planner (DESIGN.md dependency rule), so it reads the plan's
- * fields itself, and checks them first: a plan from a file must not point outside the buffers. */
-static void param_rows(const Pcs__V1__ParamSlot *ps, uint64_t *rows, uint64_t *inner)
+/* Unit.layout per_param (FSDP2): shard r holds rows [r*R, (r+1)*R) along each parameter's
+ * shard_dim (R = shard_rows, clipped to its rows; the parameter viewed as [outer, rows, inner]),
+ * made contiguous at shard_offset. The planner's pcs_plan_shard_pieces states the same rule; io
+ * sits beside the planner (DESIGN.md dependency rule), so it reads the plan's fields itself, and
+ * checks them first: a plan from a file must not point outside the buffers. */
+static bool param_dims(const Pcs__V1__ParamSlot *ps, uint64_t *outer, uint64_t *rows,
+                       uint64_t *inner)
 {
-    *rows = ps->n_shape ? ps->shape[0] : 1;
-    *inner = *rows ? ps->numel / *rows : 0;
+    if (ps->n_shape && ps->shard_dim >= ps->n_shape)
+        return false;
+    uint32_t d = ps->shard_dim;
+    *outer = 1;
+    *inner = 1;
+    *rows = ps->n_shape ? ps->shape[d] : 1;
+    for (size_t k = 0; k < ps->n_shape; k++) {
+        uint64_t *f = k < d ? outer : inner;
+        if (k != d && __builtin_mul_overflow(*f, ps->shape[k], f))
+            return false;
+    }
+    uint64_t all;
+    return !__builtin_mul_overflow(*outer, *rows, &all) &&
+           !__builtin_mul_overflow(all, *inner, &all) && all == ps->numel;
 }
 
 static bool per_param_ok(const Pcs__V1__Unit *u, uint32_t sg)
@@ -752,12 +766,12 @@ static bool per_param_ok(const Pcs__V1__Unit *u, uint32_t sg)
         return false;
     for (size_t i = 0; i < u->n_params; i++) {
         const Pcs__V1__ParamSlot *ps = u->params[i];
-        uint64_t rows, inner, chunk;
-        param_rows(ps, &rows, &inner);
-        if (rows && ps->numel % rows)
+        uint64_t outer, rows, inner, chunk;
+        if (!param_dims(ps, &outer, &rows, &inner))
             return false;
         if (ps->shard_rows > UINT64_MAX / sg || ps->shard_rows * sg < rows ||
-            __builtin_mul_overflow(ps->shard_rows, inner, &chunk) || ps->shard_offset > c ||
+            __builtin_mul_overflow(ps->shard_rows, inner, &chunk) ||
+            __builtin_mul_overflow(chunk, outer, &chunk) || ps->shard_offset > c ||
             chunk > c - ps->shard_offset || ps->offset > u->padded_numel ||
             ps->numel > u->padded_numel - ps->offset)
             return false;
@@ -771,14 +785,16 @@ static void per_param_copy_out(const Pcs__V1__Unit *u, uint32_t sg, size_t esz,
 {
     for (size_t i = 0; i < u->n_params; i++) {
         const Pcs__V1__ParamSlot *ps = u->params[i];
-        uint64_t rows, inner;
-        param_rows(ps, &rows, &inner);
+        uint64_t outer, rows, inner;
+        (void)param_dims(ps, &outer, &rows, &inner);
         for (uint64_t r = 0; r < sg; r++) {
             uint64_t r0 = r * ps->shard_rows;
             uint64_t r1 = r0 + ps->shard_rows < rows ? r0 + ps->shard_rows : rows;
-            if (r0 < r1)
-                memcpy(flat + (ps->offset + r0 * inner) * esz,
-                       gathered + (r * u->shard_numel + ps->shard_offset) * esz,
+            for (uint64_t o = 0; r0 < r1 && o < outer; o++)
+                memcpy(flat + (ps->offset + (o * rows + r0) * inner) * esz,
+                       gathered + (r * u->shard_numel + ps->shard_offset +
+                                   o * ps->shard_rows * inner) *
+                                      esz,
                        (r1 - r0) * inner * esz);
         }
     }

@@ -318,6 +318,15 @@ static bool override_matches(const Pcs__V1__OverrideMatch *mt, const pcs_model_m
     return true;
 }
 
+/* A shard_placements[].param: an FQN, or a prefix ending in '*'. */
+static bool placement_matches(const char *pat, const char *fqn)
+{
+    size_t n = pat ? strlen(pat) : 0;
+    if (n == 0)
+        return false;
+    return pat[n - 1] == '*' ? strncmp(fqn, pat, n - 1) == 0 : strcmp(fqn, pat) == 0;
+}
+
 static bool override_is_prefix(const Pcs__V1__OverrideMatch *mt)
 {
     const char *p = mt ? mt->path : NULL;
@@ -911,8 +920,33 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
         uint64_t sc = 0;
         for (size_t i = 0; i < u->n_params; i++) {
             Pcs__V1__ParamSlot *q = u->params[i];
-            uint64_t rows = q->n_shape ? q->shape[0] : 1;
+            uint32_t dim = 0;
+            size_t pi = SIZE_MAX;
+            for (size_t j = 0; j < c->spec->n_shard_placements; j++) {
+                const Pcs__V1__ShardPlacement *sp = c->spec->shard_placements[j];
+                if (sp && placement_matches(sp->param, q->fqn)) {
+                    dim = sp->dim;
+                    pi = j;
+                }
+            }
+            if (dim > 0 && dim >= q->n_shape) {
+                pcs_errlist_add(&c->errs,
+                                "shard_placements[%zu]: %s has %zu dims, no dim %u to shard on", pi,
+                                q->fqn, q->n_shape, dim);
+                continue;
+            }
+            uint64_t rows = q->n_shape ? q->shape[dim] : 1;
             uint64_t inner = rows ? q->numel / rows : 0;
+            if (dim > 0 && rows % G) {
+                /* FSDP2 _init_sharded_param: NotImplementedError for uneven Shard(k > 0) */
+                pcs_errlist_add(&c->errs,
+                                "shard_placements[%zu]: %s dim %u has size %llu, not a multiple "
+                                "of the shard group size %llu (FSDP2 shards dims other than 0 "
+                                "evenly only)",
+                                pi, q->fqn, dim, (unsigned long long)rows, (unsigned long long)G);
+                continue;
+            }
+            q->shard_dim = dim;
             q->shard_rows = (rows + G - 1) / G;
             q->shard_offset = sc;
             sc += q->shard_rows * inner; /* <= numel: no overflow past the flat offsets' cap */
@@ -1480,6 +1514,16 @@ pcs_status_t pcs_plan_build(const Pcs__V1__JobSpec *spec, uint32_t world_size, P
         goto out;
     if (c.errs.count)
         goto out;
+    /* a placement that matches no parameter is a typo that would silently change nothing */
+    for (size_t k = 0; k < spec->n_shard_placements; k++) {
+        const char *pat = spec->shard_placements[k] ? spec->shard_placements[k]->param : NULL;
+        bool hit = false;
+        for (uint32_t i = 0; !hit && i < c.m->n_params; i++)
+            hit = placement_matches(pat, c.m->params[i].fqn);
+        if (!hit)
+            pcs_errlist_add(&c.errs, "shard_placements[%zu].param: no parameter matches '%s'", k,
+                            pat ? pat : "");
+    }
     uint32_t n = c.m->n_modules;
     if (pcs_calloc(n, 1, (void **)&c.wrapped) != PCS_OK ||
         pcs_calloc(n, 1, (void **)&c.ignored) != PCS_OK ||

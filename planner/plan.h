@@ -73,18 +73,21 @@ pcs_status_t pcs_job_check_runnable(const Pcs__V1__JobSpec *spec, const Pcs__V1_
 void pcs_plan_shard_range(const Pcs__V1__Unit *u, uint32_t shard_rank, uint64_t *begin,
                           uint64_t *end);
 
-/* One contiguous piece of a parameter in a rank's shard: elements [elem, elem + len) of the
- * unit's parameter `param` (row-major; in the unit's flat buffer at params[param]->offset + elem)
- * are elements [shard_off, shard_off + len) of the rank's c-element shard. */
+/* A parameter's part of a rank's shard, as `count` runs of `len` elements: run j is elements
+ * [elem + j·stride, + len) of the unit's parameter `param` (row-major; in the unit's flat buffer
+ * at params[param]->offset + elem + j·stride) and elements [shard_off + j·len, + len) of the
+ * rank's c-element shard (the runs are back to back there). One run (count 1) except for a
+ * per_param parameter chunked on a dim k > 0: one run per index of the dims before k. */
 typedef struct pcs_plan_piece {
     uint32_t param;
     uint64_t elem, len, shard_off;
+    uint64_t count, stride;
 } pcs_plan_piece_t;
 
 /* The non-empty pieces of shard `shard_rank` of unit u, in parameter order, into `out` (room for
  * u->n_params); returns their count. Flat layout: each parameter's overlap with [r*c, (r+1)*c)
  * (alignment padding between them is shard elements of no parameter); per_param: rows [r*rows,
- * (r+1)*rows) of each parameter at its shard_offset. Shard elements in no piece are padding
+ * (r+1)*rows) along each parameter's shard_dim at its shard_offset. Shard elements in no piece are padding
  * (zero). Works for every unit (a replicated one: its one shard is the flat buffer). Pure. */
 size_t pcs_plan_shard_pieces(const Pcs__V1__Unit *u, uint32_t shard_rank, pcs_plan_piece_t *out);
 

@@ -157,16 +157,36 @@ static bool per_param(const Pcs__V1__Unit *u)
     return u->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM;
 }
 
-/* Rows along dim 0 (a 0-d parameter is one row) and elements per row. */
-static void param_rows(const Pcs__V1__ParamSlot *ps, uint64_t *rows, uint64_t *inner)
+/* The parameter viewed as [outer, rows, inner] around its shard dim (a 0-d parameter is one
+ * row). */
+static void param_dims(const Pcs__V1__ParamSlot *ps, uint64_t *outer, uint64_t *rows,
+                       uint64_t *inner)
 {
-    *rows = ps->n_shape ? ps->shape[0] : 1;
-    *inner = *rows ? ps->numel / *rows : 0;
+    uint32_t d = ps->shard_dim < ps->n_shape ? ps->shard_dim : 0;
+    *outer = 1;
+    *inner = 1;
+    *rows = ps->n_shape ? ps->shape[d] : 1;
+    for (size_t k = 0; k < ps->n_shape; k++) {
+        if (k < d)
+            *outer *= ps->shape[k];
+        else if (k > d)
+            *inner *= ps->shape[k];
+    }
 }
 
 static uint64_t unit_c(const Pcs__V1__Unit *u)
 {
     return u->shard_numel ? u->shard_numel : u->padded_numel;
+}
+
+/* per_param: shard r's rows [r0, r1) of parameter ps (clipped to its rows). */
+static void chunk_rows(const Pcs__V1__ParamSlot *ps, uint64_t rows, uint32_t r, uint64_t *r0,
+                       uint64_t *r1)
+{
+    *r0 = (uint64_t)r * ps->shard_rows;
+    *r1 = *r0 + ps->shard_rows < rows ? *r0 + ps->shard_rows : rows;
+    if (*r0 > *r1)
+        *r0 = *r1;
 }
 
 size_t pcs_plan_shard_pieces(const Pcs__V1__Unit *u, uint32_t shard_rank, pcs_plan_piece_t *out)
@@ -175,29 +195,20 @@ size_t pcs_plan_shard_pieces(const Pcs__V1__Unit *u, uint32_t shard_rank, pcs_pl
     uint64_t c = unit_c(u);
     for (size_t i = 0; i < u->n_params; i++) {
         const Pcs__V1__ParamSlot *ps = u->params[i];
-        uint64_t lo, hi, at;
         if (per_param(u)) {
-            uint64_t rows, inner;
-            param_rows(ps, &rows, &inner);
-            uint64_t r0 = (uint64_t)shard_rank * ps->shard_rows;
-            uint64_t r1 = r0 + ps->shard_rows < rows ? r0 + ps->shard_rows : rows;
-            if (r0 >= r1)
-                continue;
-            lo = r0 * inner;
-            hi = r1 * inner;
-            at = ps->shard_offset;
-        } else {
-            uint64_t b = (uint64_t)shard_rank * c, e = b + c;
-            uint64_t pb = ps->offset, pe = ps->offset + ps->numel;
-            uint64_t a = pb > b ? pb : b, z = pe < e ? pe : e;
-            if (a >= z)
-                continue;
-            lo = a - pb;
-            hi = z - pb;
-            at = a - b;
+            uint64_t outer, rows, inner, r0, r1;
+            param_dims(ps, &outer, &rows, &inner);
+            chunk_rows(ps, rows, shard_rank, &r0, &r1);
+            if (r0 < r1 && outer && inner)
+                out[n++] = (pcs_plan_piece_t){(uint32_t)i, r0 * inner, (r1 - r0) * inner,
+                                              ps->shard_offset, outer, rows * inner};
+            continue;
         }
-        if (hi > lo)
-            out[n++] = (pcs_plan_piece_t){(uint32_t)i, lo, hi - lo, at};
+        uint64_t b = (uint64_t)shard_rank * c, e = b + c;
+        uint64_t pb = ps->offset, pe = ps->offset + ps->numel;
+        uint64_t a = pb > b ? pb : b, z = pe < e ? pe : e;
+        if (a < z)
+            out[n++] = (pcs_plan_piece_t){(uint32_t)i, a - pb, z - a, a - b, 1, z - a};
     }
     return n;
 }
@@ -207,14 +218,15 @@ void pcs_plan_locate(const Pcs__V1__Unit *u, uint32_t param, uint64_t elem, uint
 {
     const Pcs__V1__ParamSlot *ps = u->params[param];
     if (per_param(u)) {
-        uint64_t rows, inner;
-        param_rows(ps, &rows, &inner);
-        uint64_t chunk = ps->shard_rows * inner; /* > 0: the parameter has elem */
-        uint64_t s = elem / chunk;
+        uint64_t outer, rows, inner;
+        param_dims(ps, &outer, &rows, &inner);
+        uint64_t slab = rows * inner; /* > 0: the parameter has elem */
+        uint64_t o = elem / slab, rem = elem % slab, row = rem / inner, i = rem % inner;
+        uint64_t s = row / ps->shard_rows, r0 = s * ps->shard_rows;
+        uint64_t r1 = r0 + ps->shard_rows < rows ? r0 + ps->shard_rows : rows;
         *shard = (uint32_t)s;
-        *shard_off = ps->shard_offset + (elem - s * chunk);
-        uint64_t end = (s + 1) * chunk < ps->numel ? (s + 1) * chunk : ps->numel;
-        *run = end - elem;
+        *shard_off = ps->shard_offset + o * ps->shard_rows * inner + (row - r0) * inner + i;
+        *run = (r1 - row) * inner - i;
         return;
     }
     uint64_t c = unit_c(u), idx = ps->offset + elem;
@@ -231,19 +243,16 @@ uint64_t pcs_plan_unfrozen_numel(const Pcs__V1__Unit *u, uint32_t shard_rank)
         const Pcs__V1__ParamSlot *ps = u->params[i];
         if (!ps->frozen)
             continue;
-        uint64_t lo, hi;
         if (per_param(u)) {
-            uint64_t rows, inner;
-            param_rows(ps, &rows, &inner);
-            uint64_t r0 = (uint64_t)shard_rank * ps->shard_rows;
-            uint64_t r1 = r0 + ps->shard_rows < rows ? r0 + ps->shard_rows : rows;
-            lo = r0 * inner;
-            hi = r1 * inner;
-        } else {
-            uint64_t b = (uint64_t)shard_rank * c, e = b + c;
-            lo = ps->offset > b ? ps->offset : b;
-            hi = ps->offset + ps->numel < e ? ps->offset + ps->numel : e;
+            uint64_t outer, rows, inner, r0, r1;
+            param_dims(ps, &outer, &rows, &inner);
+            chunk_rows(ps, rows, shard_rank, &r0, &r1);
+            frozen += outer * (r1 - r0) * inner;
+            continue;
         }
+        uint64_t b = (uint64_t)shard_rank * c, e = b + c;
+        uint64_t lo = ps->offset > b ? ps->offset : b;
+        uint64_t hi = ps->offset + ps->numel < e ? ps->offset + ps->numel : e;
         frozen += hi > lo ? hi - lo : 0;
     }
     return c - (frozen < c ? frozen : c);

@@ -146,30 +146,33 @@ pcs_status_t pcs_plan_transfer(const Pcs__V1__Plan *old, const Pcs__V1__Plan *ne
                 break;
             }
             /* the piece's elements of the parameter, found in the old layout (flat or
-             * per_param) run by run */
+             * per_param, any shard dim) run by run */
             uint32_t osg = ou->shard_group_size ? ou->shard_group_size : 1;
-            uint64_t e = pc[q].elem, end = pc[q].elem + pc[q].len;
-            while (st == PCS_OK && e < end) {
-                uint32_t os = 0;
-                uint64_t within = 0, run = 0;
-                pcs_plan_locate(ou, (uint32_t)oj, e, &os, &within, &run);
-                uint64_t len = end - e < run ? end - e : run;
-                uint32_t src = os < osg ? holder[hbase[slot_of[key]] + os] : UINT32_MAX;
-                if (src == UINT32_MAX) {
-                    st = pcs_set_error(PCS_ERR_INVALID_ARG,
-                                       "resume: no rank of the checkpoint holds shard %u of its "
-                                       "unit %u",
-                                       os, slot_of[key]);
-                    break;
-                }
-                if (m == cap) {
-                    st = pcs_grow((void **)&out, &cap, m + 1, sizeof *out);
-                    if (st != PCS_OK)
+            for (uint64_t j = 0; st == PCS_OK && j < pc[q].count; j++) {
+                uint64_t e0 = pc[q].elem + j * pc[q].stride, e = e0, end = e0 + pc[q].len;
+                uint64_t dst0 = pc[q].shard_off + j * pc[q].len;
+                while (st == PCS_OK && e < end) {
+                    uint32_t os = 0;
+                    uint64_t within = 0, run = 0;
+                    pcs_plan_locate(ou, (uint32_t)oj, e, &os, &within, &run);
+                    uint64_t len = end - e < run ? end - e : run;
+                    uint32_t src = os < osg ? holder[hbase[slot_of[key]] + os] : UINT32_MAX;
+                    if (src == UINT32_MAX) {
+                        st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                                           "resume: no rank of the checkpoint holds shard %u of "
+                                           "its unit %u",
+                                           os, slot_of[key]);
                         break;
+                    }
+                    if (m == cap) {
+                        st = pcs_grow((void **)&out, &cap, m + 1, sizeof *out);
+                        if (st != PCS_OK)
+                            break;
+                    }
+                    out[m++] = (pcs_xfer_seg_t){(uint32_t)u, dst0 + (e - e0), src, slot_of[key],
+                                                within, len};
+                    e += len;
                 }
-                out[m++] = (pcs_xfer_seg_t){(uint32_t)u, pc[q].shard_off + (e - pc[q].elem), src,
-                                            slot_of[key], within, len};
-                e += len;
             }
         }
         free(pc);

@@ -9,6 +9,7 @@
 #include "pcs/file.h"
 #include "pcs/strmap.h"
 #include "pcs/utf8.h"
+#include "planner/model_tree.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -715,6 +716,23 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
     const char *lay = s->shard_layout ? s->shard_layout : "";
     if (*lay && strcmp(lay, "flat") && strcmp(lay, "per_param"))
         return bad(v, "shard_layout: must be flat or per_param, got '%s'", lay);
+    for (size_t i = 0; i < s->n_shard_placements; i++) {
+        const Pcs__V1__ShardPlacement *sp = s->shard_placements[i];
+        const char *pp = sp && sp->param ? sp->param : "";
+        if (strcmp(lay, "per_param"))
+            return bad(v, "shard_placements: need shard_layout: per_param (FSDP1's flat "
+                          "parameter has no per-parameter placement)");
+        if (!*pp)
+            return bad(v, "shard_placements[%zu].param: required (an FQN or a prefix ending in "
+                          "'*')",
+                       i);
+        const char *star = strchr(pp, '*');
+        if (star && star[1] != '\0')
+            return bad(v, "shard_placements[%zu].param: '*' is only allowed at the end", i);
+        if (sp->dim >= PCS_MODEL_MAX_DIMS)
+            return bad(v, "shard_placements[%zu].dim: %u is not a tensor dim (at most %d dims)",
+                       i, sp->dim, PCS_MODEL_MAX_DIMS);
+    }
     const char *b = s->backend ? s->backend : "";
     if (*b && strcmp(b, "cpu") && strcmp(b, "cuda"))
         return bad(v, "backend: must be cpu or cuda, got '%s'", b);

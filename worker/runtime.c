@@ -510,10 +510,13 @@ static pcs_status_t copy_out(pcs_runtime_t *rt, rt_unit_t *u, void *flat, const 
     for (uint32_t r = 0; r < u->sg; r++)
         for (size_t k = u->pc_at[r]; k < u->pc_at[r + 1]; k++) {
             const pcs_plan_piece_t *q = &u->pieces[k];
-            uint64_t at = u->u->params[q->param]->offset + q->elem;
-            PCS_CHECK(rt->be->copy((uint8_t *)flat + at * esz,
-                                   (const uint8_t *)gathered + (r * u->c + q->shard_off) * esz,
-                                   q->len * esz, PCS_COPY_D2D, s));
+            for (uint64_t j = 0; j < q->count; j++) {
+                uint64_t at = u->u->params[q->param]->offset + q->elem + j * q->stride;
+                uint64_t from = r * u->c + q->shard_off + j * q->len;
+                PCS_CHECK(rt->be->copy((uint8_t *)flat + at * esz,
+                                       (const uint8_t *)gathered + from * esz, q->len * esz,
+                                       PCS_COPY_D2D, s));
+            }
         }
     return PCS_OK;
 }
@@ -529,11 +532,13 @@ static pcs_status_t copy_in(pcs_runtime_t *rt, rt_unit_t *u, void *dst, pcs_dtyp
     for (uint32_t r = 0; r < u->sg; r++)
         for (size_t k = u->pc_at[r]; k < u->pc_at[r + 1]; k++) {
             const pcs_plan_piece_t *q = &u->pieces[k];
-            uint64_t at = u->u->params[q->param]->offset + q->elem;
-            void *d = (uint8_t *)dst + (r * u->c + q->shard_off) * de;
-            const void *src = (const uint8_t *)flat + at * se;
-            PCS_CHECK(ddt == sdt ? rt->be->copy(d, src, q->len * de, PCS_COPY_D2D, s)
-                                 : pcs_kernel_cast(rt->be, d, ddt, src, sdt, q->len, s));
+            for (uint64_t j = 0; j < q->count; j++) {
+                uint64_t at = u->u->params[q->param]->offset + q->elem + j * q->stride;
+                void *d = (uint8_t *)dst + (r * u->c + q->shard_off + j * q->len) * de;
+                const void *src = (const uint8_t *)flat + at * se;
+                PCS_CHECK(ddt == sdt ? rt->be->copy(d, src, q->len * de, PCS_COPY_D2D, s)
+                                     : pcs_kernel_cast(rt->be, d, ddt, src, sdt, q->len, s));
+            }
         }
     return PCS_OK;
 }
@@ -773,7 +778,7 @@ static pcs_status_t trainable_ranges(rt_unit_t *u, const Pcs__V1__Unit *pu,
     for (size_t k = 0; k < npc; k++) {
         if (!pu->params[pc[k].param]->frozen)
             continue;
-        uint64_t lo = pc[k].shard_off, hi = lo + pc[k].len;
+        uint64_t lo = pc[k].shard_off, hi = lo + pc[k].count * pc[k].len;
         if (lo > at) {
             u->upd_off[u->n_upd] = at;
             u->upd_len[u->n_upd++] = lo - at;
@@ -906,9 +911,11 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         if (u->c > 0)
             memset(tmp, 0, u->c * sizeof(float));
         for (size_t k = 0; k < n_mine; k++)
-            PCS_CHECK_GOTO(cfg->init_param(cfg->init_ctx, pu->params[mine[k].param], mine[k].elem,
-                                           mine[k].len, tmp + mine[k].shard_off),
-                           st, out);
+            for (uint64_t j = 0; j < mine[k].count; j++)
+                PCS_CHECK_GOTO(cfg->init_param(cfg->init_ctx, pu->params[mine[k].param],
+                                               mine[k].elem + j * mine[k].stride, mine[k].len,
+                                               tmp + mine[k].shard_off + j * mine[k].len),
+                               st, out);
         PCS_CHECK_GOTO(trainable_ranges(u, pu, mine, n_mine), st, out);
         if (!per_param) { /* the flat layout's moves are whole ranges: no pieces needed */
             free(u->pieces);

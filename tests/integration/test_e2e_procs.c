@@ -885,6 +885,10 @@ static void test_keep_gathered_accumulation_is_bit_identical_with_fewer_all_gath
  * the full-precision eval gather (fp32 through the same copy-out), the no-sync accumulator copied
  * in (4 micro-batches), HSDP (2 x 2: a reduce-scatter and an all-reduce of two) and an fp16
  * reduction with pre/post divide and the scaler. */
+static const char k_dim1_tail[] = "shard_layout: per_param\n"
+                                  "shard_placements: [{param: layers.0.linear.weight, dim: 1},\n"
+                                  "                   {param: layers.1.linear.weight, dim: 1}]\n";
+
 static void test_per_param_layout_is_bit_identical_to_flat(void **state)
 {
     (void)state;
@@ -908,11 +912,15 @@ static void test_per_param_layout_is_bit_identical_to_flat(void **state)
                         .steps = 3,
                         .clip = "0"};
     run_bit_parity(&f16, "pp-f16", "PCS_TEST_LAYOUT", tail, "per_param");
+    /* FSDP2 Shard(1) placements (shard_placement_fn): the Linear weights split by columns, 16
+     * runs of 8 (or 16) a rank, copied out and in run by run */
+    run_bit_parity(&fs, "pp-dim1", "PCS_TEST_LAYOUT", k_dim1_tail, "per_param dim 1");
 }
 
 /* per_param at W = 4 (uneven chunks: rows of 32 over 4 ranks, of 4 over 4, 16-wide inputs),
  * with clipping, against the reference (tolerances as FULL_SHARD), with and without
- * reshard_after_forward=2 (the pair re-gather works on the flat buffer, after the copy-out);
+ * reshard_after_forward=2 (the pair re-gather works on the flat buffer, after the copy-out), and
+ * with the Linear weights placed on dim 1;
  * run_parity also checks the plan's memory promise, which counts the gather buffer and the
  * copy-in block. */
 static void test_per_param_layout_w4_matches_reference(void **state)
@@ -923,6 +931,9 @@ static void test_per_param_layout_w4_matches_reference(void **state)
                       .train_extra = "shard_layout: per_param\n"};
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
     p.raf = "2";
+    run_parity(&p, 1e-4, 1e-3, 1.6e-2);
+    p.raf = NULL;
+    p.train_extra = k_dim1_tail;
     run_parity(&p, 1e-4, 1e-3, 1.6e-2);
 }
 

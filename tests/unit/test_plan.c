@@ -294,6 +294,66 @@ static void test_fsdp2_all_gather_and_reduce_scatter_packing_cases_4_5(void **st
     pcs_plan_free(p);
 }
 
+/* Case 3: Shard(1) of (8, 6) at ws 4 is refused (6 % 4, FSDP2's NotImplementedError); (8, 8)
+ * is accepted: rank r holds columns [2r, 2r+2) of every row, 8 runs of 2 back to back. */
+static void test_fsdp2_shard_dim1_case3(void **state)
+{
+    (void)state;
+    job_t *s = spec_of("model: {explicit: [{path: '', class: Net, params: [{name: w, shape: [8, "
+                       "6]}]}]}\nmesh: [{dim: dp_shard, size: 4}]\nshard_layout: per_param\n"
+                       "shard_placements: [{param: w, dim: 1}]\n");
+    Pcs__V1__Plan *p = NULL;
+    assert_int_equal(pcs_plan_build(s, 4, &p), PCS_ERR_INVALID_ARG);
+    spec_free(s);
+    if (!strstr(pcs_last_error(), "shard_placements[0]: w dim 1 has size 6, not a multiple of "
+                                  "the shard group size 4"))
+        fail_msg("%s", pcs_last_error());
+    p = per_param_plan("{name: w, shape: [8, 8]}, {name: b, shape: [8]}", 4,
+                       "shard_placements: [{param: w, dim: 1}]\n");
+    const Pcs__V1__Unit *u = p->units[0];
+    assert_int_equal(u->params[0]->shard_dim, 1);
+    assert_int_equal(u->params[0]->shard_rows, 2);
+    assert_int_equal(u->params[1]->shard_dim, 0);
+    assert_int_equal(u->params[1]->shard_offset, 16);
+    assert_int_equal(u->shard_numel, 18);
+    pcs_plan_piece_t pc[2];
+    for (uint32_t r = 0; r < 4; r++) {
+        assert_int_equal(pcs_plan_shard_pieces(u, r, pc), 2);
+        assert_int_equal(pc[0].elem, 2 * r);
+        assert_int_equal(pc[0].len, 2);
+        assert_int_equal(pc[0].count, 8);
+        assert_int_equal(pc[0].stride, 8);
+        assert_int_equal(pc[0].shard_off, 0);
+        /* w[5][2r + 1] is the 12th element of rank r's chunk */
+        uint32_t sh;
+        uint64_t off, run;
+        pcs_plan_locate(u, 0, 5 * 8 + 2 * r + 1, &sh, &off, &run);
+        assert_int_equal(sh, r);
+        assert_int_equal(off, 11);
+        assert_int_equal(run, 1);
+    }
+    pcs_plan_free(p);
+    /* a placement matching nothing, or a dim the parameter lacks, is an error */
+    static const struct {
+        const char *placements, *want;
+    } bad[] = {{"[{param: v, dim: 0}]", "shard_placements[0].param: no parameter matches 'v'"},
+               {"[{param: 'w*', dim: 0}, {param: w, dim: 1}]",
+                "shard_placements[1]: w has 1 dims, no dim 1 to shard on"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char y[512];
+        snprintf(y, sizeof y,
+                 "model: {explicit: [{path: '', class: Net, params: [{name: w, shape: [8]}]}]}\n"
+                 "mesh: [{dim: dp_shard, size: 2}]\nshard_layout: per_param\n"
+                 "shard_placements: %s\n",
+                 bad[i].placements);
+        s = spec_of(y);
+        assert_int_equal(pcs_plan_build(s, 2, &p), PCS_ERR_INVALID_ARG);
+        spec_free(s);
+        if (!strstr(pcs_last_error(), bad[i].want))
+            fail_msg("%s", pcs_last_error());
+    }
+}
+
 static void test_per_param_layout_only_where_sharded(void **state)
 {
     (void)state;
@@ -1567,6 +1627,7 @@ int main(void)
         cmocka_unit_test(test_aligned_flat_param_case7),
         cmocka_unit_test(test_fsdp2_param_shard_case2),
         cmocka_unit_test(test_fsdp2_all_gather_and_reduce_scatter_packing_cases_4_5),
+        cmocka_unit_test(test_fsdp2_shard_dim1_case3),
         cmocka_unit_test(test_per_param_layout_only_where_sharded),
         cmocka_unit_test(test_divide_factors_match_spec_table_case8),
         cmocka_unit_test(test_custom_divide_factor_reaches_world_of_one_and_no_shard),

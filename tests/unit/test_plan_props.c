@@ -317,15 +317,19 @@ static void check_plan(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p, con
                 assert_true(np <= u->n_params);
                 for (size_t j = 0; j < np; j++) {
                     const pcs_plan_piece_t *q = &pcs[j];
-                    assert_true(q->param < u->n_params && q->len > 0);
+                    assert_true(q->param < u->n_params && q->len > 0 && q->count >= 1);
                     if (j)
                         assert_true(q->param > pcs[j - 1].param);
-                    assert_true(q->elem + q->len <= u->params[q->param]->numel);
-                    assert_true(q->shard_off + q->len <= c);
-                    for (uint64_t e = 0; e < q->len; e++) {
-                        assert_int_equal(used[q->shard_off + e]++, 0);
-                        assert_int_equal(seen[q->param][q->elem + e]++, 0);
-                    }
+                    assert_true(q->elem + (q->count - 1) * q->stride + q->len <=
+                                u->params[q->param]->numel);
+                    assert_true(q->shard_off + q->count * q->len <= c);
+                    for (uint64_t t = 0; t < q->count; t++)
+                        for (uint64_t e = 0; e < q->len; e++) {
+                            assert_int_equal(used[q->shard_off + t * q->len + e]++, 0);
+                            assert_int_equal(seen[q->param][q->elem + t * q->stride + e]++, 0);
+                        }
+                    if (!pp || !u->params[q->param]->shard_dim)
+                        assert_int_equal(q->count, 1);
                     if (!pp) /* the flat buffer's own order: offset + elem at r*c + shard_off */
                         assert_int_equal(u->params[q->param]->offset + q->elem,
                                          (uint64_t)r * c + q->shard_off);

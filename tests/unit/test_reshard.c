@@ -77,17 +77,26 @@ static uint64_t *shard_of(const Pcs__V1__Plan *p, uint32_t u, uint32_t rank)
     uint64_t *v = calloc(c ? c : 1, sizeof *v);
     assert_non_null(v);
     if (un->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM) {
-        /* FSDP2 _init_sharded_param, from the shapes alone: ceil(rows / G) rows a rank, the
-         * parameters' chunks back to back */
+        /* FSDP2 _init_sharded_param, from the shapes and the placement's dim d alone: the
+         * parameter as [outer, D, inner], ceil(D / G) rows of D a rank (even with d > 0), the
+         * chunk [outer, R, inner] made contiguous, the parameters' chunks back to back */
         uint64_t G = un->shard_group_size, at = 0;
         for (size_t i = 0; i < un->n_params; i++) {
             const Pcs__V1__ParamSlot *ps = un->params[i];
-            uint64_t rows = ps->n_shape ? ps->shape[0] : 1, inner = ps->numel / rows;
-            uint64_t R = (rows + G - 1) / G;
-            for (uint64_t r = s * R; r < (s + 1) * R && r < rows; r++)
-                for (uint64_t j = 0; j < inner; j++)
-                    v[at + (r - s * R) * inner + j] = code(ps->fqn, r * inner + j);
-            at += R * inner;
+            uint32_t d = ps->shard_dim;
+            uint64_t outer = 1, D = ps->n_shape ? ps->shape[d] : 1, inner = 1;
+            for (uint32_t k = 0; k < ps->n_shape; k++)
+                if (k != d)
+                    *(k < d ? &outer : &inner) *= ps->shape[k];
+            uint64_t R = (D + G - 1) / G;
+            if (d > 0)
+                assert_int_equal(D % G, 0);
+            for (uint64_t o = 0; o < outer; o++)
+                for (uint64_t r = s * R; r < (s + 1) * R && r < D; r++)
+                    for (uint64_t j = 0; j < inner; j++)
+                        v[at + (o * R + r - s * R) * inner + j] =
+                            code(ps->fqn, (o * D + r) * inner + j);
+            at += outer * R * inner;
         }
         assert_int_equal(at, c);
         return v;
@@ -186,6 +195,55 @@ static void test_every_world_strategy_and_wrap_pair_rebuilds_the_new_shards(void
     assert_true(pairs > 150);
 }
 
+/* FSDP2 placements on other dims (Shard(1) of a matrix, Shard(2) of a 3-d tensor) resharded to
+ * and from the flat layout and dim-0 per_param, every pair of world sizes 1, 2, 4, 8. */
+static Pcs__V1__Plan *explicit_plan(int kind, uint32_t ws)
+{
+    static const char *const tails[] = {
+        "", "shard_layout: per_param\n",
+        "shard_layout: per_param\nshard_placements: [{param: w, dim: 1}, {param: 'v*', dim: 2}]\n"};
+    char y[1024];
+    snprintf(y, sizeof y,
+             "model: {explicit: [{path: '', class: Net, params: [{name: w, shape: [6, 8]}, "
+             "{name: b, shape: [6]}, {name: v, shape: [3, 4, 8]}]}]}\n"
+             "mesh: [{dim: dp_shard, size: %u}]\n%s",
+             ws, tails[kind]);
+    ProtobufCMessage *m = NULL;
+    if (pcs_pb_from_yaml(y, strlen(y), &pcs__v1__job_spec__descriptor, &m) != PCS_OK)
+        fail_msg("spec: %s\n%s", pcs_last_error(), y);
+    Pcs__V1__Plan *p = NULL;
+    if (pcs_plan_build((Pcs__V1__JobSpec *)m, ws, &p) != PCS_OK)
+        fail_msg("plan: %s\n%s", pcs_last_error(), y);
+    protobuf_c_message_free_unpacked(m, NULL);
+    return p;
+}
+
+static void test_placements_on_other_dims_reshard_both_ways(void **state)
+{
+    (void)state;
+    static const uint32_t ws[] = {1, 2, 4, 8};
+    int pairs = 0;
+    for (int ok = 0; ok < 3; ok++)
+        for (int nk = 0; nk < 3; nk++)
+            for (size_t a = 0; a < 4; a++)
+                for (size_t b = 0; b < 4; b++) {
+                    if (ok != 2 && nk != 2)
+                        continue; /* the other pairs are the test above's */
+                    Pcs__V1__Plan *old = explicit_plan(ok, ws[a]);
+                    Pcs__V1__Plan *neu = explicit_plan(nk, ws[b]);
+                    if (ws[a] > 1 && ok == 2)
+                        assert_int_equal(old->units[0]->params[0]->shard_dim, 1);
+                    char what[128];
+                    snprintf(what, sizeof what, "layout %d W=%u -> layout %d W=%u", ok, ws[a], nk,
+                             ws[b]);
+                    check_pair(old, neu, what);
+                    pcs_plan_free(old);
+                    pcs_plan_free(neu);
+                    pairs++;
+                }
+    assert_int_equal(pairs, 5 * 16);
+}
+
 static void test_another_model_is_refused_naming_the_parameter(void **state)
 {
     (void)state;
@@ -205,6 +263,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_world_strategy_and_wrap_pair_rebuilds_the_new_shards),
+        cmocka_unit_test(test_placements_on_other_dims_reshard_both_ways),
         cmocka_unit_test(test_another_model_is_refused_naming_the_parameter),
     };
     return cmocka_run_group_tests_name("reshard", tests, NULL, NULL);

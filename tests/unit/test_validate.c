@@ -306,6 +306,16 @@ static const row_t rows[] = {
     /* shard layouts (FSDP1 flat, FSDP2 per-parameter) */
     {"collectives", "collectives: gloo\nshard_layout: fsdp2", NULL, NULL, NULL,
      "shard_layout: must be flat or per_param, got 'fsdp2'"},
+    {"collectives", "collectives: gloo\nshard_placements: [{param: 'layers.*', dim: 1}]", NULL,
+     NULL, NULL,
+     "shard_placements: need shard_layout: per_param (FSDP1's flat parameter has no "
+     "per-parameter placement)"},
+    {"collectives",
+     "collectives: gloo\nshard_layout: per_param\nshard_placements: [{param: 'a*b', dim: 1}]",
+     NULL, NULL, NULL, "shard_placements[0].param: '*' is only allowed at the end"},
+    {"collectives",
+     "collectives: gloo\nshard_layout: per_param\nshard_placements: [{param: w, dim: 9}]", NULL,
+     NULL, NULL, "shard_placements[0].dim: 9 is not a tensor dim (at most 8 dims)"},
     /* DDP communication hooks (spec §6) */
     {"strategy", "strategy: no_shard\nddp_comm_hook: allreduce",
      "training",
