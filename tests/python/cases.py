@@ -254,6 +254,11 @@ CASES = {
     # training.accumulation keep_gathered: units stay gathered across the no-sync micro-batches
     "keep_fp32": case("nested", opt=SGD, micro_batches=3, accumulation="keep_gathered"),
     "tied_fp32": case("tied"),
+    # FSDP2's per-parameter layout (shard_layout: per_param): other elements on each rank, the
+    # same numbers; with a placement on dim 1 for the block's first Linear
+    "tied_fp32_per_param": case("tied", layout="per_param"),
+    "nested_fp32_per_param": case("nested", clip=1.0, layout="per_param",
+                                  placements=[{"param": "module.1.1.weight", "dim": 1}]),
     "external_fp32": case("external", opt=SGD),
     "owncast_fp32": case("owncast", opt=SGD),
     "frozen_fp32": case("frozen", opt=SGD),
@@ -306,4 +311,8 @@ def job(name):
             "training": c["training"], **BASE}
     if c["precision"]:
         spec["precision"] = c["precision"]
+    if c.get("layout"):
+        spec["shard_layout"] = c["layout"]
+    if c.get("placements"):
+        spec["shard_placements"] = c["placements"]
     return c["model"], spec

@@ -234,6 +234,12 @@ class PcsTorchTest(unittest.TestCase):
         # one tensor, declared shared: the plan has embed.weight only, and the head sees it
         self.assertNotIn("head.weight", res[0]["params"])
 
+    def test_per_param_layout_fp32(self):
+        """FSDP2's layout: each rank holds rows (and, placed on dim 1, columns) of every
+        parameter; pcs.torch binds the same flat buffer, so PyTorch's numbers come out."""
+        self.check_fp32("tied_fp32_per_param")
+        self.check_fp32("nested_fp32_per_param")
+
     def test_two_backward_calls_per_micro_batch_fp32(self):
         self.check_fp32("split_fp32")
 
