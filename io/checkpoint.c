@@ -900,7 +900,14 @@ pcs_status_t pcs_ckpt_export_in(const pcs_ckpt_dir_t *d, uint64_t step, const ch
         uint32_t sg = un->shard_group_size ? un->shard_group_size : 1;
         uint64_t c = un->shard_numel;
         bool per_param = un->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM && sg > 1;
-        if (per_param ? !per_param_ok(un, sg) : c * sg < un->padded_numel) {
+        if (per_param && !per_param_ok(un, sg)) {
+            st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                               "plan unit %zu: a per_param chunk lies outside the shard or the "
+                               "padded buffer",
+                               u);
+            goto out;
+        }
+        if (!per_param && (c > UINT64_MAX / sg || c * sg < un->padded_numel)) {
             st = pcs_set_error(PCS_ERR_INVALID_ARG, "plan unit %zu: shard %llu x %u < padded %llu",
                                u, (unsigned long long)c, sg, (unsigned long long)un->padded_numel);
             goto out;

@@ -63,6 +63,15 @@ pcs_status_t pcs_plan_schedule(const Pcs__V1__Plan *p, struct pcs_schedule **out
  * dtype. PCS_OK, or PCS_ERR_UNSUPPORTED with "field: reason" (the spec field that asked for it)
  * in pcs_last_error(). Pure; O(units). */
 pcs_status_t pcs_plan_check_runnable(const Pcs__V1__Plan *p);
+/* The plan's layouts are consistent, so that no buffer is read or written outside its bounds:
+ * per unit, shard size x group size against the padded size (equal with flat, <= with
+ * per_param), every parameter's shape, size and offset inside the padded buffer, and with
+ * per_param (only with a shard group) each parameter's shard_dim, shard_rows (chunking its rows;
+ * evenly on a dim > 0) and chunk inside the shard, in order, not overlapping. PCS_ERR_INVALID_ARG
+ * naming the unit. pcs_plan_check_runnable and pcs_plan_transfer (the checkpoint's plan) call it:
+ * a plan comes from the network or a file. Pure; O(params). */
+pcs_status_t pcs_plan_check_layout(const Pcs__V1__Plan *p);
+
 /* The same for a job: its plan, and pipeline stages (pp > 1) only for the built-in mlp model
  * (pcs-worker runs the stages; a C API program computes its whole model). */
 pcs_status_t pcs_job_check_runnable(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p);

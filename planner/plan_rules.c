@@ -152,9 +152,11 @@ static bool unit_trainable(const Pcs__V1__Unit *u)
     return false;
 }
 
+/* per_param only means something with a shard group (the planner never writes it otherwise;
+ * pcs_plan_check_layout refuses it). */
 static bool per_param(const Pcs__V1__Unit *u)
 {
-    return u->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM;
+    return u->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM && u->shard_group_size > 1;
 }
 
 /* The parameter viewed as [outer, rows, inner] around its shard dim (a 0-d parameter is one
@@ -221,6 +223,12 @@ void pcs_plan_locate(const Pcs__V1__Unit *u, uint32_t param, uint64_t elem, uint
         uint64_t outer, rows, inner;
         param_dims(ps, &outer, &rows, &inner);
         uint64_t slab = rows * inner; /* > 0: the parameter has elem */
+        if (!slab || !ps->shard_rows) { /* not a checked plan (pcs_plan_check_layout) */
+            *shard = UINT32_MAX;
+            *shard_off = 0;
+            *run = 1;
+            return;
+        }
         uint64_t o = elem / slab, rem = elem % slab, row = rem / inner, i = rem % inner;
         uint64_t s = row / ps->shard_rows, r0 = s * ps->shard_rows;
         uint64_t r1 = r0 + ps->shard_rows < rows ? r0 + ps->shard_rows : rows;
@@ -230,6 +238,12 @@ void pcs_plan_locate(const Pcs__V1__Unit *u, uint32_t param, uint64_t elem, uint
         return;
     }
     uint64_t c = unit_c(u), idx = ps->offset + elem;
+    if (!c) {
+        *shard = UINT32_MAX;
+        *shard_off = 0;
+        *run = 1;
+        return;
+    }
     *shard = (uint32_t)(idx / c);
     *shard_off = idx % c;
     uint64_t left = c - *shard_off, rest = ps->numel - elem;
@@ -279,10 +293,67 @@ static bool runnable_dtype(Pcs__V1__DType t)
            t == PCS__V1__DTYPE__DTYPE_BF16 || t == PCS__V1__DTYPE__DTYPE_FP16;
 }
 
+static pcs_status_t bad_layout(const Pcs__V1__Unit *u, size_t i, const char *why)
+{
+    return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: unit %zu (%s): %s", i,
+                         u->path && *u->path ? u->path : "root", why);
+}
+
+pcs_status_t pcs_plan_check_layout(const Pcs__V1__Plan *p)
+{
+    if (!p)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: required");
+    for (size_t i = 0; i < p->n_units; i++) {
+        const Pcs__V1__Unit *u = p->units[i];
+        uint64_t sg = u->shard_group_size ? u->shard_group_size : 1, c = unit_c(u), all;
+        bool pp = u->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM;
+        if (u->layout != PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_FLAT && !pp)
+            return bad_layout(u, i, "unknown shard layout");
+        if (pp && sg < 2)
+            return bad_layout(u, i, "per_param layout without a shard group");
+        if (__builtin_mul_overflow(c, sg, &all) || (pp ? all > u->padded_numel
+                                                        : all != u->padded_numel))
+            return bad_layout(u, i, "shard size x shard group does not fit the padded size");
+        if (u->flat_numel > u->padded_numel)
+            return bad_layout(u, i, "flat size beyond the padded size");
+        uint64_t next = 0; /* per_param: end of the previous chunk in the shard */
+        for (size_t k = 0; k < u->n_params; k++) {
+            const Pcs__V1__ParamSlot *ps = u->params[k];
+            uint64_t n = 1, end;
+            for (size_t d = 0; d < ps->n_shape; d++)
+                if (__builtin_mul_overflow(n, ps->shape[d], &n))
+                    return bad_layout(u, i, "a parameter shape overflows");
+            if (n != ps->numel || __builtin_add_overflow(ps->offset, ps->numel, &end) ||
+                end > u->padded_numel)
+                return bad_layout(u, i, "a parameter's shape, size or offset is inconsistent");
+            if (!pp)
+                continue;
+            if (ps->n_shape ? ps->shard_dim >= ps->n_shape : ps->shard_dim != 0)
+                return bad_layout(u, i, "a parameter's shard_dim is not one of its dims");
+            uint64_t outer, rows, inner, chunk, cover;
+            param_dims(ps, &outer, &rows, &inner);
+            if (ps->numel == 0)
+                continue;
+            if (!ps->shard_rows || __builtin_mul_overflow(ps->shard_rows, sg, &cover) ||
+                cover < rows || (ps->shard_dim > 0 && cover != rows) ||
+                ps->shard_rows > rows)
+                return bad_layout(u, i, "a parameter's shard_rows does not chunk its rows");
+            if (__builtin_mul_overflow(ps->shard_rows, inner, &chunk) ||
+                __builtin_mul_overflow(chunk, outer, &chunk) || ps->shard_offset < next ||
+                ps->shard_offset > c || chunk > c - ps->shard_offset)
+                return bad_layout(u, i, "a parameter's chunk lies outside the shard or overlaps "
+                                        "another");
+            next = ps->shard_offset + chunk;
+        }
+    }
+    return PCS_OK;
+}
+
 pcs_status_t pcs_plan_check_runnable(const Pcs__V1__Plan *p)
 {
     if (!p)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "plan: required");
+    PCS_CHECK(pcs_plan_check_layout(p));
     for (size_t i = 0; i < p->n_units; i++) {
         const Pcs__V1__Unit *u = p->units[i];
         const struct {

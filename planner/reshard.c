@@ -61,6 +61,11 @@ pcs_status_t pcs_plan_transfer(const Pcs__V1__Plan *old, const Pcs__V1__Plan *ne
     *n = 0;
     if (!old || !neu || rank >= neu->world_size)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "transfer: plans and a rank of the new one");
+    /* the old plan comes from a checkpoint's plan.pb: its layout is checked before any shard
+     * arithmetic trusts it */
+    if (pcs_plan_check_layout(old) != PCS_OK)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "resume: the checkpoint's %s", pcs_last_error());
+    PCS_CHECK(pcs_plan_check_layout(neu));
     pcs_mesh_t om, nm;
     if (pcs_mesh_from_plan(old, &om) != PCS_OK || pcs_mesh_from_plan(neu, &nm) != PCS_OK)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "transfer: a plan without a valid mesh");

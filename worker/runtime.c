@@ -833,8 +833,9 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
             goto out;
         }
         int per_param = pu->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM && u->sg > 1;
-        if (per_param ? u->c * u->sg > u->padded || u->padded < pu->flat_numel
-                      : u->c * u->sg != u->padded) {
+        uint64_t all = 0; /* (pcs_plan_check_layout checked the plan at create) */
+        if (__builtin_mul_overflow(u->c, (uint64_t)u->sg, &all) ||
+            (per_param ? all > u->padded || u->padded < pu->flat_numel : all != u->padded)) {
             st = pcs_set_error(PCS_ERR_INVALID_ARG, "unit %zu: shard %llu x %u %s padded %llu", i,
                                (unsigned long long)u->c, u->sg, per_param ? ">" : "!=",
                                (unsigned long long)u->padded);

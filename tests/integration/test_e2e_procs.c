@@ -637,12 +637,13 @@ static void run_bit_parity_inj(const job_params_t *p, const char *tag, const cha
     char *blob[2] = {NULL, NULL};
     size_t len[2] = {0, 0};
     for (int staged = 0; staged < 2; staged++) {
-        /* the forked ranks inherit the switch */
-        if (staged)
+        /* the forked ranks inherit the switch (NULL: the yaml tail alone differs) */
+        if (staged && env)
             assert_int_equal(setenv(env, "1", 1), 0);
         int rc = e2e_run_local(yaml[staged], tag, p->world, inj_step, inj_rank, &job[staged],
                                &dir[staged]);
-        unsetenv(env);
+        if (env)
+            unsetenv(env);
         assert_int_equal(rc, 0);
         if (job[staged].state != PCS__V1__JOB_STATE__JOB_STATE_SUCCEEDED)
             fprintf(stderr, "%s run failed: %s (logs in %s)\n", staged ? what : "direct",
@@ -889,32 +890,51 @@ static const char k_dim1_tail[] = "shard_layout: per_param\n"
                                   "shard_placements: [{param: layers.0.linear.weight, dim: 1},\n"
                                   "                   {param: layers.1.linear.weight, dim: 1}]\n";
 
+/* The yaml of p plus `tail` plans its sharded units per_param (the runs below do use it). */
+static void assert_per_param(const job_params_t *p, const char *tail)
+{
+    char yaml[4096], full[5000];
+    make_yaml(p, yaml, sizeof yaml);
+    snprintf(full, sizeof full, "%s%s", yaml, tail);
+    Pcs__V1__JobSpec *spec = e2e_parse_spec(full);
+    Pcs__V1__Plan *plan = NULL;
+    assert_int_equal(pcs_plan_build(spec, (uint32_t)p->world, &plan), PCS_OK);
+    size_t n = 0;
+    for (size_t i = 0; i < plan->n_units; i++)
+        n += plan->units[i]->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM;
+    assert_int_equal(n, plan->n_units);
+    pcs_plan_free(plan);
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+}
+
 static void test_per_param_layout_is_bit_identical_to_flat(void **state)
 {
     (void)state;
     const char *tail = "shard_layout: per_param\n";
     job_params_t fs = {.mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 3, .clip = "0",
                        .eval_every = 2, .full_eval = "true"};
-    run_bit_parity(&fs, "pp-fs", "PCS_TEST_LAYOUT", tail, "per_param");
+    assert_per_param(&fs, tail);
+    assert_per_param(&fs, k_dim1_tail);
+    run_bit_parity(&fs, "pp-fs", NULL, tail, "per_param");
     job_params_t sgo = {.strategy = "shard_grad_op", .mesh = "{dim: dp_shard, size: 2}",
                         .world = 2, .steps = 3, .micro = 4, .clip = "0"};
-    run_bit_parity(&sgo, "pp-sgo", "PCS_TEST_LAYOUT", tail, "per_param");
+    run_bit_parity(&sgo, "pp-sgo", NULL, tail, "per_param");
     job_params_t hs = {.strategy = "hybrid_shard",
                        .mesh = "{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 2}",
                        .world = 4,
                        .steps = 3,
                        .clip = "0"};
-    run_bit_parity(&hs, "pp-hs", "PCS_TEST_LAYOUT", tail, "per_param");
+    run_bit_parity(&hs, "pp-hs", NULL, tail, "per_param");
     job_params_t f16 = {.precision = "param_dtype: fp16, reduce_dtype: fp16",
                         .scaler = "true",
                         .mesh = "{dim: dp_shard, size: 2}",
                         .world = 2,
                         .steps = 3,
                         .clip = "0"};
-    run_bit_parity(&f16, "pp-f16", "PCS_TEST_LAYOUT", tail, "per_param");
+    run_bit_parity(&f16, "pp-f16", NULL, tail, "per_param");
     /* FSDP2 Shard(1) placements (shard_placement_fn): the Linear weights split by columns, 16
      * runs of 8 (or 16) a rank, copied out and in run by run */
-    run_bit_parity(&fs, "pp-dim1", "PCS_TEST_LAYOUT", k_dim1_tail, "per_param dim 1");
+    run_bit_parity(&fs, "pp-dim1", NULL, k_dim1_tail, "per_param dim 1");
 }
 
 /* per_param at W = 4 (uneven chunks: rows of 32 over 4 ranks, of 4 over 4, 16-wide inputs),
@@ -1271,6 +1291,21 @@ static void test_simulated_cuda_injected_inf_skip_w2_is_bit_identical_to_cpu(voi
 }
 
 /* NCCL cannot reduce the simulator's poisoned buffers: the job fails at start with a reason. */
+/* per_param on the simulated device: the copy-out and copy-in as device copies and casts (the
+ * gather buffer in device memory), with cpu_offload too (masters in host memory, copied in before
+ * the cast); against the cpu run in the flat layout (sums of two: the same bits). */
+static void test_simulated_cuda_per_param_w2_is_bit_identical_to_cpu(void **state)
+{
+    (void)state;
+    job_params_t fs = {.mesh = "{dim: dp_shard, size: 2}", .world = 2, .steps = 3, .clip = "0",
+                       .eval_every = 2, .full_eval = "true"};
+    run_bit_parity(&fs, "sim-pp", "PCS_SIMULATE_CUDA", SIM_TAIL "shard_layout: per_param\n",
+                   "simulated cuda per_param");
+    run_bit_parity(&fs, "sim-pp-off", "PCS_SIMULATE_CUDA",
+                   SIM_TAIL "cpu_offload: true\nshard_layout: per_param\n",
+                   "simulated cuda per_param offload");
+}
+
 static void test_simulated_cuda_refuses_nccl_with_a_reason(void **state)
 {
     (void)state;
@@ -1435,6 +1470,7 @@ int main(void)
         cmocka_unit_test(
             test_simulated_cuda_reshard_after_forward_false_w2_is_bit_identical_to_cpu),
         cmocka_unit_test(test_simulated_cuda_injected_inf_skip_w2_is_bit_identical_to_cpu),
+        cmocka_unit_test(test_simulated_cuda_per_param_w2_is_bit_identical_to_cpu),
         cmocka_unit_test(test_simulated_cuda_refuses_nccl_with_a_reason),
     };
     /* PCS_TEST_FILTER=test_per_param* runs the matching tests only (cmocka's pattern) */

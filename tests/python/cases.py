@@ -250,6 +250,7 @@ CASES = {
     # two backward calls per micro-batch (two losses, the graph retained for the second)
     "split_fp32": case("nested", opt=SGD, split_loss=True),
     "lora_fp32": case("lora", opt=SGD),
+    "lora_fp32_per_param": case("lora", opt=SGD, layout="per_param"),
     "ckpt_fp32": case("ckpt", opt=SGD),
     # training.accumulation keep_gathered: units stay gathered across the no-sync micro-batches
     "keep_fp32": case("nested", opt=SGD, micro_batches=3, accumulation="keep_gathered"),

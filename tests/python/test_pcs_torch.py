@@ -244,12 +244,14 @@ class PcsTorchTest(unittest.TestCase):
         self.check_fp32("split_fp32")
 
     def test_frozen_and_trainable_in_one_unit_fp32(self):
-        name, res = self.check_fp32("lora_fp32")
-        init = dict(cases.build(name).named_parameters())
-        self.assertTrue(torch.equal(res[0]["params"]["adapter.base.weight"],
-                                    init["adapter.base.weight"].detach()))
-        self.assertFalse(torch.equal(res[0]["params"]["adapter.a.weight"],
-                                     init["adapter.a.weight"].detach()))
+        # flat, then FSDP2's per-parameter layout (the frozen rows of every rank's shard)
+        for case in ("lora_fp32", "lora_fp32_per_param"):
+            name, res = self.check_fp32(case)
+            init = dict(cases.build(name).named_parameters())
+            self.assertTrue(torch.equal(res[0]["params"]["adapter.base.weight"],
+                                        init["adapter.base.weight"].detach()))
+            self.assertFalse(torch.equal(res[0]["params"]["adapter.a.weight"],
+                                         init["adapter.a.weight"].detach()))
 
     def test_activation_checkpointing_fp32(self):
         self.check_fp32("ckpt_fp32")

@@ -354,6 +354,57 @@ static void test_fsdp2_shard_dim1_case3(void **state)
     }
 }
 
+/* A plan comes from the network or a file: pcs_plan_check_layout (run by
+ * pcs_plan_check_runnable, hence by the coordinator, pcs_runtime_create and pcs_train) refuses
+ * every per_param field that would put a piece outside its shard or buffer. */
+static void test_check_layout_refuses_inconsistent_per_param_plans(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *p = per_param_plan("{name: w, shape: [10, 3]}, {name: b, shape: [10]}", 4,
+                                      "shard_placements: [{param: w, dim: 0}]\n");
+    Pcs__V1__Unit *u = p->units[0];
+    Pcs__V1__ParamSlot *w = u->params[0], *b = u->params[1];
+    assert_int_equal(pcs_plan_check_layout(p), PCS_OK);
+    assert_int_equal(pcs_plan_check_runnable(p), PCS_OK);
+    struct {
+        uint64_t *field, value;
+        const char *want;
+    } muts[] = {
+        {&w->shard_rows, 0, "shard_rows does not chunk its rows"},
+        {&w->shard_rows, 2, "shard_rows does not chunk its rows"}, /* 2 x 4 < 10 rows */
+        {&b->shard_offset, 5, "chunk lies outside the shard or overlaps"},
+        {&b->shard_offset, 10, "chunk lies outside the shard or overlaps"},
+        {&b->shard_offset, UINT64_MAX - 1, "chunk lies outside the shard or overlaps"},
+        {&u->shard_numel, 11, "chunk lies outside the shard or overlaps"},
+        {&u->shard_numel, UINT64_MAX / 2, "does not fit the padded size"},
+        {&w->numel, 31, "shape, size or offset is inconsistent"},
+        {&b->offset, UINT64_MAX - 3, "shape, size or offset is inconsistent"},
+        {&u->flat_numel, 1000, "flat size beyond the padded size"},
+    };
+    for (size_t i = 0; i < sizeof muts / sizeof muts[0]; i++) {
+        uint64_t keep = *muts[i].field;
+        *muts[i].field = muts[i].value;
+        assert_int_equal(pcs_plan_check_runnable(p), PCS_ERR_INVALID_ARG);
+        if (!strstr(pcs_last_error(), muts[i].want) || !strstr(pcs_last_error(), "unit 0"))
+            fail_msg("mutation %zu: '%s' lacks '%s'", i, pcs_last_error(), muts[i].want);
+        *muts[i].field = keep;
+    }
+    w->shard_dim = 2; /* w has 2 dims */
+    assert_int_equal(pcs_plan_check_layout(p), PCS_ERR_INVALID_ARG);
+    w->shard_dim = 1; /* 3 columns do not split evenly over 4 */
+    assert_int_equal(pcs_plan_check_layout(p), PCS_ERR_INVALID_ARG);
+    w->shard_dim = 0;
+    u->shard_group_size = 1; /* per_param means nothing without a shard group */
+    assert_int_equal(pcs_plan_check_layout(p), PCS_ERR_INVALID_ARG);
+    assert_non_null(strstr(pcs_last_error(), "per_param layout without a shard group"));
+    u->shard_group_size = 4;
+    u->layout = (Pcs__V1__ShardLayout)7;
+    assert_int_equal(pcs_plan_check_layout(p), PCS_ERR_INVALID_ARG);
+    u->layout = PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM;
+    assert_int_equal(pcs_plan_check_layout(p), PCS_OK);
+    pcs_plan_free(p);
+}
+
 static void test_per_param_layout_only_where_sharded(void **state)
 {
     (void)state;
@@ -1628,6 +1679,7 @@ int main(void)
         cmocka_unit_test(test_fsdp2_param_shard_case2),
         cmocka_unit_test(test_fsdp2_all_gather_and_reduce_scatter_packing_cases_4_5),
         cmocka_unit_test(test_fsdp2_shard_dim1_case3),
+        cmocka_unit_test(test_check_layout_refuses_inconsistent_per_param_plans),
         cmocka_unit_test(test_per_param_layout_only_where_sharded),
         cmocka_unit_test(test_divide_factors_match_spec_table_case8),
         cmocka_unit_test(test_custom_divide_factor_reaches_world_of_one_and_no_shard),

@@ -244,6 +244,23 @@ static void test_placements_on_other_dims_reshard_both_ways(void **state)
     assert_int_equal(pairs, 5 * 16);
 }
 
+/* A checkpoint's plan.pb is a file: an inconsistent per_param layout in it is refused before any
+ * shard arithmetic (a chunk of 0 rows used to be a division by zero). */
+static void test_a_corrupt_checkpoint_plan_is_refused(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *old = explicit_plan(1, 4), *neu = explicit_plan(0, 2);
+    old->units[0]->params[0]->shard_rows = 0;
+    pcs_xfer_seg_t *segs = NULL;
+    size_t n = 0;
+    assert_int_equal(pcs_plan_transfer(old, neu, 0, &segs, &n), PCS_ERR_INVALID_ARG);
+    assert_null(segs);
+    if (!strstr(pcs_last_error(), "resume: the checkpoint's plan: unit 0"))
+        fail_msg("%s", pcs_last_error());
+    pcs_plan_free(old);
+    pcs_plan_free(neu);
+}
+
 static void test_another_model_is_refused_naming_the_parameter(void **state)
 {
     (void)state;
@@ -264,6 +281,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_world_strategy_and_wrap_pair_rebuilds_the_new_shards),
         cmocka_unit_test(test_placements_on_other_dims_reshard_both_ways),
+        cmocka_unit_test(test_a_corrupt_checkpoint_plan_is_refused),
         cmocka_unit_test(test_another_model_is_refused_naming_the_parameter),
     };
     return cmocka_run_group_tests_name("reshard", tests, NULL, NULL);
