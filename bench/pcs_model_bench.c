@@ -5,8 +5,9 @@
  * model's forward output against a plain re-computation (#wrong). With -d cuda the same model
  * also runs on the GPU (pcs_mlp_create_on, cuBLAS) and its time is reported next to the CPU's
  * from the same run; its #wrong counts outputs outside the CPU twin's tolerance (4 ulps of the
- * dtype x sqrt(fan-in), relative to |value| + rms). With --job FILE it instead runs the
- * single-process reference trainer on a job file and reports losses and step time. */
+ * dtype x sqrt(fan-in), relative to |value| + rms). A last table times GELU's loops against
+ * glibc's erff/expf per element. With --job FILE it instead runs the single-process reference
+ * trainer on a job file and reports losses and step time. */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +19,7 @@
 #include "pcs/half.h"
 #include "pcs/kernels.h"
 #include "pcs/log.h"
+#include "pcs/nn.h"
 #include "pcs/pbtext.h"
 #include "pcs/v1/job.pb-c.h"
 #include "model/reference.h"
@@ -375,6 +377,67 @@ static double bench_cuda(const shape_t *s, uint32_t R, pcs_dtype_t dt, int iters
     return t * 1e6;
 }
 
+/* GELU forward and backward (erf form) over n elements: the CPU twin (pcs_nn_act_fwd/bwd: the
+ * vectorized erf/exp of kernels/src/nn_vmath.h) against the same expressions with glibc's
+ * erff/expf, one element at a time (what the twin ran before), best of REPS means. */
+static void bench_gelu(int iters)
+{
+    pcs_nn_t *nn = NULL;
+    if (pcs_nn_create(NULL, NULL, &nn) != PCS_OK)
+        return;
+    printf("# GELU, erf form, fp32: glibc = erff/expf per element; pcs = the CPU twin's loops\n");
+    printf("#  elements  pass       glibc       pcs    ratio     max|d|\n");
+    printf("#                        (ns/el)   (ns/el)\n");
+    for (size_t n = 1u << 12; n <= (1u << 20); n <<= 4) {
+        float *x = malloc(n * sizeof *x), *dy = malloc(n * sizeof *dy);
+        float *y0 = malloc(n * sizeof *y0), *y1 = malloc(n * sizeof *y1);
+        if (!x || !dy || !y0 || !y1)
+            break;
+        uint64_t r = 42;
+        for (size_t i = 0; i < n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            x[i] = ((float)(r >> 40) / (float)(1 << 24) - 0.5f) * 10.0f;
+            dy[i] = 1.0f;
+        }
+        for (int pass = 0; pass < 2; pass++) {
+            double best0 = 1e30, best1 = 1e30;
+            for (int rep = 0; rep < REPS; rep++) {
+                double t0 = now_s();
+                for (int it = 0; it < iters; it++)
+                    for (size_t i = 0; i < n; i++) {
+                        float v = x[i], c = 0.5f * (1.0f + erff(v * 0.70710678118654752440f));
+                        y0[i] = pass == 0 ? v * c
+                                          : dy[i] * (c + v * (0.39894228040143267794f *
+                                                              expf(-0.5f * v * v)));
+                    }
+                double t1 = now_s();
+                for (int it = 0; it < iters; it++)
+                    if (pass == 0)
+                        (void)pcs_nn_act_fwd(nn, PCS_NN_GELU, y1, x, n, PCS_DTYPE_FP32);
+                    else
+                        (void)pcs_nn_act_bwd(nn, PCS_NN_GELU, y1, x, y1, dy, n);
+                double t2 = now_s();
+                best0 = t1 - t0 < best0 ? t1 - t0 : best0;
+                best1 = t2 - t1 < best1 ? t2 - t1 : best1;
+            }
+            /* absolute: in GELU's negative tail 1 + erf cancels, so one ulp of erf is a large
+             * relative difference of a tiny value there (as between any two erff) */
+            double md = 0;
+            for (size_t i = 0; i < n; i++) {
+                double d = fabs((double)y1[i] - y0[i]);
+                md = d > md ? d : md;
+            }
+            printf("%10zu  %-8s  %8.2f  %8.2f  %7.3f  %9.2e\n", n, pass ? "backward" : "forward",
+                   best0 / iters / n * 1e9, best1 / iters / n * 1e9, best1 / best0, md);
+        }
+        free(x);
+        free(dy);
+        free(y0);
+        free(y1);
+    }
+    pcs_nn_destroy(nn);
+}
+
 static void usage(void)
 {
     fprintf(stderr, "usage: pcs-model-bench [-b ROWS] [-e ROWS] [-f FACTOR] [-n ITERS] [-i IN] "
@@ -510,6 +573,7 @@ int main(int argc, char **argv)
         if (R > UINT32_MAX / f)
             break;
     }
+    bench_gelu(iters);
     printf("# Out of bounds values : %ld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
     if (gpu)
         gpu->stream_destroy(gst);

@@ -10,6 +10,7 @@
 
 #include "nn_internal.h"
 #include "nn_math.h"
+#include "nn_vmath.h"
 #include "pcs/log.h"
 #include "pcs/mem.h"
 
@@ -110,6 +111,58 @@ static pcs_status_t cpu_add(pcs_nn_t *nn, float *y, const float *a, const float 
     return PCS_OK;
 }
 
+/* GELU (erf form) and its derivative: nn_math.h's expressions, with the branch-free erf and exp
+ * of nn_vmath.h so that the loops vectorize (one clone per ISA level, the same bits in each). */
+/* no-trapping-math lets GCC if-convert the selects (FP exceptions are never inspected; values
+ * are unchanged: test_nn_vmath checks the loops bit for bit against the plain scalar functions). */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define VEC_CLONES                                                                                 \
+    __attribute__((optimize("tree-vectorize", "vect-cost-model=dynamic", "no-trapping-math"),      \
+                   target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define VEC_CLONES
+#endif
+
+VEC_CLONES static void gelu_fwd_loop(float *Y, const float *X, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = X[i];
+        Y[i] = 0.5f * x * (1.0f + pcs_vm_erf(x * (float)PCS_NN_SQRT1_2));
+    }
+}
+
+VEC_CLONES static void gelu_bwd_loop(float *dX, const float *X, const float *dY, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        float x = X[i];
+        float cdf = 0.5f * (1.0f + pcs_vm_erf(x * (float)PCS_NN_SQRT1_2));
+        float pdf = (float)PCS_NN_INV_SQRT_2PI * pcs_vm_exp(-0.5f * x * x);
+        dX[i] = dY[i] * (cdf + x * pdf);
+    }
+}
+
+VEC_CLONES static void erf_loop(float *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = pcs_vm_erf(src[i]);
+}
+
+VEC_CLONES static void exp_loop(float *dst, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        dst[i] = pcs_vm_exp(src[i]);
+}
+
+void pcs_nn_host_erf(const float *src, size_t n, float *dst)
+{
+    erf_loop(dst, src, n);
+}
+
+void pcs_nn_host_exp(const float *src, size_t n, float *dst)
+{
+    exp_loop(dst, src, n);
+}
+
 static pcs_status_t cpu_act_fwd(pcs_nn_t *nn, pcs_nn_act_t act, float *Y, const float *X, size_t n,
                                 pcs_dtype_t dt)
 {
@@ -117,8 +170,7 @@ static pcs_status_t cpu_act_fwd(pcs_nn_t *nn, pcs_nn_act_t act, float *Y, const 
         for (size_t i = 0; i < n; i++)
             Y[i] = pcs_nn_relu_fwd(X[i]);
     } else {
-        for (size_t i = 0; i < n; i++)
-            Y[i] = pcs_nn_gelu_fwd(X[i]);
+        gelu_fwd_loop(Y, X, n);
         pcs_nn_host_round(Y, n, dt);
     }
     return PCS_OK;
@@ -131,8 +183,7 @@ static pcs_status_t cpu_act_bwd(pcs_nn_t *nn, pcs_nn_act_t act, float *dX, const
         for (size_t i = 0; i < n; i++)
             dX[i] = pcs_nn_relu_bwd(Y[i], dY[i]);
     } else {
-        for (size_t i = 0; i < n; i++)
-            dX[i] = pcs_nn_gelu_bwd(X[i], dY[i]);
+        gelu_bwd_loop(dX, X, dY, n);
     }
     return PCS_OK;
 }

@@ -2,7 +2,8 @@
  * kernels (nn_cuda.cu), as pcs/kernel_math.h is for the update kernels: both compile these same
  * expressions without FMA contraction (C11 / nvcc --fmad=false), so the CPU tests pin the GPU's
  * arithmetic bit for bit. Only reduction order and libm differ (LayerNorm row statistics are block
- * reductions on the GPU; erff/expf are CUDA's, within 2 ulp of glibc). Not installed. */
+ * reductions on the GPU; GELU's erff/expf are CUDA's, within 2 ulp, where the CPU twin's loops
+ * use nn_vmath.h's vectorizable erf/exp in the same expressions). Not installed. */
 #ifndef PCS_NN_MATH_H
 #define PCS_NN_MATH_H
 

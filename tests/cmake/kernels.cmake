@@ -7,6 +7,10 @@ pcs_add_test(NAME test_kernels_cast_exhaustive SOURCES unit/test_kernels_cast_ex
              LIBS pcs_kernels LABELS exhaustive TIMEOUT 300)
 pcs_add_test(NAME test_kernels_cuda SOURCES gpu/test_kernels_cuda.c LIBS pcs_kernels LABELS gpu
              TIMEOUT 300)
+# The CPU twin's vectorized erf/exp (GELU): ulps against libm's double, loops == scalar bits.
+pcs_add_test(NAME test_nn_vmath SOURCES unit/test_nn_vmath.c LIBS pcs_kernels LABELS exhaustive
+             TIMEOUT 300)
+target_include_directories(test_nn_vmath PRIVATE ${PROJECT_SOURCE_DIR}/kernels/src)
 # The nn vtable (kernels/include/pcs/nn.h): validation, exact cases, cpu-backend refactor guard.
 pcs_add_test(NAME test_nn SOURCES unit/test_nn.c LIBS pcs_model LABELS unit TIMEOUT 60)
 
