@@ -42,6 +42,7 @@ typedef struct pp_job {
     double clip;
     const char *resume_from;
     int resume_step;
+    const char *extra; /* more top-level keys */
 } pp_job_t;
 
 static char *job_yaml(const pp_job_t *j)
@@ -79,9 +80,10 @@ static char *job_yaml(const pp_job_t *j)
              " eval_every: %d}\n"
              "data: {synthetic: {task: regression, seed: 7}}\n"
              "init: {seed: 13}\n"
-             "%s%s",
+             "%s%s%s",
              j->precision, j->strategy, j->raf ? j->raf : "false", mesh, pipe,
-             j->steps ? j->steps : 3, j->clip, j->eval_every, ckpt, resume);
+             j->steps ? j->steps : 3, j->clip, j->eval_every, ckpt, resume,
+             j->extra ? j->extra : "");
     return y;
 }
 
@@ -312,6 +314,39 @@ static void test_a_pipelined_checkpoint_resumes_at_any_pp(void **state)
 /* HSDP (dp_replicate 2 x dp_shard 2) x pp 2, interleaved, fp16 with the grad scaler, clipping
  * and full-precision eval every step: the stages' replicate all-reduces, the scaler's verdict
  * over the world, the estimate kept; within the mixed-precision tolerance of the reference. */
+/* FSDP2's per-parameter layout under pipeline stages (1F1B, bf16 / fp32 reduce, dp 2, resharding
+ * around every action): the stages' units copy out and in per piece; the same bits as the flat
+ * layout without stages (sums of two), and the reference. */
+static void test_per_param_layout_under_stages(void **state)
+{
+    (void)state;
+    pp_job_t flat = {.strategy = "full_shard", .precision = "param_dtype: bf16, reduce_dtype: fp32",
+                     .raf = "true", .dp = 2};
+    e2e_job_t ref, job;
+    char *ref_dir = NULL, *dir = NULL;
+    run(&flat, "pp-flat", &ref, &ref_dir);
+    pp_job_t j = flat;
+    j.schedule = "1f1b";
+    j.v = 1;
+    j.extra = "shard_layout: per_param\n";
+    run(&j, "pp-per-param", &job, &dir);
+    char *y = job_yaml(&j);
+    double max_abs = 0;
+    int fails = e2e_check_parity(&job, y, 5e-5, 2e-2, 1.6e-2, &max_abs);
+    fails += e2e_check_memory_promise(&job, y, 0.5);
+    Pcs__V1__JobSpec *spec = e2e_parse_spec(y);
+    Pcs__V1__Plan *plan = NULL;
+    assert_int_equal(pcs_plan_build(spec, (uint32_t)world_of(&j), &plan), PCS_OK);
+    assert_int_equal(plan->units[1]->layout, PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM);
+    pcs_plan_free(plan);
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+    free(y);
+    assert_int_equal(fails, 0);
+    e2e_assert_same_bits(ref.export_path, job.export_path, "per_param under 1f1b");
+    done(&job, dir);
+    done(&ref, ref_dir);
+}
+
 static void test_hsdp_fp16_scaler_full_precision_eval(void **state)
 {
     (void)state;
@@ -354,6 +389,9 @@ int main(void)
         cmocka_unit_test(test_clipping_and_eval_span_the_stages),
         cmocka_unit_test(test_a_pipelined_checkpoint_resumes_at_any_pp),
         cmocka_unit_test(test_hsdp_fp16_scaler_full_precision_eval),
+        cmocka_unit_test(test_per_param_layout_under_stages),
     };
+    if (getenv("PCS_TEST_FILTER")) /* e.g. "*per_param*": the matching tests only */
+        cmocka_set_test_filter(getenv("PCS_TEST_FILTER"));
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
