@@ -797,6 +797,61 @@ static double grad_divide_factor(const ctx_t *c)
     return t && t->gradient_divide_factor ? t->gradient_divide_factor->value : 0;
 }
 
+/* The unit's gradient reductions in dtype `dt`: into unit.collectives (eval false: with the DDP
+ * hook's arithmetic and a world of one's local divide) or unit.eval_collectives (eval true: an
+ * eval-mode backward, FSDP's plain rule). FSDP2 _get_gradient_divide_factors picks the ops. */
+static void add_reductions(ctx_t *c, const unit_b_t *ub, Pcs__V1__Unit *u, pcs_dtype_t dt,
+                           bool eval)
+{
+    uint32_t rs = ub->group > 1 ? ub->group : 1;
+    uint32_t ar = ub->ar;
+    Pcs__V1__ReduceOp rs_op, ar_op;
+    double premul, pre, post;
+    pcs_plan_reduce_ops(dt, rs, ar, grad_divide_factor(c), false, &rs_op, &ar_op, &premul, &pre,
+                        &post);
+    Pcs__V1__CollectiveSpec **list = eval ? u->eval_collectives : u->collectives;
+    size_t *n = eval ? &u->n_eval_collectives : &u->n_collectives;
+    Pcs__V1__Phase phase = eval ? PCS__V1__PHASE__PHASE_BACKWARD : PCS__V1__PHASE__PHASE_STEP;
+    if (rs <= 1 && ar <= 1) {
+        /* World of one: no collective, but FSDP2 foreach_reduce still divides the local gradient
+         * by a custom factor (world_size 1 branch; spec §4.2). Unset factor: nothing to do. */
+        if (!eval && (premul > 0 || pre != 1 || post != 1))
+            u->local_reduction = reduction(c, rs_op, pre, post, premul);
+        return;
+    }
+    if (rs > 1) {
+        Pcs__V1__CollectiveSpec *cs = coll(c, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER, phase,
+                                           dt, PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, rs,
+                                           u->shard_numel);
+        if (cs)
+            cs->reduction = reduction(c, rs_op, pre, ar > 1 ? 1 : post, premul);
+        if (cs)
+            list[(*n)++] = cs;
+    }
+    if (ar > 1) {
+        bool hsdp = rs > 1;
+        Pcs__V1__CollectiveSpec *cs = coll(
+            c, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, phase, dt,
+            hsdp ? PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE : PCS__V1__GROUP_KIND__GROUP_KIND_DP,
+            ar, hsdp ? u->shard_numel : u->padded_numel);
+        /* No shard group: the size-1 RS leg is local (its PREMUL_SUM(1/factor) multiplies each
+         * contribution on the way into the all-reduce, as foreach_reduce divides before it).
+         * A DDP hook divides by the whole group before a SUM (DDP's reducer and its compress
+         * hooks: no overflow of the low-precision sum); not in eval (FSDP's full precision). */
+        const char *ddp = c->spec->ddp_comm_hook ? c->spec->ddp_comm_hook : "";
+        if (cs && *ddp && !hsdp && !eval)
+            cs->reduction = reduction(c, PCS__V1__REDUCE_OP__REDUCE_OP_SUM, ar, 1, 0);
+        else if (cs)
+            cs->reduction =
+                hsdp ? reduction(c, ar_op, 1, post, 0)
+                     : reduction(c,
+                                 rs_op == PCS__V1__REDUCE_OP__REDUCE_OP_PREMUL_SUM ? rs_op : ar_op,
+                                 pre, post, premul);
+        if (cs)
+            list[(*n)++] = cs;
+    }
+}
+
 /* Fill the unit's message (params, buffers, layout, precision, strategy, collectives). */
 static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const uint32_t *mods,
                       size_t nmods, const uint32_t *bufs, size_t nbufs, Pcs__V1__Unit *u)
@@ -1037,47 +1092,18 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
     }
     if (!trainable)
         return;
-    uint32_t rs = ub->group > 1 ? ub->group : 1;
-    uint32_t ar = ub->ar;
-    Pcs__V1__ReduceOp rs_op, ar_op;
-    double premul, pre, post;
-    pcs_plan_reduce_ops(pr.reduce, rs, ar, grad_divide_factor(c), false, &rs_op, &ar_op, &premul,
-                        &pre, &post);
-    if (rs <= 1 && ar <= 1) {
-        /* World of one: no collective, but FSDP2 foreach_reduce still divides the local gradient
-         * by a custom factor (world_size 1 branch; spec §4.2). Unset factor: nothing to do. */
-        if (premul > 0 || pre != 1 || post != 1)
-            u->local_reduction = reduction(c, rs_op, pre, post, premul);
-        return;
-    }
-    if (rs > 1) {
-        Pcs__V1__CollectiveSpec *cs =
-            coll(c, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER, PCS__V1__PHASE__PHASE_STEP,
-                 pr.reduce, PCS__V1__GROUP_KIND__GROUP_KIND_SHARD, rs, u->shard_numel);
-        if (cs)
-            cs->reduction = reduction(c, rs_op, pre, ar > 1 ? 1 : post, premul);
-        add_coll(c, u, cs);
-    }
-    if (ar > 1) {
-        bool hsdp = rs > 1;
-        Pcs__V1__CollectiveSpec *cs = coll(
-            c, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, PCS__V1__PHASE__PHASE_STEP, pr.reduce,
-            hsdp ? PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE : PCS__V1__GROUP_KIND__GROUP_KIND_DP,
-            ar, hsdp ? u->shard_numel : u->padded_numel);
-        /* No shard group: the size-1 RS leg is local (its PREMUL_SUM(1/factor) multiplies each
-         * contribution on the way into the all-reduce, as foreach_reduce divides before it).
-         * A DDP hook divides by the whole group before a SUM (DDP's reducer and its compress
-         * hooks: no overflow of the low-precision sum). */
-        const char *ddp = c->spec->ddp_comm_hook ? c->spec->ddp_comm_hook : "";
-        if (cs && *ddp && !hsdp)
-            cs->reduction = reduction(c, PCS__V1__REDUCE_OP__REDUCE_OP_SUM, ar, 1, 0);
-        else if (cs)
-            cs->reduction =
-                hsdp ? reduction(c, ar_op, 1, post, 0)
-                     : reduction(c,
-                                 rs_op == PCS__V1__REDUCE_OP__REDUCE_OP_PREMUL_SUM ? rs_op : ar_op,
-                                 pre, post, premul);
-        add_coll(c, u, cs);
+    add_reductions(c, ub, u, pr.reduce, false);
+    /* training.eval_backward: the same reductions in the master dtype for an eval-mode backward
+     * (FSDP1 _use_full_prec_in_eval), where the training ones are in another dtype */
+    const Pcs__V1__TrainingSpec *tr = c->spec->training;
+    if (tr && tr->eval_backward && tr->full_precision_eval && pr.mixed_precision &&
+        pr.master == PCS_DTYPE_FP32 && (pr.reduce != pr.master || pr.compute != pr.master)) {
+        u->eval_collectives = calloc(2, sizeof *u->eval_collectives);
+        if (!u->eval_collectives) {
+            c->oom = true;
+            return;
+        }
+        add_reductions(c, ub, u, pr.master, true);
     }
 }
 
@@ -1311,6 +1337,7 @@ static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
     }
     p->micro_batches = s->training && s->training->micro_batches ? s->training->micro_batches : 1;
     p->full_precision_eval = s->training && s->training->full_precision_eval;
+    p->eval_backward = p->full_precision_eval && s->training->eval_backward;
     {
         const Pcs__V1__TrainingSpec *t = s->training;
         bool fwd = !(t && t->forward_prefetch && !t->forward_prefetch->value);

@@ -427,7 +427,7 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
     uint64_t root_eval = 0;
     bool keep = false; /* units stay gathered across no-sync micro-batches */
     size_t root_i = SIZE_MAX;
-    uint64_t acc = 0, max_c = 1, max_g = 0;
+    uint64_t acc = 0, max_c = 1, max_g = 0, ev_bwd_peak = 0, ev_rs_max = 0;
     for (size_t i = 0; i < n; i++) {
         const Pcs__V1__Unit *u = p->units[i];
         if (u->stage % pp != c.pp)
@@ -455,8 +455,10 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
          * reduce-scatter output with a shard group */
         if (param != PCS__V1__DTYPE__DTYPE_FP32)
             out->staging_bytes += sh * dsz(param);
+        /* the reduce-scatter output: fp32 wide when an eval-mode backward reduces in it too */
+        bool evbwd = u->n_eval_collectives > 0;
         if (sg > 1)
-            out->staging_bytes += sh * dsz(reduce);
+            out->staging_bytes += sh * (evbwd && dsz(reduce) < f32 ? f32 : dsz(reduce));
         max_c = sh > max_c ? sh : max_c;
         bool pp_lay = per_param(u) && sg > 1;
         if (pp_lay) {
@@ -485,6 +487,15 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         if (u->is_root) {
             root_eval = evalb[nu];
             root_i = nu;
+        }
+        if (evbwd) {
+            /* training.eval_backward: the unit's fp32 copy, its fp32 gradient block (the flat
+             * reduction input itself: fp32 is the eval reduction's dtype) and, per_param, the
+             * [sg, c] copy-in block; the previous unit's input may still be in flight */
+            uint64_t rsf = pp_lay ? sg * sh * f32 : 0;
+            uint64_t b = evalb[nu] + u->padded_numel * f32 + rsf;
+            ev_bwd_peak = b > ev_bwd_peak ? b : ev_bwd_peak;
+            ev_rs_max = rsf > ev_rs_max ? rsf : ev_rs_max;
         }
         if (train) {
             /* the reduction input is a block of its own unless it is the gradient block itself
@@ -625,6 +636,10 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         if (s > peak)
             peak = s;
     }
+    /* an eval-mode backward (training.eval_backward): the root's fp32 copy beside a unit's eval
+     * backward (above), and a reduction input in flight */
+    if (ev_bwd_peak && root_eval + ev_bwd_peak + ev_rs_max > peak)
+        peak = root_eval + ev_bwd_peak + ev_rs_max;
     if (pp > 1) {
         /* Pipeline stages (worker/train.c): UNSHARD gathers a whole stage and RESHARD frees it
          * (around every compute action, or once per step, when every stage of this rank stays

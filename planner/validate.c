@@ -713,6 +713,9 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
                        "it",
                        hook, dtype_str(want), dtype_str(red));
     }
+    if (s->training && s->training->eval_backward && !s->training->full_precision_eval)
+        return bad(v, "training.eval_backward: needs training.full_precision_eval (an eval-mode "
+                      "backward reduces in full precision only then)");
     const char *lay = s->shard_layout ? s->shard_layout : "";
     if (*lay && strcmp(lay, "flat") && strcmp(lay, "per_param"))
         return bad(v, "shard_layout: must be flat or per_param, got '%s'", lay);

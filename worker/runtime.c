@@ -71,6 +71,12 @@ typedef struct rt_unit {
                            * waits for that reduction (compute thread only) */
     int rs_in_accum;      /* this reduction's rs_in is the accumulator: set at the copy-in,
                            * before it is queued, read by the thread that ends it */
+    /* training.eval_backward: grads is an fp32 block from grad_buffer_full (an eval-mode
+     * backward); the reduction queued from it runs in rdt with the plan's eval collectives when
+     * rfull (rdt and rfull set at the copy-in like rs_in_accum) */
+    int grads_full, rfull;
+    pcs_dtype_t rdt;
+    const Pcs__V1__CollectiveSpec *ev_rs, *ev_ar;
     void *full;           /* padded, fp32 (full-precision eval; pooled, until resharded) */
     void *grads;          /* padded, param (compute) dtype */
     void *accum_buf;      /* padded, accum dtype (micro_batches > 1, else on first no-sync) */
@@ -850,6 +856,14 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         u->rs = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER);
         u->ar = find_coll(pu, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE);
         u->local = pu->local_reduction;
+        for (size_t k = 0; k < pu->n_eval_collectives; k++) {
+            const Pcs__V1__CollectiveSpec *e = pu->eval_collectives[k];
+            if (e->kind == PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER)
+                u->ev_rs = e;
+            else if (e->kind == PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE)
+                u->ev_ar = e;
+        }
+        u->rdt = u->reduce;
         if (pu->reshard_group_size > 1 && pu->reshard_group_size == rt->reshard_n) {
             u->rg = pu->reshard_group_size;
             u->ag_bwd = find_coll_phase(pu, PCS__V1__COLL_KIND__COLL_KIND_ALL_GATHER,
@@ -883,8 +897,12 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         if (rt->ar_last && rt->micro_batches > 1 && u->sg > 1 && u->ar &&
             u->ar->group == PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE)
             PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->reduce, &u->ar_partial), st, out);
-        if (u->sg > 1)
-            PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->reduce, &u->rs_out), st, out);
+        if (u->sg > 1) /* fp32 wide when an eval-mode backward reduces into it too */
+            PCS_CHECK_GOTO(alloc_zero(rt, u->c,
+                                      u->ev_rs && pcs_dtype_size(u->reduce) < 4 ? PCS_DTYPE_FP32
+                                                                                : u->reduce,
+                                      &u->rs_out),
+                           st, out);
         if (u->param != PCS_DTYPE_FP32)
             PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->param, &u->ag_in), st, out);
 
@@ -1555,6 +1573,35 @@ pcs_status_t pcs_runtime_grad_buffer(pcs_runtime_t *rt, uint32_t unit, void **gr
     return PCS_OK;
 }
 
+pcs_status_t pcs_runtime_grad_buffer_full(pcs_runtime_t *rt, uint32_t unit, float **grads)
+{
+    PCS_CHECK(check_unit(rt, unit));
+    rt_unit_t *u = &rt->units[unit];
+    if (!rt->plan->eval_backward)
+        return pcs_set_error(PCS_ERR_STATE,
+                             "unit %u: an eval-mode backward needs training.eval_backward (with "
+                             "full_precision_eval) in the job: its plan has no full-precision "
+                             "reductions and its estimate no room for them",
+                             unit);
+    if (u->master != PCS_DTYPE_FP32)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "unit %u: master dtype %s: no full precision to reduce in", unit,
+                             pcs_dtype_name(u->master));
+    if (u->grads)
+        return pcs_set_error(PCS_ERR_STATE,
+                             "unit %u: a gradient buffer is already out (hand it in first)", unit);
+    if (u->accum_valid)
+        return pcs_set_error(PCS_ERR_STATE,
+                             "unit %u: a training micro-batch's gradients are accumulating; an "
+                             "eval-mode backward comes before the step or after it",
+                             unit);
+    PCS_CHECK(pool_get(rt, (size_t)u->padded * sizeof(float), rt->cstream, &u->grads));
+    PCS_CHECK(pcs_kernel_fill(rt->be, u->grads, PCS_DTYPE_FP32, u->padded, 0.0, rt->cstream));
+    u->grads_full = 1;
+    *grads = u->grads;
+    return PCS_OK;
+}
+
 // ---- reductions (the reduction thread, or inline) ----
 
 /* The grads block back to the pool after the compute work enqueued so far (which reads it). */
@@ -1575,6 +1622,14 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
         src = u->accum_buf;
         sdt = u->accum;
     }
+    /* an eval-mode backward: fp32 gradients, reduced in fp32 (the master dtype) */
+    int full = u->grads_full;
+    u->grads_full = 0;
+    u->rfull = full && (u->ev_rs || u->ev_ar);
+    u->rdt = full ? PCS_DTYPE_FP32 : u->reduce;
+    if (full)
+        sdt = PCS_DTYPE_FP32;
+    const pcs_dtype_t rdt = u->rdt;
     uint64_t t0 = pcs_now_us();
     /* On the compute stream, after the backward that wrote the grads. */
     PCS_CHECK(rt->be->stream_wait_event(rt->cstream, u->ev_rsdone));
@@ -1582,20 +1637,20 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
     if (u->pieces) {
         /* per_param: the [sg, c] reduction input is always a block of its own, built by the
          * FSDP2 copy-in (chunk-cat with zero padding, cast to the reduce dtype on the way) */
-        PCS_CHECK(pool_get(rt, (size_t)(u->sg * u->c) * pcs_dtype_size(u->reduce), rt->cstream,
+        PCS_CHECK(pool_get(rt, (size_t)(u->sg * u->c) * pcs_dtype_size(rdt), rt->cstream,
                            &u->rs_in));
-        pcs_status_t st = copy_in(rt, u, u->rs_in, u->reduce, src, sdt, rt->cstream);
+        pcs_status_t st = copy_in(rt, u, u->rs_in, rdt, src, sdt, rt->cstream);
         if (st != PCS_OK) {
             (void)pool_put(rt, u->rs_in, rt->cstream);
             u->rs_in = NULL;
             return st;
         }
         PCS_CHECK(drop_grads(rt, u));
-    } else if (src == u->grads && sdt == u->reduce) {
+    } else if (src == u->grads && sdt == rdt) {
         /* no cast: the gradient block itself is the reduction's input (no copy) */
         u->rs_in = u->grads;
         u->grads = NULL;
-    } else if (src == u->accum_buf && sdt == u->reduce) {
+    } else if (src == u->accum_buf && sdt == rdt) {
         /* the no-sync accumulator in the reduce dtype is read in place (no copy, no block); it
          * is written again only after this reduction (post_backward waits) */
         u->rs_in = u->accum_buf;
@@ -1603,13 +1658,13 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
         u->rs_in_accum = 1;
         PCS_CHECK(drop_grads(rt, u));
     } else {
-        PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->reduce), rt->cstream,
+        PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(rdt), rt->cstream,
                            &u->rs_in));
         pcs_status_t st =
-            sdt == u->reduce
+            sdt == rdt
                 ? rt->be->copy(u->rs_in, src, u->padded * pcs_dtype_size(sdt), PCS_COPY_D2D,
                                rt->cstream)
-                : pcs_kernel_cast(rt->be, u->rs_in, u->reduce, src, sdt, u->padded, rt->cstream);
+                : pcs_kernel_cast(rt->be, u->rs_in, rdt, src, sdt, u->padded, rt->cstream);
         if (st != PCS_OK) { /* nothing will read it: back to the pool */
             (void)pool_put(rt, u->rs_in, rt->cstream);
             u->rs_in = NULL;
@@ -1671,7 +1726,7 @@ static pcs_status_t local_divide(pcs_runtime_t *rt, rt_unit_t *u)
     for (int k = 0; k < 2; k++)
         if (f[k] != 1.0f)
             PCS_CHECK(
-                pcs_kernel_scale(rt->be, u->rs_in, u->reduce, u->padded, f[k], rt->rs_stream));
+                pcs_kernel_scale(rt->be, u->rs_in, u->rdt, u->padded, f[k], rt->rs_stream));
     return PCS_OK;
 }
 
@@ -1679,70 +1734,74 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
 {
     void *result;
     pcs_status_t st;
+    /* the training reduction, or an eval-mode backward's in fp32 (the plan's eval collectives) */
+    const pcs_dtype_t rdt = u->rdt;
+    const Pcs__V1__CollectiveSpec *rs = u->rfull ? u->ev_rs : u->rs;
+    const Pcs__V1__CollectiveSpec *ar = u->rfull ? u->ev_ar : u->ar;
     if (u->sg > 1) {
         int hsdp = u->ar_comm != NULL;
-        pcs_coll_red_t red = red_of(u->rs, 1, !hsdp);
+        pcs_coll_red_t red = red_of(rs, 1, !hsdp);
         pcs_rt_timing_t *tm = pcs_rt_timing_start(&rt->tp_rs, rt->rs_stream);
         st = coll_rs(rt, rt->shard_rs, rt->stage_rs, rt->rs_stream, u->rs_in, u->rs_out, u->c,
-                     u->reduce, &red);
+                     rdt, &red);
         if (st == PCS_OK)
             pcs_rt_timing_end(&rt->tp_rs, tm, rt->rs_stream, PCS_RT_T_RS);
         pthread_mutex_lock(&rt->mu);
-        rt->rs_bytes += u->c * u->sg * pcs_dtype_size(u->reduce);
-        pcs_rt_record(&rt->recs, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER, u->index, u->reduce,
-                      u->c, u->sg, u->rs, 0);
+        rt->rs_bytes += u->c * u->sg * pcs_dtype_size(rdt);
+        pcs_rt_record(&rt->recs, PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER, u->index, rdt,
+                      u->c, u->sg, rs, 0);
         pthread_mutex_unlock(&rt->mu);
         if (st != PCS_OK)
             return wrap_err(st, "reduce-scatter of unit %u", u->index);
         result = u->rs_out;
         if (hsdp && u->skip_ar) {
             /* keep the partial sum; the last micro-batch's reduction all-reduces it */
-            st = u->ar_partial_valid ? pcs_kernel_accumulate(rt->be, u->ar_partial, u->reduce,
-                                                          u->rs_out, u->reduce, u->c,
+            st = u->ar_partial_valid ? pcs_kernel_accumulate(rt->be, u->ar_partial, rdt,
+                                                          u->rs_out, rdt, u->c,
                                                           rt->rs_stream)
                                   : rt->be->copy(u->ar_partial, u->rs_out,
-                                                 u->c * pcs_dtype_size(u->reduce), PCS_COPY_D2D,
+                                                 u->c * pcs_dtype_size(rdt), PCS_COPY_D2D,
                                                  rt->rs_stream);
             if (st == PCS_OK)
                 u->ar_partial_valid = 1;
             return st;
         }
-        if (hsdp && u->ar_partial_valid) {
-            PCS_CHECK(pcs_kernel_accumulate(rt->be, u->rs_out, u->reduce, u->ar_partial,
-                                            u->reduce, u->c, rt->rs_stream));
+        if (hsdp && u->ar_partial_valid && !u->rfull) { /* (a partial is in the reduce dtype) */
+            PCS_CHECK(pcs_kernel_accumulate(rt->be, u->rs_out, rdt, u->ar_partial,
+                                            rdt, u->c, rt->rs_stream));
             u->ar_partial_valid = 0;
         }
         if (hsdp) {
-            pcs_coll_red_t ared = red_of(u->ar ? u->ar : u->rs, 0, 1);
-            if (!u->ar) /* unplanned HSDP leg: keep the RS op, post-divide after it */
+            pcs_coll_red_t ared = red_of(ar ? ar : rs, 0, 1);
+            if (!ar) /* unplanned HSDP leg: keep the RS op, post-divide after it */
                 ared.pre_div = 0;
             tm = pcs_rt_timing_start(&rt->tp_rs, rt->rs_stream);
-            st = coll_ar(rt, u->ar_comm, rt->stage_rs, rt->rs_stream, u->rs_out, u->c, u->reduce,
+            st = coll_ar(rt, u->ar_comm, rt->stage_rs, rt->rs_stream, u->rs_out, u->c, rdt,
                          &ared);
             if (st == PCS_OK)
                 pcs_rt_timing_end(&rt->tp_rs, tm, rt->rs_stream, PCS_RT_T_AR);
             uint32_t g = (uint32_t)pcs_coll_size(u->ar_comm);
             pthread_mutex_lock(&rt->mu);
-            rt->ar_bytes += u->c * pcs_dtype_size(u->reduce);
-            pcs_rt_record(&rt->recs, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, u->index, u->reduce,
-                          u->c, g, u->ar, 0);
+            rt->ar_bytes += u->c * pcs_dtype_size(rdt);
+            pcs_rt_record(&rt->recs, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, u->index, rdt,
+                          u->c, g, ar, 0);
             pthread_mutex_unlock(&rt->mu);
             if (st != PCS_OK)
                 return wrap_err(st, "all-reduce (replicas) of unit %u", u->index);
         }
     } else if (u->ar_comm) {
-        pcs_coll_red_t red = red_of(u->ar, 1, 1);
-        if (!u->ar) /* replicated unit without a planned collective: average over the ranks */
+        pcs_coll_red_t red = red_of(ar, 1, 1);
+        if (!ar) /* replicated unit without a planned collective: average over the ranks */
             red.op = PCS_RED_AVG;
         pcs_rt_timing_t *tm = pcs_rt_timing_start(&rt->tp_rs, rt->rs_stream);
-        st = coll_ar(rt, u->ar_comm, rt->stage_rs, rt->rs_stream, u->rs_in, u->padded, u->reduce,
+        st = coll_ar(rt, u->ar_comm, rt->stage_rs, rt->rs_stream, u->rs_in, u->padded, rdt,
                      &red);
         if (st == PCS_OK)
             pcs_rt_timing_end(&rt->tp_rs, tm, rt->rs_stream, PCS_RT_T_AR);
         pthread_mutex_lock(&rt->mu);
-        rt->ar_bytes += u->padded * pcs_dtype_size(u->reduce);
-        pcs_rt_record(&rt->recs, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, u->index, u->reduce,
-                      u->padded, (uint32_t)pcs_coll_size(u->ar_comm), u->ar, 0);
+        rt->ar_bytes += u->padded * pcs_dtype_size(rdt);
+        pcs_rt_record(&rt->recs, PCS__V1__COLL_KIND__COLL_KIND_ALL_REDUCE, u->index, rdt,
+                      u->padded, (uint32_t)pcs_coll_size(u->ar_comm), ar, 0);
         pthread_mutex_unlock(&rt->mu);
         if (st != PCS_OK)
             return wrap_err(st, "all-reduce of unit %u", u->index);
@@ -1756,7 +1815,7 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
     /* Cast back and accumulate into the sharded grad (grad dtype), as FSDP's
      * _saved_grad_shard += grad. */
     uint64_t t3 = pcs_now_us();
-    PCS_CHECK(pcs_kernel_accumulate(rt->be, u->grad_shard, u->grad, result, u->reduce, u->c,
+    PCS_CHECK(pcs_kernel_accumulate(rt->be, u->grad_shard, u->grad, result, rdt, u->c,
                                     rt->rs_stream));
     pthread_mutex_lock(&rt->mu);
     rt->rs_cast_ms += ms_since(t3);
@@ -1835,6 +1894,12 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
     if (atomic_load(&rt->aborted))
         return pcs_set_error(PCS_ERR_CANCELLED, "runtime aborted");
     rt_unit_t *u = &rt->units[unit];
+    if (u->grads_full && !sync)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "unit %u: an eval-mode backward's gradients are reduced when handed "
+                             "in (sync = 1); they do not accumulate",
+                             unit);
+    const int full = u->grads_full;
     if (!u->grads) {
         /* handed in without grad_buffer: a zero gradient, as an untouched buffer holds */
         PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->param), rt->cstream,
@@ -1877,7 +1942,8 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
     /* hsdp_all_reduce last_micro_batch: the step's last hand-in of a unit all-reduces across
      * replicas (hand-ins counted synced or not; a partial left by fewer hand-ins is all-reduced
      * by the optimizer step) */
-    u->syncs++;
+    if (!full) /* an eval-mode backward is not a micro-batch of the step */
+        u->syncs++;
     if (!sync)
         return drop_grads(rt, u);
     if (rt->rs_started) {
@@ -1894,7 +1960,7 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
     /* FSDP2 set_requires_all_reduce(False) before the last micro-batch: only the step's last
      * reduction of an HSDP unit all-reduces across replicas (counted per unit, so a C API
      * program that syncs every micro-batch gets it too) */
-    u->skip_ar = u->ar_partial != NULL && u->syncs < rt->micro_batches;
+    u->skip_ar = u->ar_partial != NULL && u->syncs < rt->micro_batches && !full;
     pcs_status_t st = reduce_copy_in(rt, u);
     u->accum_valid = 0;
     if (st != PCS_OK)

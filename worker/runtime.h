@@ -158,6 +158,14 @@ int pcs_runtime_is_unsharded(const pcs_runtime_t *rt, uint32_t unit);
  * hand-in (post_backward), which gives it back. */
 pcs_status_t pcs_runtime_grad_buffer(pcs_runtime_t *rt, uint32_t unit, void **grads,
                                      pcs_dtype_t *dtype);
+
+/* training.eval_backward (with full_precision_eval): an fp32 gradient buffer (padded elements) for
+ * an eval-mode backward through the fp32 parameters pcs_runtime_unshard(full_precision) gave;
+ * pcs_runtime_post_backward(sync = 1) then reduces it in fp32 with the plan's eval collectives
+ * (FSDP1 reduces in full precision in eval) and adds it to the sharded gradient. PCS_ERR_STATE
+ * without training.eval_backward in the plan, with a buffer already out or a no-sync
+ * accumulation pending; PCS_ERR_INVALID_ARG for a low-precision master. */
+pcs_status_t pcs_runtime_grad_buffer_full(pcs_runtime_t *rt, uint32_t unit, float **grads);
 /* After backward of `unit` for one micro-batch: sync=0 accumulates into the unsharded accumulator
  * (no communication), sync=1 reduces into the sharded grad. */
 pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int sync);

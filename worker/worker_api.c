@@ -360,6 +360,11 @@ uint64_t pcs_worker_total_steps(const pcs_worker_t *w)
 {
     return w->as->spec->training->steps;
 }
+int pcs_worker_eval_backward(const pcs_worker_t *w)
+{
+    return w->as->plan->eval_backward ? 1 : 0;
+}
+
 uint32_t pcs_worker_micro_batches(const pcs_worker_t *w)
 {
     uint32_t m = w->as->spec->training->micro_batches;
@@ -504,6 +509,11 @@ pcs_status_t pcs_worker_grad_buffer(pcs_worker_t *w, uint32_t unit, void **grads
                                     pcs_dtype_t *dtype)
 {
     return pcs_runtime_grad_buffer(w->rt, unit, grads, dtype);
+}
+
+pcs_status_t pcs_worker_grad_buffer_full(pcs_worker_t *w, uint32_t unit, float **grads)
+{
+    return pcs_runtime_grad_buffer_full(w->rt, unit, grads);
 }
 
 pcs_status_t pcs_worker_hand_in_grads(pcs_worker_t *w, uint32_t unit, int sync)

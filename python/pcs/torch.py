@@ -199,6 +199,7 @@ class _Unit:
         self.full32 = None  # full-precision eval: the fp32 masters (allocated on first use)
         self.views32 = []
         self.live_full = False  # live holds full32, not full
+        self.full_bwd = False  # this pass is an eval-mode backward in full precision
 
 
 class ShardedModule:
@@ -267,6 +268,9 @@ class ShardedModule:
                                if b is not None and torch.is_floating_point(b)}
         self._buffers_full = False
         self._full_eval = any(u.policy.full_precision_eval for u in self.units)
+        # training.eval_backward: an eval-mode backward under full_precision_eval reduces its
+        # fp32 gradients in full precision (FSDP1); without it such a backward is refused
+        self._eval_bwd = self.worker.eval_backward
         self._cast_buffers(mods)
         for u in self.units:
             self._hooks.append(u.module.register_forward_pre_hook(
@@ -432,11 +436,15 @@ class ShardedModule:
         # FSDP_USE_FULL_PREC_IN_EVAL: an eval-mode forward of a mixed-precision unit runs on its
         # fp32 masters with no casts and the buffers in their own dtype
         full = u.policy.full_precision_eval and not u.module.training
-        if full and training:
+        # an eval-mode forward with gradients in a full_precision_eval job: its backward
+        # reduces in full precision (training.eval_backward), every unit's gradients in fp32
+        full_bwd = training and not u.module.training and self._eval_bwd
+        if full and training and not self._eval_bwd:
             raise _error("state", "unit %d (%r): an eval-mode forward with gradients under "
-                         "training.full_precision_eval (FSDP reduces in full precision then) is "
-                         "not supported; run eval under torch.no_grad()" %
-                         (u.index, u.info.path))
+                         "training.full_precision_eval (FSDP reduces in full precision then) "
+                         "needs training.eval_backward in the job; or run eval under "
+                         "torch.no_grad()" % (u.index, u.info.path))
+        u.full_bwd = full_bwd
         self._buffers_to(not u.module.training and self._full_eval)
         if training:  # an eval or no_grad forward opens no step
             self._begin()
@@ -444,9 +452,9 @@ class ShardedModule:
             self._free(u)
         if not u.live:
             self._gather_full(u) if full else self._gather(u)
-        if full:
+        if full and not training:
             return None
-        if training and not self._in_backward:
+        if training and not self._in_backward and not full:
             if u.index not in self._order_now:
                 self._order_now.append(u.index)
             self._prefetch_next(u, +1)
@@ -468,8 +476,8 @@ class ShardedModule:
                     node.register_hook(functools.partial(self._node_ready, u, token))
                     u.hooked.append((node, token))
                 u.nodes.add(token)
-        if u.policy.unmanaged:
-            return None
+        if u.policy.unmanaged or full:
+            return None  # (full precision: no casts)
         if u.policy.input_dtype:
             dt = _TORCH[u.policy.input_dtype]
             return _map_floats(args, lambda t: t.to(dt))
@@ -483,8 +491,15 @@ class ShardedModule:
         return None
 
     def _post_forward(self, u, _module, _args, out):
-        if u.live_full:  # full-precision eval: no casts, nothing comes back
+        if u.live_full and not torch.is_grad_enabled():  # full-precision eval: no casts
             self._free(u)
+            return out
+        if u.live_full:  # an eval-mode forward with gradients: no casts, its backward comes
+            for t in _tensors(out, []):
+                if t.requires_grad:
+                    t.register_hook(functools.partial(self._pre_backward, u))
+            if u.policy.reshard_after_forward and not self._in_backward:
+                self._free(u)
             return out
         if u.policy.output_dtype:
             dt = _TORCH[u.policy.output_dtype]
@@ -513,8 +528,9 @@ class ShardedModule:
             self._callback_queued = True
         self._in_backward = True
         if not u.live:
-            self._gather(u)
-        self._prefetch_next(u, -1)
+            self._gather_full(u) if u.full_bwd and u.policy.full_precision_eval else self._gather(u)
+        if not u.full_bwd:
+            self._prefetch_next(u, -1)
         return None
 
     def _node_ready(self, u, token, *_unused):
@@ -528,7 +544,11 @@ class ShardedModule:
             self._hand_in(u, free=not u.has_frozen and not keep)
 
     def _hand_in(self, u, free=True):
-        buf = self.worker.grad_buffer(u.index).torch()
+        if u.full_bwd and not self._sync:
+            raise _error("state", "unit %d (%r): an eval-mode backward reduces in full precision "
+                         "at once; it cannot run under no_sync()" % (u.index, u.info.path))
+        buf = (self.worker.grad_buffer_full(u.index) if u.full_bwd
+               else self.worker.grad_buffer(u.index)).torch()
         for p, pi in u.params:
             g = p.grad
             if g is not None:

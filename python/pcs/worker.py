@@ -134,6 +134,7 @@ def _load():
         "pcs_worker_dp_size": (ctypes.c_uint32, [P]),
         "pcs_worker_total_steps": (ctypes.c_uint64, [P]),
         "pcs_worker_micro_batches": (ctypes.c_uint32, [P]),
+        "pcs_worker_eval_backward": (ctypes.c_int, [P]),
         "pcs_worker_micro_batch_size": (ctypes.c_uint32, [P]),
         "pcs_worker_job_id": (ctypes.c_char_p, [P]),
         "pcs_worker_num_units": (ctypes.c_size_t, [P]),
@@ -148,6 +149,7 @@ def _load():
                                     ctypes.POINTER(ctypes.c_int)]),
         "pcs_worker_prefetch": (st, [P, ctypes.c_uint32]),
         "pcs_worker_unshard_full": (st, [P, ctypes.c_uint32, ctypes.POINTER(P)]),
+        "pcs_worker_grad_buffer_full": (st, [P, ctypes.c_uint32, ctypes.POINTER(P)]),
         "pcs_worker_reshard": (st, [P, ctypes.c_uint32]),
         "pcs_worker_grad_buffer": (st, [P, ctypes.c_uint32, ctypes.POINTER(P),
                                         ctypes.POINTER(ctypes.c_int)]),
@@ -406,6 +408,11 @@ class Worker:
         return self._lib.pcs_worker_total_steps(self._handle())
 
     @property
+    def eval_backward(self):
+        """Whether the job allows an eval-mode backward reduced in full precision."""
+        return bool(self._lib.pcs_worker_eval_backward(self._handle()))
+
+    @property
     def micro_batches(self):
         return self._lib.pcs_worker_micro_batches(self._handle())
 
@@ -474,6 +481,13 @@ class Worker:
         _check(self._lib.pcs_worker_grad_buffer(self._handle(), unit, ctypes.byref(p),
                                                 ctypes.byref(dt)))
         return Buffer(p.value, self.units[unit].padded_numel, dt.value, self.device)
+
+    def grad_buffer_full(self, unit):
+        """An eval-mode backward (training.eval_backward): the zeroed fp32 buffer for ``unit``'s
+        gradients; its hand-in (sync) reduces them in full precision."""
+        p = ctypes.c_void_p()
+        _check(self._lib.pcs_worker_grad_buffer_full(self._handle(), unit, ctypes.byref(p)))
+        return Buffer(p.value, self.units[unit].padded_numel, DTYPE_FP32, self.device)
 
     def hand_in_grads(self, unit, sync=True):
         _check(self._lib.pcs_worker_hand_in_grads(self._handle(), unit, 1 if sync else 0))

@@ -228,13 +228,15 @@ BASE = {"strategy": "full_shard", "mesh": [{"dim": "dp_shard", "size": 2}]}
 
 def case(model, precision=None, steps=4, micro_batches=2, mbs=4, clip=None, data=None,
          opt=None, split_loss=False, eval_each_step=False, full_precision_eval=False,
-         accumulation=None, **extra):
+         accumulation=None, eval_backward=False, **extra):
     training = {"steps": steps, "micro_batch_size": mbs, "micro_batches": micro_batches,
                 "optimizer": opt or OPT}
     if accumulation:
         training["accumulation"] = accumulation
     if full_precision_eval:
         training["full_precision_eval"] = True
+    if eval_backward:
+        training["eval_backward"] = True
     if clip:
         training["clip_grad_norm"] = clip
     c = {"model": model, "precision": precision or {}, "training": training, "data": data,
@@ -258,6 +260,14 @@ CASES = {
     # FSDP2's per-parameter layout (shard_layout: per_param): other elements on each rank, the
     # same numbers; with a placement on dim 1 for the block's first Linear
     "tied_fp32_per_param": case("tied", layout="per_param"),
+    # training.eval_backward (FSDP_USE_FULL_PREC_IN_EVAL): every step's backward runs in eval
+    # mode, so in full precision — fp32 compute on the gathered masters and fp32 reductions
+    # whatever the policy says (bf16 compute; fp16 reduce, seed test_full_precision_in_eval_comm)
+    "nested_evalbwd_bf16": case("nested", {"param_dtype": "bf16"}, opt=SGD, micro_batches=1,
+                                full_precision_eval=True, eval_backward=True, eval_train=True),
+    "nested_evalbwd_fp16_reduce": case("nested", {"reduce_dtype": "fp16"}, opt=SGD,
+                                       micro_batches=1, full_precision_eval=True,
+                                       eval_backward=True, eval_train=True),
     "nested_fp32_per_param": case("nested", clip=1.0, layout="per_param",
                                   placements=[{"param": "module.1.1.weight", "dim": 1}]),
     "external_fp32": case("external", opt=SGD),

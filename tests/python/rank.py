@@ -77,6 +77,8 @@ def main():
     rows = model.micro_batch_size
     r = model.dp_rank
     steps = []
+    if cases.CASES[a.case].get("eval_train"):
+        model.eval()  # every forward/backward in eval mode (training.eval_backward)
     for step in range(model.total_steps):
         losses = []
         for mb in range(model.micro_batches):

@@ -240,6 +240,13 @@ class PcsTorchTest(unittest.TestCase):
         self.check_fp32("tied_fp32_per_param")
         self.check_fp32("nested_fp32_per_param")
 
+    def test_eval_mode_backward_in_full_precision(self):
+        """training.eval_backward: a bf16-compute job and an fp16-reduce job trained entirely
+        through eval-mode backwards compute and reduce in fp32 (FSDP1's full precision in
+        eval), so they match plain fp32 PyTorch at fp32 tolerances."""
+        self.check_fp32("nested_evalbwd_bf16")
+        self.check_fp32("nested_evalbwd_fp16_reduce")
+
     def test_two_backward_calls_per_micro_batch_fp32(self):
         self.check_fp32("split_fp32")
 

@@ -405,6 +405,69 @@ static void test_check_layout_refuses_inconsistent_per_param_plans(void **state)
     pcs_plan_free(p);
 }
 
+/* Case 18's variant (param fp32, reduce fp16): with training.eval_backward the plan carries the
+ * reductions of an eval-mode backward in fp32 (FSDP1 reduces in full precision in eval), with
+ * fp32's ops (AVG, no pre/post divide), beside the fp16 training ones; HSDP gets both legs; a job
+ * whose reductions are fp32 already, or that did not ask, gets none; the estimate makes room. */
+static void test_eval_backward_plans_full_precision_reductions(void **state)
+{
+    (void)state;
+#define EVAL_BWD_FMT                                                                               \
+    "model: {explicit: [{path: '', class: Net, params: [{name: w, shape: [8]}]}]}\n"               \
+    "precision: {%s}\nmesh: [%s]\n"                                                                \
+    "training: {steps: 1, micro_batch_size: 1, optimizer: {sgd: {lr: 1}},\n"                       \
+    "           full_precision_eval: true, eval_backward: %s}\n"
+    char y[1024];
+    snprintf(y, sizeof y, EVAL_BWD_FMT, "reduce_dtype: fp16", "{dim: dp_shard, size: 4}", "true");
+    Pcs__V1__Plan *p = plan_of(y, 4);
+    const Pcs__V1__Unit *u = p->units[0];
+    assert_true(p->eval_backward);
+    const Pcs__V1__CollectiveSpec *rs = coll_of(u, COLL(REDUCE_SCATTER), PHASE(STEP));
+    assert_non_null(rs);
+    assert_int_equal(rs->dtype, DT(FP16));
+    assert_int_equal(rs->reduction->op, OP(SUM));
+    assert_int_equal(u->n_eval_collectives, 1);
+    const Pcs__V1__CollectiveSpec *e = u->eval_collectives[0];
+    assert_int_equal(e->kind, COLL(REDUCE_SCATTER));
+    assert_int_equal(e->phase, PHASE(BACKWARD));
+    assert_int_equal(e->dtype, DT(FP32));
+    assert_int_equal(e->reduction->op, OP(AVG));
+    assert_true(e->reduction->pre_divide == 1 && e->reduction->post_divide == 1);
+    assert_int_equal(e->count, u->shard_numel);
+    Pcs__V1__RankEstimate with, without;
+    assert_int_equal(pcs_plan_rank_estimate(p, 0, &with), PCS_OK);
+    pcs_plan_free(p);
+    snprintf(y, sizeof y, EVAL_BWD_FMT, "reduce_dtype: fp16", "{dim: dp_shard, size: 4}", "false");
+    p = plan_of(y, 4);
+    assert_false(p->eval_backward);
+    assert_int_equal(p->units[0]->n_eval_collectives, 0);
+    assert_int_equal(pcs_plan_rank_estimate(p, 0, &without), PCS_OK);
+    /* fp32 gradients beside the fp32 parameters, and an fp32-wide reduce-scatter output */
+    assert_true(with.total_bytes > without.total_bytes);
+    assert_true(with.staging_bytes > without.staging_bytes);
+    pcs_plan_free(p);
+    /* HSDP (2 x 2): the reduce-scatter and the all-reduce across replicas, both fp32 */
+    snprintf(y, sizeof y, EVAL_BWD_FMT, "param_dtype: bf16",
+             "{dim: dp_replicate, size: 2}, {dim: dp_shard, size: 2}", "true");
+    job_t *sp = spec_of(y);
+    sp->strategy = PCS__V1__STRATEGY__STRATEGY_HYBRID_SHARD;
+    assert_int_equal(pcs_plan_build(sp, 4, &p), PCS_OK);
+    spec_free(sp);
+    u = p->units[0];
+    assert_int_equal(u->n_eval_collectives, 2);
+    assert_int_equal(u->eval_collectives[0]->kind, COLL(REDUCE_SCATTER));
+    assert_int_equal(u->eval_collectives[1]->kind, COLL(ALL_REDUCE));
+    assert_int_equal(u->eval_collectives[1]->group, GK(REPLICATE));
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(u->eval_collectives[k]->dtype, DT(FP32));
+    pcs_plan_free(p);
+    /* everything fp32 already: nothing to add */
+    snprintf(y, sizeof y, EVAL_BWD_FMT, "", "{dim: dp_shard, size: 4}", "true");
+    p = plan_of(y, 4);
+    assert_int_equal(p->units[0]->n_eval_collectives, 0);
+    pcs_plan_free(p);
+}
+
 static void test_per_param_layout_only_where_sharded(void **state)
 {
     (void)state;
@@ -1680,6 +1743,7 @@ int main(void)
         cmocka_unit_test(test_fsdp2_all_gather_and_reduce_scatter_packing_cases_4_5),
         cmocka_unit_test(test_fsdp2_shard_dim1_case3),
         cmocka_unit_test(test_check_layout_refuses_inconsistent_per_param_plans),
+        cmocka_unit_test(test_eval_backward_plans_full_precision_reductions),
         cmocka_unit_test(test_per_param_layout_only_where_sharded),
         cmocka_unit_test(test_divide_factors_match_spec_table_case8),
         cmocka_unit_test(test_custom_divide_factor_reaches_world_of_one_and_no_shard),

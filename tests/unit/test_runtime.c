@@ -22,6 +22,8 @@
 #include "coll/kv.h"
 #include "pcs/half.h"
 #include "pcs/kernels.h"
+#include "pcs/pbtext.h"
+#include "planner/plan.h"
 #include "worker/runtime.h"
 #include "runtime_harness.h"
 #include "test_util.h"
@@ -474,6 +476,147 @@ static void run_two_ranks(int mode)
         assert_int_equal(codes[r], 0);
 }
 
+/* training.eval_backward (seed test_full_precision_in_eval_comm): fp32 parameters, fp16 reduce,
+ * full_precision_eval. An eval-mode backward's fp32 gradients are reduce-scattered in fp32 (the
+ * plan's eval collective), a training one's in fp16. Gradients 1 + 2^-20 (rank 0) and 1 (rank
+ * 1): fp32 averages them to 1 + 2^-21 exactly, fp16 would round the first to 1; SGD lr 1 from 0
+ * moves the master by exactly that. */
+static Pcs__V1__Plan *eval_bwd_plan(int eval_backward, uint32_t world)
+{
+    char y[1024];
+    snprintf(y, sizeof y,
+             "model: {explicit: [{path: '', class: Net, params: [{name: w, shape: [8]}]}]}\n"
+             "precision: {reduce_dtype: fp16}\n"
+             "mesh: [{dim: dp_shard, size: %u}]\n"
+             "training: {steps: 1, micro_batch_size: 1, optimizer: {sgd: {lr: 1}},\n"
+             "           full_precision_eval: true, eval_backward: %s}\n",
+             world, eval_backward ? "true" : "false");
+    ProtobufCMessage *m = NULL;
+    if (pcs_pb_from_yaml(y, strlen(y), &pcs__v1__job_spec__descriptor, &m) != PCS_OK)
+        return NULL;
+    Pcs__V1__Plan *p = NULL;
+    if (pcs_plan_build((Pcs__V1__JobSpec *)m, world, &p) != PCS_OK)
+        p = NULL;
+    protobuf_c_message_free_unpacked(m, NULL);
+    return p;
+}
+
+/* the reduce-scatters of the step (after its optimizer step: reductions run on their own
+ * thread): their dtypes in order; -1 if an audit against the plan failed */
+static int rs_dtypes(pcs_runtime_t *rt, pcs_dtype_t *out, int cap)
+{
+    pcs_rt_stats_t st;
+    pcs_runtime_stats(rt, &st);
+    int n = 0;
+    for (size_t i = 0; i < st.n_colls; i++)
+        if (st.colls[i].kind == PCS__V1__COLL_KIND__COLL_KIND_REDUCE_SCATTER && n < cap) {
+            if (!st.colls[i].audit_ok)
+                return -1;
+            out[n++] = st.colls[i].dtype;
+        }
+    return n;
+}
+
+static int eval_bwd_rank(const char *kvdir, uint32_t r, void *arg)
+{
+    (void)arg;
+    Pcs__V1__Plan *plan = eval_bwd_plan(1, 2);
+    if (!plan || plan->units[0]->n_eval_collectives != 1)
+        return 2;
+    pcs_kv_t *kv = NULL;
+    if (pcs_kv_file_create(kvdir, &kv) != PCS_OK)
+        return 3;
+    pcs_runtime_config_t rc;
+    if (sgd_lr1_config(&rc, plan, 1) != PCS_OK)
+        return 4;
+    rc.rank = r;
+    rc.kv = kv;
+    rc.hostname = "127.0.0.1";
+    rc.coll_timeout_ms = 20000;
+    pcs_runtime_t *rt = NULL;
+    int bad = 5;
+    const float g = r == 0 ? 1.0f + 0x1p-20f : 1.0f;
+    if (pcs_runtime_create(&rc, &rt) == PCS_OK) {
+        float *gf = NULL;
+        void *gb = NULL;
+        pcs_dtype_t dt;
+        pcs_rt_step_opts_t o;
+        memset(&o, 0, sizeof o);
+        pcs_rt_step_result_t res;
+        pcs_rt_shard_t sh;
+        pcs_dtype_t seen[4];
+        bad = 6;
+        /* eval-mode backward: fp32 all the way */
+        if (pcs_runtime_begin_step(rt) == PCS_OK &&
+            pcs_runtime_grad_buffer_full(rt, 0, &gf) == PCS_OK) {
+            for (int i = 0; i < 8; i++)
+                gf[i] = g;
+            /* no accumulation of an eval-mode backward */
+            if (pcs_runtime_post_backward(rt, 0, 0) != PCS_ERR_INVALID_ARG)
+                bad = 7;
+            else if (pcs_runtime_post_backward(rt, 0, 1) == PCS_OK &&
+                     pcs_runtime_optimizer_step(rt, &o, &res) == PCS_OK &&
+                     rs_dtypes(rt, seen, 4) == 1 && seen[0] == PCS_DTYPE_FP32 &&
+                     pcs_runtime_shard(rt, 0, &sh) == PCS_OK && sh.numel == 4) {
+                bad = 0;
+                for (int i = 0; i < 4; i++)
+                    if (((const float *)sh.master)[i] != -(1.0f + 0x1p-21f))
+                        bad = 8;
+            }
+        }
+        /* a training backward of the same gradients: reduced in fp16, 1 + 2^-20 is 1 there */
+        if (!bad) {
+            bad = 9;
+            if (pcs_runtime_begin_step(rt) == PCS_OK &&
+                pcs_runtime_grad_buffer(rt, 0, &gb, &dt) == PCS_OK && dt == PCS_DTYPE_FP32) {
+                for (int i = 0; i < 8; i++)
+                    ((float *)gb)[i] = g;
+                if (pcs_runtime_post_backward(rt, 0, 1) == PCS_OK &&
+                    pcs_runtime_optimizer_step(rt, &o, &res) == PCS_OK &&
+                    rs_dtypes(rt, seen, 4) == 1 && seen[0] == PCS_DTYPE_FP16 &&
+                    pcs_runtime_shard(rt, 0, &sh) == PCS_OK) {
+                    bad = 0;
+                    for (int i = 0; i < 4; i++)
+                        if (((const float *)sh.master)[i] != -(1.0f + 0x1p-21f) - 1.0f)
+                            bad = 10;
+                }
+            }
+        }
+        if (bad)
+            fprintf(stderr, "rank %u: step %d: %s\n", r, bad, pcs_last_error());
+        if (pcs_runtime_barrier(rt) != PCS_OK && !bad)
+            bad = 11;
+        pcs_runtime_destroy(rt);
+    } else {
+        fprintf(stderr, "rank %u: create: %s\n", r, pcs_last_error());
+    }
+    pcs_kv_destroy(kv);
+    pcs_plan_free(plan);
+    return bad;
+}
+
+static void test_eval_backward_reduces_in_full_precision(void **state)
+{
+    (void)state;
+    int codes[2];
+    pcs_rth_fork_ranks("rt-evalbwd", 2, eval_bwd_rank, NULL, 120000, codes);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(codes[r], 0);
+    /* a job that did not ask for it: refused, naming the field */
+    Pcs__V1__Plan *p = eval_bwd_plan(0, 1);
+    assert_non_null(p);
+    assert_int_equal(p->units[0]->n_eval_collectives, 0);
+    pcs_runtime_config_t rc;
+    assert_int_equal(sgd_lr1_config(&rc, p, 0), PCS_OK);
+    pcs_runtime_t *rt = NULL;
+    assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
+    float *gf = NULL;
+    assert_int_equal(pcs_runtime_grad_buffer_full(rt, 0, &gf), PCS_ERR_STATE);
+    assert_non_null(strstr(pcs_last_error(), "training.eval_backward"));
+    pcs_runtime_destroy(rt);
+    pcs_plan_free(p);
+}
+
 static void test_premul_sum_reduce_scatter_multiplies_every_input(void **state)
 {
     (void)state;
@@ -797,6 +940,7 @@ int main(void)
         cmocka_unit_test(test_world_of_one_divides_by_a_custom_factor),
         cmocka_unit_test(test_frozen_parameters_are_not_updated_or_counted),
         cmocka_unit_test(test_premul_sum_reduce_scatter_multiplies_every_input),
+        cmocka_unit_test(test_eval_backward_reduces_in_full_precision),
         cmocka_unit_test(test_replicated_unit_without_a_planned_all_reduce_is_averaged),
         cmocka_unit_test(test_staged_full_shard_w2_is_bit_identical_to_direct),
         cmocka_unit_test(test_staged_no_shard_w2_is_bit_identical_to_direct),

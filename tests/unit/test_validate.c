@@ -303,6 +303,11 @@ static const row_t rows[] = {
      "program: must be at most 64 characters of [A-Za-z0-9._-], got 'pcs torch'"},
     {"collectives", "collectives: gloo\nprogram: ../x", NULL, NULL, NULL,
      "program: must be at most 64 characters of [A-Za-z0-9._-], got '../x'"},
+    {"training",
+     "training: {steps: 1, micro_batch_size: 4, optimizer: {sgd: {lr: 0.1}}, eval_backward: true}",
+     NULL, NULL, NULL,
+     "training.eval_backward: needs training.full_precision_eval (an eval-mode backward reduces in "
+     "full precision only then)"},
     /* shard layouts (FSDP1 flat, FSDP2 per-parameter) */
     {"collectives", "collectives: gloo\nshard_layout: fsdp2", NULL, NULL, NULL,
      "shard_layout: must be flat or per_param, got 'fsdp2'"},

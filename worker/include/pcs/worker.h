@@ -65,6 +65,10 @@ uint32_t pcs_worker_dp_size(const pcs_worker_t *w);
 uint64_t pcs_worker_total_steps(const pcs_worker_t *w);
 uint32_t pcs_worker_micro_batches(const pcs_worker_t *w);
 uint32_t pcs_worker_micro_batch_size(const pcs_worker_t *w);
+/* 1 if the job allows an eval-mode backward reduced in full precision (training.eval_backward
+ * with full_precision_eval: pcs_worker_grad_buffer_full), else 0. (Version node
+ * PCS_WORKER_0.3.) */
+int pcs_worker_eval_backward(const pcs_worker_t *w);
 /* The job id (valid until destroy). */
 const char *pcs_worker_job_id(const pcs_worker_t *w);
 
@@ -158,6 +162,14 @@ pcs_status_t pcs_worker_reshard(pcs_worker_t *w, uint32_t unit);
  * each micro-batch (a hand-in without asking hands in a zero gradient). */
 pcs_status_t pcs_worker_grad_buffer(pcs_worker_t *w, uint32_t unit, void **grads,
                                     pcs_dtype_t *dtype);
+/* An eval-mode backward (training.full_precision_eval with training.eval_backward;
+ * FSDP_USE_FULL_PREC_IN_EVAL): the fp32 buffer (padded_numel floats, laid out like the
+ * parameters) for the gradients of a backward through pcs_worker_unshard_full's fp32 parameters
+ * (or pcs_worker_unshard's, for a unit computing in fp32). Its hand-in (sync = 1 only) reduces it
+ * in full precision, as FSDP1 does in eval, and adds it to the sharded gradient (the next
+ * begin_step zeroes it). PCS_ERR_STATE if the job did not ask for training.eval_backward, a
+ * buffer is out or a no-sync accumulation is pending. (Version node PCS_WORKER_0.3.) */
+pcs_status_t pcs_worker_grad_buffer_full(pcs_worker_t *w, uint32_t unit, float **grads);
 /* Hand in the gradient buffer: sync = 0 accumulates (micro-batch without sync), sync = 1 reduces
  * across ranks and adds the result to the sharded gradient: on the last micro-batch (FSDP1
  * no_sync), or on every micro-batch (FSDP2's default; training.gradient_sync every_micro_batch).
