@@ -456,9 +456,12 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         if (param != PCS__V1__DTYPE__DTYPE_FP32)
             out->staging_bytes += sh * dsz(param);
         /* the reduce-scatter output: fp32 wide when an eval-mode backward reduces in it too */
-        bool evbwd = u->n_eval_collectives > 0;
+        bool evcoll = u->n_eval_collectives > 0;
         if (sg > 1)
-            out->staging_bytes += sh * (evbwd && dsz(reduce) < f32 ? f32 : dsz(reduce));
+            out->staging_bytes += sh * (evcoll && dsz(reduce) < f32 ? f32 : dsz(reduce));
+        /* an eval-mode backward may run on every trainable unit with an fp32 master (the
+         * runtime's grad_buffer_full), with or without planned eval collectives */
+        bool evbwd = p->eval_backward && train && master == PCS__V1__DTYPE__DTYPE_FP32;
         max_c = sh > max_c ? sh : max_c;
         bool pp_lay = per_param(u) && sg > 1;
         if (pp_lay) {
@@ -495,7 +498,10 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
             uint64_t rsf = pp_lay ? sg * sh * f32 : 0;
             uint64_t b = evalb[nu] + u->padded_numel * f32 + rsf;
             ev_bwd_peak = b > ev_bwd_peak ? b : ev_bwd_peak;
-            ev_rs_max = rsf > ev_rs_max ? rsf : ev_rs_max;
+            /* what a unit's reduction holds while in flight: its [sg, c] block (per_param) or
+             * its fp32 gradient block itself (flat: the reduction reads it in place) */
+            uint64_t inflight = pp_lay ? rsf : u->padded_numel * f32;
+            ev_rs_max = inflight > ev_rs_max ? inflight : ev_rs_max;
         }
         if (train) {
             /* the reduction input is a block of its own unless it is the gradient block itself

@@ -1564,6 +1564,11 @@ pcs_status_t pcs_runtime_grad_buffer(pcs_runtime_t *rt, uint32_t unit, void **gr
 {
     PCS_CHECK(check_unit(rt, unit));
     rt_unit_t *u = &rt->units[unit];
+    if (u->grads_full)
+        return pcs_set_error(PCS_ERR_STATE,
+                             "unit %u: an eval-mode backward's fp32 gradient buffer is out (hand "
+                             "it in first)",
+                             unit);
     if (!u->grads)
         PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->param), rt->cstream,
                            &u->grads));
@@ -1595,6 +1600,11 @@ pcs_status_t pcs_runtime_grad_buffer_full(pcs_runtime_t *rt, uint32_t unit, floa
                              "unit %u: a training micro-batch's gradients are accumulating; an "
                              "eval-mode backward comes before the step or after it",
                              unit);
+    if (!u->ev_rs && !u->ev_ar && (u->sg > 1 || u->ar_comm) && u->reduce != PCS_DTYPE_FP32)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "unit %u: the plan has no fp32 reductions for an eval-mode backward "
+                             "(unit.eval_collectives) and reduces in %s",
+                             unit, pcs_dtype_name(u->reduce));
     PCS_CHECK(pool_get(rt, (size_t)u->padded * sizeof(float), rt->cstream, &u->grads));
     PCS_CHECK(pcs_kernel_fill(rt->be, u->grads, PCS_DTYPE_FP32, u->padded, 0.0, rt->cstream));
     u->grads_full = 1;
@@ -1609,6 +1619,7 @@ static pcs_status_t drop_grads(pcs_runtime_t *rt, rt_unit_t *u)
 {
     void *p = u->grads;
     u->grads = NULL;
+    u->grads_full = 0; /* (the flag describes the block out, none now) */
     return pool_put(rt, p, rt->cstream);
 }
 
@@ -1623,8 +1634,7 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
         sdt = u->accum;
     }
     /* an eval-mode backward: fp32 gradients, reduced in fp32 (the master dtype) */
-    int full = u->grads_full;
-    u->grads_full = 0;
+    int full = u->grads_full; /* cleared with the block (drop_grads, or handed over below) */
     u->rfull = full && (u->ev_rs || u->ev_ar);
     u->rdt = full ? PCS_DTYPE_FP32 : u->reduce;
     if (full)
@@ -1650,6 +1660,7 @@ static pcs_status_t reduce_copy_in(pcs_runtime_t *rt, rt_unit_t *u)
         /* no cast: the gradient block itself is the reduction's input (no copy) */
         u->rs_in = u->grads;
         u->grads = NULL;
+        u->grads_full = 0;
     } else if (src == u->accum_buf && sdt == rdt) {
         /* the no-sync accumulator in the reduce dtype is read in place (no copy, no block); it
          * is written again only after this reduction (post_backward waits) */

@@ -271,6 +271,7 @@ class ShardedModule:
         # training.eval_backward: an eval-mode backward under full_precision_eval reduces its
         # fp32 gradients in full precision (FSDP1); without it such a backward is refused
         self._eval_bwd = self.worker.eval_backward
+        self._pass_full = False
         self._cast_buffers(mods)
         for u in self.units:
             self._hooks.append(u.module.register_forward_pre_hook(
@@ -439,6 +440,9 @@ class ShardedModule:
         # an eval-mode forward with gradients in a full_precision_eval job: its backward
         # reduces in full precision (training.eval_backward), every unit's gradients in fp32
         full_bwd = training and not u.module.training and self._eval_bwd
+        if training and not self._in_backward:
+            self._pass_full = full_bwd  # the mode of this pass, for units it does not run
+        full_bwd = full_bwd and u.policy.master_dtype == "fp32"  # else nothing fuller to use
         if full and training and not self._eval_bwd:
             raise _error("state", "unit %d (%r): an eval-mode forward with gradients under "
                          "training.full_precision_eval (FSDP reduces in full precision then) "
@@ -544,6 +548,8 @@ class ShardedModule:
             self._hand_in(u, free=not u.has_frozen and not keep)
 
     def _hand_in(self, u, free=True):
+        if not u.used:  # not run in this pass (a zero gradient): the pass's mode
+            u.full_bwd = self._pass_full and u.policy.master_dtype == "fp32"
         if u.full_bwd and not self._sync:
             raise _error("state", "unit %d (%r): an eval-mode backward reduces in full precision "
                          "at once; it cannot run under no_sync()" % (u.index, u.info.path))

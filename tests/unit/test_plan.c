@@ -466,6 +466,15 @@ static void test_eval_backward_plans_full_precision_reductions(void **state)
     p = plan_of(y, 4);
     assert_int_equal(p->units[0]->n_eval_collectives, 0);
     pcs_plan_free(p);
+    /* a world of one has no collective, but an eval backward still holds fp32 gradients */
+    for (int k = 0; k < 2; k++) {
+        snprintf(y, sizeof y, EVAL_BWD_FMT, "param_dtype: bf16", "{dim: dp_shard, size: 1}",
+                 k ? "true" : "false");
+        p = plan_of(y, 1);
+        assert_int_equal(pcs_plan_rank_estimate(p, 0, k ? &with : &without), PCS_OK);
+        pcs_plan_free(p);
+    }
+    assert_true(with.total_bytes >= without.total_bytes + 8 * 4);
 }
 
 static void test_per_param_layout_only_where_sharded(void **state)

@@ -551,8 +551,9 @@ static int eval_bwd_rank(const char *kvdir, uint32_t r, void *arg)
             pcs_runtime_grad_buffer_full(rt, 0, &gf) == PCS_OK) {
             for (int i = 0; i < 8; i++)
                 gf[i] = g;
-            /* no accumulation of an eval-mode backward */
-            if (pcs_runtime_post_backward(rt, 0, 0) != PCS_ERR_INVALID_ARG)
+            /* no accumulation of an eval-mode backward, no second buffer beside it */
+            if (pcs_runtime_post_backward(rt, 0, 0) != PCS_ERR_INVALID_ARG ||
+                pcs_runtime_grad_buffer(rt, 0, &gb, &dt) != PCS_ERR_STATE)
                 bad = 7;
             else if (pcs_runtime_post_backward(rt, 0, 1) == PCS_OK &&
                      pcs_runtime_optimizer_step(rt, &o, &res) == PCS_OK &&

@@ -168,7 +168,9 @@ pcs_status_t pcs_worker_grad_buffer(pcs_worker_t *w, uint32_t unit, void **grads
  * (or pcs_worker_unshard's, for a unit computing in fp32). Its hand-in (sync = 1 only) reduces it
  * in full precision, as FSDP1 does in eval, and adds it to the sharded gradient (the next
  * begin_step zeroes it). PCS_ERR_STATE if the job did not ask for training.eval_backward, a
- * buffer is out or a no-sync accumulation is pending. (Version node PCS_WORKER_0.3.) */
+ * buffer is out or a no-sync accumulation is pending; PCS_ERR_INVALID_ARG for a unit whose master
+ * is not fp32 (nothing fuller than its own gradients: use pcs_worker_grad_buffer). (Version node
+ * PCS_WORKER_0.3.) */
 pcs_status_t pcs_worker_grad_buffer_full(pcs_worker_t *w, uint32_t unit, float **grads);
 /* Hand in the gradient buffer: sync = 0 accumulates (micro-batch without sync), sync = 1 reduces
  * across ranks and adds the result to the sharded gradient: on the last micro-batch (FSDP1
