@@ -88,6 +88,8 @@ PCS_VM_INLINE float pcs_vm_exp(float x)
     p = fmaf(p, r, 5.0000001201E-1f);
     p = fmaf(p, r * r, r) + 1.0f;
     int32_t ni = (int32_t)n, n1 = ni / 2, n2 = ni - n1;
+    /* (memcpy, not pcs/half.h's pcs_bits_f32: a plain static inline is not inlined across the
+     * calling loops' optimize attribute, and a call would stop the vectorizer) */
     uint32_t b1 = (uint32_t)(n1 + 127) << 23, b2 = (uint32_t)(n2 + 127) << 23;
     float s1, s2;
     memcpy(&s1, &b1, sizeof s1);

@@ -20,25 +20,12 @@
 
 #include "nn_math.h"
 #include "nn_vmath.h"
+#include "pcs/half.h"
 #include "pcs/nn.h"
 
 #define BLOCK    (1u << 16)
 #define NTHREADS 2
 #define STRIDE   3
-
-static float f_of(uint32_t b)
-{
-    float f;
-    memcpy(&f, &b, sizeof f);
-    return f;
-}
-
-static uint32_t b_of(float f)
-{
-    uint32_t b;
-    memcpy(&b, &f, sizeof b);
-    return b;
-}
 
 /* |got - want| in ulps of the float nearest want (want in double, as exact as libm's double). */
 static double ulps(float got, double want)
@@ -70,20 +57,20 @@ static void *sweep(void *arg)
     for (uint64_t b = j->lo; b < j->hi;) {
         uint32_t k = 0;
         for (; k < BLOCK && b < j->hi; k++, b += STRIDE)
-            x[k] = f_of((uint32_t)b);
+            x[k] = pcs_bits_f32((uint32_t)b);
         if (j->fn == 0)
             pcs_nn_host_erf(x, k, y);
         else
             pcs_nn_host_exp(x, k, y);
         for (uint32_t i = 0; i < k; i++) {
             float s = j->fn == 0 ? pcs_vm_erf(x[i]) : pcs_vm_exp(x[i]);
-            if (b_of(s) != b_of(y[i]) && !(isnan(s) && isnan(y[i])))
+            if (pcs_f32_bits(s) != pcs_f32_bits(y[i]) && !(isnan(s) && isnan(y[i])))
                 j->mismatches++;
             double want = j->fn == 0 ? erf((double)x[i]) : exp((double)x[i]);
             double e = ulps(y[i], want);
             if (e > j->worst) {
                 j->worst = e;
-                j->worst_bits = b_of(x[i]);
+                j->worst_bits = pcs_f32_bits(x[i]);
             }
             j->n++;
         }
@@ -96,7 +83,7 @@ static void *sweep(void *arg)
 /* Sweep [lo, hi] (floats, same sign) with the threads; returns the worst ulp error. */
 static double run(int fn, float lo, float hi, uint64_t *count)
 {
-    uint32_t a = b_of(lo), z = b_of(hi);
+    uint32_t a = pcs_f32_bits(lo), z = pcs_f32_bits(hi);
     if (a > z) {
         uint32_t t = a;
         a = z;
@@ -122,7 +109,7 @@ static double run(int fn, float lo, float hi, uint64_t *count)
         }
     }
     fprintf(stderr, "%s [%g, %g]: worst %.3f ulp at %a\n", fn ? "exp" : "erf", lo, hi, worst,
-            f_of(wb));
+            pcs_bits_f32(wb));
     return worst;
 }
 
@@ -188,8 +175,8 @@ static void test_gelu_loops_are_the_scalar_expressions(void **state)
         float pdf = (float)PCS_NN_INV_SQRT_2PI * pcs_vm_exp(-0.5f * v * v);
         float dwant = dy[i] * (cdf + v * pdf);
         /* (a NaN's sign depends on operand order, which the vectorizer may swap) */
-        if ((b_of(want) != b_of(y[i]) && !(isnan(want) && isnan(y[i]))) ||
-            (b_of(dwant) != b_of(dx[i]) && !(isnan(dwant) && isnan(dx[i]))))
+        if ((pcs_f32_bits(want) != pcs_f32_bits(y[i]) && !(isnan(want) && isnan(y[i]))) ||
+            (pcs_f32_bits(dwant) != pcs_f32_bits(dx[i]) && !(isnan(dwant) && isnan(dx[i]))))
             fail_msg("x = %a: gelu %a / %a, d %a / %a", v, y[i], want, dx[i], dwant);
     }
     free(x);
