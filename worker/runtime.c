@@ -906,17 +906,21 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         if (u->param != PCS_DTYPE_FP32)
             PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->param, &u->ag_in), st, out);
 
-        /* The pieces of every shard: this rank's tell what its shard holds; with per_param, all
-         * of them copy the gathered [sg, c] out and the gradients in. */
-        PCS_CHECK_GOTO(pcs_calloc((size_t)u->sg * (pu->n_params + 1), sizeof *u->pieces,
+        /* The pieces: this rank's tell what its shard holds; with per_param those of every
+         * shard copy the gathered [sg, c] out and the gradients in (O(sg x params), kept); the
+         * flat layout needs only this rank's, for setup (O(params), freed below). */
+        uint32_t nsh = per_param ? u->sg : 1;
+        PCS_CHECK_GOTO(pcs_calloc((size_t)nsh * (pu->n_params + 1), sizeof *u->pieces,
                                   (void **)&u->pieces),
                        st, out);
-        PCS_CHECK_GOTO(pcs_calloc((size_t)u->sg + 1, sizeof *u->pc_at, (void **)&u->pc_at), st,
-                       out);
-        for (uint32_t r = 0; r < u->sg; r++)
-            u->pc_at[r + 1] = u->pc_at[r] + pcs_plan_shard_pieces(pu, r, u->pieces + u->pc_at[r]);
-        const pcs_plan_piece_t *mine = u->pieces + u->pc_at[u->shard_index];
-        size_t n_mine = u->pc_at[u->shard_index + 1] - u->pc_at[u->shard_index];
+        PCS_CHECK_GOTO(pcs_calloc((size_t)nsh + 1, sizeof *u->pc_at, (void **)&u->pc_at), st, out);
+        for (uint32_t r = 0; r < nsh; r++)
+            u->pc_at[r + 1] = u->pc_at[r] + pcs_plan_shard_pieces(
+                                                pu, per_param ? r : u->shard_index,
+                                                u->pieces + u->pc_at[r]);
+        uint32_t me = per_param ? u->shard_index : 0;
+        const pcs_plan_piece_t *mine = u->pieces + u->pc_at[me];
+        size_t n_mine = u->pc_at[me + 1] - u->pc_at[me];
         /* Master shard: the pieces of the parameters it holds (flat layout: elements
          * [shard_index*c, +c) of the flat buffer), each generated only for that piece (init is
          * a function of element index), into a zeroed host buffer copied H2D (init_param fills
