@@ -215,6 +215,50 @@ void pcs_coll_prepare(void *dst, const void *src, size_t n, pcs_dtype_t dt, floa
         memcpy(dst, src, n * pcs_dtype_size(dt));
 }
 
+/* d = a op b out of place (the ring's operand order: the rank's own value first); d may be a or
+ * b (same index only). */
+PCS_VECTORIZE static void add3_f32(float *d, const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        d[i] = a[i] + b[i];
+}
+
+PCS_VECTORIZE static void max3_f32(float *d, const float *a, const float *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        d[i] = max_first(a[i], b[i]);
+}
+
+void pcs_coll_prepare_reduce(void *dst, const void *src, const void *x, size_t n, pcs_dtype_t dt,
+                             pcs_red_op_t op, float f_pre, float f_avg, float f_post)
+{
+    if (dt == PCS_DTYPE_FP32 && f_pre == 1.0f && f_avg == 1.0f) {
+        /* fp32 with nothing to prepare: one out-of-place pass, a block at a time for the scale */
+        for (size_t o = 0; o < n; o += BLOCK) {
+            size_t m = n - o < BLOCK ? n - o : BLOCK;
+            float *d = (float *)dst + o;
+            (op == PCS_RED_MAX ? max3_f32 : add3_f32)(d, (const float *)src + o,
+                                                      (const float *)x + o, m);
+            if (f_post != 1.0f)
+                mul_f32(d, d, m, f_post);
+        }
+        return;
+    }
+    /* block by block through a stack block (dst may equal src or x): the same operations, so the
+     * same bits, as pcs_coll_prepare + pcs_coll_reduce_into + pcs_coll_scale over whole buffers */
+    _Alignas(64) unsigned char blk[BLOCK * sizeof(float)];
+    const size_t es = pcs_dtype_size(dt), step = sizeof blk / es;
+    for (size_t o = 0; o < n; o += step) {
+        size_t m = n - o < step ? n - o : step;
+        pcs_coll_prepare(blk, (const char *)src + o * es, m, dt, f_pre, f_avg);
+        reduce(blk, (const char *)x + o * es, m, dt, op, 0);
+        if (f_post != 1.0f)
+            pcs_coll_scale((char *)dst + o * es, blk, m, dt, f_post);
+        else
+            memcpy((char *)dst + o * es, blk, m * es);
+    }
+}
+
 float pcs_coll_avg_factor(int size, pcs_dtype_t dt)
 {
     float f = (float)(1.0 / (double)size);

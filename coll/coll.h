@@ -206,6 +206,11 @@ void pcs_coll_scale(void *dst, const void *src, size_t n, pcs_dtype_t dt, float 
  * (1.0f = skipped; a plain copy when both are; dst may equal src). */
 void pcs_coll_prepare(void *dst, const void *src, size_t n, pcs_dtype_t dt, float f_pre,
                       float f_avg);
+/* dst = rnd(prepare(src) op x), then * f_post unless 1.0f: one ring step that reads the rank's
+ * own contribution straight from its input (no prepared copy), with the bits of pcs_coll_prepare,
+ * pcs_coll_reduce_into and pcs_coll_scale in turn. dst may equal src or x. */
+void pcs_coll_prepare_reduce(void *dst, const void *src, const void *x, size_t n, pcs_dtype_t dt,
+                             pcs_red_op_t op, float f_pre, float f_avg, float f_post);
 /* The ncclAvg pre-multiplier: (float)(1.0/size) rounded to dt, returned as a float. */
 float pcs_coll_avg_factor(int size, pcs_dtype_t dt);
 /* The factor x is multiplied by for pre/post divide d: (float)(1.0/d); 1.0f if d is 0 or 1. */

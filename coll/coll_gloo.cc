@@ -595,7 +595,8 @@ void ring_all_gather(GlooComm *g, const void *in, void *out, size_t count, pcs_d
 
 // Ring reduce-scatter with chunk k of `data` (k = 0..P-1, element range given by `chunk`)
 // reduced along r+1, r+2, ..., r and left in `data` chunk r. `data` already holds this rank's
-// prepared contribution. Used by all_reduce (in place) and reduce_scatter.
+// prepared contribution. Used by all_reduce (in place); reduce_scatter has its out-of-place twin
+// (ring_reduce_scatter).
 template <typename ChunkFn>
 void ring_reduce(GlooComm *g, char *data, size_t max_chunk, pcs_dtype_t dt, pcs_red_op_t op,
                  ChunkFn chunk)
@@ -691,6 +692,73 @@ bool use_direct_rs(int P)
     return P > 1 && env && strcmp(env, "direct") == 0;
 }
 
+// Ring reduce-scatter out of place (the order and operands of ring_reduce, so its bits): no
+// prepared copy of the whole input. Step 0 sends chunk r-1 of the input (prepared into a chunk
+// buffer only when a factor applies); step s reduces the arriving partial sum of chunk r-s-1 with
+// this rank's contribution read from `in` and prepared on the way (pcs_coll_prepare_reduce) into
+// one of two chunk buffers, which step s+1 forwards; the last step (chunk r) writes `out` with
+// the post-divide applied. Scratch: two receive areas and two chunk buffers (was P chunks plus
+// two). `out` may be chunk `rank` of `in` (in place); otherwise they do not overlap.
+void ring_reduce_scatter(GlooComm *g, const char *in, char *out, size_t rc, pcs_dtype_t dt,
+                         pcs_red_op_t op, float f_pre, float f_avg, float f_post)
+{
+    const int P = g->size, r = g->rank;
+    const size_t es = pcs_dtype_size(dt), bytes = rc * es;
+    const int right = mod(r + 1, P), left = mod(r - 1, P);
+    const int ns = n_segments(rc, es);
+    const uint64_t slot = g->next_slot();
+    char *tmp = grow(g->tmp, 2 * bytes);  // receive areas, by step parity
+    char *part = grow(g->acc, 2 * bytes); // partial sums, by step parity (step 0's prepared send: 0)
+    std::vector<std::unique_ptr<Buf>> sends, next_sends, recvs[2];
+    size_t so, sn;
+    auto post_recvs = [&](int s) {
+        char *area = tmp + (size_t)(s % 2) * bytes;
+        recvs[s % 2].clear();
+        for (int j = 0; j < ns; j++) {
+            pcs_coll_chunk(rc, ns, j, &so, &sn);
+            recvs[s % 2].emplace_back(new Buf(g, area + so * es, sn * es));
+            recvs[s % 2].back()->recv(left, slot, 0, sn * es);
+        }
+    };
+    post_recvs(1);
+    const char *first = in + (size_t)mod(r - 1, P) * bytes;
+    if (f_pre != 1.0f || f_avg != 1.0f) {
+        pcs_coll_prepare(part, first, rc, dt, f_pre, f_avg);
+        first = part;
+    }
+    for (int j = 0; j < ns; j++) {
+        pcs_coll_chunk(rc, ns, j, &so, &sn);
+        sends.emplace_back(new Buf(g, const_cast<char *>(first) + so * es, sn * es));
+        sends.back()->send(right, slot, 0, sn * es);
+    }
+    for (int s = 1; s < P; s++) {
+        if (s + 1 < P)
+            post_recvs(s + 1);
+        const bool last = s == P - 1;
+        char *area = tmp + (size_t)(s % 2) * bytes;
+        char *dst = last ? out : part + (size_t)(s % 2) * bytes;
+        const char *mine = in + (size_t)mod(r - s - 1, P) * bytes;
+        for (int j = 0; j < ns; j++) {
+            pcs_coll_chunk(rc, ns, j, &so, &sn);
+            recvs[s % 2][(size_t)j]->wait_recv(left);
+            pcs_coll_prepare_reduce(dst + so * es, mine + so * es, area + so * es, sn, dt, op,
+                                    f_pre, f_avg, last ? f_post : 1.0f);
+            if (!last) {
+                next_sends.emplace_back(new Buf(g, dst + so * es, sn * es));
+                next_sends.back()->send(right, slot, 0, sn * es);
+            }
+        }
+        // The previous step's sends read the other chunk buffer (or the input), which step s+1
+        // writes next: wait for them here.
+        for (auto &b : sends)
+            b->wait_send(right);
+        sends.clear();
+        sends.swap(next_sends);
+    }
+    for (auto &b : sends)
+        b->wait_send(right);
+}
+
 void do_reduce_scatter(GlooComm *g, const void *in, void *out, size_t rc, pcs_dtype_t dt,
                        const pcs_coll_red_t *red)
 {
@@ -702,17 +770,21 @@ void do_reduce_scatter(GlooComm *g, const void *in, void *out, size_t rc, pcs_dt
     const float f_avg = red->op == PCS_RED_AVG ? pcs_coll_avg_factor(P, dt) : 1.0f;
     const float f_post = pcs_coll_div_factor(red->post_div);
     const pcs_red_op_t op = red->op == PCS_RED_MAX ? PCS_RED_MAX : PCS_RED_SUM;
-    // Work on a prepared copy of the whole input (the input is const and may be read by the
-    // caller concurrently); the result lands in chunk `rank` of the copy.
+    if (P == 1) {
+        pcs_coll_prepare(out, in, rc, dt, f_pre, f_avg);
+        if (f_post != 1.0f)
+            pcs_coll_scale(out, out, rc, dt, f_post);
+        return;
+    }
+    if (!use_direct_rs(P)) {
+        ring_reduce_scatter(g, (const char *)in, (char *)out, rc, dt, op, f_pre, f_avg, f_post);
+        return;
+    }
+    // The direct exchange sends every chunk of a prepared copy of the whole input; the result
+    // lands in chunk `rank` of the copy.
     char *work = grow(g->acc, bytes * (size_t)P);
     pcs_coll_prepare(work, in, rc * (size_t)P, dt, f_pre, f_avg);
-    if (use_direct_rs(P))
-        direct_reduce(g, work, rc, dt, op);
-    else if (P > 1)
-        ring_reduce(g, work, rc, dt, op, [rc](int k, size_t *off, size_t *n) {
-            *off = (size_t)k * rc;
-            *n = rc;
-        });
+    direct_reduce(g, work, rc, dt, op);
     const char *mine = work + (size_t)g->rank * bytes;
     if (f_post != 1.0f)
         pcs_coll_scale(out, mine, rc, dt, f_post);

@@ -262,6 +262,18 @@ static int child_matrix(int rank, int P, const char *dir)
                 x.chunk_off = (size_t)rank * n;
                 if (check_vals("reduce_scatter", out, n, dt, exp_reduce, &x))
                     return 1;
+                /* the input is the caller's (const): left as it was */
+                memset(out2, 0, n * (size_t)P * es);
+                fill_input(out2, n * (size_t)P, dt, x.tc, rank);
+                if (memcmp(in, out2, n * (size_t)P * es) != 0)
+                    CHILD_FAIL("reduce_scatter op %zu count %zu: the input was written", ri, n);
+                /* in place: out is chunk `rank` of in (NCCL's in-place form) */
+                if (pcs_coll_reduce_scatter(c, in, in + (size_t)rank * n * es, n, dt, x.red,
+                                            NULL) != PCS_OK)
+                    CHILD_FAIL("reduce_scatter in place op %zu: %s", ri, pcs_last_error());
+                if (check_vals("reduce_scatter in place", in + (size_t)rank * n * es, n, dt,
+                               exp_reduce, &x))
+                    return 1;
 
                 /* all_reduce in place: chunk k of the buffer reduced starting at k+1 */
                 x.tc = ++tc;
