@@ -708,7 +708,7 @@ void ring_reduce_scatter(GlooComm *g, const char *in, char *out, size_t rc, pcs_
     const int ns = n_segments(rc, es);
     const uint64_t slot = g->next_slot();
     char *tmp = grow(g->tmp, 2 * bytes);  // receive areas, by step parity
-    char *part = grow(g->acc, 2 * bytes); // partial sums, by step parity (step 0's prepared send: 0)
+    char *part = grow(g->acc, 2 * bytes); // partial sums, by step parity (and step 0's send)
     std::vector<std::unique_ptr<Buf>> sends, next_sends, recvs[2];
     size_t so, sn;
     auto post_recvs = [&](int s) {

@@ -48,6 +48,7 @@ typedef struct {
     pcs_dtype_t dtype;
     void *grad;
     pcs_dtype_t grad_dtype;
+    int grad_acc; /* backward adds into grad (pcs_mlp_bind_grad_mode) */
 } binding_t;
 
 typedef struct {
@@ -535,14 +536,22 @@ pcs_status_t pcs_mlp_bind_param(pcs_mlp_t *m, uint32_t i, pcs_dtype_t dtype, con
     return PCS_OK;
 }
 
-pcs_status_t pcs_mlp_bind_grad(pcs_mlp_t *m, uint32_t i, pcs_dtype_t dtype, void *data)
+pcs_status_t pcs_mlp_bind_grad_mode(pcs_mlp_t *m, uint32_t i, pcs_dtype_t dtype, void *data,
+                                    int accumulate)
 {
-    if (!m || i >= m->n_params || (data && !is_compute_dtype(dtype) && dtype != PCS_DTYPE_FP64))
-        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_bind_grad: bad index %u or dtype %s", i,
-                             pcs_dtype_name(dtype));
+    if (!m || i >= m->n_params ||
+        (data && !is_compute_dtype(dtype) && (dtype != PCS_DTYPE_FP64 || accumulate)))
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_mlp_bind_grad: bad index %u or dtype %s%s",
+                             i, pcs_dtype_name(dtype), accumulate ? " (accumulating)" : "");
     m->pb[i].grad = data;
     m->pb[i].grad_dtype = dtype;
+    m->pb[i].grad_acc = accumulate != 0;
     return PCS_OK;
+}
+
+pcs_status_t pcs_mlp_bind_grad(pcs_mlp_t *m, uint32_t i, pcs_dtype_t dtype, void *data)
+{
+    return pcs_mlp_bind_grad_mode(m, i, dtype, data, 0);
 }
 
 pcs_status_t pcs_mlp_bind_buffer(pcs_mlp_t *m, uint32_t i, pcs_dtype_t dtype, void *data)
@@ -700,7 +709,7 @@ static pcs_status_t need_bound(const pcs_mlp_t *m, uint32_t p)
 /* Where parameter p's gradient goes (data NULL = not wanted). */
 static pcs_nn_grad_t grad_dst(const pcs_mlp_t *m, uint32_t p)
 {
-    pcs_nn_grad_t g = {m->pb[p].grad, m->pb[p].grad_dtype, m->pb[p].dtype};
+    pcs_nn_grad_t g = {m->pb[p].grad, m->pb[p].grad_dtype, m->pb[p].dtype, m->pb[p].grad_acc};
     return g;
 }
 
@@ -1017,7 +1026,7 @@ static pcs_status_t linear_bwd(pcs_mlp_t *m, const op_t *op)
     uint32_t pw = md->first_param;
     const float *dY = m->slots[op->out].g, *X = m->slots[op->in].v;
     pcs_nn_linear_t l = linear_desc(m, op->module, op->wdt);
-    pcs_nn_grad_t gw = grad_dst(m, pw), gb = {NULL, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
+    pcs_nn_grad_t gw = grad_dst(m, pw), gb = {NULL, PCS_DTYPE_FP32, PCS_DTYPE_FP32, 0};
     if (md->n_params > 1)
         gb = grad_dst(m, pw + 1);
     int need_dx = op->in != 0 || m->want_in_grad; /* the model input needs no gradient */
@@ -1187,7 +1196,7 @@ pcs_status_t pcs_mlp_backward_weights(pcs_mlp_t *m)
         uint32_t pw = md->first_param;
         if (op->kind == OP_LINEAR) {
             pcs_nn_linear_t l = linear_desc(m, op->module, op->wdt);
-            pcs_nn_grad_t gw = grad_dst(m, pw), gb = {NULL, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
+            pcs_nn_grad_t gw = grad_dst(m, pw), gb = {NULL, PCS_DTYPE_FP32, PCS_DTYPE_FP32, 0};
             if (md->n_params > 1)
                 gb = grad_dst(m, pw + 1);
             if (gw.data || gb.data)

@@ -126,6 +126,11 @@ pcs_status_t pcs_mlp_bind_param(pcs_mlp_t *m, uint32_t i, pcs_dtype_t dtype, con
  * `dtype`. The gradient is rounded to the parameter's compute dtype first (autograd's dtype), then
  * stored in `dtype`. NULL = do not compute it (frozen, or not wanted). Retained. */
 pcs_status_t pcs_mlp_bind_grad(pcs_mlp_t *m, uint32_t i, pcs_dtype_t dtype, void *data);
+/* The same with accumulate = 1: backward adds the gradient (rounded to the parameter's compute
+ * dtype) to what `data` holds, in fp32, rounded once to `dtype` (FP32/BF16/FP16), as autograd
+ * accumulates into .grad (pcs_nn_grad_t.accumulate). accumulate = 0 is pcs_mlp_bind_grad. */
+pcs_status_t pcs_mlp_bind_grad_mode(pcs_mlp_t *m, uint32_t i, pcs_dtype_t dtype, void *data,
+                                    int accumulate);
 /* Buffer i (BatchNorm running_mean / running_var in FP32, BF16 or FP16; num_batches_tracked
  * INT64). Updated in place by training forwards. Retained. */
 pcs_status_t pcs_mlp_bind_buffer(pcs_mlp_t *m, uint32_t i, pcs_dtype_t dtype, void *data);

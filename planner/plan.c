@@ -1406,6 +1406,11 @@ static pcs_status_t finish_plan(ctx_t *c, Pcs__V1__Plan *p)
             note(c, "training.hsdp_all_reduce: no unit all-reduces across replicas (not HSDP)");
     }
 
+    /* pcs-worker (the built-in mlp's only program) accumulates in place: set before the
+     * estimate below reads it */
+    p->grads_into_accumulator = p->micro_batches > 1 && !p->sync_every_micro_batch && s->model &&
+                                s->model->kind_case == PCS__V1__MODEL_SPEC__KIND_MLP;
+
     /* gradient accumulation: units that reshard may stay gathered across the no-sync
      * micro-batches (training.accumulation); auto decides by the per-rank estimate */
     if (p->sync_every_micro_batch && tr && tr->accumulation &&

@@ -508,7 +508,10 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
              * (mb 1, no cast) or the no-sync accumulator read in place (mb > 1, accumulated in
              * the reduce dtype) */
             bool borrow = mb_acc > 1 && accum == reduce;
-            gradb[nu] = u->padded_numel * dsz(param);
+            /* the gradient block a backward writes into; none when pcs-worker's backward writes
+             * straight into the accumulator (Plan.grads_into_accumulator) */
+            gradb[nu] = mb_acc > 1 && p->grads_into_accumulator ? 0
+                                                                 : u->padded_numel * dsz(param);
             rsb[nu] = borrow ? 0 : u->padded_numel * dsz(reduce);
             copyb[nu] = reduce != param || mb_acc > 1 ? rsb[nu] : 0;
             if (pp_lay) /* per_param: always its own [sg, c] block, filled by the copy-in */

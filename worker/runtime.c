@@ -90,6 +90,12 @@ typedef struct rt_unit {
     int has_frozen;
     uint64_t *frz_off, *frz_len; /* the frozen ranges themselves: their grads are zeroed */
     size_t n_frz;
+    /* The element ranges of the padded gradient layout no trainable parameter covers (padding,
+     * frozen parameters, gaps): all a backward that writes every trainable parameter leaves
+     * unwritten, so grad_target zeroes only these. */
+    uint64_t *gap_off, *gap_len;
+    size_t n_gap;
+    int grads_in_accum; /* grad_target pointed this micro-batch's backward at accum_buf */
     /* Unit.layout per_param (FSDP2): the pieces of every shard of the unit (shard s: pieces
      * [pc_at[s], pc_at[s + 1])). The all-gather lands in rt->gbuf as [sg, c] and is copied out
      * into `unsharded` (the flat layout the model binds); the reduction input [sg, c] is copied
@@ -801,6 +807,56 @@ static pcs_status_t trainable_ranges(rt_unit_t *u, const Pcs__V1__Unit *pu,
     return PCS_OK;
 }
 
+/* The complement of the trainable parameters' ranges in [0, padded) (see rt_unit_t.gap_off). */
+static pcs_status_t grad_gaps(rt_unit_t *u, const Pcs__V1__Unit *pu)
+{
+    size_t n = 0;
+    uint64_t *lo = NULL, *hi = NULL;
+    pcs_status_t st = pcs_calloc(pu->n_params + 1, sizeof *lo, (void **)&lo);
+    if (st == PCS_OK)
+        st = pcs_calloc(pu->n_params + 1, sizeof *hi, (void **)&hi);
+    for (size_t k = 0; st == PCS_OK && k < pu->n_params; k++) {
+        const Pcs__V1__ParamSlot *p = pu->params[k];
+        if (p->frozen || p->numel == 0)
+            continue;
+        /* insertion by offset (plans keep parameter order, so this is usually an append) */
+        size_t j = n++;
+        for (; j > 0 && lo[j - 1] > p->offset; j--) {
+            lo[j] = lo[j - 1];
+            hi[j] = hi[j - 1];
+        }
+        lo[j] = p->offset;
+        hi[j] = p->offset + p->numel; /* (pcs_plan_check_layout: within padded) */
+    }
+    if (st == PCS_OK)
+        st = pcs_calloc(n + 1, sizeof *u->gap_off, (void **)&u->gap_off);
+    if (st == PCS_OK)
+        st = pcs_calloc(n + 1, sizeof *u->gap_len, (void **)&u->gap_len);
+    uint64_t at = 0;
+    for (size_t k = 0; st == PCS_OK && k <= n; k++) {
+        uint64_t b = k < n ? lo[k] : u->padded;
+        if (b > at) {
+            u->gap_off[u->n_gap] = at;
+            u->gap_len[u->n_gap++] = b - at;
+        }
+        if (k < n && hi[k] > at)
+            at = hi[k];
+    }
+    free(lo);
+    free(hi);
+    return st;
+}
+
+/* Zero the gap ranges of a padded gradient layout in dtype dt, on the compute stream. */
+static pcs_status_t fill_gaps(pcs_runtime_t *rt, const rt_unit_t *u, void *buf, pcs_dtype_t dt)
+{
+    size_t esz = pcs_dtype_size(dt);
+    for (size_t k = 0; k < u->n_gap; k++)
+        PCS_CHECK(pcs_kernel_fill(rt->be, (uint8_t *)buf + u->gap_off[k] * esz, dt, u->gap_len[k],
+                                  0.0, rt->cstream));
+    return PCS_OK;
+}
+
 static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *cfg)
 {
     const Pcs__V1__Plan *p = rt->plan;
@@ -940,6 +996,7 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
                                                tmp + mine[k].shard_off + j * mine[k].len),
                                st, out);
         PCS_CHECK_GOTO(trainable_ranges(u, pu, mine, n_mine), st, out);
+        PCS_CHECK_GOTO(grad_gaps(u, pu), st, out);
         if (!per_param) { /* the flat layout's moves are whole ranges: no pieces needed */
             free(u->pieces);
             free(u->pc_at);
@@ -1294,6 +1351,8 @@ void pcs_runtime_destroy(pcs_runtime_t *rt)
         free(u->upd_len);
         free(u->frz_off);
         free(u->frz_len);
+        free(u->gap_off);
+        free(u->gap_len);
         free(u->pieces);
         free(u->pc_at);
         pcs_event_t evs[] = {u->ev_ag, u->ev_use, u->ev_rsin, u->ev_rsdone};
@@ -1356,6 +1415,7 @@ pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt)
          * waits for a copy-in enqueued after this */
         PCS_CHECK(pcs_kernel_fill(rt->be, u->grad_shard, u->grad, u->c, 0.0, rt->cstream));
         u->accum_valid = 0;
+        u->grads_in_accum = 0; /* (a backward abandoned mid-step: nothing to give back) */
         u->syncs = 0;
         u->ar_partial_valid = 0;
     }
@@ -1573,12 +1633,68 @@ pcs_status_t pcs_runtime_grad_buffer(pcs_runtime_t *rt, uint32_t unit, void **gr
                              "unit %u: an eval-mode backward's fp32 gradient buffer is out (hand "
                              "it in first)",
                              unit);
+    if (u->grads_in_accum)
+        return pcs_set_error(PCS_ERR_STATE,
+                             "unit %u: the backward's target is the accumulator (grad_target): "
+                             "hand it in first",
+                             unit);
     if (!u->grads)
         PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->param), rt->cstream,
                            &u->grads));
     PCS_CHECK(pcs_kernel_fill(rt->be, u->grads, u->param, u->padded, 0.0, rt->cstream));
     *grads = u->grads;
     *dtype = u->param;
+    return PCS_OK;
+}
+
+/* Before the accumulator is written again: wait for a reduction that still reads it in place
+ * (synced on an earlier micro-batch of this step), host and device. */
+static pcs_status_t wait_accum_free(pcs_runtime_t *rt, rt_unit_t *u)
+{
+    if (!u->rs_borrowed)
+        return PCS_OK;
+    if (rt->rs_started) {
+        pthread_mutex_lock(&rt->mu);
+        while (u->rs_pending)
+            pthread_cond_wait(&rt->cv, &rt->mu);
+        pthread_mutex_unlock(&rt->mu);
+    }
+    PCS_CHECK(rt->be->stream_wait_event(rt->cstream, u->ev_rsdone));
+    u->rs_borrowed = 0;
+    return PCS_OK;
+}
+
+pcs_status_t pcs_runtime_grad_target(pcs_runtime_t *rt, uint32_t unit, int sync, void **grads,
+                                     pcs_dtype_t *dtype, int *accumulate)
+{
+    PCS_CHECK(check_unit(rt, unit));
+    rt_unit_t *u = &rt->units[unit];
+    if (u->grads || u->grads_in_accum)
+        return pcs_set_error(PCS_ERR_STATE,
+                             "unit %u: a gradient buffer is already out (hand it in first)", unit);
+    if (sync && !u->accum_valid) {
+        /* nothing accumulated: a gradient block, zeroed only where the backward will not write */
+        PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->param), rt->cstream,
+                           &u->grads));
+        PCS_CHECK(fill_gaps(rt, u, u->grads, u->param));
+        *grads = u->grads;
+        *dtype = u->param;
+        *accumulate = 0;
+        return PCS_OK;
+    }
+    /* accumulating (a no-sync micro-batch, or the synced one after them): the backward writes
+     * (first micro-batch) or adds into the no-sync accumulator itself */
+    PCS_CHECK(wait_accum_free(rt, u));
+    if (!u->accum_buf) { /* micro_batches 1 with no-sync hand-ins: allocate on use */
+        PCS_CHECK(alloc_zero_async(rt, u->padded, u->accum, &u->accum_buf));
+        u->accum_async = 1;
+    }
+    if (!u->accum_valid)
+        PCS_CHECK(fill_gaps(rt, u, u->accum_buf, u->accum));
+    u->grads_in_accum = 1;
+    *grads = u->accum_buf;
+    *dtype = u->accum;
+    *accumulate = u->accum_valid;
     return PCS_OK;
 }
 
@@ -1596,7 +1712,7 @@ pcs_status_t pcs_runtime_grad_buffer_full(pcs_runtime_t *rt, uint32_t unit, floa
         return pcs_set_error(PCS_ERR_INVALID_ARG,
                              "unit %u: master dtype %s: no full precision to reduce in", unit,
                              pcs_dtype_name(u->master));
-    if (u->grads)
+    if (u->grads || u->grads_in_accum)
         return pcs_set_error(PCS_ERR_STATE,
                              "unit %u: a gradient buffer is already out (hand it in first)", unit);
     if (u->accum_valid)
@@ -1915,25 +2031,23 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
                              "in (sync = 1); they do not accumulate",
                              unit);
     const int full = u->grads_full;
-    if (!u->grads) {
+    if (u->grads_in_accum) {
+        /* grad_target: the backward wrote (or added) straight into the accumulator */
+        if (sync && !u->accum_valid) /* cannot happen: grad_target chose by the same rule */
+            return pcs_set_error(PCS_ERR_INTERNAL, "unit %u: accumulator target on a synced "
+                                 "micro-batch with nothing accumulated", unit);
+        u->grads_in_accum = 0;
+        u->accum_valid = 1;
+    } else if (!u->grads) {
         /* handed in without grad_buffer: a zero gradient, as an untouched buffer holds */
         PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->param), rt->cstream,
                            &u->grads));
         PCS_CHECK(pcs_kernel_fill(rt->be, u->grads, u->param, u->padded, 0.0, rt->cstream));
     }
-    if ((!sync || u->accum_valid) && u->rs_borrowed) {
+    if ((!sync || u->accum_valid) && u->grads) {
         /* the accumulator is still the input of this unit's last reduction (synced on an
          * earlier micro-batch of this step): wait for it, host and device */
-        if (rt->rs_started) {
-            pthread_mutex_lock(&rt->mu);
-            while (u->rs_pending)
-                pthread_cond_wait(&rt->cv, &rt->mu);
-            pthread_mutex_unlock(&rt->mu);
-        }
-        PCS_CHECK(rt->be->stream_wait_event(rt->cstream, u->ev_rsdone));
-        u->rs_borrowed = 0;
-    }
-    if (!sync || u->accum_valid) {
+        PCS_CHECK(wait_accum_free(rt, u));
         if (!u->accum_buf) { /* no-sync hand-in with micro_batches 1 (C API): allocate on use */
             /* every user (this accumulation, reduce_copy_in) is on the compute stream */
             PCS_CHECK(alloc_zero_async(rt, u->padded, u->accum, &u->accum_buf));

@@ -159,6 +159,18 @@ int pcs_runtime_is_unsharded(const pcs_runtime_t *rt, uint32_t unit);
 pcs_status_t pcs_runtime_grad_buffer(pcs_runtime_t *rt, uint32_t unit, void **grads,
                                      pcs_dtype_t *dtype);
 
+/* pcs-worker's model (a backward that writes every trainable parameter's gradient, or adds it:
+ * pcs_mlp_bind_grad_mode): where this micro-batch's backward puts the unit's gradients, for a
+ * hand-in with the same `sync`. Accumulating — a no-sync micro-batch, or the synced one after
+ * them — it is the no-sync accumulator itself (*dtype = the plan's accum dtype): *accumulate 0 on
+ * the first micro-batch (write), 1 after it (add, rounded once to *dtype), so there is no
+ * gradient block and no accumulation pass at the hand-in, with the bits of grad_buffer + hand-in.
+ * Otherwise a gradient block as grad_buffer's (*accumulate 0). Either way only what no trainable
+ * parameter covers (padding, frozen parameters) is zeroed: every trainable parameter's gradient
+ * must be written. PCS_ERR_STATE while a buffer is out. */
+pcs_status_t pcs_runtime_grad_target(pcs_runtime_t *rt, uint32_t unit, int sync, void **grads,
+                                     pcs_dtype_t *dtype, int *accumulate);
+
 /* training.eval_backward (with full_precision_eval): an fp32 gradient buffer (padded elements) for
  * an eval-mode backward through the fp32 parameters pcs_runtime_unshard(full_precision) gave;
  * pcs_runtime_post_backward(sync = 1) then reduces it in fp32 with the plan's eval collectives

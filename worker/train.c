@@ -122,19 +122,22 @@ static pcs_status_t bind_unit(pcs_train_t *t, pcs_mlp_t *model, uint32_t unit, c
     return PCS_OK;
 }
 
-/* Its gradients as views into the gradient buffer, before its backward (frozen: none). */
-static pcs_status_t bind_unit_grads(pcs_train_t *t, pcs_mlp_t *model, uint32_t unit)
+/* Its gradients as views into the runtime's gradient target for a hand-in with `sync`, before
+ * its backward (frozen: none): in accumulation the no-sync accumulator itself, written by the
+ * first micro-batch and added to by the others (the model writes every bound gradient). */
+static pcs_status_t bind_unit_grads(pcs_train_t *t, pcs_mlp_t *model, uint32_t unit, int sync)
 {
     const Pcs__V1__Unit *u = t->plan->units[unit];
     void *g;
     pcs_dtype_t gdt;
-    PCS_CHECK(pcs_runtime_grad_buffer(t->rt, unit, &g, &gdt));
+    int acc;
+    PCS_CHECK(pcs_runtime_grad_target(t->rt, unit, sync, &g, &gdt, &acc));
     size_t esz = pcs_dtype_size(gdt);
     const int32_t *pi = t->slot_param + t->unit_slot0[unit];
     for (size_t k = 0; k < u->n_params; k++)
-        PCS_CHECK(pcs_mlp_bind_grad(model, (uint32_t)pi[k], gdt,
-                                    u->params[k]->frozen ? NULL
-                                                         : (uint8_t *)g + u->params[k]->offset * esz));
+        PCS_CHECK(pcs_mlp_bind_grad_mode(
+            model, (uint32_t)pi[k], gdt,
+            u->params[k]->frozen ? NULL : (uint8_t *)g + u->params[k]->offset * esz, acc));
     return PCS_OK;
 }
 
@@ -199,7 +202,7 @@ static pcs_status_t hook_pre_backward(void *ctx, uint32_t mod)
     pcs_dtype_t dt;
     PCS_CHECK(pcs_runtime_unshard(t->rt, (uint32_t)unit, 0, &p, &dt));
     PCS_CHECK(bind_unit(t, t->model, (uint32_t)unit, p, dt));
-    PCS_CHECK(bind_unit_grads(t, t->model, (uint32_t)unit));
+    PCS_CHECK(bind_unit_grads(t, t->model, (uint32_t)unit, t->sync));
     if (!t->bpost) /* BACKWARD_PRE: before this unit's gradient computation */
         PCS_CHECK(prefetch_backward(t, (uint32_t)unit));
     return PCS_OK;
@@ -1394,7 +1397,8 @@ static pcs_status_t pp_setup(pcs_train_t *t, const pcs_mlp_config_t *mc)
 }
 
 /* Unshard the stage's units (a no-op for those already unsharded) and bind them on `m`. */
-static pcs_status_t pp_bind(pcs_train_t *t, pp_stage_t *ls, pcs_mlp_t *m, int full, int grads)
+static pcs_status_t pp_bind(pcs_train_t *t, pp_stage_t *ls, pcs_mlp_t *m, int full, int grads,
+                            int sync)
 {
     for (size_t i = 0; i < ls->n_units; i++) {
         const void *p;
@@ -1404,7 +1408,7 @@ static pcs_status_t pp_bind(pcs_train_t *t, pp_stage_t *ls, pcs_mlp_t *m, int fu
         PCS_CHECK(pcs_runtime_unshard(t->rt, ls->units[i], f, &p, &dt));
         PCS_CHECK(bind_unit(t, m, ls->units[i], p, dt));
         if (grads)
-            PCS_CHECK(bind_unit_grads(t, m, ls->units[i]));
+            PCS_CHECK(bind_unit_grads(t, m, ls->units[i], sync));
     }
     return PCS_OK;
 }
@@ -1487,7 +1491,7 @@ static pcs_status_t pp_forward(pcs_train_t *t, pp_stage_t *ls, uint32_t mb, uint
         PCS_CHECK(pp_copy(t, ls->in[mb], t->x, (size_t)b * t->in_dim * sizeof(float),
                           PCS_COPY_H2D));
     }
-    PCS_CHECK(pp_bind(t, ls, m, 0, 0));
+    PCS_CHECK(pp_bind(t, ls, m, 0, 0, 0));
     const float *out;
     pcs_dtype_t odt;
     PCS_CHECK(pcs_mlp_forward_range(m, ls->first, ls->end, ls->in[mb], ls->in_dt, b, 1, NULL,
@@ -1520,7 +1524,9 @@ static pcs_status_t pp_backward(pcs_train_t *t, pp_stage_t *ls, uint32_t mb, pcs
     pcs_mlp_t *m = ls->inst[k];
     /* the units may have been re-gathered into other blocks since the forward; gradient blocks
      * are taken where parameter gradients are written */
-    PCS_CHECK(pp_bind(t, ls, m, 0, kind != PCS_ACT_I));
+    /* the stage's last backward of the step reduces (REDUCE_GRAD); the others accumulate */
+    int sync = ls->n_bwd + 1 == t->M || t->plan->sync_every_micro_batch;
+    PCS_CHECK(pp_bind(t, ls, m, 0, kind != PCS_ACT_I, sync));
     float *gin = ls->is_first ? NULL : ls->gin;
     if (kind == PCS_ACT_W)
         PCS_CHECK(pcs_mlp_backward_weights(m));
@@ -1533,8 +1539,6 @@ static pcs_status_t pp_backward(pcs_train_t *t, pp_stage_t *ls, uint32_t mb, pcs
                             : pp_copy(t, ls->h_gin[mb], ls->gin,
                                       (size_t)t->b * ls->in_w * sizeof(float), PCS_COPY_D2H);
     ls->n_bwd++;
-    /* the stage's last backward of the step reduces (REDUCE_GRAD); the others accumulate */
-    int sync = ls->n_bwd == t->M || t->plan->sync_every_micro_batch;
     for (size_t i = 0; i < ls->n_units; i++)
         PCS_CHECK(pcs_runtime_post_backward(t->rt, ls->units[i], sync));
     ls->inst_mb[k] = -1;
@@ -1708,7 +1712,7 @@ static pcs_status_t pp_eval(pcs_train_t *t, const float *x, const void *y, doubl
                                            PCS_DTYPE_NONE));
         const float *out;
         pcs_dtype_t odt;
-        pcs_status_t st = pp_bind(t, ls, m, t->full_eval, 0);
+        pcs_status_t st = pp_bind(t, ls, m, t->full_eval, 0, 0);
         if (st == PCS_OK)
             st = pcs_mlp_forward_range(m, ls->first, ls->end, ls->in[0], ls->in_dt, b, 0, NULL,
                                        &out, &odt);

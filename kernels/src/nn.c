@@ -185,8 +185,8 @@ static pcs_status_t check_norm(const char *op, const pcs_nn_t *nn, const pcs_nn_
     return PCS_OK;
 }
 
-/* A gradient destination (NULL or NULL data = skipped): dtype FP32/BF16/FP16/FP64, param dtype
- * a compute dtype. */
+/* A gradient destination (NULL or NULL data = skipped): dtype FP32/BF16/FP16/FP64 (accumulating:
+ * not FP64), param dtype a compute dtype. */
 static pcs_status_t check_grad(const char *op, const char *what, const pcs_nn_grad_t *g)
 {
     if (!pcs_nn_wants(g))
@@ -194,6 +194,10 @@ static pcs_status_t check_grad(const char *op, const char *what, const pcs_nn_gr
     if ((!is_compute(g->dtype) && g->dtype != PCS_DTYPE_FP64) || !is_compute(g->param_dtype))
         return pcs_set_error(PCS_ERR_INVALID_ARG, "nn %s: %s gradient dtype %s of a %s parameter",
                              op, what, pcs_dtype_name(g->dtype), pcs_dtype_name(g->param_dtype));
+    if (g->accumulate && !is_compute(g->dtype))
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "nn %s: %s gradient: accumulating into %s (fp32, bf16 or fp16 only)",
+                             op, what, pcs_dtype_name(g->dtype));
     return PCS_OK;
 }
 

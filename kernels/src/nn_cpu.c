@@ -46,9 +46,24 @@ static cpu_nn_t *impl(pcs_nn_t *nn)
 }
 
 /* Write a gradient: round to the parameter's compute dtype (autograd's dtype), store as the
- * gradient's dtype. g32 is scratch and is modified. */
+ * gradient's dtype; or, accumulating, add it to the held values (pcs_nn_grad_acc) a block at a
+ * time. g32 is scratch and is modified. */
 static void store_grad(const pcs_nn_grad_t *g, float *g32, size_t n)
 {
+    if (g->accumulate) {
+        enum { B = 1024 };
+        float held[B];
+        size_t es = pcs_dtype_size(g->dtype);
+        for (size_t o = 0; o < n; o += B) {
+            size_t m = n - o < B ? n - o : B;
+            char *d = (char *)g->data + o * es;
+            pcs_nn_host_to_f32(d, g->dtype, m, held);
+            for (size_t i = 0; i < m; i++)
+                held[i] = pcs_nn_grad_acc(held[i], g32[o + i], (int)g->param_dtype);
+            pcs_nn_host_from_f32(held, m, g->dtype, d);
+        }
+        return;
+    }
     if (g->dtype != g->param_dtype)
         pcs_nn_host_round(g32, n, g->param_dtype);
     pcs_nn_host_from_f32(g32, n, g->dtype, g->data);
@@ -239,8 +254,12 @@ static pcs_status_t cpu_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l
     cpu_nn_t *c = impl(nn);
     uint32_t K = l->in_dim, N = l->out_dim;
     int R = (int)l->rows;
-    if (pcs_nn_wants(dw) && dw->dtype == PCS_DTYPE_FP32 && dw->param_dtype == PCS_DTYPE_FP32) {
-        /* fp32 gradient of an fp32 weight: no rounding, so the GEMM writes it in place */
+    if (pcs_nn_wants(dw) && dw->dtype == PCS_DTYPE_FP32 && dw->param_dtype == PCS_DTYPE_FP32 &&
+        !dw->accumulate) {
+        /* fp32 gradient of an fp32 weight: no rounding, so the GEMM writes it in place.
+         * Accumulating goes through the blocks below, not beta = 1: OpenBLAS adds a GEMM's
+         * K-blocks (K = rows here) into C one by one, so beta = 1 would give (C + p1) + p2
+         * where autograd's .grad += g gives C + (p1 + p2) once rows exceed its block. */
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, R, 1.0f, dY, (int)N, X,
                     (int)K, 0.0f, dw->data, (int)K);
     } else if (pcs_nn_wants(dw)) {

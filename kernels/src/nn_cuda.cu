@@ -197,11 +197,13 @@ __global__ void k_to_half(uint16_t *dst, const float *src, size_t n, int dt)
     dst[i] = dt == PCS_DTYPE_BF16 ? pcs_f32_to_bf16(src[i]) : pcs_f32_to_fp16(src[i]);
 }
 
-/* Gradient store: round to the parameter's dtype when the gradient's differs, store as gdt. */
-__global__ void k_store_grad(void *dst, int gdt, const float *src, size_t n, int pdt)
+/* Gradient store: round to the parameter's dtype when the gradient's differs, store as gdt; or,
+ * accumulating, add to the held value (pcs_nn_grad_acc) and store that. */
+__global__ void k_store_grad(void *dst, int gdt, const float *src, size_t n, int pdt, int acc)
 {
     GRID_STRIDE(i, n)
-    stv(dst, gdt, i, pcs_nn_grad_round(src[i], gdt, pdt));
+    stv(dst, gdt, i,
+        acc ? pcs_nn_grad_acc(ldv(dst, gdt, i), src[i], pdt) : pcs_nn_grad_round(src[i], gdt, pdt));
 }
 
 // ----------------------------------------------------------------------------
@@ -364,7 +366,7 @@ __global__ void k_bn_bwd(float *dwb, float *dX, const float *X, const float *dY,
 pcs_status_t store_grad(pcs_nn_t *nn, const pcs_nn_grad_t *g, const float *src, size_t n)
 {
     k_store_grad<<<blocks_for(n), kThreads, 0, cs(nn)>>>(g->data, (int)g->dtype, src, n,
-                                                         (int)g->param_dtype);
+                                                         (int)g->param_dtype, g->accumulate);
     PCS_LAUNCH_CHECK("k_store_grad");
     return PCS_OK;
 }
@@ -574,7 +576,7 @@ pcs_status_t cu_linear_bwd_params(pcs_nn_t *nn, const pcs_nn_linear_t *l, const 
             A = c->ha;
             B = c->hb;
         }
-        if (dw->dtype == PCS_DTYPE_FP32 && dw->param_dtype == PCS_DTYPE_FP32) {
+        if (dw->dtype == PCS_DTYPE_FP32 && dw->param_dtype == PCS_DTYPE_FP32 && !dw->accumulate) {
             /* fp32 gradient of an fp32 weight: no rounding, so the GEMM writes it in place */
             PCS_CHECK(gemm(nn, CUBLAS_OP_N, CUBLAS_OP_T, K, N, R, A, K, B, N,
                            static_cast<float *>(dw->data), K, l->dtype));

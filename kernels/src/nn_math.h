@@ -44,6 +44,13 @@ PCS_HD float pcs_nn_grad_round(float g, int gdt, int pdt)
     return gdt != pdt ? pcs_nn_round_to(g, pdt) : g;
 }
 
+/* An accumulated gradient store (autograd's .grad += g): g rounded to the parameter's dtype, added
+ * in fp32 to the held value, rounded once to the gradient's dtype by the caller's store. */
+PCS_HD float pcs_nn_grad_acc(float held, float g, int pdt)
+{
+    return held + pcs_nn_round_to(g, pdt);
+}
+
 /* The Linear epilogue's add (fp32), before the one rounding to the dtype. */
 PCS_HD float pcs_nn_bias_add(float y, float b)
 {

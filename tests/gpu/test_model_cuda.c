@@ -392,14 +392,18 @@ static void test_column_sums_cover_layers_wider_than_the_grid_cap(void **state)
     h2d(dw, hw, D * sizeof(float));
     h2d(db, hb, D * sizeof(float));
     h2d(dsave, hsave, 4 * (size_t)D * sizeof(float));
-    for (int kind = PCS_NN_LAYERNORM; kind <= PCS_NN_BATCHNORM + 1; kind++) {
-        assert_int_equal(pcs_kernel_fill(gpu, dout, PCS_DTYPE_FP32, 2 * (size_t)D, NAN, stream),
-                         PCS_OK);
-        memset(cout, 0xff, 2 * (size_t)D * sizeof(float));
-        pcs_nn_grad_t cgw = {cout, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
-        pcs_nn_grad_t cgb = {cout + D, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
-        pcs_nn_grad_t ggw = {dout, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
-        pcs_nn_grad_t ggb = {dout + D, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
+    /* acc 1: the same stores accumulating (pcs_nn_grad_t.accumulate) into what pass 0 wrote */
+    for (int ka = 0; ka < 2 * (PCS_NN_BATCHNORM + 1); ka++) {
+        int kind = PCS_NN_LAYERNORM + ka / 2, acc = ka % 2;
+        if (!acc) {
+            assert_int_equal(pcs_kernel_fill(gpu, dout, PCS_DTYPE_FP32, 2 * (size_t)D, NAN, stream),
+                             PCS_OK);
+            memset(cout, 0xff, 2 * (size_t)D * sizeof(float));
+        }
+        pcs_nn_grad_t cgw = {cout, PCS_DTYPE_FP32, PCS_DTYPE_FP32, acc};
+        pcs_nn_grad_t cgb = {cout + D, PCS_DTYPE_FP32, PCS_DTYPE_FP32, acc};
+        pcs_nn_grad_t ggw = {dout, PCS_DTYPE_FP32, PCS_DTYPE_FP32, acc};
+        pcs_nn_grad_t ggb = {dout + D, PCS_DTYPE_FP32, PCS_DTYPE_FP32, acc};
         const char *what;
         if (kind <= PCS_NN_BATCHNORM) {
             what = kind == PCS_NN_LAYERNORM ? "LayerNorm dweight|dbias" : "BatchNorm dweight|dbias";
@@ -420,7 +424,7 @@ static void test_column_sums_cover_layers_wider_than_the_grid_cap(void **state)
         } else {
             what = "Linear db";
             pcs_nn_linear_t l = {R, 1, D, PCS_DTYPE_FP32, hw, NULL, NULL};
-            pcs_nn_grad_t none = {NULL, PCS_DTYPE_FP32, PCS_DTYPE_FP32};
+            pcs_nn_grad_t none = {NULL, PCS_DTYPE_FP32, PCS_DTYPE_FP32, 0};
             assert_int_equal(pcs_nn_linear_bwd_params(cn, &l, hdy, hx, &none, &cgb), PCS_OK);
             l.weight = dw;
             assert_int_equal(pcs_nn_linear_bwd_params(gn, &l, ddy, dx, &none, &ggb), PCS_OK);
@@ -431,9 +435,9 @@ static void test_column_sums_cover_layers_wider_than_the_grid_cap(void **state)
             if (memcmp(&cout[j], &gout[j], sizeof(float)) != 0 && bad++ == 0)
                 first_bad = j;
         if (bad)
-            fprintf(stderr, "%s: %zu of %zu columns differ, first at %zu (cpu %g gpu %g)\n", what,
-                    bad, 2 * (size_t)D - first, first_bad, (double)cout[first_bad],
-                    (double)gout[first_bad]);
+            fprintf(stderr, "%s%s: %zu of %zu columns differ, first at %zu (cpu %g gpu %g)\n", what,
+                    acc ? " (accumulating)" : "", bad, 2 * (size_t)D - first, first_bad,
+                    (double)cout[first_bad], (double)gout[first_bad]);
         assert_int_equal(bad, 0);
     }
     void *dev[] = {dx, ddy, dw, db, dsave, dout};

@@ -605,8 +605,8 @@ static void test_nn_ops_on_device_pointers_give_the_cpu_ops_bits(void **state)
     void *dgw = NULL;
     uint16_t gw[NO * K], rgw[NO * K];
     assert_int_equal(g_sim->alloc(sizeof gw, &dgw), PCS_OK);
-    pcs_nn_grad_t g = {dgw, PCS_DTYPE_BF16, PCS_DTYPE_BF16},
-                  rg = {rgw, PCS_DTYPE_BF16, PCS_DTYPE_BF16};
+    pcs_nn_grad_t g = {dgw, PCS_DTYPE_BF16, PCS_DTYPE_BF16, 0},
+                  rg = {rgw, PCS_DTYPE_BF16, PCS_DTYPE_BF16, 0};
     assert_int_equal(pcs_nn_linear_bwd_params(sim, &l, dy, dx, &g, NULL), PCS_OK);
     assert_int_equal(pcs_nn_linear_bwd_params(ref, &rl, ry, x, &rg, NULL), PCS_OK);
     assert_int_equal(g_sim->copy(gw, dgw, sizeof gw, PCS_COPY_D2H, NULL), PCS_OK);

@@ -998,8 +998,29 @@ static void test_gradient_sync_every_micro_batch_estimate(void **state)
     assert_int_equal(e2->all_reduce_bytes, e0->all_reduce_bytes);
     assert_true(e1->peak_unsharded_bytes < e0->peak_unsharded_bytes); /* no accumulators */
     assert_true(e2->staging_bytes > e1->staging_bytes);                /* the partial sums */
+    /* pcs-worker (model.mlp) writes accumulating micro-batches' gradients into the accumulator:
+     * no gradient block in the estimate, unless every micro-batch syncs; with the blocks the peak
+     * is higher by at most the unsharded gradients (bf16) of a unit and its ancestors */
+    assert_true(p[0]->grads_into_accumulator);
+    assert_false(p[1]->grads_into_accumulator || p[2]->grads_into_accumulator);
+    Pcs__V1__RankEstimate without, with;
+    assert_int_equal(pcs_plan_rank_estimate(p[0], 0, &without), PCS_OK);
+    p[0]->grads_into_accumulator = false;
+    assert_int_equal(pcs_plan_rank_estimate(p[0], 0, &with), PCS_OK);
+    uint64_t all = 0;
+    for (size_t i = 0; i < p[0]->n_units; i++)
+        all += p[0]->units[i]->padded_numel * 2;
+    assert_true(with.peak_unsharded_bytes > without.peak_unsharded_bytes);
+    assert_true(with.peak_unsharded_bytes - without.peak_unsharded_bytes <= all);
     for (int k = 0; k < 3; k++)
         pcs_plan_free(p[k]);
+    /* a C API program's model (model.explicit) takes grad_buffer blocks: counted */
+    Pcs__V1__Plan *x = plan_of("model: {explicit: [{path: '', class: Net, params: [{name: w, "
+                               "shape: [64]}]}]}\nmesh: [{dim: dp_shard, size: 2}]\n"
+                               "training: {micro_batches: 3}\n",
+                               0);
+    assert_false(x->grads_into_accumulator);
+    pcs_plan_free(x);
 }
 
 /* FSDP ignored_modules: one unmanaged unit per ignored module with its whole subtree, in the

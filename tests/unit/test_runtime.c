@@ -354,6 +354,91 @@ static void test_accumulator_read_in_place_is_not_overwritten_by_the_next_micro_
     }
 }
 
+/* pcs-worker's gradient target (pcs_runtime_grad_target): accumulating micro-batches get the
+ * no-sync accumulator itself — written by the first (accumulate 0), added to by the rest,
+ * including the synced one after them (1) — and a synced micro-batch with nothing accumulated a
+ * gradient block; only the padding (what no trainable parameter covers) is zeroed, every time,
+ * even after a writer dirtied it. Unit w (4090 elements) padded to 4096, world of one, SGD lr 1:
+ * hand-ins 1 / 10 (sync) / 100 / 1000 (sync) leave -1111 per step, as grad_buffer's do. */
+static void test_grad_target_accumulates_in_place_and_zeroes_only_the_padding(void **state)
+{
+    (void)state;
+    one_unit_t one;
+    one_unit_plan(&one, 4090);
+    one.unit.padded_numel = one.unit.shard_numel = 4096;
+    for (int prefetch = 0; prefetch <= 1; prefetch++) {
+        pcs_runtime_config_t rc;
+        assert_int_equal(sgd_lr1_config(&rc, &one.plan, prefetch), PCS_OK);
+        rc.micro_batches = 4;
+        pcs_runtime_t *rt = NULL;
+        assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
+        const float vals[4] = {1.0f, 10.0f, 100.0f, 1000.0f};
+        void *first = NULL;
+        for (int step = 1; step <= 3; step++) {
+            assert_int_equal(pcs_runtime_begin_step(rt), PCS_OK);
+            for (int m = 0; m < 4; m++) {
+                void *g, *b;
+                pcs_dtype_t dt, bdt;
+                int acc = -1, sync = m % 2 == 1;
+                assert_int_equal(pcs_runtime_grad_target(rt, 0, sync, &g, &dt, &acc), PCS_OK);
+                assert_int_equal(dt, PCS_DTYPE_FP32);
+                assert_int_equal(acc, sync); /* 0, 1, 0, 1: write, add, write, add */
+                if (!first)
+                    first = g;
+                assert_ptr_equal(g, first); /* always the accumulator: no block */
+                float *f = g;
+                for (int i = 4090; i < 4096; i++)
+                    if (f[i] != 0.0f)
+                        fail_msg("step %d micro-batch %d: padding [%d] is %g", step, m, i,
+                                 (double)f[i]);
+                for (int i = 0; i < 4090; i++)
+                    f[i] = acc ? f[i] + vals[m] : vals[m];
+                for (int i = 4090; i < 4096; i++) /* a dirty writer: zeroed again next time */
+                    f[i] = -0.0f;
+                /* out: no second buffer until the hand-in */
+                assert_int_equal(pcs_runtime_grad_buffer(rt, 0, &b, &bdt), PCS_ERR_STATE);
+                assert_int_equal(pcs_runtime_grad_target(rt, 0, sync, &b, &bdt, &acc),
+                                 PCS_ERR_STATE);
+                assert_int_equal(pcs_runtime_post_backward(rt, 0, sync), PCS_OK);
+            }
+            pcs_rt_step_opts_t o;
+            memset(&o, 0, sizeof o);
+            pcs_rt_step_result_t r;
+            assert_int_equal(pcs_runtime_optimizer_step(rt, &o, &r), PCS_OK);
+            pcs_rt_shard_t sh;
+            assert_int_equal(pcs_runtime_shard(rt, 0, &sh), PCS_OK);
+            for (int i = 0; i < 4090; i++)
+                if (((const float *)sh.master)[i] != -1111.0f * (float)step)
+                    fail_msg("prefetch %d step %d: element %d is %g", prefetch, step, i,
+                             (double)((const float *)sh.master)[i]);
+        }
+        pcs_runtime_destroy(rt);
+
+        /* one micro-batch: a gradient block from the pool, its padding zeroed on every reuse */
+        rc.micro_batches = 1;
+        assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
+        for (int step = 1; step <= 3; step++) {
+            assert_int_equal(pcs_runtime_begin_step(rt), PCS_OK);
+            void *g;
+            pcs_dtype_t dt;
+            int acc = -1;
+            assert_int_equal(pcs_runtime_grad_target(rt, 0, 1, &g, &dt, &acc), PCS_OK);
+            assert_int_equal(acc, 0);
+            float *f = g;
+            for (int i = 4090; i < 4096; i++)
+                assert_true(f[i] == 0.0f && !signbit(f[i]));
+            for (int i = 0; i < 4096; i++)
+                f[i] = i < 4090 ? 2.0f : 5.0f;
+            assert_int_equal(pcs_runtime_post_backward(rt, 0, 1), PCS_OK);
+            pcs_rt_step_opts_t o;
+            memset(&o, 0, sizeof o);
+            pcs_rt_step_result_t r;
+            assert_int_equal(pcs_runtime_optimizer_step(rt, &o, &r), PCS_OK);
+        }
+        pcs_runtime_destroy(rt);
+    }
+}
+
 enum { TWO_PREMUL = 0, TWO_UNPLANNED_REPLICATED = 1 };
 
 /* Rank `r` of 2 (forked), SGD with lr 1 from zero, exit status 0 when every element of the
@@ -938,6 +1023,7 @@ int main(void)
         cmocka_unit_test(test_prefetched_block_is_reused_only_after_its_gather),
         cmocka_unit_test(test_no_sync_hand_in_with_one_micro_batch_is_accumulated),
         cmocka_unit_test(test_accumulator_read_in_place_is_not_overwritten_by_the_next_micro_batch),
+        cmocka_unit_test(test_grad_target_accumulates_in_place_and_zeroes_only_the_padding),
         cmocka_unit_test(test_world_of_one_divides_by_a_custom_factor),
         cmocka_unit_test(test_frozen_parameters_are_not_updated_or_counted),
         cmocka_unit_test(test_premul_sum_reduce_scatter_multiplies_every_input),

@@ -27,11 +27,16 @@ typedef enum { PCS_NN_LAYERNORM = 1, PCS_NN_BATCHNORM = 2 } pcs_nn_norm_kind_t;
 
 /* Where a parameter gradient goes: `data` holds numel elements of `dtype` (FP32, BF16, FP16 or
  * FP64; NULL = not wanted). The fp32 result is first rounded to `param_dtype` when dtype differs
- * from it (autograd computes the gradient in the parameter's dtype), then stored as `dtype`. */
+ * from it (autograd computes the gradient in the parameter's dtype), then stored as `dtype`.
+ * With `accumulate` (FP32/BF16/FP16 only) it is instead added to what `data` holds, as autograd
+ * accumulates into .grad: data = rnd_dtype(data + rnd_param_dtype(g)), the sum in fp32 — the bits
+ * of storing the gradient in param_dtype and pcs_kernel_accumulate'ing that into data, without
+ * the gradient buffer and the pass. */
 typedef struct pcs_nn_grad {
     void *data;
     pcs_dtype_t dtype;
     pcs_dtype_t param_dtype;
+    int accumulate;
 } pcs_nn_grad_t;
 
 /* y[rows, out_dim] = x[rows, in_dim] . weight^T + bias, fp32 accumulation, rounded once to dtype.
