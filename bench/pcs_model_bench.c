@@ -5,8 +5,8 @@
  * model's forward output against a plain re-computation (#wrong). With -d cuda the same model
  * also runs on the GPU (pcs_mlp_create_on, cuBLAS) and its time is reported next to the CPU's
  * from the same run; its #wrong counts outputs outside the CPU twin's tolerance (4 ulps of the
- * dtype x sqrt(fan-in), relative to |value| + rms). A last table times GELU's loops against
- * glibc's erff/expf per element. With --job FILE it instead runs the single-process reference
+ * dtype x sqrt(fan-in), relative to |value| + rms). The last tables time GELU's loops against
+ * glibc's erff/expf per element and LayerNorm against its own loops written bare. With --job FILE it instead runs the single-process reference
  * trainer on a job file and reports losses and step time. */
 #include <cblas.h>
 #include <math.h>
@@ -438,6 +438,101 @@ static void bench_gelu(int iters)
     pcs_nn_destroy(nn);
 }
 
+/* LayerNorm forward and backward over [rows, D] fp32: the CPU twin (pcs_nn_norm_fwd/bwd: row
+ * statistics and backward sums in double, sequential) against the same expressions written inline
+ * as bare loops (no front door, no weight widening, no gradient store), best of REPS means; max|d|
+ * compares outputs and input gradients. What LayerNorm costs, and what its double sums cost. */
+static void bench_layernorm(int iters)
+{
+    pcs_nn_t *nn = NULL;
+    if (pcs_nn_create(NULL, NULL, &nn) != PCS_OK)
+        return;
+    const uint32_t R = 32;
+    printf("# LayerNorm fp32, %u rows, double sums: bare = the same loops inline; pcs = the CPU "
+           "twin through pcs_nn_norm_fwd/bwd\n",
+           R);
+    printf("#       D  pass        bare       pcs    ratio     max|d|\n");
+    printf("#                    (ns/el)   (ns/el)\n");
+    for (uint32_t D = 256; D <= 4096; D <<= 2) {
+        size_t n = (size_t)R * D;
+        float *x = malloc(n * sizeof *x), *dy = malloc(n * sizeof *dy), *y0 = malloc(n * 4);
+        float *y1 = malloc(n * 4), *w = malloc(D * 4), *b = malloc(D * 4), *save = malloc(4 * D * 4);
+        float *dw = malloc(2 * D * 4);
+        if (!x || !dy || !y0 || !y1 || !w || !b || !save || !dw)
+            break;
+        uint64_t r = 7;
+        for (size_t i = 0; i < n; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            x[i] = ((float)(r >> 40) / (float)(1 << 24) - 0.3f) * 4.0f;
+            dy[i] = ((float)((r >> 20) & 0xffff) / 65536.0f - 0.5f);
+        }
+        for (uint32_t j = 0; j < D; j++) {
+            w[j] = 1.0f + (float)j / (float)D;
+            b[j] = 0.25f;
+        }
+        pcs_nn_norm_t p = {.kind = PCS_NN_LAYERNORM, .rows = R, .dim = D, .dtype = PCS_DTYPE_FP32,
+                           .weight = w, .weight_dtype = PCS_DTYPE_FP32, .bias = b,
+                           .bias_dtype = PCS_DTYPE_FP32, .save = save, .training = 1};
+        pcs_nn_grad_t gw = {dw, PCS_DTYPE_FP32, PCS_DTYPE_FP32, 0};
+        pcs_nn_grad_t gb = {dw + D, PCS_DTYPE_FP32, PCS_DTYPE_FP32, 0};
+        (void)pcs_nn_norm_fwd(nn, &p, x, y1); /* the saved statistics both backwards read */
+        for (int pass = 0; pass < 2; pass++) {
+            double best0 = 1e30, best1 = 1e30;
+            for (int rep = 0; rep < REPS; rep++) {
+                double t0 = now_s();
+                for (int it = 0; it < iters; it++)
+                    for (uint32_t q = 0; q < R; q++) {
+                        const float *xr = x + (size_t)q * D, *dyr = dy + (size_t)q * D;
+                        float *yr = y0 + (size_t)q * D;
+                        if (pass == 0) {
+                            double s = 0, ss = 0;
+                            for (uint32_t j = 0; j < D; j++)
+                                s += xr[j];
+                            double mean = s / D;
+                            for (uint32_t j = 0; j < D; j++)
+                                ss += (xr[j] - mean) * (xr[j] - mean);
+                            float mf = (float)mean, rstd = (float)(1.0 / sqrt(ss / D + 1e-5));
+                            for (uint32_t j = 0; j < D; j++)
+                                yr[j] = (xr[j] - mf) * rstd * w[j] + b[j];
+                            continue;
+                        }
+                        float mf = save[2 * q], rstd = save[2 * q + 1];
+                        double c1 = 0, c2 = 0;
+                        for (uint32_t j = 0; j < D; j++) {
+                            float xh = (xr[j] - mf) * rstd, g = dyr[j] * w[j];
+                            c1 += g;
+                            c2 += (double)g * xh;
+                            dw[j] += dyr[j] * xh;
+                            dw[D + j] += dyr[j];
+                        }
+                        c1 /= D;
+                        c2 /= D;
+                        for (uint32_t j = 0; j < D; j++) {
+                            float xh = (xr[j] - mf) * rstd;
+                            yr[j] = rstd * (float)(dyr[j] * w[j] - c1 - xh * c2);
+                        }
+                    }
+                double t1 = now_s();
+                for (int it = 0; it < iters; it++)
+                    (void)(pass == 0 ? pcs_nn_norm_fwd(nn, &p, x, y1)
+                                     : pcs_nn_norm_bwd(nn, &p, x, dy, y1, &gw, &gb));
+                double t2 = now_s();
+                best0 = t1 - t0 < best0 ? t1 - t0 : best0;
+                best1 = t2 - t1 < best1 ? t2 - t1 : best1;
+            }
+            double md = 0;
+            for (size_t i = 0; i < n; i++) {
+                double d = fabs((double)y1[i] - y0[i]);
+                md = d > md ? d : md;
+            }
+            printf("%9u  %-8s  %8.2f  %8.2f  %7.3f  %9.2e\n", D, pass ? "backward" : "forward",
+                   best0 / iters / n * 1e9, best1 / iters / n * 1e9, best1 / best0, md);
+        }
+        free(x), free(dy), free(y0), free(y1), free(w), free(b), free(save), free(dw);
+    }
+    pcs_nn_destroy(nn);
+}
+
 static void usage(void)
 {
     fprintf(stderr, "usage: pcs-model-bench [-b ROWS] [-e ROWS] [-f FACTOR] [-n ITERS] [-i IN] "
@@ -574,6 +669,7 @@ int main(int argc, char **argv)
             break;
     }
     bench_gelu(iters);
+    bench_layernorm(iters);
     printf("# Out of bounds values : %ld %s\n", total_wrong, total_wrong ? "FAILED" : "OK");
     if (gpu)
         gpu->stream_destroy(gst);
