@@ -114,6 +114,12 @@ typedef struct rt_unit {
     int ar_partial_valid;
     uint32_t syncs;
     int skip_ar;
+    /* Gradient clipping's sum of squares fused with the accumulation into grad_shard
+     * (pcs_kernel_accumulate_sumsq): fuse_ss is the queued reduction's verdict (set at the
+     * hand-in, the step's last of the unit), ss_ok says rt->d_scal[3 + index] holds grad_shard's
+     * sum of squares as it is now (written by the thread that ends the reduction; cleared by
+     * any other write of grad_shard) */
+    int fuse_ss, ss_ok;
     int held; /* this rank holds the unit: always, except for the units of other pipeline
                * stages (pp > 1), which get no memory, no collective and no update here */
     int state;           /* under mu */
@@ -168,10 +174,12 @@ struct pcs_runtime {
     double ev_ms[3];             /* resolved timings of this step by PCS_RT_T_* (under mu) */
     uint32_t rank, world;
     uint32_t micro_batches;
+    int fuse_norm; /* cfg->fuse_grad_norm */
     pcs_opt_kind_t opt;
     pcs_adamw_config_t adamw;
     pcs_sgd_config_t sgd;
     uint64_t opt_steps;
+    uint64_t fused_norms; /* units whose clipping sum came from their reduction (tests) */
     int prefetch;
 
     rt_unit_t *units;
@@ -1096,6 +1104,7 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
     rt->rank = cfg->rank;
     rt->world = cfg->plan->world_size ? cfg->plan->world_size : 1;
     rt->micro_batches = cfg->micro_batches ? cfg->micro_batches : 1;
+    rt->fuse_norm = cfg->fuse_grad_norm;
     rt->opt = cfg->opt;
     rt->adamw = cfg->adamw;
     rt->sgd = cfg->sgd;
@@ -1415,6 +1424,7 @@ pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt)
          * waits for a copy-in enqueued after this */
         PCS_CHECK(pcs_kernel_fill(rt->be, u->grad_shard, u->grad, u->c, 0.0, rt->cstream));
         u->accum_valid = 0;
+        u->ss_ok = 0;
         u->grads_in_accum = 0; /* (a backward abandoned mid-step: nothing to give back) */
         u->syncs = 0;
         u->ar_partial_valid = 0;
@@ -1946,8 +1956,18 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
     /* Cast back and accumulate into the sharded grad (grad dtype), as FSDP's
      * _saved_grad_shard += grad. */
     uint64_t t3 = pcs_now_us();
-    PCS_CHECK(pcs_kernel_accumulate(rt->be, u->grad_shard, u->grad, result, rdt, u->c,
-                                    rt->rs_stream));
+    u->ss_ok = 0;
+    pcs_status_t fst = PCS_ERR_UNSUPPORTED;
+    if (u->fuse_ss && !u->skip_ar) /* (a skipped all-reduce leaves grad_shard untouched) */
+        fst = pcs_kernel_accumulate_sumsq(rt->be, u->grad_shard, u->grad, result, rdt, u->c,
+                                          &rt->d_scal[3 + u->index], rt->rs_stream);
+    if (fst == PCS_OK)
+        u->ss_ok = 1;
+    else if (fst != PCS_ERR_UNSUPPORTED)
+        return fst;
+    else
+        PCS_CHECK(pcs_kernel_accumulate(rt->be, u->grad_shard, u->grad, result, rdt, u->c,
+                                        rt->rs_stream));
     pthread_mutex_lock(&rt->mu);
     rt->rs_cast_ms += ms_since(t3);
     pthread_mutex_unlock(&rt->mu);
@@ -2090,6 +2110,9 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
      * reduction of an HSDP unit all-reduces across replicas (counted per unit, so a C API
      * program that syncs every micro-batch gets it too) */
     u->skip_ar = u->ar_partial != NULL && u->syncs < rt->micro_batches && !full;
+    /* the step's last reduction of the unit computes clipping's sum of squares on the way (not
+     * with frozen ranges, which the optimizer zeroes first) */
+    u->fuse_ss = rt->fuse_norm && !full && u->syncs >= rt->micro_batches && u->n_frz == 0;
     pcs_status_t st = reduce_copy_in(rt, u);
     u->accum_valid = 0;
     if (st != PCS_OK)
@@ -2159,6 +2182,7 @@ static pcs_status_t flush_partial(pcs_runtime_t *rt, rt_unit_t *u)
     if (st != PCS_OK)
         return wrap_err(st, "all-reduce (replicas) of unit %u's partial sum", u->index);
     u->ar_partial_valid = 0;
+    u->ss_ok = 0;
     return pcs_kernel_accumulate(rt->be, u->grad_shard, u->grad, u->ar_partial, u->reduce, u->c,
                                  rt->rs_stream);
 }
@@ -2246,6 +2270,7 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         rt_unit_t *u = &rt->units[first_held];
         /* fill rounds +Inf once to the grad dtype: the same bits a cast of an fp32 +Inf gives */
         PCS_CHECK(pcs_kernel_fill(be, u->grad_shard, u->grad, 1, (double)INFINITY, cs));
+        u->ss_ok = 0;
         PCS_INFO(PCS_SUB_WORKER, "test hook: injected +Inf into unit %zu's gradient", first_held);
     }
     if (o->scaler) {
@@ -2259,6 +2284,8 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
                 continue;
             pcs_tensor_t t = {u->grad_shard, u->grad, u->c};
             PCS_CHECK(pcs_kernel_nonfinite_check_and_unscale(be, &t, 1, d_found, d_inv, cs));
+            if (inv != 1.0f)
+                u->ss_ok = 0; /* unscaled: the fused sum was of the scaled gradient */
         }
         rt->opt_ms += ms_since(t0);
         /* One verdict for the world: every rank skips together (spec §5). */
@@ -2276,12 +2303,15 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
     }
     if (o->clip_norm > 0) {
         /* one sum of squares per unit in d_scal[3 + i], read back together; the host adds them
-         * in fp64 in unit order */
+         * in fp64 in unit order. A unit whose last reduction computed it on the way (ss_ok, the
+         * same bits) needs no pass here. */
         float *d_ss = &rt->d_scal[3];
         for (size_t i = 0; i < rt->n_units; i++) {
             rt_unit_t *u = &rt->units[i];
-            if (u->held)
+            if (u->held && !u->ss_ok)
                 PCS_CHECK(pcs_kernel_sum_squares(be, u->grad_shard, u->grad, u->c, &d_ss[i], cs));
+            if (u->held && u->ss_ok)
+                rt->fused_norms++;
         }
         if (rt->n_units > 0) {
             PCS_CHECK(
@@ -2541,6 +2571,11 @@ pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const
     if (state_b && b)
         PCS_CHECK(rt->be->copy(b, state_b, bytes, PCS_COPY_H2D, rt->cstream));
     return rt->be->sync(rt->cstream);
+}
+
+uint64_t pcs_runtime_fused_norms(const pcs_runtime_t *rt)
+{
+    return rt->fused_norms;
 }
 
 uint64_t pcs_runtime_opt_steps(const pcs_runtime_t *rt)

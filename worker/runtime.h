@@ -69,6 +69,11 @@ typedef struct pcs_runtime_config {
     int coll_timeout_ms;
     const pcs_backend_ops_t *be; /* "cpu" backend */
     uint32_t micro_batches;      /* no-sync accumulation when > 1 */
+    /* the caller clips gradients (optimizer_step's clip_norm > 0): each unit's step-last
+     * reduction computes its sum of squares while accumulating into the sharded gradient
+     * (pcs_kernel_accumulate_sumsq, where the backend has it), and the optimizer step reads that
+     * instead of a pass over the shard. The same bits either way; a hint, not a contract. */
+    int fuse_grad_norm;
     pcs_rt_init_fn init_param;
     void *init_ctx;
     pcs_opt_kind_t opt;
@@ -234,6 +239,8 @@ pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const
                                          const float *state_a, const float *state_b);
 /* Optimizer steps taken (AdamW's bias correction, SGD's first-step momentum); set on a resume. */
 uint64_t pcs_runtime_opt_steps(const pcs_runtime_t *rt);
+/* How many unit-steps took clipping's sum of squares from their reduction (fuse_grad_norm). */
+uint64_t pcs_runtime_fused_norms(const pcs_runtime_t *rt);
 void pcs_runtime_set_opt_steps(pcs_runtime_t *rt, uint64_t n);
 
 #ifdef __cplusplus

@@ -748,6 +748,7 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
     rc.coll_timeout_ms = cfg->coll_timeout_ms ? (int)cfg->coll_timeout_ms : 30000;
     rc.be = t->be;
     rc.micro_batches = t->M;
+    rc.fuse_grad_norm = tr && tr->clip_grad_norm > 0;
     rc.init_param = init_param_cb;
     rc.init_ctx = t;
     rc.prefetch =

@@ -253,6 +253,7 @@ pcs_status_t pcs_worker_join_as(const pcs_worker_options_t *opt, const char *pro
     rc.device = strcmp(w->be->name, "cpu") != 0 ? pcs_agent_device(w->agent) : 0;
     rc.coll = (pcs_coll_backend_t)coll;
     rc.micro_batches = tr->micro_batches ? tr->micro_batches : 1;
+    rc.fuse_grad_norm = tr->clip_grad_norm > 0;
     rc.init_param = api_init_param;
     rc.init_ctx = w;
     rc.prefetch = (int)(plan->prefetch ? plan->prefetch : 1);

@@ -210,6 +210,23 @@ pcs_status_t pcs_kernel_accumulate_list(const pcs_backend_ops_t *be, const pcs_t
     return be->kernels->accumulate(dst, src, count, s);
 }
 
+pcs_status_t pcs_kernel_accumulate_sumsq(const pcs_backend_ops_t *be, void *dst,
+                                         pcs_dtype_t dst_dtype, const void *src,
+                                         pcs_dtype_t src_dtype, size_t n, float *out,
+                                         pcs_stream_t s)
+{
+    pcs_tensor_t d = {dst, dst_dtype, n}, t = {(void *)src, src_dtype, n};
+    PCS_CHECK(check_backend(be, "accumulate_sumsq"));
+    PCS_CHECK(check_list("accumulate_sumsq", "dst", &d, 1, DT_HALFS));
+    PCS_CHECK(check_list("accumulate_sumsq", "src", &t, 1, DT_HALFS));
+    if (out == NULL)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "accumulate_sumsq: NULL out");
+    if (be->kernels->accumulate_sumsq == NULL)
+        return pcs_set_error(PCS_ERR_UNSUPPORTED, "accumulate_sumsq: not on the %s backend",
+                             be->name);
+    return be->kernels->accumulate_sumsq(&d, &t, out, s);
+}
+
 pcs_status_t pcs_kernel_nonfinite_check_and_unscale(const pcs_backend_ops_t *be,
                                                     const pcs_tensor_t *t, size_t count,
                                                     float *found_inf, const float *inv_scale,

@@ -51,6 +51,10 @@ typedef struct pcs_kernel_ops {
     pcs_status_t (*sgd_update)(const pcs_tensor_t *param, const pcs_tensor_t *grad,
                                const pcs_tensor_t *momentum_buf, size_t count,
                                const pcs_sgd_config_t *cfg, int first_step, pcs_stream_t s);
+    /* optional (NULL: the front door answers PCS_ERR_UNSUPPORTED): accumulate + sum_squares of
+     * the result in one pass */
+    pcs_status_t (*accumulate_sumsq)(const pcs_tensor_t *dst, const pcs_tensor_t *src, float *out,
+                                     pcs_stream_t s);
 } pcs_kernel_ops_t;
 
 /* Host-side scalar setup, double precision then rounded once (as PyTorch passes Python floats). */

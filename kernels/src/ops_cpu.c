@@ -201,6 +201,31 @@ ACC_LOOP(acc_fp16_fp32, uint16_t, LD_FP16, ST_FP16, float, LD_FP32)
 ACC_LOOP(acc_fp16_bf16, uint16_t, LD_FP16, ST_FP16, uint16_t, LD_BF16)
 ACC_LOOP(acc_fp16_fp16, uint16_t, LD_FP16, ST_FP16, uint16_t, LD_FP16)
 
+/* ACC_LOOP, returning the sum of squares of the stored results in SUMSQ_LOOP's order and types */
+#define ACC_SUMSQ_LOOP(NAME, TD, LDD, STD, TS, LDS)                                                \
+    static double NAME(void *dv, const void *sv, size_t n)                                         \
+    {                                                                                              \
+        TD *d = dv;                                                                                \
+        const TS *x = sv;                                                                          \
+        double acc = 0.0;                                                                          \
+        for (size_t i = 0; i < n; i++) {                                                           \
+            TD v = STD(LDD(d[i]) + LDS(x[i]));                                                     \
+            d[i] = v;                                                                              \
+            double y = (double)LDD(v);                                                             \
+            acc += y * y;                                                                          \
+        }                                                                                          \
+        return acc;                                                                                \
+    }
+ACC_SUMSQ_LOOP(accsq_fp32_fp32, float, LD_FP32, ST_FP32, float, LD_FP32)
+ACC_SUMSQ_LOOP(accsq_fp32_bf16, float, LD_FP32, ST_FP32, uint16_t, LD_BF16)
+ACC_SUMSQ_LOOP(accsq_fp32_fp16, float, LD_FP32, ST_FP32, uint16_t, LD_FP16)
+ACC_SUMSQ_LOOP(accsq_bf16_fp32, uint16_t, LD_BF16, ST_BF16, float, LD_FP32)
+ACC_SUMSQ_LOOP(accsq_bf16_bf16, uint16_t, LD_BF16, ST_BF16, uint16_t, LD_BF16)
+ACC_SUMSQ_LOOP(accsq_bf16_fp16, uint16_t, LD_BF16, ST_BF16, uint16_t, LD_FP16)
+ACC_SUMSQ_LOOP(accsq_fp16_fp32, uint16_t, LD_FP16, ST_FP16, float, LD_FP32)
+ACC_SUMSQ_LOOP(accsq_fp16_bf16, uint16_t, LD_FP16, ST_FP16, uint16_t, LD_BF16)
+ACC_SUMSQ_LOOP(accsq_fp16_fp16, uint16_t, LD_FP16, ST_FP16, uint16_t, LD_FP16)
+
 /* returns 1 if a non-finite value was seen; multiplies unless inv == 1 */
 #define UNSCALE_LOOP(NAME, T, LD, ST)                                                              \
     static int NAME(void *data, size_t n, float inv)                                               \
@@ -281,6 +306,22 @@ static pcs_status_t cpu_accumulate(const pcs_tensor_t *dst, const pcs_tensor_t *
     };
     for (size_t k = 0; k < count; k++)
         loops[hidx(dst[k].dtype)][hidx(src[k].dtype)](dst[k].data, src[k].data, dst[k].n);
+    return PCS_OK;
+}
+
+static pcs_status_t cpu_accumulate_sumsq(const pcs_tensor_t *dst, const pcs_tensor_t *src,
+                                         float *out, pcs_stream_t s)
+{
+    static double (*const loops[3][3])(void *, const void *, size_t) = {
+        {accsq_fp32_fp32, accsq_fp32_bf16, accsq_fp32_fp16},
+        {accsq_bf16_fp32, accsq_bf16_bf16, accsq_bf16_fp16},
+        {accsq_fp16_fp32, accsq_fp16_bf16, accsq_fp16_fp16},
+    };
+    /* (cpu_sum_squares adds each tensor's sum to 0.0 first: exact, the same value) */
+    double total = dst->n > 0 ? loops[hidx(dst->dtype)][hidx(src->dtype)](dst->data, src->data,
+                                                                           dst->n)
+                              : 0.0;
+    *out = (float)total;
     return PCS_OK;
 }
 
@@ -401,6 +442,7 @@ static const pcs_kernel_ops_t cpu_kernels = {
     .sum_squares = cpu_sum_squares,
     .adamw_update = cpu_adamw,
     .sgd_update = cpu_sgd,
+    .accumulate_sumsq = cpu_accumulate_sumsq,
 };
 
 static const pcs_backend_ops_t cpu_ops = {

@@ -951,6 +951,7 @@ pcs_status_t cu_device_info(int ordinal, char *name, size_t cap, uint64_t *memor
 
 const pcs_kernel_ops_t cuda_kernels = {
     cu_fill, cu_cast, cu_scale, cu_accumulate, cu_nonfinite, cu_sum_squares, cu_adamw, cu_sgd,
+    nullptr, /* accumulate_sumsq: not fused on the GPU (the runtime runs the two kernels) */
 };
 
 /* positional, in kernels.h order */

@@ -455,6 +455,45 @@ static void test_nonfinite_check_never_clears_flag_and_skips_multiply_when_inv_i
 // ----------------------------------------------------------------------------
 // sum of squares
 
+/* The fused accumulate + sum of squares (gradient clipping's sum taken by the reduction's
+ * accumulation into the sharded gradient) gives exactly the bits of the two ops in turn, for
+ * every dst/src dtype pair, including values that overflow fp16 on the way; an empty tensor sums
+ * to 0. (Backends without it answer UNSUPPORTED: the runtime then runs the two.) */
+static void test_accumulate_sumsq_equals_accumulate_then_sum_squares(void **state)
+{
+    (void)state;
+    enum { N = 3001 };
+    const pcs_dtype_t dts[3] = {PCS_DTYPE_FP32, PCS_DTYPE_BF16, PCS_DTYPE_FP16};
+    static float src32[N], d32a[N];
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 3; b++) {
+            pcs_dtype_t dd = dts[a], sd = dts[b];
+            for (int i = 0; i < N; i++) {
+                d32a[i] = rndf(-300.0f, 300.0f) * (i % 97 == 0 ? 300.0f : 1.0f);
+                src32[i] = rndf(-3.0f, 3.0f);
+            }
+            char dst1[N * 4], dst2[N * 4], src[N * 4];
+            assert_int_equal(pcs_kernel_cast(cpu, dst1, dd, d32a, PCS_DTYPE_FP32, N, NULL), PCS_OK);
+            memcpy(dst2, dst1, sizeof dst1);
+            assert_int_equal(pcs_kernel_cast(cpu, src, sd, src32, PCS_DTYPE_FP32, N, NULL), PCS_OK);
+            float want = -1.0f, got = -2.0f;
+            assert_int_equal(pcs_kernel_accumulate(cpu, dst1, dd, src, sd, N, NULL), PCS_OK);
+            assert_int_equal(pcs_kernel_sum_squares(cpu, dst1, dd, N, &want, NULL), PCS_OK);
+            assert_int_equal(pcs_kernel_accumulate_sumsq(cpu, dst2, dd, src, sd, N, &got, NULL),
+                             PCS_OK);
+            assert_memory_equal(dst1, dst2, N * pcs_dtype_size(dd));
+            assert_memory_equal(&want, &got, sizeof want);
+        }
+    float out = -1.0f, x = 1.0f;
+    assert_int_equal(pcs_kernel_accumulate_sumsq(cpu, &x, PCS_DTYPE_FP32, &x, PCS_DTYPE_FP32, 0,
+                                                 &out, NULL),
+                     PCS_OK);
+    assert_true(out == 0.0f);
+    assert_int_equal(pcs_kernel_accumulate_sumsq(cpu, &x, PCS_DTYPE_FP32, &x, PCS_DTYPE_FP32, 1,
+                                                 NULL, NULL),
+                     PCS_ERR_INVALID_ARG);
+}
+
 static void test_sum_squares_over_list_matches_long_double_reference(void **state)
 {
     enum { N = 100003 };
@@ -858,6 +897,7 @@ int main(void)
         cmocka_unit_test(test_cast_list_handles_mixed_dtypes_and_lengths),
         cmocka_unit_test(test_scale_rounds_once_from_fp32_product_in_each_dtype),
         cmocka_unit_test(test_accumulate_adds_in_fp32_and_rounds_once_to_dst),
+        cmocka_unit_test(test_accumulate_sumsq_equals_accumulate_then_sum_squares),
         cmocka_unit_test(test_nonfinite_check_sets_flag_and_unscales_every_tensor),
         cmocka_unit_test(test_nonfinite_check_never_clears_flag_and_skips_multiply_when_inv_is_one),
         cmocka_unit_test(test_sum_squares_over_list_matches_long_double_reference),

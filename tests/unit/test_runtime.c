@@ -439,6 +439,63 @@ static void test_grad_target_accumulates_in_place_and_zeroes_only_the_padding(vo
     }
 }
 
+/* Gradient clipping's sum of squares taken by the step-last reduction's accumulation
+ * (fuse_grad_norm, pcs_kernel_accumulate_sumsq on cpu) gives the bits of the optimizer step's own
+ * pass: same grad norm and masters over 3 steps of 4 micro-batches (synced only on the last, and
+ * synced on every one), clipping active. With the fp16 scaler the fused sum is of the scaled
+ * gradient, so the step takes its own pass (none counted fused) and still agrees. */
+static void test_fused_clipping_sum_is_bit_identical(void **state)
+{
+    (void)state;
+    one_unit_t one;
+    one_unit_plan(&one, 5000);
+    for (int scaler = 0; scaler <= 1; scaler++)
+        for (int every = 0; every <= 1; every++) {
+            float master[2][5000];
+            double norm[2][3];
+            uint64_t fused[2];
+            for (int fuse = 0; fuse <= 1; fuse++) {
+                pcs_runtime_config_t rc;
+                assert_int_equal(sgd_lr1_config(&rc, &one.plan, 1), PCS_OK);
+                rc.micro_batches = 4;
+                rc.fuse_grad_norm = fuse;
+                rc.sgd.lr = 0.01;
+                pcs_runtime_t *rt = NULL;
+                assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
+                for (int step = 0; step < 3; step++) {
+                    assert_int_equal(pcs_runtime_begin_step(rt), PCS_OK);
+                    for (int m = 0; m < 4; m++) {
+                        void *g;
+                        pcs_dtype_t dt;
+                        assert_int_equal(pcs_runtime_grad_buffer(rt, 0, &g, &dt), PCS_OK);
+                        for (int i = 0; i < 5000; i++)
+                            ((float *)g)[i] = (float)sin(0.37 * i + step + 1.7 * m) *
+                                              (scaler ? 1024.0f : 1.0f);
+                        assert_int_equal(pcs_runtime_post_backward(rt, 0, every || m == 3),
+                                         PCS_OK);
+                    }
+                    pcs_rt_step_opts_t o = {.clip_norm = 1.0,
+                                            .scaler = scaler,
+                                            .loss_scale = 1024.0};
+                    pcs_rt_step_result_t r;
+                    assert_int_equal(pcs_runtime_optimizer_step(rt, &o, &r), PCS_OK);
+                    assert_false(r.skipped);
+                    assert_true(r.grad_norm > 1.0); /* clipping scaled the gradient */
+                    norm[fuse][step] = r.grad_norm;
+                }
+                pcs_rt_shard_t sh;
+                assert_int_equal(pcs_runtime_shard(rt, 0, &sh), PCS_OK);
+                memcpy(master[fuse], sh.master, sizeof master[fuse]);
+                fused[fuse] = pcs_runtime_fused_norms(rt);
+                pcs_runtime_destroy(rt);
+            }
+            assert_memory_equal(norm[0], norm[1], sizeof norm[0]);
+            assert_memory_equal(master[0], master[1], sizeof master[0]);
+            assert_int_equal(fused[0], 0);
+            assert_int_equal(fused[1], scaler ? 0 : 3); /* one unit, three steps */
+        }
+}
+
 enum { TWO_PREMUL = 0, TWO_UNPLANNED_REPLICATED = 1 };
 
 /* Rank `r` of 2 (forked), SGD with lr 1 from zero, exit status 0 when every element of the
@@ -1024,6 +1081,7 @@ int main(void)
         cmocka_unit_test(test_no_sync_hand_in_with_one_micro_batch_is_accumulated),
         cmocka_unit_test(test_accumulator_read_in_place_is_not_overwritten_by_the_next_micro_batch),
         cmocka_unit_test(test_grad_target_accumulates_in_place_and_zeroes_only_the_padding),
+        cmocka_unit_test(test_fused_clipping_sum_is_bit_identical),
         cmocka_unit_test(test_world_of_one_divides_by_a_custom_factor),
         cmocka_unit_test(test_frozen_parameters_are_not_updated_or_counted),
         cmocka_unit_test(test_premul_sum_reduce_scatter_multiplies_every_input),

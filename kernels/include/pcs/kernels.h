@@ -217,6 +217,16 @@ pcs_status_t pcs_kernel_accumulate(const pcs_backend_ops_t *be, void *dst, pcs_d
 pcs_status_t pcs_kernel_sum_squares(const pcs_backend_ops_t *be, const void *t, pcs_dtype_t dtype,
                                     size_t n, float *out, pcs_stream_t s);
 
+/* pcs_kernel_accumulate, then *out (1-element fp32 device buffer) = the sum of squares of dst's n
+ * elements after it, in one pass with the bits of pcs_kernel_sum_squares on dst (the gradient
+ * norm's sum fused with the reduction's accumulation into the sharded gradient). A fused op a
+ * backend may lack: PCS_ERR_UNSUPPORTED where it does (cuda and the simulated device today), and
+ * the caller runs the two ops instead. */
+pcs_status_t pcs_kernel_accumulate_sumsq(const pcs_backend_ops_t *be, void *dst,
+                                         pcs_dtype_t dst_dtype, const void *src,
+                                         pcs_dtype_t src_dtype, size_t n, float *out,
+                                         pcs_stream_t s);
+
 /* ---- CPU implementation details that tests and benches use directly ---- */
 /* Which CPU vector path the cast loops use: "avx512", "avx2+f16c" or "scalar". */
 const char *pcs_cpu_simd_name(void);
