@@ -191,15 +191,19 @@ SCALE_LOOP(scale_fp16, uint16_t, LD_FP16, ST_FP16)
         for (size_t i = 0; i < n; i++)                                                             \
             d[i] = STD(LDD(d[i]) + LDS(x[i]));                                                     \
     }
-ACC_LOOP(acc_fp32_fp32, float, LD_FP32, ST_FP32, float, LD_FP32)
-ACC_LOOP(acc_fp32_bf16, float, LD_FP32, ST_FP32, uint16_t, LD_BF16)
-ACC_LOOP(acc_fp32_fp16, float, LD_FP32, ST_FP32, uint16_t, LD_FP16)
-ACC_LOOP(acc_bf16_fp32, uint16_t, LD_BF16, ST_BF16, float, LD_FP32)
-ACC_LOOP(acc_bf16_bf16, uint16_t, LD_BF16, ST_BF16, uint16_t, LD_BF16)
-ACC_LOOP(acc_bf16_fp16, uint16_t, LD_BF16, ST_BF16, uint16_t, LD_FP16)
-ACC_LOOP(acc_fp16_fp32, uint16_t, LD_FP16, ST_FP16, float, LD_FP32)
-ACC_LOOP(acc_fp16_bf16, uint16_t, LD_FP16, ST_FP16, uint16_t, LD_BF16)
-ACC_LOOP(acc_fp16_fp16, uint16_t, LD_FP16, ST_FP16, uint16_t, LD_FP16)
+/* every (dst, src) dtype pair, in hidx order: X(suffix, TD, LDD, STD, TS, LDS) */
+#define ACC_PAIRS(X)                                                                               \
+    X(fp32_fp32, float, LD_FP32, ST_FP32, float, LD_FP32)                                          \
+    X(fp32_bf16, float, LD_FP32, ST_FP32, uint16_t, LD_BF16)                                       \
+    X(fp32_fp16, float, LD_FP32, ST_FP32, uint16_t, LD_FP16)                                       \
+    X(bf16_fp32, uint16_t, LD_BF16, ST_BF16, float, LD_FP32)                                       \
+    X(bf16_bf16, uint16_t, LD_BF16, ST_BF16, uint16_t, LD_BF16)                                    \
+    X(bf16_fp16, uint16_t, LD_BF16, ST_BF16, uint16_t, LD_FP16)                                    \
+    X(fp16_fp32, uint16_t, LD_FP16, ST_FP16, float, LD_FP32)                                       \
+    X(fp16_bf16, uint16_t, LD_FP16, ST_FP16, uint16_t, LD_BF16)                                    \
+    X(fp16_fp16, uint16_t, LD_FP16, ST_FP16, uint16_t, LD_FP16)
+#define ACC_ONE(SUF, TD, LDD, STD, TS, LDS) ACC_LOOP(acc_##SUF, TD, LDD, STD, TS, LDS)
+ACC_PAIRS(ACC_ONE)
 
 /* ACC_LOOP, returning the sum of squares of the stored results in SUMSQ_LOOP's order and types */
 #define ACC_SUMSQ_LOOP(NAME, TD, LDD, STD, TS, LDS)                                                \
@@ -216,15 +220,8 @@ ACC_LOOP(acc_fp16_fp16, uint16_t, LD_FP16, ST_FP16, uint16_t, LD_FP16)
         }                                                                                          \
         return acc;                                                                                \
     }
-ACC_SUMSQ_LOOP(accsq_fp32_fp32, float, LD_FP32, ST_FP32, float, LD_FP32)
-ACC_SUMSQ_LOOP(accsq_fp32_bf16, float, LD_FP32, ST_FP32, uint16_t, LD_BF16)
-ACC_SUMSQ_LOOP(accsq_fp32_fp16, float, LD_FP32, ST_FP32, uint16_t, LD_FP16)
-ACC_SUMSQ_LOOP(accsq_bf16_fp32, uint16_t, LD_BF16, ST_BF16, float, LD_FP32)
-ACC_SUMSQ_LOOP(accsq_bf16_bf16, uint16_t, LD_BF16, ST_BF16, uint16_t, LD_BF16)
-ACC_SUMSQ_LOOP(accsq_bf16_fp16, uint16_t, LD_BF16, ST_BF16, uint16_t, LD_FP16)
-ACC_SUMSQ_LOOP(accsq_fp16_fp32, uint16_t, LD_FP16, ST_FP16, float, LD_FP32)
-ACC_SUMSQ_LOOP(accsq_fp16_bf16, uint16_t, LD_FP16, ST_FP16, uint16_t, LD_BF16)
-ACC_SUMSQ_LOOP(accsq_fp16_fp16, uint16_t, LD_FP16, ST_FP16, uint16_t, LD_FP16)
+#define ACC_SUMSQ_ONE(SUF, TD, LDD, STD, TS, LDS) ACC_SUMSQ_LOOP(accsq_##SUF, TD, LDD, STD, TS, LDS)
+ACC_PAIRS(ACC_SUMSQ_ONE)
 
 /* returns 1 if a non-finite value was seen; multiplies unless inv == 1 */
 #define UNSCALE_LOOP(NAME, T, LD, ST)                                                              \
