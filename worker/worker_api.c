@@ -239,6 +239,15 @@ pcs_status_t pcs_worker_join_as(const pcs_worker_options_t *opt, const char *pro
                            plan->pp_size);
         goto fail_job;
     }
+    if (plan->grads_into_accumulator) {
+        /* the plan's memory estimate counts no gradient block in no-sync micro-batches: pcs-worker
+         * writes them into the accumulator, grad_buffer takes a block the promise lacks */
+        st = pcs_set_error(PCS_ERR_UNSUPPORTED,
+                           "model.mlp with training.micro_batches > 1 is pcs-worker's built-in "
+                           "model (its plan counts no gradient block for no-sync micro-batches); "
+                           "a C API program computes a model.explicit tree");
+        goto fail_job;
+    }
     if (tr->grad_scaler && tr->grad_scaler->enabled)
         w->scale = tr->grad_scaler->init_scale ? tr->grad_scaler->init_scale->value : 65536.0;
     pcs_runtime_config_t rc;

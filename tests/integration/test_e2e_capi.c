@@ -184,6 +184,35 @@ static void test_an_error_that_is_not_utf8_fails_the_job_with_the_text_sanitized
         fail_msg("reason: %s", g_job.reason);
 }
 
+/* A C API program is refused a model.mlp job with no-sync micro-batches, whose plan promises no
+ * gradient block for them (pcs-worker writes those gradients into the accumulator; grad_buffer
+ * would take one): pcs_worker_join says so and the job fails with that reason. */
+static void test_an_mlp_job_with_micro_batches_is_refused_to_a_c_api_program(void **state)
+{
+    (void)state;
+    const char *yaml = "name: c-api-mlp\n"
+                       "model: {mlp: {input_dim: 8, hidden_dims: [8], output_dim: 4}}\n"
+                       "mesh: [{dim: dp_shard, size: 1}]\n"
+                       "training:\n"
+                       "  steps: 2\n"
+                       "  micro_batch_size: 4\n"
+                       "  micro_batches: 2\n"
+                       "  optimizer: {sgd: {lr: 0.1}}\n";
+    assert_int_equal(e2e_submit(&g_c, yaml, "capi-mlp", &g_job), 0);
+    pcs_worker_options_t o;
+    memset(&o, 0, sizeof o);
+    o.coordinator = g_c.addr;
+    o.join_timeout_ms = 20000;
+    pcs_worker_t *w = NULL;
+    assert_int_equal(pcs_worker_join(&o, &w), PCS_ERR_UNSUPPORTED);
+    assert_null(w);
+    assert_non_null(strstr(pcs_last_error(), "model.explicit"));
+    assert_int_equal(e2e_wait_job(&g_c, &g_job, 20000), 0);
+    assert_int_equal(g_job.state, PCS__V1__JOB_STATE__JOB_STATE_FAILED);
+    if (!strstr(g_job.reason, "pcs-worker's built-in model"))
+        fail_msg("reason: %s", g_job.reason);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -194,6 +223,8 @@ int main(void)
                                         teardown),
         cmocka_unit_test_setup_teardown(
             test_an_error_that_is_not_utf8_fails_the_job_with_the_text_sanitized, setup, teardown),
+        cmocka_unit_test_setup_teardown(
+            test_an_mlp_job_with_micro_batches_is_refused_to_a_c_api_program, setup, teardown),
     };
     return cmocka_run_group_tests_name("e2e_capi", tests, NULL, NULL);
 }

@@ -331,8 +331,9 @@ static void test_gradient_accumulation_rounds_each_contribution_then_the_sum(voi
 /* Accumulating gradient stores (pcs_nn_grad_t.accumulate, what pcs-worker's backward does in
  * no-sync micro-batches) give the bits of storing the gradient in the parameter's dtype and
  * pcs_kernel_accumulate'ing it into the held values: for every parameter/gradient dtype pair, the
- * weight (the fp32 GEMM path and the blocked one) and the bias, with 1500 rows (more than one of
- * OpenBLAS's K blocks, where beta = 1 would differ) and 7. FP64 cannot accumulate. */
+ * weight (the fp32 GEMM path and the blocked one) and the bias, 24 x 40 with 1500 rows (more than
+ * one of OpenBLAS's K blocks, where beta = 1 would differ) and 7, and 500 x 600 (more than one
+ * of the twin's weight blocks) with 300 and 7. FP64 cannot accumulate. */
 static void test_accumulating_stores_equal_store_then_accumulate(void **state)
 {
     (void)state;
@@ -340,54 +341,64 @@ static void test_accumulating_stores_equal_store_then_accumulate(void **state)
     const pcs_backend_ops_t *cpu = NULL;
     assert_int_equal(pcs_nn_create(NULL, NULL, &nn), PCS_OK);
     assert_int_equal(pcs_backend_get("cpu", &cpu), PCS_OK);
-    const uint32_t K = 40, N = 24, rows[] = {7, 1500};
+    const struct {
+        uint32_t K, N, rows[2];
+    } shapes[] = {{40, 24, {7, 1500}}, {600, 500, {7, 300}}};
     const pcs_dtype_t dts[] = {PCS_DTYPE_FP32, PCS_DTYPE_BF16, PCS_DTYPE_FP16};
-    const size_t nw = (size_t)N * K;
-    float *x = malloc(1500 * K * sizeof(float)), *dy = malloc(1500 * N * sizeof(float));
-    float *w = malloc(nw * sizeof(float)), *held = malloc((nw + N) * sizeof(float));
-    char *gp = malloc((nw + N) * 4), *want = malloc((nw + N) * 4), *got = malloc((nw + N) * 4);
-    assert_non_null(x && dy && w && held && gp && want && got);
-    for (size_t i = 0; i < 1500 * K; i++) /* full-mantissa values: the sums round */
-        x[i] = (float)sin((double)i * 0.7) * 3.0f;
-    for (size_t i = 0; i < 1500 * N; i++)
-        dy[i] = (float)cos((double)i * 1.3) / 7.0f;
-    for (size_t i = 0; i < nw; i++)
-        w[i] = (float)((int)((i * 31u) % 17u) - 8) / 16.0f;
-    for (size_t i = 0; i < nw + N; i++) /* an earlier micro-batch's gradient */
-        held[i] = (float)sin((double)i * 2.1) * 5.0f;
     int cases = 0;
-    for (size_t r = 0; r < 2; r++)
-        for (size_t a = 0; a < 3; a++)
-            for (size_t b = 0; b < 2; b++) {
-                pcs_dtype_t pdt = dts[a], gdt = b ? PCS_DTYPE_FP32 : pdt;
-                if (b && pdt == PCS_DTYPE_FP32)
-                    continue;
-                size_t ge = pcs_dtype_size(gdt), pe = pcs_dtype_size(pdt);
-                char wbuf[nw * 4];
-                pcs_from_f32(w, nw, pdt, wbuf); /* the weight in its compute dtype */
-                pcs_nn_linear_t l = {rows[r], K, N, pdt, wbuf, NULL, NULL};
-                /* reference: store into parameter-dtype buffers, accumulate into the held ones */
-                pcs_from_f32(held, nw + N, gdt, want);
-                pcs_nn_grad_t sw = {gp, pdt, pdt, 0}, sb = {gp + nw * pe, pdt, pdt, 0};
-                assert_int_equal(pcs_nn_linear_bwd_params(nn, &l, dy, x, &sw, &sb), PCS_OK);
-                assert_int_equal(pcs_kernel_accumulate(cpu, want, gdt, gp, pdt, nw + N, NULL),
-                                 PCS_OK);
-                /* accumulating straight into the held values */
-                pcs_from_f32(held, nw + N, gdt, got);
-                pcs_nn_grad_t aw = {got, gdt, pdt, 1}, ab = {got + nw * ge, gdt, pdt, 1};
-                assert_int_equal(pcs_nn_linear_bwd_params(nn, &l, dy, x, &aw, &ab), PCS_OK);
-                if (memcmp(want, got, (nw + N) * ge) != 0)
-                    fail_msg("rows %u param %s grad %s: accumulating store differs", rows[r],
-                             pcs_dtype_name(pdt), pcs_dtype_name(gdt));
-                cases++;
-            }
-    assert_int_equal(cases, 10);
-    pcs_nn_linear_t l32 = {7, K, N, PCS_DTYPE_FP32, w, NULL, NULL};
-    double d64[nw];
-    pcs_nn_grad_t bad = {d64, PCS_DTYPE_FP64, PCS_DTYPE_FP32, 1};
-    assert_int_equal(pcs_nn_linear_bwd_params(nn, &l32, dy, x, &bad, NULL), PCS_ERR_INVALID_ARG);
-    assert_non_null(strstr(pcs_last_error(), "accumulating into fp64"));
-    free(x), free(dy), free(w), free(held), free(gp), free(want), free(got);
+    for (size_t sh = 0; sh < 2; sh++) {
+        const uint32_t K = shapes[sh].K, N = shapes[sh].N, RMAX = shapes[sh].rows[1];
+        const size_t nw = (size_t)N * K;
+        float *x = malloc((size_t)RMAX * K * sizeof(float));
+        float *dy = malloc((size_t)RMAX * N * sizeof(float));
+        float *w = malloc(nw * sizeof(float)), *held = malloc((nw + N) * sizeof(float));
+        char *gp = malloc((nw + N) * 4), *want = malloc((nw + N) * 4), *got = malloc((nw + N) * 4);
+        char *wbuf = malloc(nw * 4);
+        assert_non_null(x && dy && w && held && gp && want && got && wbuf);
+        for (size_t i = 0; i < (size_t)RMAX * K; i++) /* full-mantissa values: the sums round */
+            x[i] = (float)sin((double)i * 0.7) * 3.0f;
+        for (size_t i = 0; i < (size_t)RMAX * N; i++)
+            dy[i] = (float)cos((double)i * 1.3) / 7.0f;
+        for (size_t i = 0; i < nw; i++)
+            w[i] = (float)((int)((i * 31u) % 17u) - 8) / 16.0f;
+        for (size_t i = 0; i < nw + N; i++) /* an earlier micro-batch's gradient */
+            held[i] = (float)sin((double)i * 2.1) * 5.0f;
+        for (size_t r = 0; r < 2; r++)
+            for (size_t a = 0; a < 3; a++)
+                for (size_t b = 0; b < 2; b++) {
+                    pcs_dtype_t pdt = dts[a], gdt = b ? PCS_DTYPE_FP32 : pdt;
+                    if (b && pdt == PCS_DTYPE_FP32)
+                        continue;
+                    size_t ge = pcs_dtype_size(gdt), pe = pcs_dtype_size(pdt);
+                    pcs_from_f32(w, nw, pdt, wbuf); /* the weight in its compute dtype */
+                    pcs_nn_linear_t l = {shapes[sh].rows[r], K, N, pdt, wbuf, NULL, NULL};
+                    /* reference: store into parameter-dtype buffers, accumulate into held ones */
+                    pcs_from_f32(held, nw + N, gdt, want);
+                    pcs_nn_grad_t sw = {gp, pdt, pdt, 0}, sb = {gp + nw * pe, pdt, pdt, 0};
+                    assert_int_equal(pcs_nn_linear_bwd_params(nn, &l, dy, x, &sw, &sb), PCS_OK);
+                    assert_int_equal(pcs_kernel_accumulate(cpu, want, gdt, gp, pdt, nw + N, NULL),
+                                     PCS_OK);
+                    /* accumulating straight into the held values */
+                    pcs_from_f32(held, nw + N, gdt, got);
+                    pcs_nn_grad_t aw = {got, gdt, pdt, 1}, ab = {got + nw * ge, gdt, pdt, 1};
+                    assert_int_equal(pcs_nn_linear_bwd_params(nn, &l, dy, x, &aw, &ab), PCS_OK);
+                    if (memcmp(want, got, (nw + N) * ge) != 0)
+                        fail_msg("%u x %u, rows %u, param %s grad %s: accumulating store differs",
+                                 N, K, shapes[sh].rows[r], pcs_dtype_name(pdt),
+                                 pcs_dtype_name(gdt));
+                    cases++;
+                }
+        if (sh == 0) {
+            pcs_nn_linear_t l32 = {7, K, N, PCS_DTYPE_FP32, w, NULL, NULL};
+            double d64[40 * 24];
+            pcs_nn_grad_t bad = {d64, PCS_DTYPE_FP64, PCS_DTYPE_FP32, 1};
+            assert_int_equal(pcs_nn_linear_bwd_params(nn, &l32, dy, x, &bad, NULL),
+                             PCS_ERR_INVALID_ARG);
+            assert_non_null(strstr(pcs_last_error(), "accumulating into fp64"));
+        }
+        free(x), free(dy), free(w), free(held), free(gp), free(want), free(got), free(wbuf);
+    }
+    assert_int_equal(cases, 20);
     pcs_nn_destroy(nn);
 }
 
