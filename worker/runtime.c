@@ -947,7 +947,9 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
          * starts at 0. */
         PCS_CHECK_GOTO(alloc_state(rt, u->c, &u->master_shard), st, out);
         PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->grad, &u->grad_shard), st, out);
-        PCS_CHECK_GOTO(alloc_state(rt, u->c, (void **)&u->opt_a), st, out);
+        /* plain SGD (momentum 0) keeps no state (the plan's estimate counts none) */
+        if (rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0)
+            PCS_CHECK_GOTO(alloc_state(rt, u->c, (void **)&u->opt_a), st, out);
         if (rt->opt == PCS_OPT_ADAMW)
             PCS_CHECK_GOTO(alloc_state(rt, u->c, (void **)&u->opt_b), st, out);
         /* unsharded, grads and rs_in come from the pool while the unit is live; a replicated
