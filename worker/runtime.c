@@ -1960,7 +1960,7 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
     uint64_t t3 = pcs_now_us();
     u->ss_ok = 0;
     pcs_status_t fst = PCS_ERR_UNSUPPORTED;
-    if (u->fuse_ss && !u->skip_ar) /* (a skipped all-reduce leaves grad_shard untouched) */
+    if (u->fuse_ss)
         fst = pcs_kernel_accumulate_sumsq(rt->be, u->grad_shard, u->grad, result, rdt, u->c,
                                           &rt->d_scal[3 + u->index], rt->rs_stream);
     if (fst == PCS_OK)
