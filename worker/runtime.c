@@ -56,7 +56,11 @@ typedef struct rt_unit {
     uint32_t sg, shard_index;
     void *master_shard;   /* c, master dtype */
     void *grad_shard;     /* c, grad dtype */
-    float *opt_a, *opt_b; /* c each: exp_avg/exp_avg_sq or momentum */
+    /* exp_avg/exp_avg_sq or momentum, compact: n_state elements, the shard's ranges outside
+     * frozen parameters (upd_off/upd_len) back to back — PyTorch keeps no state for a frozen
+     * parameter, and the plan's estimate counts none; NULL when n_state is 0 */
+    float *opt_a, *opt_b;
+    uint64_t n_state;
     /* The full-size buffers come from the runtime's pool (rt_block_t) and are held only while
      * the unit is live, as the plan's estimate counts them: unsharded from prefetch/unshard to
      * reshard, grads from grad_buffer to the hand-in, rs_in from the hand-in to the end of the
@@ -947,11 +951,6 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
          * starts at 0. */
         PCS_CHECK_GOTO(alloc_state(rt, u->c, &u->master_shard), st, out);
         PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->grad, &u->grad_shard), st, out);
-        /* plain SGD (momentum 0) keeps no state (the plan's estimate counts none) */
-        if (rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0)
-            PCS_CHECK_GOTO(alloc_state(rt, u->c, (void **)&u->opt_a), st, out);
-        if (rt->opt == PCS_OPT_ADAMW)
-            PCS_CHECK_GOTO(alloc_state(rt, u->c, (void **)&u->opt_b), st, out);
         /* unsharded, grads and rs_in come from the pool while the unit is live; a replicated
          * unit computing in fp32 on an fp32 master computes on the master itself (DDP) */
         u->alias = u->sg <= 1 && u->param == PCS_DTYPE_FP32 && u->master == PCS_DTYPE_FP32 &&
@@ -1007,6 +1006,18 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
                                st, out);
         PCS_CHECK_GOTO(trainable_ranges(u, pu, mine, n_mine), st, out);
         PCS_CHECK_GOTO(grad_gaps(u, pu), st, out);
+        /* optimizer state for the elements outside frozen parameters only (compact); plain SGD
+         * (momentum 0) keeps none */
+        u->n_state = u->c;
+        if (u->has_frozen) {
+            u->n_state = 0;
+            for (size_t k = 0; k < u->n_upd; k++)
+                u->n_state += u->upd_len[k];
+        }
+        if (u->n_state && (rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0))
+            PCS_CHECK_GOTO(alloc_state(rt, u->n_state, (void **)&u->opt_a), st, out);
+        if (u->n_state && rt->opt == PCS_OPT_ADAMW)
+            PCS_CHECK_GOTO(alloc_state(rt, u->n_state, (void **)&u->opt_b), st, out);
         if (!per_param) { /* the flat layout's moves are whole ranges: no pieces needed */
             free(u->pieces);
             free(u->pc_at);
@@ -2211,6 +2222,7 @@ static pcs_status_t update_unit(pcs_runtime_t *rt, const pcs_backend_ops_t *be, 
     enum { MAXR = 32 };
     pcs_tensor_t p[MAXR], gt[MAXR], a[MAXR], b[MAXR];
     size_t done = 0, total = u->has_frozen ? u->n_upd : 1;
+    uint64_t soff = 0; /* the compact state's offset of the range */
     while (done < total) {
         size_t n = 0;
         for (; n < MAXR && done + n < total; n++) {
@@ -2218,8 +2230,9 @@ static pcs_status_t update_unit(pcs_runtime_t *rt, const pcs_backend_ops_t *be, 
             uint64_t len = u->has_frozen ? u->upd_len[done + n] : u->c;
             p[n] = (pcs_tensor_t){(float *)u->master_shard + off, PCS_DTYPE_FP32, len};
             gt[n] = (pcs_tensor_t){g + off, PCS_DTYPE_FP32, len};
-            a[n] = (pcs_tensor_t){u->opt_a ? u->opt_a + off : NULL, PCS_DTYPE_FP32, len};
-            b[n] = (pcs_tensor_t){u->opt_b ? u->opt_b + off : NULL, PCS_DTYPE_FP32, len};
+            a[n] = (pcs_tensor_t){u->opt_a ? u->opt_a + soff : NULL, PCS_DTYPE_FP32, len};
+            b[n] = (pcs_tensor_t){u->opt_b ? u->opt_b + soff : NULL, PCS_DTYPE_FP32, len};
+            soff += len;
         }
         if (rt->opt == PCS_OPT_ADAMW) {
             PCS_CHECK(pcs_kernel_adamw_update(be, p, gt, a, b, n, &rt->adamw,
@@ -2501,10 +2514,13 @@ pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t 
     out->storage_dtype = PCS_DTYPE_FP32;
     out->numel = u->c;
     out->master = u->master_shard;
+    out->state_numel = u->n_state;
     if (rt->opt == PCS_OPT_ADAMW) {
+        out->states = PCS_RT_STATE_EXP_AVG | PCS_RT_STATE_EXP_AVG_SQ;
         out->exp_avg = u->opt_a;
         out->exp_avg_sq = u->opt_b;
     } else if (rt->sgd.momentum != 0) {
+        out->states = PCS_RT_STATE_MOMENTUM;
         out->momentum = u->opt_a;
     }
     out->shard_index = u->shard_index;
@@ -2515,34 +2531,63 @@ pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t 
     return PCS_OK;
 }
 
+/* One optimizer state between the compact runtime layout (n_state elements, the ranges outside
+ * frozen parameters back to back) and a c-element host array: to_host expands (0 at frozen
+ * ranges), from host compacts. `st` is backend memory (host memory with cpu_offload), possibly
+ * NULL when n_state is 0. Copies are queued on the compute stream (offload: done at once). */
+static pcs_status_t state_xfer(pcs_runtime_t *rt, const rt_unit_t *u, float *st, float *host,
+                               int to_host)
+{
+    if (!u->has_frozen) { /* compact == the shard */
+        size_t bytes = u->c * sizeof(float);
+        if (bytes == 0)
+            return PCS_OK;
+        if (rt->offload) {
+            memcpy(to_host ? host : st, to_host ? st : host, bytes);
+            return PCS_OK;
+        }
+        return rt->be->copy(to_host ? (void *)host : (void *)st, to_host ? st : host, bytes,
+                            to_host ? PCS_COPY_D2H : PCS_COPY_H2D, rt->cstream);
+    }
+    if (to_host && u->c > 0)
+        memset(host, 0, u->c * sizeof(float));
+    uint64_t soff = 0;
+    for (size_t k = 0; k < u->n_upd; k++) {
+        size_t bytes = u->upd_len[k] * sizeof(float);
+        float *h = host + u->upd_off[k], *d = st + soff;
+        soff += u->upd_len[k];
+        if (bytes == 0)
+            continue;
+        if (rt->offload)
+            memcpy(to_host ? h : d, to_host ? d : h, bytes);
+        else
+            PCS_CHECK(rt->be->copy(to_host ? (void *)h : (void *)d, to_host ? d : h, bytes,
+                                   to_host ? PCS_COPY_D2H : PCS_COPY_H2D, rt->cstream));
+    }
+    return PCS_OK;
+}
+
 pcs_status_t pcs_runtime_shard_to_host(pcs_runtime_t *rt, uint32_t unit, void *master,
                                        float *state_a, float *state_b)
 {
     PCS_CHECK(check_unit(rt, unit));
     rt_unit_t *u = &rt->units[unit];
     size_t bytes = u->c * sizeof(float);
-    /* the optimizer state the optimizer has (pcs_runtime_shard's exp_avg/exp_avg_sq/momentum) */
-    const float *a = rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0 ? u->opt_a : NULL;
-    const float *b = rt->opt == PCS_OPT_ADAMW ? u->opt_b : NULL;
+    /* the optimizer state the optimizer has (pcs_runtime_shard's states) */
+    int has_a = rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0;
+    int has_b = rt->opt == PCS_OPT_ADAMW;
     if (rt->offload) { /* host memory, updated synchronously by the host optimizer */
-        if (bytes == 0)
-            return PCS_OK;
-        if (master)
+        if (master && bytes)
             memcpy(master, u->master_shard, bytes);
-        if (state_a && a)
-            memcpy(state_a, a, bytes);
-        if (state_b && b)
-            memcpy(state_b, b, bytes);
-        return PCS_OK;
-    }
-    /* ordered after the update on the compute stream; one sync for the three copies */
-    if (master)
+    } else if (master && bytes) {
+        /* ordered after the update on the compute stream; one sync for every copy */
         PCS_CHECK(rt->be->copy(master, u->master_shard, bytes, PCS_COPY_D2H, rt->cstream));
-    if (state_a && a)
-        PCS_CHECK(rt->be->copy(state_a, a, bytes, PCS_COPY_D2H, rt->cstream));
-    if (state_b && b)
-        PCS_CHECK(rt->be->copy(state_b, b, bytes, PCS_COPY_D2H, rt->cstream));
-    return rt->be->sync(rt->cstream);
+    }
+    if (state_a && has_a)
+        PCS_CHECK(state_xfer(rt, u, u->opt_a, state_a, 1));
+    if (state_b && has_b)
+        PCS_CHECK(state_xfer(rt, u, u->opt_b, state_b, 1));
+    return rt->offload ? PCS_OK : rt->be->sync(rt->cstream);
 }
 
 pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const float *master,
@@ -2551,8 +2596,8 @@ pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const
     PCS_CHECK(check_unit(rt, unit));
     rt_unit_t *u = &rt->units[unit];
     size_t bytes = u->c * sizeof(float);
-    float *a = rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0 ? u->opt_a : NULL;
-    float *b = rt->opt == PCS_OPT_ADAMW ? u->opt_b : NULL;
+    int has_a = rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0;
+    int has_b = rt->opt == PCS_OPT_ADAMW;
     if (rt->offload) {
         if (bytes == 0)
             return PCS_OK;
@@ -2560,19 +2605,14 @@ pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const
         PCS_CHECK(rt->be->sync(rt->ag_stream));
         if (master)
             memcpy(u->master_shard, master, bytes);
-        if (state_a && a)
-            memcpy(a, state_a, bytes);
-        if (state_b && b)
-            memcpy(b, state_b, bytes);
-        return PCS_OK;
-    }
-    if (master)
+    } else if (master && bytes) {
         PCS_CHECK(rt->be->copy(u->master_shard, master, bytes, PCS_COPY_H2D, rt->cstream));
-    if (state_a && a)
-        PCS_CHECK(rt->be->copy(a, state_a, bytes, PCS_COPY_H2D, rt->cstream));
-    if (state_b && b)
-        PCS_CHECK(rt->be->copy(b, state_b, bytes, PCS_COPY_H2D, rt->cstream));
-    return rt->be->sync(rt->cstream);
+    }
+    if (state_a && has_a)
+        PCS_CHECK(state_xfer(rt, u, u->opt_a, (float *)state_a, 0));
+    if (state_b && has_b)
+        PCS_CHECK(state_xfer(rt, u, u->opt_b, (float *)state_b, 0));
+    return rt->offload ? PCS_OK : rt->be->sync(rt->cstream);
 }
 
 uint64_t pcs_runtime_fused_norms(const pcs_runtime_t *rt)

@@ -222,19 +222,29 @@ typedef struct pcs_rt_shard {
     pcs_dtype_t storage_dtype; /* dtype of `master` in memory (fp32 holding master_dtype values) */
     uint64_t numel;            /* c (padded shard) */
     void *master;              /* c elements of storage_dtype */
-    float *exp_avg, *exp_avg_sq, *momentum; /* NULL when the optimizer has no such state */
+    /* Which optimizer states the shard has (the optimizer's, whatever is frozen), PCS_RT_STATE_*
+     * bits: what shard_to_host / shard_from_host exchange as c-element arrays. */
+    unsigned states;
+    /* The states themselves, compact: state_numel elements, the shard's ranges outside frozen
+     * parameters back to back (no state for a frozen parameter, as in PyTorch); NULL when the
+     * optimizer has no such state or state_numel is 0. */
+    uint64_t state_numel;
+    float *exp_avg, *exp_avg_sq, *momentum;
     uint32_t shard_index, shard_group_size;
     uint32_t replicate_index;
 } pcs_rt_shard_t;
+enum { PCS_RT_STATE_EXP_AVG = 1, PCS_RT_STATE_EXP_AVG_SQ = 2, PCS_RT_STATE_MOMENTUM = 4 };
 pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t *out);
 /* Copy unit's shard into caller host buffers of pcs_rt_shard_t.numel elements each, synchronously
  * (ordered after all work queued on cfg->stream): master in the storage dtype (fp32), and the
- * optimizer state (state_a = exp_avg or momentum, state_b = exp_avg_sq). NULL members are
- * skipped, as is a state the optimizer does not have. INVALID_ARG for a bad unit; CUDA errors. */
+ * optimizer state (state_a = exp_avg or momentum, state_b = exp_avg_sq) expanded to the shard's
+ * layout, 0 where a frozen parameter lies. NULL members are skipped, as is a state the optimizer
+ * does not have. INVALID_ARG for a bad unit; CUDA errors. */
 pcs_status_t pcs_runtime_shard_to_host(pcs_runtime_t *rt, uint32_t unit, void *master,
                                        float *state_a, float *state_b);
 /* The reverse (a resume): host fp32 values into unit's shard — master (master values held in
- * fp32) and the optimizer state the optimizer has; NULL members are left as they are. Sync. */
+ * fp32) and the optimizer state the optimizer has (c-element arrays; what lies at frozen
+ * parameters is dropped); NULL members are left as they are. Sync. */
 pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const float *master,
                                          const float *state_a, const float *state_b);
 /* Optimizer steps taken (AdamW's bias correction, SGD's first-step momentum); set on a resume. */

@@ -443,15 +443,17 @@ static pcs_status_t load_checkpoint(pcs_train_t *t, pcs_ckpt_reader_t *r)
             break;
         }
         PCS_CHECK_GOTO(fill_shard(r, segs, n, (uint32_t)i, "param", m), st, out);
-        if (sh.exp_avg)
+        /* (the states the optimizer has, whatever the shard's frozen parameters hold) */
+        if (sh.states & PCS_RT_STATE_EXP_AVG)
             PCS_CHECK_GOTO(fill_shard(r, segs, n, (uint32_t)i, "exp_avg", a), st, out);
-        if (sh.exp_avg_sq)
+        if (sh.states & PCS_RT_STATE_EXP_AVG_SQ)
             PCS_CHECK_GOTO(fill_shard(r, segs, n, (uint32_t)i, "exp_avg_sq", b), st, out);
-        if (sh.momentum)
+        if (sh.states & PCS_RT_STATE_MOMENTUM)
             PCS_CHECK_GOTO(fill_shard(r, segs, n, (uint32_t)i, "momentum", a), st, out);
-        PCS_CHECK_GOTO(pcs_runtime_shard_from_host(t->rt, (uint32_t)i, m,
-                                                   sh.exp_avg || sh.momentum ? a : NULL,
-                                                   sh.exp_avg_sq ? b : NULL),
+        PCS_CHECK_GOTO(pcs_runtime_shard_from_host(
+                           t->rt, (uint32_t)i, m,
+                           sh.states & (PCS_RT_STATE_EXP_AVG | PCS_RT_STATE_MOMENTUM) ? a : NULL,
+                           sh.states & PCS_RT_STATE_EXP_AVG_SQ ? b : NULL),
                        st, out);
     }
     for (size_t i = 0; i < t->n_buffers && st == PCS_OK; i++)
@@ -1007,9 +1009,9 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
         void **h = &host[i * 4];
         size_t nb = (sh.numel ? sh.numel : 1) * sizeof(float);
         PCS_CHECK_GOTO(pcs_calloc(1, nb, &h[0]), st, out);
-        if (sh.exp_avg || sh.momentum)
+        if (sh.states & (PCS_RT_STATE_EXP_AVG | PCS_RT_STATE_MOMENTUM))
             PCS_CHECK_GOTO(pcs_calloc(1, nb, &h[1]), st, out);
-        if (sh.exp_avg_sq)
+        if (sh.states & PCS_RT_STATE_EXP_AVG_SQ)
             PCS_CHECK_GOTO(pcs_calloc(1, nb, &h[2]), st, out);
         PCS_CHECK_GOTO(pcs_runtime_shard_to_host(t->rt, (uint32_t)i, h[0], h[1], h[2]), st, out);
         const void *master = h[0];
@@ -1025,8 +1027,9 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
         }
         pcs_ckpt_unit_meta_t um = {(uint32_t)i, sh.shard_index, sh.replicate_index};
         PCS_CHECK_GOTO(pcs_ckpt_rank_file_add_unit(f, &um, sh.numel, sh.master_dtype, master,
-                                                   sh.momentum ? NULL : h[1], h[2],
-                                                   sh.momentum ? h[1] : NULL),
+                                                   sh.states & PCS_RT_STATE_MOMENTUM ? NULL : h[1],
+                                                   h[2],
+                                                   sh.states & PCS_RT_STATE_MOMENTUM ? h[1] : NULL),
                        st, out);
     }
     for (size_t i = 0; i < t->n_buffers; i++) {

@@ -496,6 +496,139 @@ static void test_fused_clipping_sum_is_bit_identical(void **state)
         }
 }
 
+/* Unit [w 8 | f 8 frozen | v 8], or [w 8 | v 8] with no f, world of one, AdamW (weight decay). */
+static void wfv_plan(Pcs__V1__Plan *plan, Pcs__V1__Unit *unit, Pcs__V1__Unit **up,
+                     Pcs__V1__ParamSlot *ps, Pcs__V1__ParamSlot **psp, uint64_t *shape, int with_f)
+{
+    static const char *names[3] = {"w", "f", "v"};
+    *plan = (Pcs__V1__Plan)PCS__V1__PLAN__INIT;
+    *unit = (Pcs__V1__Unit)PCS__V1__UNIT__INIT;
+    shape[0] = 8;
+    int n = 0;
+    for (int k = 0; k < 3; k++) {
+        if (k == 1 && !with_f)
+            continue;
+        pcs__v1__param_slot__init(&ps[n]);
+        ps[n].fqn = (char *)names[k];
+        ps[n].n_shape = 1;
+        ps[n].shape = shape;
+        ps[n].numel = 8;
+        ps[n].offset = 8 * (uint64_t)n;
+        ps[n].frozen = k == 1;
+        psp[n] = &ps[n];
+        n++;
+    }
+    unit->master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
+    unit->shard_group_size = 1;
+    unit->padded_numel = unit->shard_numel = 8 * (uint64_t)n;
+    unit->n_params = (size_t)n;
+    unit->params = psp;
+    world_of_one(plan);
+    plan->n_units = 1;
+    up[0] = unit;
+    plan->units = up;
+}
+
+/* AdamW keeps no state for a frozen parameter (as PyTorch, and as the plan's estimate counts):
+ * the shard's state is compact (16 of 24 elements), the trained values and the states are those
+ * of the same unit without the frozen parameter, bit for bit; shard_to_host expands the states
+ * with zeros where f lies, and a runtime loaded from them continues to the same bits. */
+static void test_frozen_parameters_get_no_optimizer_state(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan plan[2];
+    Pcs__V1__Unit unit[2], *up[2][1];
+    Pcs__V1__ParamSlot ps[2][3], *psp[2][3];
+    uint64_t shape[2][1];
+    pcs_runtime_t *rt[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < 2; k++)
+        wfv_plan(&plan[k], &unit[k], up[k], ps[k], psp[k], shape[k], k == 0);
+    for (int k = 0; k < 3; k++) {
+        pcs_runtime_config_t rc;
+        memset(&rc, 0, sizeof rc);
+        rc.plan = &plan[k == 1];
+        assert_int_equal(pcs_backend_get("cpu", &rc.be), PCS_OK);
+        rc.micro_batches = 1;
+        rc.init_param = init_one;
+        rc.opt = PCS_OPT_ADAMW;
+        pcs_adamw_config_default(&rc.adamw);
+        rc.adamw.lr = 0.1;
+        rc.adamw.weight_decay = 0.1;
+        assert_int_equal(pcs_runtime_create(&rc, &rt[k]), PCS_OK);
+    }
+    float host[3][3][24]; /* runtime, (master, exp_avg, exp_avg_sq), elements */
+    for (int step = 1; step <= 3; step++) {
+        if (step == 3) { /* runtime 2 resumes from runtime 0 after two steps */
+            assert_int_equal(pcs_runtime_shard_to_host(rt[0], 0, host[0][0], host[0][1],
+                                                       host[0][2]),
+                             PCS_OK);
+            for (int i = 8; i < 16; i++) /* f has no state: zeros */
+                assert_true(host[0][1][i] == 0.0f && host[0][2][i] == 0.0f);
+            assert_int_equal(pcs_runtime_shard_from_host(rt[2], 0, host[0][0], host[0][1],
+                                                         host[0][2]),
+                             PCS_OK);
+            pcs_runtime_set_opt_steps(rt[2], 2);
+        }
+        for (int k = 0; k < 3; k++) {
+            if (k == 2 && step < 3)
+                continue;
+            assert_int_equal(pcs_runtime_begin_step(rt[k]), PCS_OK);
+            void *g;
+            pcs_dtype_t dt;
+            assert_int_equal(pcs_runtime_grad_buffer(rt[k], 0, &g, &dt), PCS_OK);
+            for (int i = 0, n = k == 1 ? 16 : 24; i < n; i++) {
+                int e = k == 1 && i >= 8 ? i + 8 : i; /* the element's place in w|f|v */
+                ((float *)g)[i] = (float)sin(0.9 * e + step);
+            }
+            assert_int_equal(pcs_runtime_post_backward(rt[k], 0, 1), PCS_OK);
+            pcs_rt_step_opts_t o;
+            memset(&o, 0, sizeof o);
+            pcs_rt_step_result_t r;
+            assert_int_equal(pcs_runtime_optimizer_step(rt[k], &o, &r), PCS_OK);
+        }
+    }
+    pcs_rt_shard_t sh;
+    assert_int_equal(pcs_runtime_shard(rt[0], 0, &sh), PCS_OK);
+    assert_int_equal(sh.numel, 24);
+    assert_int_equal(sh.state_numel, 16);
+    assert_int_equal(sh.states, PCS_RT_STATE_EXP_AVG | PCS_RT_STATE_EXP_AVG_SQ);
+    for (int k = 0; k < 3; k++)
+        assert_int_equal(
+            pcs_runtime_shard_to_host(rt[k], 0, host[k][0], host[k][1], host[k][2]), PCS_OK);
+    for (int j = 0; j < 3; j++) {
+        for (int i = 0; i < 8; i++) { /* w and v: as without f; f's master untouched, no state */
+            assert_memory_equal(&host[0][j][i], &host[1][j][i], sizeof(float));
+            assert_memory_equal(&host[0][j][16 + i], &host[1][j][8 + i], sizeof(float));
+            assert_true(host[0][j][8 + i] == (j == 0 ? 1.0f : 0.0f));
+        }
+        assert_memory_equal(host[2][j], host[0][j], sizeof host[0][j]); /* the resumed one */
+    }
+    /* the state memory: two fp32 arrays of the 16 unfrozen elements (an SGD runtime without
+     * momentum on the same plan holds everything else the same) */
+    pcs_runtime_config_t rc;
+    memset(&rc, 0, sizeof rc);
+    rc.plan = &plan[0];
+    assert_int_equal(pcs_backend_get("cpu", &rc.be), PCS_OK);
+    rc.micro_batches = 1;
+    rc.init_param = init_one;
+    rc.opt = PCS_OPT_SGD;
+    pcs_sgd_config_default(&rc.sgd);
+    rc.sgd.momentum = 0;
+    pcs_runtime_t *plain = NULL, *adamw = NULL;
+    assert_int_equal(pcs_runtime_create(&rc, &plain), PCS_OK);
+    rc.opt = PCS_OPT_ADAMW;
+    pcs_adamw_config_default(&rc.adamw);
+    assert_int_equal(pcs_runtime_create(&rc, &adamw), PCS_OK);
+    pcs_rt_stats_t sa, sb;
+    pcs_runtime_stats(adamw, &sa);
+    pcs_runtime_stats(plain, &sb);
+    assert_int_equal(sa.mem_reserved_bytes - sb.mem_reserved_bytes, 2 * 16 * sizeof(float));
+    pcs_runtime_destroy(plain);
+    pcs_runtime_destroy(adamw);
+    for (int k = 0; k < 3; k++)
+        pcs_runtime_destroy(rt[k]);
+}
+
 enum { TWO_PREMUL = 0, TWO_UNPLANNED_REPLICATED = 1 };
 
 /* Rank `r` of 2 (forked), SGD with lr 1 from zero, exit status 0 when every element of the
@@ -1082,6 +1215,7 @@ int main(void)
         cmocka_unit_test(test_accumulator_read_in_place_is_not_overwritten_by_the_next_micro_batch),
         cmocka_unit_test(test_grad_target_accumulates_in_place_and_zeroes_only_the_padding),
         cmocka_unit_test(test_fused_clipping_sum_is_bit_identical),
+        cmocka_unit_test(test_frozen_parameters_get_no_optimizer_state),
         cmocka_unit_test(test_world_of_one_divides_by_a_custom_factor),
         cmocka_unit_test(test_frozen_parameters_are_not_updated_or_counted),
         cmocka_unit_test(test_premul_sum_reduce_scatter_multiplies_every_input),
