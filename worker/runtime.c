@@ -55,7 +55,8 @@ typedef struct rt_unit {
     uint64_t padded, c;
     uint32_t sg, shard_index;
     void *master_shard;   /* c, master dtype */
-    void *grad_shard;     /* c, grad dtype */
+    void *grad_shard;     /* c, grad dtype; NULL for a unit with no trainable parameter */
+    int trainable;        /* a parameter of the unit is not frozen (plan) */
     /* exp_avg/exp_avg_sq or momentum, compact: n_state elements, the shard's ranges outside
      * frozen parameters (upd_off/upd_len) back to back — PyTorch keeps no state for a frozen
      * parameter, and the plan's estimate counts none; NULL when n_state is 0 */
@@ -950,16 +951,22 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         /* Every buffer starts zeroed (as calloc did): padding stays 0 and optimizer state
          * starts at 0. */
         PCS_CHECK_GOTO(alloc_state(rt, u->c, &u->master_shard), st, out);
-        PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->grad, &u->grad_shard), st, out);
+        /* A unit whose parameters are all frozen has no gradient, optimizer state or
+         * accumulator (as PyTorch: no .grad, no state; the plan's estimate counts none): its
+         * hand-ins are dropped and the optimizer step passes it by. */
+        for (size_t k = 0; k < pu->n_params && !u->trainable; k++)
+            u->trainable = !pu->params[k]->frozen;
+        if (u->trainable)
+            PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->grad, &u->grad_shard), st, out);
         /* unsharded, grads and rs_in come from the pool while the unit is live; a replicated
          * unit computing in fp32 on an fp32 master computes on the master itself (DDP) */
         u->alias = u->sg <= 1 && u->param == PCS_DTYPE_FP32 && u->master == PCS_DTYPE_FP32 &&
                    !rt->offload;
         if (u->alias)
             u->unsharded = NULL; /* set to master_shard below */
-        if (rt->micro_batches > 1 && !rt->sync_every)
+        if (rt->micro_batches > 1 && !rt->sync_every && u->trainable)
             PCS_CHECK_GOTO(alloc_zero(rt, u->padded, u->accum, &u->accum_buf), st, out);
-        if (rt->ar_last && rt->micro_batches > 1 && u->sg > 1 && u->ar &&
+        if (rt->ar_last && rt->micro_batches > 1 && u->sg > 1 && u->ar && u->trainable &&
             u->ar->group == PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE)
             PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->reduce, &u->ar_partial), st, out);
         if (u->sg > 1) /* fp32 wide when an eval-mode backward reduces into it too */
@@ -1008,8 +1015,8 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         PCS_CHECK_GOTO(grad_gaps(u, pu), st, out);
         /* optimizer state for the elements outside frozen parameters only (compact); plain SGD
          * (momentum 0) keeps none */
-        u->n_state = u->c;
-        if (u->has_frozen) {
+        u->n_state = u->trainable ? u->c : 0;
+        if (u->has_frozen && u->trainable) {
             u->n_state = 0;
             for (size_t k = 0; k < u->n_upd; k++)
                 u->n_state += u->upd_len[k];
@@ -1435,7 +1442,8 @@ pcs_status_t pcs_runtime_begin_step(pcs_runtime_t *rt)
             continue;
         /* on the compute stream: the optimizer that read it ran there, and every reduction
          * waits for a copy-in enqueued after this */
-        PCS_CHECK(pcs_kernel_fill(rt->be, u->grad_shard, u->grad, u->c, 0.0, rt->cstream));
+        if (u->grad_shard)
+            PCS_CHECK(pcs_kernel_fill(rt->be, u->grad_shard, u->grad, u->c, 0.0, rt->cstream));
         u->accum_valid = 0;
         u->ss_ok = 0;
         u->grads_in_accum = 0; /* (a backward abandoned mid-step: nothing to give back) */
@@ -1695,6 +1703,12 @@ pcs_status_t pcs_runtime_grad_target(pcs_runtime_t *rt, uint32_t unit, int sync,
     if (u->grads || u->grads_in_accum)
         return pcs_set_error(PCS_ERR_STATE,
                              "unit %u: a gradient buffer is already out (hand it in first)", unit);
+    if (!u->trainable) { /* every parameter frozen: nothing to write, nothing to hand in */
+        *grads = NULL;
+        *dtype = u->param;
+        *accumulate = 0;
+        return PCS_OK;
+    }
     if (sync && !u->accum_valid) {
         /* nothing accumulated: a gradient block, zeroed only where the backward will not write */
         PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->param), rt->cstream,
@@ -2064,6 +2078,8 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
                              "in (sync = 1); they do not accumulate",
                              unit);
     const int full = u->grads_full;
+    if (!u->trainable) /* no gradient to reduce: a block a C API program wrote goes back */
+        return drop_grads(rt, u);
     if (u->grads_in_accum) {
         /* grad_target: the backward wrote (or added) straight into the accumulator */
         if (sync && !u->accum_valid) /* cannot happen: grad_target chose by the same rule */
@@ -2272,14 +2288,15 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
     for (size_t i = 0; i < rt->n_units; i++) {
         rt_unit_t *u = &rt->units[i];
         size_t esz = pcs_dtype_size(u->grad);
-        for (size_t k = 0; u->held && k < u->n_frz; k++)
+        for (size_t k = 0; u->grad_shard && u->held && k < u->n_frz; k++)
             PCS_CHECK(pcs_kernel_fill(be, (uint8_t *)u->grad_shard + u->frz_off[k] * esz, u->grad,
                                       u->frz_len[k], 0.0, cs));
     }
     /* fp32 view of every grad shard (keep_low_precision_grads keeps them in the param dtype:
      * FSDP1 hands those to the optimizer; we widen for the fp32 update). */
     size_t first_held = 0;
-    while (first_held < rt->n_units && !rt->units[first_held].held)
+    while (first_held < rt->n_units &&
+           !(rt->units[first_held].held && rt->units[first_held].grad_shard))
         first_held++;
     if (o->inject_inf && first_held < rt->n_units) {
         rt_unit_t *u = &rt->units[first_held];
@@ -2295,7 +2312,7 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         PCS_CHECK(pcs_kernel_fill(be, d_inv, PCS_DTYPE_FP32, 1, (double)inv, cs));
         for (size_t i = 0; i < rt->n_units; i++) {
             rt_unit_t *u = &rt->units[i];
-            if (!u->held)
+            if (!u->held || !u->grad_shard)
                 continue;
             pcs_tensor_t t = {u->grad_shard, u->grad, u->c};
             PCS_CHECK(pcs_kernel_nonfinite_check_and_unscale(be, &t, 1, d_found, d_inv, cs));
@@ -2323,9 +2340,11 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         float *d_ss = &rt->d_scal[3];
         for (size_t i = 0; i < rt->n_units; i++) {
             rt_unit_t *u = &rt->units[i];
-            if (u->held && !u->ss_ok)
+            if (!u->grad_shard) /* all frozen: no gradient, 0 */
+                PCS_CHECK(pcs_kernel_fill(be, &d_ss[i], PCS_DTYPE_FP32, 1, 0.0, cs));
+            else if (u->held && !u->ss_ok)
                 PCS_CHECK(pcs_kernel_sum_squares(be, u->grad_shard, u->grad, u->c, &d_ss[i], cs));
-            if (u->held && u->ss_ok)
+            else if (u->held)
                 rt->fused_norms++;
         }
         if (rt->n_units > 0) {
@@ -2371,7 +2390,7 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         if (coef < 1.0f) {
             for (size_t i = 0; i < rt->n_units; i++) {
                 rt_unit_t *u = &rt->units[i];
-                if (!u->held)
+                if (!u->held || !u->grad_shard)
                     continue;
                 PCS_CHECK(pcs_kernel_scale(be, u->grad_shard, u->grad, u->c, coef, cs));
             }
@@ -2386,7 +2405,7 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
     }
     for (size_t i = 0; i < rt->n_units; i++) {
         rt_unit_t *u = &rt->units[i];
-        if (!u->held)
+        if (!u->held || !u->grad_shard) /* (all frozen: nothing to update) */
             continue;
         float *g = u->grad_shard;
         if (u->grad != PCS_DTYPE_FP32) {
@@ -2538,6 +2557,11 @@ pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t 
 static pcs_status_t state_xfer(pcs_runtime_t *rt, const rt_unit_t *u, float *st, float *host,
                                int to_host)
 {
+    if (!st) { /* no state (every element frozen): zeros out, nothing in */
+        if (to_host && u->c > 0)
+            memset(host, 0, u->c * sizeof(float));
+        return PCS_OK;
+    }
     if (!u->has_frozen) { /* compact == the shard */
         size_t bytes = u->c * sizeof(float);
         if (bytes == 0)

@@ -629,6 +629,101 @@ static void test_frozen_parameters_get_no_optimizer_state(void **state)
         pcs_runtime_destroy(rt[k]);
 }
 
+/* A unit whose parameters are all frozen (a frozen embedding, a LoRA base block) holds no
+ * gradient, optimizer state or accumulator: two units [w 8] and [f 8, frozen], AdamW, 2
+ * micro-batches, clipping and the fp16 scaler. grad_target gives the frozen unit no buffer; a C
+ * API program's grad_buffer block for it (holding 1e30) is dropped at the hand-in and the steps
+ * run (not skipped); f stays 1; its states read back as zeros; the runtime holds 8 floats of
+ * master, and neither gradient, states nor accumulator, for it (against a plan where f is
+ * trainable). */
+static void test_fully_frozen_unit_holds_no_gradient_or_state(void **state)
+{
+    (void)state;
+    uint64_t shape[1] = {8};
+    uint64_t mem[2];
+    for (int frozen = 1; frozen >= 0; frozen--) {
+        Pcs__V1__Plan plan = PCS__V1__PLAN__INIT;
+        Pcs__V1__Unit unit[2], *up[2] = {&unit[0], &unit[1]};
+        Pcs__V1__ParamSlot ps[2], *psp[2][1] = {{&ps[0]}, {&ps[1]}};
+        const char *names[2] = {"w", "f"};
+        for (int k = 0; k < 2; k++) {
+            pcs__v1__unit__init(&unit[k]);
+            pcs__v1__param_slot__init(&ps[k]);
+            ps[k].fqn = (char *)names[k];
+            ps[k].n_shape = 1;
+            ps[k].shape = shape;
+            ps[k].numel = 8;
+            ps[k].frozen = k == 1 && frozen;
+            unit[k].index = (uint32_t)k;
+            unit[k].master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
+            unit[k].shard_group_size = 1;
+            unit[k].padded_numel = unit[k].shard_numel = 8;
+            unit[k].n_params = 1;
+            unit[k].params = psp[k];
+        }
+        world_of_one(&plan);
+        plan.n_units = 2;
+        plan.units = up;
+        pcs_runtime_config_t rc;
+        memset(&rc, 0, sizeof rc);
+        rc.plan = &plan;
+        assert_int_equal(pcs_backend_get("cpu", &rc.be), PCS_OK);
+        rc.micro_batches = 2;
+        rc.init_param = init_one;
+        rc.opt = PCS_OPT_ADAMW;
+        pcs_adamw_config_default(&rc.adamw);
+        rc.fuse_grad_norm = 1;
+        pcs_runtime_t *rt = NULL;
+        assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
+        pcs_rt_stats_t st;
+        pcs_runtime_stats(rt, &st);
+        mem[frozen] = st.mem_reserved_bytes;
+        for (int step = 1; step <= 3; step++) {
+            assert_int_equal(pcs_runtime_begin_step(rt), PCS_OK);
+            for (int m = 0; m < 2; m++)
+                for (uint32_t k = 0; k < 2; k++) {
+                    void *g;
+                    pcs_dtype_t dt;
+                    int acc;
+                    if (k == 1 && frozen && m == 1) { /* a C API program's block: dropped */
+                        assert_int_equal(pcs_runtime_grad_buffer(rt, k, &g, &dt), PCS_OK);
+                        assert_non_null(g);
+                        ((float *)g)[0] = 1e30f;
+                    } else {
+                        assert_int_equal(pcs_runtime_grad_target(rt, k, m == 1, &g, &dt, &acc),
+                                         PCS_OK);
+                        if (k == 1 && frozen)
+                            assert_null(g);
+                        for (int i = 0; g && i < 8; i++) {
+                            float v = 1024.0f * (float)sin(1.3 * i + step + m + k);
+                            ((float *)g)[i] = acc ? ((float *)g)[i] + v : v;
+                        }
+                    }
+                    assert_int_equal(pcs_runtime_post_backward(rt, k, m == 1), PCS_OK);
+                }
+            pcs_rt_step_opts_t o = {.clip_norm = 0.5, .scaler = 1, .loss_scale = 1024.0};
+            pcs_rt_step_result_t r;
+            assert_int_equal(pcs_runtime_optimizer_step(rt, &o, &r), PCS_OK);
+            assert_false(r.skipped);
+            assert_true(r.grad_norm > 0.5); /* clipping active */
+        }
+        float h[3][8];
+        assert_int_equal(pcs_runtime_shard_to_host(rt, 0, h[0], h[1], h[2]), PCS_OK);
+        if (frozen) {
+            assert_int_equal(pcs_runtime_shard_to_host(rt, 1, h[0], h[1], h[2]), PCS_OK);
+            for (int i = 0; i < 8; i++)
+                assert_true(h[0][i] == 1.0f && h[1][i] == 0.0f && h[2][i] == 0.0f);
+            pcs_rt_shard_t sh;
+            assert_int_equal(pcs_runtime_shard(rt, 1, &sh), PCS_OK);
+            assert_int_equal(sh.state_numel, 0);
+            assert_int_equal(sh.states, PCS_RT_STATE_EXP_AVG | PCS_RT_STATE_EXP_AVG_SQ);
+        }
+        pcs_runtime_destroy(rt);
+    }
+    /* f trainable: its gradient (8), two states (16) and accumulator (8) floats */
+    assert_int_equal(mem[0] - mem[1], (8 + 16 + 8) * sizeof(float));
+}
+
 enum { TWO_PREMUL = 0, TWO_UNPLANNED_REPLICATED = 1 };
 
 /* Rank `r` of 2 (forked), SGD with lr 1 from zero, exit status 0 when every element of the
@@ -1216,6 +1311,7 @@ int main(void)
         cmocka_unit_test(test_grad_target_accumulates_in_place_and_zeroes_only_the_padding),
         cmocka_unit_test(test_fused_clipping_sum_is_bit_identical),
         cmocka_unit_test(test_frozen_parameters_get_no_optimizer_state),
+        cmocka_unit_test(test_fully_frozen_unit_holds_no_gradient_or_state),
         cmocka_unit_test(test_world_of_one_divides_by_a_custom_factor),
         cmocka_unit_test(test_frozen_parameters_are_not_updated_or_counted),
         cmocka_unit_test(test_premul_sum_reduce_scatter_multiplies_every_input),
