@@ -1244,6 +1244,12 @@ pcs_status_t pcs_runtime_create(const pcs_runtime_config_t *cfg, pcs_runtime_t *
                    fail);
 
     PCS_CHECK_GOTO(alloc_shared(rt), st, fail);
+    /* the fused accumulate + sum of squares where the backend has it (asked once, not per
+     * reduction: an empty call answers UNSUPPORTED on cuda and the simulated device) */
+    if (rt->fuse_norm &&
+        pcs_kernel_accumulate_sumsq(rt->be, rt->d_scal, PCS_DTYPE_FP32, rt->d_scal,
+                                    PCS_DTYPE_FP32, 0, &rt->d_scal[2], rt->cstream) != PCS_OK)
+        rt->fuse_norm = 0;
     PCS_CHECK_GOTO(alloc_units(rt, cfg), st, fail);
     if (rt->prefetch > 0) {
         if (pthread_create(&rt->ag_thread, NULL, ag_main, rt) != 0) {
@@ -1984,17 +1990,14 @@ static pcs_status_t reduce_comm_ops(pcs_runtime_t *rt, rt_unit_t *u)
      * _saved_grad_shard += grad. */
     uint64_t t3 = pcs_now_us();
     u->ss_ok = 0;
-    pcs_status_t fst = PCS_ERR_UNSUPPORTED;
-    if (u->fuse_ss)
-        fst = pcs_kernel_accumulate_sumsq(rt->be, u->grad_shard, u->grad, result, rdt, u->c,
-                                          &rt->d_scal[3 + u->index], rt->rs_stream);
-    if (fst == PCS_OK)
+    if (u->fuse_ss) {
+        PCS_CHECK(pcs_kernel_accumulate_sumsq(rt->be, u->grad_shard, u->grad, result, rdt, u->c,
+                                              &rt->d_scal[3 + u->index], rt->rs_stream));
         u->ss_ok = 1;
-    else if (fst != PCS_ERR_UNSUPPORTED)
-        return fst;
-    else
+    } else {
         PCS_CHECK(pcs_kernel_accumulate(rt->be, u->grad_shard, u->grad, result, rdt, u->c,
                                         rt->rs_stream));
+    }
     pthread_mutex_lock(&rt->mu);
     rt->rs_cast_ms += ms_since(t3);
     pthread_mutex_unlock(&rt->mu);

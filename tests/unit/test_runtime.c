@@ -112,6 +112,39 @@ static pcs_status_t init_one(void *ctx, const Pcs__V1__ParamSlot *p, uint64_t fi
     return PCS_OK;
 }
 
+/* Unit [w 8 | f 8 frozen | v 8], or [w 8 | v 8] with no f, world of one, AdamW (weight decay). */
+static void wfv_plan(Pcs__V1__Plan *plan, Pcs__V1__Unit *unit, Pcs__V1__Unit **up,
+                     Pcs__V1__ParamSlot *ps, Pcs__V1__ParamSlot **psp, uint64_t *shape, int with_f)
+{
+    static const char *names[3] = {"w", "f", "v"};
+    *plan = (Pcs__V1__Plan)PCS__V1__PLAN__INIT;
+    *unit = (Pcs__V1__Unit)PCS__V1__UNIT__INIT;
+    shape[0] = 8;
+    int n = 0;
+    for (int k = 0; k < 3; k++) {
+        if (k == 1 && !with_f)
+            continue;
+        pcs__v1__param_slot__init(&ps[n]);
+        ps[n].fqn = (char *)names[k];
+        ps[n].n_shape = 1;
+        ps[n].shape = shape;
+        ps[n].numel = 8;
+        ps[n].offset = 8 * (uint64_t)n;
+        ps[n].frozen = k == 1;
+        psp[n] = &ps[n];
+        n++;
+    }
+    unit->master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
+    unit->shard_group_size = 1;
+    unit->padded_numel = unit->shard_numel = 8 * (uint64_t)n;
+    unit->n_params = (size_t)n;
+    unit->params = psp;
+    world_of_one(plan);
+    plan->n_units = 1;
+    up[0] = unit;
+    plan->units = up;
+}
+
 /* A frozen parameter (requires_grad off) has no gradient in PyTorch, so the optimizer never
  * touches it — not even AdamW's weight decay — and it is not in clip_grad_norm_'s norm or the
  * scaler's inf check. Unit [w 8 | f 8 frozen | v 8] of a world of one, every gradient element
@@ -120,30 +153,11 @@ static pcs_status_t init_one(void *ctx, const Pcs__V1__ParamSlot *p, uint64_t fi
 static void test_frozen_parameters_are_not_updated_or_counted(void **state)
 {
     (void)state;
-    Pcs__V1__Plan plan = PCS__V1__PLAN__INIT;
-    Pcs__V1__Unit unit = PCS__V1__UNIT__INIT, *up[1] = {&unit};
+    Pcs__V1__Plan plan;
+    Pcs__V1__Unit unit, *up[1];
     Pcs__V1__ParamSlot ps[3], *psp[3];
-    uint64_t shape[1] = {8};
-    const char *names[3] = {"w", "f", "v"};
-    for (int k = 0; k < 3; k++) {
-        pcs__v1__param_slot__init(&ps[k]);
-        ps[k].fqn = (char *)names[k];
-        ps[k].n_shape = 1;
-        ps[k].shape = shape;
-        ps[k].numel = 8;
-        ps[k].offset = 8 * (uint64_t)k;
-        ps[k].frozen = k == 1;
-        psp[k] = &ps[k];
-    }
-    unit.master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
-    unit.shard_group_size = 1;
-    unit.padded_numel = 24;
-    unit.shard_numel = 24;
-    unit.n_params = 3;
-    unit.params = psp;
-    world_of_one(&plan);
-    plan.n_units = 1;
-    plan.units = up;
+    uint64_t shape[1];
+    wfv_plan(&plan, &unit, up, ps, psp, shape, 1);
     for (int opt = 0; opt < 2; opt++) {
         pcs_runtime_config_t rc;
         memset(&rc, 0, sizeof rc);
@@ -494,39 +508,6 @@ static void test_fused_clipping_sum_is_bit_identical(void **state)
             assert_int_equal(fused[0], 0);
             assert_int_equal(fused[1], scaler ? 0 : 3); /* one unit, three steps */
         }
-}
-
-/* Unit [w 8 | f 8 frozen | v 8], or [w 8 | v 8] with no f, world of one, AdamW (weight decay). */
-static void wfv_plan(Pcs__V1__Plan *plan, Pcs__V1__Unit *unit, Pcs__V1__Unit **up,
-                     Pcs__V1__ParamSlot *ps, Pcs__V1__ParamSlot **psp, uint64_t *shape, int with_f)
-{
-    static const char *names[3] = {"w", "f", "v"};
-    *plan = (Pcs__V1__Plan)PCS__V1__PLAN__INIT;
-    *unit = (Pcs__V1__Unit)PCS__V1__UNIT__INIT;
-    shape[0] = 8;
-    int n = 0;
-    for (int k = 0; k < 3; k++) {
-        if (k == 1 && !with_f)
-            continue;
-        pcs__v1__param_slot__init(&ps[n]);
-        ps[n].fqn = (char *)names[k];
-        ps[n].n_shape = 1;
-        ps[n].shape = shape;
-        ps[n].numel = 8;
-        ps[n].offset = 8 * (uint64_t)n;
-        ps[n].frozen = k == 1;
-        psp[n] = &ps[n];
-        n++;
-    }
-    unit->master_dtype = PCS__V1__DTYPE__DTYPE_FP32;
-    unit->shard_group_size = 1;
-    unit->padded_numel = unit->shard_numel = 8 * (uint64_t)n;
-    unit->n_params = (size_t)n;
-    unit->params = psp;
-    world_of_one(plan);
-    plan->n_units = 1;
-    up[0] = unit;
-    plan->units = up;
 }
 
 /* AdamW keeps no state for a frozen parameter (as PyTorch, and as the plan's estimate counts):
