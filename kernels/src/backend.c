@@ -68,6 +68,7 @@ void pcs_sgd_config_default(pcs_sgd_config_t *cfg)
 #define DT_HALFS  (DT_BIT(PCS_DTYPE_FP32) | DT_BIT(PCS_DTYPE_BF16) | DT_BIT(PCS_DTYPE_FP16))
 #define DT_FLOATS (DT_HALFS | DT_BIT(PCS_DTYPE_FP64))
 #define DT_FP32   DT_BIT(PCS_DTYPE_FP32)
+#define DT_FP64   DT_BIT(PCS_DTYPE_FP64)
 
 static pcs_status_t check_backend(const pcs_backend_ops_t *be, const char *op)
 {
@@ -126,12 +127,34 @@ static pcs_status_t check_pair(const char *op, const char *a_name, const pcs_ten
     return PCS_OK;
 }
 
-/* b: an fp32 list paired with the fp32 list a. */
-static pcs_status_t check_f32_like(const char *op, const char *an, const pcs_tensor_t *a,
-                                   const char *bn, const pcs_tensor_t *b, size_t count)
+/* b: a list paired with the list a, each b[k] of a[k]'s dtype (an optimizer's fp32 or fp64
+ * shards). */
+static pcs_status_t check_like(const char *op, const char *an, const pcs_tensor_t *a,
+                               const char *bn, const pcs_tensor_t *b, size_t count)
 {
-    PCS_CHECK(check_list(op, bn, b, count, DT_FP32));
+    PCS_CHECK(check_list(op, bn, b, count, DT_FP32 | DT_FP64));
+    for (size_t k = 0; k < count; k++)
+        if (b[k].dtype != a[k].dtype)
+            return pcs_set_error(PCS_ERR_UNSUPPORTED, "%s: %s[%zu] is %s but %s[%zu] is %s", op,
+                                 bn, k, pcs_dtype_name(b[k].dtype), an, k,
+                                 pcs_dtype_name(a[k].dtype));
     return check_pair(op, an, a, bn, b, count);
+}
+
+/* Accumulation pairs: an fp64 destination takes any float source (the sum in fp64); the others
+ * take fp32/bf16/fp16 (the sum in fp32). */
+static pcs_status_t check_acc(const char *op, const pcs_tensor_t *dst, const pcs_tensor_t *src,
+                              size_t count)
+{
+    PCS_CHECK(check_list(op, "dst", dst, count, DT_FLOATS));
+    PCS_CHECK(check_list(op, "src", src, count, DT_FLOATS));
+    for (size_t k = 0; k < count; k++)
+        if (src[k].dtype == PCS_DTYPE_FP64 && dst[k].dtype != PCS_DTYPE_FP64)
+            return pcs_set_error(PCS_ERR_UNSUPPORTED,
+                                 "%s: src[%zu] is fp64 but dst[%zu] is %s (fp64 sources "
+                                 "accumulate into fp64 only)",
+                                 op, k, k, pcs_dtype_name(dst[k].dtype));
+    return check_pair(op, "dst", dst, "src", src, count);
 }
 
 static pcs_status_t check_adamw(const pcs_adamw_config_t *cfg, int64_t step)
@@ -204,9 +227,7 @@ pcs_status_t pcs_kernel_accumulate_list(const pcs_backend_ops_t *be, const pcs_t
                                         const pcs_tensor_t *src, size_t count, pcs_stream_t s)
 {
     PCS_CHECK(check_backend(be, "accumulate"));
-    PCS_CHECK(check_list("accumulate", "dst", dst, count, DT_HALFS));
-    PCS_CHECK(check_list("accumulate", "src", src, count, DT_HALFS));
-    PCS_CHECK(check_pair("accumulate", "dst", dst, "src", src, count));
+    PCS_CHECK(check_acc("accumulate", dst, src, count));
     return be->kernels->accumulate(dst, src, count, s);
 }
 
@@ -236,7 +257,7 @@ pcs_status_t pcs_kernel_nonfinite_check_and_unscale(const pcs_backend_ops_t *be,
     PCS_CHECK(check_backend(be, op));
     PCS_CHECK(check_buffer(op, "found_inf", found_inf, PCS_DTYPE_FP32, 1));
     PCS_CHECK(check_buffer(op, "inv_scale", inv_scale, PCS_DTYPE_FP32, 1));
-    PCS_CHECK(check_list(op, "t", t, count, DT_HALFS));
+    PCS_CHECK(check_list(op, "t", t, count, DT_FLOATS));
     return be->kernels->nonfinite_check_and_unscale(t, count, found_inf, inv_scale, s);
 }
 
@@ -245,7 +266,7 @@ pcs_status_t pcs_kernel_sum_squares_list(const pcs_backend_ops_t *be, const pcs_
 {
     PCS_CHECK(check_backend(be, "sum_squares"));
     PCS_CHECK(check_buffer("sum_squares", "out", out, PCS_DTYPE_FP32, 1));
-    PCS_CHECK(check_list("sum_squares", "t", t, count, DT_HALFS));
+    PCS_CHECK(check_list("sum_squares", "t", t, count, DT_FLOATS));
     return be->kernels->sum_squares(t, count, out, s);
 }
 
@@ -257,10 +278,10 @@ pcs_status_t pcs_kernel_adamw_update(const pcs_backend_ops_t *be, const pcs_tens
     const char *op = "adamw_update";
     PCS_CHECK(check_backend(be, op));
     PCS_CHECK(check_adamw(cfg, step));
-    PCS_CHECK(check_list(op, "param", param, count, DT_FP32));
-    PCS_CHECK(check_f32_like(op, "param", param, "grad", grad, count));
-    PCS_CHECK(check_f32_like(op, "param", param, "exp_avg", exp_avg, count));
-    PCS_CHECK(check_f32_like(op, "param", param, "exp_avg_sq", exp_avg_sq, count));
+    PCS_CHECK(check_list(op, "param", param, count, DT_FP32 | DT_FP64));
+    PCS_CHECK(check_like(op, "param", param, "grad", grad, count));
+    PCS_CHECK(check_like(op, "param", param, "exp_avg", exp_avg, count));
+    PCS_CHECK(check_like(op, "param", param, "exp_avg_sq", exp_avg_sq, count));
     return be->kernels->adamw_update(param, grad, exp_avg, exp_avg_sq, count, cfg, step, s);
 }
 
@@ -271,13 +292,13 @@ pcs_status_t pcs_kernel_sgd_update(const pcs_backend_ops_t *be, const pcs_tensor
     const char *op = "sgd_update";
     PCS_CHECK(check_backend(be, op));
     PCS_CHECK(check_sgd(cfg));
-    PCS_CHECK(check_list(op, "param", param, count, DT_FP32));
-    PCS_CHECK(check_f32_like(op, "param", param, "grad", grad, count));
+    PCS_CHECK(check_list(op, "param", param, count, DT_FP32 | DT_FP64));
+    PCS_CHECK(check_like(op, "param", param, "grad", grad, count));
     if (cfg->momentum != 0.0) {
         if (buf == NULL && count > 0)
             return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: momentum %g needs momentum buffers", op,
                                  cfg->momentum);
-        PCS_CHECK(check_f32_like(op, "param", param, "momentum_buf", buf, count));
+        PCS_CHECK(check_like(op, "param", param, "momentum_buf", buf, count));
     }
     return be->kernels->sgd_update(param, grad, buf, count, cfg, first_step, s);
 }
@@ -329,6 +350,32 @@ void pcs_adamw_coef(const pcs_adamw_config_t *cfg, int64_t step, pcs_adamw_coef_
     out->bc2_sqrt = (float)sqrt(bias2);
     out->eps = (float)cfg->eps;
     out->gsign = cfg->maximize ? -1.0f : 1.0f;
+}
+
+void pcs_adamw_coef64(const pcs_adamw_config_t *cfg, int64_t step, pcs_adamw_coef64_t *out)
+{
+    double t = (double)step;
+    out->decay = 1.0 - cfg->lr * cfg->weight_decay;
+    out->w1 = 1.0 - cfg->beta1;
+    out->beta2 = cfg->beta2;
+    out->omb2 = 1.0 - cfg->beta2;
+    out->neg_step = -(cfg->lr / (1.0 - pow(cfg->beta1, t)));
+    out->bc2_sqrt = sqrt(1.0 - pow(cfg->beta2, t));
+    out->eps = cfg->eps;
+    out->gsign = cfg->maximize ? -1.0 : 1.0;
+}
+
+void pcs_sgd_coef64(const pcs_sgd_config_t *cfg, int first_step, pcs_sgd_coef64_t *out)
+{
+    out->wd = cfg->weight_decay;
+    out->momentum = cfg->momentum;
+    out->omd = 1.0 - cfg->dampening;
+    out->neg_lr = -cfg->lr;
+    out->gsign = cfg->maximize ? -1.0 : 1.0;
+    out->use_wd = cfg->weight_decay != 0.0;
+    out->use_momentum = cfg->momentum != 0.0;
+    out->nesterov = cfg->nesterov != 0;
+    out->first_step = first_step != 0;
 }
 
 void pcs_sgd_coef(const pcs_sgd_config_t *cfg, int first_step, pcs_sgd_coef_t *out)

@@ -60,6 +60,9 @@ typedef struct pcs_kernel_ops {
 /* Host-side scalar setup, double precision then rounded once (as PyTorch passes Python floats). */
 void pcs_adamw_coef(const pcs_adamw_config_t *cfg, int64_t step, pcs_adamw_coef_t *out);
 void pcs_sgd_coef(const pcs_sgd_config_t *cfg, int first_step, pcs_sgd_coef_t *out);
+/* The same for fp64 shards: the doubles themselves (PyTorch's opmath for float64). */
+void pcs_adamw_coef64(const pcs_adamw_config_t *cfg, int64_t step, pcs_adamw_coef64_t *out);
+void pcs_sgd_coef64(const pcs_sgd_config_t *cfg, int first_step, pcs_sgd_coef64_t *out);
 
 #ifdef __cplusplus
 }

@@ -261,10 +261,37 @@ SUMSQ_LOOP(sumsq_fp32, float, LD_FP32)
 SUMSQ_LOOP(sumsq_bf16, uint16_t, LD_BF16)
 SUMSQ_LOOP(sumsq_fp16, uint16_t, LD_FP16)
 
-/* index of a 16/32-bit float dtype: fp32 0, bf16 1, fp16 2 */
+/* fp64 destinations: the sum in fp64 of the exactly widened source */
+#define LD64_FP32(x) ((double)(x))
+#define LD64_BF16(x) ((double)pcs_bf16_to_f32(x))
+#define LD64_FP16(x) ((double)pcs_fp16_to_f32(x))
+#define LD64_FP64(x) (x)
+#define ID64(x)      (x)
+ACC_LOOP(acc_fp64_fp32, double, ID64, ID64, float, LD64_FP32)
+ACC_LOOP(acc_fp64_bf16, double, ID64, ID64, uint16_t, LD64_BF16)
+ACC_LOOP(acc_fp64_fp16, double, ID64, ID64, uint16_t, LD64_FP16)
+ACC_LOOP(acc_fp64_fp64, double, ID64, ID64, double, LD64_FP64)
+
+/* fp64: the check on the value itself, the product in fp64 (ATen's opmath for double) */
+static int unscale_fp64(void *data, size_t n, float inv)
+{
+    double *restrict d = data;
+    const double f = (double)inv;
+    int found = 0;
+    for (size_t i = 0; i < n; i++) {
+        found |= !isfinite(d[i]);
+        if (inv != 1.0f)
+            d[i] = d[i] * f;
+    }
+    return found;
+}
+
+SUMSQ_LOOP(sumsq_fp64, double, LD64_FP64)
+
+/* index of a 16/32-bit float dtype: fp32 0, bf16 1, fp16 2 (fp64 3 where a table has it) */
 static int hidx(pcs_dtype_t t)
 {
-    return t == PCS_DTYPE_FP32 ? 0 : t == PCS_DTYPE_BF16 ? 1 : 2;
+    return t == PCS_DTYPE_FP32 ? 0 : t == PCS_DTYPE_BF16 ? 1 : t == PCS_DTYPE_FP16 ? 2 : 3;
 }
 
 // ---- ops ----
@@ -296,10 +323,12 @@ static pcs_status_t cpu_scale(const pcs_tensor_t *t, size_t count, float factor,
 static pcs_status_t cpu_accumulate(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
                                    pcs_stream_t s)
 {
-    static void (*const loops[3][3])(void *, const void *, size_t) = {
-        {acc_fp32_fp32, acc_fp32_bf16, acc_fp32_fp16},
-        {acc_bf16_fp32, acc_bf16_bf16, acc_bf16_fp16},
-        {acc_fp16_fp32, acc_fp16_bf16, acc_fp16_fp16},
+    /* (the front door allows an fp64 source only into an fp64 destination) */
+    static void (*const loops[4][4])(void *, const void *, size_t) = {
+        {acc_fp32_fp32, acc_fp32_bf16, acc_fp32_fp16, NULL},
+        {acc_bf16_fp32, acc_bf16_bf16, acc_bf16_fp16, NULL},
+        {acc_fp16_fp32, acc_fp16_bf16, acc_fp16_fp16, NULL},
+        {acc_fp64_fp32, acc_fp64_bf16, acc_fp64_fp16, acc_fp64_fp64},
     };
     for (size_t k = 0; k < count; k++)
         loops[hidx(dst[k].dtype)][hidx(src[k].dtype)](dst[k].data, src[k].data, dst[k].n);
@@ -325,8 +354,8 @@ static pcs_status_t cpu_accumulate_sumsq(const pcs_tensor_t *dst, const pcs_tens
 static pcs_status_t cpu_nonfinite(const pcs_tensor_t *t, size_t count, float *found_inf,
                                   const float *inv_scale, pcs_stream_t s)
 {
-    static int (*const loops[3])(void *, size_t, float) = {unscale_fp32, unscale_bf16,
-                                                           unscale_fp16};
+    static int (*const loops[4])(void *, size_t, float) = {unscale_fp32, unscale_bf16,
+                                                           unscale_fp16, unscale_fp64};
     const float inv = *inv_scale;
     int found = 0;
     for (size_t k = 0; k < count; k++)
@@ -339,7 +368,8 @@ static pcs_status_t cpu_nonfinite(const pcs_tensor_t *t, size_t count, float *fo
 
 static pcs_status_t cpu_sum_squares(const pcs_tensor_t *t, size_t count, float *out, pcs_stream_t s)
 {
-    static double (*const loops[3])(const void *, size_t) = {sumsq_fp32, sumsq_bf16, sumsq_fp16};
+    static double (*const loops[4])(const void *, size_t) = {sumsq_fp32, sumsq_bf16, sumsq_fp16,
+                                                             sumsq_fp64};
     double total = 0.0;
     for (size_t k = 0; k < count; k++)
         total += t[k].n > 0 ? loops[hidx(t[k].dtype)](t[k].data, t[k].n) : 0.0;
@@ -353,8 +383,19 @@ static pcs_status_t cpu_adamw(const pcs_tensor_t *param, const pcs_tensor_t *gra
                               pcs_stream_t s)
 {
     pcs_adamw_coef_t c;
+    pcs_adamw_coef64_t c64;
     pcs_adamw_coef(cfg, step, &c);
+    pcs_adamw_coef64(cfg, step, &c64);
     for (size_t k = 0; k < count; k++) {
+        if (param[k].dtype == PCS_DTYPE_FP64) {
+            double *restrict p = param[k].data, *restrict m = exp_avg[k].data,
+                             *restrict v = exp_avg_sq[k].data;
+            const double *restrict g = grad[k].data;
+            const pcs_adamw_coef64_t cc = c64;
+            for (size_t i = 0; i < param[k].n; i++)
+                pcs_adamw_elem64(&p[i], g[i], &m[i], &v[i], &cc);
+            continue;
+        }
         /* restrict: distinct state buffers, so the compiler may vectorize (lane-wise IEEE ops,
          * the same bits as the scalar loop) */
         float *restrict p = param[k].data, *restrict m = exp_avg[k].data,
@@ -372,8 +413,19 @@ static pcs_status_t cpu_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad,
                             int first_step, pcs_stream_t s)
 {
     pcs_sgd_coef_t c;
+    pcs_sgd_coef64_t c64;
     pcs_sgd_coef(cfg, first_step, &c);
+    pcs_sgd_coef64(cfg, first_step, &c64);
     for (size_t k = 0; k < count; k++) {
+        if (param[k].dtype == PCS_DTYPE_FP64) {
+            double *restrict p = param[k].data;
+            const double *restrict g = grad[k].data;
+            double *restrict b = c64.use_momentum ? buf[k].data : NULL;
+            const pcs_sgd_coef64_t cc = c64;
+            for (size_t i = 0; i < param[k].n; i++)
+                pcs_sgd_elem64(&p[i], g[i], b ? &b[i] : NULL, &cc);
+            continue;
+        }
         float *restrict p = param[k].data;
         const float *restrict g = grad[k].data;
         const pcs_sgd_coef_t cc = c;

@@ -113,6 +113,10 @@ struct TF32 {
     {
         return f;
     }
+    static __device__ __forceinline__ double ld64(T x)
+    {
+        return (double)x;
+    }
     static __device__ __forceinline__ T scale(T x, float f)
     {
         return x * f;
@@ -127,6 +131,10 @@ struct TBF16 {
     static __device__ __forceinline__ T st(float f)
     {
         return pcs_f32_to_bf16(f);
+    }
+    static __device__ __forceinline__ double ld64(T x)
+    {
+        return (double)ld(x);
     }
     static __device__ __forceinline__ T scale(T x, float f)
     {
@@ -143,13 +151,17 @@ struct TFP16 {
     {
         return pcs_f32_to_fp16(f);
     }
+    static __device__ __forceinline__ double ld64(T x)
+    {
+        return (double)ld(x);
+    }
     static __device__ __forceinline__ T scale(T x, float f)
     {
         return st(ld(x) * f);
     }
 };
 /* fp64 as a cast source narrows to fp32 first, as the CPU loop (and c10) do; fp64 scale is in
- * double. */
+ * double. ld64 (every type): the exact value as a double, for fp64 accumulators. */
 struct TF64 {
     using T = double;
     static __device__ __forceinline__ float ld(T x)
@@ -159,6 +171,10 @@ struct TF64 {
     static __device__ __forceinline__ T st(float f)
     {
         return (double)f;
+    }
+    static __device__ __forceinline__ double ld64(T x)
+    {
+        return x;
     }
     static __device__ __forceinline__ T scale(T x, float f)
     {
@@ -286,6 +302,20 @@ template <class X, bool VEC> __global__ void scale_kernel(Batch2 b, float f)
         d[j] = X::scale(d[j], f);
 }
 
+/* d + s rounded once to D: in fp32 for fp32/bf16/fp16 destinations, in fp64 for fp64 ones. */
+template <class D, class S> struct Acc {
+    static __device__ __forceinline__ typename D::T add(typename D::T x, typename S::T y)
+    {
+        return D::st(D::ld(x) + S::ld(y));
+    }
+};
+template <class S> struct Acc<TF64, S> {
+    static __device__ __forceinline__ double add(double x, typename S::T y)
+    {
+        return x + S::ld64(y);
+    }
+};
+
 template <class D, class S, bool VEC> __global__ void accumulate_kernel(Batch2 b)
 {
     const int k = blockIdx.y;
@@ -304,17 +334,36 @@ template <class D, class S, bool VEC> __global__ void accumulate_kernel(Batch2 b
             load8(s + g * kVec, y);
 #pragma unroll
             for (int j = 0; j < kVec; j++)
-                x[j] = D::st(D::ld(x[j]) + S::ld(y[j]));
+                x[j] = Acc<D, S>::add(x[j], y[j]);
             store8(d + g * kVec, x);
         }
         tail = groups * kVec;
     }
     for (size_t j = tail + i; j < n; j += stride)
-        d[j] = D::st(D::ld(d[j]) + S::ld(s[j]));
+        d[j] = Acc<D, S>::add(d[j], s[j]);
 }
 
 /* _amp_foreach_non_finite_check_and_unscale_: every thread that sees a non-finite value stores
  * 1.0f (same value, so the race is benign, as in ATen); the multiply is skipped when inv == 1. */
+template <class X> struct Unscale { /* fp32 opmath */
+    static __device__ __forceinline__ int run(typename X::T *d, float inv)
+    {
+        float x = X::ld(*d);
+        if (inv != 1.0f)
+            *d = X::st(x * inv);
+        return !pcs_is_finite_f32(x);
+    }
+};
+template <> struct Unscale<TF64> { /* fp64 opmath: the value itself, times the widened inv */
+    static __device__ __forceinline__ int run(double *d, float inv)
+    {
+        double x = *d;
+        if (inv != 1.0f)
+            *d = x * (double)inv;
+        return !isfinite(x);
+    }
+};
+
 template <class X>
 __global__ void nonfinite_kernel(Batch2 b, float *found_inf, const float *inv_scale)
 {
@@ -324,12 +373,8 @@ __global__ void nonfinite_kernel(Batch2 b, float *found_inf, const float *inv_sc
     const float inv = *inv_scale;
     int found = 0;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
-    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += stride) {
-        float x = X::ld(d[j]);
-        found |= !pcs_is_finite_f32(x);
-        if (inv != 1.0f)
-            d[j] = X::st(x * inv);
-    }
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += stride)
+        found |= Unscale<X>::run(&d[j], inv);
     if (found)
         *found_inf = 1.0f;
 }
@@ -345,7 +390,7 @@ template <class X> __global__ void sumsq_kernel(Batch2 b, double *partial, size_
     double acc = 0.0;
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += stride) {
-        double x = (double)X::ld(d[j]);
+        double x = X::ld64(d[j]);
         acc += x * x;
     }
     sh[threadIdx.x] = acc;
@@ -415,6 +460,51 @@ __global__ void sgd_kernel(Batch4 b, pcs_sgd_coef_t c)
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += stride)
         pcs_sgd_elem(&p[j], g[j], buf ? &buf[j] : NULL, &c);
+}
+
+struct Batch4D { /* Batch4 for fp64 shards */
+    double *p[kMaxTensors];
+    const double *g[kMaxTensors];
+    double *m[kMaxTensors];
+    double *v[kMaxTensors];
+    size_t n[kMaxTensors];
+};
+
+__global__ void adamw64_kernel(Batch4D b, pcs_adamw_coef64_t c)
+{
+    const int k = blockIdx.y;
+    const size_t n = b.n[k];
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += stride)
+        pcs_adamw_elem64(&b.p[k][j], b.g[k][j], &b.m[k][j], &b.v[k][j], &c);
+}
+
+__global__ void sgd64_kernel(Batch4D b, pcs_sgd_coef64_t c)
+{
+    const int k = blockIdx.y;
+    const size_t n = b.n[k];
+    double *buf = b.m[k];
+    const size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t j = (size_t)blockIdx.x * blockDim.x + threadIdx.x; j < n; j += stride)
+        pcs_sgd_elem64(&b.p[k][j], b.g[k][j], buf ? &buf[j] : NULL, &c);
+}
+
+/* An fp64 batch of the optimizer lists (m, v may be NULL lists). */
+Batch4D batch4d(const size_t *idx, size_t nb, const pcs_tensor_t *p, const pcs_tensor_t *g,
+                const pcs_tensor_t *m, const pcs_tensor_t *v, size_t *maxn)
+{
+    Batch4D b;
+    *maxn = 0;
+    for (size_t j = 0; j < nb; j++) {
+        size_t k = idx[j];
+        b.p[j] = static_cast<double *>(p[k].data);
+        b.g[j] = static_cast<const double *>(g[k].data);
+        b.m[j] = m ? static_cast<double *>(m[k].data) : NULL;
+        b.v[j] = v ? static_cast<double *>(v[k].data) : NULL;
+        b.n[j] = p[k].n;
+        *maxn = b.n[j] > *maxn ? b.n[j] : *maxn;
+    }
+    return b;
 }
 
 template <typename T> __global__ void fill_kernel(T *d, size_t n, T v)
@@ -872,8 +962,19 @@ pcs_status_t cu_adamw(const pcs_tensor_t *param, const pcs_tensor_t *grad,
         return aligned16(param[k].data) && aligned16(grad[k].data) && aligned16(exp_avg[k].data) &&
                aligned16(exp_avg_sq[k].data);
     };
-    auto key = [&](size_t k) { return vec(k) ? 1u : 0u; };
+    auto key = [&](size_t k) {
+        return param[k].dtype == PCS_DTYPE_FP64 ? 2u : vec(k) ? 1u : 0u;
+    };
     return for_batches(count, param, key, [&](const size_t *idx, size_t nb) -> pcs_status_t {
+        if (param[idx[0]].dtype == PCS_DTYPE_FP64) {
+            pcs_adamw_coef64_t c64;
+            pcs_adamw_coef64(cfg, step, &c64);
+            size_t maxn;
+            Batch4D b = batch4d(idx, nb, param, grad, exp_avg, exp_avg_sq, &maxn);
+            dim3 grid(grid_x(maxn, nb), (unsigned)nb);
+            adamw64_kernel<<<grid, kThreads, 0, cs(s)>>>(b, c64);
+            return launch_check("adamw_update");
+        }
         Batch4 b;
         size_t maxn = 0;
         for (size_t j = 0; j < nb; j++) {
@@ -900,8 +1001,17 @@ pcs_status_t cu_sgd(const pcs_tensor_t *param, const pcs_tensor_t *grad, const p
 {
     pcs_sgd_coef_t c;
     pcs_sgd_coef(cfg, first_step, &c);
-    auto key = [&](size_t k) { return 0u; };
+    auto key = [&](size_t k) { return param[k].dtype == PCS_DTYPE_FP64 ? 1u : 0u; };
     return for_batches(count, param, key, [&](const size_t *idx, size_t nb) -> pcs_status_t {
+        if (param[idx[0]].dtype == PCS_DTYPE_FP64) {
+            pcs_sgd_coef64_t c64;
+            pcs_sgd_coef64(cfg, first_step, &c64);
+            size_t maxn;
+            Batch4D b = batch4d(idx, nb, param, grad, c64.use_momentum ? buf : NULL, NULL, &maxn);
+            dim3 grid(grid_x(maxn, nb), (unsigned)nb);
+            sgd64_kernel<<<grid, kThreads, 0, cs(s)>>>(b, c64);
+            return launch_check("sgd_update");
+        }
         Batch4 b;
         size_t maxn = 0;
         for (size_t j = 0; j < nb; j++) {

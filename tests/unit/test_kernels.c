@@ -752,6 +752,123 @@ static void test_optimizer_loops_equal_the_shared_element_math_bit_for_bit(void 
 // ----------------------------------------------------------------------------
 // fill / copy / memory / streams
 
+/* fp64 shards (fp64 masters, FSDP's full_precision_param_dtype=float64): the optimizers compute
+ * in double, as PyTorch's do on float64 parameters. The textbook double reference differs from
+ * ATen's lerp form by a few fp64 ulps per step; an update in fp32 would miss by ~1e-8. */
+static void test_fp64_optimizers_compute_in_double(void **state)
+{
+    enum { N = 1000, STEPS = 20 };
+    static double p[N], g[N], m[N], v[N], rp[N], rm[N], rv[N];
+    pcs_adamw_config_t c;
+    pcs_adamw_config_default(&c);
+    c.lr = 1e-2;
+    c.weight_decay = 0.1;
+    for (int i = 0; i < N; i++) {
+        p[i] = rp[i] = (double)rndf(-1.0f, 1.0f) / 3.0; /* not fp32-representable */
+        m[i] = v[i] = rm[i] = rv[i] = 0.0;
+    }
+    pcs_tensor_t tp = {p, PCS_DTYPE_FP64, N}, tg = {g, PCS_DTYPE_FP64, N};
+    pcs_tensor_t tm = {m, PCS_DTYPE_FP64, N}, tv = {v, PCS_DTYPE_FP64, N};
+    for (int s = 1; s <= STEPS; s++) {
+        for (int i = 0; i < N; i++)
+            g[i] = (double)rndf(-1.0f, 1.0f) / 7.0;
+        assert_int_equal(pcs_kernel_adamw_update(cpu, &tp, &tg, &tm, &tv, 1, &c, s, NULL),
+                         PCS_OK);
+        for (int i = 0; i < N; i++) {
+            ref_adamw(&rp[i], g[i], &rm[i], &rv[i], c.lr, c.beta1, c.beta2, c.eps,
+                      c.weight_decay, s, 0);
+            if (fabs(p[i] - rp[i]) > 1e-14 + 1e-13 * fabs(rp[i]))
+                fail_msg("adamw fp64 step %d [%d]: %.17g vs %.17g", s, i, p[i], rp[i]);
+        }
+    }
+    /* SGD with nesterov momentum and weight decay */
+    pcs_sgd_config_t sc;
+    pcs_sgd_config_default(&sc);
+    sc.lr = 0.01;
+    sc.momentum = 0.9;
+    sc.weight_decay = 1e-2;
+    sc.nesterov = 1;
+    for (int i = 0; i < N; i++) {
+        p[i] = rp[i] = (double)rndf(-1.0f, 1.0f) / 3.0;
+        m[i] = 123.0; /* garbage: the first step overwrites it */
+        rm[i] = 0.0;
+    }
+    for (int s = 1; s <= STEPS; s++) {
+        for (int i = 0; i < N; i++)
+            g[i] = (double)rndf(-1.0f, 1.0f) / 7.0;
+        assert_int_equal(pcs_kernel_sgd_update(cpu, &tp, &tg, &tm, 1, &sc, s == 1, NULL), PCS_OK);
+        for (int i = 0; i < N; i++) {
+            ref_sgd(&rp[i], g[i], &rm[i], sc.lr, sc.momentum, sc.dampening, sc.weight_decay,
+                    sc.nesterov, 0, s == 1);
+            if (fabs(p[i] - rp[i]) > 1e-15 + 1e-14 * fabs(rp[i]))
+                fail_msg("sgd fp64 step %d [%d]: %.17g vs %.17g", s, i, p[i], rp[i]);
+        }
+    }
+    /* the element math the CUDA kernels share, bit for bit */
+    double q = 0.25 / 3.0, qm = 0.01, qv = 0.002, e = q, em = qm, ev = qv;
+    pcs_adamw_coef64_t k;
+    pcs_adamw_coef64(&c, 3, &k);
+    pcs_adamw_elem64(&e, 1.0 / 7.0, &em, &ev, &k);
+    double gg = 1.0 / 7.0;
+    pcs_tensor_t t1 = {&q, PCS_DTYPE_FP64, 1}, t2 = {&gg, PCS_DTYPE_FP64, 1};
+    pcs_tensor_t t3 = {&qm, PCS_DTYPE_FP64, 1}, t4 = {&qv, PCS_DTYPE_FP64, 1};
+    assert_int_equal(pcs_kernel_adamw_update(cpu, &t1, &t2, &t3, &t4, 1, &c, 3, NULL), PCS_OK);
+    assert_true(q == e && qm == em && qv == ev);
+    /* every list of one update in the param's dtype */
+    float f32[4] = {0};
+    pcs_tensor_t bad = {f32, PCS_DTYPE_FP32, 1};
+    assert_int_equal(pcs_kernel_adamw_update(cpu, &t1, &bad, &t3, &t4, 1, &c, 1, NULL),
+                     PCS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(pcs_last_error(), "grad[0] is fp32 but param[0] is fp64"));
+    assert_int_equal(pcs_kernel_sgd_update(cpu, &t1, &t2, &bad, 1, &sc, 0, NULL),
+                     PCS_ERR_UNSUPPORTED);
+}
+
+/* An fp64 gradient accumulates in fp64 whatever the reduced dtype (FSDP's _cast_grad_to_param_dtype
+ * then +=); fp64 into a narrower destination is refused. */
+static void test_fp64_accumulate_and_unscale_stay_in_double(void **state)
+{
+    double d[4] = {1.0, 1.0, 1.0, 1.0 / 3.0};
+    float f32[4] = {0x1p-30f, 0, 0, 0};
+    uint16_t b16[4] = {pcs_f32_to_bf16(0x1p-40f), 0, 0, 0};
+    uint16_t h16[4] = {pcs_f32_to_fp16(0x1p-20f), 0, 0, 0};
+    double d64[4] = {0x1p-50, 0, 0, 0};
+    assert_int_equal(pcs_kernel_accumulate(cpu, d, PCS_DTYPE_FP64, f32, PCS_DTYPE_FP32, 1, NULL),
+                     PCS_OK);
+    assert_int_equal(
+        pcs_kernel_accumulate(cpu, d + 1, PCS_DTYPE_FP64, b16, PCS_DTYPE_BF16, 1, NULL), PCS_OK);
+    assert_int_equal(
+        pcs_kernel_accumulate(cpu, d + 2, PCS_DTYPE_FP64, h16, PCS_DTYPE_FP16, 1, NULL), PCS_OK);
+    assert_int_equal(
+        pcs_kernel_accumulate(cpu, d + 3, PCS_DTYPE_FP64, d64, PCS_DTYPE_FP64, 1, NULL), PCS_OK);
+    /* each sum exact in fp64, each lost in an fp32 sum */
+    assert_true(d[0] == 1.0 + 0x1p-30 && d[1] == 1.0 + 0x1p-40 && d[2] == 1.0 + 0x1p-20);
+    assert_true(d[3] == 1.0 / 3.0 + 0x1p-50);
+    assert_int_equal(pcs_kernel_accumulate(cpu, f32, PCS_DTYPE_FP32, d64, PCS_DTYPE_FP64, 1, NULL),
+                     PCS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(pcs_last_error(), "fp64 sources accumulate into fp64 only"));
+
+    /* unscale: finite beyond fp32's range is finite; the product in fp64 with the widened inv */
+    double x[3] = {1e300, 1.0 / 3.0, -2.5};
+    float found = 0.0f, inv = 1.0f / 3.0f;
+    pcs_tensor_t t = {x, PCS_DTYPE_FP64, 3};
+    assert_int_equal(pcs_kernel_nonfinite_check_and_unscale(cpu, &t, 1, &found, &inv, NULL),
+                     PCS_OK);
+    assert_true(found == 0.0f);
+    assert_true(x[0] == 1e300 * (double)inv && x[1] == (1.0 / 3.0) * (double)inv &&
+                x[2] == -2.5 * (double)inv);
+    x[1] = NAN;
+    assert_int_equal(pcs_kernel_nonfinite_check_and_unscale(cpu, &t, 1, &found, &inv, NULL),
+                     PCS_OK);
+    assert_true(found == 1.0f);
+
+    /* sum of squares of an fp64 tensor: the doubles themselves */
+    double sq[2] = {1.0 / 3.0, 3.0};
+    float out = 0.0f;
+    assert_int_equal(pcs_kernel_sum_squares(cpu, sq, PCS_DTYPE_FP64, 2, &out, NULL), PCS_OK);
+    assert_true(out == (float)(1.0 / 3.0 * (1.0 / 3.0) + 9.0));
+}
+
 static void test_fill_rounds_the_value_once_per_dtype(void **state)
 {
     float f[5];
@@ -908,6 +1025,8 @@ int main(void)
         cmocka_unit_test(test_sgd_variants_match_double_reference),
         cmocka_unit_test(test_sgd_first_step_copies_grad_into_momentum_buffer),
         cmocka_unit_test(test_optimizer_loops_equal_the_shared_element_math_bit_for_bit),
+        cmocka_unit_test(test_fp64_optimizers_compute_in_double),
+        cmocka_unit_test(test_fp64_accumulate_and_unscale_stay_in_double),
         cmocka_unit_test(test_fill_rounds_the_value_once_per_dtype),
         cmocka_unit_test(test_memory_streams_and_events_work_on_cpu),
         cmocka_unit_test(test_bad_input_gets_a_status_never_a_crash),

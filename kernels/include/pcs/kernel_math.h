@@ -11,64 +11,82 @@
 
 #include "pcs/half.h"
 
-/* Per-update scalars of AdamW, computed once on the host by pcs_adamw_coef(). */
+/* Per-update scalars of AdamW, computed once on the host by pcs_adamw_coef() (fp32 shards: each
+ * rounded once to float) or pcs_adamw_coef64() (fp64 shards: the doubles PyTorch passes). */
+#define PCS_ADAMW_COEF_FIELDS(T)                                                                   \
+    T decay;    /* 1 - lr*wd                  (param.mul_(1 - lr*wd)) */                           \
+    T w1;       /* 1 - beta1                  (exp_avg.lerp_(grad, 1 - beta1)) */                  \
+    T beta2;    /* beta2                      (exp_avg_sq.mul_(beta2)) */                          \
+    T omb2;     /* 1 - beta2                  (.addcmul_(grad, grad, value=1 - beta2)) */          \
+    T neg_step; /* -lr / (1 - beta1^t)        (param.addcdiv_(.., value=-step_size)) */            \
+    T bc2_sqrt; /* sqrt(1 - beta2^t) */                                                            \
+    T eps;      /* eps */                                                                          \
+    T gsign;    /* -1 when maximize */
 typedef struct pcs_adamw_coef {
-    float decay;    /* 1 - lr*wd                  (param.mul_(1 - lr*wd)) */
-    float w1;       /* 1 - beta1                  (exp_avg.lerp_(grad, 1 - beta1)) */
-    float beta2;    /* beta2                      (exp_avg_sq.mul_(beta2)) */
-    float omb2;     /* 1 - beta2                  (.addcmul_(grad, grad, value=1 - beta2)) */
-    float neg_step; /* -lr / (1 - beta1^t)        (param.addcdiv_(.., value=-step_size)) */
-    float bc2_sqrt; /* sqrt(1 - beta2^t) */
-    float eps;      /* eps */
-    float gsign;    /* -1 when maximize */
+    PCS_ADAMW_COEF_FIELDS(float)
 } pcs_adamw_coef_t;
+typedef struct pcs_adamw_coef64 {
+    PCS_ADAMW_COEF_FIELDS(double)
+} pcs_adamw_coef64_t;
 
-/* Per-update scalars of SGD. */
-typedef struct pcs_sgd_coef {
-    float wd;       /* grad.add(param, alpha=wd) */
-    float momentum; /* buf.mul_(momentum) ; nesterov grad.add(buf, alpha=momentum) */
-    float omd;      /* 1 - dampening              (buf.add_(grad, alpha=1 - dampening)) */
-    float neg_lr;   /* param.add_(grad, alpha=-lr) */
-    float gsign;    /* -1 when maximize */
+/* Per-update scalars of SGD (pcs_sgd_coef / pcs_sgd_coef64). */
+#define PCS_SGD_COEF_FIELDS(T)                                                                     \
+    T wd;       /* grad.add(param, alpha=wd) */                                                    \
+    T momentum; /* buf.mul_(momentum) ; nesterov grad.add(buf, alpha=momentum) */                  \
+    T omd;      /* 1 - dampening              (buf.add_(grad, alpha=1 - dampening)) */             \
+    T neg_lr;   /* param.add_(grad, alpha=-lr) */                                                  \
+    T gsign;    /* -1 when maximize */                                                             \
     int use_wd, use_momentum, nesterov, first_step;
+typedef struct pcs_sgd_coef {
+    PCS_SGD_COEF_FIELDS(float)
 } pcs_sgd_coef_t;
+typedef struct pcs_sgd_coef64 {
+    PCS_SGD_COEF_FIELDS(double)
+} pcs_sgd_coef64_t;
 
-/* One AdamW element. ATen's CPU lerp: weight < 0.5 ? a + w*(b-a) : b - (b-a)*(1-w);
- * addcmul: self + value*t1*t2; addcdiv: self + value*t1/t2; denom = sqrt(v)/bc2_sqrt + eps. */
-PCS_HD void pcs_adamw_elem(float *p, float g, float *m, float *v, const pcs_adamw_coef_t *c)
-{
-    float gg = g * c->gsign;
-    float pp = *p * c->decay;
-    float mm = *m;
-    mm = (c->w1 < 0.5f) ? mm + c->w1 * (gg - mm) : gg - (gg - mm) * (1.0f - c->w1);
-    float vv = *v * c->beta2;
-    vv = vv + c->omb2 * gg * gg;
-    float denom = sqrtf(vv) / c->bc2_sqrt + c->eps;
-    pp = pp + c->neg_step * mm / denom;
-    *p = pp;
-    *m = mm;
-    *v = vv;
-}
-
-/* One SGD element; `buf` may be NULL when momentum is off. */
-PCS_HD void pcs_sgd_elem(float *p, float g, float *buf, const pcs_sgd_coef_t *c)
-{
-    float gg = g * c->gsign;
-    if (c->use_wd)
-        gg = gg + c->wd * *p;
-    if (c->use_momentum) {
-        float b;
-        if (c->first_step) {
-            b = gg;
-        } else {
-            b = *buf * c->momentum;
-            b = b + c->omd * gg;
-        }
-        *buf = b;
-        gg = c->nesterov ? gg + c->momentum * b : b;
+/* One AdamW element in T (float for fp32 shards, double for fp64: PyTorch's opmath of each).
+ * ATen's CPU lerp: weight < 0.5 ? a + w*(b-a) : b - (b-a)*(1-w); addcmul: self + value*t1*t2;
+ * addcdiv: self + value*t1/t2; denom = sqrt(v)/bc2_sqrt + eps. */
+#define PCS_ADAMW_ELEM(NAME, T, COEF, SQRT)                                                        \
+    PCS_HD void NAME(T *p, T g, T *m, T *v, const COEF *c)                                         \
+    {                                                                                              \
+        T gg = g * c->gsign;                                                                       \
+        T pp = *p * c->decay;                                                                      \
+        T mm = *m;                                                                                 \
+        mm = (c->w1 < (T)0.5) ? mm + c->w1 * (gg - mm) : gg - (gg - mm) * ((T)1 - c->w1);          \
+        T vv = *v * c->beta2;                                                                      \
+        vv = vv + c->omb2 * gg * gg;                                                               \
+        T denom = SQRT(vv) / c->bc2_sqrt + c->eps;                                                 \
+        pp = pp + c->neg_step * mm / denom;                                                        \
+        *p = pp;                                                                                   \
+        *m = mm;                                                                                   \
+        *v = vv;                                                                                   \
     }
-    *p = *p + c->neg_lr * gg;
-}
+PCS_ADAMW_ELEM(pcs_adamw_elem, float, pcs_adamw_coef_t, sqrtf)
+PCS_ADAMW_ELEM(pcs_adamw_elem64, double, pcs_adamw_coef64_t, sqrt)
+
+/* One SGD element in T; `buf` may be NULL when momentum is off. */
+#define PCS_SGD_ELEM(NAME, T, COEF)                                                                \
+    PCS_HD void NAME(T *p, T g, T *buf, const COEF *c)                                             \
+    {                                                                                              \
+        T gg = g * c->gsign;                                                                       \
+        if (c->use_wd)                                                                             \
+            gg = gg + c->wd * *p;                                                                  \
+        if (c->use_momentum) {                                                                     \
+            T b;                                                                                   \
+            if (c->first_step) {                                                                   \
+                b = gg;                                                                            \
+            } else {                                                                               \
+                b = *buf * c->momentum;                                                            \
+                b = b + c->omd * gg;                                                               \
+            }                                                                                      \
+            *buf = b;                                                                              \
+            gg = c->nesterov ? gg + c->momentum * b : b;                                           \
+        }                                                                                          \
+        *p = *p + c->neg_lr * gg;                                                                  \
+    }
+PCS_SGD_ELEM(pcs_sgd_elem, float, pcs_sgd_coef_t)
+PCS_SGD_ELEM(pcs_sgd_elem64, double, pcs_sgd_coef64_t)
 
 /* PyTorch's isfinite on the fp32 value (bf16/fp16 widen exactly). */
 PCS_HD int pcs_is_finite_f32(float x)

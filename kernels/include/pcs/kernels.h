@@ -174,31 +174,37 @@ pcs_status_t pcs_kernel_cast_list(const pcs_backend_ops_t *be, const pcs_tensor_
  * (a * reciprocal(b)); ATen's CPU kernel divides, which can differ by one fp32 ulp. */
 pcs_status_t pcs_kernel_scale_list(const pcs_backend_ops_t *be, const pcs_tensor_t *t, size_t count,
                                    float factor, pcs_stream_t s);
-/* dst[k] += cast(src[k]): dst fp32/bf16/fp16, src fp32/bf16/fp16; the sum is computed in fp32
- * and rounded once to dst's dtype. */
+/* dst[k] += cast(src[k]): dst fp32/bf16/fp16 with src fp32/bf16/fp16, the sum computed in fp32
+ * and rounded once to dst's dtype; or dst fp64 with any float src, the sum in fp64 (an fp64
+ * parameter's .grad accumulating a reduced bf16/fp16/fp32/fp64 gradient widened exactly). */
 pcs_status_t pcs_kernel_accumulate_list(const pcs_backend_ops_t *be, const pcs_tensor_t *dst,
                                         const pcs_tensor_t *src, size_t count, pcs_stream_t s);
 /* torch._amp_foreach_non_finite_check_and_unscale_: for every element x of every tensor
- * (fp32/bf16/fp16): if x is Inf/NaN set *found_inf = 1.0f (never cleared); x = x * *inv_scale
- * (skipped when *inv_scale == 1). found_inf and inv_scale are 1-element fp32 device buffers. */
+ * (fp32/bf16/fp16/fp64): if x is Inf/NaN set *found_inf = 1.0f (never cleared); x = x * *inv_scale
+ * in fp32 (fp64 for fp64 tensors: the fp32 inv_scale widened, ATen's opmath), skipped when
+ * *inv_scale == 1. found_inf and inv_scale are 1-element fp32 device buffers. */
 pcs_status_t pcs_kernel_nonfinite_check_and_unscale(const pcs_backend_ops_t *be,
                                                     const pcs_tensor_t *t, size_t count,
                                                     float *found_inf, const float *inv_scale,
                                                     pcs_stream_t s);
-/* *out (1-element fp32 device buffer) = sum over all tensors of x*x, each x widened to fp32;
- * every square is exact in fp64 and the sum is accumulated in fp64, then rounded once to fp32.
+/* *out (1-element fp32 device buffer) = sum over all tensors of x*x, each x widened to fp32
+ * (fp64 tensors: x itself); every square is exact in fp64 (fp64 tensors: rounded to fp64) and
+ * the sum is accumulated in fp64, then rounded once to fp32.
  * Order: cpu sums each tensor front to back, then the per-tensor sums in list order; cuda sums
  * per-block partials (fixed grid, so run-to-run deterministic) then all partials in one
  * block. The two agree to within 1 fp32 ulp. Empty input writes 0. */
 pcs_status_t pcs_kernel_sum_squares_list(const pcs_backend_ops_t *be, const pcs_tensor_t *t,
                                          size_t count, float *out, pcs_stream_t s);
-/* AdamW on fp32 shards: param/grad/exp_avg/exp_avg_sq [k] all fp32 with equal n. `step` is the
- * 1-based step count after this update's increment (bias correction uses it). */
+/* AdamW on fp32 or fp64 shards: param/grad/exp_avg/exp_avg_sq [k] all of param[k]'s dtype with
+ * equal n, computed in that dtype (the coefficients rounded once to fp32 for fp32 shards, the
+ * doubles themselves for fp64, as PyTorch's single-tensor Adam on such parameters). `step` is
+ * the 1-based step count after this update's increment (bias correction uses it). */
 pcs_status_t pcs_kernel_adamw_update(const pcs_backend_ops_t *be, const pcs_tensor_t *param,
                                      const pcs_tensor_t *grad, const pcs_tensor_t *exp_avg,
                                      const pcs_tensor_t *exp_avg_sq, size_t count,
                                      const pcs_adamw_config_t *cfg, int64_t step, pcs_stream_t s);
-/* SGD on fp32 shards. momentum_buf may be NULL iff cfg->momentum == 0. first_step != 0 means
+/* SGD on fp32 or fp64 shards (as AdamW: every list of param[k]'s dtype, computed in it).
+ * momentum_buf may be NULL iff cfg->momentum == 0. first_step != 0 means
  * the buffer is initialised from the gradient (torch: momentum_buffer is None). grad is not
  * modified. */
 pcs_status_t pcs_kernel_sgd_update(const pcs_backend_ops_t *be, const pcs_tensor_t *param,
