@@ -46,7 +46,8 @@ static const struct {
 
 int pcs_coll_dtype_reducible(pcs_dtype_t dt)
 {
-    return dt == PCS_DTYPE_FP32 || dt == PCS_DTYPE_BF16 || dt == PCS_DTYPE_FP16;
+    return dt == PCS_DTYPE_FP32 || dt == PCS_DTYPE_BF16 || dt == PCS_DTYPE_FP16 ||
+           dt == PCS_DTYPE_FP64;
 }
 
 /* MAX of the arriving value a and the accumulator b: fmaxf's rule (a NaN loses to a number)
@@ -117,6 +118,22 @@ PCS_VECTORIZE static void max_f32_acc(float *restrict d, const float *restrict s
         d[i] = max_first(s[i], d[i]);
 }
 
+/* fp64: the same four loops in double */
+static inline double max_first64(double a, double b)
+{
+    return a != a ? b : (b > a ? b : a);
+}
+#define PCS_COLL_LOOP64(name, expr)                                                                \
+    PCS_VECTORIZE static void name(double *restrict d, const double *restrict s, size_t n)        \
+    {                                                                                              \
+        for (size_t i = 0; i < n; i++)                                                             \
+            d[i] = expr;                                                                           \
+    }
+PCS_COLL_LOOP64(add_f64, d[i] + s[i])
+PCS_COLL_LOOP64(max_f64, max_first64(d[i], s[i]))
+PCS_COLL_LOOP64(add_f64_acc, s[i] + d[i])
+PCS_COLL_LOOP64(max_f64_acc, max_first64(s[i], d[i]))
+
 /* bf16/fp16 blocks go through the kernels' vectorized casts (round-to-nearest-even, the same
  * results as the scalar pcs/half.h conversions): widen both blocks, add in fp32, narrow once. */
 enum { BLOCK = 2048 };
@@ -152,6 +169,9 @@ static void reduce(void *dst, const void *src, size_t n, pcs_dtype_t dt, pcs_red
     case PCS_DTYPE_FP16:
         (mx ? (acc ? max_fp16_acc : max_fp16) : (acc ? add_fp16_acc : add_fp16))(dst, src, n, 1.0f);
         return;
+    case PCS_DTYPE_FP64:
+        (mx ? (acc ? max_f64_acc : max_f64) : (acc ? add_f64_acc : add_f64))(dst, src, n);
+        return;
     default:
         if (mx)
             (acc ? max_f32_acc : max_f32)(dst, src, n);
@@ -177,8 +197,16 @@ PCS_VECTORIZE static void mul_f32(float *d, const float *s, size_t n, float f)
         d[i] = s[i] * f;
 }
 
-void pcs_coll_scale(void *dst, const void *src, size_t n, pcs_dtype_t dt, float f)
+void pcs_coll_scale(void *dst, const void *src, size_t n, pcs_dtype_t dt, double f64)
 {
+    const float f = (float)f64;
+    if (dt == PCS_DTYPE_FP64) {
+        double *d = dst;
+        const double *s = src;
+        for (size_t i = 0; i < n; i++)
+            d[i] = s[i] * f64;
+        return;
+    }
     if (dt == PCS_DTYPE_BF16 || dt == PCS_DTYPE_FP16) {
         float fa[BLOCK];
         for (size_t o = 0; o < n; o += BLOCK) {
@@ -202,14 +230,14 @@ void pcs_coll_scale(void *dst, const void *src, size_t n, pcs_dtype_t dt, float 
     mul_f32(dst, src, n, f);
 }
 
-void pcs_coll_prepare(void *dst, const void *src, size_t n, pcs_dtype_t dt, float f_pre,
-                      float f_avg)
+void pcs_coll_prepare(void *dst, const void *src, size_t n, pcs_dtype_t dt, double f_pre,
+                      double f_avg)
 {
-    if (f_pre != 1.0f) {
+    if (f_pre != 1.0) {
         pcs_coll_scale(dst, src, n, dt, f_pre);
         src = dst;
     }
-    if (f_avg != 1.0f)
+    if (f_avg != 1.0)
         pcs_coll_scale(dst, src, n, dt, f_avg);
     else if (dst != src)
         memcpy(dst, src, n * pcs_dtype_size(dt));
@@ -230,17 +258,17 @@ PCS_VECTORIZE static void max3_f32(float *d, const float *a, const float *b, siz
 }
 
 void pcs_coll_prepare_reduce(void *dst, const void *src, const void *x, size_t n, pcs_dtype_t dt,
-                             pcs_red_op_t op, float f_pre, float f_avg, float f_post)
+                             pcs_red_op_t op, double f_pre, double f_avg, double f_post)
 {
-    if (dt == PCS_DTYPE_FP32 && f_pre == 1.0f && f_avg == 1.0f) {
+    if (dt == PCS_DTYPE_FP32 && f_pre == 1.0 && f_avg == 1.0) {
         /* fp32 with nothing to prepare: one out-of-place pass, a block at a time for the scale */
         for (size_t o = 0; o < n; o += BLOCK) {
             size_t m = n - o < BLOCK ? n - o : BLOCK;
             float *d = (float *)dst + o;
             (op == PCS_RED_MAX ? max3_f32 : add3_f32)(d, (const float *)src + o,
                                                       (const float *)x + o, m);
-            if (f_post != 1.0f)
-                mul_f32(d, d, m, f_post);
+            if (f_post != 1.0)
+                mul_f32(d, d, m, (float)f_post);
         }
         return;
     }
@@ -252,17 +280,19 @@ void pcs_coll_prepare_reduce(void *dst, const void *src, const void *x, size_t n
         size_t m = n - o < step ? n - o : step;
         pcs_coll_prepare(blk, (const char *)src + o * es, m, dt, f_pre, f_avg);
         reduce(blk, (const char *)x + o * es, m, dt, op, 0);
-        if (f_post != 1.0f)
+        if (f_post != 1.0)
             pcs_coll_scale((char *)dst + o * es, blk, m, dt, f_post);
         else
             memcpy((char *)dst + o * es, blk, m * es);
     }
 }
 
-float pcs_coll_avg_factor(int size, pcs_dtype_t dt)
+double pcs_coll_avg_factor(int size, pcs_dtype_t dt)
 {
     float f = (float)(1.0 / (double)size);
     switch (dt) {
+    case PCS_DTYPE_FP64:
+        return 1.0 / (double)size;
     case PCS_DTYPE_BF16:
         return pcs_bf16_to_f32(pcs_f32_to_bf16(f));
     case PCS_DTYPE_FP16:
@@ -272,11 +302,11 @@ float pcs_coll_avg_factor(int size, pcs_dtype_t dt)
     }
 }
 
-float pcs_coll_div_factor(double d)
+double pcs_coll_div_factor(double d, pcs_dtype_t dt)
 {
     if (d == 0.0 || d == 1.0)
-        return 1.0f;
-    return (float)(1.0 / d);
+        return 1.0;
+    return dt == PCS_DTYPE_FP64 ? 1.0 / d : (double)(float)(1.0 / d);
 }
 
 void pcs_coll_chunk(size_t count, int parts, int k, size_t *off, size_t *n)
@@ -491,7 +521,7 @@ static pcs_status_t check_red(const char *op, pcs_dtype_t dt, const pcs_coll_red
         return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: NULL reduction", op);
     if (!pcs_coll_dtype_reducible(dt))
         return pcs_set_error(PCS_ERR_INVALID_ARG,
-                             "%s: dtype %s cannot be reduced (fp32, bf16, fp16)", op,
+                             "%s: dtype %s cannot be reduced (fp32, bf16, fp16, fp64)", op,
                              pcs_dtype_name(dt));
     if (red->op != PCS_RED_SUM && red->op != PCS_RED_AVG && red->op != PCS_RED_MAX)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: unknown reduction op %d", op, (int)red->op);
@@ -499,7 +529,8 @@ static pcs_status_t check_red(const char *op, pcs_dtype_t dt, const pcs_coll_red
         red->post_div < 0)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: divide factors must be finite and >= 0", op);
     if (red->op == PCS_RED_MAX &&
-        (pcs_coll_div_factor(red->pre_div) != 1.0f || pcs_coll_div_factor(red->post_div) != 1.0f))
+        (pcs_coll_div_factor(red->pre_div, dt) != 1.0 ||
+         pcs_coll_div_factor(red->post_div, dt) != 1.0))
         return pcs_set_error(PCS_ERR_INVALID_ARG, "%s: divide factors apply to sum/avg only", op);
     return PCS_OK;
 }

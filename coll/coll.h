@@ -193,28 +193,31 @@ pcs_status_t pcs_coll_gloo_raw_all_reduce_f32(pcs_coll_t *c, float *buf, size_t 
 
 // ---- reduction arithmetic shared by the CPU backend, the NCCL backend's host helpers and tests --
 
-/* 1 if dt can be reduced (fp32, bf16, fp16). */
+/* 1 if dt can be reduced (fp32, bf16, fp16, fp64). */
 int pcs_coll_dtype_reducible(pcs_dtype_t dt);
 /* dst[i] = rnd(dst[i] op src[i]) in dt; op SUM (also used for AVG after pre-multiplying) or MAX. */
 void pcs_coll_reduce_into(void *dst, const void *src, size_t n, pcs_dtype_t dt, pcs_red_op_t op);
 /* acc[i] = rnd(x[i] op acc[i]): the same value with the ring's operand order (the rank's own
  * contribution first, the arriving accumulator second), for transports that accumulate. */
 void pcs_coll_reduce_acc(void *acc, const void *x, size_t n, pcs_dtype_t dt, pcs_red_op_t op);
-/* dst[i] = rnd(src[i] * f) in dt (dst may equal src). */
-void pcs_coll_scale(void *dst, const void *src, size_t n, pcs_dtype_t dt, float f);
+/* dst[i] = rnd(src[i] * f) in dt, the product in fp32 with f rounded to fp32 (fp64: in fp64 with
+ * f as given); dst may equal src. Factors come from pcs_coll_div_factor / pcs_coll_avg_factor,
+ * which round them for dt already. */
+void pcs_coll_scale(void *dst, const void *src, size_t n, pcs_dtype_t dt, double f);
 /* dst = src with one contribution's factors applied: x * f_pre, then * f_avg, each rounded to dt
- * (1.0f = skipped; a plain copy when both are; dst may equal src). */
-void pcs_coll_prepare(void *dst, const void *src, size_t n, pcs_dtype_t dt, float f_pre,
-                      float f_avg);
-/* dst = rnd(prepare(src) op x), then * f_post unless 1.0f: one ring step that reads the rank's
+ * (1.0 = skipped; a plain copy when both are; dst may equal src). */
+void pcs_coll_prepare(void *dst, const void *src, size_t n, pcs_dtype_t dt, double f_pre,
+                      double f_avg);
+/* dst = rnd(prepare(src) op x), then * f_post unless 1.0: one ring step that reads the rank's
  * own contribution straight from its input (no prepared copy), with the bits of pcs_coll_prepare,
  * pcs_coll_reduce_into and pcs_coll_scale in turn. dst may equal src or x. */
 void pcs_coll_prepare_reduce(void *dst, const void *src, const void *x, size_t n, pcs_dtype_t dt,
-                             pcs_red_op_t op, float f_pre, float f_avg, float f_post);
-/* The ncclAvg pre-multiplier: (float)(1.0/size) rounded to dt, returned as a float. */
-float pcs_coll_avg_factor(int size, pcs_dtype_t dt);
-/* The factor x is multiplied by for pre/post divide d: (float)(1.0/d); 1.0f if d is 0 or 1. */
-float pcs_coll_div_factor(double d);
+                             pcs_red_op_t op, double f_pre, double f_avg, double f_post);
+/* The ncclAvg pre-multiplier: (float)(1.0/size) rounded to dt (fp64: 1.0/size). */
+double pcs_coll_avg_factor(int size, pcs_dtype_t dt);
+/* The factor x of dtype dt is multiplied by for pre/post divide d: (float)(1.0/d), as ATen's CUDA
+ * div by a scalar (fp64: 1.0/d in double, its opmath); 1.0 if d is 0 or 1. */
+double pcs_coll_div_factor(double d, pcs_dtype_t dt);
 /* Element range [*off, *off + *n) of chunk k when `count` is split into `parts` ring chunks. */
 void pcs_coll_chunk(size_t count, int parts, int k, size_t *off, size_t *n);
 

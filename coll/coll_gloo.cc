@@ -700,7 +700,7 @@ bool use_direct_rs(int P)
 // the post-divide applied. Scratch: two receive areas and two chunk buffers (was P chunks plus
 // two). `out` may be chunk `rank` of `in` (in place); otherwise they do not overlap.
 void ring_reduce_scatter(GlooComm *g, const char *in, char *out, size_t rc, pcs_dtype_t dt,
-                         pcs_red_op_t op, float f_pre, float f_avg, float f_post)
+                         pcs_red_op_t op, double f_pre, double f_avg, double f_post)
 {
     const int P = g->size, r = g->rank;
     const size_t es = pcs_dtype_size(dt), bytes = rc * es;
@@ -722,7 +722,7 @@ void ring_reduce_scatter(GlooComm *g, const char *in, char *out, size_t rc, pcs_
     };
     post_recvs(1);
     const char *first = in + (size_t)mod(r - 1, P) * bytes;
-    if (f_pre != 1.0f || f_avg != 1.0f) {
+    if (f_pre != 1.0 || f_avg != 1.0) {
         pcs_coll_prepare(part, first, rc, dt, f_pre, f_avg);
         first = part;
     }
@@ -742,7 +742,7 @@ void ring_reduce_scatter(GlooComm *g, const char *in, char *out, size_t rc, pcs_
             pcs_coll_chunk(rc, ns, j, &so, &sn);
             recvs[s % 2][(size_t)j]->wait_recv(left);
             pcs_coll_prepare_reduce(dst + so * es, mine + so * es, area + so * es, sn, dt, op,
-                                    f_pre, f_avg, last ? f_post : 1.0f);
+                                    f_pre, f_avg, last ? f_post : 1.0);
             if (!last) {
                 next_sends.emplace_back(new Buf(g, dst + so * es, sn * es));
                 next_sends.back()->send(right, slot, 0, sn * es);
@@ -766,13 +766,13 @@ void do_reduce_scatter(GlooComm *g, const void *in, void *out, size_t rc, pcs_dt
         return;
     const int P = g->size;
     const size_t es = pcs_dtype_size(dt), bytes = rc * es;
-    const float f_pre = pcs_coll_div_factor(red->pre_div);
-    const float f_avg = red->op == PCS_RED_AVG ? pcs_coll_avg_factor(P, dt) : 1.0f;
-    const float f_post = pcs_coll_div_factor(red->post_div);
+    const double f_pre = pcs_coll_div_factor(red->pre_div, dt);
+    const double f_avg = red->op == PCS_RED_AVG ? pcs_coll_avg_factor(P, dt) : 1.0;
+    const double f_post = pcs_coll_div_factor(red->post_div, dt);
     const pcs_red_op_t op = red->op == PCS_RED_MAX ? PCS_RED_MAX : PCS_RED_SUM;
     if (P == 1) {
         pcs_coll_prepare(out, in, rc, dt, f_pre, f_avg);
-        if (f_post != 1.0f)
+        if (f_post != 1.0)
             pcs_coll_scale(out, out, rc, dt, f_post);
         return;
     }
@@ -786,7 +786,7 @@ void do_reduce_scatter(GlooComm *g, const void *in, void *out, size_t rc, pcs_dt
     pcs_coll_prepare(work, in, rc * (size_t)P, dt, f_pre, f_avg);
     direct_reduce(g, work, rc, dt, op);
     const char *mine = work + (size_t)g->rank * bytes;
-    if (f_post != 1.0f)
+    if (f_post != 1.0)
         pcs_coll_scale(out, mine, rc, dt, f_post);
     else
         memcpy(out, mine, bytes);
@@ -799,14 +799,14 @@ void do_all_reduce(GlooComm *g, const void *in, void *out, size_t count, pcs_dty
         return;
     const int P = g->size, r = g->rank;
     const size_t es = pcs_dtype_size(dt);
-    const float f_pre = pcs_coll_div_factor(red->pre_div);
-    const float f_avg = red->op == PCS_RED_AVG ? pcs_coll_avg_factor(P, dt) : 1.0f;
-    const float f_post = pcs_coll_div_factor(red->post_div);
+    const double f_pre = pcs_coll_div_factor(red->pre_div, dt);
+    const double f_avg = red->op == PCS_RED_AVG ? pcs_coll_avg_factor(P, dt) : 1.0;
+    const double f_post = pcs_coll_div_factor(red->post_div, dt);
     const pcs_red_op_t op = red->op == PCS_RED_MAX ? PCS_RED_MAX : PCS_RED_SUM;
     char *o = (char *)out;
     pcs_coll_prepare(o, in, count, dt, f_pre, f_avg);
     if (P == 1) {
-        if (f_post != 1.0f)
+        if (f_post != 1.0)
             pcs_coll_scale(o, o, count, dt, f_post);
         return;
     }
@@ -816,7 +816,7 @@ void do_all_reduce(GlooComm *g, const void *in, void *out, size_t count, pcs_dty
     ring_reduce(g, o, max_chunk, dt, op, chunk);
     size_t off, n;
     chunk(r, &off, &n);
-    if (f_post != 1.0f)
+    if (f_post != 1.0)
         pcs_coll_scale(o + off * es, o + off * es, n, dt, f_post);
     // All-gather the owned chunks (uneven sizes) along the same ring.
     ring_gather(g, o, es, chunk);

@@ -194,12 +194,12 @@ static pcs_status_t red_op(nccl_comm_t *n, pcs_dtype_t dt, const pcs_coll_red_t 
                            ncclRedOp_t *op, int *custom)
 {
     *custom = 0;
-    float f_pre = pcs_coll_div_factor(red->pre_div);
+    double f_pre = pcs_coll_div_factor(red->pre_div, dt);
     if (red->op == PCS_RED_MAX) {
         *op = ncclMax;
         return PCS_OK;
     }
-    if (f_pre == 1.0f) {
+    if (f_pre == 1.0) {
         *op = red->op == PCS_RED_AVG ? ncclAvg : ncclSum;
         return PCS_OK;
     }
@@ -209,7 +209,9 @@ static pcs_status_t red_op(nccl_comm_t *n, pcs_dtype_t dt, const pcs_coll_red_t 
     float f32 = (float)f;
     uint16_t h;
     void *scalar = &f32;
-    if (dt == PCS_DTYPE_BF16) {
+    if (dt == PCS_DTYPE_FP64) {
+        scalar = &f; /* the double itself */
+    } else if (dt == PCS_DTYPE_BF16) {
         h = pcs_f32_to_bf16(f32);
         scalar = &h;
     } else if (dt == PCS_DTYPE_FP16) {
@@ -227,8 +229,8 @@ static pcs_status_t red_op(nccl_comm_t *n, pcs_dtype_t dt, const pcs_coll_red_t 
 static pcs_status_t post_divide(nccl_comm_t *n, void *buf, size_t count, pcs_dtype_t dt,
                                 const pcs_coll_red_t *red)
 {
-    float f = pcs_coll_div_factor(red->post_div);
-    if (f == 1.0f || count == 0)
+    double f = pcs_coll_div_factor(red->post_div, dt);
+    if (f == 1.0 || count == 0)
         return PCS_OK;
     if (n->in_group)
         return pcs_set_error(PCS_ERR_UNSUPPORTED,

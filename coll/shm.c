@@ -550,7 +550,7 @@ typedef struct red_job {
     int all;      /* all_reduce */
     pcs_dtype_t dt;
     pcs_red_op_t op;
-    float f_pre, f_avg, f_post;
+    double f_pre, f_avg, f_post;
 } red_job_t;
 
 static void chunk_of(const red_job_t *j, int P, int k, size_t *off, size_t *n)
@@ -601,7 +601,7 @@ static pcs_status_t run_reduction(pcs_shm_t *s, const red_job_t *j, uint32_t kin
                 pcs_coll_reduce_acc(res, slot(s, p, s->round) + sub, m, j->dt, j->op);
         }
         pcs_coll_reduce_acc(res, mine + sub, m, j->dt, j->op);
-        if (j->f_post != 1.0f)
+        if (j->f_post != 1.0)
             pcs_coll_scale(res, res, m, j->dt, j->f_post);
         if (j->all) {
             memcpy(mine + sub, res, m * es);
@@ -634,9 +634,9 @@ static pcs_status_t reduction(pcs_shm_t *s, const void *in, void *out, size_t co
                    all,
                    dt,
                    red->op == PCS_RED_MAX ? PCS_RED_MAX : PCS_RED_SUM,
-                   pcs_coll_div_factor(red->pre_div),
-                   red->op == PCS_RED_AVG ? pcs_coll_avg_factor(s->size, dt) : 1.0f,
-                   pcs_coll_div_factor(red->post_div)};
+                   pcs_coll_div_factor(red->pre_div, dt),
+                   red->op == PCS_RED_AVG ? pcs_coll_avg_factor(s->size, dt) : 1.0,
+                   pcs_coll_div_factor(red->post_div, dt)};
     return run_reduction(s, &j, all ? OP_AR : OP_RS, f);
 }
 

@@ -1896,9 +1896,9 @@ static pcs_status_t local_divide(pcs_runtime_t *rt, rt_unit_t *u)
     if (!isfinite(r.pre_div) || !isfinite(r.post_div) || r.pre_div < 0 || r.post_div < 0)
         return pcs_set_error(PCS_ERR_INVALID_ARG,
                              "unit %u: local divide factors must be finite and >= 0", u->index);
-    float f[2] = {pcs_coll_div_factor(r.pre_div), pcs_coll_div_factor(r.post_div)};
+    double f[2] = {pcs_coll_div_factor(r.pre_div, u->rdt), pcs_coll_div_factor(r.post_div, u->rdt)};
     for (int k = 0; k < 2; k++)
-        if (f[k] != 1.0f)
+        if (f[k] != 1.0)
             PCS_CHECK(
                 pcs_kernel_scale(rt->be, u->rs_in, u->rdt, u->padded, f[k], rt->rs_stream));
     return PCS_OK;

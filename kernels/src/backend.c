@@ -216,7 +216,7 @@ pcs_status_t pcs_kernel_cast_list(const pcs_backend_ops_t *be, const pcs_tensor_
 }
 
 pcs_status_t pcs_kernel_scale_list(const pcs_backend_ops_t *be, const pcs_tensor_t *t, size_t count,
-                                   float factor, pcs_stream_t s)
+                                   double factor, pcs_stream_t s)
 {
     PCS_CHECK(check_backend(be, "scale"));
     PCS_CHECK(check_list("scale", "t", t, count, DT_FLOATS));
@@ -314,7 +314,7 @@ pcs_status_t pcs_kernel_cast(const pcs_backend_ops_t *be, void *dst, pcs_dtype_t
 }
 
 pcs_status_t pcs_kernel_scale(const pcs_backend_ops_t *be, void *t, pcs_dtype_t dtype, size_t n,
-                              float factor, pcs_stream_t s)
+                              double factor, pcs_stream_t s)
 {
     pcs_tensor_t x = {t, dtype, n};
     return pcs_kernel_scale_list(be, &x, 1, factor, s);

@@ -37,7 +37,7 @@ typedef struct pcs_kernel_ops {
     pcs_status_t (*fill)(void *dst, pcs_dtype_t dtype, size_t n, double value, pcs_stream_t s);
     pcs_status_t (*cast)(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
                          pcs_stream_t s);
-    pcs_status_t (*scale)(const pcs_tensor_t *t, size_t count, float factor, pcs_stream_t s);
+    pcs_status_t (*scale)(const pcs_tensor_t *t, size_t count, double factor, pcs_stream_t s);
     pcs_status_t (*accumulate)(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
                                pcs_stream_t s);
     pcs_status_t (*nonfinite_check_and_unscale)(const pcs_tensor_t *t, size_t count,

@@ -305,12 +305,14 @@ static pcs_status_t cpu_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, s
     return PCS_OK;
 }
 
-static pcs_status_t cpu_scale(const pcs_tensor_t *t, size_t count, float factor, pcs_stream_t s)
+static pcs_status_t cpu_scale(const pcs_tensor_t *t, size_t count, double factor64,
+                               pcs_stream_t s)
 {
+    const float factor = (float)factor64;
     static void (*const loops[3])(void *, size_t, float) = {scale_fp32, scale_bf16, scale_fp16};
     for (size_t k = 0; k < count; k++) {
         if (t[k].dtype == PCS_DTYPE_FP64) {
-            double *d = t[k].data, f = (double)factor;
+            double *d = t[k].data, f = factor64;
             for (size_t i = 0; i < t[k].n; i++)
                 d[i] = d[i] * f;
         } else {

@@ -104,6 +104,7 @@ inline bool aligned16(const void *p)
 // element types: ld widens to fp32 (exact), st rounds once (pcs/half.h)
 
 struct TF32 {
+    using F = float; /* the scale factor */
     using T = float;
     static __device__ __forceinline__ float ld(T x)
     {
@@ -123,6 +124,7 @@ struct TF32 {
     }
 };
 struct TBF16 {
+    using F = float; /* the scale factor */
     using T = uint16_t;
     static __device__ __forceinline__ float ld(T x)
     {
@@ -142,6 +144,7 @@ struct TBF16 {
     }
 };
 struct TFP16 {
+    using F = float; /* the scale factor */
     using T = uint16_t;
     static __device__ __forceinline__ float ld(T x)
     {
@@ -163,6 +166,7 @@ struct TFP16 {
 /* fp64 as a cast source narrows to fp32 first, as the CPU loop (and c10) do; fp64 scale is in
  * double. ld64 (every type): the exact value as a double, for fp64 accumulators. */
 struct TF64 {
+    using F = double;
     using T = double;
     static __device__ __forceinline__ float ld(T x)
     {
@@ -176,9 +180,9 @@ struct TF64 {
     {
         return x;
     }
-    static __device__ __forceinline__ T scale(T x, float f)
+    static __device__ __forceinline__ T scale(T x, double f)
     {
-        return x * (double)f;
+        return x * f;
     }
 };
 
@@ -278,7 +282,7 @@ template <class D, class S, bool VEC> __global__ void cast_kernel(Batch2 b)
         d[j] = D::st(S::ld(s[j]));
 }
 
-template <class X, bool VEC> __global__ void scale_kernel(Batch2 b, float f)
+template <class X, bool VEC> __global__ void scale_kernel(Batch2 b, typename X::F f)
 {
     const int k = blockIdx.y;
     const size_t n = b.n[k];
@@ -831,7 +835,7 @@ pcs_status_t cu_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t co
     });
 }
 
-pcs_status_t cu_scale(const pcs_tensor_t *t, size_t count, float factor, pcs_stream_t s)
+pcs_status_t cu_scale(const pcs_tensor_t *t, size_t count, double factor, pcs_stream_t s)
 {
     auto key = [&](size_t k) { return dkey(t[k].dtype, t[k].dtype, aligned16(t[k].data)); };
     return for_batches(count, t, key, [&](const size_t *idx, size_t nb) -> pcs_status_t {
@@ -847,10 +851,11 @@ pcs_status_t cu_scale(const pcs_tensor_t *t, size_t count, float factor, pcs_str
         dim3 grid(grid_x(v ? PCS_CEIL_DIV(maxn, (size_t)kVec) : maxn, nb), (unsigned)nb);
         return with_dtype(t[idx[0]].dtype, [&](auto X) {
             using XT = decltype(X);
+            const typename XT::F f = (typename XT::F)factor; /* fp32, or fp64 for fp64 */
             if (v)
-                scale_kernel<XT, true><<<grid, kThreads, 0, cs(s)>>>(b, factor);
+                scale_kernel<XT, true><<<grid, kThreads, 0, cs(s)>>>(b, f);
             else
-                scale_kernel<XT, false><<<grid, kThreads, 0, cs(s)>>>(b, factor);
+                scale_kernel<XT, false><<<grid, kThreads, 0, cs(s)>>>(b, f);
             return launch_check("scale");
         });
     });

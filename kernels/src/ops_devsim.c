@@ -598,7 +598,7 @@ typedef struct list_task {
     size_t count;
     pcs_tensor_t *a, *b, *c, *d; /* untagged lists, owned */
     int has_c;                   /* sgd: momentum buffers given */
-    float factor;
+    double factor;
     void *p1, *p2; /* found_inf / inv_scale, sum_squares out */
     pcs_adamw_config_t adamw;
     pcs_sgd_config_t sgd;
@@ -688,7 +688,7 @@ static pcs_status_t ds_cast(const pcs_tensor_t *dst, const pcs_tensor_t *src, si
     return submit_list(s, t);
 }
 
-static pcs_status_t ds_scale(const pcs_tensor_t *x, size_t count, float factor, pcs_stream_t s)
+static pcs_status_t ds_scale(const pcs_tensor_t *x, size_t count, double factor, pcs_stream_t s)
 {
     list_task_t *t = NULL;
     PCS_CHECK(list_task("scale", OP_SCALE, count, x, "t", NULL, NULL, NULL, NULL, NULL, NULL, &t));

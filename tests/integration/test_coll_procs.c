@@ -40,37 +40,47 @@
 
 /* 65537 and 300007 span several shared-memory rounds (1 MiB slots) with an uneven last one */
 static const size_t counts[] = {0, 1, 7, 1000, 65537, 300007};
-static const pcs_dtype_t dtypes[] = {PCS_DTYPE_FP32, PCS_DTYPE_BF16, PCS_DTYPE_FP16};
+static const pcs_dtype_t dtypes[] = {PCS_DTYPE_FP32, PCS_DTYPE_BF16, PCS_DTYPE_FP16,
+                                     PCS_DTYPE_FP64};
 
 // ---- independent reference arithmetic (scalar, per element, via pcs/half.h) ----
+/* In double: every fp32/bf16/fp16 sum or product of two such values computed in double and
+ * rounded to fp32 is the fp32 result (double rounding is innocuous for + and x at 53 >= 2x24+2
+ * bits), then rounded once more to bf16/fp16 as the layer does; fp64 is its own dtype. */
 
-static float ld(const void *p, size_t i, pcs_dtype_t dt)
+static double ld(const void *p, size_t i, pcs_dtype_t dt)
 {
     if (dt == PCS_DTYPE_BF16)
         return pcs_bf16_to_f32(((const uint16_t *)p)[i]);
     if (dt == PCS_DTYPE_FP16)
         return pcs_fp16_to_f32(((const uint16_t *)p)[i]);
+    if (dt == PCS_DTYPE_FP64)
+        return ((const double *)p)[i];
     return ((const float *)p)[i];
 }
 
-/* Round an fp32 value to the dtype and back. */
-static float rnd(float v, pcs_dtype_t dt)
+/* Round a value to the dtype and back. */
+static double rnd(double v, pcs_dtype_t dt)
 {
     if (dt == PCS_DTYPE_BF16)
-        return pcs_bf16_to_f32(pcs_f32_to_bf16(v));
+        return pcs_bf16_to_f32(pcs_f32_to_bf16((float)v));
     if (dt == PCS_DTYPE_FP16)
-        return pcs_fp16_to_f32(pcs_f32_to_fp16(v));
-    return v;
+        return pcs_fp16_to_f32(pcs_f32_to_fp16((float)v));
+    if (dt == PCS_DTYPE_FP64)
+        return v;
+    return (float)v;
 }
 
-static void st(void *p, size_t i, pcs_dtype_t dt, float v)
+static void st(void *p, size_t i, pcs_dtype_t dt, double v)
 {
     if (dt == PCS_DTYPE_BF16)
-        ((uint16_t *)p)[i] = pcs_f32_to_bf16(v);
+        ((uint16_t *)p)[i] = pcs_f32_to_bf16((float)v);
     else if (dt == PCS_DTYPE_FP16)
-        ((uint16_t *)p)[i] = pcs_f32_to_fp16(v);
+        ((uint16_t *)p)[i] = pcs_f32_to_fp16((float)v);
+    else if (dt == PCS_DTYPE_FP64)
+        ((double *)p)[i] = v;
     else
-        ((float *)p)[i] = v;
+        ((float *)p)[i] = (float)v;
 }
 
 static uint32_t mix(uint32_t x)
@@ -85,50 +95,60 @@ static uint32_t mix(uint32_t x)
 
 /* Input element i of rank r for test case `tc`: mixed signs and magnitudes so that rounding in
  * every dtype matters, and some +0 / -0 so that MAX's operand order shows (coll.h: a tie goes to
- * the first operand, so max(+0, -0) is +0 and max(-0, +0) is -0). */
-static float input_val(int tc, int r, size_t i)
+ * the first operand, so max(+0, -0) is +0 and max(-0, +0) is -0). fp64 inputs are thirds of
+ * those, which no fp32 holds. */
+static double input_val(int tc, int r, size_t i, pcs_dtype_t dt)
 {
     uint32_t h = mix((uint32_t)tc * 2654435761U ^ mix((uint32_t)r * 97U + (uint32_t)i));
     if (h % 7u == 0)
-        return (h >> 8) & 1u ? -0.0f : 0.0f;
+        return (h >> 8) & 1u ? -0.0 : 0.0;
     float mant = (float)((int)(h % 20001u) - 10000) / 3001.0f;
-    return ldexpf(mant, (int)((h >> 20) % 9u) - 4);
+    float v = ldexpf(mant, (int)((h >> 20) % 9u) - 4);
+    return dt == PCS_DTYPE_FP64 ? (double)v / 3.0 : v;
 }
 
 static void fill_input(void *buf, size_t n, pcs_dtype_t dt, int tc, int r)
 {
     for (size_t i = 0; i < n; i++)
-        st(buf, i, dt, input_val(tc, r, i));
+        st(buf, i, dt, input_val(tc, r, i, dt));
+}
+
+/* x times the factor of a divide by d, as the layer multiplies: the fp32 reciprocal (fp64: the
+ * double one) */
+static double times_div(double x, double d, pcs_dtype_t dt)
+{
+    double f = dt == PCS_DTYPE_FP64 ? 1.0 / d : (double)(float)(1.0 / d);
+    return rnd(x * f, dt);
 }
 
 /* One contribution as the layer prepares it: x, then * (1/pre), then * rnd(1/P) for avg, each
  * rounded to the dtype. */
-static float contrib(float x, pcs_dtype_t dt, const pcs_coll_red_t *red, int P)
+static double contrib(double x, pcs_dtype_t dt, const pcs_coll_red_t *red, int P)
 {
     if (red->pre_div != 0 && red->pre_div != 1)
-        x = rnd(x * (float)(1.0 / red->pre_div), dt);
+        x = times_div(x, red->pre_div, dt);
     if (red->op == PCS_RED_AVG)
-        x = rnd(x * rnd((float)(1.0 / P), dt), dt);
+        x = rnd(x * (dt == PCS_DTYPE_FP64 ? 1.0 / P : rnd((float)(1.0 / P), dt)), dt);
     return x;
 }
 
 /* Reduction of element `i` of chunk owned by `owner`, in ring order owner+1, ..., owner, each
  * step rnd(x op acc) with the arriving rank's x first (coll.h). vals[r] = rank r's dtype value. */
-static float ring_ref(const float *vals, int P, int owner, pcs_dtype_t dt,
-                      const pcs_coll_red_t *red)
+static double ring_ref(const double *vals, int P, int owner, pcs_dtype_t dt,
+                       const pcs_coll_red_t *red)
 {
-    float acc = contrib(vals[(owner + 1) % P], dt, red, P);
+    double acc = contrib(vals[(owner + 1) % P], dt, red, P);
     for (int s = 2; s <= P; s++) {
-        float x = contrib(vals[(owner + s) % P], dt, red, P);
-        float mx = x != x ? acc : (acc > x ? acc : x); /* coll.h's MAX, x first */
+        double x = contrib(vals[(owner + s) % P], dt, red, P);
+        double mx = x != x ? acc : (acc > x ? acc : x); /* coll.h's MAX, x first */
         acc = red->op == PCS_RED_MAX ? rnd(mx, dt) : rnd(x + acc, dt);
     }
     if (red->post_div != 0 && red->post_div != 1)
-        acc = rnd(acc * (float)(1.0 / red->post_div), dt);
+        acc = times_div(acc, red->post_div, dt);
     return acc;
 }
 
-static int same_bits(float a, float b)
+static int same_bits(double a, double b)
 {
     return memcmp(&a, &b, sizeof a) == 0;
 }
@@ -176,13 +196,13 @@ static int child_open(const char *dir, int rank, int size, const char *group, pc
 }
 
 static int check_vals(const char *what, const void *got, size_t n, pcs_dtype_t dt,
-                      float (*expect)(size_t i, void *arg), void *arg)
+                      double (*expect)(size_t i, void *arg), void *arg)
 {
     for (size_t i = 0; i < n; i++) {
-        float e = rnd(expect(i, arg), dt), g = ld(got, i, dt);
+        double e = rnd(expect(i, arg), dt), g = ld(got, i, dt);
         if (!same_bits(e, g))
-            CHILD_FAIL("%s %s: element %zu of %zu: got %.9g want %.9g", what, pcs_dtype_name(dt), i,
-                       n, (double)g, (double)e);
+            CHILD_FAIL("%s %s: element %zu of %zu: got %.17g want %.17g", what, pcs_dtype_name(dt),
+                       i, n, g, e);
     }
     return 0;
 }
@@ -194,29 +214,33 @@ typedef struct ref_ctx {
     const pcs_coll_red_t *red;
 } ref_ctx_t;
 
-static float exp_all_gather(size_t i, void *arg)
+static double exp_all_gather(size_t i, void *arg)
 {
     ref_ctx_t *x = arg;
-    return input_val(x->tc, (int)(i / x->count), i % x->count);
+    return input_val(x->tc, (int)(i / x->count), i % x->count, x->dt);
 }
 
-static float exp_reduce(size_t i, void *arg)
+static double exp_reduce(size_t i, void *arg)
 {
     ref_ctx_t *x = arg;
-    float vals[8];
+    double vals[8];
     for (int r = 0; r < x->P; r++)
-        vals[r] = rnd(input_val(x->tc, r, x->chunk_off + i), x->dt);
+        vals[r] = rnd(input_val(x->tc, r, x->chunk_off + i, x->dt), x->dt);
     return ring_ref(vals, x->P, x->owner, x->dt, x->red);
 }
 
-static float exp_bcast(size_t i, void *arg)
+static double exp_bcast(size_t i, void *arg)
 {
     ref_ctx_t *x = arg;
-    return input_val(x->tc, x->owner, i);
+    return input_val(x->tc, x->owner, i, x->dt);
 }
 
-static const pcs_coll_red_t reds[] = {
-    {PCS_RED_SUM, 0, 0}, {PCS_RED_AVG, 0, 0}, {PCS_RED_MAX, 0, 0}, {PCS_RED_SUM, 2.0, 1.5}};
+/* 1.5 and 3 have reciprocals no fp32 holds: the fp64 divide must not use the fp32 one */
+static const pcs_coll_red_t reds[] = {{PCS_RED_SUM, 0, 0},
+                                      {PCS_RED_AVG, 0, 0},
+                                      {PCS_RED_MAX, 0, 0},
+                                      {PCS_RED_SUM, 2.0, 1.5},
+                                      {PCS_RED_SUM, 3.0, 0}};
 
 /* The full op x dtype x count matrix on one rank. */
 static int child_matrix(int rank, int P, const char *dir)

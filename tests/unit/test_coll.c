@@ -105,9 +105,13 @@ static void test_avg_factor_is_reciprocal_rounded_to_dtype(void **s)
     /* bf16(1/3) = 0x3eab = 0.333984375; fp16(1/3) = 0x3555 = 0.333251953125 */
     assert_true(pcs_coll_avg_factor(3, PCS_DTYPE_BF16) == 0.333984375f);
     assert_true(pcs_coll_avg_factor(3, PCS_DTYPE_FP16) == 0.333251953125f);
-    assert_true(pcs_coll_div_factor(0.0) == 1.0f);
-    assert_true(pcs_coll_div_factor(1.0) == 1.0f);
-    assert_true(pcs_coll_div_factor(1.5) == (float)(1.0 / 1.5));
+    assert_true(pcs_coll_div_factor(0.0, PCS_DTYPE_FP32) == 1.0);
+    assert_true(pcs_coll_div_factor(1.0, PCS_DTYPE_FP32) == 1.0);
+    assert_true(pcs_coll_div_factor(1.5, PCS_DTYPE_FP32) == (float)(1.0 / 1.5));
+    /* fp64: the double reciprocal (ATen's opmath for float64), not the fp32 one */
+    assert_true(pcs_coll_div_factor(1.5, PCS_DTYPE_FP64) == 1.0 / 1.5);
+    assert_true(pcs_coll_div_factor(1.5, PCS_DTYPE_FP64) != (double)(float)(1.0 / 1.5));
+    assert_true(pcs_coll_avg_factor(3, PCS_DTYPE_FP64) == 1.0 / 3.0);
 }
 
 static void test_scale_rounds_once_in_dtype(void **s)

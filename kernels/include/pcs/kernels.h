@@ -168,12 +168,13 @@ pcs_status_t pcs_kernel_fill(const pcs_backend_ops_t *be, void *dst, pcs_dtype_t
  * fp16, fp64 is supported; fp32->bf16/fp16 rounds to nearest even (see pcs/half.h). */
 pcs_status_t pcs_kernel_cast_list(const pcs_backend_ops_t *be, const pcs_tensor_t *dst,
                                   const pcs_tensor_t *src, size_t count, pcs_stream_t s);
-/* t[k] *= factor, computed in fp32 (fp64 for fp64 tensors) and rounded once to the tensor's
- * dtype (ATen's opmath). For FSDP's pre/post-divide t.div_(d), pass factor = 1.0f / d (the
- * reciprocal rounded to fp32): that is exactly what ATen's CUDA div by a scalar computes
- * (a * reciprocal(b)); ATen's CPU kernel divides, which can differ by one fp32 ulp. */
+/* t[k] *= factor, computed in fp32 with factor rounded to fp32 (fp64 for fp64 tensors, with
+ * factor as given) and rounded once to the tensor's dtype (ATen's opmath). For FSDP's
+ * pre/post-divide t.div_(d), pass pcs_coll_div_factor(d, dtype): the reciprocal rounded to fp32
+ * (fp64 tensors: 1.0 / d), exactly what ATen's CUDA div by a scalar computes (a * reciprocal(b));
+ * ATen's CPU kernel divides, which can differ by one ulp. */
 pcs_status_t pcs_kernel_scale_list(const pcs_backend_ops_t *be, const pcs_tensor_t *t, size_t count,
-                                   float factor, pcs_stream_t s);
+                                   double factor, pcs_stream_t s);
 /* dst[k] += cast(src[k]): dst fp32/bf16/fp16 with src fp32/bf16/fp16, the sum computed in fp32
  * and rounded once to dst's dtype; or dst fp64 with any float src, the sum in fp64 (an fp64
  * parameter's .grad accumulating a reduced bf16/fp16/fp32/fp64 gradient widened exactly). */
@@ -216,7 +217,7 @@ pcs_status_t pcs_kernel_sgd_update(const pcs_backend_ops_t *be, const pcs_tensor
 pcs_status_t pcs_kernel_cast(const pcs_backend_ops_t *be, void *dst, pcs_dtype_t dst_dtype,
                              const void *src, pcs_dtype_t src_dtype, size_t n, pcs_stream_t s);
 pcs_status_t pcs_kernel_scale(const pcs_backend_ops_t *be, void *t, pcs_dtype_t dtype, size_t n,
-                              float factor, pcs_stream_t s);
+                              double factor, pcs_stream_t s);
 pcs_status_t pcs_kernel_accumulate(const pcs_backend_ops_t *be, void *dst, pcs_dtype_t dst_dtype,
                                    const void *src, pcs_dtype_t src_dtype, size_t n,
                                    pcs_stream_t s);
