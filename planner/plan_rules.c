@@ -290,7 +290,8 @@ pcs_status_t pcs_plan_schedule(const Pcs__V1__Plan *p, pcs_schedule_t **out)
 static bool runnable_dtype(Pcs__V1__DType t)
 {
     return t == PCS__V1__DTYPE__DTYPE_UNSPECIFIED || t == PCS__V1__DTYPE__DTYPE_FP32 ||
-           t == PCS__V1__DTYPE__DTYPE_BF16 || t == PCS__V1__DTYPE__DTYPE_FP16;
+           t == PCS__V1__DTYPE__DTYPE_BF16 || t == PCS__V1__DTYPE__DTYPE_FP16 ||
+           t == PCS__V1__DTYPE__DTYPE_FP64;
 }
 
 static pcs_status_t bad_layout(const Pcs__V1__Unit *u, size_t i, const char *why)
@@ -349,6 +350,11 @@ pcs_status_t pcs_plan_check_layout(const Pcs__V1__Plan *p)
     return PCS_OK;
 }
 
+static Pcs__V1__DType dt_or(Pcs__V1__DType v, Pcs__V1__DType def)
+{
+    return v != PCS__V1__DTYPE__DTYPE_UNSPECIFIED ? v : def;
+}
+
 pcs_status_t pcs_plan_check_runnable(const Pcs__V1__Plan *p)
 {
     if (!p)
@@ -364,23 +370,42 @@ pcs_status_t pcs_plan_check_runnable(const Pcs__V1__Plan *p)
                  {"reduce", u->reduce_dtype},
                  {"grad", u->grad_dtype},
                  {"accumulation", u->accum_dtype}};
+        const char *path = u->path && *u->path ? u->path : "root";
         for (size_t k = 0; k < sizeof d / sizeof d[0]; k++) {
             if (!runnable_dtype(d[k].t))
                 return pcs_set_error(PCS_ERR_UNSUPPORTED,
                                      "precision: unit %zu (%s) has %s dtype %s; this release "
-                                     "computes, reduces and keeps masters in fp32, bf16 and fp16 "
-                                     "only",
-                                     i, u->path && *u->path ? u->path : "root", d[k].what,
-                                     pcs_dtype_name((pcs_dtype_t)d[k].t));
+                                     "computes, reduces and keeps masters in fp32, bf16, fp16 "
+                                     "and fp64 only",
+                                     i, path, d[k].what, pcs_dtype_name((pcs_dtype_t)d[k].t));
+            /* fp64 storage exists for fp64 masters only (the runtime's scratch, staging and
+             * optimizer state are sized by the masters) */
+            if (k > 0 && d[k].t == PCS__V1__DTYPE__DTYPE_FP64 &&
+                u->master_dtype != PCS__V1__DTYPE__DTYPE_FP64)
+                return pcs_set_error(PCS_ERR_UNSUPPORTED,
+                                     "precision: unit %zu (%s) has %s dtype fp64 with master "
+                                     "dtype %s; fp64 computing, reducing and gradients need fp64 "
+                                     "masters (full_precision_param_dtype float64)",
+                                     i, path, d[k].what,
+                                     pcs_dtype_name((pcs_dtype_t)dt_or(
+                                         u->master_dtype, PCS__V1__DTYPE__DTYPE_FP32)));
         }
+        /* fp64 gradients accumulate unsharded (no-sync micro-batches) in fp64 only: a narrower
+         * accumulator would need an fp64-to-narrow accumulation the kernels do not define */
+        Pcs__V1__DType pd = dt_or(u->param_dtype, u->master_dtype);
+        Pcs__V1__DType rd = dt_or(u->reduce_dtype, pd);
+        Pcs__V1__DType ad = dt_or(u->accum_dtype, rd);
+        if (pd == PCS__V1__DTYPE__DTYPE_FP64 && ad != PCS__V1__DTYPE__DTYPE_FP64 &&
+            p->micro_batches > 1 && !p->sync_every_micro_batch)
+            return pcs_set_error(PCS_ERR_UNSUPPORTED,
+                                 "precision: unit %zu (%s) computes in fp64 but accumulates "
+                                 "no-sync micro-batches in %s; set reduce_dtype fp64 or "
+                                 "training.gradient_sync every_micro_batch",
+                                 i, path, pcs_dtype_name((pcs_dtype_t)ad));
     }
     return PCS_OK;
 }
 
-static Pcs__V1__DType dt_or(Pcs__V1__DType v, Pcs__V1__DType def)
-{
-    return v != PCS__V1__DTYPE__DTYPE_UNSPECIFIED ? v : def;
-}
 
 /* The memory part follows what the unit runtime holds (worker/runtime.c), so that the estimate is
  * a promise the runtime's own account (pcs_rt_stats_t.mem_*) is checked against: masters and
@@ -428,6 +453,7 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
     bool keep = false; /* units stay gathered across no-sync micro-batches */
     size_t root_i = SIZE_MAX;
     uint64_t acc = 0, max_c = 1, max_g = 0, ev_bwd_peak = 0, ev_rs_max = 0;
+    uint64_t wide = f32; /* the widest master storage: 8 bytes where a master is fp64 */
     for (size_t i = 0; i < n; i++) {
         const Pcs__V1__Unit *u = p->units[i];
         if (u->stage % pp != c.pp)
@@ -441,19 +467,24 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         Pcs__V1__DType reduce = dt_or(u->reduce_dtype, param);
         Pcs__V1__DType grad = dt_or(u->grad_dtype, master);
         Pcs__V1__DType accum = dt_or(u->accum_dtype, reduce);
-        /* masters are stored in fp32 (holding master-dtype values), as is optimizer state */
-        out->param_shard_bytes += sh * f32;
+        /* masters are stored in fp32 (holding master-dtype values), fp64 ones in fp64, as is
+         * the optimizer state (the runtime's mst) */
+        Pcs__V1__DType mst = master == PCS__V1__DTYPE__DTYPE_FP64 ? master
+                                                                  : PCS__V1__DTYPE__DTYPE_FP32;
+        uint64_t msz = dsz(mst);
+        wide = msz > wide ? msz : wide;
+        out->param_shard_bytes += sh * msz;
         if (train) {
             /* the flat sharded grad covers the whole shard (FSDP1 flat layout); optimizer state
              * leaves out the frozen parameters' elements of this rank's shard (they have no grad,
              * so the optimizer never makes state for them) */
             out->grad_shard_bytes += sh * dsz(grad);
             out->optimizer_bytes += (uint64_t)p->optimizer_states *
-                                    pcs_plan_unfrozen_numel(u, sg > 1 ? c.dp_shard % sg : 0) * f32;
+                                    pcs_plan_unfrozen_numel(u, sg > 1 ? c.dp_shard % sg : 0) * msz;
         }
-        /* staging: the all-gather input (the cast master shard) unless it is fp32 already, the
-         * reduce-scatter output with a shard group */
-        if (param != PCS__V1__DTYPE__DTYPE_FP32)
+        /* staging: the all-gather input (the cast master shard) unless it is in the master's
+         * storage dtype already, the reduce-scatter output with a shard group */
+        if (param != mst)
             out->staging_bytes += sh * dsz(param);
         /* the reduce-scatter output: fp32 wide when an eval-mode backward reduces in it too */
         bool evcoll = u->n_eval_collectives > 0;
@@ -466,26 +497,26 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         bool pp_lay = per_param(u) && sg > 1;
         if (pp_lay) {
             /* the runtime's gather buffer [sg, c] before the FSDP2 copy-out, one for all
-             * per_param units: the largest (fp32 when a full-precision gather may land there) */
-            uint64_t g = sg * sh * (param != master ? f32 : dsz(param));
+             * per_param units: the largest (the master's storage dtype when a full-precision
+             * gather may land there) */
+            uint64_t g = sg * sh * (param != master ? msz : dsz(param));
             g = (g + f32 - 1) / f32 * f32;
             max_g = g > max_g ? g : max_g;
         }
         for (size_t b = 0; b < u->n_buffers; b++)
             out->buffer_bytes += u->buffers[b]->numel * dsz(u->buffers[b]->run_dtype);
-        /* a replicated unit computing in fp32 on its fp32 master needs no unsharded copy,
-         * unless the master is in host memory (cpu_offload) */
-        bool copy = sg > 1 || param != PCS__V1__DTYPE__DTYPE_FP32 ||
-                    master != PCS__V1__DTYPE__DTYPE_FP32 || p->cpu_offload;
+        /* a replicated unit computing in its fp32 (fp64) master's dtype on that master needs no
+         * unsharded copy, unless the master is in host memory (cpu_offload) */
+        bool copy = sg > 1 || param != mst || master != mst || p->cpu_offload;
         uint64_t f = copy ? u->padded_numel * dsz(param) : 0;
         full[nu] = f;
         kept[nu] = !u->reshard_after_forward ? f
                    : u->reshard_group_size   ? f / u->reshard_group_size
                                              : 0;
-        /* full-precision eval gathers fp32 copies (mixed-precision units), one unit at a time
-         * beside the root's */
+        /* full-precision eval gathers fp32 (fp64) copies (mixed-precision units), one unit at a
+         * time beside the root's */
         evalb[nu] = p->full_precision_eval && u->mixed_precision && param != master
-                        ? u->padded_numel * f32
+                        ? u->padded_numel * msz
                         : f;
         if (u->is_root) {
             root_eval = evalb[nu];
@@ -559,8 +590,8 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
             }
         }
     }
-    /* the runtime's fp32 scratch (largest shard) and read-back scalars */
-    out->staging_bytes += max_c * f32 + (3 + (uint64_t)n) * f32 + max_g;
+    /* the runtime's scratch (largest shard, widest master storage) and read-back scalars */
+    out->staging_bytes += max_c * wide + (3 + (uint64_t)n) * f32 + max_g;
     /* prefix sums make the walks O(units); ancestors (units whose module encloses unit i's, by
      * path, in pre-order) stay gathered, with their gradient, while unit i computes */
     for (size_t i = 0; i < nu; i++) {
@@ -682,17 +713,40 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         /* masters and optimizer state in host memory, with the host copy of one gradient shard
          * (widened to fp32) the CPU optimizer reads; on the device, the fp32 master shard being
          * copied in for an all-gather (one at a time: the all-gather stream's pool block) */
-        out->host_bytes = out->param_shard_bytes + out->optimizer_bytes + max_c * f32;
-        out->staging_bytes += max_c * f32;
-        out->total_bytes += max_c * f32;
+        out->host_bytes = out->param_shard_bytes + out->optimizer_bytes + max_c * wide;
+        out->staging_bytes += max_c * wide;
+        out->total_bytes += max_c * wide;
     } else {
         out->total_bytes += out->param_shard_bytes + out->optimizer_bytes;
     }
     return PCS_OK;
 }
 
+/* A unit of the plan keeps fp64 masters. */
+static bool plan_has_fp64(const Pcs__V1__Plan *p)
+{
+    for (size_t i = 0; p && i < p->n_units; i++)
+        if (p->units[i]->master_dtype == PCS__V1__DTYPE__DTYPE_FP64)
+            return true;
+    return false;
+}
+
 pcs_status_t pcs_job_check_runnable(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p)
 {
+    if (plan_has_fp64(p)) {
+        /* pcs-worker's own math (model.mlp and its layer classes) and its checkpoints are
+         * fp32/bf16/fp16; a program doing its own math (pcs.torch, a C API program) runs fp64 */
+        const char *prog = spec && spec->program ? spec->program : "";
+        if (!*prog || !strcmp(prog, "pcs-worker"))
+            return pcs_set_error(PCS_ERR_UNSUPPORTED,
+                                 "precision: fp64 masters run in programs that do their own math "
+                                 "(spec.program pcs.torch or a C API program's name); pcs-worker "
+                                 "computes and checkpoints in fp32, bf16 and fp16");
+        if (spec && spec->training && spec->training->clip_grad_norm > 0)
+            return pcs_set_error(PCS_ERR_UNSUPPORTED,
+                                 "training.clip_grad_norm: not with fp64 masters (the global "
+                                 "norm is computed in fp32; PyTorch's is fp64 there)");
+    }
     if (p && p->pp_size > 1 &&
         (!spec || !spec->model || spec->model->kind_case != PCS__V1__MODEL_SPEC__KIND_MLP))
         return pcs_set_error(PCS_ERR_UNSUPPORTED,

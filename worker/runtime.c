@@ -21,7 +21,9 @@
  *   rg         reshard group size (FSDP2 reshard_after_forward = int), 0 when none
  *   ag, rs, ar all-gather, reduce-scatter, all-reduce (their streams, threads, communicators)
  *   cs         the compute stream (the caller's)  be    the kernels backend
- *   master / param / reduce / grad / accum   the unit's dtypes, as the plan resolved them */
+ *   master / param / reduce / grad / accum   the unit's dtypes, as the plan resolved them
+ *   mst        the master shard's storage dtype: fp64 for fp64 masters, fp32 for the others
+ *              (fp32 holding bf16/fp16 values for pure low precision); optimizer state too */
 
 #include "worker/runtime.h"
 
@@ -52,15 +54,16 @@ typedef struct rt_unit {
     const Pcs__V1__Unit *u;
     uint32_t index;
     pcs_dtype_t master, param, reduce, grad, accum;
+    pcs_dtype_t mst; /* storage of master_shard and the optimizer state (see the legend) */
     uint64_t padded, c;
     uint32_t sg, shard_index;
-    void *master_shard;   /* c, master dtype */
+    void *master_shard;   /* c, mst */
     void *grad_shard;     /* c, grad dtype; NULL for a unit with no trainable parameter */
     int trainable;        /* a parameter of the unit is not frozen (plan) */
     /* exp_avg/exp_avg_sq or momentum, compact: n_state elements, the shard's ranges outside
      * frozen parameters (upd_off/upd_len) back to back — PyTorch keeps no state for a frozen
      * parameter, and the plan's estimate counts none; NULL when n_state is 0 */
-    float *opt_a, *opt_b;
+    void *opt_a, *opt_b; /* mst */
     uint64_t n_state;
     /* The full-size buffers come from the runtime's pool (rt_block_t) and are held only while
      * the unit is live, as the plan's estimate counts them: unsharded from prefetch/unshard to
@@ -164,16 +167,17 @@ struct pcs_runtime {
     float *d_scal;          /* backend: [0] found_inf, [1] inv_scale, [2] scalar all-reduce,
                              * [3 + i] sum of squares of unit i */
     float *h_scal;          /* pinned host: read-back of d_scal, and staged scalar reductions */
-    float *d_tmp;           /* backend: max shard fp32 scratch (grad widening, master rounding) */
+    void *d_tmp;            /* backend: max shard scratch of the widest mst (grad widening,
+                             * master rounding) */
     /* cpu_offload (plan): master shards and optimizer state are host memory (host_be's kernels
-     * update them), h_grad the host copy of one gradient shard (max shard, fp32) */
+     * update them), h_grad the host copy of one gradient shard (max shard, widest mst) */
     int offload;
     int sync_every; /* plan: every micro-batch reduces (no unsharded accumulator at setup) */
     int ar_last;    /* plan: HSDP all-reduces once per step, on the last micro-batch */
     const pcs_backend_ops_t *host_be;
-    float *h_grad;
+    void *h_grad;
     void *d_h2d; /* cpu_offload: device copy of one master shard for an all-gather (max shard,
-                  * fp32; used on the all-gather stream only, which orders its reuse) */
+                  * widest mst; used on the all-gather stream only, which orders its reuse) */
     pcs_rt_tpool_t tp_ag, tp_rs; /* collective timings of the all-gather and reduction
                                   * streams (runtime_stats.h) */
     double ev_ms[3];             /* resolved timings of this step by PCS_RT_T_* (under mu) */
@@ -619,26 +623,26 @@ static pcs_status_t do_unshard_comm(pcs_runtime_t *rt, rt_unit_t *u, int full)
     }
     if (u->alias && !full)
         return PCS_OK; /* computes on the master shard itself */
-    pcs_dtype_t dt = full ? PCS_DTYPE_FP32 : u->param;
+    pcs_dtype_t dt = full ? u->mst : u->param;
     void *dst = full ? u->full : u->unsharded;
     size_t esz = pcs_dtype_size(dt);
     uint64_t t0 = pcs_now_us();
     const void *master = u->master_shard;
     if (rt->offload && u->c > 0) {
         /* cpu_offload: the master shard to the device first (the cast happens there) */
-        PCS_CHECK(rt->be->copy(rt->d_h2d, u->master_shard, u->c * sizeof(float), PCS_COPY_H2D,
-                               rt->ag_stream));
+        PCS_CHECK(rt->be->copy(rt->d_h2d, u->master_shard, u->c * pcs_dtype_size(u->mst),
+                               PCS_COPY_H2D, rt->ag_stream));
         master = rt->d_h2d;
     }
     const void *src = master;
     pcs_status_t st = PCS_OK;
-    /* Master shards are stored as fp32 holding values of the master dtype (pure fp16 keeps
-     * fp16-representable values), so the cast source is always fp32. */
-    if (dt != PCS_DTYPE_FP32) {
-        st = pcs_kernel_cast(rt->be, u->ag_in, dt, master, PCS_DTYPE_FP32, u->c, rt->ag_stream);
+    /* Master shards are stored in mst: fp64, or fp32 holding values of the master dtype (pure
+     * fp16 keeps fp16-representable values), so the cast source is mst. */
+    if (dt != u->mst) {
+        st = pcs_kernel_cast(rt->be, u->ag_in, dt, master, u->mst, u->c, rt->ag_stream);
         src = u->ag_in;
     }
-    double cast_ms = dt != PCS_DTYPE_FP32 ? ms_since(t0) : 0;
+    double cast_ms = dt != u->mst ? ms_since(t0) : 0;
     if (u->sg <= 1) {
         if (st == PCS_OK)
             st = rt->be->copy(dst, src, u->c * esz, PCS_COPY_D2D, rt->ag_stream);
@@ -750,14 +754,14 @@ static pcs_status_t alloc_zero(pcs_runtime_t *rt, uint64_t n, pcs_dtype_t dt, vo
 
 /* A master shard or optimizer state: backend memory, or host memory with cpu_offload (not in the
  * runtime's device account; zeroed like alloc_zero). */
-static pcs_status_t alloc_state(pcs_runtime_t *rt, uint64_t n, void **out)
+static pcs_status_t alloc_state(pcs_runtime_t *rt, uint64_t n, pcs_dtype_t dt, void **out)
 {
     if (!rt->offload)
-        return alloc_zero(rt, n, PCS_DTYPE_FP32, out);
+        return alloc_zero(rt, n, dt, out);
     *out = NULL;
-    PCS_CHECK(rt->be->host_alloc((size_t)n * sizeof(float), out));
+    PCS_CHECK(rt->be->host_alloc((size_t)n * pcs_dtype_size(dt), out));
     if (*out)
-        memset(*out, 0, (size_t)n * sizeof(float));
+        memset(*out, 0, (size_t)n * pcs_dtype_size(dt));
     return PCS_OK;
 }
 
@@ -878,7 +882,10 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
     PCS_CHECK(pcs_calloc(p->n_units ? p->n_units : 1, sizeof *rt->queue, (void **)&rt->queue));
     PCS_CHECK(
         pcs_calloc(p->n_units ? p->n_units : 1, sizeof *rt->rs_queue, (void **)&rt->rs_queue));
-    float *tmp = NULL; /* host staging of one master shard's initial values */
+    /* host staging of one master shard's initial values: fp32 from init_param (tmp32), in mst
+     * (tmp: tmp32 itself for fp32, fp64 values from init_param64 or widened from tmp32) */
+    float *tmp32 = NULL;
+    double *tmp64 = NULL;
     size_t tmp_cap = 0;
     pcs_status_t st = PCS_OK;
     for (size_t i = 0; i < p->n_units; i++) {
@@ -893,6 +900,7 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         /* pipeline stage s runs on pp rank s mod pp (planner/schedule.h) */
         u->held = rt->pp_size <= 1 || pu->stage % rt->pp_size == rt->pp_index;
         u->master = dt_or(pu->master_dtype, PCS_DTYPE_FP32);
+        u->mst = u->master == PCS_DTYPE_FP64 ? PCS_DTYPE_FP64 : PCS_DTYPE_FP32;
         u->param = dt_or(pu->param_dtype, u->master);
         u->reduce = dt_or(pu->reduce_dtype, u->param);
         u->grad = dt_or(pu->grad_dtype, u->master);
@@ -950,7 +958,7 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         }
         /* Every buffer starts zeroed (as calloc did): padding stays 0 and optimizer state
          * starts at 0. */
-        PCS_CHECK_GOTO(alloc_state(rt, u->c, &u->master_shard), st, out);
+        PCS_CHECK_GOTO(alloc_state(rt, u->c, u->mst, &u->master_shard), st, out);
         /* A unit whose parameters are all frozen has no gradient, optimizer state or
          * accumulator (as PyTorch: no .grad, no state; the plan's estimate counts none): its
          * hand-ins are dropped and the optimizer step passes it by. */
@@ -959,9 +967,8 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         if (u->trainable)
             PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->grad, &u->grad_shard), st, out);
         /* unsharded, grads and rs_in come from the pool while the unit is live; a replicated
-         * unit computing in fp32 on an fp32 master computes on the master itself (DDP) */
-        u->alias = u->sg <= 1 && u->param == PCS_DTYPE_FP32 && u->master == PCS_DTYPE_FP32 &&
-                   !rt->offload;
+         * unit computing in its fp32 (fp64) master's dtype computes on the master itself (DDP) */
+        u->alias = u->sg <= 1 && u->param == u->mst && u->master == u->mst && !rt->offload;
         if (u->alias)
             u->unsharded = NULL; /* set to master_shard below */
         if (rt->micro_batches > 1 && !rt->sync_every && u->trainable)
@@ -975,7 +982,7 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
                                                                                 : u->reduce,
                                       &u->rs_out),
                            st, out);
-        if (u->param != PCS_DTYPE_FP32)
+        if (u->param != u->mst)
             PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->param, &u->ag_in), st, out);
 
         /* The pieces: this rank's tell what its shard holds; with per_param those of every
@@ -996,21 +1003,38 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         /* Master shard: the pieces of the parameters it holds (flat layout: elements
          * [shard_index*c, +c) of the flat buffer), each generated only for that piece (init is
          * a function of element index), into a zeroed host buffer copied H2D (init_param fills
-         * host memory). */
+         * host memory). fp64 masters take init_param64's doubles where the caller has them (a
+         * model built in float64), else init_param's floats widened exactly. */
         if (u->c > tmp_cap) {
-            free(tmp);
-            tmp = NULL;
+            free(tmp32);
+            free(tmp64);
+            tmp32 = NULL;
+            tmp64 = NULL;
             tmp_cap = u->c;
-            PCS_CHECK_GOTO(pcs_calloc(tmp_cap, sizeof(float), (void **)&tmp), st, out);
+            PCS_CHECK_GOTO(pcs_calloc(tmp_cap, sizeof *tmp32, (void **)&tmp32), st, out);
         }
+        if (u->mst == PCS_DTYPE_FP64 && !tmp64 && tmp_cap)
+            PCS_CHECK_GOTO(pcs_calloc(tmp_cap, sizeof *tmp64, (void **)&tmp64), st, out);
+        int init64 = u->mst == PCS_DTYPE_FP64 && cfg->init_param64;
         if (u->c > 0)
-            memset(tmp, 0, u->c * sizeof(float));
+            memset(init64 ? (void *)tmp64 : (void *)tmp32, 0,
+                   u->c * (init64 ? sizeof *tmp64 : sizeof *tmp32));
         for (size_t k = 0; k < n_mine; k++)
-            for (uint64_t j = 0; j < mine[k].count; j++)
-                PCS_CHECK_GOTO(cfg->init_param(cfg->init_ctx, pu->params[mine[k].param],
-                                               mine[k].elem + j * mine[k].stride, mine[k].len,
-                                               tmp + mine[k].shard_off + j * mine[k].len),
+            for (uint64_t j = 0; j < mine[k].count; j++) {
+                uint64_t at = mine[k].shard_off + j * mine[k].len;
+                uint64_t first = mine[k].elem + j * mine[k].stride;
+                const Pcs__V1__ParamSlot *ps = pu->params[mine[k].param];
+                PCS_CHECK_GOTO(init64 ? cfg->init_param64(cfg->init_ctx, ps, first, mine[k].len,
+                                                          tmp64 + at)
+                                      : cfg->init_param(cfg->init_ctx, ps, first, mine[k].len,
+                                                        tmp32 + at),
                                st, out);
+            }
+        if (u->mst == PCS_DTYPE_FP64 && !init64 && u->c > 0)
+            PCS_CHECK_GOTO(pcs_cpu_cast_array(tmp64, PCS_DTYPE_FP64, tmp32, PCS_DTYPE_FP32, u->c),
+                           st, out);
+        const void *tmp = u->mst == PCS_DTYPE_FP64 ? (const void *)tmp64 : (const void *)tmp32;
+        size_t mbytes = u->c * pcs_dtype_size(u->mst);
         PCS_CHECK_GOTO(trainable_ranges(u, pu, mine, n_mine), st, out);
         PCS_CHECK_GOTO(grad_gaps(u, pu), st, out);
         /* optimizer state for the elements outside frozen parameters only (compact); plain SGD
@@ -1022,22 +1046,22 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
                 u->n_state += u->upd_len[k];
         }
         if (u->n_state && (rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0))
-            PCS_CHECK_GOTO(alloc_state(rt, u->n_state, (void **)&u->opt_a), st, out);
+            PCS_CHECK_GOTO(alloc_state(rt, u->n_state, u->mst, &u->opt_a), st, out);
         if (u->n_state && rt->opt == PCS_OPT_ADAMW)
-            PCS_CHECK_GOTO(alloc_state(rt, u->n_state, (void **)&u->opt_b), st, out);
+            PCS_CHECK_GOTO(alloc_state(rt, u->n_state, u->mst, &u->opt_b), st, out);
         if (!per_param) { /* the flat layout's moves are whole ranges: no pieces needed */
             free(u->pieces);
             free(u->pc_at);
             u->pieces = NULL;
             u->pc_at = NULL;
         }
-        float *ms = u->master_shard;
+        void *ms = u->master_shard;
         if (u->alias)
             u->unsharded = ms;
         if (rt->offload) {
             if (u->c > 0)
-                memcpy(ms, tmp, u->c * sizeof(float));
-            if (u->master != PCS_DTYPE_FP32 && u->c > 0) { /* the rounding below, on the host */
+                memcpy(ms, tmp, mbytes);
+            if (u->master != u->mst && u->c > 0) { /* the rounding below, on the host */
                 PCS_CHECK_GOTO(pcs_kernel_cast(rt->host_be, rt->h_grad, u->master, ms,
                                                PCS_DTYPE_FP32, u->c, NULL),
                                st, out);
@@ -1047,11 +1071,10 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
             }
             continue;
         }
-        PCS_CHECK_GOTO(rt->be->copy(ms, tmp, u->c * sizeof(float), PCS_COPY_H2D, rt->cstream), st,
-                       out);
+        PCS_CHECK_GOTO(rt->be->copy(ms, tmp, mbytes, PCS_COPY_H2D, rt->cstream), st, out);
         /* the host buffer is reused for the next unit: the copy must have read it */
         PCS_CHECK_GOTO(rt->be->sync(rt->cstream), st, out);
-        if (u->master != PCS_DTYPE_FP32 && u->c > 0) {
+        if (u->master != u->mst && u->c > 0) {
             /* values of a low-precision master dtype, kept in fp32 storage (round trip through
              * the d_tmp scratch) */
             PCS_CHECK_GOTO(pcs_kernel_cast(rt->be, rt->d_tmp, u->master, ms, PCS_DTYPE_FP32, u->c,
@@ -1064,7 +1087,8 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
     }
     PCS_CHECK_GOTO(rt->be->sync(rt->cstream), st, out);
 out:
-    free(tmp);
+    free(tmp32);
+    free(tmp64);
     return st;
 }
 
@@ -1074,35 +1098,41 @@ static pcs_status_t alloc_shared(pcs_runtime_t *rt)
 {
     const Pcs__V1__Plan *p = rt->plan;
     uint64_t max_c = 1, max_stage = 1, gbytes = 0;
+    size_t msz = 4; /* the widest master storage (fp64 masters: 8) */
     for (size_t i = 0; i < p->n_units; i++) {
         const Pcs__V1__Unit *pu = p->units[i];
         if (rt->pp_size > 1 && pu->stage % rt->pp_size != rt->pp_index)
             continue; /* another pipeline stage's unit */
         uint64_t c = pu->shard_numel ? pu->shard_numel : pu->padded_numel;
         max_c = c > max_c ? c : max_c;
+        if (pu->master_dtype == PCS__V1__DTYPE__DTYPE_FP64)
+            msz = 8;
         max_stage = pu->padded_numel + c > max_stage ? pu->padded_numel + c : max_stage;
         uint64_t sg = pu->shard_group_size ? pu->shard_group_size : 1;
         if (pu->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM && sg > 1) {
-            /* the full-precision (fp32) gather lands here too when the param dtype differs */
+            /* the full-precision gather (in the master storage dtype) lands here too when the
+             * param dtype differs */
             pcs_dtype_t md = dt_or(pu->master_dtype, PCS_DTYPE_FP32);
             pcs_dtype_t pd = dt_or(pu->param_dtype, md);
-            uint64_t b = sg * c * (pd != md ? 4 : pcs_dtype_size(pd));
+            size_t fsz = md == PCS_DTYPE_FP64 ? 8 : 4;
+            uint64_t b = sg * c * (pd != md ? fsz : pcs_dtype_size(pd));
             gbytes = b > gbytes ? b : gbytes;
         }
     }
     if (gbytes)
         PCS_CHECK(alloc_zero(rt, (gbytes + 3) / 4, PCS_DTYPE_FP32, &rt->gbuf));
-    PCS_CHECK(alloc_zero(rt, max_c, PCS_DTYPE_FP32, (void **)&rt->d_tmp));
+    pcs_dtype_t wide = msz == 8 ? PCS_DTYPE_FP64 : PCS_DTYPE_FP32;
+    PCS_CHECK(alloc_zero(rt, max_c, wide, &rt->d_tmp));
     PCS_CHECK(alloc_zero(rt, 3 + p->n_units, PCS_DTYPE_FP32, (void **)&rt->d_scal));
     PCS_CHECK(rt->be->host_alloc((3 + p->n_units) * sizeof(float), (void **)&rt->h_scal));
     if (rt->offload) {
-        PCS_CHECK(rt->be->host_alloc((size_t)max_c * sizeof(float), (void **)&rt->h_grad));
-        PCS_CHECK(alloc_zero(rt, max_c, PCS_DTYPE_FP32, &rt->d_h2d));
+        PCS_CHECK(rt->be->host_alloc((size_t)max_c * msz, &rt->h_grad));
+        PCS_CHECK(alloc_zero(rt, max_c, wide, &rt->d_h2d));
     }
     if (rt->stage) {
-        /* fp32 is the widest dtype a collective here moves */
-        PCS_CHECK(rt->be->host_alloc((size_t)max_stage * sizeof(float), &rt->stage_ag));
-        PCS_CHECK(rt->be->host_alloc((size_t)max_stage * sizeof(float), &rt->stage_rs));
+        /* fp32 is the widest dtype a collective here moves, fp64 where masters are fp64 */
+        PCS_CHECK(rt->be->host_alloc((size_t)max_stage * msz, &rt->stage_ag));
+        PCS_CHECK(rt->be->host_alloc((size_t)max_stage * msz, &rt->stage_rs));
     }
     return PCS_OK;
 }
@@ -1558,11 +1588,12 @@ pcs_status_t pcs_runtime_unshard(pcs_runtime_t *rt, uint32_t unit, int full_prec
             pthread_cond_wait(&rt->cv, &rt->mu);
         pthread_mutex_unlock(&rt->mu);
         if (!u->full) /* a pool block until the unit is resharded */
-            PCS_CHECK(pool_get(rt, (size_t)u->padded * sizeof(float), rt->ag_stream, &u->full));
+            PCS_CHECK(pool_get(rt, (size_t)u->padded * pcs_dtype_size(u->mst), rt->ag_stream,
+                               &u->full));
         PCS_CHECK(do_unshard(rt, u, 1));
         PCS_CHECK(rt->be->stream_wait_event(rt->cstream, u->ev_ag));
         *params = u->full;
-        *dtype = PCS_DTYPE_FP32;
+        *dtype = u->mst;
         return PCS_OK;
     }
     uint64_t t0 = pcs_now_us();
@@ -2144,7 +2175,8 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
     u->skip_ar = u->ar_partial != NULL && u->syncs < rt->micro_batches && !full;
     /* the step's last reduction of the unit computes clipping's sum of squares on the way (not
      * with frozen ranges, which the optimizer zeroes first) */
-    u->fuse_ss = rt->fuse_norm && !full && u->syncs >= rt->micro_batches && u->n_frz == 0;
+    u->fuse_ss = rt->fuse_norm && !full && u->syncs >= rt->micro_batches && u->n_frz == 0 &&
+                 u->grad != PCS_DTYPE_FP64; /* (the fused op has no fp64 form) */
     pcs_status_t st = reduce_copy_in(rt, u);
     u->accum_valid = 0;
     if (st != PCS_OK)
@@ -2232,12 +2264,15 @@ static pcs_status_t fence_side_streams(pcs_runtime_t *rt)
     return fence_compute_after(rt, rt->ag_stream);
 }
 
-/* The optimizer on one unit's shard (fp32 grads g): the whole shard in one tensor, or, when frozen
- * parameters overlap it, the trainable ranges as one tensor list (one launch on cuda); with
- * backend be's kernels on stream cs (cpu_offload: the host backend on host memory). */
+/* The optimizer on one unit's shard (grads g in mst): the whole shard in one tensor, or, when
+ * frozen parameters overlap it, the trainable ranges as one tensor list (one launch on cuda);
+ * with backend be's kernels on stream cs (cpu_offload: the host backend on host memory). */
 static pcs_status_t update_unit(pcs_runtime_t *rt, const pcs_backend_ops_t *be, rt_unit_t *u,
-                                float *g, pcs_stream_t cs)
+                                void *g, pcs_stream_t cs)
 {
+    const pcs_dtype_t dt = u->mst;
+    const size_t es = pcs_dtype_size(dt);
+#define AT(base, k) ((base) ? (void *)((char *)(base) + (k) * es) : NULL)
     enum { MAXR = 32 };
     pcs_tensor_t p[MAXR], gt[MAXR], a[MAXR], b[MAXR];
     size_t done = 0, total = u->has_frozen ? u->n_upd : 1;
@@ -2247,10 +2282,10 @@ static pcs_status_t update_unit(pcs_runtime_t *rt, const pcs_backend_ops_t *be, 
         for (; n < MAXR && done + n < total; n++) {
             uint64_t off = u->has_frozen ? u->upd_off[done + n] : 0;
             uint64_t len = u->has_frozen ? u->upd_len[done + n] : u->c;
-            p[n] = (pcs_tensor_t){(float *)u->master_shard + off, PCS_DTYPE_FP32, len};
-            gt[n] = (pcs_tensor_t){g + off, PCS_DTYPE_FP32, len};
-            a[n] = (pcs_tensor_t){u->opt_a ? u->opt_a + soff : NULL, PCS_DTYPE_FP32, len};
-            b[n] = (pcs_tensor_t){u->opt_b ? u->opt_b + soff : NULL, PCS_DTYPE_FP32, len};
+            p[n] = (pcs_tensor_t){AT(u->master_shard, off), dt, len};
+            gt[n] = (pcs_tensor_t){AT(g, off), dt, len};
+            a[n] = (pcs_tensor_t){AT(u->opt_a, soff), dt, len};
+            b[n] = (pcs_tensor_t){AT(u->opt_b, soff), dt, len};
             soff += len;
         }
         if (rt->opt == PCS_OPT_ADAMW) {
@@ -2263,6 +2298,7 @@ static pcs_status_t update_unit(pcs_runtime_t *rt, const pcs_backend_ops_t *be, 
         }
         done += n;
     }
+#undef AT
     return PCS_OK;
 }
 
@@ -2295,8 +2331,8 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
             PCS_CHECK(pcs_kernel_fill(be, (uint8_t *)u->grad_shard + u->frz_off[k] * esz, u->grad,
                                       u->frz_len[k], 0.0, cs));
     }
-    /* fp32 view of every grad shard (keep_low_precision_grads keeps them in the param dtype:
-     * FSDP1 hands those to the optimizer; we widen for the fp32 update). */
+    /* mst view of every grad shard (keep_low_precision_grads keeps them in the param dtype:
+     * FSDP1 hands those to the optimizer; we widen for the update in the master's storage). */
     size_t first_held = 0;
     while (first_held < rt->n_units &&
            !(rt->units[first_held].held && rt->units[first_held].grad_shard))
@@ -2401,7 +2437,7 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
     }
     rt->opt_steps++;
     pcs_status_t st = PCS_OK;
-    float *tmp = rt->d_tmp; /* max shard fp32 scratch */
+    void *tmp = rt->d_tmp; /* max shard scratch of the widest mst */
     if (rt->offload) {
         /* the host update must not race the last all-gathers' copies of the masters */
         PCS_CHECK_GOTO(be->sync(rt->ag_stream), st, out);
@@ -2410,11 +2446,10 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
         rt_unit_t *u = &rt->units[i];
         if (!u->held || !u->grad_shard) /* (all frozen: nothing to update) */
             continue;
-        float *g = u->grad_shard;
-        if (u->grad != PCS_DTYPE_FP32) {
-            PCS_CHECK_GOTO(
-                pcs_kernel_cast(be, tmp, PCS_DTYPE_FP32, u->grad_shard, u->grad, u->c, cs), st,
-                out);
+        void *g = u->grad_shard;
+        if (u->grad != u->mst) {
+            PCS_CHECK_GOTO(pcs_kernel_cast(be, tmp, u->mst, u->grad_shard, u->grad, u->c, cs), st,
+                           out);
             g = tmp;
         }
         if (rt->offload) {
@@ -2422,11 +2457,11 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
              * steps there, on the host masters and state */
             if (u->c == 0)
                 continue;
-            PCS_CHECK_GOTO(be->copy(rt->h_grad, g, u->c * sizeof(float), PCS_COPY_D2H, cs), st,
-                           out);
+            PCS_CHECK_GOTO(
+                be->copy(rt->h_grad, g, u->c * pcs_dtype_size(u->mst), PCS_COPY_D2H, cs), st, out);
             PCS_CHECK_GOTO(be->sync(cs), st, out);
             PCS_CHECK_GOTO(update_unit(rt, rt->host_be, u, rt->h_grad, NULL), st, out);
-            if (u->master != PCS_DTYPE_FP32) { /* as below, on the host (h_grad is free) */
+            if (u->master != u->mst) { /* as below, on the host (h_grad is free) */
                 PCS_CHECK_GOTO(pcs_kernel_cast(rt->host_be, rt->h_grad, u->master,
                                                u->master_shard, PCS_DTYPE_FP32, u->c, NULL),
                                st, out);
@@ -2437,7 +2472,7 @@ pcs_status_t pcs_runtime_optimizer_step(pcs_runtime_t *rt, const pcs_rt_step_opt
             continue;
         }
         PCS_CHECK_GOTO(update_unit(rt, be, u, g, cs), st, out);
-        if (u->master != PCS_DTYPE_FP32) {
+        if (u->master != u->mst) {
             /* Low-precision masters (pure fp16): the fp32 update is rounded back to the master
              * dtype, as a parameter stored in fp16 would be. */
             PCS_CHECK_GOTO(
@@ -2533,7 +2568,7 @@ pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t 
     memset(out, 0, sizeof *out);
     out->unit = unit;
     out->master_dtype = u->master;
-    out->storage_dtype = PCS_DTYPE_FP32;
+    out->storage_dtype = u->mst;
     out->numel = u->c;
     out->master = u->master_shard;
     out->state_numel = u->n_state;
@@ -2557,49 +2592,50 @@ pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t 
  * frozen parameters back to back) and a c-element host array: to_host expands (0 at frozen
  * ranges), from host compacts. `st` is backend memory (host memory with cpu_offload), possibly
  * NULL when n_state is 0. Copies are queued on the compute stream (offload: done at once). */
-static pcs_status_t state_xfer(pcs_runtime_t *rt, const rt_unit_t *u, float *st, float *host,
+static pcs_status_t state_xfer(pcs_runtime_t *rt, const rt_unit_t *u, void *st, void *host,
                                int to_host)
 {
+    const size_t es = pcs_dtype_size(u->mst);
     if (!st) { /* no state (every element frozen): zeros out, nothing in */
         if (to_host && u->c > 0)
-            memset(host, 0, u->c * sizeof(float));
+            memset(host, 0, u->c * es);
         return PCS_OK;
     }
     if (!u->has_frozen) { /* compact == the shard */
-        size_t bytes = u->c * sizeof(float);
+        size_t bytes = u->c * es;
         if (bytes == 0)
             return PCS_OK;
         if (rt->offload) {
             memcpy(to_host ? host : st, to_host ? st : host, bytes);
             return PCS_OK;
         }
-        return rt->be->copy(to_host ? (void *)host : (void *)st, to_host ? st : host, bytes,
+        return rt->be->copy(to_host ? host : st, to_host ? st : host, bytes,
                             to_host ? PCS_COPY_D2H : PCS_COPY_H2D, rt->cstream);
     }
     if (to_host && u->c > 0)
-        memset(host, 0, u->c * sizeof(float));
+        memset(host, 0, u->c * es);
     uint64_t soff = 0;
     for (size_t k = 0; k < u->n_upd; k++) {
-        size_t bytes = u->upd_len[k] * sizeof(float);
-        float *h = host + u->upd_off[k], *d = st + soff;
+        size_t bytes = u->upd_len[k] * es;
+        char *h = (char *)host + u->upd_off[k] * es, *d = (char *)st + soff * es;
         soff += u->upd_len[k];
         if (bytes == 0)
             continue;
         if (rt->offload)
             memcpy(to_host ? h : d, to_host ? d : h, bytes);
         else
-            PCS_CHECK(rt->be->copy(to_host ? (void *)h : (void *)d, to_host ? d : h, bytes,
+            PCS_CHECK(rt->be->copy(to_host ? h : d, to_host ? d : h, bytes,
                                    to_host ? PCS_COPY_D2H : PCS_COPY_H2D, rt->cstream));
     }
     return PCS_OK;
 }
 
 pcs_status_t pcs_runtime_shard_to_host(pcs_runtime_t *rt, uint32_t unit, void *master,
-                                       float *state_a, float *state_b)
+                                       void *state_a, void *state_b)
 {
     PCS_CHECK(check_unit(rt, unit));
     rt_unit_t *u = &rt->units[unit];
-    size_t bytes = u->c * sizeof(float);
+    size_t bytes = u->c * pcs_dtype_size(u->mst);
     /* the optimizer state the optimizer has (pcs_runtime_shard's states) */
     int has_a = rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0;
     int has_b = rt->opt == PCS_OPT_ADAMW;
@@ -2617,12 +2653,12 @@ pcs_status_t pcs_runtime_shard_to_host(pcs_runtime_t *rt, uint32_t unit, void *m
     return rt->offload ? PCS_OK : rt->be->sync(rt->cstream);
 }
 
-pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const float *master,
-                                         const float *state_a, const float *state_b)
+pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const void *master,
+                                         const void *state_a, const void *state_b)
 {
     PCS_CHECK(check_unit(rt, unit));
     rt_unit_t *u = &rt->units[unit];
-    size_t bytes = u->c * sizeof(float);
+    size_t bytes = u->c * pcs_dtype_size(u->mst);
     int has_a = rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0;
     int has_b = rt->opt == PCS_OPT_ADAMW;
     if (rt->offload) {
@@ -2636,9 +2672,9 @@ pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const
         PCS_CHECK(rt->be->copy(u->master_shard, master, bytes, PCS_COPY_H2D, rt->cstream));
     }
     if (state_a && has_a)
-        PCS_CHECK(state_xfer(rt, u, u->opt_a, (float *)state_a, 0));
+        PCS_CHECK(state_xfer(rt, u, u->opt_a, (void *)(uintptr_t)state_a, 0));
     if (state_b && has_b)
-        PCS_CHECK(state_xfer(rt, u, u->opt_b, (float *)state_b, 0));
+        PCS_CHECK(state_xfer(rt, u, u->opt_b, (void *)(uintptr_t)state_b, 0));
     return rt->offload ? PCS_OK : rt->be->sync(rt->cstream);
 }
 

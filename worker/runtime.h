@@ -59,6 +59,9 @@ typedef enum { PCS_OPT_ADAMW = 0, PCS_OPT_SGD = 1 } pcs_opt_kind_t;
 /* Fill elements [first, first + n) of parameter `p` (its flat, row-major order) as fp32. */
 typedef pcs_status_t (*pcs_rt_init_fn)(void *ctx, const Pcs__V1__ParamSlot *p, uint64_t first,
                                        uint64_t n, float *out);
+/* The same in double, for fp64 master shards (optional). */
+typedef pcs_status_t (*pcs_rt_init64_fn)(void *ctx, const Pcs__V1__ParamSlot *p, uint64_t first,
+                                         uint64_t n, double *out);
 
 typedef struct pcs_runtime_config {
     const Pcs__V1__Plan *plan; /* retained */
@@ -75,6 +78,9 @@ typedef struct pcs_runtime_config {
      * instead of a pass over the shard. The same bits either way; a hint, not a contract. */
     int fuse_grad_norm;
     pcs_rt_init_fn init_param;
+    /* NULL: fp64 masters start from init_param's floats, widened (exact); set: from these
+     * doubles (a model built in float64). Same ctx. */
+    pcs_rt_init64_fn init_param64;
     void *init_ctx;
     pcs_opt_kind_t opt;
     pcs_adamw_config_t adamw;
@@ -219,7 +225,8 @@ void pcs_runtime_stats(const pcs_runtime_t *rt, pcs_rt_stats_t *s);
 typedef struct pcs_rt_shard {
     uint32_t unit;
     pcs_dtype_t master_dtype;  /* the plan's master dtype */
-    pcs_dtype_t storage_dtype; /* dtype of `master` in memory (fp32 holding master_dtype values) */
+    pcs_dtype_t storage_dtype; /* dtype of `master` and the optimizer states in memory: fp64 for
+                                * fp64 masters, else fp32 (holding master_dtype values) */
     uint64_t numel;            /* c (padded shard) */
     void *master;              /* c elements of storage_dtype */
     /* Which optimizer states the shard has (the optimizer's, whatever is frozen), PCS_RT_STATE_*
@@ -229,24 +236,24 @@ typedef struct pcs_rt_shard {
      * parameters back to back (no state for a frozen parameter, as in PyTorch); NULL when the
      * optimizer has no such state or state_numel is 0. */
     uint64_t state_numel;
-    float *exp_avg, *exp_avg_sq, *momentum;
+    void *exp_avg, *exp_avg_sq, *momentum; /* storage_dtype */
     uint32_t shard_index, shard_group_size;
     uint32_t replicate_index;
 } pcs_rt_shard_t;
 enum { PCS_RT_STATE_EXP_AVG = 1, PCS_RT_STATE_EXP_AVG_SQ = 2, PCS_RT_STATE_MOMENTUM = 4 };
 pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t *out);
 /* Copy unit's shard into caller host buffers of pcs_rt_shard_t.numel elements each, synchronously
- * (ordered after all work queued on cfg->stream): master in the storage dtype (fp32), and the
+ * (ordered after all work queued on cfg->stream): master in the storage dtype, and the
  * optimizer state (state_a = exp_avg or momentum, state_b = exp_avg_sq) expanded to the shard's
  * layout, 0 where a frozen parameter lies. NULL members are skipped, as is a state the optimizer
  * does not have. INVALID_ARG for a bad unit; CUDA errors. */
 pcs_status_t pcs_runtime_shard_to_host(pcs_runtime_t *rt, uint32_t unit, void *master,
-                                       float *state_a, float *state_b);
-/* The reverse (a resume): host fp32 values into unit's shard — master (master values held in
- * fp32) and the optimizer state the optimizer has (c-element arrays; what lies at frozen
- * parameters is dropped); NULL members are left as they are. Sync. */
-pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const float *master,
-                                         const float *state_a, const float *state_b);
+                                       void *state_a, void *state_b);
+/* The reverse (a resume): host values of the storage dtype into unit's shard — master (master
+ * values held in it) and the optimizer state the optimizer has (c-element arrays; what lies at
+ * frozen parameters is dropped); NULL members are left as they are. Sync. */
+pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const void *master,
+                                         const void *state_a, const void *state_b);
 /* Optimizer steps taken (AdamW's bias correction, SGD's first-step momentum); set on a resume. */
 uint64_t pcs_runtime_opt_steps(const pcs_runtime_t *rt);
 /* How many unit-steps took clipping's sum of squares from their reduction (fuse_grad_norm). */

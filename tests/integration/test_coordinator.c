@@ -396,8 +396,8 @@ static Pcs__V1__JobSpec *spec_variant(const char *mesh, const char *extra)
     return (Pcs__V1__JobSpec *)m;
 }
 
-/* A job the planner plans but the workers of this release do not run (fp64; pipeline stages of
- * a C API program's explicit model) is refused at SubmitJob with UNIMPLEMENTED naming the field,
+/* A job the planner plans but the workers of this release do not run (fp64 for pcs-worker, fp64
+ * reductions of fp32 masters; pipeline stages of a C API program's explicit model) is refused at SubmitJob with UNIMPLEMENTED naming the field,
  * instead of being accepted and failing every rank at step 1; DryRunPlan still shows its plan.
  * Pipeline stages of the built-in model are accepted (issue 14). */
 static void test_specs_the_workers_cannot_run_are_unimplemented_at_submit(void **state)
@@ -410,9 +410,9 @@ static void test_specs_the_workers_cannot_run_are_unimplemented_at_submit(void *
         {"  - {dim: dp_shard, size: 2}\n  - {dim: pp, size: 2}\n", "explicit",
          "spec.mesh: pipeline stages (pp = 2) run the built-in mlp model only"},
         {"  - {dim: dp_shard, size: 4}\n", "precision: {master_dtype: fp64, param_dtype: fp32}\n",
-         "spec.precision: unit 0 (root) has master dtype fp64"},
+         "spec.precision: fp64 masters run in programs that do their own math"},
         {"  - {dim: dp_shard, size: 4}\n", "precision: {reduce_dtype: fp64}\n",
-         "spec.precision: unit 0 (root) has reduce dtype fp64"},
+         "spec.precision: unit 0 (root) has reduce dtype fp64 with master dtype fp32"},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         Pcs__V1__JobSpec *spec = NULL;

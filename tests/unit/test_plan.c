@@ -1724,24 +1724,82 @@ static void expect_unrunnable(const char *yaml, uint32_t ws, const char *needle)
     pcs_plan_free(p);
 }
 
-static void test_check_runnable_refuses_fp64_only(void **state)
+/* fp64 masters run in programs doing their own math (pcs.torch, a C API program): a job that
+ * pcs-worker would take, or one clipping gradients, is refused naming the field. */
+static void test_job_check_runnable_fp64_only_for_programs(void **state)
+{
+    (void)state;
+    const struct {
+        const char *extra;
+        const char *needle; /* NULL: runnable */
+    } c[] = {
+        {"", "fp64 masters run in programs that do their own math"},
+        {"program: pcs-worker\n", "fp64 masters run in programs that do their own math"},
+        {"program: pcs.torch\n", NULL},
+        {"program: my-trainer\n", NULL},
+        {"program: pcs.torch\ntraining: {clip_grad_norm: 1.0}\n",
+         "training.clip_grad_norm: not with fp64 masters"},
+    };
+    for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+        char y[1024];
+        snprintf(y, sizeof y,
+                 "model: {mlp: {input_dim: 8, hidden_dims: [16], output_dim: 4}}\n"
+                 "mesh: [{dim: dp_shard, size: 2}]\n"
+                 "precision: {master_dtype: fp64, param_dtype: bf16}\n%s",
+                 c[i].extra);
+        job_t *s = spec_of(y);
+        Pcs__V1__Plan *p = NULL;
+        assert_int_equal(pcs_plan_build(s, 2, &p), PCS_OK);
+        pcs_status_t rc = pcs_job_check_runnable(s, p);
+        if (!c[i].needle && rc != PCS_OK)
+            fail_msg("case %zu: %s", i, pcs_last_error());
+        if (c[i].needle) {
+            assert_int_equal(rc, PCS_ERR_UNSUPPORTED);
+            if (!strstr(pcs_last_error(), c[i].needle))
+                fail_msg("case %zu: '%s' lacks '%s'", i, pcs_last_error(), c[i].needle);
+        }
+        pcs_plan_free(p);
+        spec_free(s);
+    }
+}
+
+static void test_check_runnable_fp64_needs_fp64_masters(void **state)
 {
     (void)state;
 #define RUN_MLP                                                                                    \
     "model: {mlp: {input_dim: 8, hidden_dims: [16, 16], output_dim: 4, norm: layernorm}}\n"       \
     "wrap: {module_class: [MLPBlock]}\n"
-    expect_unrunnable(RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\n"
-                              "precision: {master_dtype: fp64, param_dtype: fp32}",
-                      2, "master dtype fp64");
     expect_unrunnable(RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\nprecision: {param_dtype: fp64}", 2,
-                      "param dtype fp64");
+                      "param dtype fp64 with master dtype fp32; fp64 computing, reducing and "
+                      "gradients need fp64 masters");
     expect_unrunnable(RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\nprecision: {reduce_dtype: fp64}",
-                      2, "reduce dtype fp64");
+                      2, "reduce dtype fp64 with master dtype fp32");
     /* an override reaches one unit (the LayerNorm, a unit of its own): the error names it */
     expect_unrunnable(RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\n"
                               "precision: {param_dtype: bf16, overrides: [{match: {module_class: "
                               "LayerNorm}, param_dtype: fp64}]}",
-                      2, "precision: unit 2 (layers.0.norm) has param dtype fp64");
+                      2, "precision: unit 2 (layers.0.norm) has param dtype fp64 with master");
+    /* fp64 compute with a narrower no-sync accumulator */
+    expect_unrunnable(RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\n"
+                              "precision: {master_dtype: fp64, reduce_dtype: bf16}\n"
+                              "training: {micro_batches: 2}",
+                      2, "computes in fp64 but accumulates no-sync micro-batches in bf16");
+    /* runnable: fp64 masters computing in fp64, fp32 or bf16 (the seed's rows) */
+    const char *ok64[] = {
+        RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\nprecision: {master_dtype: fp64}",
+        RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\nprecision: {master_dtype: fp64, param_dtype: fp32}",
+        RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\n"
+                "precision: {master_dtype: fp64, param_dtype: bf16, reduce_dtype: fp32}",
+        RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\nprecision: {master_dtype: fp64, "
+                "reduce_dtype: fp16}\ntraining: {micro_batches: 2, gradient_sync: "
+                "every_micro_batch}",
+    };
+    for (size_t i = 0; i < sizeof ok64 / sizeof ok64[0]; i++) {
+        Pcs__V1__Plan *p = plan_of(ok64[i], 0);
+        if (pcs_plan_check_runnable(p) != PCS_OK)
+            fail_msg("fp64 case %zu: %s", i, pcs_last_error());
+        pcs_plan_free(p);
+    }
     /* runnable: the policies of the seeds, fp64 buffers, every strategy, one rank */
     const char *ok[] = {
         RUN_MLP "mesh: [{dim: dp_shard, size: 2}]",
@@ -1804,7 +1862,8 @@ int main(void)
         cmocka_unit_test(test_rank_estimate_matches_hand_count),
         cmocka_unit_test(test_rank_estimate_skips_frozen_grads_and_optimizer_state),
         cmocka_unit_test(test_size_based_wrap_follows_recursive_wrap),
-        cmocka_unit_test(test_check_runnable_refuses_fp64_only),
+        cmocka_unit_test(test_check_runnable_fp64_needs_fp64_masters),
+        cmocka_unit_test(test_job_check_runnable_fp64_only_for_programs),
         cmocka_unit_test(test_pipeline_schedule_is_validated_and_noted),
         cmocka_unit_test(test_ddp_hooks_divide_before_a_sum_in_their_dtype_case25),
         cmocka_unit_test(test_accumulation_keep_gathered_and_auto_budget),
