@@ -25,6 +25,7 @@
 
 struct pcs_worker {
     pcs_worker_options_t opt;
+    pcs_worker_init64_fn init_f64; /* pcs_worker_join_as_f64's, or NULL */
     pcs_agent_t *agent;
     pthread_t thread;
     int thread_started;
@@ -155,6 +156,13 @@ static pcs_status_t api_init_param(void *ctx, const Pcs__V1__ParamSlot *ps, uint
     return PCS_OK;
 }
 
+static pcs_status_t api_init_param64(void *ctx, const Pcs__V1__ParamSlot *ps, uint64_t first,
+                                     uint64_t n, double *out)
+{
+    pcs_worker_t *w = ctx;
+    return w->init_f64(w->opt.init_ctx, ps->fqn, first, n, out);
+}
+
 // ---- join / leave ----
 
 pcs_status_t pcs_worker_join(const pcs_worker_options_t *opt, pcs_worker_t **out)
@@ -165,6 +173,12 @@ pcs_status_t pcs_worker_join(const pcs_worker_options_t *opt, pcs_worker_t **out
 pcs_status_t pcs_worker_join_as(const pcs_worker_options_t *opt, const char *program,
                                 pcs_worker_t **out)
 {
+    return pcs_worker_join_as_f64(opt, program, NULL, out);
+}
+
+pcs_status_t pcs_worker_join_as_f64(const pcs_worker_options_t *opt, const char *program,
+                                    pcs_worker_init64_fn init_f64, pcs_worker_t **out)
+{
     if (!opt || !out || !opt->coordinator)
         return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_worker_join: coordinator required");
     *out = NULL;
@@ -172,6 +186,7 @@ pcs_status_t pcs_worker_join_as(const pcs_worker_options_t *opt, const char *pro
     pcs_status_t st;
     PCS_CHECK(pcs_calloc(1, sizeof *w, (void **)&w));
     w->opt = *opt;
+    w->init_f64 = init_f64;
     w->scale = 1.0;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);
@@ -264,6 +279,7 @@ pcs_status_t pcs_worker_join_as(const pcs_worker_options_t *opt, const char *pro
     rc.micro_batches = tr->micro_batches ? tr->micro_batches : 1;
     rc.fuse_grad_norm = tr->clip_grad_norm > 0;
     rc.init_param = api_init_param;
+    rc.init_param64 = w->init_f64 ? api_init_param64 : NULL;
     rc.init_ctx = w;
     rc.prefetch = (int)(plan->prefetch ? plan->prefetch : 1);
     pcs_train_opt_from_spec(tr, &rc);
@@ -496,6 +512,10 @@ pcs_status_t pcs_worker_unshard_full(pcs_worker_t *w, uint32_t unit, const float
     const void *p = NULL;
     pcs_dtype_t dt;
     PCS_CHECK(pcs_runtime_unshard(w->rt, unit, 1, &p, &dt));
+    if (dt == PCS_DTYPE_FP64)
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "unit %u keeps fp64 masters: pcs_worker_unshard_master gives them",
+                             unit);
     if (dt != PCS_DTYPE_FP32)
         return pcs_set_error(PCS_ERR_INVALID_ARG,
                              "unit %u computes in its master dtype %s: pcs_worker_unshard gives "
@@ -503,6 +523,14 @@ pcs_status_t pcs_worker_unshard_full(pcs_worker_t *w, uint32_t unit, const float
                              unit, pcs_dtype_name(dt));
     *params = p;
     return PCS_OK;
+}
+
+pcs_status_t pcs_worker_unshard_master(pcs_worker_t *w, uint32_t unit, const void **params,
+                                       pcs_dtype_t *dtype)
+{
+    if (!params || !dtype)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_worker_unshard_master: NULL out");
+    return pcs_runtime_unshard(w->rt, unit, 1, params, dtype);
 }
 
 pcs_status_t pcs_worker_prefetch(pcs_worker_t *w, uint32_t unit)

@@ -196,9 +196,9 @@ class _Unit:
         self.handed = False  # handed in during this backward
         self.synced = False  # handed in with sync this step
         self.input_dtype = None  # mixed precision off: the dtype its output goes back to
-        self.full32 = None  # full-precision eval: the fp32 masters (allocated on first use)
-        self.views32 = []
-        self.live_full = False  # live holds full32, not full
+        self.full_m = None  # full-precision eval: the masters, fp32 or fp64 (on first use)
+        self.views_m = []
+        self.live_full = False  # live holds full_m, not full
         self.full_bwd = False  # this pass is an eval-mode backward in full precision
 
 
@@ -359,19 +359,19 @@ class ShardedModule:
 
     # -- unshard / free
     def _gather_full(self, u):
-        """Full-precision eval: the unit's fp32 masters, a copy PyTorch owns (freed after the
-        unit's forward)."""
+        """Full-precision eval: the unit's masters (fp32; fp64 ones in fp64), a copy PyTorch
+        owns (freed after the unit's forward)."""
         self._prefetched.discard(u.index)  # (a queued prefetch is given back with it)
-        buf = self.worker.unshard_full(u.index)
-        if u.full32 is None:
-            u.full32 = torch.empty(u.info.padded_numel, dtype=torch.float32)
-            u.views32 = [u.full32.narrow(0, pi.offset, pi.numel).view(pi.shape)
+        buf = self.worker.unshard_master(u.index)
+        if u.full_m is None:
+            u.full_m = torch.empty(u.info.padded_numel, dtype=_TORCH[buf.dtype])
+            u.views_m = [u.full_m.narrow(0, pi.offset, pi.numel).view(pi.shape)
                          for _, pi in u.params]
-        elif u.full32.storage().size() == 0:
-            u.full32.storage().resize_(u.info.padded_numel)
-        ctypes.memmove(u.full32.data_ptr(), buf.address, buf.nbytes)
+        elif u.full_m.storage().size() == 0:
+            u.full_m.storage().resize_(u.info.padded_numel)
+        ctypes.memmove(u.full_m.data_ptr(), buf.address, buf.nbytes)
         self.worker.reshard(u.index)
-        for (p, _), v in zip(u.params, u.views32):
+        for (p, _), v in zip(u.params, u.views_m):
             p.data = v
         u.live = u.live_full = True
 
@@ -419,7 +419,7 @@ class ShardedModule:
         for p, _ in u.params:
             p.data = placeholder
         if u.live_full:
-            u.full32.storage().resize_(0)
+            u.full_m.storage().resize_(0)
         else:
             u.full.storage().resize_(0)
         u.live = u.live_full = False
@@ -645,15 +645,16 @@ class ShardedModule:
         return r
 
     def full_parameters(self):
-        """Every parameter, unsharded, as {fqn: tensor} copies of the masters (fp32; a pure
-        low-precision job's in its master dtype): gathers one unit at a time. Outside a step."""
+        """Every parameter, unsharded, as {fqn: tensor} copies of the masters (fp32, fp64 ones in
+        fp64; a pure low-precision job's in its master dtype): gathers one unit at a time.
+        Outside a step."""
         out = {}
         self._drop_prefetched()
         for u in self.units:
             self._free(u, final=True)
             if u.info.param_dtype != u.policy.master_dtype:
                 self._gather_full(u)
-                views = u.views32
+                views = u.views_m
             else:
                 self._gather(u)
                 views = u.views
@@ -688,9 +689,15 @@ def shard(module, coordinator, identity=None, hostname=None, join_timeout_ms=0,
             raise KeyError("the plan's parameter %s is not a parameter of the module" % fqn)
         return p.detach().reshape(-1)[first:first + n].to(torch.float32).contiguous()
 
+    def init64(fqn, first, n):  # units with fp64 masters: the module's values themselves
+        p = params.get(fqn)
+        if p is None:
+            raise KeyError("the plan's parameter %s is not a parameter of the module" % fqn)
+        return p.detach().reshape(-1)[first:first + n].to(torch.float64).contiguous()
+
     w = _w.Worker(coordinator, identity=identity, hostname=hostname,
                   join_timeout_ms=join_timeout_ms, coll_timeout_ms=coll_timeout_ms, init=init,
-                  program=program)
+                  program=program, init64=init64)
     try:
         return ShardedModule(module, w, prefetch=prefetch)
     except BaseException as e:

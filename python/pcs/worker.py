@@ -77,6 +77,8 @@ _lib = None
 
 _INIT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64,
                             ctypes.c_uint64, ctypes.POINTER(ctypes.c_float))
+_INIT64_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64,
+                              ctypes.c_uint64, ctypes.POINTER(ctypes.c_double))
 
 
 class _Options(ctypes.Structure):
@@ -128,6 +130,8 @@ def _load():
         "pcs_status_str": (ctypes.c_char_p, [st]),
         "pcs_worker_join_as": (st, [ctypes.POINTER(_Options), ctypes.c_char_p,
                                     ctypes.POINTER(P)]),
+        "pcs_worker_join_as_f64": (st, [ctypes.POINTER(_Options), ctypes.c_char_p, _INIT64_FN,
+                                        ctypes.POINTER(P)]),
         "pcs_worker_rank": (ctypes.c_uint32, [P]),
         "pcs_worker_world_size": (ctypes.c_uint32, [P]),
         "pcs_worker_dp_rank": (ctypes.c_uint32, [P]),
@@ -149,6 +153,8 @@ def _load():
                                     ctypes.POINTER(ctypes.c_int)]),
         "pcs_worker_prefetch": (st, [P, ctypes.c_uint32]),
         "pcs_worker_unshard_full": (st, [P, ctypes.c_uint32, ctypes.POINTER(P)]),
+        "pcs_worker_unshard_master": (st, [P, ctypes.c_uint32, ctypes.POINTER(P),
+                                           ctypes.POINTER(ctypes.c_int)]),
         "pcs_worker_grad_buffer_full": (st, [P, ctypes.c_uint32, ctypes.POINTER(P)]),
         "pcs_worker_reshard": (st, [P, ctypes.c_uint32]),
         "pcs_worker_grad_buffer": (st, [P, ctypes.c_uint32, ctypes.POINTER(P),
@@ -318,11 +324,14 @@ class Worker:
     """A joined pcs worker (pcs_worker_join). ``init(fqn, first, n)`` gives elements
     [first, first + n) of parameter ``fqn``'s initial value, flattened: a contiguous float32 cpu
     tensor, a sequence of n floats, or n float32 through the buffer protocol; None uses pcs's own
-    initialisation. ``program`` is what this process registers as (a job naming
-    it in spec.program comes only to such workers)."""
+    initialisation. ``init64(fqn, first, n)`` gives them as float64 (a contiguous float64 cpu
+    tensor or a sequence) for units with fp64 masters; None widens ``init``'s. ``program`` is
+    what this process registers as (a job naming it in spec.program comes only to such
+    workers)."""
 
     def __init__(self, coordinator, identity=None, hostname=None, join_timeout_ms=0,
-                 coll_timeout_ms=0, init=None, backend=None, device=-1, program=None):
+                 coll_timeout_ms=0, init=None, backend=None, device=-1, program=None,
+                 init64=None):
         lib = _load()
         self._lib = lib
         self._w = ctypes.c_void_p()
@@ -355,6 +364,26 @@ class Worker:
                 self._init_error = e
                 return 1  # PCS_ERR_INVALID_ARG
 
+        def init64_cb(_ctx, fqn, first, n, out):
+            try:
+                vals = init64(fqn.decode(), first, n)
+                if hasattr(vals, "data_ptr"):  # a torch tensor: n contiguous float64
+                    if (vals.numel() != n or str(vals.dtype) != "torch.float64"
+                            or not vals.is_contiguous() or vals.device.type != "cpu"):
+                        raise ValueError("init64(%s): want %d contiguous float64 on the cpu" %
+                                         (fqn.decode(), n))
+                    ctypes.memmove(out, vals.data_ptr(), 8 * n)
+                else:
+                    vals = list(vals)
+                    if len(vals) != n:
+                        raise ValueError("init64(%s): %d values for %d" % (fqn.decode(),
+                                                                           len(vals), n))
+                    (ctypes.c_double * n).from_address(ctypes.addressof(out.contents))[:] = vals
+                return 0
+            except BaseException as e:  # never let an exception cross the C frame
+                self._init_error = e
+                return 1  # PCS_ERR_INVALID_ARG
+
         opt = _Options()
         opt.coordinator = _b(coordinator)
         opt.identity = _b(identity)
@@ -368,7 +397,10 @@ class Worker:
         opt.backend = _b(backend)
         opt.device = device
         self._keep.append(opt)
-        code = lib.pcs_worker_join_as(ctypes.byref(opt), _b(program), ctypes.byref(self._w))
+        cb64 = _INIT64_FN(init64_cb) if init64 is not None else _INIT64_FN()
+        self._keep.append(cb64)
+        code = lib.pcs_worker_join_as_f64(ctypes.byref(opt), _b(program), cb64,
+                                          ctypes.byref(self._w))
         if code != 0 and self._init_error is not None:
             raise PcsError(code, "invalid_arg",
                            "init: %r" % (self._init_error,)) from self._init_error
@@ -468,6 +500,14 @@ class Worker:
         p = ctypes.c_void_p()
         _check(self._lib.pcs_worker_unshard_full(self._handle(), unit, ctypes.byref(p)))
         return Buffer(p.value, self.units[unit].padded_numel, DTYPE_FP32, self.device)
+
+    def unshard_master(self, unit):
+        """All-gather ``unit``'s masters in their storage dtype (fp32, fp64 for fp64 masters;
+        a unit computing in its master dtype: its parameters). Valid until reshard."""
+        p, dt = ctypes.c_void_p(), ctypes.c_int()
+        _check(self._lib.pcs_worker_unshard_master(self._handle(), unit, ctypes.byref(p),
+                                                   ctypes.byref(dt)))
+        return Buffer(p.value, self.units[unit].padded_numel, dt.value, self.device)
 
     def prefetch(self, unit):
         _check(self._lib.pcs_worker_prefetch(self._handle(), unit))

@@ -195,6 +195,14 @@ def build(name, seed=1234):
     return MODELS[name]()
 
 
+def build_case(case_name):
+    """The model of case `case_name` in the dtype the case builds it in (the seeds'
+    full_precision_param_dtype: float64 for the fp64 rows)."""
+    c = CASES[case_name]
+    m = build(c["model"])
+    return m.to(c["model_dtype"]) if c.get("model_dtype") else m
+
+
 # ---- data and loss -----------------------------------------------------------------------------
 
 def batch(name, step, mb, rows):
@@ -214,9 +222,11 @@ def batch(name, step, mb, rows):
 
 
 def loss_fn(name, out, target):
+    """In fp32, or fp64 for a model computing in fp64 (the target in the same dtype)."""
+    o = out if out.dtype == torch.float64 else out.float()
     if name == "tied":
-        return F.cross_entropy(out.float().reshape(-1, TiedLM.VOCAB), target.reshape(-1))
-    return F.mse_loss(out.float(), target)
+        return F.cross_entropy(o.reshape(-1, TiedLM.VOCAB), target.reshape(-1))
+    return F.mse_loss(o, target.to(o.dtype))
 
 
 # ---- cases -------------------------------------------------------------------------------------
@@ -294,6 +304,19 @@ CASES = {
     # 'Half'), so the cpu test runs the case with bf16 masters; fp16 needs a cuda job.
     "nested_pure_bf16": case("nested", {"master_dtype": "bf16"}, steps=1, micro_batches=1,
                              data=torch.bfloat16),
+    # fp64 masters (test_fsdp_mixed_precision's full_precision_param_dtype=torch.float64 rows:
+    # the model and its inputs in float64): no mixed precision (fp64 compute and reductions),
+    # mp_only_reduce (fp64 compute, fp16 reductions; one micro-batch: a no-sync accumulator of
+    # an fp64 computation is fp64), and param/reduce/buffer low precision (bf16: torch 1.13 has
+    # no fp16 matmul on the cpu)
+    "nested_fp64": case("nested", {"master_dtype": "fp64"}, data=torch.float64,
+                        model_dtype=torch.float64),
+    "nested_fp64_fp16_reduce": case("nested", {"master_dtype": "fp64", "reduce_dtype": "fp16"},
+                                    micro_batches=1, data=torch.float64,
+                                    model_dtype=torch.float64),
+    "nested_fp64_bf16": case("nested", {"master_dtype": "fp64", "param_dtype": "bf16",
+                                        "reduce_dtype": "fp32", "buffer_dtype": "bf16"},
+                             data=torch.float64, model_dtype=torch.float64),
 }
 
 

@@ -31,7 +31,7 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(1)
     name, _ = cases.job(a.case)
-    module = cases.build(name)
+    module = cases.build_case(a.case)
     model = pcs.torch.shard(module, coordinator=a.coordinator, identity=a.identity,
                             join_timeout_ms=60000, coll_timeout_ms=20000)
     seen = {"inputs": {}, "params": {}, "grads": {}, "buffers": {}, "after_backward": {},
@@ -120,7 +120,8 @@ def main():
             steps[-1]["eval_loss"] = cases.loss_fn(name, out, target).item()
     for h in handles:
         h.remove()
-    params = {k: v.float() for k, v in model.full_parameters().items()}
+    params = {k: v if v.dtype == torch.float64 else v.float()
+              for k, v in model.full_parameters().items()}
     torch.save({"rank": model.rank, "dp_rank": r, "steps": steps, "params": params,
                 "gathers": gathers[0],
                 "seen": seen, "job_id": model.worker.job_id}, a.out)

@@ -177,6 +177,52 @@ def reference_mixed(name, training, world, dtype, master_dtype=torch.float32,
             evals)
 
 
+_DT = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16,
+       "fp16": torch.float16}
+
+
+def reference_per_rank(case_name, name, training, world):
+    """FSDP1's arithmetic, rank by rank, in plain PyTorch (the fp64-master rows): each rank's rows
+    computed in the param dtype from the masters (inputs in the model's dtype, cast as the
+    units cast them), each rank's micro-batch gradients accumulated in the reduce dtype (the
+    no-sync accumulator), pre-divided by the world (FSDP's predivide factor 2 for 2 ranks) and
+    summed in the reduce dtype, cast to the master dtype, the optimizer on the masters."""
+    c = cases.CASES[case_name]
+    prec = c["precision"]
+    mdt = _DT[prec.get("master_dtype", "fp32")]
+    pdt = _DT[prec.get("param_dtype", prec.get("master_dtype", "fp32"))]
+    rdt = _DT[prec.get("reduce_dtype", prec.get("param_dtype", prec.get("master_dtype", "fp32")))]
+    master = cases.build_case(case_name)
+    opt = _optimizer(master, training)
+    M, rows = training["micro_batches"], training["micro_batch_size"]
+    losses = []
+    for step in range(training["steps"]):
+        acc = [dict() for _ in range(world)]
+        tot = 0.0
+        for mb in range(M):
+            inputs, target = cases.batch(name, step, mb, rows * world)
+            for r in range(world):
+                m = (_low_copy(master, pdt, cases.MODELS[name].WRAP) if pdt != mdt
+                     else copy.deepcopy(master))
+                x = tuple(t[r * rows:(r + 1) * rows].to(c["data"]) if t.is_floating_point()
+                          else t[r * rows:(r + 1) * rows] for t in inputs)
+                loss = cases.loss_fn(name, m(*x), target[r * rows:(r + 1) * rows])
+                (loss / M).backward()
+                tot += loss.item() / world
+                for k, p in m.named_parameters():
+                    g = p.grad.to(rdt)
+                    acc[r][k] = g if k not in acc[r] else acc[r][k] + g
+        for k, p in master.named_parameters():
+            s = None
+            for r in range(world):
+                part = acc[r][k] / world
+                s = part if s is None else s + part
+            p.grad = s.to(mdt)
+        opt.step()
+        losses.append(tot / M)
+    return {k: v.detach().clone() for k, v in master.named_parameters()}, losses
+
+
 # ---- the tests ---------------------------------------------------------------------------------
 
 class PcsTorchTest(unittest.TestCase):
@@ -184,7 +230,7 @@ class PcsTorchTest(unittest.TestCase):
 
     def run_case(self, case_name):
         name, spec = cases.job(case_name)
-        full = pcs.torch.job_spec(cases.build(name), **spec)
+        full = pcs.torch.job_spec(cases.build_case(case_name), **spec)
         self.assertEqual(full["program"], "pcs.torch")
         c = Cluster()
         ok = False
@@ -372,6 +418,55 @@ class PcsTorchTest(unittest.TestCase):
             self.assertEqual(seen["params"][path + ".weight"], "torch.bfloat16", path)
             self.assertEqual(seen["grads"][path + ".weight"], "torch.bfloat16", path)
         self.assertTrue(all(s["loss"] == s["loss"] for s in res[0]["steps"]))  # not NaN
+
+
+    def check_fp64(self, case_name, rtol, atol):
+        """An fp64-master row of test_fsdp_mixed_precision: pcs against reference_per_rank, and
+        the seed's dtype assertions (parameters and inputs in the param dtype inside forward,
+        the master dtype float64 outside it, pcs holding the gradients)."""
+        name, training, res = self.run_case(case_name)
+        want, losses = reference_per_rank(case_name, name, training, W)
+        for r in res:
+            for k, v in r["params"].items():
+                self.assertEqual(v.dtype, torch.float64, k)
+            self.assert_params(r["params"], want, rtol, atol)
+            # (the step report's loss is the dp mean taken in fp32: fp32's resolution)
+            got = [s["loss"] for s in r["steps"]]
+            self.assertTrue(torch.allclose(torch.tensor(got, dtype=torch.float64),
+                                           torch.tensor(losses, dtype=torch.float64),
+                                           rtol=3e-7, atol=0),
+                            "losses %s, reference %s" % (got, losses))
+        return res[0]["seen"]
+
+    def test_fp64_masters_no_mixed_precision(self):
+        """full_precision_param_dtype=float64, mp_no_mixed_precision: fp64 compute, fp64
+        reductions, fp64 AdamW. Tight: an fp32 step anywhere misses by ~1e-8."""
+        seen = self.check_fp64("nested_fp64", 1e-10, 1e-13)
+        for path in ("module.0", "module.1.0", "module.3"):
+            self.assertEqual(seen["inputs"][path], "torch.float64", path)
+            self.assertEqual(seen["params"][path + ".weight"], "torch.float64", path)
+            self.assertEqual(seen["grads"][path + ".weight"], "torch.float64", path)
+            self.assertEqual(seen["after_backward"][path + ".weight"][:2],
+                             ["torch.float64", True], path)
+
+    def test_fp64_masters_fp16_reduce(self):
+        """mp_only_reduce with float64 parameters: compute in fp64, gradients reduced in fp16
+        (cast, pre-divided, summed in fp16) and cast back to fp64 for the update."""
+        seen = self.check_fp64("nested_fp64_fp16_reduce", 1e-10, 1e-13)
+        self.assertEqual(seen["params"]["module.0.weight"], "torch.float64")
+        self.assertEqual(seen["grads"]["module.0.weight"], "torch.float64")
+
+    def test_fp64_masters_bf16_params_fp32_reduce(self):
+        """The default_mp row with float64 parameters (bf16 for fp16: no fp16 matmul on the
+        cpu): bf16 compute from the fp64 masters, fp32 reductions, fp64 masters outside forward
+        and backward."""
+        seen = self.check_fp64("nested_fp64_bf16", 1e-10, 1e-13)
+        for path in ("module.0", "module.1.0", "module.3"):
+            self.assertEqual(seen["inputs"][path], "torch.bfloat16", path)
+            self.assertEqual(seen["params"][path + ".weight"], "torch.bfloat16", path)
+            self.assertEqual(seen["grads"][path + ".weight"], "torch.bfloat16", path)
+            self.assertEqual(seen["after_backward"][path + ".weight"][:2],
+                             ["torch.float64", True], path)
 
 
 class ProgramRoutingTest(unittest.TestCase):

@@ -25,6 +25,9 @@ typedef struct pcs_worker pcs_worker_t;
 /* Initial values of parameter `fqn`: elements [first, first + n) of its flattened tensor. */
 typedef pcs_status_t (*pcs_worker_init_fn)(void *ctx, const char *fqn, uint64_t first, uint64_t n,
                                            float *out);
+/* The same as doubles, for units with fp64 masters (a model built in float64). */
+typedef pcs_status_t (*pcs_worker_init64_fn)(void *ctx, const char *fqn, uint64_t first,
+                                             uint64_t n, double *out);
 
 typedef struct pcs_worker_options {
     const char *coordinator;  /* "127.0.0.1:7070" (required) */
@@ -55,6 +58,11 @@ pcs_status_t pcs_worker_join(const pcs_worker_options_t *opt, pcs_worker_t **out
  * characters; the Python package joins as "pcs.torch". (Version node PCS_WORKER_0.2.) */
 pcs_status_t pcs_worker_join_as(const pcs_worker_options_t *opt, const char *program,
                                 pcs_worker_t **out);
+/* pcs_worker_join_as, with the initial values of units with fp64 masters from init_f64 (called
+ * with opt->init_ctx): NULL = from opt->init's floats (or the default), widened exactly. The
+ * options struct is unchanged. (Version node PCS_WORKER_0.4.) */
+pcs_status_t pcs_worker_join_as_f64(const pcs_worker_options_t *opt, const char *program,
+                                    pcs_worker_init64_fn init_f64, pcs_worker_t **out);
 
 uint32_t pcs_worker_rank(const pcs_worker_t *w);
 uint32_t pcs_worker_world_size(const pcs_worker_t *w);
@@ -153,6 +161,12 @@ pcs_status_t pcs_worker_prefetch(pcs_worker_t *w, uint32_t unit);
  * low-precision job) has nothing else to give: PCS_ERR_INVALID_ARG, use pcs_worker_unshard.
  * (Version node PCS_WORKER_0.2.) */
 pcs_status_t pcs_worker_unshard_full(pcs_worker_t *w, uint32_t unit, const float **params);
+/* The same in the masters' own storage: *params is padded_numel elements of *dtype — fp32, or
+ * fp64 for a unit with fp64 masters (pcs_worker_unshard_full refuses those) — and for a unit
+ * computing in its master dtype, pcs_worker_unshard's buffer. Valid until the reshard. (Version
+ * node PCS_WORKER_0.4.) */
+pcs_status_t pcs_worker_unshard_master(pcs_worker_t *w, uint32_t unit, const void **params,
+                                       pcs_dtype_t *dtype);
 pcs_status_t pcs_worker_reshard(pcs_worker_t *w, uint32_t unit);
 /* The buffer the program writes `unit`'s gradients into (padded_numel elements of *dtype, laid
  * out like the parameters; padding must stay zero; the ranges of frozen parameters are ignored:
