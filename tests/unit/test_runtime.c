@@ -217,122 +217,146 @@ static pcs_status_t init64_thirds(void *ctx, const Pcs__V1__ParamSlot *p, uint64
 }
 
 /* fp64 masters (FSDP's full_precision_param_dtype float64), world of one, unit [w 8 | v 8],
- * AdamW. Computing in bf16 (reduce fp32) and in fp64 itself: the masters start as
- * init_param64's doubles, the unsharded parameters are their casts (fp64 -> fp32 -> bf16, as
- * c10), the gradient reaches the fp64 shard exactly, the update runs in double (the textbook
- * double reference to 1e-13; an fp32 update misses by ~1e-8), state and masters come back as
- * fp64, and the runtime holds no more than the plan's estimate. */
+ * AdamW. Computing in bf16 (reduce fp32) and in fp64 itself (with the grad scaler: gradients
+ * scaled by 1024, unscaled in fp64), on the cpu backend, the simulated CUDA device, and that
+ * device with cpu_offload (masters and state in host memory, the host optimizer): the masters
+ * start as init_param64's doubles, the unsharded parameters are their casts (fp64 -> fp32 ->
+ * bf16, as c10), the gradient reaches the fp64 shard exactly, the update runs in double (the
+ * textbook double reference to 1e-13; an fp32 update misses by ~1e-8), state and masters come
+ * back as fp64, and the runtime holds no more than the plan's estimate. */
 static void test_fp64_masters_keep_and_update_doubles(void **state)
 {
     (void)state;
-    for (int variant = 0; variant < 2; variant++) {
-        Pcs__V1__Plan plan;
-        Pcs__V1__Unit unit, *up[1];
-        Pcs__V1__ParamSlot ps[3], *psp[3];
-        uint64_t shape[1];
-        wfv_plan(&plan, &unit, up, ps, psp, shape, 0);
-        unit.master_dtype = PCS__V1__DTYPE__DTYPE_FP64;
-        plan.optimizer_states = 2; /* AdamW (the planner's field) */
-        if (variant == 0) {
-            unit.param_dtype = PCS__V1__DTYPE__DTYPE_BF16;
-            unit.reduce_dtype = PCS__V1__DTYPE__DTYPE_FP32;
-        }
-        assert_int_equal(pcs_plan_check_runnable(&plan), PCS_OK);
-        pcs_runtime_config_t rc;
-        memset(&rc, 0, sizeof rc);
-        rc.plan = &plan;
-        assert_int_equal(pcs_backend_get("cpu", &rc.be), PCS_OK);
-        rc.micro_batches = 1;
-        rc.init_param = init_one;
-        rc.init_param64 = init64_thirds;
-        rc.opt = PCS_OPT_ADAMW;
-        pcs_adamw_config_default(&rc.adamw);
-        rc.adamw.lr = 0.01;
-        rc.adamw.weight_decay = 0.1;
-        pcs_runtime_t *rt = NULL;
-        assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
-        pcs_rt_shard_t sh;
-        assert_int_equal(pcs_runtime_shard(rt, 0, &sh), PCS_OK);
-        assert_int_equal(sh.storage_dtype, PCS_DTYPE_FP64);
-        assert_int_equal(sh.master_dtype, PCS_DTYPE_FP64);
-        double ref_p[16], ref_m[16] = {0}, ref_v[16] = {0};
-        for (int i = 0; i < 16; i++) {
-            ref_p[i] = third((uint64_t)i);
-            assert_true(((const double *)sh.master)[i] == ref_p[i]);
-        }
-        for (int64_t step = 1; step <= 3; step++) {
-            assert_int_equal(pcs_runtime_begin_step(rt), PCS_OK);
-            const void *w;
-            pcs_dtype_t wdt;
-            assert_int_equal(pcs_runtime_unshard(rt, 0, 0, &w, &wdt), PCS_OK);
-            assert_int_equal(wdt, variant == 0 ? PCS_DTYPE_BF16 : PCS_DTYPE_FP64);
-            for (int i = 0; i < 16; i++) {
-                if (variant == 0)
-                    assert_true(((const uint16_t *)w)[i] == pcs_f32_to_bf16((float)ref_p[i]));
-                else
-                    assert_true(((const double *)w)[i] == ref_p[i]);
+    for (int dev = 0; dev < 3; dev++)
+        for (int variant = 0; variant < 2; variant++) {
+            Pcs__V1__Plan plan;
+            Pcs__V1__Unit unit, *up[1];
+            Pcs__V1__ParamSlot ps[3], *psp[3];
+            uint64_t shape[1];
+            wfv_plan(&plan, &unit, up, ps, psp, shape, 0);
+            unit.master_dtype = PCS__V1__DTYPE__DTYPE_FP64;
+            plan.optimizer_states = 2; /* AdamW (the planner's field) */
+            plan.cpu_offload = dev == 2;
+            if (variant == 0) {
+                unit.param_dtype = PCS__V1__DTYPE__DTYPE_BF16;
+                unit.reduce_dtype = PCS__V1__DTYPE__DTYPE_FP32;
             }
-            assert_int_equal(pcs_runtime_reshard(rt, 0), PCS_OK);
-            void *g;
-            pcs_dtype_t gdt;
-            assert_int_equal(pcs_runtime_grad_buffer(rt, 0, &g, &gdt), PCS_OK);
-            assert_int_equal(gdt, wdt);
-            double gv[16];
+            assert_int_equal(pcs_plan_check_runnable(&plan), PCS_OK);
+            assert_int_equal(pcs_backend_simulate_cuda(dev > 0), PCS_OK);
+            pcs_runtime_config_t rc;
+            memset(&rc, 0, sizeof rc);
+            rc.plan = &plan;
+            assert_int_equal(pcs_backend_get(dev ? "cuda" : "cpu", &rc.be), PCS_OK);
+            const pcs_backend_ops_t *be = rc.be;
+            assert_int_equal(be->set_device(0), PCS_OK);
+            rc.micro_batches = 1;
+            rc.init_param = init_one;
+            rc.init_param64 = init64_thirds;
+            rc.opt = PCS_OPT_ADAMW;
+            pcs_adamw_config_default(&rc.adamw);
+            rc.adamw.lr = 0.01;
+            rc.adamw.weight_decay = 0.1;
+            pcs_runtime_t *rt = NULL;
+            assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
+            pcs_rt_shard_t sh;
+            assert_int_equal(pcs_runtime_shard(rt, 0, &sh), PCS_OK);
+            assert_int_equal(sh.storage_dtype, PCS_DTYPE_FP64);
+            assert_int_equal(sh.master_dtype, PCS_DTYPE_FP64);
+            double ref_p[16], ref_m[16] = {0}, ref_v[16] = {0}, host[16];
+            assert_int_equal(pcs_runtime_shard_to_host(rt, 0, host, NULL, NULL), PCS_OK);
             for (int i = 0; i < 16; i++) {
-                double x = (double)(i - 7) / 7.0 + (double)step * 1e-12;
-                if (variant == 0) {
-                    ((uint16_t *)g)[i] = pcs_f32_to_bf16((float)x);
-                    gv[i] = pcs_bf16_to_f32(((uint16_t *)g)[i]); /* exact through fp32 */
-                } else {
-                    ((double *)g)[i] = gv[i] = x;
+                ref_p[i] = third((uint64_t)i);
+                assert_true(host[i] == ref_p[i]);
+            }
+            for (int64_t step = 1; step <= 3; step++) {
+                assert_int_equal(pcs_runtime_begin_step(rt), PCS_OK);
+                const void *w;
+                pcs_dtype_t wdt;
+                assert_int_equal(pcs_runtime_unshard(rt, 0, 0, &w, &wdt), PCS_OK);
+                assert_int_equal(wdt, variant == 0 ? PCS_DTYPE_BF16 : PCS_DTYPE_FP64);
+                union {
+                    double d[16];
+                    uint16_t h[16];
+                } hb;
+                assert_int_equal(be->copy(&hb, w, 16 * pcs_dtype_size(wdt), PCS_COPY_D2H, NULL),
+                                 PCS_OK);
+                assert_int_equal(be->sync(NULL), PCS_OK);
+                for (int i = 0; i < 16; i++) {
+                    if (variant == 0)
+                        assert_true(hb.h[i] == pcs_f32_to_bf16((float)ref_p[i]));
+                    else
+                        assert_true(hb.d[i] == ref_p[i]);
+                }
+                assert_int_equal(pcs_runtime_reshard(rt, 0), PCS_OK);
+                void *g;
+                pcs_dtype_t gdt;
+                assert_int_equal(pcs_runtime_grad_buffer(rt, 0, &g, &gdt), PCS_OK);
+                assert_int_equal(gdt, wdt);
+                double gv[16];
+                for (int i = 0; i < 16; i++) {
+                    double x = (double)(i - 7) / 7.0 + (double)step * 1e-12;
+                    if (variant == 0) {
+                        hb.h[i] = pcs_f32_to_bf16((float)x);
+                        gv[i] = pcs_bf16_to_f32(hb.h[i]); /* exact through fp32 */
+                    } else {
+                        gv[i] = x;
+                        hb.d[i] = x * 1024.0; /* the scaled loss's gradient */
+                    }
+                }
+                assert_int_equal(be->copy(g, &hb, 16 * pcs_dtype_size(gdt), PCS_COPY_H2D, NULL),
+                                 PCS_OK);
+                assert_int_equal(be->sync(NULL), PCS_OK);
+                assert_int_equal(pcs_runtime_post_backward(rt, 0, 1), PCS_OK);
+                pcs_rt_step_opts_t o;
+                memset(&o, 0, sizeof o);
+                o.scaler = variant == 1;
+                o.loss_scale = 1024.0;
+                pcs_rt_step_result_t r;
+                assert_int_equal(pcs_runtime_optimizer_step(rt, &o, &r), PCS_OK);
+                assert_false(r.skipped);
+                for (int i = 0; i < 16; i++) {
+                    double p = ref_p[i], m = ref_m[i], v = ref_v[i], b1 = rc.adamw.beta1,
+                           b2 = rc.adamw.beta2;
+                    p *= 1.0 - rc.adamw.lr * rc.adamw.weight_decay;
+                    m = b1 * m + (1.0 - b1) * gv[i];
+                    v = b2 * v + (1.0 - b2) * gv[i] * gv[i];
+                    double den = sqrt(v) / sqrt(1.0 - pow(b2, (double)step)) + rc.adamw.eps;
+                    p -= rc.adamw.lr / (1.0 - pow(b1, (double)step)) * m / den;
+                    ref_p[i] = p;
+                    ref_m[i] = m;
+                    ref_v[i] = v;
                 }
             }
-            assert_int_equal(pcs_runtime_post_backward(rt, 0, 1), PCS_OK);
-            pcs_rt_step_opts_t o;
-            memset(&o, 0, sizeof o);
-            pcs_rt_step_result_t r;
-            assert_int_equal(pcs_runtime_optimizer_step(rt, &o, &r), PCS_OK);
+            double st_a[16], st_b[16];
+            assert_int_equal(pcs_runtime_shard_to_host(rt, 0, host, st_a, st_b), PCS_OK);
             for (int i = 0; i < 16; i++) {
-                double p = ref_p[i], m = ref_m[i], v = ref_v[i], b1 = rc.adamw.beta1,
-                       b2 = rc.adamw.beta2;
-                p *= 1.0 - rc.adamw.lr * rc.adamw.weight_decay;
-                m = b1 * m + (1.0 - b1) * gv[i];
-                v = b2 * v + (1.0 - b2) * gv[i] * gv[i];
-                double den = sqrt(v) / sqrt(1.0 - pow(b2, (double)step)) + rc.adamw.eps;
-                p -= rc.adamw.lr / (1.0 - pow(b1, (double)step)) * m / den;
-                ref_p[i] = p;
-                ref_m[i] = m;
-                ref_v[i] = v;
+                if (fabs(host[i] - ref_p[i]) > 1e-13 * fabs(ref_p[i]) + 1e-16)
+                    fail_msg("dev %d variant %d [%d]: %.17g vs %.17g", dev, variant, i, host[i],
+                             ref_p[i]);
+                assert_true(host[i] != (double)(float)host[i]); /* not an fp32 value */
+                assert_true(fabs(st_a[i] - ref_m[i]) <= 1e-13 * fabs(ref_m[i]) + 1e-18);
+                assert_true(fabs(st_b[i] - ref_v[i]) <= 1e-13 * fabs(ref_v[i]) + 1e-20);
             }
+            /* a resume: the doubles back in, bit for bit */
+            host[3] = 0.125 / 3.0;
+            assert_int_equal(pcs_runtime_shard_from_host(rt, 0, host, st_a, st_b), PCS_OK);
+            double back[16];
+            assert_int_equal(pcs_runtime_shard_to_host(rt, 0, back, NULL, NULL), PCS_OK);
+            assert_memory_equal(back, host, sizeof back);
+            /* the plan's promise holds fp64 storage (offload: in host memory, outside it) */
+            Pcs__V1__RankEstimate e;
+            assert_int_equal(pcs_plan_rank_estimate(&plan, 0, &e), PCS_OK);
+            assert_int_equal(e.param_shard_bytes, 16 * 8);
+            assert_int_equal(e.optimizer_bytes, 2 * 16 * 8);
+            pcs_rt_stats_t stats;
+            pcs_runtime_stats(rt, &stats);
+            if (stats.mem_peak_bytes > e.total_bytes - e.buffer_bytes)
+                fail_msg("dev %d variant %d: runtime peak %llu B > estimate %llu B", dev,
+                         variant, (unsigned long long)stats.mem_peak_bytes,
+                         (unsigned long long)(e.total_bytes - e.buffer_bytes));
+            pcs_runtime_destroy(rt);
+            assert_int_equal(pcs_backend_simulate_cuda(0), PCS_OK);
         }
-        double host[16], st_a[16], st_b[16];
-        assert_int_equal(pcs_runtime_shard_to_host(rt, 0, host, st_a, st_b), PCS_OK);
-        for (int i = 0; i < 16; i++) {
-            if (fabs(host[i] - ref_p[i]) > 1e-13 * fabs(ref_p[i]) + 1e-16)
-                fail_msg("variant %d [%d]: %.17g vs %.17g", variant, i, host[i], ref_p[i]);
-            assert_true(host[i] != (double)(float)host[i]); /* not an fp32 value */
-            assert_true(fabs(st_a[i] - ref_m[i]) <= 1e-13 * fabs(ref_m[i]) + 1e-18);
-            assert_true(fabs(st_b[i] - ref_v[i]) <= 1e-13 * fabs(ref_v[i]) + 1e-20);
-        }
-        /* a resume: the doubles back in, bit for bit */
-        host[3] = 0.125 / 3.0;
-        assert_int_equal(pcs_runtime_shard_from_host(rt, 0, host, st_a, st_b), PCS_OK);
-        double back[16];
-        assert_int_equal(pcs_runtime_shard_to_host(rt, 0, back, NULL, NULL), PCS_OK);
-        assert_memory_equal(back, host, sizeof back);
-        /* the plan's promise holds fp64 storage */
-        Pcs__V1__RankEstimate e;
-        assert_int_equal(pcs_plan_rank_estimate(&plan, 0, &e), PCS_OK);
-        assert_int_equal(e.param_shard_bytes, 16 * 8);
-        assert_int_equal(e.optimizer_bytes, 2 * 16 * 8);
-        pcs_rt_stats_t stats;
-        pcs_runtime_stats(rt, &stats);
-        if (stats.mem_peak_bytes > e.total_bytes - e.buffer_bytes)
-            fail_msg("variant %d: runtime peak %llu B > estimate %llu B", variant,
-                     (unsigned long long)stats.mem_peak_bytes,
-                     (unsigned long long)(e.total_bytes - e.buffer_bytes));
-        pcs_runtime_destroy(rt);
-    }
 }
 
 static void test_sync_on_every_micro_batch_reduces_each_hand_in_once(void **state)
