@@ -324,8 +324,8 @@ class Worker:
     """A joined pcs worker (pcs_worker_join). ``init(fqn, first, n)`` gives elements
     [first, first + n) of parameter ``fqn``'s initial value, flattened: a contiguous float32 cpu
     tensor, a sequence of n floats, or n float32 through the buffer protocol; None uses pcs's own
-    initialisation. ``init64(fqn, first, n)`` gives them as float64 (a contiguous float64 cpu
-    tensor or a sequence) for units with fp64 masters; None widens ``init``'s. ``program`` is
+    initialisation. ``init64(fqn, first, n)`` gives them as float64 (the same forms) for units
+    with fp64 masters; None widens ``init``'s. ``program`` is
     what this process registers as (a job naming it in spec.program comes only to such
     workers)."""
 
@@ -338,25 +338,28 @@ class Worker:
         self._init_error = None
         self._keep = []  # strings and the callback: alive while C may use them
 
-        def init_cb(_ctx, fqn, first, n, out):
+        def fill(fn, what, ctype, tname, _ctx, fqn, first, n, out):
+            """Copy fn(fqn, first, n)'s n values into out (ctype elements): a contiguous cpu
+            tensor of torch dtype tname, a sequence, or the buffer protocol."""
             try:
-                vals = init(fqn.decode(), first, n)
-                if hasattr(vals, "data_ptr"):  # a torch tensor: n contiguous float32
-                    if (vals.numel() != n or str(vals.dtype) != "torch.float32"
+                vals = fn(fqn.decode(), first, n)
+                es = ctypes.sizeof(ctype)
+                if hasattr(vals, "data_ptr"):  # a torch tensor: n contiguous elements
+                    if (vals.numel() != n or str(vals.dtype) != "torch." + tname
                             or not vals.is_contiguous() or vals.device.type != "cpu"):
-                        raise ValueError("init(%s): want %d contiguous float32 on the cpu" %
-                                         (fqn.decode(), n))
-                    ctypes.memmove(out, vals.data_ptr(), 4 * n)
+                        raise ValueError("%s(%s): want %d contiguous %s on the cpu" %
+                                         (what, fqn.decode(), n, tname))
+                    ctypes.memmove(out, vals.data_ptr(), es * n)
                 elif isinstance(vals, (list, tuple)):
                     if len(vals) != n:
-                        raise ValueError("init(%s): %d values for %d" % (fqn.decode(),
-                                                                         len(vals), n))
-                    (ctypes.c_float * n).from_address(ctypes.addressof(out.contents))[:] = vals
-                else:  # the buffer protocol: n float32
+                        raise ValueError("%s(%s): %d values for %d" % (what, fqn.decode(),
+                                                                       len(vals), n))
+                    (ctype * n).from_address(ctypes.addressof(out.contents))[:] = vals
+                else:  # the buffer protocol: n elements
                     mv = memoryview(vals).cast("B")
-                    if mv.nbytes != 4 * n:
-                        raise ValueError("init(%s): %d bytes for %d floats" % (fqn.decode(),
-                                                                               mv.nbytes, n))
+                    if mv.nbytes != es * n:
+                        raise ValueError("%s(%s): %d bytes for %d %s" % (what, fqn.decode(),
+                                                                         mv.nbytes, n, tname))
                     ctypes.memmove(out, (ctypes.c_uint8 * mv.nbytes).from_buffer_copy(mv),
                                    mv.nbytes)
                 return 0
@@ -364,25 +367,11 @@ class Worker:
                 self._init_error = e
                 return 1  # PCS_ERR_INVALID_ARG
 
+        def init_cb(_ctx, fqn, first, n, out):
+            return fill(init, "init", ctypes.c_float, "float32", _ctx, fqn, first, n, out)
+
         def init64_cb(_ctx, fqn, first, n, out):
-            try:
-                vals = init64(fqn.decode(), first, n)
-                if hasattr(vals, "data_ptr"):  # a torch tensor: n contiguous float64
-                    if (vals.numel() != n or str(vals.dtype) != "torch.float64"
-                            or not vals.is_contiguous() or vals.device.type != "cpu"):
-                        raise ValueError("init64(%s): want %d contiguous float64 on the cpu" %
-                                         (fqn.decode(), n))
-                    ctypes.memmove(out, vals.data_ptr(), 8 * n)
-                else:
-                    vals = list(vals)
-                    if len(vals) != n:
-                        raise ValueError("init64(%s): %d values for %d" % (fqn.decode(),
-                                                                           len(vals), n))
-                    (ctypes.c_double * n).from_address(ctypes.addressof(out.contents))[:] = vals
-                return 0
-            except BaseException as e:  # never let an exception cross the C frame
-                self._init_error = e
-                return 1  # PCS_ERR_INVALID_ARG
+            return fill(init64, "init64", ctypes.c_double, "float64", _ctx, fqn, first, n, out)
 
         opt = _Options()
         opt.coordinator = _b(coordinator)

@@ -438,35 +438,34 @@ class PcsTorchTest(unittest.TestCase):
                             "losses %s, reference %s" % (got, losses))
         return res[0]["seen"]
 
+    def assert_seen_fp64(self, seen, compute):
+        """The seed's dtype checks: inputs, parameters and their gradients in the compute dtype
+        inside forward and backward, the master dtype float64 after it (pcs holds the
+        gradients)."""
+        for path in ("module.0", "module.1.0", "module.3"):
+            self.assertEqual(seen["inputs"][path], compute, path)
+            self.assertEqual(seen["params"][path + ".weight"], compute, path)
+            self.assertEqual(seen["grads"][path + ".weight"], compute, path)
+            self.assertEqual(seen["after_backward"][path + ".weight"][:2],
+                             ["torch.float64", True], path)
+
     def test_fp64_masters_no_mixed_precision(self):
         """full_precision_param_dtype=float64, mp_no_mixed_precision: fp64 compute, fp64
         reductions, fp64 AdamW. Tight: an fp32 step anywhere misses by ~1e-8."""
-        seen = self.check_fp64("nested_fp64", 1e-10, 1e-13)
-        for path in ("module.0", "module.1.0", "module.3"):
-            self.assertEqual(seen["inputs"][path], "torch.float64", path)
-            self.assertEqual(seen["params"][path + ".weight"], "torch.float64", path)
-            self.assertEqual(seen["grads"][path + ".weight"], "torch.float64", path)
-            self.assertEqual(seen["after_backward"][path + ".weight"][:2],
-                             ["torch.float64", True], path)
+        self.assert_seen_fp64(self.check_fp64("nested_fp64", 1e-10, 1e-13), "torch.float64")
 
     def test_fp64_masters_fp16_reduce(self):
         """mp_only_reduce with float64 parameters: compute in fp64, gradients reduced in fp16
         (cast, pre-divided, summed in fp16) and cast back to fp64 for the update."""
-        seen = self.check_fp64("nested_fp64_fp16_reduce", 1e-10, 1e-13)
-        self.assertEqual(seen["params"]["module.0.weight"], "torch.float64")
-        self.assertEqual(seen["grads"]["module.0.weight"], "torch.float64")
+        self.assert_seen_fp64(self.check_fp64("nested_fp64_fp16_reduce", 1e-10, 1e-13),
+                              "torch.float64")
 
     def test_fp64_masters_bf16_params_fp32_reduce(self):
         """The default_mp row with float64 parameters (bf16 for fp16: no fp16 matmul on the
         cpu): bf16 compute from the fp64 masters, fp32 reductions, fp64 masters outside forward
         and backward."""
-        seen = self.check_fp64("nested_fp64_bf16", 1e-10, 1e-13)
-        for path in ("module.0", "module.1.0", "module.3"):
-            self.assertEqual(seen["inputs"][path], "torch.bfloat16", path)
-            self.assertEqual(seen["params"][path + ".weight"], "torch.bfloat16", path)
-            self.assertEqual(seen["grads"][path + ".weight"], "torch.bfloat16", path)
-            self.assertEqual(seen["after_backward"][path + ".weight"][:2],
-                             ["torch.float64", True], path)
+        self.assert_seen_fp64(self.check_fp64("nested_fp64_bf16", 1e-10, 1e-13),
+                              "torch.bfloat16")
 
 
 class ProgramRoutingTest(unittest.TestCase):
