@@ -402,6 +402,116 @@ static void test_cuda_adamw_and_sgd_equal_cpu_twin_bit_for_bit(void **state)
     free(got);
 }
 
+/* fp64 shards (fp64 masters): the optimizers, the accumulation into fp64 from every float dtype,
+ * the unscale and the scale by a double factor, bit for bit with the cpu twin; the fp64 sum of
+ * squares to fp32 rounding. */
+static void test_cuda_fp64_ops_equal_cpu_twin(void **state)
+{
+    const size_t n = 10007;
+    const size_t bytes = n * 8;
+    double *p = malloc(bytes), *g = malloc(bytes), *m = calloc(n, 8), *v = calloc(n, 8);
+    double *got = malloc(bytes);
+    float *f = malloc(n * 4);
+    uint16_t *h = malloc(n * 2);
+    assert_true(p && g && m && v && got && f && h);
+    for (size_t i = 0; i < n; i++)
+        p[i] = (double)rndf(-1.0f, 1.0f) / 3.0;
+    double *dp = dalloc(bytes), *dg = dalloc(bytes), *dm = dalloc(bytes), *dv = dalloc(bytes);
+    float *df = dalloc(n * 4), *dflag = dalloc(8);
+    uint16_t *dh = dalloc(n * 2);
+    h2d(dp, p, bytes);
+    h2d(dm, m, bytes);
+    h2d(dv, v, bytes);
+    pcs_adamw_config_t ac;
+    pcs_adamw_config_default(&ac);
+    ac.weight_decay = 0.1;
+    pcs_tensor_t hp = {p, PCS_DTYPE_FP64, n}, hg = {g, PCS_DTYPE_FP64, n};
+    pcs_tensor_t hm = {m, PCS_DTYPE_FP64, n}, hv = {v, PCS_DTYPE_FP64, n};
+    pcs_tensor_t tp = {dp, PCS_DTYPE_FP64, n}, tg = {dg, PCS_DTYPE_FP64, n};
+    pcs_tensor_t tm = {dm, PCS_DTYPE_FP64, n}, tv = {dv, PCS_DTYPE_FP64, n};
+    for (int s = 1; s <= 3; s++) {
+        for (size_t i = 0; i < n; i++)
+            g[i] = (double)rndf(-0.1f, 0.1f) / 7.0;
+        h2d(dg, g, bytes);
+        assert_int_equal(pcs_kernel_adamw_update(cpu, &hp, &hg, &hm, &hv, 1, &ac, s, NULL), PCS_OK);
+        assert_int_equal(pcs_kernel_adamw_update(gpu, &tp, &tg, &tm, &tv, 1, &ac, s, stream),
+                         PCS_OK);
+    }
+    pcs_sgd_config_t sc;
+    pcs_sgd_config_default(&sc);
+    sc.lr = 0.01;
+    sc.momentum = 0.9;
+    sc.nesterov = 1;
+    for (int s = 1; s <= 3; s++) {
+        assert_int_equal(pcs_kernel_sgd_update(cpu, &hp, &hg, &hm, 1, &sc, s == 1, NULL), PCS_OK);
+        assert_int_equal(pcs_kernel_sgd_update(gpu, &tp, &tg, &tm, 1, &sc, s == 1, stream), PCS_OK);
+    }
+    d2h(got, dp, bytes);
+    assert_memory_equal(got, p, bytes);
+    d2h(got, dm, bytes);
+    assert_memory_equal(got, m, bytes);
+    d2h(got, dv, bytes);
+    assert_memory_equal(got, v, bytes);
+    /* p += fp32, bf16, fp16, fp64 sources (offset by one element: the unaligned path), then
+     * scaled by 1/3 in double */
+    for (size_t i = 0; i < n; i++) {
+        f[i] = rndf(-3.0f, 3.0f);
+        h[i] = pcs_f32_to_bf16(rndf(-3.0f, 3.0f));
+    }
+    h2d(df, f, n * 4);
+    h2d(dh, h, n * 2);
+    const struct {
+        const void *hs, *ds;
+        pcs_dtype_t dt;
+    } src[4] = {{f, df, PCS_DTYPE_FP32},
+                {h, dh, PCS_DTYPE_BF16},
+                {h, dh, PCS_DTYPE_FP16},
+                {g, dg, PCS_DTYPE_FP64}};
+    for (int k = 0; k < 4; k++) {
+        assert_int_equal(pcs_kernel_accumulate(cpu, p + 1, PCS_DTYPE_FP64, src[k].hs, src[k].dt,
+                                               n - 1, NULL),
+                         PCS_OK);
+        assert_int_equal(pcs_kernel_accumulate(gpu, dp + 1, PCS_DTYPE_FP64, src[k].ds, src[k].dt,
+                                               n - 1, stream),
+                         PCS_OK);
+    }
+    assert_int_equal(pcs_kernel_scale(cpu, p, PCS_DTYPE_FP64, n, 1.0 / 3.0, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_scale(gpu, dp, PCS_DTYPE_FP64, n, 1.0 / 3.0, stream), PCS_OK);
+    /* unscale by 1/1024 with one NaN */
+    p[n / 2] = NAN;
+    h2d(dp + n / 2, p + n / 2, 8);
+    float flag[2] = {0.0f, 1.0f / 1024.0f}, gflag[2];
+    h2d(dflag, flag, 8);
+    assert_int_equal(pcs_kernel_nonfinite_check_and_unscale(cpu, &hp, 1, &flag[0], &flag[1], NULL),
+                     PCS_OK);
+    assert_int_equal(
+        pcs_kernel_nonfinite_check_and_unscale(gpu, &tp, 1, dflag, dflag + 1, stream), PCS_OK);
+    d2h(gflag, dflag, 8);
+    d2h(got, dp, bytes);
+    assert_true(flag[0] == 1.0f && gflag[0] == 1.0f);
+    assert_memory_equal(got, p, bytes);
+    /* sum of squares of an fp64 tensor (no NaN): fp64 sums in two orders, one fp32 rounding */
+    float want = 0.0f, sgot = -1.0f;
+    assert_int_equal(pcs_kernel_sum_squares(cpu, g, PCS_DTYPE_FP64, n, &want, NULL), PCS_OK);
+    assert_int_equal(pcs_kernel_sum_squares(gpu, dg, PCS_DTYPE_FP64, n, dflag, stream), PCS_OK);
+    d2h(&sgot, dflag, 4);
+    assert_true(fabsf(sgot - want) <= 1.2e-7f * want);
+    gpu->free(dp);
+    gpu->free(dg);
+    gpu->free(dm);
+    gpu->free(dv);
+    gpu->free(df);
+    gpu->free(dh);
+    gpu->free(dflag);
+    free(p);
+    free(g);
+    free(m);
+    free(v);
+    free(got);
+    free(f);
+    free(h);
+}
+
 // ----------------------------------------------------------------------------
 // memory, events, fill, bad input
 
@@ -465,6 +575,7 @@ int main(void)
         cmocka_unit_test(test_cuda_nonfinite_check_and_unscale_equals_cpu_twin),
         cmocka_unit_test(test_cuda_sum_squares_agrees_with_cpu_to_fp32_rounding),
         cmocka_unit_test(test_cuda_adamw_and_sgd_equal_cpu_twin_bit_for_bit),
+        cmocka_unit_test(test_cuda_fp64_ops_equal_cpu_twin),
         cmocka_unit_test(test_cuda_fill_copy_and_events_order_work_across_streams),
         cmocka_unit_test(test_cuda_bad_input_gets_a_status_never_a_crash),
         cmocka_unit_test(test_cuda_cast_of_every_fp32_pattern_equals_cpu_twin),
