@@ -32,6 +32,8 @@ typedef struct unit_b {
     bool is_root; /* model root, or a stage's root with pp > 1 */
     bool ignored;   /* ignored class: mixed precision off */
     bool unmanaged; /* spec.ignored_modules: whole, uncast, unreduced */
+    bool params_only; /* spec.ignored_params: the unmanaged parameters of module `root` only (no
+                       * module, no buffer is this unit's) */
     /* its strategy (spec.strategy, or the last strategy_overrides entry matching its root),
      * shard group size and all-reduce group size */
     Pcs__V1__Strategy eff;
@@ -52,6 +54,8 @@ typedef struct ctx {
     uint32_t vstages, nstages;
     /* per module */
     uint8_t *wrapped, *ignored, *promoted, *unmanaged;
+    int32_t *ign_unit; /* per parameter: its spec.ignored_params unit, or -1 */
+    uint32_t *ign_home; /* the modules holding ignored parameters (build_units) */
     uint32_t *stage_of;
     int32_t *unit_of;
     int32_t container;
@@ -591,7 +595,56 @@ static pcs_status_t build_units(ctx_t *c)
     uint32_t nw = 0;
     for (uint32_t i = 1; i < n; i++)
         nw += c->wrapped[i];
-    PCS_CHECK(pcs_calloc((size_t)nw + S, sizeof *c->units, (void **)&c->units));
+    /* spec.ignored_params: the modules holding some (each gets a unit of its own) */
+    const Pcs__V1__JobSpec *spec = c->spec;
+    uint32_t n_ign = 0;
+    PCS_CHECK(pcs_calloc(m->n_params + 1, sizeof *c->ign_unit, (void **)&c->ign_unit));
+    for (uint32_t i = 0; i < m->n_params; i++)
+        c->ign_unit[i] = -1;
+    PCS_CHECK(pcs_calloc(spec->n_ignored_params + 1, sizeof *c->ign_home, (void **)&c->ign_home));
+    uint32_t *ign_home = c->ign_home;
+    for (size_t k = 0; k < spec->n_ignored_params; k++) {
+        const char *fqn = spec->ignored_params[k] ? spec->ignored_params[k] : "";
+        uint32_t i = 0;
+        while (i < m->n_params && strcmp(m->params[i].fqn, fqn) != 0)
+            i++;
+        if (i == m->n_params) {
+            const char *owner = NULL;
+            for (uint32_t a = 0; a < m->n_aliases && !owner; a++)
+                if (!strcmp(m->aliases[a].fqn, fqn))
+                    owner = m->params[m->aliases[a].param].fqn;
+            if (owner)
+                pcs_errlist_add(&c->errs,
+                                "ignored_params[%zu]: '%.200s' is the shared parameter '%s': name "
+                                "that one",
+                                k, fqn, owner);
+            else
+                pcs_errlist_add(&c->errs, "ignored_params[%zu]: no parameter '%.200s' in the model",
+                                k, fqn);
+            continue;
+        }
+        if (S > 1) {
+            pcs_errlist_add(&c->errs, "ignored_params[%zu]: not with pipeline stages", k);
+            continue;
+        }
+        uint32_t home = m->params[i].home;
+        /* inside an ignored module already: unmanaged with it */
+        bool in_unmanaged = false;
+        for (uint32_t a = home; !in_unmanaged; a = (uint32_t)m->modules[a].parent) {
+            in_unmanaged = c->unmanaged[a] != 0;
+            if (a == 0)
+                break;
+        }
+        if (in_unmanaged || c->ign_unit[i] == -2)
+            continue;
+        c->ign_unit[i] = -2; /* (its unit below) */
+        uint32_t h = 0;
+        while (h < n_ign && ign_home[h] != home)
+            h++;
+        if (h == n_ign)
+            ign_home[n_ign++] = home;
+    }
+    PCS_CHECK(pcs_calloc((size_t)nw + S + n_ign, sizeof *c->units, (void **)&c->units));
     PCS_CHECK(pcs_calloc(S, sizeof *c->stage_root, (void **)&c->stage_root));
     /* a wrapped module must lie inside one stage */
     if (S > 1) {
@@ -618,7 +671,18 @@ static pcs_status_t build_units(ctx_t *c)
         c->units[pos] = (unit_b_t){.root = 0, .stage = s, .is_root = true};
         pos += 1 + k;
     }
-    c->nunits = pos;
+    c->nunits = pos + n_ign;
+    for (uint32_t h = 0; h < n_ign; h++) {
+        c->units[pos + h] = (unit_b_t){.root = ign_home[h], .unmanaged = true, .params_only = true};
+        for (uint32_t i = 0; i < m->n_params; i++)
+            if (c->ign_unit[i] == -2 && m->params[i].home == ign_home[h])
+                c->ign_unit[i] = (int32_t)(pos + h);
+    }
+    if (n_ign)
+        note(c,
+             "ignored_params: %zu parameter(s) not managed, in %u unit(s) of their own (whole on "
+             "every rank, no cast, no gradient reduction)",
+             spec->n_ignored_params, n_ign);
     for (uint32_t i = 1; i < n; i++)
         if (c->wrapped[i]) {
             uint32_t s = c->stage_of[i];
@@ -632,7 +696,7 @@ static pcs_status_t build_units(ctx_t *c)
      * (preorder: a parent is assigned before its children) */
     c->unit_of[0] = (int32_t)c->stage_root[c->stage_of[0]];
     for (uint32_t k = 0; k < c->nunits; k++)
-        if (!c->units[k].is_root)
+        if (!c->units[k].is_root && !c->units[k].params_only)
             c->unit_of[c->units[k].root] = (int32_t)k;
     for (uint32_t i = 1; i < n; i++) {
         if (c->wrapped[i])
@@ -1157,6 +1221,8 @@ static pcs_status_t assemble(ctx_t *c, Pcs__V1__Plan *p)
         int32_t u = c->unit_of[t->home];
         if (c->units[u].is_root)
             u = (int32_t)c->stage_root[c->stage_of[t->module]];
+        if (c->ign_unit[i] >= 0) /* spec.ignored_params */
+            u = c->ign_unit[i];
         pk[i] = (pkey_t){(uint32_t)u, t->module, i};
     }
     for (uint32_t a = 0; a < m->n_aliases; a++) {
@@ -1607,6 +1673,8 @@ out:
     free(c.ignored);
     free(c.promoted);
     free(c.unmanaged);
+    free(c.ign_unit);
+    free(c.ign_home);
     free(c.stage_of);
     free(c.unit_of);
     free(c.units);

@@ -74,9 +74,9 @@ pcs_status_t pcs_plan_check_runnable(const Pcs__V1__Plan *p);
 pcs_status_t pcs_plan_check_layout(const Pcs__V1__Plan *p);
 
 /* The same for a job: its plan, pipeline stages (pp > 1) only for the built-in mlp model
- * (pcs-worker runs the stages; a C API program computes its whole model), and fp64 masters only
- * in jobs for a program doing its own math (spec.program other than "" and pcs-worker: pcs.torch,
- * a C API program), without clip_grad_norm. */
+ * (pcs-worker runs the stages; a C API program computes its whole model), and fp64 masters and
+ * ignored_params only in jobs for a program doing its own math (spec.program other than "" and
+ * pcs-worker: pcs.torch, a C API program), fp64 without clip_grad_norm. */
 pcs_status_t pcs_job_check_runnable(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p);
 
 /* [begin, end) of shard `shard_rank`'s unpadded part of the unit's flat buffer (torch.chunk rule:

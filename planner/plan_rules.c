@@ -733,11 +733,19 @@ static bool plan_has_fp64(const Pcs__V1__Plan *p)
 
 pcs_status_t pcs_job_check_runnable(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p)
 {
+    const char *program = spec && spec->program ? spec->program : "";
+    bool pcs_worker = !*program || !strcmp(program, "pcs-worker");
+    if (spec && spec->n_ignored_params && pcs_worker)
+        /* its model hooks gather one unit per module; an ignored parameter's unit shares its
+         * module with the unit of the module's other parameters */
+        return pcs_set_error(PCS_ERR_UNSUPPORTED,
+                             "ignored_params: run in programs that do their own math "
+                             "(spec.program pcs.torch or a C API program's name); pcs-worker "
+                             "binds one unit per module");
     if (plan_has_fp64(p)) {
         /* pcs-worker's own math (model.mlp and its layer classes) and its checkpoints are
          * fp32/bf16/fp16; a program doing its own math (pcs.torch, a C API program) runs fp64 */
-        const char *prog = spec && spec->program ? spec->program : "";
-        if (!*prog || !strcmp(prog, "pcs-worker"))
+        if (pcs_worker)
             return pcs_set_error(PCS_ERR_UNSUPPORTED,
                                  "precision: fp64 masters run in programs that do their own math "
                                  "(spec.program pcs.torch or a C API program's name); pcs-worker "

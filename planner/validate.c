@@ -775,6 +775,16 @@ static pcs_status_t check_rest(vctx_t *v, const Pcs__V1__JobSpec *s)
             return bad(v, "ignored_modules[%zu]: no module '%.*s' in the model", i,
                        pcs_utf8_prefix(p, 80), p);
     }
+    /* (whether each names a parameter of the model: the planner, which expands the model) */
+    for (size_t i = 0; i < s->n_ignored_params; i++) {
+        const char *p = s->ignored_params[i] ? s->ignored_params[i] : "";
+        if (!*p)
+            return bad(v, "ignored_params[%zu]: must name a parameter", i);
+        for (size_t j = 0; j < i; j++)
+            if (s->ignored_params[j] && !strcmp(s->ignored_params[j], p))
+                return bad(v, "ignored_params[%zu]: '%.*s' is listed twice", i,
+                           pcs_utf8_prefix(p, 80), p);
+    }
     return PCS_OK;
 }
 

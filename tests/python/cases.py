@@ -317,6 +317,11 @@ CASES = {
     "nested_fp64_bf16": case("nested", {"master_dtype": "fp64", "param_dtype": "bf16",
                                         "reduce_dtype": "fp32", "buffer_dtype": "bf16"},
                              data=torch.float64, model_dtype=torch.float64),
+    # FSDP2 ignored_params: a wrapped Linear's bias and a root-unit Linear's weight stay whole,
+    # uncast and unreduced on every rank; under bf16 the uncast bias fails the forward
+    "nested_ignored_fp32": case("nested", ignored=["module.2.bias", "module.0.weight"]),
+    "nested_ignored_bf16": case("nested", {"param_dtype": "bf16", "reduce_dtype": "fp32"},
+                                ignored=["module.2.bias"], steps=1),
 }
 
 
@@ -349,4 +354,6 @@ def job(name):
         spec["shard_layout"] = c["layout"]
     if c.get("placements"):
         spec["shard_placements"] = c["placements"]
+    if c.get("ignored"):
+        spec["ignored_params"] = c["ignored"]
     return c["model"], spec

@@ -74,6 +74,23 @@ def main():
         return unshard(unit)
 
     model.worker.unshard = counting_unshard
+    try:
+        steps = train(a, name, model, module, seen, first, in_eval, after_eval)
+    except Exception as e:  # the job fails with the error, as a training loop would report it
+        model.finish("rank %d: %s" % (model.rank, e))
+        raise
+    for h in handles:
+        h.remove()
+    params = {k: v if v.dtype == torch.float64 else v.float()
+              for k, v in model.full_parameters().items()}
+    torch.save({"rank": model.rank, "dp_rank": model.dp_rank, "steps": steps, "params": params,
+                "gathers": gathers[0],
+                "seen": seen, "job_id": model.worker.job_id}, a.out)
+    model.finish()
+    return 0
+
+
+def train(a, name, model, module, seen, first, in_eval, after_eval):
     rows = model.micro_batch_size
     r = model.dp_rank
     steps = []
@@ -118,15 +135,7 @@ def main():
             after_eval[0] = step == 0
             model.train()
             steps[-1]["eval_loss"] = cases.loss_fn(name, out, target).item()
-    for h in handles:
-        h.remove()
-    params = {k: v if v.dtype == torch.float64 else v.float()
-              for k, v in model.full_parameters().items()}
-    torch.save({"rank": model.rank, "dp_rank": r, "steps": steps, "params": params,
-                "gathers": gathers[0],
-                "seen": seen, "job_id": model.worker.job_id}, a.out)
-    model.finish()
-    return 0
+    return steps
 
 
 if __name__ == "__main__":

@@ -223,6 +223,39 @@ def reference_per_rank(case_name, name, training, world):
     return {k: v.detach().clone() for k, v in master.named_parameters()}, losses
 
 
+def reference_ignored(case_name, name, training, world):
+    """FSDP2 ignored_params in plain PyTorch: one model per rank from the same weights, each on
+    its rows; the managed parameters' gradients averaged over the ranks, the ignored ones each
+    rank's own (never reduced), every rank's optimizer stepping its copy. Returns every rank's
+    parameters and the mean losses."""
+    ign = set(cases.CASES[case_name]["ignored"])
+    models = [cases.build_case(case_name) for _ in range(world)]
+    opts = [_optimizer(m, training) for m in models]
+    M, rows = training["micro_batches"], training["micro_batch_size"]
+    losses = []
+    for step in range(training["steps"]):
+        tot = 0.0
+        for mb in range(M):
+            inputs, target = cases.batch(name, step, mb, rows * world)
+            for r, m in enumerate(models):
+                x = tuple(t[r * rows:(r + 1) * rows] for t in inputs)
+                loss = cases.loss_fn(name, m(*x), target[r * rows:(r + 1) * rows])
+                (loss / M).backward()
+                tot += loss.item() / world
+        named = [dict(m.named_parameters()) for m in models]
+        for k in named[0]:
+            if k in ign:
+                continue
+            avg = sum(n[k].grad for n in named) / world
+            for n in named:
+                n[k].grad = avg.clone()
+        for o in opts:
+            o.step()
+            o.zero_grad()
+        losses.append(tot / M)
+    return [{k: v.detach().clone() for k, v in m.named_parameters()} for m in models], losses
+
+
 # ---- the tests ---------------------------------------------------------------------------------
 
 class PcsTorchTest(unittest.TestCase):
@@ -466,6 +499,44 @@ class PcsTorchTest(unittest.TestCase):
         and backward."""
         self.assert_seen_fp64(self.check_fp64("nested_fp64_bf16", 1e-10, 1e-13),
                               "torch.bfloat16")
+
+
+    def test_ignored_params_stay_whole_uncast_and_unreduced(self):
+        """FSDP2 ignored_params: module.2.bias (its Linear a unit of its own) and
+        module.0.weight (in the root unit) are whole on every rank and stepped with each rank's
+        own gradient: the ranks' copies differ, each is PyTorch's per-rank training, and the
+        managed parameters agree on every rank."""
+        name, training, res = self.run_case("nested_ignored_fp32")
+        want, losses = reference_ignored("nested_ignored_fp32", name, training, W)
+        ign = cases.CASES["nested_ignored_fp32"]["ignored"]
+        by_rank = {r["dp_rank"]: r for r in res}
+        for dp, r in by_rank.items():
+            self.assert_params(r["params"], want[dp], 1e-5, 1e-6)
+            got = [s["loss"] for s in r["steps"]]
+            self.assertTrue(torch.allclose(torch.tensor(got), torch.tensor(losses), rtol=1e-5),
+                            "losses %s, reference %s" % (got, losses))
+        for k in ign:
+            self.assertFalse(torch.equal(by_rank[0]["params"][k], by_rank[1]["params"][k]), k)
+        self.assertTrue(torch.equal(by_rank[0]["params"]["module.2.weight"],
+                                    by_rank[1]["params"]["module.2.weight"]))
+
+    def test_ignored_param_under_mixed_precision_fails_as_pytorch(self):
+        """An ignored bias stays fp32 while its Linear computes in bf16: the forward fails
+        with PyTorch's own error, and the job fails with it."""
+        name, spec = cases.job("nested_ignored_bf16")
+        c = Cluster()
+        ok = False
+        try:
+            c.start_ranks("nested_ignored_bf16", W)
+            job = c.submit(pcs.torch.job_spec(cases.build(name), **spec))
+            codes = c.wait_ranks()
+            self.assertTrue(all(x != 0 for x in codes), codes)
+            st = json.loads(c.pcsctl("--json", "status", job["jobId"]).stdout)
+            self.assertIn("FAILED", json.dumps(st), st)
+            self.assertIn("must have the same dtype", json.dumps(st), st)
+            ok = True
+        finally:
+            c.stop(keep=not ok)
 
 
 class ProgramRoutingTest(unittest.TestCase):

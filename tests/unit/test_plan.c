@@ -1065,6 +1065,58 @@ static void test_ignored_modules_are_unmanaged_units(void **state)
                  2, "ignored_modules[0]: no such module in the model");
 }
 
+/* FSDP2 ignored_params: the ignored parameters leave their unit for one unmanaged unit per
+ * module holding some (rooted at it, just them: no module, no buffer), in their own dtype, with
+ * no collective; the module's other parameters stay where they were. */
+static void test_ignored_params_get_unmanaged_units_of_their_own(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *p = plan_of(
+        "model: {mlp: {input_dim: 8, hidden_dims: [16, 16], output_dim: 4, norm: layernorm}}\n"
+        "wrap: {module_class: [MLPBlock]}\nmesh: [{dim: dp_shard, size: 2}]\n"
+        "precision: {param_dtype: bf16, reduce_dtype: fp32}\n"
+        "ignored_params: [layers.1.linear.bias, layers.1.norm.weight, head.weight]\n",
+        0);
+    const Pcs__V1__Unit *blk = unit_at(p, "layers.1");
+    assert_false(blk->unmanaged);
+    for (size_t k = 0; k < blk->n_params; k++)
+        if (!strcmp(blk->params[k]->fqn, "layers.1.linear.bias") ||
+            !strcmp(blk->params[k]->fqn, "layers.1.norm.weight"))
+            fail_msg("%s is still in the block's unit", blk->params[k]->fqn);
+    size_t found = 0;
+    for (size_t i = 0; i < p->n_units; i++) {
+        const Pcs__V1__Unit *u = p->units[i];
+        if (!u->unmanaged)
+            continue;
+        found++;
+        assert_int_equal(u->n_params, 1);
+        assert_int_equal(u->n_modules, 0);
+        assert_int_equal(u->n_buffers, 0);
+        assert_int_equal(u->n_collectives, 0);
+        assert_int_equal(u->shard_group_size, 1);
+        assert_false(u->mixed_precision);
+        assert_int_equal(u->param_dtype, PCS__V1__DTYPE__DTYPE_FP32);
+        const char *f = u->params[0]->fqn;
+        if (!strcmp(f, "layers.1.linear.bias"))
+            assert_string_equal(u->path, "layers.1.linear");
+        else if (!strcmp(f, "layers.1.norm.weight"))
+            assert_string_equal(u->path, "layers.1.norm");
+        else
+            assert_string_equal(f, "head.weight");
+    }
+    assert_int_equal(found, 3);
+    assert_true(has_note(p, "ignored_params: 3 parameter(s) not managed, in 3 unit(s)"));
+    assert_int_equal(pcs_plan_check_layout(p), PCS_OK);
+    pcs_plan_free(p);
+    expect_error("model: {mlp: {input_dim: 8, hidden_dims: [16], output_dim: 4}}\n"
+                 "ignored_params: [layers.0.linear.nope]\n",
+                 2, "ignored_params[0]: no parameter 'layers.0.linear.nope' in the model");
+    expect_error("model: {mlp: {input_dim: 8, hidden_dims: [16, 16], output_dim: 4}}\n"
+                 "mesh: [{dim: dp_shard, size: 1}, {dim: pp, size: 2}]\n"
+                 "ignored_params: [head.bias]\n",
+                 2, "ignored_params[0]: not with pipeline stages");
+}
+
 /* FSDP1's MixedPrecision defaults (cast_forward_inputs False, cast_root_forward_inputs True):
  * only the root casts; the root casts if either flag is true; unset, cast_forward_inputs alone
  * decides (FSDP2). */
@@ -1739,6 +1791,9 @@ static void test_job_check_runnable_fp64_only_for_programs(void **state)
         {"program: my-trainer\n", NULL},
         {"program: pcs.torch\ntraining: {clip_grad_norm: 1.0}\n",
          "training.clip_grad_norm: not with fp64 masters"},
+        {"program: pcs.torch\nignored_params: [head.bias]\n", NULL},
+        {"program: pcs-worker\nignored_params: [head.bias]\n",
+         "ignored_params: run in programs that do their own math"},
     };
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         char y[1024];
@@ -1847,6 +1902,7 @@ int main(void)
         cmocka_unit_test(test_cpu_offload_moves_masters_and_state_to_the_host),
         cmocka_unit_test(test_cast_root_forward_inputs_is_fsdp1s_root_cast),
         cmocka_unit_test(test_ignored_modules_are_unmanaged_units),
+        cmocka_unit_test(test_ignored_params_get_unmanaged_units_of_their_own),
         cmocka_unit_test(test_gradient_sync_every_micro_batch_estimate),
         cmocka_unit_test(test_dp_pp_mesh_groups_and_stages_section7),
         cmocka_unit_test(test_mlp_expansion_uses_the_fixed_fqn_scheme),

@@ -298,6 +298,11 @@ static const row_t rows[] = {
      "ignored_modules[0]: the root module cannot be ignored"},
     {"collectives", "collectives: gloo\nignored_modules: [layers.9]", NULL, NULL, NULL,
      "ignored_modules[0]: no module 'layers.9' in the model"},
+    /* FSDP2 ignored_params (which parameters exist: the planner) */
+    {"collectives", "collectives: gloo\nignored_params: ['']", NULL, NULL, NULL,
+     "ignored_params[0]: must name a parameter"},
+    {"collectives", "collectives: gloo\nignored_params: [head.bias, head.bias]", NULL, NULL, NULL,
+     "ignored_params[1]: 'head.bias' is listed twice"},
     /* the worker program (spec.program) */
     {"collectives", "collectives: gloo\nprogram: 'pcs torch'", NULL, NULL, NULL,
      "program: must be at most 64 characters of [A-Za-z0-9._-], got 'pcs torch'"},
