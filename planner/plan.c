@@ -597,7 +597,7 @@ static pcs_status_t build_units(ctx_t *c)
         nw += c->wrapped[i];
     /* spec.ignored_params: the modules holding some (each gets a unit of its own) */
     const Pcs__V1__JobSpec *spec = c->spec;
-    uint32_t n_ign = 0;
+    uint32_t n_ign = 0, n_ign_params = 0;
     PCS_CHECK(pcs_calloc(m->n_params + 1, sizeof *c->ign_unit, (void **)&c->ign_unit));
     for (uint32_t i = 0; i < m->n_params; i++)
         c->ign_unit[i] = -1;
@@ -638,6 +638,7 @@ static pcs_status_t build_units(ctx_t *c)
         if (in_unmanaged || c->ign_unit[i] == -2)
             continue;
         c->ign_unit[i] = -2; /* (its unit below) */
+        n_ign_params++;
         uint32_t h = 0;
         while (h < n_ign && ign_home[h] != home)
             h++;
@@ -671,18 +672,7 @@ static pcs_status_t build_units(ctx_t *c)
         c->units[pos] = (unit_b_t){.root = 0, .stage = s, .is_root = true};
         pos += 1 + k;
     }
-    c->nunits = pos + n_ign;
-    for (uint32_t h = 0; h < n_ign; h++) {
-        c->units[pos + h] = (unit_b_t){.root = ign_home[h], .unmanaged = true, .params_only = true};
-        for (uint32_t i = 0; i < m->n_params; i++)
-            if (c->ign_unit[i] == -2 && m->params[i].home == ign_home[h])
-                c->ign_unit[i] = (int32_t)(pos + h);
-    }
-    if (n_ign)
-        note(c,
-             "ignored_params: %zu parameter(s) not managed, in %u unit(s) of their own (whole on "
-             "every rank, no cast, no gradient reduction)",
-             spec->n_ignored_params, n_ign);
+    c->nunits = pos;
     for (uint32_t i = 1; i < n; i++)
         if (c->wrapped[i]) {
             uint32_t s = c->stage_of[i];
@@ -692,6 +682,31 @@ static pcs_status_t build_units(ctx_t *c)
                                             .unmanaged = c->unmanaged[i] != 0};
         }
     free(cnt);
+    /* the ignored parameters' units in forward (pre)order, each after the unit whose module
+     * region its home module lies in (one stage here: units are in ascending root order) */
+    for (uint32_t h = 1; h < n_ign; h++) /* (few: insertion sort) */
+        for (uint32_t j = h; j > 0 && ign_home[j - 1] > ign_home[j]; j--) {
+            uint32_t t = ign_home[j];
+            ign_home[j] = ign_home[j - 1];
+            ign_home[j - 1] = t;
+        }
+    for (uint32_t h = n_ign, k = c->nunits; h-- > 0;) {
+        while (k > 0 && c->units[k - 1].root > ign_home[h]) {
+            c->units[k - 1 + h + 1] = c->units[k - 1]; /* shift right by the h + 1 still to place */
+            k--;
+        }
+        c->units[k + h] = (unit_b_t){.root = ign_home[h], .unmanaged = true, .params_only = true};
+    }
+    c->nunits += n_ign;
+    for (uint32_t k = 0; k < c->nunits; k++)
+        for (uint32_t i = 0; c->units[k].params_only && i < m->n_params; i++)
+            if (c->ign_unit[i] == -2 && m->params[i].home == c->units[k].root)
+                c->ign_unit[i] = (int32_t)k;
+    if (n_ign)
+        note(c,
+             "ignored_params: %u parameter(s) not managed, in %u unit(s) of their own (whole on "
+             "every rank, no cast, no gradient reduction)",
+             n_ign_params, n_ign);
     /* region: nearest wrapped ancestor-or-self, else the root unit of the module's stage
      * (preorder: a parent is assigned before its children) */
     c->unit_of[0] = (int32_t)c->stage_root[c->stage_of[0]];
@@ -957,8 +972,9 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
     pcs_precision_t pr;
     unit_precision(c, ub, master, &pr);
     /* DDP compression hooks (spec §6): the all-reduce runs in the hook's dtype for every bucket;
-     * gradients accumulate and come back in their own dtype */
-    const char *hook = c->spec->ddp_comm_hook ? c->spec->ddp_comm_hook : "";
+     * gradients accumulate and come back in their own dtype. Not for unmanaged units (ignored
+     * modules and parameters: no all-reduce, no cast) */
+    const char *hook = c->spec->ddp_comm_hook && !ub->unmanaged ? c->spec->ddp_comm_hook : "";
     if (!strcmp(hook, "fp16_compress"))
         pr.reduce = PCS_DTYPE_FP16;
     else if (!strcmp(hook, "bf16_compress"))

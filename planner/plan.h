@@ -59,8 +59,8 @@ pcs_status_t pcs_plan_schedule(const Pcs__V1__Plan *p, struct pcs_schedule **out
 /* What the unit runtime of this release runs of a plan; the coordinator refuses the rest at
  * SubmitJob and the runtime refuses it at create, so the two never disagree. Unit dtypes are
  * fp32, bf16, fp16 and fp64; fp64 param/reduce/grad/accumulation dtypes only in a unit with fp64
- * masters (the runtime sizes its fp64 storage by them), and a unit computing in fp64 accumulates
- * no-sync micro-batches in fp64. Buffers may be any floating dtype. PCS_OK, or
+ * masters (the runtime sizes its fp64 storage by them). Buffers may be any floating dtype.
+ * PCS_OK, or
  * PCS_ERR_UNSUPPORTED with "field: reason" (the spec field that asked for it) in
  * pcs_last_error(). Pure; O(units). */
 pcs_status_t pcs_plan_check_runnable(const Pcs__V1__Plan *p);
@@ -76,7 +76,7 @@ pcs_status_t pcs_plan_check_layout(const Pcs__V1__Plan *p);
 /* The same for a job: its plan, pipeline stages (pp > 1) only for the built-in mlp model
  * (pcs-worker runs the stages; a C API program computes its whole model), and fp64 masters and
  * ignored_params only in jobs for a program doing its own math (spec.program other than "" and
- * pcs-worker: pcs.torch, a C API program), fp64 without clip_grad_norm. */
+ * pcs-worker: pcs.torch, a C API program), fp64 without clip_grad_norm or eval_backward. */
 pcs_status_t pcs_job_check_runnable(const Pcs__V1__JobSpec *spec, const Pcs__V1__Plan *p);
 
 /* [begin, end) of shard `shard_rank`'s unpadded part of the unit's flat buffer (torch.chunk rule:

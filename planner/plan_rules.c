@@ -390,18 +390,7 @@ pcs_status_t pcs_plan_check_runnable(const Pcs__V1__Plan *p)
                                      pcs_dtype_name((pcs_dtype_t)dt_or(
                                          u->master_dtype, PCS__V1__DTYPE__DTYPE_FP32)));
         }
-        /* fp64 gradients accumulate unsharded (no-sync micro-batches) in fp64 only: a narrower
-         * accumulator would need an fp64-to-narrow accumulation the kernels do not define */
-        Pcs__V1__DType pd = dt_or(u->param_dtype, u->master_dtype);
-        Pcs__V1__DType rd = dt_or(u->reduce_dtype, pd);
-        Pcs__V1__DType ad = dt_or(u->accum_dtype, rd);
-        if (pd == PCS__V1__DTYPE__DTYPE_FP64 && ad != PCS__V1__DTYPE__DTYPE_FP64 &&
-            p->micro_batches > 1 && !p->sync_every_micro_batch)
-            return pcs_set_error(PCS_ERR_UNSUPPORTED,
-                                 "precision: unit %zu (%s) computes in fp64 but accumulates "
-                                 "no-sync micro-batches in %s; set reduce_dtype fp64 or "
-                                 "training.gradient_sync every_micro_batch",
-                                 i, path, pcs_dtype_name((pcs_dtype_t)ad));
+
     }
     return PCS_OK;
 }
@@ -754,6 +743,11 @@ pcs_status_t pcs_job_check_runnable(const Pcs__V1__JobSpec *spec, const Pcs__V1_
             return pcs_set_error(PCS_ERR_UNSUPPORTED,
                                  "training.clip_grad_norm: not with fp64 masters (the global "
                                  "norm is computed in fp32; PyTorch's is fp64 there)");
+        if (spec && spec->training && spec->training->eval_backward)
+            return pcs_set_error(PCS_ERR_UNSUPPORTED,
+                                 "training.eval_backward: not with fp64 masters (an eval-mode "
+                                 "backward reduces in fp32 here; FSDP1's full precision is "
+                                 "fp64 there)");
     }
     if (p && p->pp_size > 1 &&
         (!spec || !spec->model || spec->model->kind_case != PCS__V1__MODEL_SPEC__KIND_MLP))

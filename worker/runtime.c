@@ -2176,7 +2176,8 @@ pcs_status_t pcs_runtime_post_backward(pcs_runtime_t *rt, uint32_t unit, int syn
     /* the step's last reduction of the unit computes clipping's sum of squares on the way (not
      * with frozen ranges, which the optimizer zeroes first) */
     u->fuse_ss = rt->fuse_norm && !full && u->syncs >= rt->micro_batches && u->n_frz == 0 &&
-                 u->grad != PCS_DTYPE_FP64; /* (the fused op has no fp64 form) */
+                 u->grad != PCS_DTYPE_FP64 &&
+                 u->reduce != PCS_DTYPE_FP64; /* (the fused op has no fp64 form) */
     pcs_status_t st = reduce_copy_in(rt, u);
     u->accum_valid = 0;
     if (st != PCS_OK)

@@ -627,15 +627,23 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
         goto fail;
     }
     PCS_CHECK_GOTO(pcs_plan_check_runnable(t->plan), st, fail);
-    for (size_t i = 0; i < t->plan->n_units; i++)
-        if (t->plan->units[i]->master_dtype == PCS__V1__DTYPE__DTYPE_FP64) {
-            /* (the coordinator gives pcs-worker no such job: pcs_job_check_runnable) */
+    /* (the coordinator gives pcs-worker no such job: pcs_job_check_runnable) */
+    for (size_t i = 0; i < t->plan->n_units; i++) {
+        const Pcs__V1__Unit *pu = t->plan->units[i];
+        if (pu->master_dtype == PCS__V1__DTYPE__DTYPE_FP64) {
             st = pcs_set_error(PCS_ERR_UNSUPPORTED,
                                "precision: unit %zu has fp64 masters; pcs-worker computes and "
                                "checkpoints in fp32, bf16 and fp16",
                                i);
             goto fail;
         }
+        if (pu->unmanaged && pu->n_modules == 0 && pu->n_params > 0) {
+            st = pcs_set_error(PCS_ERR_UNSUPPORTED,
+                               "ignored_params: unit %zu; pcs-worker binds one unit per module",
+                               i);
+            goto fail;
+        }
+    }
     {
         int coll = 0;
         PCS_CHECK_GOTO(pcs_train_resolve_backend(spec, cfg->backend, cfg->coll, &t->be, &coll), st,

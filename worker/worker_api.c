@@ -511,11 +511,12 @@ pcs_status_t pcs_worker_unshard_full(pcs_worker_t *w, uint32_t unit, const float
 {
     const void *p = NULL;
     pcs_dtype_t dt;
-    PCS_CHECK(pcs_runtime_unshard(w->rt, unit, 1, &p, &dt));
-    if (dt == PCS_DTYPE_FP64)
+    if (unit < w->as->plan->n_units &&
+        w->as->plan->units[unit]->master_dtype == PCS__V1__DTYPE__DTYPE_FP64)
         return pcs_set_error(PCS_ERR_INVALID_ARG,
                              "unit %u keeps fp64 masters: pcs_worker_unshard_master gives them",
                              unit);
+    PCS_CHECK(pcs_runtime_unshard(w->rt, unit, 1, &p, &dt));
     if (dt != PCS_DTYPE_FP32)
         return pcs_set_error(PCS_ERR_INVALID_ARG,
                              "unit %u computes in its master dtype %s: pcs_worker_unshard gives "

@@ -141,19 +141,13 @@ static pcs_status_t check_like(const char *op, const char *an, const pcs_tensor_
     return check_pair(op, an, a, bn, b, count);
 }
 
-/* Accumulation pairs: an fp64 destination takes any float source (the sum in fp64); the others
- * take fp32/bf16/fp16 (the sum in fp32). */
+/* Accumulation pairs: every pair of float dtypes (pcs_kernel_accumulate_list states the
+ * arithmetic of each). */
 static pcs_status_t check_acc(const char *op, const pcs_tensor_t *dst, const pcs_tensor_t *src,
                               size_t count)
 {
     PCS_CHECK(check_list(op, "dst", dst, count, DT_FLOATS));
     PCS_CHECK(check_list(op, "src", src, count, DT_FLOATS));
-    for (size_t k = 0; k < count; k++)
-        if (src[k].dtype == PCS_DTYPE_FP64 && dst[k].dtype != PCS_DTYPE_FP64)
-            return pcs_set_error(PCS_ERR_UNSUPPORTED,
-                                 "%s: src[%zu] is fp64 but dst[%zu] is %s (fp64 sources "
-                                 "accumulate into fp64 only)",
-                                 op, k, k, pcs_dtype_name(dst[k].dtype));
     return check_pair(op, "dst", dst, "src", src, count);
 }
 

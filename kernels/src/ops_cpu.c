@@ -271,6 +271,14 @@ ACC_LOOP(acc_fp64_fp32, double, ID64, ID64, float, LD64_FP32)
 ACC_LOOP(acc_fp64_bf16, double, ID64, ID64, uint16_t, LD64_BF16)
 ACC_LOOP(acc_fp64_fp16, double, ID64, ID64, uint16_t, LD64_FP16)
 ACC_LOOP(acc_fp64_fp64, double, ID64, ID64, double, LD64_FP64)
+/* an fp64 source into a narrower destination: cast to the destination's dtype first (through
+ * fp32, as c10), then the destination's own accumulation (acc += g.to(acc.dtype)) */
+#define LD64_AS_FP32(x) ((float)(x))
+#define LD64_AS_BF16(x) pcs_bf16_to_f32(pcs_f32_to_bf16((float)(x)))
+#define LD64_AS_FP16(x) pcs_fp16_to_f32(pcs_f32_to_fp16((float)(x)))
+ACC_LOOP(acc_fp32_fp64, float, LD_FP32, ST_FP32, double, LD64_AS_FP32)
+ACC_LOOP(acc_bf16_fp64, uint16_t, LD_BF16, ST_BF16, double, LD64_AS_BF16)
+ACC_LOOP(acc_fp16_fp64, uint16_t, LD_FP16, ST_FP16, double, LD64_AS_FP16)
 
 /* fp64: the check on the value itself, the product in fp64 (ATen's opmath for double) */
 static int unscale_fp64(void *data, size_t n, float inv)
@@ -325,11 +333,10 @@ static pcs_status_t cpu_scale(const pcs_tensor_t *t, size_t count, double factor
 static pcs_status_t cpu_accumulate(const pcs_tensor_t *dst, const pcs_tensor_t *src, size_t count,
                                    pcs_stream_t s)
 {
-    /* (the front door allows an fp64 source only into an fp64 destination) */
     static void (*const loops[4][4])(void *, const void *, size_t) = {
-        {acc_fp32_fp32, acc_fp32_bf16, acc_fp32_fp16, NULL},
-        {acc_bf16_fp32, acc_bf16_bf16, acc_bf16_fp16, NULL},
-        {acc_fp16_fp32, acc_fp16_bf16, acc_fp16_fp16, NULL},
+        {acc_fp32_fp32, acc_fp32_bf16, acc_fp32_fp16, acc_fp32_fp64},
+        {acc_bf16_fp32, acc_bf16_bf16, acc_bf16_fp16, acc_bf16_fp64},
+        {acc_fp16_fp32, acc_fp16_bf16, acc_fp16_fp16, acc_fp16_fp64},
         {acc_fp64_fp32, acc_fp64_bf16, acc_fp64_fp16, acc_fp64_fp64},
     };
     for (size_t k = 0; k < count; k++)

@@ -475,6 +475,24 @@ static void test_cuda_fp64_ops_equal_cpu_twin(void **state)
                                                n - 1, stream),
                          PCS_OK);
     }
+    /* and an fp64 source into fp32 and bf16 destinations (cast first, then their own sum) */
+    assert_int_equal(pcs_kernel_accumulate(cpu, f, PCS_DTYPE_FP32, g, PCS_DTYPE_FP64, n, NULL),
+                     PCS_OK);
+    assert_int_equal(pcs_kernel_accumulate(gpu, df, PCS_DTYPE_FP32, dg, PCS_DTYPE_FP64, n, stream),
+                     PCS_OK);
+    assert_int_equal(pcs_kernel_accumulate(cpu, h, PCS_DTYPE_BF16, g, PCS_DTYPE_FP64, n, NULL),
+                     PCS_OK);
+    assert_int_equal(pcs_kernel_accumulate(gpu, dh, PCS_DTYPE_BF16, dg, PCS_DTYPE_FP64, n, stream),
+                     PCS_OK);
+    float *gotf = malloc(n * 4);
+    uint16_t *goth = malloc(n * 2);
+    assert_true(gotf && goth);
+    d2h(gotf, df, n * 4);
+    d2h(goth, dh, n * 2);
+    assert_memory_equal(gotf, f, n * 4);
+    assert_memory_equal(goth, h, n * 2);
+    free(gotf);
+    free(goth);
     assert_int_equal(pcs_kernel_scale(cpu, p, PCS_DTYPE_FP64, n, 1.0 / 3.0, NULL), PCS_OK);
     assert_int_equal(pcs_kernel_scale(gpu, dp, PCS_DTYPE_FP64, n, 1.0 / 3.0, stream), PCS_OK);
     /* unscale by 1/1024 with one NaN */

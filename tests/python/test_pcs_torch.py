@@ -488,8 +488,9 @@ class PcsTorchTest(unittest.TestCase):
         self.assert_seen_fp64(self.check_fp64("nested_fp64", 1e-10, 1e-13), "torch.float64")
 
     def test_fp64_masters_fp16_reduce(self):
-        """mp_only_reduce with float64 parameters: compute in fp64, gradients reduced in fp16
-        (cast, pre-divided, summed in fp16) and cast back to fp64 for the update."""
+        """mp_only_reduce with float64 parameters: compute in fp64, the no-sync micro-batch's
+        gradient accumulated in fp16 (FSDP2's acc += g.to(reduce_dtype)), reduced in fp16
+        (pre-divided, summed in fp16) and cast back to fp64 for the update."""
         self.assert_seen_fp64(self.check_fp64("nested_fp64_fp16_reduce", 1e-10, 1e-13),
                               "torch.float64")
 

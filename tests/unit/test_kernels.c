@@ -844,9 +844,24 @@ static void test_fp64_accumulate_and_unscale_stay_in_double(void **state)
     /* each sum exact in fp64, each lost in an fp32 sum */
     assert_true(d[0] == 1.0 + 0x1p-30 && d[1] == 1.0 + 0x1p-40 && d[2] == 1.0 + 0x1p-20);
     assert_true(d[3] == 1.0 / 3.0 + 0x1p-50);
-    assert_int_equal(pcs_kernel_accumulate(cpu, f32, PCS_DTYPE_FP32, d64, PCS_DTYPE_FP64, 1, NULL),
-                     PCS_ERR_UNSUPPORTED);
-    assert_non_null(strstr(pcs_last_error(), "fp64 sources accumulate into fp64 only"));
+    /* an fp64 source into a narrower destination: acc += g.to(acc.dtype) (the cast through
+     * fp32 first, as c10; then the destination's own fp32 sum rounded once) */
+    double g64[3] = {1.0 / 3.0, 1.0 + 0x1p-8 + 0x1p-30, -2.0 / 3.0};
+    float a32[3] = {1.0f, 0.0f, 0.25f};
+    uint16_t a16[3] = {pcs_f32_to_bf16(1.0f), pcs_f32_to_bf16(0.0f), pcs_f32_to_bf16(0.25f)};
+    assert_int_equal(pcs_kernel_accumulate(cpu, a32, PCS_DTYPE_FP32, g64, PCS_DTYPE_FP64, 3, NULL),
+                     PCS_OK);
+    assert_int_equal(pcs_kernel_accumulate(cpu, a16, PCS_DTYPE_BF16, g64, PCS_DTYPE_FP64, 3, NULL),
+                     PCS_OK);
+    for (int i = 0; i < 3; i++) {
+        float init = i == 0 ? 1.0f : i == 1 ? 0.0f : 0.25f;
+        assert_true(a32[i] == init + (float)g64[i]);
+        float gb = pcs_bf16_to_f32(pcs_f32_to_bf16((float)g64[i]));
+        assert_true(a16[i] == pcs_f32_to_bf16(init + gb));
+    }
+    /* 1 + 2^-8 + 2^-30: fp32 drops 2^-30, then bf16's tie goes to even (1.0), where a direct
+     * fp64 -> bf16 rounding would give 1 + 2^-7 */
+    assert_true(pcs_bf16_to_f32(a16[1]) == 1.0f);
 
     /* unscale: finite beyond fp32's range is finite; the product in fp64 with the widened inv */
     double x[3] = {1e300, 1.0 / 3.0, -2.5};
@@ -950,7 +965,7 @@ static void test_bad_input_gets_a_status_never_a_crash(void **state)
                      PCS_ERR_UNSUPPORTED);
     assert_int_equal(pcs_kernel_cast(cpu, h, PCS_DTYPE_NONE, f, PCS_DTYPE_FP32, 1, NULL),
                      PCS_ERR_UNSUPPORTED);
-    assert_int_equal(pcs_kernel_accumulate(cpu, f, PCS_DTYPE_FP32, f, PCS_DTYPE_FP64, 1, NULL),
+    assert_int_equal(pcs_kernel_accumulate(cpu, f, PCS_DTYPE_FP32, f, PCS_DTYPE_INT64, 1, NULL),
                      PCS_ERR_UNSUPPORTED);
     assert_int_equal(pcs_kernel_sum_squares(cpu, f, PCS_DTYPE_INT64, 1, &out, NULL),
                      PCS_ERR_UNSUPPORTED);

@@ -1107,6 +1107,26 @@ static void test_ignored_params_get_unmanaged_units_of_their_own(void **state)
     assert_int_equal(found, 3);
     assert_true(has_note(p, "ignored_params: 3 parameter(s) not managed, in 3 unit(s)"));
     assert_int_equal(pcs_plan_check_layout(p), PCS_OK);
+    /* in forward order: right after the unit whose region holds their module */
+    size_t at_blk = 0;
+    while (strcmp(p->units[at_blk]->path, "layers.1") != 0)
+        at_blk++;
+    assert_string_equal(p->units[at_blk + 1]->path, "layers.1.linear");
+    assert_string_equal(p->units[at_blk + 2]->path, "layers.1.norm");
+    assert_string_equal(p->units[p->n_units - 1]->path, "head");
+    for (size_t i = 0; i < p->n_units; i++)
+        assert_int_equal(p->units[i]->index, i);
+    pcs_plan_free(p);
+    /* a DDP compression hook leaves them (and ignored modules) alone: no all-reduce, no cast */
+    p = plan_of("model: {mlp: {input_dim: 8, hidden_dims: [16], output_dim: 4}}\n"
+                "strategy: no_shard\nmesh: [{dim: dp_shard, size: 2}]\n"
+                "ddp_comm_hook: fp16_compress\nignored_params: [head.bias]\n",
+                0);
+    for (size_t i = 0; i < p->n_units; i++) {
+        const Pcs__V1__Unit *u = p->units[i];
+        assert_int_equal(u->reduce_dtype, u->unmanaged ? PCS__V1__DTYPE__DTYPE_FP32
+                                                       : PCS__V1__DTYPE__DTYPE_FP16);
+    }
     pcs_plan_free(p);
     expect_error("model: {mlp: {input_dim: 8, hidden_dims: [16], output_dim: 4}}\n"
                  "ignored_params: [layers.0.linear.nope]\n",
@@ -1791,6 +1811,8 @@ static void test_job_check_runnable_fp64_only_for_programs(void **state)
         {"program: my-trainer\n", NULL},
         {"program: pcs.torch\ntraining: {clip_grad_norm: 1.0}\n",
          "training.clip_grad_norm: not with fp64 masters"},
+        {"program: pcs.torch\ntraining: {full_precision_eval: true, eval_backward: true}\n",
+         "training.eval_backward: not with fp64 masters"},
         {"program: pcs.torch\nignored_params: [head.bias]\n", NULL},
         {"program: pcs-worker\nignored_params: [head.bias]\n",
          "ignored_params: run in programs that do their own math"},
@@ -1834,11 +1856,6 @@ static void test_check_runnable_fp64_needs_fp64_masters(void **state)
                               "precision: {param_dtype: bf16, overrides: [{match: {module_class: "
                               "LayerNorm}, param_dtype: fp64}]}",
                       2, "precision: unit 2 (layers.0.norm) has param dtype fp64 with master");
-    /* fp64 compute with a narrower no-sync accumulator */
-    expect_unrunnable(RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\n"
-                              "precision: {master_dtype: fp64, reduce_dtype: bf16}\n"
-                              "training: {micro_batches: 2}",
-                      2, "computes in fp64 but accumulates no-sync micro-batches in bf16");
     /* runnable: fp64 masters computing in fp64, fp32 or bf16 (the seed's rows) */
     const char *ok64[] = {
         RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\nprecision: {master_dtype: fp64}",
@@ -1848,6 +1865,9 @@ static void test_check_runnable_fp64_needs_fp64_masters(void **state)
         RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\nprecision: {master_dtype: fp64, "
                 "reduce_dtype: fp16}\ntraining: {micro_batches: 2, gradient_sync: "
                 "every_micro_batch}",
+        /* fp64 compute accumulating no-sync micro-batches in the reduce dtype (FSDP2's rule) */
+        RUN_MLP "mesh: [{dim: dp_shard, size: 2}]\n"
+                "precision: {master_dtype: fp64, reduce_dtype: bf16}\ntraining: {micro_batches: 2}",
     };
     for (size_t i = 0; i < sizeof ok64 / sizeof ok64[0]; i++) {
         Pcs__V1__Plan *p = plan_of(ok64[i], 0);
