@@ -390,7 +390,6 @@ pcs_status_t pcs_plan_check_runnable(const Pcs__V1__Plan *p)
                                      pcs_dtype_name((pcs_dtype_t)dt_or(
                                          u->master_dtype, PCS__V1__DTYPE__DTYPE_FP32)));
         }
-
     }
     return PCS_OK;
 }
@@ -608,7 +607,8 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
             while (top) {
                 const char *pa = mine[stack[top - 1]]->path ? mine[stack[top - 1]]->path : "";
                 size_t la = strlen(pa);
-                if (la == 0 || (strncmp(pa, pi, la) == 0 && pi[la] == '.'))
+                /* (an equal path: an ignored-parameter unit inside its module's unit) */
+                if (la == 0 || (strncmp(pa, pi, la) == 0 && (pi[la] == '.' || pi[la] == '\0')))
                     break;
                 top--;
                 extra_full -= full[stack[top]] - kept[stack[top]];
@@ -746,8 +746,8 @@ pcs_status_t pcs_job_check_runnable(const Pcs__V1__JobSpec *spec, const Pcs__V1_
         if (spec && spec->training && spec->training->eval_backward)
             return pcs_set_error(PCS_ERR_UNSUPPORTED,
                                  "training.eval_backward: not with fp64 masters (an eval-mode "
-                                 "backward reduces in fp32 here; FSDP1's full precision is "
-                                 "fp64 there)");
+                                 "backward in full precision takes fp32 masters here; FSDP1's "
+                                 "would reduce in fp64)");
     }
     if (p && p->pp_size > 1 &&
         (!spec || !spec->model || spec->model->kind_case != PCS__V1__MODEL_SPEC__KIND_MLP))

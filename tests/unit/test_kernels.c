@@ -853,11 +853,16 @@ static void test_fp64_accumulate_and_unscale_stay_in_double(void **state)
                      PCS_OK);
     assert_int_equal(pcs_kernel_accumulate(cpu, a16, PCS_DTYPE_BF16, g64, PCS_DTYPE_FP64, 3, NULL),
                      PCS_OK);
+    uint16_t a16h[3] = {pcs_f32_to_fp16(1.0f), pcs_f32_to_fp16(0.0f), pcs_f32_to_fp16(0.25f)};
+    assert_int_equal(pcs_kernel_accumulate(cpu, a16h, PCS_DTYPE_FP16, g64, PCS_DTYPE_FP64, 3, NULL),
+                     PCS_OK);
     for (int i = 0; i < 3; i++) {
         float init = i == 0 ? 1.0f : i == 1 ? 0.0f : 0.25f;
         assert_true(a32[i] == init + (float)g64[i]);
         float gb = pcs_bf16_to_f32(pcs_f32_to_bf16((float)g64[i]));
         assert_true(a16[i] == pcs_f32_to_bf16(init + gb));
+        float gh = pcs_fp16_to_f32(pcs_f32_to_fp16((float)g64[i]));
+        assert_true(a16h[i] == pcs_f32_to_fp16(init + gh));
     }
     /* 1 + 2^-8 + 2^-30: fp32 drops 2^-30, then bf16's tie goes to even (1.0), where a direct
      * fp64 -> bf16 rounding would give 1 + 2^-7 */

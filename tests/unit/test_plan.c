@@ -1137,6 +1137,44 @@ static void test_ignored_params_get_unmanaged_units_of_their_own(void **state)
                  2, "ignored_params[0]: not with pipeline stages");
 }
 
+/* An ignored parameter of a wrapped module with a wrapped child: its unit follows the module's
+ * unit and precedes the child's, and the estimate still counts the module's unit as the child's
+ * enclosing unit (the same path is not a sibling). With cpu_offload every unit has a device
+ * copy, so at the child's forward the root, the block, the ignored unit (kept: unmanaged) and
+ * the child are all gathered; every parameter frozen, so that no gradient block hides a missing
+ * ancestor. */
+static void test_ignored_param_of_a_wrapped_module_keeps_the_estimate(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *p = plan_of(
+        "model: {explicit: [{path: '', class: Net, params: [{name: w, shape: [8, 8],\n"
+        "                                                  requires_grad_off: true}]},\n"
+        "  {path: block, class: Block, params: [\n"
+        "     {name: scale, shape: [64], requires_grad_off: true},\n"
+        "     {name: big, shape: [64, 64], requires_grad_off: true}]},\n"
+        "  {path: block.norm, class: LayerNorm,\n"
+        "   params: [{name: weight, shape: [64], requires_grad_off: true}]}]}\n"
+        "wrap: {explicit: [block, block.norm]}\nmesh: [{dim: dp_shard, size: 2}]\n"
+        "cpu_offload: true\nignored_params: [block.scale, w]\n",
+        0);
+    assert_int_equal(p->n_units, 5);
+    const char *order[5] = {"", "", "block", "block", "block.norm"};
+    for (size_t i = 0; i < 5; i++)
+        assert_string_equal(p->units[i]->path, order[i]);
+    assert_true(p->units[1]->unmanaged && p->units[3]->unmanaged);
+    assert_string_equal(p->units[1]->params[0]->fqn, "w");
+    assert_string_equal(p->units[3]->params[0]->fqn, "block.scale");
+    Pcs__V1__RankEstimate e;
+    assert_int_equal(pcs_plan_rank_estimate(p, 0, &e), PCS_OK);
+    uint64_t all = 0;
+    for (size_t i = 0; i < 5; i++)
+        all += p->units[i]->padded_numel * 4;
+    if (e.peak_unsharded_bytes < all)
+        fail_msg("peak %llu B < the %llu B gathered at block.norm's forward",
+                 (unsigned long long)e.peak_unsharded_bytes, (unsigned long long)all);
+    pcs_plan_free(p);
+}
+
 /* FSDP1's MixedPrecision defaults (cast_forward_inputs False, cast_root_forward_inputs True):
  * only the root casts; the root casts if either flag is true; unset, cast_forward_inputs alone
  * decides (FSDP2). */
@@ -1923,6 +1961,7 @@ int main(void)
         cmocka_unit_test(test_cast_root_forward_inputs_is_fsdp1s_root_cast),
         cmocka_unit_test(test_ignored_modules_are_unmanaged_units),
         cmocka_unit_test(test_ignored_params_get_unmanaged_units_of_their_own),
+        cmocka_unit_test(test_ignored_param_of_a_wrapped_module_keeps_the_estimate),
         cmocka_unit_test(test_gradient_sync_every_micro_batch_estimate),
         cmocka_unit_test(test_dp_pp_mesh_groups_and_stages_section7),
         cmocka_unit_test(test_mlp_expansion_uses_the_fixed_fqn_scheme),
