@@ -271,14 +271,14 @@ ACC_LOOP(acc_fp64_fp32, double, ID64, ID64, float, LD64_FP32)
 ACC_LOOP(acc_fp64_bf16, double, ID64, ID64, uint16_t, LD64_BF16)
 ACC_LOOP(acc_fp64_fp16, double, ID64, ID64, uint16_t, LD64_FP16)
 ACC_LOOP(acc_fp64_fp64, double, ID64, ID64, double, LD64_FP64)
-/* an fp64 source into a narrower destination: cast to the destination's dtype first (through
- * fp32, as c10), then the destination's own accumulation (acc += g.to(acc.dtype)) */
-#define LD64_AS_FP32(x) ((float)(x))
-#define LD64_AS_BF16(x) pcs_bf16_to_f32(pcs_f32_to_bf16((float)(x)))
-#define LD64_AS_FP16(x) pcs_fp16_to_f32(pcs_f32_to_fp16((float)(x)))
-ACC_LOOP(acc_fp32_fp64, float, LD_FP32, ST_FP32, double, LD64_AS_FP32)
-ACC_LOOP(acc_bf16_fp64, uint16_t, LD_BF16, ST_BF16, double, LD64_AS_BF16)
-ACC_LOOP(acc_fp16_fp64, uint16_t, LD_FP16, ST_FP16, double, LD64_AS_FP16)
+/* an fp64 source into a narrower destination: PyTorch's in-place acc += g with type promotion,
+ * the sum in fp64, stored through fp32 as c10 narrows a double */
+#define ST64_FP32(x) ((float)(x))
+#define ST64_BF16(x) pcs_f32_to_bf16((float)(x))
+#define ST64_FP16(x) pcs_f32_to_fp16((float)(x))
+ACC_LOOP(acc_fp32_fp64, float, LD64_FP32, ST64_FP32, double, LD64_FP64)
+ACC_LOOP(acc_bf16_fp64, uint16_t, LD64_BF16, ST64_BF16, double, LD64_FP64)
+ACC_LOOP(acc_fp16_fp64, uint16_t, LD64_FP16, ST64_FP16, double, LD64_FP64)
 
 /* fp64: the check on the value itself, the product in fp64 (ATen's opmath for double) */
 static int unscale_fp64(void *data, size_t n, float inv)

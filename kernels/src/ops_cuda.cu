@@ -306,8 +306,8 @@ template <class X, bool VEC> __global__ void scale_kernel(Batch2 b, typename X::
         d[j] = X::scale(d[j], f);
 }
 
-/* d + s rounded once to D: in fp32 for fp32/bf16/fp16 destinations, in fp64 for fp64 ones (an
- * fp64 source into a narrower one is cast to it first). */
+/* d + s rounded once to D: in fp32 for fp32/bf16/fp16 destinations, in fp64 for fp64 ones and
+ * for an fp64 source (type promotion; the fp64 sum then stored through fp32). */
 template <class D, class S> struct Acc {
     static __device__ __forceinline__ typename D::T add(typename D::T x, typename S::T y)
     {
@@ -320,11 +320,12 @@ template <class S> struct Acc<TF64, S> {
         return x + S::ld64(y);
     }
 };
-/* an fp64 source into a narrower destination: cast to its dtype first, then its own sum */
+/* an fp64 source into a narrower destination: the sum in fp64 (type promotion), stored
+ * through fp32 */
 template <class D> struct Acc<D, TF64> {
     static __device__ __forceinline__ typename D::T add(typename D::T x, double y)
     {
-        return D::st(D::ld(x) + D::ld(D::st((float)y)));
+        return D::st((float)(D::ld64(x) + y));
     }
 };
 template <> struct Acc<TF64, TF64> {

@@ -306,9 +306,9 @@ CASES = {
                              data=torch.bfloat16),
     # fp64 masters (test_fsdp_mixed_precision's full_precision_param_dtype=torch.float64 rows:
     # the model and its inputs in float64): no mixed precision (fp64 compute and reductions),
-    # mp_only_reduce (fp64 compute, fp16 reductions; the no-sync micro-batch accumulates in fp16,
-    # FSDP2's acc += g.to(reduce_dtype)), and param/reduce/buffer low precision (bf16: torch 1.13
-    # has no fp16 matmul on the cpu)
+    # mp_only_reduce (fp64 compute, fp16 reductions; the no-sync micro-batches accumulate in fp16,
+    # spec 4.1 step 7), and param/reduce/buffer low precision (bf16: torch 1.13 has no fp16 matmul
+    # on the cpu)
     "nested_fp64": case("nested", {"master_dtype": "fp64"}, data=torch.float64,
                         model_dtype=torch.float64),
     "nested_fp64_fp16_reduce": case("nested", {"master_dtype": "fp64", "reduce_dtype": "fp16"},

@@ -210,8 +210,10 @@ def reference_per_rank(case_name, name, training, world):
                 (loss / M).backward()
                 tot += loss.item() / world
                 for k, p in m.named_parameters():
-                    g = p.grad.to(rdt)
-                    acc[r][k] = g if k not in acc[r] else acc[r][k] + g
+                    if k not in acc[r]:  # spec §4.1 step 7: g.to(reduce_dtype), then += g
+                        acc[r][k] = p.grad.to(rdt)
+                    else:
+                        acc[r][k] += p.grad
         for k, p in master.named_parameters():
             s = None
             for r in range(world):
@@ -488,9 +490,9 @@ class PcsTorchTest(unittest.TestCase):
         self.assert_seen_fp64(self.check_fp64("nested_fp64", 1e-10, 1e-13), "torch.float64")
 
     def test_fp64_masters_fp16_reduce(self):
-        """mp_only_reduce with float64 parameters: compute in fp64, the no-sync micro-batch's
-        gradient accumulated in fp16 (FSDP2's acc += g.to(reduce_dtype)), reduced in fp16
-        (pre-divided, summed in fp16) and cast back to fp64 for the update."""
+        """mp_only_reduce with float64 parameters: compute in fp64, the no-sync micro-batches'
+        gradients accumulated in fp16 (FSDP2: g.to(reduce_dtype), then acc += g in place),
+        reduced in fp16 (pre-divided, summed in fp16) and cast back to fp64 for the update."""
         self.assert_seen_fp64(self.check_fp64("nested_fp64_fp16_reduce", 1e-10, 1e-13),
                               "torch.float64")
 

@@ -844,8 +844,8 @@ static void test_fp64_accumulate_and_unscale_stay_in_double(void **state)
     /* each sum exact in fp64, each lost in an fp32 sum */
     assert_true(d[0] == 1.0 + 0x1p-30 && d[1] == 1.0 + 0x1p-40 && d[2] == 1.0 + 0x1p-20);
     assert_true(d[3] == 1.0 / 3.0 + 0x1p-50);
-    /* an fp64 source into a narrower destination: acc += g.to(acc.dtype) (the cast through
-     * fp32 first, as c10; then the destination's own fp32 sum rounded once) */
+    /* an fp64 source into a narrower destination: in-place acc += g with type promotion, the sum
+     * in fp64, stored through fp32 as c10 narrows a double */
     double g64[3] = {1.0 / 3.0, 1.0 + 0x1p-8 + 0x1p-30, -2.0 / 3.0};
     float a32[3] = {1.0f, 0.0f, 0.25f};
     uint16_t a16[3] = {pcs_f32_to_bf16(1.0f), pcs_f32_to_bf16(0.0f), pcs_f32_to_bf16(0.25f)};
@@ -858,15 +858,21 @@ static void test_fp64_accumulate_and_unscale_stay_in_double(void **state)
                      PCS_OK);
     for (int i = 0; i < 3; i++) {
         float init = i == 0 ? 1.0f : i == 1 ? 0.0f : 0.25f;
-        assert_true(a32[i] == init + (float)g64[i]);
-        float gb = pcs_bf16_to_f32(pcs_f32_to_bf16((float)g64[i]));
-        assert_true(a16[i] == pcs_f32_to_bf16(init + gb));
-        float gh = pcs_fp16_to_f32(pcs_f32_to_fp16((float)g64[i]));
-        assert_true(a16h[i] == pcs_f32_to_fp16(init + gh));
+        assert_true(a32[i] == (float)((double)init + g64[i]));
+        assert_true(a16[i] == pcs_f32_to_bf16((float)((double)init + g64[i])));
+        assert_true(a16h[i] == pcs_f32_to_fp16((float)((double)init + g64[i])));
     }
     /* 1 + 2^-8 + 2^-30: fp32 drops 2^-30, then bf16's tie goes to even (1.0), where a direct
      * fp64 -> bf16 rounding would give 1 + 2^-7 */
     assert_true(pcs_bf16_to_f32(a16[1]) == 1.0f);
+    /* one rounding of the fp64 sum, not a cast then a sum: 1 + (2^-24 + 2^-50) is 1 + 2^-23 in
+     * fp32 (above the tie), where (float)g = 2^-24 first would tie to 1 */
+    float one = 1.0f;
+    double tiny = 0x1p-24 + 0x1p-50;
+    assert_int_equal(pcs_kernel_accumulate(cpu, &one, PCS_DTYPE_FP32, &tiny, PCS_DTYPE_FP64, 1,
+                                           NULL),
+                     PCS_OK);
+    assert_true(one == 1.0f + 0x1p-23f);
 
     /* unscale: finite beyond fp32's range is finite; the product in fp64 with the widened inv */
     double x[3] = {1e300, 1.0 / 3.0, -2.5};

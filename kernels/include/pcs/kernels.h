@@ -178,9 +178,9 @@ pcs_status_t pcs_kernel_scale_list(const pcs_backend_ops_t *be, const pcs_tensor
 /* dst[k] += cast(src[k]): dst fp32/bf16/fp16 with src fp32/bf16/fp16, the sum computed in fp32
  * and rounded once to dst's dtype; dst fp64 with any float src, the sum in fp64 (an fp64
  * parameter's .grad accumulating a reduced gradient widened exactly); dst fp32/bf16/fp16 with an
- * fp64 src: the src cast to dst's dtype first (through fp32, as c10), then added as above
- * (PyTorch's acc += g.to(acc.dtype): an fp64 computation's gradient into a narrower no-sync
- * accumulator or gradient). */
+ * fp64 src: PyTorch's in-place acc += g with type promotion, the sum in fp64 stored through fp32
+ * as c10 narrows a double (an fp64 computation's gradient into a narrower no-sync accumulator,
+ * spec §4.1 step 7, or gradient). */
 pcs_status_t pcs_kernel_accumulate_list(const pcs_backend_ops_t *be, const pcs_tensor_t *dst,
                                         const pcs_tensor_t *src, size_t count, pcs_stream_t s);
 /* torch._amp_foreach_non_finite_check_and_unscale_: for every element x of every tensor
