@@ -36,6 +36,17 @@ static double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+/* max |a[i] - b[i]|, in double: how far the model's output is from the baseline's */
+static double max_abs_diff(const float *a, const float *b, size_t n)
+{
+    double md = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        md = d > md ? d : md;
+    }
+    return md;
+}
+
 static int run_job(const char *path, int global_batch, int use_plan, const char *export_path)
 {
     ProtobufCMessage *msg = NULL;
@@ -422,11 +433,7 @@ static void bench_gelu(int iters)
             }
             /* absolute: in GELU's negative tail 1 + erf cancels, so one ulp of erf is a large
              * relative difference of a tiny value there (as between any two erff) */
-            double md = 0;
-            for (size_t i = 0; i < n; i++) {
-                double d = fabs((double)y1[i] - y0[i]);
-                md = d > md ? d : md;
-            }
+            double md = max_abs_diff(y1, y0, n);
             printf("%10zu  %-8s  %8.2f  %8.2f  %7.3f  %9.2e\n", n, pass ? "backward" : "forward",
                    best0 / iters / n * 1e9, best1 / iters / n * 1e9, best1 / best0, md);
         }
@@ -520,11 +527,7 @@ static void bench_layernorm(int iters)
                 best0 = t1 - t0 < best0 ? t1 - t0 : best0;
                 best1 = t2 - t1 < best1 ? t2 - t1 : best1;
             }
-            double md = 0;
-            for (size_t i = 0; i < n; i++) {
-                double d = fabs((double)y1[i] - y0[i]);
-                md = d > md ? d : md;
-            }
+            double md = max_abs_diff(y1, y0, n);
             printf("%9u  %-8s  %8.2f  %8.2f  %7.3f  %9.2e\n", D, pass ? "backward" : "forward",
                    best0 / iters / n * 1e9, best1 / iters / n * 1e9, best1 / best0, md);
         }

@@ -379,6 +379,12 @@ static pcs_dtype_t dt_or(int v, pcs_dtype_t def)
     return v > 0 ? (pcs_dtype_t)v : def;
 }
 
+/* The storage dtype of a master shard and its optimizer state (the legend's mst). */
+static pcs_dtype_t master_storage(pcs_dtype_t master)
+{
+    return master == PCS_DTYPE_FP64 ? PCS_DTYPE_FP64 : PCS_DTYPE_FP32;
+}
+
 static const Pcs__V1__CollectiveSpec *find_coll(const Pcs__V1__Unit *u, int kind)
 {
     for (size_t i = 0; i < u->n_collectives; i++)
@@ -900,7 +906,7 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         /* pipeline stage s runs on pp rank s mod pp (planner/schedule.h) */
         u->held = rt->pp_size <= 1 || pu->stage % rt->pp_size == rt->pp_index;
         u->master = dt_or(pu->master_dtype, PCS_DTYPE_FP32);
-        u->mst = u->master == PCS_DTYPE_FP64 ? PCS_DTYPE_FP64 : PCS_DTYPE_FP32;
+        u->mst = master_storage(u->master);
         u->param = dt_or(pu->param_dtype, u->master);
         u->reduce = dt_or(pu->reduce_dtype, u->param);
         u->grad = dt_or(pu->grad_dtype, u->master);
@@ -1098,23 +1104,22 @@ static pcs_status_t alloc_shared(pcs_runtime_t *rt)
 {
     const Pcs__V1__Plan *p = rt->plan;
     uint64_t max_c = 1, max_stage = 1, gbytes = 0;
-    size_t msz = 4; /* the widest master storage (fp64 masters: 8) */
+    size_t msz = 4; /* the widest master storage */
     for (size_t i = 0; i < p->n_units; i++) {
         const Pcs__V1__Unit *pu = p->units[i];
         if (rt->pp_size > 1 && pu->stage % rt->pp_size != rt->pp_index)
             continue; /* another pipeline stage's unit */
         uint64_t c = pu->shard_numel ? pu->shard_numel : pu->padded_numel;
         max_c = c > max_c ? c : max_c;
-        if (pu->master_dtype == PCS__V1__DTYPE__DTYPE_FP64)
-            msz = 8;
+        pcs_dtype_t md = dt_or(pu->master_dtype, PCS_DTYPE_FP32);
+        size_t fsz = pcs_dtype_size(master_storage(md));
+        msz = fsz > msz ? fsz : msz;
         max_stage = pu->padded_numel + c > max_stage ? pu->padded_numel + c : max_stage;
         uint64_t sg = pu->shard_group_size ? pu->shard_group_size : 1;
         if (pu->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM && sg > 1) {
             /* the full-precision gather (in the master storage dtype) lands here too when the
              * param dtype differs */
-            pcs_dtype_t md = dt_or(pu->master_dtype, PCS_DTYPE_FP32);
             pcs_dtype_t pd = dt_or(pu->param_dtype, md);
-            size_t fsz = md == PCS_DTYPE_FP64 ? 8 : 4;
             uint64_t b = sg * c * (pd != md ? fsz : pcs_dtype_size(pd));
             gbytes = b > gbytes ? b : gbytes;
         }
