@@ -32,8 +32,10 @@ typedef struct unit_b {
     bool is_root; /* model root, or a stage's root with pp > 1 */
     bool ignored;   /* ignored class: mixed precision off */
     bool unmanaged; /* spec.ignored_modules: whole, uncast, unreduced */
-    bool params_only; /* spec.ignored_params: the unmanaged parameters of module `root` only (no
-                       * module, no buffer is this unit's) */
+    bool params_only; /* parameters only, no module and no buffer of its own: the unmanaged
+                       * ignored_params of module `root`, or a dtype part */
+    bool dtype_part;  /* the parameters of another dtype in the unit just before it (of the same
+                       * region; split_dtype_groups) */
     /* its strategy (spec.strategy, or the last strategy_overrides entry matching its root),
      * shard group size and all-reduce group size */
     Pcs__V1__Strategy eff;
@@ -54,7 +56,8 @@ typedef struct ctx {
     uint32_t vstages, nstages;
     /* per module */
     uint8_t *wrapped, *ignored, *promoted, *unmanaged;
-    int32_t *ign_unit; /* per parameter: its spec.ignored_params unit, or -1 */
+    int32_t *ign_unit; /* per parameter: the unit it joins instead of its region's (its
+                        * spec.ignored_params unit, its dtype part), or -1 */
     uint32_t *ign_home; /* the modules holding ignored parameters (build_units) */
     uint32_t *stage_of;
     int32_t *unit_of;
@@ -762,6 +765,122 @@ static void unit_strategies(ctx_t *c)
     }
 }
 
+/* The unit parameter i joins: its home module's region's (the stage root's for the root
+ * region), or the unit of its own it was given (ignored_params, a dtype part). */
+static uint32_t param_unit(const ctx_t *c, uint32_t i)
+{
+    const pcs_model_tensor_t *t = &c->m->params[i];
+    if (c->ign_unit[i] >= 0)
+        return (uint32_t)c->ign_unit[i];
+    int32_t u = c->unit_of[t->home];
+    if (c->units[u].is_root)
+        u = (int32_t)c->stage_root[c->stage_of[t->module]];
+    return (uint32_t)u;
+}
+
+/* Mixed-dtype groups (FSDP2: a group's parameters may differ in dtype, e.g. frozen bf16 base
+ * weights beside fp32 adapters; its all-gather then moves bytes, as uint8, spec §4.1 step 2).
+ * pcs keeps one dtype per unit's buffers: the parameters of each other dtype become a unit of
+ * their own right after it, a dtype part, with the same root, strategy and policy and no module
+ * or buffer. Each parameter's shard is the same as in FSDP2's group (per-parameter sharding);
+ * a part has its own collectives. FSDP1's flat layout keeps one dtype (fill_unit says so), as
+ * do units whose masters precision.master_dtype converts. Unmanaged units (ignored modules and
+ * parameters) are never flattened by PyTorch: they split whatever the layout. */
+static pcs_status_t split_dtype_groups(ctx_t *c)
+{
+    const pcs_model_t *m = c->m;
+    const Pcs__V1__PrecisionSpec *ps = c->spec->precision;
+    if (ps && ps->master_dtype)
+        return PCS_OK;
+    const char *lay = c->spec->shard_layout ? c->spec->shard_layout : "";
+    bool per_param = !strcmp(lay, "per_param");
+    uint32_t nu = c->nunits, np = m->n_params;
+    enum { ND = PCS_DTYPE_COUNT };
+    /* per unit and dtype: -1 unseen, else the order of first appearance (0: the unit's own) */
+    int8_t *seen = NULL;
+    uint32_t *nparts = NULL, *newi = NULL;
+    int32_t *to = NULL;
+    unit_b_t *units = NULL;
+    pcs_status_t rc = PCS_OK;
+    PCS_CHECK_GOTO(pcs_calloc((size_t)nu * ND, 1, (void **)&seen), rc, out);
+    PCS_CHECK_GOTO(pcs_calloc((size_t)nu + 1, sizeof *nparts, (void **)&nparts), rc, out);
+    memset(seen, -1, (size_t)nu * ND);
+    uint32_t extra = 0;
+    for (uint32_t i = 0; i < np; i++) {
+        uint32_t u = param_unit(c, i);
+        pcs_dtype_t d = m->params[i].dtype;
+        if ((unsigned)d >= ND || seen[(size_t)u * ND + d] >= 0)
+            continue;
+        /* order of first appearance: the count of dtypes seen so far */
+        int8_t k = 0;
+        for (int e = 0; e < ND; e++)
+            k += seen[(size_t)u * ND + e] >= 0;
+        seen[(size_t)u * ND + d] = k;
+        if (k > 0 && (per_param || c->units[u].unmanaged)) {
+            nparts[u]++;
+            extra++;
+        }
+    }
+    if (!extra)
+        goto out;
+    if (c->nstages > 1) {
+        for (uint32_t u = 0; u < nu; u++)
+            if (nparts[u])
+                pcs_errlist_add(&c->errs,
+                                "model: unit '%s' mixes parameter dtypes: not with pipeline "
+                                "stages",
+                                m->modules[c->units[u].root].path);
+        goto out;
+    }
+    PCS_CHECK_GOTO(pcs_calloc((size_t)nu + extra, sizeof *units, (void **)&units), rc, out);
+    PCS_CHECK_GOTO(pcs_calloc((size_t)nu + 1, sizeof *newi, (void **)&newi), rc, out);
+    uint32_t pos = 0;
+    for (uint32_t u = 0; u < nu; u++) {
+        newi[u] = pos;
+        units[pos++] = c->units[u];
+        for (uint32_t j = 0; j < nparts[u]; j++) {
+            units[pos] = c->units[u];
+            units[pos].params_only = true;
+            units[pos].dtype_part = true;
+            pos++;
+        }
+    }
+    /* each parameter of another dtype than its unit's first joins the part of its dtype (the
+     * old indices until the units are replaced) */
+    PCS_CHECK_GOTO(pcs_calloc((size_t)np + 1, sizeof *to, (void **)&to), rc, out);
+    for (uint32_t i = 0; i < np; i++) {
+        uint32_t u = param_unit(c, i);
+        pcs_dtype_t d = m->params[i].dtype;
+        int8_t k = (unsigned)d < ND ? seen[(size_t)u * ND + d] : -1;
+        to[i] = nparts[u] && k > 0 ? (int32_t)(newi[u] + (uint32_t)k)
+                : c->ign_unit[i] >= 0 ? (int32_t)newi[c->ign_unit[i]]
+                                      : -1;
+    }
+    for (uint32_t i = 0; i < m->n_modules; i++)
+        c->unit_of[i] = (int32_t)newi[c->unit_of[i]];
+    for (uint32_t s = 0; s < (c->nstages ? c->nstages : 1); s++)
+        c->stage_root[s] = newi[c->stage_root[s]];
+    for (uint32_t u = 0; u < nu; u++)
+        if (nparts[u])
+            note(c,
+                 "unit '%s' mixes parameter dtypes: %u more unit(s) of its parameters of another "
+                 "dtype (FSDP2 gathers the group's bytes in one collective, pcs one per dtype; "
+                 "the shards are the same)",
+                 m->modules[c->units[u].root].path, nparts[u]);
+    memcpy(c->ign_unit, to, (size_t)np * sizeof *to);
+    free(c->units);
+    c->units = units;
+    units = NULL;
+    c->nunits = nu + extra;
+out:
+    free(seen);
+    free(nparts);
+    free(newi);
+    free(to);
+    free(units);
+    return rc;
+}
+
 // ----------------------------------------------------------------------------------------------
 // per-unit precision
 
@@ -949,7 +1068,8 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
     u->unmanaged = ub->unmanaged;
 
     /* master dtype: precision.master_dtype converts the model (model.half()); else the
-     * parameters' own dtype, which must be uniform in a flat buffer */
+     * parameters' own dtype, which must be uniform in a flat buffer (FSDP1's FlatParameter;
+     * per_param units and unmanaged ones were split by dtype: split_dtype_groups) */
     pcs_dtype_t master = ps && ps->master_dtype ? (pcs_dtype_t)ps->master_dtype : PCS_DTYPE_NONE;
     if (!master) {
         for (size_t i = 0; i < npk; i++) {
@@ -958,9 +1078,10 @@ static void fill_unit(ctx_t *c, uint32_t k, const pkey_t *pk, size_t npk, const 
                 master = d;
             } else if (d != master) {
                 pcs_errlist_add(&c->errs,
-                                "model: unit '%s' mixes %s and %s parameters ('%s'); a flat "
-                                "buffer has one dtype: set precision.master_dtype or wrap them "
-                                "apart",
+                                "model: unit '%s' mixes %s and %s parameters ('%s'); FSDP1's "
+                                "flat parameter has one dtype (\"Must flatten tensors with "
+                                "uniform dtype\"): set shard_layout: per_param (FSDP2 groups "
+                                "them), precision.master_dtype, or wrap them apart",
                                 root->path, pcs_dtype_name(master), pcs_dtype_name(d),
                                 m->params[pk[i].p].fqn);
                 break;
@@ -1233,13 +1354,7 @@ static pcs_status_t assemble(ctx_t *c, Pcs__V1__Plan *p)
      * order of first use (owner or alias) in module-tree order */
     PCS_CHECK_GOTO(pcs_calloc(m->n_params + 1, sizeof *pk, (void **)&pk), rc, out);
     for (uint32_t i = 0; i < m->n_params; i++) {
-        const pcs_model_tensor_t *t = &m->params[i];
-        int32_t u = c->unit_of[t->home];
-        if (c->units[u].is_root)
-            u = (int32_t)c->stage_root[c->stage_of[t->module]];
-        if (c->ign_unit[i] >= 0) /* spec.ignored_params */
-            u = c->ign_unit[i];
-        pk[i] = (pkey_t){(uint32_t)u, t->module, i};
+        pk[i] = (pkey_t){param_unit(c, i), m->params[i].module, i};
     }
     for (uint32_t a = 0; a < m->n_aliases; a++) {
         const pcs_model_alias_t *al = &m->aliases[a];
@@ -1300,8 +1415,8 @@ static pcs_status_t assemble(ctx_t *c, Pcs__V1__Plan *p)
      * PyTorch); FSDP2's documented fix is output_dtype = param_dtype on such a unit. */
     for (uint32_t k = 0; k < p->n_units && !c->oom; k++) {
         Pcs__V1__Unit *u = p->units[k];
-        if (u->is_root || u->output_dtype || u->unmanaged)
-            continue;
+        if (u->is_root || u->output_dtype || u->unmanaged || c->units[k].dtype_part)
+            continue; /* (a dtype part's outputs are its module's unit's) */
         uint32_t parent = m->modules[c->units[k].root].parent;
         const Pcs__V1__Unit *pu = p->units[c->unit_of[parent]];
         if (pu->param_dtype != u->param_dtype) {
@@ -1312,6 +1427,39 @@ static pcs_status_t assemble(ctx_t *c, Pcs__V1__Plan *p)
                  k, u->path, pcs_dtype_name((pcs_dtype_t)u->param_dtype),
                  pcs_dtype_name((pcs_dtype_t)pu->param_dtype), pu->path,
                  pcs_dtype_name((pcs_dtype_t)pu->param_dtype));
+        }
+    }
+
+    /* a mixed-dtype group reduces its gradients together in FSDP2 (foreach_reduce: "FSDP
+     * reduce-scatter expects uniform gradient dtype"): its trainable parameters must compute
+     * in one dtype (param_dtype set, or one dtype among them) */
+    for (uint32_t k = 0; k < p->n_units && !c->oom; k++) {
+        const Pcs__V1__Unit *u = p->units[k];
+        if (c->units[k].dtype_part || u->unmanaged)
+            continue;
+        const Pcs__V1__ParamSlot *first = NULL;
+        Pcs__V1__DType dt = 0;
+        for (uint32_t j = k; j < p->n_units && (j == k || c->units[j].dtype_part); j++) {
+            const Pcs__V1__Unit *q = p->units[j];
+            const Pcs__V1__ParamSlot *t = NULL;
+            for (size_t i = 0; i < q->n_params && !t; i++)
+                if (!q->params[i]->frozen)
+                    t = q->params[i];
+            if (!t)
+                continue;
+            if (!first) {
+                first = t;
+                dt = q->param_dtype;
+            } else if (q->param_dtype != dt) {
+                pcs_errlist_add(&c->errs,
+                                "model: unit '%s' trains %s and %s parameters ('%s', '%s') with "
+                                "no precision.param_dtype: FSDP2 reduce-scatters a group's "
+                                "gradients in one dtype (\"expects uniform gradient dtype\"); "
+                                "set param_dtype, freeze one, or wrap them apart",
+                                u->path, pcs_dtype_name((pcs_dtype_t)dt),
+                                pcs_dtype_name((pcs_dtype_t)q->param_dtype), first->fqn, t->fqn);
+                break;
+            }
         }
     }
 
@@ -1662,6 +1810,9 @@ pcs_status_t pcs_plan_build(const Pcs__V1__JobSpec *spec, uint32_t world_size, P
         goto out;
     unit_strategies(&c);
     if (c.errs.count)
+        goto out;
+    rc = split_dtype_groups(&c);
+    if (rc != PCS_OK || c.errs.count)
         goto out;
     NEW_MSG(&c, p, pcs__v1__plan__init);
     if (!p) {

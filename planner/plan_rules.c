@@ -422,10 +422,11 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
     size_t nu = 0;
     uint64_t *full = NULL;
     size_t n = p->n_units;
-    PCS_CHECK(pcs_calloc(n * 13 + 6, sizeof *full, (void **)&full));
+    PCS_CHECK(pcs_calloc(n * 15 + 6, sizeof *full, (void **)&full));
     uint64_t *kept = full + n, *gradb = kept + n, *copyb = gradb + n, *rsb = copyb + n,
              *held = rsb + n, *anc_f = held + n, *anc_b = anc_f + n, *evalb = anc_b + n,
-             *pk = evalb + n, *pf = pk + n + 1, *ps = pf + n + 1, *stg = ps + n + 1;
+             *pk = evalb + n, *pf = pk + n + 1, *ps = pf + n + 1, *stg = ps + n + 1,
+             *isroot = stg + n, *uix = isroot + n;
     /* pipeline: stages unshard around every compute action (pcs_plan_schedule's rule) — F and B,
      * or F, I and W with the zero-bubble schedule — or once per step */
     bool per_mb = false;
@@ -437,9 +438,8 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
                                 !strcmp(p->pipeline_schedule, "interleaved_zero_bubble")
                             ? 3
                             : 2);
-    uint64_t root_eval = 0;
+    uint64_t root_eval = 0; /* the root unit's eval copy (with its dtype parts') */
     bool keep = false; /* units stay gathered across no-sync micro-batches */
-    size_t root_i = SIZE_MAX;
     uint64_t acc = 0, max_c = 1, max_g = 0, ev_bwd_peak = 0, ev_rs_max = 0;
     uint64_t wide = f32; /* the widest master storage: 8 bytes where a master is fp64 */
     for (size_t i = 0; i < n; i++) {
@@ -506,9 +506,10 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         evalb[nu] = p->full_precision_eval && u->mixed_precision && param != master
                         ? u->padded_numel * msz
                         : f;
+        uix[nu] = i;
         if (u->is_root) {
-            root_eval = evalb[nu];
-            root_i = nu;
+            root_eval += evalb[nu];
+            isroot[nu] = 1;
         }
         if (evbwd) {
             /* training.eval_backward: the unit's fp32 copy, its fp32 gradient block (the flat
@@ -659,12 +660,24 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
             peak = s;
     }
     /* eval (after a step: every unit resharded, no gradients): the root and one unit gathered,
-     * inline */
+     * inline, with the units sharing its module (dtype parts, ignored parameters: gathered by
+     * the same forward) */
     for (size_t i = 0; i < nu; i++) {
-        uint64_t s = (i == root_i ? 0 : root_eval) + evalb[i];
+        if (isroot[i])
+            continue;
+        uint64_t s = root_eval + evalb[i];
+        const Pcs__V1__Unit *u = p->units[uix[i]];
+        for (size_t j = i + 1; j < nu; j++) {
+            const Pcs__V1__Unit *q = p->units[uix[j]];
+            if (q->n_modules || strcmp(q->path, u->path) != 0)
+                break;
+            s += evalb[j];
+        }
         if (s > peak)
             peak = s;
     }
+    if (root_eval > peak)
+        peak = root_eval;
     /* an eval-mode backward (training.eval_backward): the root's fp32 copy beside a unit's eval
      * backward (above), and a reduction input in flight */
     if (ev_bwd_peak && root_eval + ev_bwd_peak + ev_rs_max > peak)
@@ -731,6 +744,16 @@ pcs_status_t pcs_job_check_runnable(const Pcs__V1__JobSpec *spec, const Pcs__V1_
                              "ignored_params: run in programs that do their own math "
                              "(spec.program pcs.torch or a C API program's name); pcs-worker "
                              "binds one unit per module");
+    for (size_t i = 0; pcs_worker && p && i < p->n_units; i++)
+        if (p->units[i]->n_modules == 0 && p->units[i]->n_params > 0)
+            /* (a dtype part of a mixed-dtype group: the same reason) */
+            return pcs_set_error(PCS_ERR_UNSUPPORTED,
+                                 "model: unit %zu ('%s') holds the %s parameters of a group of "
+                                 "mixed dtypes; such groups run in programs that do their own "
+                                 "math (spec.program pcs.torch or a C API program's name); "
+                                 "pcs-worker binds one unit per module",
+                                 i, p->units[i]->path,
+                                 pcs_dtype_name((pcs_dtype_t)p->units[i]->master_dtype));
     if (plan_has_fp64(p)) {
         /* pcs-worker's own math (model.mlp and its layer classes) and its checkpoints are
          * fp32/bf16/fp16; a program doing its own math (pcs.torch, a C API program) runs fp64 */

@@ -637,10 +637,10 @@ pcs_status_t pcs_train_create(const pcs_train_config_t *cfg, pcs_train_t **out)
                                i);
             goto fail;
         }
-        if (pu->unmanaged && pu->n_modules == 0 && pu->n_params > 0) {
+        if (pu->n_modules == 0 && pu->n_params > 0) {
             st = pcs_set_error(PCS_ERR_UNSUPPORTED,
-                               "ignored_params: unit %zu; pcs-worker binds one unit per module",
-                               i);
+                               "%s: unit %zu; pcs-worker binds one unit per module",
+                               pu->unmanaged ? "ignored_params" : "a group of mixed dtypes", i);
             goto fail;
         }
     }

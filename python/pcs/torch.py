@@ -69,8 +69,8 @@ def torch_dtype(name):
 
 def model_spec(module):
     """The job's ``model`` section for ``module``: ``{"explicit": {"modules": [...]}}``, one
-    declaration per module (path, class, parameters with their shapes, frozen ones marked,
-    buffers with their dtypes, shared parameters pointing at their first owner)."""
+    declaration per module (path, class, parameters with their shapes and dtypes, frozen ones
+    marked, buffers with their dtypes, shared parameters pointing at their first owner)."""
     if not isinstance(module, nn.Module):
         raise TypeError("model_spec: want an nn.Module, got %s" % type(module).__name__)
     owner = {}
@@ -87,6 +87,11 @@ def model_spec(module):
                 continue
             owner[id(p)] = fqn
             t = {"name": name, "shape": list(p.shape)}
+            if p.dtype != torch.float32:  # its own dtype: the masters' (FSDP's orig dtype)
+                if p.dtype not in _PCS or not p.is_floating_point():
+                    raise ValueError("model_spec: parameter %s has dtype %s, which pcs does not "
+                                     "train" % (fqn, p.dtype))
+                t["dtype"] = _PCS[p.dtype]
             if not p.requires_grad:
                 t["requires_grad_off"] = True
             params.append(t)
@@ -200,6 +205,10 @@ class _Unit:
         self.views_m = []
         self.live_full = False  # live holds full_m, not full
         self.full_bwd = False  # this pass is an eval-mode backward in full precision
+        # a dtype part (the parameters of another dtype of a mixed-dtype group, a unit of their
+        # own on the same module, right after its unit): gathered and reduced as a unit, but the
+        # module's inputs and outputs are its unit's to cast
+        self.part = False
 
 
 class ShardedModule:
@@ -247,6 +256,9 @@ class ShardedModule:
                              "the plan's unit %d roots at %r, not a module of the model" %
                                   (info.index, info.path))
             u = _Unit(info, worker.unit_policy(info.index), mods[info.path], plist)
+            u.part = (not u.policy.unmanaged and not u.policy.modules and
+                      any(v.info.path == info.path and not v.policy.unmanaged
+                          for v in self.units))
             self._mixed = self._mixed or (u.policy.mixed_precision and
                                           info.param_dtype != u.policy.master_dtype)
             self.units.append(u)
@@ -328,7 +340,7 @@ class ShardedModule:
         for u in self.units:
             for m in u.policy.modules:
                 unit_of[m] = u
-        roots = sorted(self.units, key=lambda u: len(u.info.path))
+        roots = sorted((u for u in self.units if not u.part), key=lambda u: len(u.info.path))
         for path, m in mods.items():
             u = unit_of.get(path)
             if u is None:  # no parameters of its own: the unit of its nearest ancestor root
@@ -480,8 +492,8 @@ class ShardedModule:
                     node.register_hook(functools.partial(self._node_ready, u, token))
                     u.hooked.append((node, token))
                 u.nodes.add(token)
-        if u.policy.unmanaged or full:
-            return None  # (full precision: no casts)
+        if u.policy.unmanaged or full or u.part:
+            return None  # (full precision: no casts; a part: its unit casts)
         if u.policy.input_dtype:
             dt = _TORCH[u.policy.input_dtype]
             return _map_floats(args, lambda t: t.to(dt))
@@ -505,7 +517,9 @@ class ShardedModule:
             if u.policy.reshard_after_forward and not self._in_backward:
                 self._free(u)
             return out
-        if u.policy.output_dtype:
+        if u.part:
+            pass  # its unit casts the module's outputs
+        elif u.policy.output_dtype:
             dt = _TORCH[u.policy.output_dtype]
             out = _map_floats(out, lambda t: t.to(dt))
         elif u.input_dtype is not None:

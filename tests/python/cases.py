@@ -141,16 +141,23 @@ class Twice(nn.Module):
 
 
 class LoraLinear(nn.Module):
-    def __init__(self):
+    """A frozen base Linear and a trainable low-rank adapter; `base_dtype` bf16: the base in
+    bf16 (the QLoRA shape: a group of mixed dtypes), computing on its input cast to it and
+    handing its output back in the input's dtype; `train_base`: the base trains too."""
+
+    def __init__(self, base_dtype=None, train_base=False):
         super().__init__()
         self.base = nn.Linear(8, 8)
         self.a = nn.Linear(8, 2, bias=False)
         self.b = nn.Linear(2, 8, bias=False)
+        if base_dtype is not None:
+            self.base.to(base_dtype)
         for p in self.base.parameters():
-            p.requires_grad_(False)
+            p.requires_grad_(train_base)
 
     def forward(self, x):
-        return self.base(x) + self.b(self.a(x))
+        dt = self.base.weight.dtype
+        return self.base(x.to(dt)).to(x.dtype) + self.b(self.a(x))
 
 
 class Lora(nn.Module):
@@ -159,14 +166,28 @@ class Lora(nn.Module):
 
     WRAP = ["adapter"]
 
-    def __init__(self):
+    def __init__(self, **adapter):
         super().__init__()
         self.pre = nn.Linear(8, 8)
-        self.adapter = LoraLinear()
+        self.adapter = LoraLinear(**adapter)
         self.head = nn.Linear(8, 4)
 
     def forward(self, x):
         return self.head(torch.relu(self.adapter(torch.relu(self.pre(x)))))
+
+
+class LoraBf16Base(Lora):
+    """Lora with its base Linear in bf16 (frozen): the adapter unit mixes dtypes."""
+
+    def __init__(self):
+        super().__init__(base_dtype=torch.bfloat16)
+
+
+class LoraBf16BaseTrained(Lora):
+    """LoraBf16Base with the bf16 base trained too."""
+
+    def __init__(self):
+        super().__init__(base_dtype=torch.bfloat16, train_base=True)
 
 
 class Checkpointed(nn.Module):
@@ -187,7 +208,8 @@ class Checkpointed(nn.Module):
 
 MODELS = {"nested": NestedWrappedModule, "batchnorm": BatchNormNet, "tied": TiedLM,
           "external": ExternalInput, "owncast": OwnCast, "frozen": Frozen, "twice": Twice,
-          "lora": Lora, "ckpt": Checkpointed}
+          "lora": Lora, "ckpt": Checkpointed,
+          "lora_bf16base": LoraBf16Base, "lora_bf16base_trained": LoraBf16BaseTrained}
 
 
 def build(name, seed=1234):
@@ -321,6 +343,13 @@ CASES = {
     "nested_ignored_fp32": case("nested", ignored=["module.2.bias", "module.0.weight"]),
     "nested_ignored_bf16": case("nested", {"param_dtype": "bf16", "reduce_dtype": "fp32"},
                                 ignored=["module.2.bias"], steps=1),
+    # FSDP2 groups of mixed dtypes (a bf16 base Linear beside fp32 adapters in one unit; FSDP2
+    # all-gathers such a group as uint8, pcs as one unit per dtype): no mixed precision, the
+    # base frozen (the QLoRA shape); and the base trained with param bf16 / reduce fp32
+    "lora_bf16base_per_param": case("lora_bf16base", layout="per_param"),
+    "lora_bf16base_trained_bf16": case("lora_bf16base_trained",
+                                       {"param_dtype": "bf16", "reduce_dtype": "fp32"},
+                                       opt=SGD, steps=2, layout="per_param"),
 }
 
 

@@ -56,26 +56,33 @@ def _optimizer(model, training):
                              betas=(0.9, 0.999), eps=1e-8)
 
 
-def reference_fp32(case_name, name, training, world):
+def reference_fp32(case_name, name, training, world, per_rank=False):
     """Plain single-process PyTorch on the global batch (and the held-out loss after each step
-    for eval cases)."""
+    for eval cases). `per_rank`: each micro-batch's forward and backward on one rank's rows at
+    a time (the same gradient: the mean of the ranks' means), for models whose low-precision
+    ops round differently with the batch size."""
     c = cases.CASES[case_name]
     model = cases.build(name)
     opt = _optimizer(model, training)
     M, rows = training["micro_batches"], training["micro_batch_size"] * world
+    parts = world if per_rank else 1
     losses, evals = [], []
     for step in range(training["steps"]):
         opt.zero_grad()
         tot = 0.0
         for mb in range(M):
             inputs, target = cases.batch(name, step, mb, rows)
-            out = model(*inputs)
-            if c["split_loss"]:
-                loss = sum(cases.split_losses(name, out, target))
-            else:
-                loss = cases.loss_fn(name, out, target)
-            (loss / M).backward()
-            tot += loss.item()
+            n = rows // parts
+            for r in range(parts):
+                x = tuple(t[r * n:(r + 1) * n] for t in inputs)
+                out = model(*x)
+                tgt = target[r * n:(r + 1) * n]
+                if c["split_loss"]:
+                    loss = sum(cases.split_losses(name, out, tgt))
+                else:
+                    loss = cases.loss_fn(name, out, tgt)
+                (loss / (M * parts)).backward()
+                tot += loss.item() / parts
         if training.get("clip_grad_norm"):
             torch.nn.utils.clip_grad_norm_(model.parameters(), training["clip_grad_norm"])
         opt.step()
@@ -540,6 +547,47 @@ class PcsTorchTest(unittest.TestCase):
             ok = True
         finally:
             c.stop(keep=not ok)
+
+
+    def test_mixed_dtype_group_frozen_bf16_base_fp32_adapters(self):
+        """A group of mixed dtypes (FSDP2 gathers it as uint8): the adapter unit holds a frozen
+        bf16 base Linear and fp32 adapters, sharded per parameter, no mixed precision. The
+        base computes in bf16 and stays bit for bit what it was, the adapters and the rest
+        train as plain single-process PyTorch does (rank by rank: a bf16 matmul rounds
+        differently with the number of rows)."""
+        name, training, res = self.run_case("lora_bf16base_per_param")
+        want, losses, _ = reference_fp32("lora_bf16base_per_param", name, training, W,
+                                         per_rank=True)
+        init = dict(cases.build(name).named_parameters())
+        for r in res:
+            self.assert_params(r["params"], {k: v.float() for k, v in want.items()}, 1e-4, 1e-5)
+            for k in ("adapter.base.weight", "adapter.base.bias"):
+                self.assertTrue(torch.equal(r["params"][k], init[k].detach().float()), k)
+            got = [s["loss"] for s in r["steps"]]
+            self.assertTrue(torch.allclose(torch.tensor(got), torch.tensor(losses), rtol=1e-5),
+                            "losses %s, reference %s" % (got, losses))
+            seen = r["seen"]
+            self.assertEqual(seen["params"]["adapter.base.weight"], "torch.bfloat16")
+            self.assertEqual(seen["params"]["adapter.a.weight"], "torch.float32")
+            self.assertEqual(seen["inputs"]["adapter"], "torch.float32")  # no cast
+            self.assertEqual(seen["outputs"]["adapter"], "torch.float32")
+            self.assertEqual(seen["grads"]["adapter.b.weight"], "torch.float32")
+        self.assertFalse(torch.equal(res[0]["params"]["adapter.a.weight"],
+                                     init["adapter.a.weight"].detach()))
+
+    def test_mixed_dtype_group_trained_under_bf16(self):
+        """The same group with the base trained, param bf16 / reduce fp32: both dtype parts
+        compute in bf16 and reduce in fp32; the base's masters stay bf16 (its own dtype, FSDP2's
+        orig dtype) and the adapters' fp32."""
+        res = self.check_mixed("lora_bf16base_trained_bf16", torch.bfloat16)
+        seen = res[0]["seen"]
+        for fqn in ("adapter.base.weight", "adapter.a.weight", "head.weight"):
+            self.assertEqual(seen["params"][fqn], "torch.bfloat16", fqn)
+            self.assertEqual(seen["grads"][fqn], "torch.bfloat16", fqn)
+        self.assertEqual(seen["inputs"]["adapter"], "torch.bfloat16")
+        self.assertEqual(seen["after_backward"]["adapter.base.weight"][:2],
+                         ["torch.bfloat16", True])
+        self.assertEqual(seen["after_backward"]["adapter.a.weight"][:2], ["torch.float32", True])
 
 
 class ProgramRoutingTest(unittest.TestCase):

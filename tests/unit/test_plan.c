@@ -1175,6 +1175,132 @@ static void test_ignored_param_of_a_wrapped_module_keeps_the_estimate(void **sta
     pcs_plan_free(p);
 }
 
+/* FSDP2 groups of mixed dtypes (spec §4.1 step 2: a group's all-gather moves bytes, uint8,
+ * when its parameters' dtypes differ; the LoRA-on-a-bf16-base shape): under shard_layout
+ * per_param the parameters of the unit's other dtypes form dtype parts, units right after it
+ * with the same root and policy and no module or buffer; every parameter keeps FSDP2's shard.
+ * FSDP1's flat layout refuses the mix as FSDP1 does, and trainable parameters of two compute
+ * dtypes are refused as FSDP2's reduce-scatter refuses them. */
+#define MIXED_MODEL(base_frozen)                                                                   \
+    "model: {explicit: [{path: '', class: Net, params: [{name: w, shape: [4, 8]}]},\n"             \
+    "  {path: blk, class: LoraLinear},\n"                                                          \
+    "  {path: blk.base, class: Linear, params: [\n"                                                \
+    "     {name: weight, shape: [8, 8], dtype: bf16, requires_grad_off: " base_frozen "},\n"       \
+    "     {name: bias, shape: [8], dtype: bf16, requires_grad_off: " base_frozen "}]},\n"          \
+    "  {path: blk.a, class: Linear, params: [{name: weight, shape: [2, 8]}]},\n"                   \
+    "  {path: blk.b, class: Linear, params: [{name: weight, shape: [8, 2]}]}]}\n"                  \
+    "wrap: {explicit: [blk]}\nmesh: [{dim: dp_shard, size: 2}]\n"
+
+static void test_mixed_dtype_group_splits_into_dtype_parts(void **state)
+{
+    (void)state;
+    Pcs__V1__Plan *p = plan_of(MIXED_MODEL("true") "shard_layout: per_param\n", 0);
+    assert_int_equal(p->n_units, 3);
+    const Pcs__V1__Unit *root = p->units[0], *blk = p->units[1], *part = p->units[2];
+    assert_string_equal(root->path, "");
+    assert_string_equal(blk->path, "blk");
+    assert_string_equal(part->path, "blk");
+    /* the unit keeps its first dtype (bf16: blk.base comes first), its modules and buffers */
+    assert_int_equal(blk->master_dtype, DT(BF16));
+    assert_int_equal(blk->param_dtype, DT(BF16));
+    assert_int_equal(blk->n_params, 2);
+    assert_string_equal(blk->params[0]->fqn, "blk.base.weight");
+    assert_string_equal(blk->params[1]->fqn, "blk.base.bias");
+    assert_int_equal(blk->n_modules, 4);
+    /* the part: the fp32 parameters, no module, the same strategy and layout */
+    assert_int_equal(part->master_dtype, DT(FP32));
+    assert_int_equal(part->param_dtype, DT(FP32));
+    assert_int_equal(part->n_params, 2);
+    assert_string_equal(part->params[0]->fqn, "blk.a.weight");
+    assert_string_equal(part->params[1]->fqn, "blk.b.weight");
+    assert_int_equal(part->n_modules, 0);
+    assert_int_equal(part->n_buffers, 0);
+    assert_false(part->is_root);
+    assert_int_equal(part->output_dtype, 0);
+    for (size_t i = 0; i < 3; i++) {
+        const Pcs__V1__Unit *u = p->units[i];
+        assert_int_equal(u->index, i);
+        assert_int_equal(u->strategy, PCS__V1__STRATEGY__STRATEGY_FULL_SHARD);
+        assert_int_equal(u->layout, PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM);
+        for (size_t k = 0; k < u->n_params; k++)
+            assert_int_equal(u->params[k]->dtype, u->master_dtype);
+    }
+    /* FSDP2's shards: ceil(d0 / 2) rows of each parameter, packed in parameter order */
+    assert_int_equal(blk->params[0]->shard_rows, 4);
+    assert_int_equal(blk->params[1]->shard_rows, 4);
+    assert_int_equal(blk->params[1]->shard_offset, 32);
+    assert_int_equal(blk->shard_numel, 36);
+    assert_int_equal(part->params[0]->shard_rows, 1);
+    assert_int_equal(part->params[1]->shard_rows, 4);
+    assert_int_equal(part->params[1]->shard_offset, 8);
+    assert_int_equal(part->shard_numel, 16);
+    /* the frozen part has no reduction; the trainable one reduce-scatters */
+    assert_null(coll_of(blk, COLL(REDUCE_SCATTER), PHASE(STEP)));
+    assert_non_null(coll_of(part, COLL(REDUCE_SCATTER), PHASE(STEP)));
+    assert_non_null(coll_of(blk, COLL(ALL_GATHER), PHASE(FORWARD)));
+    assert_non_null(coll_of(part, COLL(ALL_GATHER), PHASE(FORWARD)));
+    assert_true(has_note(p, "unit 'blk' mixes parameter dtypes: 1 more unit(s)"));
+    assert_int_equal(pcs_plan_check_layout(p), PCS_OK);
+    /* masters are stored as fp32 (bf16 values in the bf16 part): (16 + 36 + 16) x 4 B */
+    Pcs__V1__RankEstimate e;
+    assert_int_equal(pcs_plan_rank_estimate(p, 0, &e), PCS_OK);
+    assert_int_equal(e.param_shard_bytes, (16 + 36 + 16) * 4);
+    /* pcs-worker binds one unit per module: such a job is for pcs.torch or a C API program */
+    job_t *s = spec_of(MIXED_MODEL("true") "shard_layout: per_param\n");
+    assert_int_equal(pcs_job_check_runnable(s, p), PCS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(pcs_last_error(), "unit 2 ('blk') holds the fp32 parameters of a "
+                                             "group of mixed dtypes"));
+    spec_free(s);
+    s = spec_of(MIXED_MODEL("true") "shard_layout: per_param\nprogram: pcs.torch\n");
+    assert_int_equal(pcs_job_check_runnable(s, p), PCS_OK);
+    spec_free(s);
+    pcs_plan_free(p);
+
+    /* trainable bf16 and fp32: one compute dtype with param_dtype set (both parts compute and
+     * reduce in bf16 / fp32), refused without it */
+    p = plan_of(MIXED_MODEL("false") "shard_layout: per_param\n"
+                                     "precision: {param_dtype: bf16, reduce_dtype: fp32}\n",
+                0);
+    assert_int_equal(p->n_units, 3);
+    for (size_t i = 1; i < 3; i++) {
+        assert_int_equal(p->units[i]->param_dtype, DT(BF16));
+        assert_int_equal(p->units[i]->reduce_dtype, DT(FP32));
+    }
+    assert_int_equal(p->units[1]->master_dtype, DT(BF16));
+    assert_int_equal(p->units[2]->master_dtype, DT(FP32));
+    pcs_plan_free(p);
+    expect_error(MIXED_MODEL("false") "shard_layout: per_param\n", 2,
+                 "model: unit 'blk' trains bf16 and fp32 parameters ('blk.base.weight', "
+                 "'blk.a.weight') with no precision.param_dtype");
+    /* FSDP1's flat parameter: one dtype */
+    expect_error(MIXED_MODEL("true"), 2,
+                 "model: unit 'blk' mixes bf16 and fp32 parameters ('blk.a.weight'); FSDP1's "
+                 "flat parameter has one dtype");
+    /* master_dtype converts the model: one dtype, no part */
+    p = plan_of(MIXED_MODEL("true") "shard_layout: per_param\nprecision: {master_dtype: fp32}\n",
+                0);
+    assert_int_equal(p->n_units, 2);
+    pcs_plan_free(p);
+    /* an ignored module is never flattened (FSDP1 leaves it alone): split whatever the layout,
+     * unmanaged parts with no collective */
+    p = plan_of(MIXED_MODEL("true") "ignored_modules: [blk]\n", 0);
+    assert_int_equal(p->n_units, 3);
+    for (size_t i = 1; i < 3; i++) {
+        assert_true(p->units[i]->unmanaged);
+        assert_int_equal(p->units[i]->n_collectives, 0);
+    }
+    assert_int_equal(p->units[2]->master_dtype, DT(FP32));
+    pcs_plan_free(p);
+    expect_error("model: {explicit: ["
+                 "{path: emb, params: [{name: weight, shape: [4, 2]}]},"
+                 "{path: blocks.0, params: [{name: w, shape: [2]}, {name: v, shape: [2], dtype: "
+                 "bf16, requires_grad_off: true}]},"
+                 "{path: blocks.1, params: [{name: w, shape: [2]}]},"
+                 "{path: out, params: [{name: w, shape: [2]}]}]}\n"
+                 "mesh: [{dim: pp, size: 2}]\nshard_layout: per_param\n",
+                 2, "model: unit '' mixes parameter dtypes: not with pipeline stages");
+}
+
 /* FSDP1's MixedPrecision defaults (cast_forward_inputs False, cast_root_forward_inputs True):
  * only the root casts; the root casts if either flag is true; unset, cast_forward_inputs alone
  * decides (FSDP2). */
@@ -1961,6 +2087,7 @@ int main(void)
         cmocka_unit_test(test_cast_root_forward_inputs_is_fsdp1s_root_cast),
         cmocka_unit_test(test_ignored_modules_are_unmanaged_units),
         cmocka_unit_test(test_ignored_params_get_unmanaged_units_of_their_own),
+        cmocka_unit_test(test_mixed_dtype_group_splits_into_dtype_parts),
         cmocka_unit_test(test_ignored_param_of_a_wrapped_module_keeps_the_estimate),
         cmocka_unit_test(test_gradient_sync_every_micro_batch_estimate),
         cmocka_unit_test(test_dp_pp_mesh_groups_and_stages_section7),
