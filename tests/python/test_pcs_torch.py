@@ -19,6 +19,7 @@ submitted with `pcsctl submit` (the user story), the coordinator started on port
 
 import copy
 import json
+import math
 import os
 import subprocess
 import sys
@@ -588,6 +589,104 @@ class PcsTorchTest(unittest.TestCase):
         self.assertEqual(seen["after_backward"]["adapter.base.weight"][:2],
                          ["torch.bfloat16", True])
         self.assertEqual(seen["after_backward"]["adapter.a.weight"][:2], ["torch.float32", True])
+
+
+CAST_RANK = r'''
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[3])
+from pcs import worker as pw
+vals = torch.tensor(json.loads(sys.argv[4]), dtype=torch.float64)
+w = pw.Worker(sys.argv[1], identity=sys.argv[2], join_timeout_ms=60000, program="pcs.cast-test",
+              init64=lambda fqn, first, n: vals[first:first + n].contiguous())
+out = {}
+w.begin_step()
+for u in w.units:
+    if not u.n_params:
+        continue
+    t = w.unshard(u.index).torch()
+    words = t.view(torch.int32 if t.dtype == torch.float32 else torch.int16)
+    out[u.path] = [t.dtype.__repr__(), words[:len(vals)].tolist()]
+    w.reshard(u.index)
+    w.grad_buffer(u.index).torch().zero_()
+    w.hand_in_grads(u.index, True)
+w.step(0.0)
+w.finish()
+w.destroy()
+print(json.dumps(out))
+'''
+
+
+def _cast_edges():
+    """float64 values where rounding straight to the narrow dtype and rounding through fp32
+    first (c10's rule: a double becomes BFloat16 / Half through float) differ: a hair above a
+    tie of the narrow dtype, which fp32 rounds onto the tie; with ties on even and odd
+    neighbours, both signs, fp16 subnormals and overflow, fp32 overflow, and plain values."""
+    v = []
+    tiny = 2.0 ** -40  # far below half an fp32 ulp of values near 1
+    for m in (1.0, 1.5, 1.0078125, 3.140625, 0.0001220703125, 1000.0):
+        for sign in (1.0, -1.0):
+            for ulp in (2.0 ** -7, 2.0 ** -10):  # bf16 and fp16 ulp at 1
+                e = math.frexp(m)[1] - 1
+                tie = m + ulp * 2.0 ** e / 2  # halfway to the next narrow value
+                v += [sign * (tie + tiny * 2.0 ** e), sign * (tie - tiny * 2.0 ** e)]
+                tie = m + 3 * ulp * 2.0 ** e / 2  # halfway from an odd neighbour
+                v += [sign * (tie + tiny * 2.0 ** e), sign * (tie - tiny * 2.0 ** e)]
+    v += [65519.99999, 65520.000001, 3.0e-7 + 1e-20, 2.0 ** -25 + 2.0 ** -60, 4.0e38, -4.0e38,
+          -0.0, 1e-300, 0.1, -2.718281828459045, 123456.789]
+    return v
+
+
+class CastTest(unittest.TestCase):
+    def test_fp64_master_casts_are_torchs(self):
+        """fp64 masters cast to the compute dtype at unshard (issue 15: casts fp64 to
+        fp32/bf16/fp16 bit-exact with PyTorch's): units computing in bf16, fp16 and fp32 from the
+        same float64 values, each word compared with torch's .to() of them. The values sit where
+        rounding straight from float64 differs from rounding through fp32 (numpy's direct
+        float64 -> float16 differs on some of them: the test can tell the two apart)."""
+        import numpy as np
+        vals = _cast_edges()
+        ref = torch.tensor(vals, dtype=torch.float64)
+        with np.errstate(over="ignore"):
+            direct = torch.from_numpy(np.array(vals, dtype=np.float64).astype(np.float16))
+        self.assertFalse(torch.equal(direct.view(torch.int16), ref.to(torch.float16)
+                                     .view(torch.int16)))
+        job = {
+            "name": "cast-probe", "program": "pcs.cast-test",
+            "model": {"explicit": {"modules": [{"path": "", "class": "Probe"}] + [
+                {"path": p, "class": "Linear", "params": [{"name": "w", "shape": [len(vals)]}]}
+                for p in ("a", "b", "c")]}},
+            "wrap": {"explicit": {"paths": ["a", "b", "c"]}},
+            "precision": {"master_dtype": "fp64", "param_dtype": "bf16",
+                          "overrides": [{"match": {"path": "b"}, "param_dtype": "fp16"},
+                                        {"match": {"path": "c"}, "param_dtype": "fp32"}]},
+            "strategy": "full_shard", "mesh": [{"dim": "dp_shard", "size": 1}],
+            "training": {"steps": 1, "micro_batch_size": 1, "micro_batches": 1,
+                         "optimizer": {"sgd": {"lr": 0.1}}},
+        }
+        c = Cluster()
+        ok = False
+        try:
+            p = subprocess.Popen([sys.executable, "-c", CAST_RANK, c.addr, "cast-0",
+                                  os.path.join(SRC, "python"), json.dumps(vals)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env=c.env())
+            c.submit(job)
+            so, se = p.communicate(timeout=120)
+            self.assertEqual(p.returncode, 0, se)
+            got = json.loads(so.strip().splitlines()[-1])
+            for path, dt, view in (("a", torch.bfloat16, torch.int16),
+                                   ("b", torch.float16, torch.int16),
+                                   ("c", torch.float32, torch.int32)):
+                self.assertEqual(got[path][0], repr(dt), path)
+                want = ref.to(dt).view(view).tolist()
+                bad = [(vals[i], got[path][1][i], want[i]) for i in range(len(vals))
+                       if got[path][1][i] != want[i]]
+                self.assertEqual(bad, [], "%s: (value, pcs word, torch word)" % dt)
+            ok = True
+        finally:
+            p.kill()
+            c.stop(keep=not ok)
 
 
 class ProgramRoutingTest(unittest.TestCase):
