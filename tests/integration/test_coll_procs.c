@@ -1120,13 +1120,26 @@ static void test_abort_wakes_blocked_call_and_peer_names_aborter_tcp(void **s)
 
 static void run_ranks(int P, const char *dir, child_fn fn, int timeout_ms);
 
+/* The coordinator of the test below: stopped by its teardown, which cmocka runs after a failed
+ * assertion too (a failure no longer leaves it running). */
+static pid_t g_coord = -1;
+
+static int stop_coordinator(void **s)
+{
+    (void)s;
+    if (g_coord > 0)
+        pcs_test_stop(g_coord, 2000);
+    g_coord = -1;
+    return 0;
+}
+
 static void test_gloo_rendezvous_through_coordinator_kv(void **s)
 {
     (void)s;
     char *dir = pcs_test_tmpdir("coll-coord");
     const char *extra[] = {"--lease-ms", "600000", NULL};
-    pid_t coord = pcs_test_start_coordinator(dir, extra, g_coord_addr, sizeof g_coord_addr);
-    assert_true(coord > 0);
+    g_coord = pcs_test_start_coordinator(dir, extra, g_coord_addr, sizeof g_coord_addr);
+    assert_true(g_coord > 0);
     run_ranks(1, dir, child_setup_job, 30000);
     char path[1024];
     snprintf(path, sizeof path, "%s/job", dir);
@@ -1138,7 +1151,7 @@ static void test_gloo_rendezvous_through_coordinator_kv(void **s)
     g_generation = gen;
     free(job);
     run_ranks(2, dir, child_coord, 30000);
-    pcs_test_stop(coord, 2000);
+    stop_coordinator(NULL);
     pcs_test_rmtree(dir);
     free(dir);
 }
@@ -1174,7 +1187,7 @@ int main(void)
         cmocka_unit_test(test_silent_peer_times_out_naming_it_tcp),
         cmocka_unit_test(test_abort_wakes_blocked_call_and_peer_names_aborter_shm),
         cmocka_unit_test(test_abort_wakes_blocked_call_and_peer_names_aborter_tcp),
-        cmocka_unit_test(test_gloo_rendezvous_through_coordinator_kv),
+        cmocka_unit_test_teardown(test_gloo_rendezvous_through_coordinator_kv, stop_coordinator),
     };
     return cmocka_run_group_tests_name("coll_procs", tests, NULL, NULL);
 }
