@@ -20,6 +20,7 @@
 #include "pcs/log.h"
 #include "pcs/mem.h"
 #include "pcs/v1/worker.pb-c.h"
+#include "planner/plan.h"
 #include "worker/runtime.h"
 #include "worker/train.h"
 
@@ -548,6 +549,21 @@ pcs_status_t pcs_worker_grad_buffer(pcs_worker_t *w, uint32_t unit, void **grads
                                     pcs_dtype_t *dtype)
 {
     return pcs_runtime_grad_buffer(w->rt, unit, grads, dtype);
+}
+
+pcs_status_t pcs_worker_memory(pcs_worker_t *w, pcs_worker_memory_t *out)
+{
+    if (!out)
+        return pcs_set_error(PCS_ERR_INVALID_ARG, "pcs_worker_memory: NULL out");
+    Pcs__V1__RankEstimate e;
+    PCS_CHECK(pcs_plan_rank_estimate(w->as->plan, w->as->rank, &e));
+    pcs_rt_stats_t s;
+    pcs_runtime_stats(w->rt, &s);
+    out->step_peak_bytes = s.mem_step_peak_bytes;
+    out->peak_bytes = s.mem_peak_bytes;
+    out->reserved_bytes = s.mem_reserved_bytes;
+    out->promised_bytes = e.total_bytes - e.buffer_bytes;
+    return PCS_OK;
 }
 
 pcs_status_t pcs_worker_grad_buffer_full(pcs_worker_t *w, uint32_t unit, float **grads)

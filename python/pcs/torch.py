@@ -567,12 +567,14 @@ class ShardedModule:
         if u.full_bwd and not self._sync:
             raise _error("state", "unit %d (%r): an eval-mode backward reduces in full precision "
                          "at once; it cannot run under no_sync()" % (u.index, u.info.path))
-        buf = (self.worker.grad_buffer_full(u.index) if u.full_bwd
-               else self.worker.grad_buffer(u.index)).torch()
-        for p, pi in u.params:
-            g = p.grad
-            if g is not None:
-                buf.narrow(0, pi.offset, pi.numel).copy_(g.reshape(-1))
+        grads = [(p, pi) for p, pi in u.params if p.grad is not None]
+        # no gradient: pcs hands in a zero one (a frozen unit takes no block); an eval-mode
+        # backward's hand-in is in full precision only with its fp32 buffer
+        if grads or (u.full_bwd and any(p.requires_grad for p, _ in u.params)):
+            buf = (self.worker.grad_buffer_full(u.index) if u.full_bwd
+                   else self.worker.grad_buffer(u.index)).torch()
+            for p, pi in grads:
+                buf.narrow(0, pi.offset, pi.numel).copy_(p.grad.reshape(-1))
                 p.grad = None
         self.worker.hand_in_grads(u.index, self._sync)
         u.handed = True

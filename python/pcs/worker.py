@@ -112,6 +112,11 @@ class _UnitPolicy(ctypes.Structure):
                 ("keep_gathered_in_accumulation", ctypes.c_int)]
 
 
+class _Memory(ctypes.Structure):
+    _fields_ = [("step_peak_bytes", ctypes.c_uint64), ("peak_bytes", ctypes.c_uint64),
+                ("reserved_bytes", ctypes.c_uint64), ("promised_bytes", ctypes.c_uint64)]
+
+
 class _StepResult(ctypes.Structure):
     _fields_ = [("step", ctypes.c_uint64), ("loss", ctypes.c_double),
                 ("grad_norm", ctypes.c_double), ("skipped", ctypes.c_int),
@@ -162,6 +167,7 @@ def _load():
         "pcs_worker_hand_in_grads": (st, [P, ctypes.c_uint32, ctypes.c_int]),
         "pcs_worker_step": (st, [P, ctypes.c_double, ctypes.POINTER(_StepResult)]),
         "pcs_worker_loss_scale": (ctypes.c_double, [P]),
+        "pcs_worker_memory": (st, [P, ctypes.POINTER(_Memory)]),
         "pcs_worker_finish": (st, [P, ctypes.c_char_p]),
         "pcs_worker_abort": (None, [P, ctypes.c_char_p]),
         "pcs_worker_destroy": (None, [P]),
@@ -453,6 +459,13 @@ class Worker:
     @property
     def loss_scale(self):
         return self._lib.pcs_worker_loss_scale(self._handle())
+
+    def memory(self):
+        """The runtime's memory against the plan's promise (pcs_worker_memory): a dict of
+        ``step_peak_bytes``, ``peak_bytes``, ``reserved_bytes`` and ``promised_bytes``."""
+        m = _Memory()
+        _check(self._lib.pcs_worker_memory(self._handle(), ctypes.byref(m)))
+        return {k: getattr(m, k) for k, _ in _Memory._fields_}
 
     def unit_policy(self, unit):
         ci = _UnitPolicy()

@@ -81,10 +81,11 @@ def main():
         raise
     for h in handles:
         h.remove()
+    memory = model.worker.memory()  # (before full_parameters' gathers)
     params = {k: v if v.dtype == torch.float64 else v.float()
               for k, v in model.full_parameters().items()}
     torch.save({"rank": model.rank, "dp_rank": model.dp_rank, "steps": steps, "params": params,
-                "gathers": gathers[0],
+                "gathers": gathers[0], "memory": memory,
                 "seen": seen, "job_id": model.worker.job_id}, a.out)
     model.finish()
     return 0

@@ -287,6 +287,10 @@ class PcsTorchTest(unittest.TestCase):
             state = json.loads(st.stdout)
             self.assertIn("SUCCEEDED", json.dumps(state), state)
             res = [torch.load(o) for o in outs]
+            for r in res:  # the plan's memory estimate is a promise
+                m = r["memory"]
+                self.assertLessEqual(m["peak_bytes"], m["promised_bytes"],
+                                     "rank %d: runtime memory %s" % (r["rank"], m))
             ok = True
             return name, spec["training"], res
         finally:

@@ -1,7 +1,8 @@
 """pcs.worker, the C API one to one: two processes join a job (program "pcs.raw-test") through a
 real coordinator and train a linear regression by hand with numpy on pcs's own buffers (no
 copies): the plan as the API reports it (units, parameters, policy), unshard / grad buffer /
-hand-in / step, the loss going down, every step reported; errors as PcsError with pcs's status
+hand-in / step, the loss going down, every step reported, the runtime's memory within the
+plan's promise; errors as PcsError with pcs's status
 and message (a unit out of range, a bad program name, no job within the join timeout).
 
 Run: /usr/bin/python3 tests/python/test_pcs_worker.py BUILD_DIR [unittest args].
@@ -93,6 +94,7 @@ for step in range(w.total_steps):
     losses.append(r.loss)
 out["losses"] = losses
 out["done"] = r.done
+out["memory"] = w.memory()
 w.finish()
 w.destroy()
 print(json.dumps(out))
@@ -134,6 +136,12 @@ class WorkerApiTest(unittest.TestCase):
                 self.assertTrue(o["grad_view"])
                 self.assertTrue(o["done"])
                 self.assertLess(o["losses"][-1], 0.2 * o["losses"][0], o["losses"])
+                # the plan's estimate is a promise: the shards, AdamW state, the gathered unit,
+                # its gradient block and reduction input stay within it
+                m = o["memory"]
+                self.assertGreater(m["peak_bytes"], 0, m)
+                self.assertGreaterEqual(m["peak_bytes"], m["step_peak_bytes"], m)
+                self.assertLessEqual(m["peak_bytes"], m["promised_bytes"], m)
             self.assertEqual(outs[0]["losses"], outs[1]["losses"])  # the dp mean, on both ranks
             st = c.pcsctl("--json", "status", job["jobId"])
             self.assertIn("JOB_STATE_SUCCEEDED", st.stdout)

@@ -208,6 +208,19 @@ pcs_status_t pcs_worker_step(pcs_worker_t *w, double loss, pcs_worker_step_resul
 /* Current loss scale (1 without the grad scaler). */
 double pcs_worker_loss_scale(const pcs_worker_t *w);
 
+/* The runtime's backend memory (device memory on cuda: shards, optimizer state, staging,
+ * accumulators and the pooled unsharded parameters, gradients and reduction inputs while units
+ * hold them) against the plan's per-rank estimate, the promise `pcsctl plan` prints (total less
+ * buffers: the model's activations and buffers are the program's). (Version node
+ * PCS_WORKER_0.5.) */
+typedef struct pcs_worker_memory {
+    uint64_t step_peak_bytes; /* most in use at once during the last (or current) step */
+    uint64_t peak_bytes;      /* most in use at once since the join */
+    uint64_t reserved_bytes;  /* held from the backend now (pool blocks kept for reuse) */
+    uint64_t promised_bytes;  /* RankEstimate.total_bytes - buffer_bytes of this rank */
+} pcs_worker_memory_t;
+pcs_status_t pcs_worker_memory(pcs_worker_t *w, pcs_worker_memory_t *out);
+
 /* Leave the job: error == NULL reports success (the last step must have been reported), else
  * the job fails with this message. Deregisters. */
 pcs_status_t pcs_worker_finish(pcs_worker_t *w, const char *error);
