@@ -185,7 +185,16 @@ int main(int argc, char **argv)
     int ok = last_loss < first_loss;
     printf("rank %u: loss %.6f -> %.6f (%s)\n", pcs_worker_rank(w), first_loss, last_loss,
            ok ? "decreased" : "DID NOT DECREASE");
-    pcs_status_t st = pcs_worker_finish(w, ok ? NULL : "loss did not decrease");
+    /* the plan's memory estimate is a promise: pcs's own buffers stayed within it */
+    pcs_worker_memory_t mem = {0};
+    int kept = pcs_worker_memory(w, &mem) == PCS_OK && mem.peak_bytes <= mem.promised_bytes;
+    printf("rank %u: runtime memory peak %llu B, the plan's estimate %llu B (%s)\n",
+           pcs_worker_rank(w), (unsigned long long)mem.peak_bytes,
+           (unsigned long long)mem.promised_bytes, kept ? "kept" : "EXCEEDED");
+    pcs_status_t st = pcs_worker_finish(w, !ok     ? "loss did not decrease"
+                                           : !kept ? "runtime memory exceeded the plan's estimate"
+                                                   : NULL);
+    ok = ok && kept;
     pcs_worker_destroy(w);
     return ok && st == PCS_OK ? 0 : 1;
 }

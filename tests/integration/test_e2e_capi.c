@@ -2,7 +2,8 @@
  * with an explicit module tree (a Linear "fc") through a real coordinator, compute forward and
  * backward themselves, hand in gradients, and step; the job must succeed, the coordinator must
  * have received every step's report from both ranks with the collectives' dtype audit OK, and
- * each process must see its loss go down (it exits non-zero otherwise). */
+ * each process must see its loss go down and its runtime memory within the plan's estimate (it
+ * exits non-zero otherwise). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
