@@ -861,7 +861,12 @@ static pcs_status_t split_dtype_groups(ctx_t *c)
     for (uint32_t s = 0; s < (c->nstages ? c->nstages : 1); s++)
         c->stage_root[s] = newi[c->stage_root[s]];
     for (uint32_t u = 0; u < nu; u++)
-        if (nparts[u])
+        if (nparts[u] && c->units[u].unmanaged)
+            note(c,
+                 "unmanaged unit '%s' mixes parameter dtypes: %u more unit(s) of its parameters "
+                 "of another dtype",
+                 m->modules[c->units[u].root].path, nparts[u]);
+        else if (nparts[u])
             note(c,
                  "unit '%s' mixes parameter dtypes: %u more unit(s) of its parameters of another "
                  "dtype (FSDP2 gathers the group's bytes in one collective, pcs one per dtype; "
@@ -1419,7 +1424,10 @@ static pcs_status_t assemble(ctx_t *c, Pcs__V1__Plan *p)
             continue; /* (a dtype part's outputs are its module's unit's) */
         uint32_t parent = m->modules[c->units[k].root].parent;
         const Pcs__V1__Unit *pu = p->units[c->unit_of[parent]];
-        if (pu->param_dtype != u->param_dtype) {
+        /* only where a policy made the difference: parameters of their own dtypes computing
+         * uncast (a bf16 block in an fp32 model, no policy) get no cast, as in FSDP2 */
+        bool cast = u->param_dtype != u->master_dtype || pu->param_dtype != pu->master_dtype;
+        if (cast && pu->param_dtype != u->param_dtype) {
             u->output_dtype = pu->param_dtype;
             note(c,
                  "unit %u '%s' computes in %s inside %s unit '%s': its outputs are cast to %s "
@@ -1430,9 +1438,9 @@ static pcs_status_t assemble(ctx_t *c, Pcs__V1__Plan *p)
         }
     }
 
-    /* a mixed-dtype group reduces its gradients together in FSDP2 (foreach_reduce: "FSDP
-     * reduce-scatter expects uniform gradient dtype"): its trainable parameters must compute
-     * in one dtype (param_dtype set, or one dtype among them) */
+    /* FSDP2's group rule (FSDPParamGroup._init_mp_dtypes, spec §1): the trainable parameters
+     * of a group share their original dtype; only frozen ones may differ (a frozen bf16 base
+     * beside fp32 adapters) */
     for (uint32_t k = 0; k < p->n_units && !c->oom; k++) {
         const Pcs__V1__Unit *u = p->units[k];
         if (c->units[k].dtype_part || u->unmanaged)
@@ -1449,15 +1457,16 @@ static pcs_status_t assemble(ctx_t *c, Pcs__V1__Plan *p)
                 continue;
             if (!first) {
                 first = t;
-                dt = q->param_dtype;
-            } else if (q->param_dtype != dt) {
+                dt = q->master_dtype;
+            } else if (q->master_dtype != dt) {
                 pcs_errlist_add(&c->errs,
-                                "model: unit '%s' trains %s and %s parameters ('%s', '%s') with "
-                                "no precision.param_dtype: FSDP2 reduce-scatters a group's "
-                                "gradients in one dtype (\"expects uniform gradient dtype\"); "
-                                "set param_dtype, freeze one, or wrap them apart",
+                                "model: unit '%s' trains %s and %s parameters ('%s', '%s'): the "
+                                "trainable parameters of an FSDP2 group share their dtype "
+                                "(\"FSDP expects uniform original parameter dtype\"); freeze "
+                                "one dtype, convert the model (precision.master_dtype) or wrap "
+                                "them apart",
                                 u->path, pcs_dtype_name((pcs_dtype_t)dt),
-                                pcs_dtype_name((pcs_dtype_t)q->param_dtype), first->fqn, t->fqn);
+                                pcs_dtype_name((pcs_dtype_t)q->master_dtype), first->fqn, t->fqn);
                 break;
             }
         }

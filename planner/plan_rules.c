@@ -456,9 +456,11 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         Pcs__V1__DType grad = dt_or(u->grad_dtype, master);
         Pcs__V1__DType accum = dt_or(u->accum_dtype, reduce);
         /* masters are stored in fp32 (holding master-dtype values), fp64 ones in fp64, as is
-         * the optimizer state (the runtime's mst) */
+         * the optimizer state; a unit with no trainable parameter keeps its own dtype (the
+         * runtime's mst: a frozen bf16 base takes 2 bytes per element) */
         Pcs__V1__DType mst = master == PCS__V1__DTYPE__DTYPE_FP64 ? master
-                                                                  : PCS__V1__DTYPE__DTYPE_FP32;
+                             : train                              ? PCS__V1__DTYPE__DTYPE_FP32
+                                                                  : master;
         uint64_t msz = dsz(mst);
         wide = msz > wide ? msz : wide;
         out->param_shard_bytes += sh * msz;

@@ -23,7 +23,10 @@
  *   cs         the compute stream (the caller's)  be    the kernels backend
  *   master / param / reduce / grad / accum   the unit's dtypes, as the plan resolved them
  *   mst        the master shard's storage dtype: fp64 for fp64 masters, fp32 for the others
- *              (fp32 holding bf16/fp16 values for pure low precision); optimizer state too */
+ *              (fp32 holding bf16/fp16 values for pure low precision); optimizer state too. A
+ *              unit with no trainable parameter (no optimizer math on it) keeps its masters in
+ *              their own dtype: a frozen bf16 base takes 2 bytes per element, as in FSDP.
+ *   hst        what shard_to_host / shard_from_host exchange: fp64 for fp64 storage, else fp32 */
 
 #include "worker/runtime.h"
 
@@ -55,6 +58,7 @@ typedef struct rt_unit {
     uint32_t index;
     pcs_dtype_t master, param, reduce, grad, accum;
     pcs_dtype_t mst; /* storage of master_shard and the optimizer state (see the legend) */
+    pcs_dtype_t hst; /* the host exchange dtype of the shard (see the legend) */
     uint64_t padded, c;
     uint32_t sg, shard_index;
     void *master_shard;   /* c, mst */
@@ -380,9 +384,9 @@ static pcs_dtype_t dt_or(int v, pcs_dtype_t def)
 }
 
 /* The storage dtype of a master shard and its optimizer state (the legend's mst). */
-static pcs_dtype_t master_storage(pcs_dtype_t master)
+static pcs_dtype_t master_storage(pcs_dtype_t master, int trainable)
 {
-    return master == PCS_DTYPE_FP64 ? PCS_DTYPE_FP64 : PCS_DTYPE_FP32;
+    return master == PCS_DTYPE_FP64 ? PCS_DTYPE_FP64 : trainable ? PCS_DTYPE_FP32 : master;
 }
 
 static const Pcs__V1__CollectiveSpec *find_coll(const Pcs__V1__Unit *u, int kind)
@@ -906,7 +910,10 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         /* pipeline stage s runs on pp rank s mod pp (planner/schedule.h) */
         u->held = rt->pp_size <= 1 || pu->stage % rt->pp_size == rt->pp_index;
         u->master = dt_or(pu->master_dtype, PCS_DTYPE_FP32);
-        u->mst = master_storage(u->master);
+        for (size_t k = 0; k < pu->n_params && !u->trainable; k++)
+            u->trainable = !pu->params[k]->frozen;
+        u->mst = master_storage(u->master, u->trainable);
+        u->hst = u->mst == PCS_DTYPE_FP64 ? PCS_DTYPE_FP64 : PCS_DTYPE_FP32;
         u->param = dt_or(pu->param_dtype, u->master);
         u->reduce = dt_or(pu->reduce_dtype, u->param);
         u->grad = dt_or(pu->grad_dtype, u->master);
@@ -967,9 +974,7 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         PCS_CHECK_GOTO(alloc_state(rt, u->c, u->mst, &u->master_shard), st, out);
         /* A unit whose parameters are all frozen has no gradient, optimizer state or
          * accumulator (as PyTorch: no .grad, no state; the plan's estimate counts none): its
-         * hand-ins are dropped and the optimizer step passes it by. */
-        for (size_t k = 0; k < pu->n_params && !u->trainable; k++)
-            u->trainable = !pu->params[k]->frozen;
+         * hand-ins are dropped and the optimizer step passes it by. (u->trainable above.) */
         if (u->trainable)
             PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->grad, &u->grad_shard), st, out);
         /* unsharded, grads and rs_in come from the pool while the unit is live; a replicated
@@ -1040,6 +1045,15 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
             PCS_CHECK_GOTO(pcs_cpu_cast_array(tmp64, PCS_DTYPE_FP64, tmp32, PCS_DTYPE_FP32, u->c),
                            st, out);
         const void *tmp = u->mst == PCS_DTYPE_FP64 ? (const void *)tmp64 : (const void *)tmp32;
+        if (pcs_dtype_size(u->mst) < 4 && u->c > 0) {
+            /* a frozen unit stored in its bf16/fp16 master dtype: the values rounded to it once
+             * (init gives floats), into the fp64 scratch, which holds c of any dtype */
+            if (!tmp64)
+                PCS_CHECK_GOTO(pcs_calloc(tmp_cap, sizeof *tmp64, (void **)&tmp64), st, out);
+            PCS_CHECK_GOTO(pcs_cpu_cast_array(tmp64, u->mst, tmp32, PCS_DTYPE_FP32, u->c), st,
+                           out);
+            tmp = tmp64;
+        }
         size_t mbytes = u->c * pcs_dtype_size(u->mst);
         PCS_CHECK_GOTO(trainable_ranges(u, pu, mine, n_mine), st, out);
         PCS_CHECK_GOTO(grad_gaps(u, pu), st, out);
@@ -1112,7 +1126,10 @@ static pcs_status_t alloc_shared(pcs_runtime_t *rt)
         uint64_t c = pu->shard_numel ? pu->shard_numel : pu->padded_numel;
         max_c = c > max_c ? c : max_c;
         pcs_dtype_t md = dt_or(pu->master_dtype, PCS_DTYPE_FP32);
-        size_t fsz = pcs_dtype_size(master_storage(md));
+        int trainable = 0;
+        for (size_t k = 0; k < pu->n_params && !trainable; k++)
+            trainable = !pu->params[k]->frozen;
+        size_t fsz = pcs_dtype_size(master_storage(md, trainable));
         msz = fsz > msz ? fsz : msz;
         max_stage = pu->padded_numel + c > max_stage ? pu->padded_numel + c : max_stage;
         uint64_t sg = pu->shard_group_size ? pu->shard_group_size : 1;
@@ -2575,6 +2592,7 @@ pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t 
     out->unit = unit;
     out->master_dtype = u->master;
     out->storage_dtype = u->mst;
+    out->host_dtype = u->hst;
     out->numel = u->c;
     out->master = u->master_shard;
     out->state_numel = u->n_state;
@@ -2601,7 +2619,7 @@ pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t 
 static pcs_status_t state_xfer(pcs_runtime_t *rt, const rt_unit_t *u, void *st, void *host,
                                int to_host)
 {
-    const size_t es = pcs_dtype_size(u->mst);
+    const size_t es = pcs_dtype_size(u->hst); /* (== mst's wherever a state exists) */
     if (!st) { /* no state (every element frozen): zeros out, nothing in */
         if (to_host && u->c > 0)
             memset(host, 0, u->c * es);
@@ -2645,18 +2663,30 @@ pcs_status_t pcs_runtime_shard_to_host(pcs_runtime_t *rt, uint32_t unit, void *m
     /* the optimizer state the optimizer has (pcs_runtime_shard's states) */
     int has_a = rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0;
     int has_b = rt->opt == PCS_OPT_ADAMW;
+    /* a narrow (frozen bf16/fp16) shard goes out widened to fp32, through a host copy */
+    void *narrow = NULL, *raw = master;
+    if (u->mst != u->hst && master && bytes) {
+        PCS_CHECK(pcs_calloc(1, bytes, &narrow));
+        raw = narrow;
+    }
+    pcs_status_t st = PCS_OK;
     if (rt->offload) { /* host memory, updated synchronously by the host optimizer */
         if (master && bytes)
-            memcpy(master, u->master_shard, bytes);
+            memcpy(raw, u->master_shard, bytes);
     } else if (master && bytes) {
         /* ordered after the update on the compute stream; one sync for every copy */
-        PCS_CHECK(rt->be->copy(master, u->master_shard, bytes, PCS_COPY_D2H, rt->cstream));
+        st = rt->be->copy(raw, u->master_shard, bytes, PCS_COPY_D2H, rt->cstream);
     }
-    if (state_a && has_a)
-        PCS_CHECK(state_xfer(rt, u, u->opt_a, state_a, 1));
-    if (state_b && has_b)
-        PCS_CHECK(state_xfer(rt, u, u->opt_b, state_b, 1));
-    return rt->offload ? PCS_OK : rt->be->sync(rt->cstream);
+    if (st == PCS_OK && state_a && has_a)
+        st = state_xfer(rt, u, u->opt_a, state_a, 1);
+    if (st == PCS_OK && state_b && has_b)
+        st = state_xfer(rt, u, u->opt_b, state_b, 1);
+    if (st == PCS_OK && !rt->offload)
+        st = rt->be->sync(rt->cstream);
+    if (st == PCS_OK && narrow)
+        st = pcs_cpu_cast_array(master, u->hst, narrow, u->mst, u->c);
+    free(narrow);
+    return st;
 }
 
 pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const void *master,
@@ -2667,16 +2697,31 @@ pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const
     size_t bytes = u->c * pcs_dtype_size(u->mst);
     int has_a = rt->opt == PCS_OPT_ADAMW || rt->sgd.momentum != 0;
     int has_b = rt->opt == PCS_OPT_ADAMW;
+    void *narrow = NULL; /* a frozen bf16/fp16 shard: the fp32 values rounded to it first */
+    if (u->mst != u->hst && master && bytes) {
+        PCS_CHECK(pcs_calloc(1, bytes, &narrow));
+        pcs_status_t cst = pcs_cpu_cast_array(narrow, u->mst, master, u->hst, u->c);
+        if (cst != PCS_OK) {
+            free(narrow);
+            return cst;
+        }
+        master = narrow;
+    }
+    pcs_status_t st = PCS_OK;
     if (rt->offload) {
         if (bytes == 0)
             return PCS_OK;
         /* an all-gather still queued may be copying the old master in */
-        PCS_CHECK(rt->be->sync(rt->ag_stream));
-        if (master)
+        st = rt->be->sync(rt->ag_stream);
+        if (st == PCS_OK && master)
             memcpy(u->master_shard, master, bytes);
     } else if (master && bytes) {
-        PCS_CHECK(rt->be->copy(u->master_shard, master, bytes, PCS_COPY_H2D, rt->cstream));
+        st = rt->be->copy(u->master_shard, master, bytes, PCS_COPY_H2D, rt->cstream);
+        if (st == PCS_OK && narrow)
+            st = rt->be->sync(rt->cstream); /* (the copy read it) */
     }
+    free(narrow);
+    PCS_CHECK(st);
     if (state_a && has_a)
         PCS_CHECK(state_xfer(rt, u, u->opt_a, (void *)(uintptr_t)state_a, 0));
     if (state_b && has_b)

@@ -226,7 +226,10 @@ typedef struct pcs_rt_shard {
     uint32_t unit;
     pcs_dtype_t master_dtype;  /* the plan's master dtype */
     pcs_dtype_t storage_dtype; /* dtype of `master` and the optimizer states in memory: fp64 for
-                                * fp64 masters, else fp32 (holding master_dtype values) */
+                                * fp64 masters, else fp32 (holding master_dtype values), but the
+                                * master dtype itself for a unit with no trainable parameter */
+    pcs_dtype_t host_dtype;    /* what shard_to_host / shard_from_host exchange: fp64 for fp64
+                                * storage, else fp32 */
     uint64_t numel;            /* c (padded shard) */
     void *master;              /* c elements of storage_dtype */
     /* Which optimizer states the shard has (the optimizer's, whatever is frozen), PCS_RT_STATE_*
@@ -243,13 +246,13 @@ typedef struct pcs_rt_shard {
 enum { PCS_RT_STATE_EXP_AVG = 1, PCS_RT_STATE_EXP_AVG_SQ = 2, PCS_RT_STATE_MOMENTUM = 4 };
 pcs_status_t pcs_runtime_shard(pcs_runtime_t *rt, uint32_t unit, pcs_rt_shard_t *out);
 /* Copy unit's shard into caller host buffers of pcs_rt_shard_t.numel elements each, synchronously
- * (ordered after all work queued on cfg->stream): master in the storage dtype, and the
+ * (ordered after all work queued on cfg->stream): master in the host dtype, and the
  * optimizer state (state_a = exp_avg or momentum, state_b = exp_avg_sq) expanded to the shard's
  * layout, 0 where a frozen parameter lies. NULL members are skipped, as is a state the optimizer
  * does not have. INVALID_ARG for a bad unit; CUDA errors. */
 pcs_status_t pcs_runtime_shard_to_host(pcs_runtime_t *rt, uint32_t unit, void *master,
                                        void *state_a, void *state_b);
-/* The reverse (a resume): host values of the storage dtype into unit's shard — master (master
+/* The reverse (a resume): host values of the host dtype into unit's shard — master (master
  * values held in it) and the optimizer state the optimizer has (c-element arrays; what lies at
  * frozen parameters is dropped); NULL members are left as they are. Sync. */
 pcs_status_t pcs_runtime_shard_from_host(pcs_runtime_t *rt, uint32_t unit, const void *master,

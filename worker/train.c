@@ -1032,12 +1032,12 @@ static pcs_status_t checkpoint(pcs_train_t *t, uint64_t step)
             PCS_CHECK_GOTO(pcs_calloc(1, nb, &h[2]), st, out);
         PCS_CHECK_GOTO(pcs_runtime_shard_to_host(t->rt, (uint32_t)i, h[0], h[1], h[2]), st, out);
         const void *master = h[0];
-        if (sh.master_dtype != sh.storage_dtype) {
+        if (sh.master_dtype != sh.host_dtype) {
             /* checkpoints hold the master dtype (pure fp16: fp16 values) */
             PCS_CHECK_GOTO(
                 pcs_calloc(sh.numel ? sh.numel : 1, pcs_dtype_size(sh.master_dtype), &h[3]), st,
                 out);
-            PCS_CHECK_GOTO(pcs_kernel_cast(host_be, h[3], sh.master_dtype, h[0], sh.storage_dtype,
+            PCS_CHECK_GOTO(pcs_kernel_cast(host_be, h[3], sh.master_dtype, h[0], sh.host_dtype,
                                            sh.numel, NULL),
                            st, out);
             master = h[3];

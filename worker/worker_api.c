@@ -520,8 +520,8 @@ pcs_status_t pcs_worker_unshard_full(pcs_worker_t *w, uint32_t unit, const float
     PCS_CHECK(pcs_runtime_unshard(w->rt, unit, 1, &p, &dt));
     if (dt != PCS_DTYPE_FP32)
         return pcs_set_error(PCS_ERR_INVALID_ARG,
-                             "unit %u computes in its master dtype %s: pcs_worker_unshard gives "
-                             "its masters",
+                             "unit %u keeps no fp32 masters (%s): pcs_worker_unshard_master "
+                             "gives them",
                              unit, pcs_dtype_name(dt));
     *params = p;
     return PCS_OK;

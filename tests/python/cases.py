@@ -345,7 +345,7 @@ CASES = {
                                 ignored=["module.2.bias"], steps=1),
     # FSDP2 groups of mixed dtypes (a bf16 base Linear beside fp32 adapters in one unit; FSDP2
     # all-gathers such a group as uint8, pcs as one unit per dtype): no mixed precision, the
-    # base frozen (the QLoRA shape); and the base trained with param bf16 / reduce fp32
+    # base frozen (the QLoRA shape); and the base trained too, which FSDP2 and pcs refuse
     "lora_bf16base_per_param": case("lora_bf16base", layout="per_param"),
     "lora_bf16base_trained_bf16": case("lora_bf16base_trained",
                                        {"param_dtype": "bf16", "reduce_dtype": "fp32"},

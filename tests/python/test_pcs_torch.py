@@ -580,19 +580,23 @@ class PcsTorchTest(unittest.TestCase):
         self.assertFalse(torch.equal(res[0]["params"]["adapter.a.weight"],
                                      init["adapter.a.weight"].detach()))
 
-    def test_mixed_dtype_group_trained_under_bf16(self):
-        """The same group with the base trained, param bf16 / reduce fp32: both dtype parts
-        compute in bf16 and reduce in fp32; the base's masters stay bf16 (its own dtype, FSDP2's
-        orig dtype) and the adapters' fp32."""
-        res = self.check_mixed("lora_bf16base_trained_bf16", torch.bfloat16)
-        seen = res[0]["seen"]
-        for fqn in ("adapter.base.weight", "adapter.a.weight", "head.weight"):
-            self.assertEqual(seen["params"][fqn], "torch.bfloat16", fqn)
-            self.assertEqual(seen["grads"][fqn], "torch.bfloat16", fqn)
-        self.assertEqual(seen["inputs"]["adapter"], "torch.bfloat16")
-        self.assertEqual(seen["after_backward"]["adapter.base.weight"][:2],
-                         ["torch.bfloat16", True])
-        self.assertEqual(seen["after_backward"]["adapter.a.weight"][:2], ["torch.float32", True])
+    def test_mixed_dtype_group_with_two_trainable_dtypes_is_refused(self):
+        """The base trained too: FSDP2 refuses a group whose trainable parameters differ in
+        dtype ("FSDP expects uniform original parameter dtype", whatever the policy), and so
+        does pcs, at SubmitJob, naming the unit and both parameters."""
+        name, spec = cases.job("lora_bf16base_trained_bf16")
+        c = Cluster()
+        try:
+            path = os.path.join(c.dir, "job.json")
+            with open(path, "w") as f:
+                json.dump(pcs.torch.job_spec(cases.build(name), **spec), f)
+            r = c.pcsctl("submit", path)
+            self.assertNotEqual(r.returncode, 0, r.stdout)
+            self.assertIn("unit 'adapter' trains bf16 and fp32 parameters "
+                          "('adapter.base.weight', 'adapter.a.weight')", r.stderr)
+            self.assertIn("FSDP expects uniform original parameter dtype", r.stderr)
+        finally:
+            c.stop()
 
 
 CAST_RANK = r'''
@@ -670,6 +674,7 @@ class CastTest(unittest.TestCase):
         }
         c = Cluster()
         ok = False
+        p = None
         try:
             p = subprocess.Popen([sys.executable, "-c", CAST_RANK, c.addr, "cast-0",
                                   os.path.join(SRC, "python"), json.dumps(vals)],
@@ -689,7 +694,8 @@ class CastTest(unittest.TestCase):
                 self.assertEqual(bad, [], "%s: (value, pcs word, torch word)" % dt)
             ok = True
         finally:
-            p.kill()
+            if p is not None:
+                p.kill()
             c.stop(keep=not ok)
 
 

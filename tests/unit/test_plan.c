@@ -1241,10 +1241,11 @@ static void test_mixed_dtype_group_splits_into_dtype_parts(void **state)
     assert_non_null(coll_of(part, COLL(ALL_GATHER), PHASE(FORWARD)));
     assert_true(has_note(p, "unit 'blk' mixes parameter dtypes: 1 more unit(s)"));
     assert_int_equal(pcs_plan_check_layout(p), PCS_OK);
-    /* masters are stored as fp32 (bf16 values in the bf16 part): (16 + 36 + 16) x 4 B */
+    /* trainable masters are stored as fp32, the frozen bf16 unit's in bf16 (FSDP's 2 bytes):
+     * 16 x 4 + 36 x 2 + 16 x 4 B */
     Pcs__V1__RankEstimate e;
     assert_int_equal(pcs_plan_rank_estimate(p, 0, &e), PCS_OK);
-    assert_int_equal(e.param_shard_bytes, (16 + 36 + 16) * 4);
+    assert_int_equal(e.param_shard_bytes, 16 * 4 + 36 * 2 + 16 * 4);
     /* pcs-worker binds one unit per module: such a job is for pcs.torch or a C API program */
     job_t *s = spec_of(MIXED_MODEL("true") "shard_layout: per_param\n");
     assert_int_equal(pcs_job_check_runnable(s, p), PCS_ERR_UNSUPPORTED);
@@ -1256,22 +1257,25 @@ static void test_mixed_dtype_group_splits_into_dtype_parts(void **state)
     spec_free(s);
     pcs_plan_free(p);
 
-    /* trainable bf16 and fp32: one compute dtype with param_dtype set (both parts compute and
-     * reduce in bf16 / fp32), refused without it */
-    p = plan_of(MIXED_MODEL("false") "shard_layout: per_param\n"
-                                     "precision: {param_dtype: bf16, reduce_dtype: fp32}\n",
-                0);
-    assert_int_equal(p->n_units, 3);
-    for (size_t i = 1; i < 3; i++) {
-        assert_int_equal(p->units[i]->param_dtype, DT(BF16));
-        assert_int_equal(p->units[i]->reduce_dtype, DT(FP32));
-    }
-    assert_int_equal(p->units[1]->master_dtype, DT(BF16));
-    assert_int_equal(p->units[2]->master_dtype, DT(FP32));
-    pcs_plan_free(p);
+    /* trainable bf16 and fp32 parameters in one group: FSDP2 refuses them whatever the policy
+     * (_init_mp_dtypes) */
     expect_error(MIXED_MODEL("false") "shard_layout: per_param\n", 2,
                  "model: unit 'blk' trains bf16 and fp32 parameters ('blk.base.weight', "
-                 "'blk.a.weight') with no precision.param_dtype");
+                 "'blk.a.weight'): the trainable parameters of an FSDP2 group share their dtype");
+    expect_error(MIXED_MODEL("false") "shard_layout: per_param\n"
+                                      "precision: {param_dtype: bf16, reduce_dtype: fp32}\n",
+                 2, "FSDP expects uniform original parameter dtype");
+    /* under a bf16 policy the frozen base and the adapters both compute in bf16 */
+    p = plan_of(MIXED_MODEL("true") "shard_layout: per_param\n"
+                                    "precision: {param_dtype: bf16, reduce_dtype: fp32}\n",
+                0);
+    assert_int_equal(p->n_units, 3);
+    for (size_t i = 1; i < 3; i++)
+        assert_int_equal(p->units[i]->param_dtype, DT(BF16));
+    assert_int_equal(p->units[1]->master_dtype, DT(BF16));
+    assert_int_equal(p->units[2]->master_dtype, DT(FP32));
+    assert_int_equal(p->units[2]->reduce_dtype, DT(FP32));
+    pcs_plan_free(p);
     /* FSDP1's flat parameter: one dtype */
     expect_error(MIXED_MODEL("true"), 2,
                  "model: unit 'blk' mixes bf16 and fp32 parameters ('blk.a.weight'); FSDP1's "
@@ -1290,6 +1294,53 @@ static void test_mixed_dtype_group_splits_into_dtype_parts(void **state)
         assert_int_equal(p->units[i]->n_collectives, 0);
     }
     assert_int_equal(p->units[2]->master_dtype, DT(FP32));
+    pcs_plan_free(p);
+    /* the root's group: its part is a root unit too (kept gathered after forward); ignored
+     * parameters of two dtypes: an unmanaged unit and its unmanaged part, after the managed
+     * unit and its part on the same path; and the eval estimate gathers the root's group with
+     * a unit's group (full-precision eval: fp32 copies of the bf16-computing fp32 units) */
+    p = plan_of("model: {explicit: [{path: '', class: Net, params: [{name: w, shape: [64, 8]},\n"
+                "   {name: f, shape: [64, 8], dtype: bf16, requires_grad_off: true}]},\n"
+                "  {path: blk, class: Block, params: [{name: a, shape: [64, 8]},\n"
+                "   {name: b, shape: [64, 8], dtype: bf16, requires_grad_off: true},\n"
+                "   {name: i, shape: [8]}, {name: j, shape: [8], dtype: bf16}]}]}\n"
+                "wrap: {explicit: [blk]}\nmesh: [{dim: dp_shard, size: 2}]\n"
+                "shard_layout: per_param\nignored_params: [blk.i, blk.j]\n"
+                "precision: {param_dtype: bf16}\ntraining: {full_precision_eval: true}\n",
+                0);
+    assert_int_equal(p->n_units, 6);
+    const char *paths[6] = {"", "", "blk", "blk", "blk", "blk"};
+    const int mdt[6] = {DT(FP32), DT(BF16), DT(FP32), DT(BF16), DT(FP32), DT(BF16)};
+    for (size_t i = 0; i < 6; i++) {
+        assert_string_equal(p->units[i]->path, paths[i]);
+        assert_int_equal(p->units[i]->master_dtype, mdt[i]);
+        assert_int_equal(p->units[i]->unmanaged, i >= 4);
+    }
+    assert_true(p->units[0]->is_root && p->units[1]->is_root);
+    assert_false(p->units[1]->reshard_after_forward);
+    assert_true(p->units[3]->reshard_after_forward);
+    assert_string_equal(p->units[4]->params[0]->fqn, "blk.i");
+    assert_string_equal(p->units[5]->params[0]->fqn, "blk.j");
+    assert_true(has_note(p, "unmanaged unit 'blk' mixes parameter dtypes: 1 more unit(s)"));
+    assert_int_equal(pcs_plan_rank_estimate(p, 0, &e), PCS_OK);
+    uint64_t eval = 0; /* every unit's eval copy at once: the root's group and blk's */
+    for (size_t i = 0; i < 6; i++) {
+        const Pcs__V1__Unit *u = p->units[i];
+        bool fp32 = u->param_dtype != u->master_dtype || u->param_dtype == DT(FP32);
+        eval += u->padded_numel * (fp32 ? 4 : 2);
+    }
+    if (e.peak_unsharded_bytes < eval)
+        fail_msg("peak %llu B < the %llu B an eval forward of blk holds",
+                 (unsigned long long)e.peak_unsharded_bytes, (unsigned long long)eval);
+    pcs_plan_free(p);
+    /* parameters in their own dtypes with no policy compute uncast: no output cast (FSDP2) */
+    p = plan_of("model: {explicit: [{path: '', class: Net, params: [{name: w, shape: [8]}]},\n"
+                "  {path: l0, class: Linear, params: [{name: w, shape: [8], dtype: bf16}]},\n"
+                "  {path: l1, class: Linear, params: [{name: w, shape: [8], dtype: bf16}]}]}\n"
+                "wrap: {explicit: [l0, l1]}\nmesh: [{dim: dp_shard, size: 2}]\n",
+                0);
+    assert_int_equal(unit_at(p, "l0")->output_dtype, 0);
+    assert_int_equal(unit_at(p, "l1")->param_dtype, DT(BF16));
     pcs_plan_free(p);
     expect_error("model: {explicit: ["
                  "{path: emb, params: [{name: weight, shape: [4, 2]}]},"

@@ -202,6 +202,127 @@ static void test_frozen_parameters_are_not_updated_or_counted(void **state)
     }
 }
 
+static pcs_status_t init_thirds32(void *ctx, const Pcs__V1__ParamSlot *p, uint64_t first,
+                                   uint64_t n, float *out)
+{
+    (void)ctx;
+    for (uint64_t i = 0; i < n; i++)
+        out[i] = 1.0f / 3.0f + (float)(p->offset + first + i) * 1e-3f; /* no bf16 holds these */
+    return PCS_OK;
+}
+
+/* The master value of element i of a low-precision dtype: the fp32 init rounded once. */
+static float low_value(pcs_dtype_t dt, uint64_t i)
+{
+    float x = 1.0f / 3.0f + (float)i * 1e-3f;
+    return dt == PCS_DTYPE_BF16 ? pcs_bf16_to_f32(pcs_f32_to_bf16(x))
+                                : pcs_fp16_to_f32(pcs_f32_to_fp16(x));
+}
+
+/* A unit whose parameters are all frozen (a frozen bf16 base, a dtype part of a mixed group)
+ * keeps its bf16 / fp16 masters in their own dtype: 2 bytes per element, as FSDP keeps them,
+ * and what the plan's estimate counts. On the cpu backend, the simulated CUDA device and that
+ * device with cpu_offload, computing in the master dtype and upcast to fp32: the shard holds
+ * the init values rounded once, unshard casts them, a step with no gradient leaves them, the
+ * host exchange is fp32 both ways (checkpoints and resumes as before), and the runtime stays
+ * within the estimate. */
+static void test_frozen_low_precision_unit_keeps_its_dtype(void **state)
+{
+    (void)state;
+    for (int dev = 0; dev < 3; dev++)
+        for (int variant = 0; variant < 4; variant++) {
+            pcs_dtype_t md = variant < 2 ? PCS_DTYPE_BF16 : PCS_DTYPE_FP16;
+            pcs_dtype_t pd = variant % 2 ? PCS_DTYPE_FP32 : md;
+            Pcs__V1__Plan plan;
+            Pcs__V1__Unit unit, *up[1];
+            Pcs__V1__ParamSlot ps[3], *psp[3];
+            uint64_t shape[1];
+            wfv_plan(&plan, &unit, up, ps, psp, shape, 0);
+            ps[0].frozen = ps[1].frozen = true;
+            ps[0].dtype = ps[1].dtype = (Pcs__V1__DType)md;
+            unit.master_dtype = (Pcs__V1__DType)md;
+            unit.param_dtype = (Pcs__V1__DType)pd;
+            plan.optimizer_states = 2;
+            plan.cpu_offload = dev == 2;
+            assert_int_equal(pcs_plan_check_runnable(&plan), PCS_OK);
+            assert_int_equal(pcs_backend_simulate_cuda(dev > 0), PCS_OK);
+            pcs_runtime_config_t rc;
+            memset(&rc, 0, sizeof rc);
+            rc.plan = &plan;
+            assert_int_equal(pcs_backend_get(dev ? "cuda" : "cpu", &rc.be), PCS_OK);
+            const pcs_backend_ops_t *be = rc.be;
+            assert_int_equal(be->set_device(0), PCS_OK);
+            rc.micro_batches = 1;
+            rc.init_param = init_thirds32;
+            rc.opt = PCS_OPT_ADAMW;
+            pcs_adamw_config_default(&rc.adamw);
+            pcs_runtime_t *rt = NULL;
+            assert_int_equal(pcs_runtime_create(&rc, &rt), PCS_OK);
+            pcs_rt_shard_t sh;
+            assert_int_equal(pcs_runtime_shard(rt, 0, &sh), PCS_OK);
+            assert_int_equal(sh.storage_dtype, md);
+            assert_int_equal(sh.host_dtype, PCS_DTYPE_FP32);
+            assert_int_equal(sh.states, PCS_RT_STATE_EXP_AVG | PCS_RT_STATE_EXP_AVG_SQ);
+            assert_int_equal(sh.state_numel, 0);
+            float host[16], st_a[16], st_b[16];
+            for (int step = 1; step <= 2; step++) {
+                assert_int_equal(pcs_runtime_begin_step(rt), PCS_OK);
+                const void *w;
+                pcs_dtype_t wdt;
+                assert_int_equal(pcs_runtime_unshard(rt, 0, 0, &w, &wdt), PCS_OK);
+                assert_int_equal(wdt, pd);
+                union {
+                    float f[16];
+                    uint16_t h[16];
+                } hb;
+                assert_int_equal(be->copy(&hb, w, 16 * pcs_dtype_size(wdt), PCS_COPY_D2H, NULL),
+                                 PCS_OK);
+                assert_int_equal(be->sync(NULL), PCS_OK);
+                for (int i = 0; i < 16; i++) {
+                    float want = low_value(md, (uint64_t)i);
+                    float got = pd == PCS_DTYPE_FP32   ? hb.f[i]
+                                : md == PCS_DTYPE_BF16 ? pcs_bf16_to_f32(hb.h[i])
+                                                       : pcs_fp16_to_f32(hb.h[i]);
+                    if (got != want)
+                        fail_msg("dev %d variant %d [%d]: %.9g, want %.9g", dev, variant, i,
+                                 (double)got, (double)want);
+                }
+                assert_int_equal(pcs_runtime_reshard(rt, 0), PCS_OK);
+                assert_int_equal(pcs_runtime_post_backward(rt, 0, 1), PCS_OK);
+                pcs_rt_step_opts_t o;
+                memset(&o, 0, sizeof o);
+                pcs_rt_step_result_t r;
+                assert_int_equal(pcs_runtime_optimizer_step(rt, &o, &r), PCS_OK);
+            }
+            memset(st_a, 0xff, sizeof st_a);
+            assert_int_equal(pcs_runtime_shard_to_host(rt, 0, host, st_a, st_b), PCS_OK);
+            for (int i = 0; i < 16; i++) {
+                assert_true(host[i] == low_value(md, (uint64_t)i));
+                assert_true(st_a[i] == 0.0f && st_b[i] == 0.0f); /* no state: zeros */
+            }
+            /* a resume: fp32 values of the master dtype in, the same out */
+            for (int i = 0; i < 16; i++)
+                host[i] = (float)(i - 8) * 0.25f;
+            assert_int_equal(pcs_runtime_shard_from_host(rt, 0, host, NULL, NULL), PCS_OK);
+            float back[16];
+            assert_int_equal(pcs_runtime_shard_to_host(rt, 0, back, NULL, NULL), PCS_OK);
+            assert_memory_equal(back, host, sizeof back);
+            /* the promise: 2 bytes per master element */
+            Pcs__V1__RankEstimate e;
+            assert_int_equal(pcs_plan_rank_estimate(&plan, 0, &e), PCS_OK);
+            assert_int_equal(e.param_shard_bytes, 16 * 2);
+            assert_int_equal(e.optimizer_bytes, 0);
+            pcs_rt_stats_t stats;
+            pcs_runtime_stats(rt, &stats);
+            uint64_t promise = e.total_bytes - e.buffer_bytes;
+            if (stats.mem_peak_bytes > promise)
+                fail_msg("dev %d variant %d: runtime peak %llu B > estimate %llu B", dev, variant,
+                         (unsigned long long)stats.mem_peak_bytes, (unsigned long long)promise);
+            pcs_runtime_destroy(rt);
+            assert_int_equal(pcs_backend_simulate_cuda(0), PCS_OK);
+        }
+}
+
 static double third(uint64_t i)
 {
     return 1.0 / 3.0 + (double)i * 1e-9; /* no fp32 holds these */
@@ -1453,6 +1574,7 @@ int main(void)
         cmocka_unit_test(test_world_of_one_divides_by_a_custom_factor),
         cmocka_unit_test(test_frozen_parameters_are_not_updated_or_counted),
         cmocka_unit_test(test_fp64_masters_keep_and_update_doubles),
+        cmocka_unit_test(test_frozen_low_precision_unit_keeps_its_dtype),
         cmocka_unit_test(test_premul_sum_reduce_scatter_multiplies_every_input),
         cmocka_unit_test(test_eval_backward_reduces_in_full_precision),
         cmocka_unit_test(test_replicated_unit_without_a_planned_all_reduce_is_averaged),
