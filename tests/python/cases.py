@@ -190,6 +190,26 @@ class LoraBf16BaseTrained(Lora):
         super().__init__(base_dtype=torch.bfloat16, train_base=True)
 
 
+class Bf16Blocks(nn.Module):
+    """Two wrapped bf16 Linear blocks in a row inside an fp32 model, frozen, with no mixed
+    precision: each hands the next its bf16 output (no cast between units, as FSDP2)."""
+
+    WRAP = ["l0", "l1"]
+
+    def __init__(self):
+        super().__init__()
+        self.pre = nn.Linear(8, 8)
+        self.l0 = nn.Linear(8, 8).to(torch.bfloat16)
+        self.l1 = nn.Linear(8, 8).to(torch.bfloat16)
+        self.head = nn.Linear(8, 4)
+        for p in list(self.l0.parameters()) + list(self.l1.parameters()):
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        h = self.l1(torch.relu(self.l0(torch.relu(self.pre(x)).to(torch.bfloat16))))
+        return self.head(h.float())
+
+
 class Checkpointed(nn.Module):
     """A unit run under non-reentrant activation checkpointing: its forward runs again inside
     the backward (and, with reshard-after-forward, must find the unit still gathered)."""
@@ -209,7 +229,8 @@ class Checkpointed(nn.Module):
 MODELS = {"nested": NestedWrappedModule, "batchnorm": BatchNormNet, "tied": TiedLM,
           "external": ExternalInput, "owncast": OwnCast, "frozen": Frozen, "twice": Twice,
           "lora": Lora, "ckpt": Checkpointed,
-          "lora_bf16base": LoraBf16Base, "lora_bf16base_trained": LoraBf16BaseTrained}
+          "lora_bf16base": LoraBf16Base, "lora_bf16base_trained": LoraBf16BaseTrained,
+          "bf16blocks": Bf16Blocks}
 
 
 def build(name, seed=1234):
@@ -347,6 +368,7 @@ CASES = {
     # all-gathers such a group as uint8, pcs as one unit per dtype): no mixed precision, the
     # base frozen (the QLoRA shape); and the base trained too, which FSDP2 and pcs refuse
     "lora_bf16base_per_param": case("lora_bf16base", layout="per_param"),
+    "bf16blocks_fp32": case("bf16blocks", opt=SGD),
     "lora_bf16base_trained_bf16": case("lora_bf16base_trained",
                                        {"param_dtype": "bf16", "reduce_dtype": "fp32"},
                                        opt=SGD, steps=2, layout="per_param"),

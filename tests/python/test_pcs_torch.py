@@ -580,6 +580,20 @@ class PcsTorchTest(unittest.TestCase):
         self.assertFalse(torch.equal(res[0]["params"]["adapter.a.weight"],
                                      init["adapter.a.weight"].detach()))
 
+    def test_native_bf16_blocks_hand_on_bf16(self):
+        """Units of bf16 parameters in an fp32 model with no policy: l0's bf16 output goes to
+        l1 uncast (a cast to fp32 there would fail l1's matmul), and the model trains as
+        PyTorch does rank by rank."""
+        name, training, res = self.run_case("bf16blocks_fp32")
+        want, losses, _ = reference_fp32("bf16blocks_fp32", name, training, W, per_rank=True)
+        for r in res:
+            self.assert_params(r["params"], {k: v.float() for k, v in want.items()}, 1e-4, 1e-5)
+            got = [s["loss"] for s in r["steps"]]
+            self.assertTrue(torch.allclose(torch.tensor(got), torch.tensor(losses), rtol=1e-5),
+                            "losses %s, reference %s" % (got, losses))
+            self.assertEqual(r["seen"]["outputs"]["l0"], "torch.bfloat16")
+            self.assertEqual(r["seen"]["inputs"]["l1"], "torch.bfloat16")
+
     def test_mixed_dtype_group_with_two_trainable_dtypes_is_refused(self):
         """The base trained too: FSDP2 refuses a group whose trainable parameters differ in
         dtype ("FSDP expects uniform original parameter dtype", whatever the policy), and so
