@@ -368,6 +368,7 @@ CASES = {
     # all-gathers such a group as uint8, pcs as one unit per dtype): no mixed precision, the
     # base frozen (the QLoRA shape); and the base trained too, which FSDP2 and pcs refuse
     "lora_bf16base_per_param": case("lora_bf16base", layout="per_param"),
+    "lora_bf16base_no_shard": case("lora_bf16base", layout="per_param", strategy="no_shard"),
     "bf16blocks_fp32": case("bf16blocks", opt=SGD),
     "lora_bf16base_trained_bf16": case("lora_bf16base_trained",
                                        {"param_dtype": "bf16", "reduce_dtype": "fp32"},
@@ -406,4 +407,6 @@ def job(name):
         spec["shard_placements"] = c["placements"]
     if c.get("ignored"):
         spec["ignored_params"] = c["ignored"]
+    if c.get("strategy"):
+        spec["strategy"] = c["strategy"]
     return c["model"], spec

@@ -559,10 +559,14 @@ class PcsTorchTest(unittest.TestCase):
         bf16 base Linear and fp32 adapters, sharded per parameter, no mixed precision. The
         base computes in bf16 and stays bit for bit what it was, the adapters and the rest
         train as plain single-process PyTorch does (rank by rank: a bf16 matmul rounds
-        differently with the number of rows)."""
-        name, training, res = self.run_case("lora_bf16base_per_param")
-        want, losses, _ = reference_fp32("lora_bf16base_per_param", name, training, W,
-                                         per_rank=True)
+        differently with the number of rows). Fully sharded, and replicated (no_shard: the
+        frozen bf16 unit computes on its master shard, the fp32 one all-reduces)."""
+        for case in ("lora_bf16base_per_param", "lora_bf16base_no_shard"):
+            self.check_lora_bf16base(case)
+
+    def check_lora_bf16base(self, case):
+        name, training, res = self.run_case(case)
+        want, losses, _ = reference_fp32(case, name, training, W, per_rank=True)
         init = dict(cases.build(name).named_parameters())
         for r in res:
             self.assert_params(r["params"], {k: v.float() for k, v in want.items()}, 1e-4, 1e-5)
