@@ -105,6 +105,8 @@ static void print_job(const Pcs__V1__Job *j)
         printf("plan hash    %016" PRIx64 "\n", j->plan_hash);
     if (*j->request_id)
         printf("request id   %s\n", j->request_id);
+    if (*j->owner)
+        printf("owner        %s\n", j->owner);
     const Pcs__V1__JobProgress *p = j->progress;
     uint32_t steps = j->spec && j->spec->training ? j->spec->training->steps : 0;
     if (!p || (!p->reports && !p->step)) {

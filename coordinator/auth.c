@@ -2,6 +2,7 @@
 #include "coordinator/auth.h"
 
 #include <openssl/evp.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <sys/random.h>
@@ -15,6 +16,7 @@ typedef struct entry {
     char *token;
     size_t len;
     pcs_role_t role;
+    char name[72]; /* the principal: the file's name, or "token:<12 hex of its SHA-256>" */
 } entry_t;
 
 struct pcs_auth {
@@ -47,6 +49,32 @@ size_t pcs_auth_count(const pcs_auth_t *a)
     return a ? a->n : 0;
 }
 
+static bool valid_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n < 1 || n > 64)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = s[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '@' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
+static pcs_status_t sha256(const void *p, size_t n, uint8_t out[PCS_AUTH_HASH_BYTES]);
+
+/* "token:" and the first 12 hex digits of the token's SHA-256: stable across edits of the file,
+ * and no help in guessing the token */
+static pcs_status_t token_principal(const char *token, char *out, size_t n)
+{
+    uint8_t h[PCS_AUTH_HASH_BYTES];
+    PCS_CHECK(sha256(token, strlen(token), h));
+    snprintf(out, n, "token:%02x%02x%02x%02x%02x%02x", h[0], h[1], h[2], h[3], h[4], h[5]);
+    return PCS_OK;
+}
+
 pcs_status_t pcs_auth_parse(const char *text, const char *name, pcs_auth_t **out)
 {
     *out = NULL;
@@ -71,12 +99,19 @@ pcs_status_t pcs_auth_parse(const char *text, const char *name, pcs_auth_t **out
         char *hash = strchr(line, '#');
         if (hash)
             *hash = '\0';
-        char role[64], token[1024], extra[8];
-        int k = sscanf(line, "%63s %1023s %7s", role, token, extra);
+        char role[64], token[1024], who[128], extra[8];
+        int k = sscanf(line, "%63s %1023s %127s %7s", role, token, who, extra);
         if (k <= 0)
             continue;
-        if (k != 2) {
-            st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s:%d: expected `role token`", name, lineno);
+        if (k != 2 && k != 3) {
+            st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s:%d: expected `role token [name]`", name,
+                               lineno);
+            break;
+        }
+        if (k == 3 && !valid_name(who)) {
+            st = pcs_set_error(PCS_ERR_INVALID_ARG,
+                               "%s:%d: name '%.64s' must be 1-64 of [A-Za-z0-9._@-]", name,
+                               lineno, who);
             break;
         }
         pcs_role_t r = PCS_ROLE_NONE;
@@ -99,10 +134,17 @@ pcs_status_t pcs_auth_parse(const char *text, const char *name, pcs_auth_t **out
                 st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s:%d: token given twice", name, lineno);
         if (st != PCS_OK)
             break;
-        st = pcs_grow((void **)&a->e, &a->cap, a->n + 1, sizeof *a->e);
+        char principal[72];
+        if (k == 3)
+            snprintf(principal, sizeof principal, "%s", who);
+        else
+            st = token_principal(token, principal, sizeof principal);
+        if (st == PCS_OK)
+            st = pcs_grow((void **)&a->e, &a->cap, a->n + 1, sizeof *a->e);
         if (st == PCS_OK)
             st = pcs_strdup(token, &a->e[a->n].token);
         if (st == PCS_OK) {
+            snprintf(a->e[a->n].name, sizeof a->e[a->n].name, "%s", principal);
             a->e[a->n].len = strlen(token);
             a->e[a->n].role = r;
             a->n++;
@@ -184,6 +226,24 @@ static int same_token(const entry_t *e, const char *tok, size_t len)
 
 pcs_status_t pcs_auth_check(const pcs_auth_t *a, const char *method, const char *authorization)
 {
+    long entry;
+    return pcs_auth_identify(a, method, authorization, &entry);
+}
+
+const char *pcs_auth_principal(const pcs_auth_t *a, long entry)
+{
+    return a && entry >= 0 && (size_t)entry < a->n ? a->e[entry].name : NULL;
+}
+
+pcs_role_t pcs_auth_role(const pcs_auth_t *a, long entry)
+{
+    return a && entry >= 0 && (size_t)entry < a->n ? a->e[entry].role : PCS_ROLE_NONE;
+}
+
+pcs_status_t pcs_auth_identify(const pcs_auth_t *a, const char *method, const char *authorization,
+                               long *entry)
+{
+    *entry = -1;
     pcs_role_t need = pcs_auth_method_role(method);
     if (!a || need == PCS_ROLE_NONE)
         return PCS_OK;
@@ -208,6 +268,7 @@ pcs_status_t pcs_auth_check(const pcs_auth_t *a, const char *method, const char 
                 have = role_names[i].name;
         return pcs_set_error(PCS_ERR_PERMISSION, "role %s may not call %s", have, method);
     }
+    *entry = (long)(hit - a->e);
     return PCS_OK;
 }
 

@@ -1,6 +1,6 @@
-/* Bearer tokens by role (DESIGN.md §10): a token file of `role token` lines maps each token to a
- * role; each RPC needs a role. Pure C (no gRPC): server.c reads the `authorization` metadata and
- * asks pcs_auth_check. */
+/* Bearer tokens by role (DESIGN.md §10): a token file of `role token [name]` lines maps each
+ * token to a role and a principal; each RPC needs a role. Pure C (no gRPC): server.c reads the
+ * `authorization` metadata and asks pcs_auth_identify. */
 #ifndef PCS_COORD_AUTH_H
 #define PCS_COORD_AUTH_H
 
@@ -19,8 +19,11 @@ typedef enum pcs_role {
 
 typedef struct pcs_auth pcs_auth_t;
 
-/* Load a token file: `role token` per line (roles: viewer, submitter, worker, admin), `#`
- * comments, blank lines. Errors name the file and line (INVALID_ARG). Caller frees. */
+/* Load a token file: `role token [name]` per line (roles: viewer, submitter, worker, admin),
+ * `#` comments, blank lines. `name` is the principal the token acts as (1-64 of [A-Za-z0-9._@-];
+ * several tokens may share one, e.g. while a token is rotated); without it the principal is
+ * "token:" and the first 12 hex digits of the token's SHA-256. A submitter owns the jobs it
+ * submits (pcs_auth_principal). Errors name the file and line (INVALID_ARG). Caller frees. */
 pcs_status_t pcs_auth_load(const char *path, pcs_auth_t **out);
 /* The same from text (tests); `name` is used in error messages. */
 pcs_status_t pcs_auth_parse(const char *text, const char *name, pcs_auth_t **out);
@@ -35,6 +38,13 @@ pcs_role_t pcs_auth_method_role(const char *method_path);
  * role may not call the method); the reason is in pcs_last_error() and never echoes the token. */
 pcs_status_t pcs_auth_check(const pcs_auth_t *a, const char *method_path,
                             const char *authorization);
+/* The same, and which token the call carries: *entry is its index (for pcs_auth_principal /
+ * pcs_auth_role), or -1 when no token was needed (no token file, the health service). */
+pcs_status_t pcs_auth_identify(const pcs_auth_t *a, const char *method_path,
+                               const char *authorization, long *entry);
+/* Token `entry`'s principal name and role (NULL / PCS_ROLE_NONE for an index out of range). */
+const char *pcs_auth_principal(const pcs_auth_t *a, long entry);
+pcs_role_t pcs_auth_role(const pcs_auth_t *a, long entry);
 
 /* ---- worker credentials (DESIGN.md §10) ----
  * Register answers each new registration a secret "<worker id>.<64 hex digits>" (256 random bits

@@ -151,6 +151,7 @@ static void job_free(pcs_coord_t *c, pcs_coord_job_t *j)
         c->cfg.free_payload(c->cfg.user, j->spec, j->plan);
     free(j->name);
     free(j->request_id);
+    free(j->owner);
     free(j->reason);
     free(j->rank_worker);
     free(j->rank_reserved);
@@ -968,6 +969,7 @@ static pcs_status_t new_job(pcs_coord_t *c, uint32_t number, const pcs_coord_job
     j->plan = d->plan;
     PCS_CHECK_GOTO(dup_or_empty(d->name, &j->name), st, fail);
     PCS_CHECK_GOTO(dup_or_empty(d->request_id, &j->request_id), st, fail);
+    PCS_CHECK_GOTO(dup_or_empty(d->owner, &j->owner), st, fail);
     PCS_CHECK_GOTO(pcs_calloc(world, sizeof *j->rank_worker, (void **)&j->rank_worker), st, fail);
     PCS_CHECK_GOTO(pcs_calloc(world, 1, (void **)&j->rank_done), st, fail);
     PCS_CHECK_GOTO(pcs_calloc(world, sizeof *j->rank_report_ms, (void **)&j->rank_report_ms), st,

@@ -147,6 +147,7 @@ typedef struct pcs_coord_job {
     char id[24]; /* "job-<number>" */
     uint32_t number;
     char *name, *request_id;
+    char *owner; /* the submitter's principal (pcs_auth_principal), "" without tokens */
     pcs_job_state_t state;
     char *reason;
     uint64_t created_wall_ms, started_wall_ms, finished_wall_ms;
@@ -310,6 +311,7 @@ void pcs_coord_watch_started(pcs_coord_t *c, pcs_coord_worker_t *w);
 typedef struct pcs_coord_job_desc {
     const char *name;
     const char *request_id; /* "" or NULL: no idempotency */
+    const char *owner;      /* the submitter's principal; "" or NULL: none (no token file) */
     uint32_t n_dims;
     const uint32_t *dim_name; /* PCS_MESH_* (planner/mesh.h) */
     const uint32_t *dim_size;

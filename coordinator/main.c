@@ -29,7 +29,8 @@ static const pcs_opt_t options[] = {
      "with --tls-client-ca: a worker registers only as an identity its client certificate names "
      "(false: shared worker certificates; the per-worker secret still binds every call)"},
     {"token-file", PCS_OPT_STRING, "", 0, 0,
-     "bearer tokens by role: `role token` lines (viewer|submitter|worker|admin); empty: none"},
+     "bearer tokens by role: `role token [name]` lines (viewer|submitter|worker|admin); empty: "
+     "none"},
     {"port-file", PCS_OPT_STRING, "", 0, 0, "write the bound gRPC port to this file"},
     {"heartbeat-interval-ms", PCS_OPT_U32, "1000", 10, 60000, "worker heartbeat period"},
     {"lease-ms", PCS_OPT_U32, "10000", 50, 600000,

@@ -297,6 +297,7 @@ static void job_to_pb(pcs_server_t *s, pcs_coord_job_t *j, const Pcs__V1__JobSpe
     p->generation = j->generation;
     p->plan_hash = j->plan_hash;
     p->request_id = j->request_id;
+    p->owner = j->owner ? j->owner : "";
     p->restarts = j->restarts;
     for (uint32_t i = 0; i < j->n_log && i < PCS_COORD_RESTART_LOG; i++) {
         Pcs__V1__JobRestart *e = &out->log[i];
@@ -764,6 +765,16 @@ static void h_kv_get(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
 // ---------------------------------------------------------------------------------------------
 // JobService
 
+/* The principal of a JobService call's token ("" without a token file) and whether it may act
+ * on every job (an admin token, or no token file at all). */
+static const char *caller(const pcs_server_t *s, const pcs_rpc_call_t *call, bool *admin)
+{
+    long entry = (long)pcs_rpc_call_principal(call) - 1;
+    const char *who = pcs_auth_principal(s->auth, entry);
+    *admin = !s->auth || pcs_auth_role(s->auth, entry) == PCS_ROLE_ADMIN;
+    return who ? who : "";
+}
+
 static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user)
 {
     pcs_server_t *s = user;
@@ -771,7 +782,15 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     const Pcs__V1__SubmitJobRequest *req = (const void *)m;
     Pcs__V1__SubmitJobResponse resp = PCS__V1__SUBMIT_JOB_RESPONSE__INIT;
     job_pb_t jp;
+    bool admin;
+    const char *owner = caller(s, call, &admin);
     pcs_coord_job_t *j = pcs_coord_job_by_request(s->coord, req->request_id);
+    if (j && strcmp(j->owner, owner) != 0) {
+        /* an idempotency key names one submitter's request: another's does not get that job */
+        pcs_rpc_fail(call, PCS_ERR_EXISTS,
+                     "request_id: already used by another submitter's job; choose another key");
+        return;
+    }
     if (j) {
         Pcs__V1__JobSpec *loaded;
         job_to_pb(s, j, job_spec(s, j, &loaded), &jp);
@@ -821,6 +840,7 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     }
     pcs_coord_job_desc_t d = {.name = spec->name,
                               .request_id = req->request_id,
+                              .owner = owner,
                               .n_dims = mesh.n,
                               .dim_name = mesh.dim,
                               .dim_size = mesh.size,
@@ -905,7 +925,19 @@ static void h_cancel(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     REFUSE_IF_STOPPING(s, call);
     const Pcs__V1__CancelJobRequest *req = (const void *)m;
     pcs_coord_job_t *j;
-    pcs_status_t st = pcs_coord_cancel(s->coord, req->job_id, req->reason, &j);
+    bool admin;
+    const char *me = caller(s, call, &admin);
+    pcs_status_t st = pcs_coord_lookup_job(s->coord, req->job_id, &j);
+    if (st == PCS_OK && !admin && *j->owner && strcmp(j->owner, me) != 0) {
+        /* (a job submitted without tokens, or before jobs had owners, has none: any submitter) */
+        pcs_rpc_fail(call, PCS_ERR_PERMISSION,
+                     "%s was submitted by '%s': a submitter cancels only its own jobs (an admin "
+                     "token cancels any)",
+                     j->id, j->owner);
+        return;
+    }
+    if (st == PCS_OK)
+        st = pcs_coord_cancel(s->coord, req->job_id, req->reason, &j);
     if (st != PCS_OK) {
         fail_last(call, st);
         return;
@@ -1189,12 +1221,21 @@ static void h_health_watch(pcs_rpc_call_t *call, const ProtobufCMessage *m, void
 static pcs_status_t authorize(void *user, const pcs_rpc_method_t *m, pcs_rpc_call_t *call)
 {
     pcs_server_t *s = user;
+    long entry = -1;
     if (s->auth) {
         char value[1100];
         long n = pcs_rpc_call_metadata(call, "authorization", value, sizeof value);
-        PCS_CHECK(pcs_auth_check(s->auth, m->path, n >= 0 ? value : NULL));
+        pcs_status_t st = pcs_auth_identify(s->auth, m->path, n >= 0 ? value : NULL, &entry);
+        memset(value, 0, sizeof value);
+        PCS_CHECK(st);
     }
-    if (strncmp(m->path, "/pcs.v1.WorkerService/", 22) != 0 || strcmp(m->path, PCS_M_REGISTER) == 0)
+    if (strncmp(m->path, "/pcs.v1.WorkerService/", 22) != 0) {
+        /* JobService: the token (index + 1), whose principal owns what it submits */
+        if (entry >= 0)
+            pcs_rpc_call_set_principal(call, (uint64_t)entry + 1);
+        return PCS_OK;
+    }
+    if (strcmp(m->path, PCS_M_REGISTER) == 0)
         return PCS_OK;
     char secret[PCS_RPC_WORKER_SECRET_MAX + 1], id[32];
     long n = pcs_rpc_call_metadata(call, PCS_RPC_WORKER_SECRET_HEADER, secret, sizeof secret);
@@ -1318,6 +1359,7 @@ static pcs_status_t put_job(pcs_server_t *s, const pcs_coord_job_t *j)
     pcs_store_job_t r = {.number = j->number,
                          .name = j->name,
                          .request_id = j->request_id,
+                         .owner = j->owner,
                          .reason = j->reason ? j->reason : "",
                          .state = (int)j->state,
                          .created_ms = j->created_wall_ms,
@@ -1473,6 +1515,7 @@ static void restore_job(void *user, const pcs_store_job_t *r)
     pcs_coord_job_desc_t d = {
         .name = r->name,
         .request_id = r->request_id,
+        .owner = r->owner,
         .n_dims = mesh.n,
         .dim_name = mesh.dim,
         .dim_size = mesh.size,

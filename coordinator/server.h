@@ -42,7 +42,7 @@ typedef struct pcs_server_config {
     const char *metrics_port_file; /* written with the bound metrics port (may be NULL) */
     const pcs_config_t *config;    /* borrowed, for GetStatus "# Config" (may be NULL) */
     const pcs_rpc_tls_t *tls;      /* NULL: plaintext; borrowed for pcs_server_create only */
-    const char *token_file;        /* `role token` lines; NULL or "": no token checks */
+    const char *token_file;        /* `role token [name]` lines; NULL or "": no token checks */
     bool worker_cert_identity_off; /* with mTLS (tls->ca_file): do not require that a worker's
                                     * client certificate names its identity (shared worker
                                     * certificates; the worker secret still binds each call) */

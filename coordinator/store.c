@@ -29,7 +29,8 @@ static const char *const schema =
     "CREATE TABLE IF NOT EXISTS jobs(number INTEGER PRIMARY KEY, name TEXT NOT NULL DEFAULT '',"
     " request_id TEXT NOT NULL DEFAULT '', state INTEGER NOT NULL, reason TEXT NOT NULL DEFAULT '',"
     " created_ms INTEGER, started_ms INTEGER, finished_ms INTEGER, generation INTEGER,"
-    " plan_hash INTEGER, world_size INTEGER, spec BLOB, ranks BLOB, progress BLOB);";
+    " plan_hash INTEGER, world_size INTEGER, spec BLOB, ranks BLOB, progress BLOB,"
+    " owner TEXT NOT NULL DEFAULT '');";
 
 /* ranks: "RNK2", then 16 bytes per rank, little-endian worker number (u32), pid (u32),
  * incarnation (u64): a fixed layout, so the file moves between hosts. Rows of 8 bytes per rank
@@ -92,7 +93,9 @@ pcs_status_t pcs_store_open(const char *path, bool sync_full, pcs_store_t **out)
         {"SELECT ranks FROM jobs LIMIT 0", "ALTER TABLE jobs ADD COLUMN ranks BLOB"},
         {"SELECT progress FROM jobs LIMIT 0", "ALTER TABLE jobs ADD COLUMN progress BLOB"},
         {"SELECT secret_hash FROM workers LIMIT 0",
-         "ALTER TABLE workers ADD COLUMN secret_hash BLOB"}};
+         "ALTER TABLE workers ADD COLUMN secret_hash BLOB"},
+        {"SELECT owner FROM jobs LIMIT 0",
+         "ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT ''"}};
     for (size_t i = 0; i < sizeof added / sizeof added[0]; i++) {
         sqlite3_stmt *probe = NULL;
         if (sqlite3_prepare_v2(s->db, added[i][0], -1, &probe, NULL) != SQLITE_OK &&
@@ -111,8 +114,8 @@ pcs_status_t pcs_store_open(const char *path, bool sync_full, pcs_store_t **out)
         sqlite3_prepare_v2(s->db,
                            "INSERT INTO jobs(number, name, request_id, state, reason,"
                            " created_ms, started_ms, finished_ms, generation, plan_hash,"
-                           " world_size, spec, ranks, progress)"
-                           " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
+                           " world_size, spec, ranks, progress, owner)"
+                           " VALUES(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
                            " ON CONFLICT(number) DO UPDATE SET name = excluded.name,"
                            " request_id = excluded.request_id, state = excluded.state,"
                            " reason = excluded.reason, created_ms = excluded.created_ms,"
@@ -120,7 +123,7 @@ pcs_status_t pcs_store_open(const char *path, bool sync_full, pcs_store_t **out)
                            " generation = excluded.generation, plan_hash = excluded.plan_hash,"
                            " world_size = excluded.world_size,"
                            " spec = COALESCE(excluded.spec, jobs.spec), ranks = excluded.ranks,"
-                           " progress = excluded.progress",
+                           " progress = excluded.progress, owner = excluded.owner",
                            -1, &s->put_job, NULL) != SQLITE_OK ||
         sqlite3_prepare_v2(s->db, "DELETE FROM jobs WHERE number = ?", -1, &s->del_job, NULL) !=
             SQLITE_OK ||
@@ -245,6 +248,7 @@ pcs_status_t pcs_store_put_job(pcs_store_t *s, const pcs_store_job_t *j)
     sqlite3_bind_text(q, 3, j->request_id ? j->request_id : "", -1, SQLITE_TRANSIENT);
     sqlite3_bind_int(q, 4, j->state);
     sqlite3_bind_text(q, 5, j->reason ? j->reason : "", -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(q, 15, j->owner ? j->owner : "", -1, SQLITE_TRANSIENT);
     sqlite3_bind_int64(q, 6, (sqlite3_int64)j->created_ms);
     sqlite3_bind_int64(q, 7, (sqlite3_int64)j->started_ms);
     sqlite3_bind_int64(q, 8, (sqlite3_int64)j->finished_ms);
@@ -350,8 +354,8 @@ pcs_status_t pcs_store_load(pcs_store_t *s, void (*on_worker)(void *user, const 
         return db_error(s, "load workers");
     if (sqlite3_prepare_v2(s->db,
                            "SELECT number, name, request_id, state, reason, created_ms, started_ms,"
-                           " finished_ms, generation, plan_hash, world_size, spec, ranks, progress"
-                           " FROM jobs"
+                           " finished_ms, generation, plan_hash, world_size, spec, ranks, progress,"
+                           " owner FROM jobs"
                            " ORDER BY number",
                            -1, &q, NULL) != SQLITE_OK)
         return db_error(s, "load jobs");
@@ -370,7 +374,8 @@ pcs_status_t pcs_store_load(pcs_store_t *s, void (*on_worker)(void *user, const 
                              .finished_ms = (uint64_t)sqlite3_column_int64(q, 7),
                              .generation = (uint64_t)sqlite3_column_int64(q, 8),
                              .plan_hash = (uint64_t)sqlite3_column_int64(q, 9),
-                             .world_size = (uint32_t)sqlite3_column_int64(q, 10)};
+                             .world_size = (uint32_t)sqlite3_column_int64(q, 10),
+                             .owner = col_text(q, 14)};
         j.spec = sqlite3_column_blob(q, 11);
         j.spec_len = (size_t)sqlite3_column_bytes(q, 11);
         j.progress = sqlite3_column_blob(q, 13);

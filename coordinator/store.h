@@ -22,6 +22,7 @@ typedef struct pcs_store pcs_store_t;
 typedef struct pcs_store_job {
     uint32_t number;
     const char *name, *request_id, *reason;
+    const char *owner; /* the submitter's principal ("" = none; rows written before it) */
     int state; /* pcs_job_state_t */
     uint64_t created_ms, started_ms, finished_ms, generation, plan_hash;
     uint32_t world_size;

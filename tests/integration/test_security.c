@@ -33,6 +33,9 @@
 #define SUB   "sub-0123456789abcdef"
 #define WRK   "wrk-0123456789abcdef"
 #define ADMIN "adm-0123456789abcdef"
+#define ALICE  "alice-0123456789abcdef"
+#define ALICE2 "alice-rotated-0123456789"
+#define BOB    "bob-0123456789abcdef"
 #define STEPS 400
 
 #define C_OK              0
@@ -52,6 +55,8 @@ static const char k_job[] = "name: guarded\n"
                             "data: {synthetic: {seed: 3}}\n";
 
 static e2e_cluster_t g_cl;
+static int g_port;
+static char g_token_file[1100];
 
 static int teardown(void **state)
 {
@@ -71,12 +76,15 @@ static void start_with_tokens(const char *tag)
     FILE *t = fopen(path, "w");
     assert_non_null(t);
     fprintf(t, "viewer %s\nsubmitter %s\nworker %s\nadmin %s\n", VIEW, SUB, WRK, ADMIN);
+    /* named submitters: two tokens of one principal (a rotation), and another */
+    fprintf(t, "submitter %s alice\nsubmitter %s alice\nsubmitter %s bob\n", ALICE, ALICE2, BOB);
     fclose(t);
     setenv("PCS_TOKEN", ADMIN, 1);
-    int port = e2e_free_port();
-    assert_true(port > 0);
-    const char *const args[] = {"--token-file", path, NULL};
-    assert_int_equal(e2e_start_coord_at(&g_cl, port, args), 0);
+    g_port = e2e_free_port();
+    assert_true(g_port > 0);
+    snprintf(g_token_file, sizeof g_token_file, "%s", path);
+    const char *const args[] = {"--token-file", g_token_file, NULL};
+    assert_int_equal(e2e_start_coord_at(&g_cl, g_port, args), 0);
 }
 
 /* A client with a role's bearer token (NULL: none). */
@@ -346,11 +354,114 @@ static void test_role_by_method_matrix(void **state)
     }
 }
 
+static const char k_pending_job[] = "name: owned\n"
+                                    "model: {mlp: {input_dim: 8, hidden_dims: [16], output_dim: 4}}\n"
+                                    "mesh: [{dim: dp_shard, size: 64}]\n"
+                                    "training: {steps: 5, micro_batch_size: 4,"
+                                    " optimizer: {sgd: {lr: 0.01}}}\n"
+                                    "data: {synthetic: {seed: 3}}\n";
+
+/* SubmitJob as `token` with `request_id`: the gRPC code; the job (id, owner) when it is OK. */
+static int submit_as(const char *token, const char *request_id, char *job_id, char *owner,
+                     bool *duplicate)
+{
+    Pcs__V1__JobSpec *spec = e2e_parse_spec(k_pending_job);
+    Pcs__V1__SubmitJobRequest req = PCS__V1__SUBMIT_JOB_REQUEST__INIT;
+    req.request_id = (char *)request_id;
+    req.spec = spec;
+    pcs_rpc_client_t *c = client(token);
+    ProtobufCMessage *m = NULL;
+    int code = call(c, NULL, PCS_M_SUBMIT_JOB, &req.base,
+                    &pcs__v1__submit_job_response__descriptor, &m);
+    if (code == C_OK) {
+        Pcs__V1__SubmitJobResponse *r = (Pcs__V1__SubmitJobResponse *)m;
+        snprintf(job_id, 32, "%s", r->job->job_id);
+        snprintf(owner, 80, "%s", r->job->owner);
+        *duplicate = r->duplicate;
+    }
+    if (m)
+        protobuf_c_message_free_unpacked(m, NULL);
+    pcs_rpc_client_destroy(c);
+    protobuf_c_message_free_unpacked(&spec->base, NULL);
+    return code;
+}
+
+static int cancel_as(const char *token, const char *job_id)
+{
+    Pcs__V1__CancelJobRequest req = PCS__V1__CANCEL_JOB_REQUEST__INIT;
+    req.job_id = (char *)job_id;
+    req.reason = (char *)"test";
+    pcs_rpc_client_t *c = client(token);
+    int code =
+        call(c, NULL, PCS_M_CANCEL_JOB, &req.base, &pcs__v1__cancel_job_response__descriptor, NULL);
+    pcs_rpc_client_destroy(c);
+    return code;
+}
+
+/* GetJob as admin: the job's owner and state. */
+static void job_owner(const char *job_id, char *owner, int *state)
+{
+    pcs_rpc_client_t *c = client(VIEW);
+    Pcs__V1__GetJobRequest req = PCS__V1__GET_JOB_REQUEST__INIT;
+    req.job_id = (char *)job_id;
+    ProtobufCMessage *m = NULL;
+    expect(call(c, NULL, PCS_M_GET_JOB, &req.base, &pcs__v1__get_job_response__descriptor, &m),
+           C_OK, "GetJob");
+    Pcs__V1__Job *j = ((Pcs__V1__GetJobResponse *)m)->job;
+    snprintf(owner, 80, "%s", j->owner);
+    *state = (int)j->state;
+    protobuf_c_message_free_unpacked(m, NULL);
+    pcs_rpc_client_destroy(c);
+}
+
+/* A submitter owns its jobs: the token file's name (or the token's hash) is the job's owner,
+ * shown by GetJob and kept across a coordinator restart; another submitter may neither cancel
+ * the job nor take its idempotency key; another token of the same principal may do both; an
+ * admin cancels any job. */
+static void test_submitters_own_their_jobs(void **state)
+{
+    (void)state;
+    start_with_tokens("security-owner");
+    char a_job[32], b_job[32], owner[80];
+    bool dup = false;
+    expect(submit_as(ALICE, "req-1", a_job, owner, &dup), C_OK, "alice submits");
+    assert_string_equal(owner, "alice");
+    assert_false(dup);
+    expect(submit_as(BOB, "req-1", b_job, owner, &dup), 6 /* ALREADY_EXISTS */,
+           "bob reuses alice's request_id");
+    assert_non_null(strstr(pcs_last_error(), "another submitter's job"));
+    char again[32];
+    expect(submit_as(ALICE2, "req-1", again, owner, &dup), C_OK, "alice's other token retries");
+    assert_true(dup);
+    assert_string_equal(again, a_job);
+    expect(submit_as(SUB, "req-2", b_job, owner, &dup), C_OK, "an unnamed token submits");
+    assert_int_equal(strlen(owner), strlen("token:") + 12);
+    assert_memory_equal(owner, "token:", 6);
+    expect(cancel_as(BOB, a_job), C_PERMISSION, "bob cancels alice's job");
+    assert_non_null(strstr(pcs_last_error(), "was submitted by 'alice'"));
+    expect(cancel_as(ALICE, b_job), C_PERMISSION, "alice cancels the unnamed token's job");
+    int st = 0;
+    job_owner(a_job, owner, &st);
+    assert_int_equal(st, PCS__V1__JOB_STATE__JOB_STATE_PENDING);
+    /* a restart keeps the owners (the state DB) */
+    pcs_test_stop(g_cl.coord, 5000);
+    const char *const args[] = {"--token-file", g_token_file, NULL};
+    assert_int_equal(e2e_start_coord_at(&g_cl, g_port, args), 0);
+    job_owner(a_job, owner, &st);
+    assert_string_equal(owner, "alice");
+    expect(cancel_as(BOB, a_job), C_PERMISSION, "bob cancels alice's job after a restart");
+    expect(cancel_as(ALICE2, a_job), C_OK, "alice's other token cancels her job");
+    job_owner(a_job, owner, &st);
+    assert_int_equal(st, PCS__V1__JOB_STATE__JOB_STATE_CANCELLED);
+    expect(cancel_as(ADMIN, b_job), C_OK, "an admin cancels any job");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test_teardown(test_no_impersonation_attempt_succeeds, teardown),
         cmocka_unit_test_teardown(test_role_by_method_matrix, teardown),
+        cmocka_unit_test_teardown(test_submitters_own_their_jobs, teardown),
     };
     return cmocka_run_group_tests_name("security", tests, NULL, NULL);
 }

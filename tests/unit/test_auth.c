@@ -32,12 +32,58 @@ static void test_token_file_errors_name_file_and_line(void **state)
     (void)state;
     expect_parse_error("viewer view-0123456789abcdef\nroot root-0123456789abcdef\n",
                        "tokens.conf:2: unknown role 'root'");
-    expect_parse_error("viewer\n", "tokens.conf:1: expected `role token`");
-    expect_parse_error("viewer a b c\n", "tokens.conf:1: expected `role token`");
+    expect_parse_error("viewer\n", "tokens.conf:1: expected `role token [name]`");
+    expect_parse_error("viewer view-0123456789abcdef alice extra\n",
+                       "tokens.conf:1: expected `role token [name]`");
+    expect_parse_error("submitter sub-0123456789abcdef al/ice\n",
+                       "tokens.conf:1: name 'al/ice' must be 1-64 of [A-Za-z0-9._@-]");
     expect_parse_error("viewer short\n", "tokens.conf:1: token shorter than 16");
     expect_parse_error("viewer view-0123456789abcdef\nadmin view-0123456789abcdef\n",
                        "tokens.conf:2: token given twice");
     expect_parse_error("# nothing\n\n", "tokens.conf: no tokens");
+}
+
+/* Each token acts as a principal: the name after it, or "token:" and 12 hex digits of its
+ * SHA-256 (the same for the same token, whatever line it is on); pcs_auth_identify says which
+ * token a call carries and pcs_auth_principal / pcs_auth_role what it is. */
+static void test_tokens_name_their_principals(void **state)
+{
+    (void)state;
+    pcs_auth_t *a = NULL;
+    assert_int_equal(pcs_auth_parse("submitter alice-0123456789abcdef alice\n"
+                                    "submitter alice-new-0123456789ab alice   # rotated\n"
+                                    "admin adm-0123456789abcdef\n",
+                                    "t", &a),
+                     PCS_OK);
+    long e = -2;
+    assert_int_equal(pcs_auth_identify(a, PCS_M_SUBMIT_JOB, "Bearer alice-new-0123456789ab", &e),
+                     PCS_OK);
+    assert_int_equal(e, 1);
+    assert_string_equal(pcs_auth_principal(a, e), "alice");
+    assert_int_equal(pcs_auth_role(a, e), PCS_ROLE_SUBMITTER | PCS_ROLE_VIEWER);
+    assert_int_equal(pcs_auth_identify(a, PCS_M_CANCEL_JOB, "Bearer adm-0123456789abcdef", &e),
+                     PCS_OK);
+    /* `printf adm-0123456789abcdef | sha256sum` begins 21305c17ef80 */
+    const char *p = pcs_auth_principal(a, e);
+    assert_string_equal(p, "token:21305c17ef80");
+    assert_int_equal(pcs_auth_role(a, e), PCS_ROLE_ADMIN);
+    /* the health service needs no token: no entry */
+    assert_int_equal(pcs_auth_identify(a, PCS_M_HEALTH_CHECK, NULL, &e), PCS_OK);
+    assert_int_equal(e, -1);
+    assert_null(pcs_auth_principal(a, -1));
+    assert_null(pcs_auth_principal(a, 3));
+    assert_int_equal(pcs_auth_role(a, 7), PCS_ROLE_NONE);
+    /* the same token on another line of another file: the same principal */
+    pcs_auth_t *b = NULL;
+    assert_int_equal(pcs_auth_parse("viewer view-0123456789abcdef\nadmin adm-0123456789abcdef\n",
+                                    "u", &b),
+                     PCS_OK);
+    assert_int_equal(pcs_auth_identify(b, PCS_M_CANCEL_JOB, "Bearer adm-0123456789abcdef", &e),
+                     PCS_OK);
+    assert_int_equal(e, 1);
+    assert_string_equal(pcs_auth_principal(b, e), p);
+    pcs_auth_free(a);
+    pcs_auth_free(b);
 }
 
 static void test_methods_need_the_documented_roles(void **state)
@@ -100,6 +146,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_token_file_errors_name_file_and_line),
+        cmocka_unit_test(test_tokens_name_their_principals),
         cmocka_unit_test(test_methods_need_the_documented_roles),
         cmocka_unit_test(test_each_role_may_call_exactly_its_methods),
     };

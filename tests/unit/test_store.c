@@ -23,6 +23,7 @@ typedef struct loaded {
     uint64_t incarnation[4][8];
     char progress[4][16]; /* the stored bytes, as a string */
     char name[4][32];
+    char owner[4][32];
     int n_workers;
     uint32_t worker_number[4];
     char identity[4][32];
@@ -51,6 +52,7 @@ static void on_job(void *user, const pcs_store_job_t *j)
     l->world[i] = j->world_size;
     l->n_ranks[i] = j->n_ranks;
     snprintf(l->name[i], sizeof l->name[i], "%s", j->name);
+    snprintf(l->owner[i], sizeof l->owner[i], "%s", j->owner ? j->owner : "(null)");
     snprintf(l->progress[i], sizeof l->progress[i], "%.*s", (int)j->progress_len,
              j->progress ? (const char *)j->progress : "");
     for (uint32_t r = 0; r < j->n_ranks && r < 8; r++) {
@@ -191,6 +193,7 @@ static void test_database_without_ranks_column_is_upgraded_in_place(void **state
     assert_int_equal(pcs_store_load(s, on_worker, on_job, &l), PCS_OK);
     assert_int_equal(l.n_jobs, 1);
     assert_string_equal(l.name[0], "old");
+    assert_string_equal(l.owner[0], ""); /* a job of a database without owners has none */
     assert_int_equal(l.n_ranks[0], 0);
     /* a worker of a database without credentials has none: it registers anew */
     assert_int_equal(l.n_workers, 1);
@@ -199,6 +202,7 @@ static void test_database_without_ranks_column_is_upgraded_in_place(void **state
     uint32_t workers[2] = {5, 6}, pids[2] = {50, 60};
     pcs_store_job_t j = {.number = 1,
                          .name = "old",
+                         .owner = "alice",
                          .state = 2,
                          .world_size = 2,
                          .rank_worker = workers,
@@ -209,6 +213,7 @@ static void test_database_without_ranks_column_is_upgraded_in_place(void **state
     assert_int_equal(pcs_store_open(path, true, &s), PCS_OK); /* the second open finds the column */
     memset(&l, 0, sizeof l);
     assert_int_equal(pcs_store_load(s, on_worker, on_job, &l), PCS_OK);
+    assert_string_equal(l.owner[0], "alice");
     assert_int_equal(l.n_ranks[0], 2);
     assert_int_equal(l.worker[0][1], 6);
     assert_int_equal(l.pid[0][1], 60);
