@@ -785,8 +785,9 @@ static void h_submit(pcs_rpc_call_t *call, const ProtobufCMessage *m, void *user
     bool admin;
     const char *owner = caller(s, call, &admin);
     pcs_coord_job_t *j = pcs_coord_job_by_request(s->coord, req->request_id);
-    if (j && strcmp(j->owner, owner) != 0) {
-        /* an idempotency key names one submitter's request: another's does not get that job */
+    if (j && !admin && *j->owner && strcmp(j->owner, owner) != 0) {
+        /* an idempotency key names one submitter's request: another's does not get that job (an
+         * admin's, or a job without owner, is everyone's, as for CancelJob) */
         pcs_rpc_fail(call, PCS_ERR_EXISTS,
                      "request_id: already used by another submitter's job; choose another key");
         return;
