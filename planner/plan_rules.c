@@ -487,9 +487,12 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
         bool pp_lay = per_param(u) && sg > 1;
         if (pp_lay) {
             /* the runtime's gather buffer [sg, c] before the FSDP2 copy-out, one for all
-             * per_param units: the largest (the master's storage dtype when a full-precision
-             * gather may land there) */
-            uint64_t g = sg * sh * (param != master ? msz : dsz(param));
+             * per_param units: the largest (the wider of the param dtype and, when a
+             * full-precision gather may land there, the master's storage dtype) */
+            uint64_t e = dsz(param);
+            if (param != master && msz > e)
+                e = msz;
+            uint64_t g = sg * sh * e;
             g = (g + f32 - 1) / f32 * f32;
             max_g = g > max_g ? g : max_g;
         }

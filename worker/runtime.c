@@ -1134,10 +1134,14 @@ static pcs_status_t alloc_shared(pcs_runtime_t *rt)
         max_stage = pu->padded_numel + c > max_stage ? pu->padded_numel + c : max_stage;
         uint64_t sg = pu->shard_group_size ? pu->shard_group_size : 1;
         if (pu->layout == PCS__V1__SHARD_LAYOUT__SHARD_LAYOUT_PER_PARAM && sg > 1) {
-            /* the full-precision gather (in the master storage dtype) lands here too when the
-             * param dtype differs */
+            /* the gather in the param dtype, and the full-precision one (in the master storage
+             * dtype) when the param dtype differs: the wider (a frozen bf16 unit computing in
+             * fp32 gathers 4 bytes per element, its full gather 2) */
             pcs_dtype_t pd = dt_or(pu->param_dtype, md);
-            uint64_t b = sg * c * (pd != md ? fsz : pcs_dtype_size(pd));
+            size_t e = pcs_dtype_size(pd);
+            if (pd != md && fsz > e)
+                e = fsz;
+            uint64_t b = sg * c * e;
             gbytes = b > gbytes ? b : gbytes;
         }
     }
@@ -2685,6 +2689,8 @@ pcs_status_t pcs_runtime_shard_to_host(pcs_runtime_t *rt, uint32_t unit, void *m
         st = rt->be->sync(rt->cstream);
     if (st == PCS_OK && narrow)
         st = pcs_cpu_cast_array(master, u->hst, narrow, u->mst, u->c);
+    else if (narrow && !rt->offload)
+        (void)rt->be->sync(rt->cstream); /* (a queued copy into it must land before the free) */
     free(narrow);
     return st;
 }

@@ -517,6 +517,13 @@ pcs_status_t pcs_worker_unshard_full(pcs_worker_t *w, uint32_t unit, const float
         return pcs_set_error(PCS_ERR_INVALID_ARG,
                              "unit %u keeps fp64 masters: pcs_worker_unshard_master gives them",
                              unit);
+    pcs_rt_shard_t sh;
+    PCS_CHECK(pcs_runtime_shard(w->rt, unit, &sh));
+    if (sh.storage_dtype != PCS_DTYPE_FP32) /* (refused before gathering anything) */
+        return pcs_set_error(PCS_ERR_INVALID_ARG,
+                             "unit %u keeps no fp32 masters (%s): pcs_worker_unshard_master "
+                             "gives them",
+                             unit, pcs_dtype_name(sh.storage_dtype));
     PCS_CHECK(pcs_runtime_unshard(w->rt, unit, 1, &p, &dt));
     if (dt != PCS_DTYPE_FP32)
         return pcs_set_error(PCS_ERR_INVALID_ARG,

@@ -209,7 +209,6 @@ class _Unit:
         # own on the same module, right after its unit): gathered and reduced as a unit, but the
         # module's inputs and outputs are its unit's to cast
         self.part = False
-        self.group = [self]  # the unit and its dtype parts
 
 
 class ShardedModule:
@@ -257,12 +256,9 @@ class ShardedModule:
                              "the plan's unit %d roots at %r, not a module of the model" %
                                   (info.index, info.path))
             u = _Unit(info, worker.unit_policy(info.index), mods[info.path], plist)
-            first = next((v for v in self.units if v.info.path == info.path and
-                          not v.policy.unmanaged), None)
-            u.part = not u.policy.unmanaged and not u.policy.modules and first is not None
-            if u.part:  # one group with its unit (prefetch moves past the group's units)
-                u.group = first.group
-                u.group.append(u)
+            u.part = (not u.policy.unmanaged and not u.policy.modules and
+                      any(v.info.path == info.path and not v.policy.unmanaged
+                          for v in self.units))
             self._mixed = self._mixed or (u.policy.mixed_precision and
                                           info.param_dtype != u.policy.master_dtype)
             self.units.append(u)
@@ -392,13 +388,12 @@ class ShardedModule:
         u.live = u.live_full = True
 
     def _prefetch_next(self, u, step):
-        """Queue the all-gather of the next unit in forward order (`step` +1) or backward
-        order (-1) that is not of u's group (its dtype parts are gathered by the same hooks)."""
+        """Queue the all-gather of the unit `step` places from u in forward order (a unit's
+        dtype part comes right after it: its gather is queued first, ahead of the next
+        module's)."""
         if not self._prefetch or u.index not in self._order:
             return
-        k = self._order.index(u.index)
-        while 0 <= k < len(self._order) and self.units[self._order[k]].group is u.group:
-            k += step
+        k = self._order.index(u.index) + step
         if 0 <= k < len(self._order):
             n = self.units[self._order[k]]
             if not n.live and n.index not in self._prefetched:

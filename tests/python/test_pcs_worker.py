@@ -139,8 +139,7 @@ class WorkerApiTest(unittest.TestCase):
                 # the plan's estimate is a promise: the shards, AdamW state, the gathered unit,
                 # its gradient block and reduction input stay within it
                 m = o["memory"]
-                self.assertGreater(m["peak_bytes"], 0, m)
-                self.assertGreaterEqual(m["peak_bytes"], m["step_peak_bytes"], m)
+                self.assertGreater(m["step_peak_bytes"], 0, m)
                 self.assertLessEqual(m["peak_bytes"], m["promised_bytes"], m)
             self.assertEqual(outs[0]["losses"], outs[1]["losses"])  # the dp mean, on both ranks
             st = c.pcsctl("--json", "status", job["jobId"])

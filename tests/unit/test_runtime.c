@@ -1247,6 +1247,110 @@ static void test_eval_backward_reduces_in_full_precision(void **state)
     pcs_plan_free(p);
 }
 
+/* A frozen bf16 dtype part computing in fp32 (param_dtype fp32 over a model with a frozen bf16
+ * weight), sharded per parameter on 2 ranks and the largest per_param unit: its gather buffer
+ * holds fp32 [sg, c] although its masters are 2-byte bf16 (the buffer was once sized by the
+ * storage dtype: a heap overflow under ASan, and an estimate short of the runtime). Each rank
+ * gathers every unit, checks the part's values (the init rounded to bf16 once, then widened),
+ * steps, and stays within the plan's estimate. */
+static Pcs__V1__Plan *frozen_bf16_part_plan(void)
+{
+    static const char y[] =
+        "model: {explicit: [{path: '', class: Net, params: [{name: w, shape: [16, 8]}]},\n"
+        "  {path: blk, class: Block, params: [{name: a, shape: [8, 8]},\n"
+        "   {name: b, shape: [128, 8], dtype: bf16, requires_grad_off: true}]}]}\n"
+        "wrap: {explicit: [blk]}\nmesh: [{dim: dp_shard, size: 2}]\nshard_layout: per_param\n"
+        "precision: {param_dtype: fp32}\n"
+        "training: {steps: 1, micro_batch_size: 1, optimizer: {sgd: {lr: 1}}}\n";
+    ProtobufCMessage *m = NULL;
+    if (pcs_pb_from_yaml(y, strlen(y), &pcs__v1__job_spec__descriptor, &m) != PCS_OK)
+        return NULL;
+    Pcs__V1__Plan *p = NULL;
+    if (pcs_plan_build((Pcs__V1__JobSpec *)m, 2, &p) != PCS_OK)
+        p = NULL;
+    protobuf_c_message_free_unpacked(m, NULL);
+    return p;
+}
+
+static int frozen_bf16_part_rank(const char *kvdir, uint32_t r, void *arg)
+{
+    (void)arg;
+    Pcs__V1__Plan *plan = frozen_bf16_part_plan();
+    if (!plan || plan->n_units != 3 || plan->units[2]->master_dtype != PCS__V1__DTYPE__DTYPE_BF16 ||
+        plan->units[2]->param_dtype != PCS__V1__DTYPE__DTYPE_FP32)
+        return 2;
+    pcs_kv_t *kv = NULL;
+    if (pcs_kv_file_create(kvdir, &kv) != PCS_OK)
+        return 3;
+    pcs_runtime_config_t rc;
+    if (sgd_lr1_config(&rc, plan, 1) != PCS_OK)
+        return 4;
+    rc.init_param = init_thirds32;
+    rc.rank = r;
+    rc.kv = kv;
+    rc.hostname = "127.0.0.1";
+    rc.coll_timeout_ms = 20000;
+    pcs_runtime_t *rt = NULL;
+    int bad = 5;
+    if (pcs_runtime_create(&rc, &rt) == PCS_OK) {
+        bad = 0;
+        pcs_rt_shard_t sh;
+        if (pcs_runtime_shard(rt, 2, &sh) != PCS_OK || sh.storage_dtype != PCS_DTYPE_BF16)
+            bad = 6;
+        if (!bad && pcs_runtime_begin_step(rt) != PCS_OK)
+            bad = 7;
+        for (uint32_t k = 0; k < 3 && !bad; k++) {
+            const void *buf;
+            pcs_dtype_t dt;
+            if (pcs_runtime_unshard(rt, k, 0, &buf, &dt) != PCS_OK || dt != PCS_DTYPE_FP32) {
+                bad = 8;
+                break;
+            }
+            if (k == 2) /* b: 1024 elements at offset 0 of the part */
+                for (uint64_t i = 0; i < 1024 && !bad; i++)
+                    if (((const float *)buf)[i] != low_value(PCS_DTYPE_BF16, i))
+                        bad = 9;
+            if (!bad && (pcs_runtime_reshard(rt, k) != PCS_OK ||
+                         pcs_runtime_post_backward(rt, k, 1) != PCS_OK))
+                bad = 10;
+        }
+        pcs_rt_step_opts_t o;
+        memset(&o, 0, sizeof o);
+        pcs_rt_step_result_t res;
+        if (!bad && pcs_runtime_optimizer_step(rt, &o, &res) != PCS_OK)
+            bad = 11;
+        Pcs__V1__RankEstimate e;
+        pcs_rt_stats_t st;
+        pcs_runtime_stats(rt, &st);
+        if (!bad && (pcs_plan_rank_estimate(plan, r, &e) != PCS_OK ||
+                     st.mem_peak_bytes > e.total_bytes - e.buffer_bytes)) {
+            fprintf(stderr, "rank %u: runtime peak %llu B, estimate %llu B\n", r,
+                    (unsigned long long)st.mem_peak_bytes,
+                    (unsigned long long)(e.total_bytes - e.buffer_bytes));
+            bad = 12;
+        }
+        if (bad)
+            fprintf(stderr, "rank %u: step %d: %s\n", r, bad, pcs_last_error());
+        if (pcs_runtime_barrier(rt) != PCS_OK && !bad)
+            bad = 13;
+        pcs_runtime_destroy(rt);
+    } else {
+        fprintf(stderr, "rank %u: create: %s\n", r, pcs_last_error());
+    }
+    pcs_kv_destroy(kv);
+    pcs_plan_free(plan);
+    return bad;
+}
+
+static void test_frozen_bf16_part_gathers_fp32_on_two_ranks(void **state)
+{
+    (void)state;
+    int codes[2];
+    pcs_rth_fork_ranks("rt-bf16part", 2, frozen_bf16_part_rank, NULL, 120000, codes);
+    for (int r = 0; r < 2; r++)
+        assert_int_equal(codes[r], 0);
+}
+
 static void test_premul_sum_reduce_scatter_multiplies_every_input(void **state)
 {
     (void)state;
@@ -1577,6 +1681,7 @@ int main(void)
         cmocka_unit_test(test_frozen_low_precision_unit_keeps_its_dtype),
         cmocka_unit_test(test_premul_sum_reduce_scatter_multiplies_every_input),
         cmocka_unit_test(test_eval_backward_reduces_in_full_precision),
+        cmocka_unit_test(test_frozen_bf16_part_gathers_fp32_on_two_ranks),
         cmocka_unit_test(test_replicated_unit_without_a_planned_all_reduce_is_averaged),
         cmocka_unit_test(test_staged_full_shard_w2_is_bit_identical_to_direct),
         cmocka_unit_test(test_staged_no_shard_w2_is_bit_identical_to_direct),
