@@ -16,7 +16,7 @@ typedef struct entry {
     char *token;
     size_t len;
     pcs_role_t role;
-    char name[72]; /* the principal: the file's name, or "token:<12 hex of its SHA-256>" */
+    char name[128]; /* the principal: the file's name, or "token:<12 hex of its SHA-256>" */
 } entry_t;
 
 struct pcs_auth {
@@ -134,7 +134,7 @@ pcs_status_t pcs_auth_parse(const char *text, const char *name, pcs_auth_t **out
                 st = pcs_set_error(PCS_ERR_INVALID_ARG, "%s:%d: token given twice", name, lineno);
         if (st != PCS_OK)
             break;
-        char principal[72];
+        char principal[128];
         if (k == 3)
             snprintf(principal, sizeof principal, "%s", who);
         else

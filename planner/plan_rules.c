@@ -476,9 +476,10 @@ pcs_status_t pcs_plan_rank_estimate(const Pcs__V1__Plan *p, uint32_t rank,
          * storage dtype already, the reduce-scatter output with a shard group */
         if (param != mst)
             out->staging_bytes += sh * dsz(param);
-        /* the reduce-scatter output: fp32 wide when an eval-mode backward reduces in it too */
+        /* the reduce-scatter output: fp32 wide when an eval-mode backward reduces in it too
+         * (none for a frozen unit: it never reduces) */
         bool evcoll = u->n_eval_collectives > 0;
-        if (sg > 1)
+        if (sg > 1 && train)
             out->staging_bytes += sh * (evcoll && dsz(reduce) < f32 ? f32 : dsz(reduce));
         /* an eval-mode backward may run on every trainable unit with an fp32 master (the
          * runtime's grad_buffer_full), with or without planned eval collectives */

@@ -987,7 +987,8 @@ static pcs_status_t alloc_units(pcs_runtime_t *rt, const pcs_runtime_config_t *c
         if (rt->ar_last && rt->micro_batches > 1 && u->sg > 1 && u->ar && u->trainable &&
             u->ar->group == PCS__V1__GROUP_KIND__GROUP_KIND_REPLICATE)
             PCS_CHECK_GOTO(alloc_zero(rt, u->c, u->reduce, &u->ar_partial), st, out);
-        if (u->sg > 1) /* fp32 wide when an eval-mode backward reduces into it too */
+        if (u->sg > 1 && u->trainable) /* fp32 wide when an eval-mode backward reduces into
+                                          * it too; a frozen unit never reduces */
             PCS_CHECK_GOTO(alloc_zero(rt, u->c,
                                       u->ev_rs && pcs_dtype_size(u->reduce) < 4 ? PCS_DTYPE_FP32
                                                                                 : u->reduce,
