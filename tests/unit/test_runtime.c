@@ -1146,6 +1146,48 @@ static int rs_dtypes(pcs_runtime_t *rt, pcs_dtype_t *out, int cap)
     return n;
 }
 
+/* A forked rank's runtime over the file kv in kvdir (SGD lr 1, prefetch on; init_param
+ * `init`): 0, or the failing stage's code with the error printed. */
+static int rank_runtime(const char *kvdir, uint32_t r, const Pcs__V1__Plan *plan,
+                        pcs_status_t (*init)(void *, const Pcs__V1__ParamSlot *, uint64_t,
+                                             uint64_t, float *),
+                        pcs_kv_t **kv, pcs_runtime_t **rt)
+{
+    *kv = NULL;
+    *rt = NULL;
+    if (pcs_kv_file_create(kvdir, kv) != PCS_OK)
+        return 3;
+    pcs_runtime_config_t rc;
+    if (sgd_lr1_config(&rc, plan, 1) != PCS_OK)
+        return 4;
+    if (init)
+        rc.init_param = init;
+    rc.rank = r;
+    rc.kv = *kv;
+    rc.hostname = "127.0.0.1";
+    rc.coll_timeout_ms = 20000;
+    if (pcs_runtime_create(&rc, rt) != PCS_OK) {
+        fprintf(stderr, "rank %u: create: %s\n", r, pcs_last_error());
+        return 5;
+    }
+    return 0;
+}
+
+/* The end of a forked rank: its verdict printed, a barrier, everything released. */
+static int rank_done(uint32_t r, int bad, pcs_kv_t *kv, pcs_runtime_t *rt, Pcs__V1__Plan *plan)
+{
+    if (bad)
+        fprintf(stderr, "rank %u: step %d: %s\n", r, bad, pcs_last_error());
+    if (rt) {
+        if (pcs_runtime_barrier(rt) != PCS_OK && !bad)
+            bad = 99;
+        pcs_runtime_destroy(rt);
+    }
+    pcs_kv_destroy(kv);
+    pcs_plan_free(plan);
+    return bad;
+}
+
 static int eval_bwd_rank(const char *kvdir, uint32_t r, void *arg)
 {
     (void)arg;
@@ -1153,19 +1195,10 @@ static int eval_bwd_rank(const char *kvdir, uint32_t r, void *arg)
     if (!plan || plan->units[0]->n_eval_collectives != 1)
         return 2;
     pcs_kv_t *kv = NULL;
-    if (pcs_kv_file_create(kvdir, &kv) != PCS_OK)
-        return 3;
-    pcs_runtime_config_t rc;
-    if (sgd_lr1_config(&rc, plan, 1) != PCS_OK)
-        return 4;
-    rc.rank = r;
-    rc.kv = kv;
-    rc.hostname = "127.0.0.1";
-    rc.coll_timeout_ms = 20000;
     pcs_runtime_t *rt = NULL;
-    int bad = 5;
+    int bad = rank_runtime(kvdir, r, plan, NULL, &kv, &rt);
     const float g = r == 0 ? 1.0f + 0x1p-20f : 1.0f;
-    if (pcs_runtime_create(&rc, &rt) == PCS_OK) {
+    if (!bad) {
         float *gf = NULL;
         void *gb = NULL;
         pcs_dtype_t dt;
@@ -1212,17 +1245,8 @@ static int eval_bwd_rank(const char *kvdir, uint32_t r, void *arg)
                 }
             }
         }
-        if (bad)
-            fprintf(stderr, "rank %u: step %d: %s\n", r, bad, pcs_last_error());
-        if (pcs_runtime_barrier(rt) != PCS_OK && !bad)
-            bad = 11;
-        pcs_runtime_destroy(rt);
-    } else {
-        fprintf(stderr, "rank %u: create: %s\n", r, pcs_last_error());
     }
-    pcs_kv_destroy(kv);
-    pcs_plan_free(plan);
-    return bad;
+    return rank_done(r, bad, kv, rt, plan);
 }
 
 static void test_eval_backward_reduces_in_full_precision(void **state)
@@ -1280,20 +1304,9 @@ static int frozen_bf16_part_rank(const char *kvdir, uint32_t r, void *arg)
         plan->units[2]->param_dtype != PCS__V1__DTYPE__DTYPE_FP32)
         return 2;
     pcs_kv_t *kv = NULL;
-    if (pcs_kv_file_create(kvdir, &kv) != PCS_OK)
-        return 3;
-    pcs_runtime_config_t rc;
-    if (sgd_lr1_config(&rc, plan, 1) != PCS_OK)
-        return 4;
-    rc.init_param = init_thirds32;
-    rc.rank = r;
-    rc.kv = kv;
-    rc.hostname = "127.0.0.1";
-    rc.coll_timeout_ms = 20000;
     pcs_runtime_t *rt = NULL;
-    int bad = 5;
-    if (pcs_runtime_create(&rc, &rt) == PCS_OK) {
-        bad = 0;
+    int bad = rank_runtime(kvdir, r, plan, init_thirds32, &kv, &rt);
+    if (!bad) {
         pcs_rt_shard_t sh;
         if (pcs_runtime_shard(rt, 2, &sh) != PCS_OK || sh.storage_dtype != PCS_DTYPE_BF16)
             bad = 6;
@@ -1329,17 +1342,8 @@ static int frozen_bf16_part_rank(const char *kvdir, uint32_t r, void *arg)
                     (unsigned long long)(e.total_bytes - e.buffer_bytes));
             bad = 12;
         }
-        if (bad)
-            fprintf(stderr, "rank %u: step %d: %s\n", r, bad, pcs_last_error());
-        if (pcs_runtime_barrier(rt) != PCS_OK && !bad)
-            bad = 13;
-        pcs_runtime_destroy(rt);
-    } else {
-        fprintf(stderr, "rank %u: create: %s\n", r, pcs_last_error());
     }
-    pcs_kv_destroy(kv);
-    pcs_plan_free(plan);
-    return bad;
+    return rank_done(r, bad, kv, rt, plan);
 }
 
 static void test_frozen_bf16_part_gathers_fp32_on_two_ranks(void **state)
