@@ -512,23 +512,19 @@ pcs_status_t pcs_worker_unshard_full(pcs_worker_t *w, uint32_t unit, const float
 {
     const void *p = NULL;
     pcs_dtype_t dt;
-    if (unit < w->as->plan->n_units &&
-        w->as->plan->units[unit]->master_dtype == PCS__V1__DTYPE__DTYPE_FP64)
-        return pcs_set_error(PCS_ERR_INVALID_ARG,
-                             "unit %u keeps fp64 masters: pcs_worker_unshard_master gives them",
-                             unit);
+    /* masters stored in another dtype (fp64, a frozen unit's bf16/fp16): refused before
+     * gathering anything */
     pcs_rt_shard_t sh;
     PCS_CHECK(pcs_runtime_shard(w->rt, unit, &sh));
-    if (sh.storage_dtype != PCS_DTYPE_FP32) /* (refused before gathering anything) */
+    if (sh.storage_dtype != PCS_DTYPE_FP32)
         return pcs_set_error(PCS_ERR_INVALID_ARG,
-                             "unit %u keeps no fp32 masters (%s): pcs_worker_unshard_master "
-                             "gives them",
+                             "unit %u keeps %s masters: pcs_worker_unshard_master gives them",
                              unit, pcs_dtype_name(sh.storage_dtype));
     PCS_CHECK(pcs_runtime_unshard(w->rt, unit, 1, &p, &dt));
     if (dt != PCS_DTYPE_FP32)
         return pcs_set_error(PCS_ERR_INVALID_ARG,
-                             "unit %u keeps no fp32 masters (%s): pcs_worker_unshard_master "
-                             "gives them",
+                             "unit %u computes in its master dtype %s: pcs_worker_unshard gives "
+                             "its masters",
                              unit, pcs_dtype_name(dt));
     *params = p;
     return PCS_OK;

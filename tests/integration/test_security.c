@@ -136,20 +136,26 @@ static int report(pcs_rpc_client_t *c, const char *secret, const char *worker_id
                 &pcs__v1__report_step_response__descriptor, NULL);
 }
 
-/* The worker id holding `rank` of the job (GetJob). */
-static void holder(const char *job_id, uint32_t rank, char *out, size_t n)
+/* GetJob with `token`'s client: the response (the caller frees it). */
+static Pcs__V1__GetJobResponse *get_job(const char *token, const char *job_id)
 {
-    pcs_rpc_client_t *c = client(ADMIN);
+    pcs_rpc_client_t *c = client(token);
     Pcs__V1__GetJobRequest req = PCS__V1__GET_JOB_REQUEST__INIT;
     req.job_id = (char *)job_id;
     ProtobufCMessage *m = NULL;
     expect(call(c, NULL, PCS_M_GET_JOB, &req.base, &pcs__v1__get_job_response__descriptor, &m),
            C_OK, "GetJob");
-    Pcs__V1__Job *j = ((Pcs__V1__GetJobResponse *)m)->job;
-    assert_true(rank < j->n_workers);
-    snprintf(out, n, "%s", j->workers[rank]);
-    protobuf_c_message_free_unpacked(m, NULL);
     pcs_rpc_client_destroy(c);
+    return (Pcs__V1__GetJobResponse *)m;
+}
+
+/* The worker id holding `rank` of the job (GetJob). */
+static void holder(const char *job_id, uint32_t rank, char *out, size_t n)
+{
+    Pcs__V1__GetJobResponse *m = get_job(ADMIN, job_id);
+    assert_true(rank < m->job->n_workers);
+    snprintf(out, n, "%s", m->job->workers[rank]);
+    protobuf_c_message_free_unpacked(&m->base, NULL);
 }
 
 static void test_no_impersonation_attempt_succeeds(void **state)
@@ -398,20 +404,13 @@ static int cancel_as(const char *token, const char *job_id)
     return code;
 }
 
-/* GetJob as admin: the job's owner and state. */
+/* GetJob as a viewer: the job's owner and state. */
 static void job_owner(const char *job_id, char *owner, int *state)
 {
-    pcs_rpc_client_t *c = client(VIEW);
-    Pcs__V1__GetJobRequest req = PCS__V1__GET_JOB_REQUEST__INIT;
-    req.job_id = (char *)job_id;
-    ProtobufCMessage *m = NULL;
-    expect(call(c, NULL, PCS_M_GET_JOB, &req.base, &pcs__v1__get_job_response__descriptor, &m),
-           C_OK, "GetJob");
-    Pcs__V1__Job *j = ((Pcs__V1__GetJobResponse *)m)->job;
-    snprintf(owner, 80, "%s", j->owner);
-    *state = (int)j->state;
-    protobuf_c_message_free_unpacked(m, NULL);
-    pcs_rpc_client_destroy(c);
+    Pcs__V1__GetJobResponse *m = get_job(VIEW, job_id);
+    snprintf(owner, 80, "%s", m->job->owner);
+    *state = (int)m->job->state;
+    protobuf_c_message_free_unpacked(&m->base, NULL);
 }
 
 /* A submitter owns its jobs: the token file's name (or the token's hash) is the job's owner,

@@ -1179,8 +1179,8 @@ static void test_ignored_param_of_a_wrapped_module_keeps_the_estimate(void **sta
  * when its parameters' dtypes differ; the LoRA-on-a-bf16-base shape): under shard_layout
  * per_param the parameters of the unit's other dtypes form dtype parts, units right after it
  * with the same root and policy and no module or buffer; every parameter keeps FSDP2's shard.
- * FSDP1's flat layout refuses the mix as FSDP1 does, and trainable parameters of two compute
- * dtypes are refused as FSDP2's reduce-scatter refuses them. */
+ * FSDP1's flat layout refuses the mix as FSDP1 does, and trainable parameters of two dtypes in
+ * one group are refused as FSDP2's _init_mp_dtypes refuses them. */
 #define MIXED_MODEL(base_frozen)                                                                   \
     "model: {explicit: [{path: '', class: Net, params: [{name: w, shape: [4, 8]}]},\n"             \
     "  {path: blk, class: LoraLinear},\n"                                                          \

@@ -161,8 +161,9 @@ pcs_status_t pcs_worker_prefetch(pcs_worker_t *w, uint32_t unit);
  * low-precision job) has nothing else to give: PCS_ERR_INVALID_ARG, use pcs_worker_unshard.
  * (Version node PCS_WORKER_0.2.) */
 pcs_status_t pcs_worker_unshard_full(pcs_worker_t *w, uint32_t unit, const float **params);
-/* The same in the masters' own storage: *params is padded_numel elements of *dtype — fp32, or
- * fp64 for a unit with fp64 masters (pcs_worker_unshard_full refuses those) — and for a unit
+/* The same in the masters' own storage: *params is padded_numel elements of *dtype — fp32, fp64
+ * for a unit with fp64 masters, or the master dtype of a unit with no trainable parameter
+ * (pcs_worker_unshard_full refuses both) — and for a unit
  * computing in its master dtype, pcs_worker_unshard's buffer. Valid until the reshard. (Version
  * node PCS_WORKER_0.4.) */
 pcs_status_t pcs_worker_unshard_master(pcs_worker_t *w, uint32_t unit, const void **params,
