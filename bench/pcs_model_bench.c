@@ -390,15 +390,17 @@ static double bench_cuda(const shape_t *s, uint32_t R, pcs_dtype_t dt, int iters
 
 /* GELU forward and backward (erf form) over n elements: the CPU twin (pcs_nn_act_fwd/bwd: the
  * vectorized erf/exp of kernels/src/nn_vmath.h) against the same expressions with glibc's
- * erff/expf, one element at a time (what the twin ran before), best of REPS means. */
+ * erff/expf, one element at a time (what the twin ran before), best of REPS means. The erf column
+ * times the twin's erf loop alone (pcs_nn_host_erf) on the backward row: the most that reusing the
+ * forward's erf in backward could save there (it would also store and reload a saved array). */
 static void bench_gelu(int iters)
 {
     pcs_nn_t *nn = NULL;
     if (pcs_nn_create(NULL, NULL, &nn) != PCS_OK)
         return;
     printf("# GELU, erf form, fp32: glibc = erff/expf per element; pcs = the CPU twin's loops\n");
-    printf("#  elements  pass       glibc       pcs    ratio     max|d|\n");
-    printf("#                        (ns/el)   (ns/el)\n");
+    printf("#  elements  pass       glibc       pcs    ratio     max|d|       erf\n");
+    printf("#                        (ns/el)   (ns/el)                        (ns/el)\n");
     for (size_t n = 1u << 12; n <= (1u << 20); n <<= 4) {
         float *x = malloc(n * sizeof *x), *dy = malloc(n * sizeof *dy);
         float *y0 = malloc(n * sizeof *y0), *y1 = malloc(n * sizeof *y1);
@@ -411,8 +413,15 @@ static void bench_gelu(int iters)
             dy[i] = 1.0f;
         }
         for (int pass = 0; pass < 2; pass++) {
-            double best0 = 1e30, best1 = 1e30;
+            double best0 = 1e30, best1 = 1e30, best2 = 1e30;
             for (int rep = 0; rep < REPS; rep++) {
+                if (pass == 1) {
+                    double te = now_s();
+                    for (int it = 0; it < iters; it++)
+                        pcs_nn_host_erf(x, n, y0);
+                    te = now_s() - te;
+                    best2 = te < best2 ? te : best2;
+                }
                 double t0 = now_s();
                 for (int it = 0; it < iters; it++)
                     for (size_t i = 0; i < n; i++) {
@@ -434,8 +443,11 @@ static void bench_gelu(int iters)
             /* absolute: in GELU's negative tail 1 + erf cancels, so one ulp of erf is a large
              * relative difference of a tiny value there (as between any two erff) */
             double md = max_abs_diff(y1, y0, n);
-            printf("%10zu  %-8s  %8.2f  %8.2f  %7.3f  %9.2e\n", n, pass ? "backward" : "forward",
+            printf("%10zu  %-8s  %8.2f  %8.2f  %7.3f  %9.2e", n, pass ? "backward" : "forward",
                    best0 / iters / n * 1e9, best1 / iters / n * 1e9, best1 / best0, md);
+            if (pass == 1)
+                printf("  %8.2f", best2 / iters / n * 1e9);
+            printf("\n");
         }
         free(x);
         free(dy);
@@ -445,20 +457,21 @@ static void bench_gelu(int iters)
     pcs_nn_destroy(nn);
 }
 
-/* LayerNorm forward and backward over [rows, D] fp32: the CPU twin (pcs_nn_norm_fwd/bwd: row
- * statistics and backward sums in double, sequential) against the same expressions written inline
- * as bare loops (no front door, no weight widening, no gradient store), best of REPS means; max|d|
- * compares outputs and input gradients. What LayerNorm costs, and what its double sums cost. */
+/* LayerNorm forward and backward over [rows, D] fp32: the CPU twin (pcs_nn_norm_fwd/bwd: row sums
+ * in fp32 in nn_math.h's 32-lane order, vectorized) against the twin's previous form written
+ * inline as bare loops (statistics and backward sums in double, sequential; no front door, no
+ * weight widening, no gradient store), best of REPS means; max|d| compares outputs and input
+ * gradients (what the fp32 sums change). */
 static void bench_layernorm(int iters)
 {
     pcs_nn_t *nn = NULL;
     if (pcs_nn_create(NULL, NULL, &nn) != PCS_OK)
         return;
     const uint32_t R = 32;
-    printf("# LayerNorm fp32, %u rows, double sums: bare = the same loops inline; pcs = the CPU "
-           "twin through pcs_nn_norm_fwd/bwd\n",
+    printf("# LayerNorm fp32, %u rows: double = sequential double sums, bare loops inline (the "
+           "twin before); pcs = the CPU twin through pcs_nn_norm_fwd/bwd (fp32 lane sums)\n",
            R);
-    printf("#       D  pass        bare       pcs    ratio     max|d|\n");
+    printf("#       D  pass      double       pcs    ratio     max|d|\n");
     printf("#                    (ns/el)   (ns/el)\n");
     for (uint32_t D = 256; D <= 4096; D <<= 2) {
         size_t n = (size_t)R * D;

@@ -318,6 +318,67 @@ static pcs_status_t cpu_linear_bwd_input(pcs_nn_t *nn, const pcs_nn_linear_t *l,
 
 // ---- LayerNorm / BatchNorm1d ----
 
+/* One LayerNorm row: statistics in fp32 in nn_math.h's lane order (the GPU's bits), then the
+ * affine output, unrounded. The lane loops vectorize (the same bits in every clone); size_t
+ * indices and a block pointer keep GCC from treating a lane's load as a gather. */
+VEC_CLONES static void ln_row_fwd(const float *x, size_t D, const float *w, const float *b,
+                                  float *y, float *save)
+{
+    enum { L = PCS_NN_LANES };
+    size_t full = D - D % L, tail = D % L;
+    float a[L] = {0}, q[L] = {0};
+    for (size_t j = 0; j < full; j += L) {
+        const float *xb = x + j;
+        for (size_t l = 0; l < L; l++)
+            a[l] += xb[l];
+    }
+    for (size_t l = 0; l < tail; l++)
+        a[l] += x[full + l];
+    float mean = pcs_nn_ln_mean(pcs_nn_lane_tree(a), (uint32_t)D);
+    for (size_t j = 0; j < full; j += L) {
+        const float *xb = x + j;
+        for (size_t l = 0; l < L; l++)
+            q[l] += pcs_nn_ln_sq(xb[l], mean);
+    }
+    for (size_t l = 0; l < tail; l++)
+        q[l] += pcs_nn_ln_sq(x[full + l], mean);
+    float rstd = pcs_nn_ln_rstd(pcs_nn_lane_tree(q), (uint32_t)D);
+    save[0] = mean;
+    save[1] = rstd;
+    for (size_t j = 0; j < D; j++)
+        y[j] = pcs_nn_norm_out(x[j], mean, rstd, w[j], b[j]);
+}
+
+/* One LayerNorm element of backward's first pass: its dw/db terms (rows in order, per column) and
+ * its lane's two row sums. */
+#define LN_BWD_ELEM(k, l)                                                                          \
+    do {                                                                                           \
+        float xh_ = pcs_nn_xhat(x[k], mean, rstd);                                                 \
+        pcs_nn_ln_bwd_acc(dy[k], w[k], xh_, &c1[l], &c2[l]);                                       \
+        pcs_nn_norm_param_acc(dy[k], xh_, &dw[k], &db[k]);                                         \
+    } while (0)
+
+/* One LayerNorm row backward: dw/db terms, the two row sums in the lane order, then dx when
+ * wanted. */
+VEC_CLONES static void ln_row_bwd(const float *x, const float *dy, const float *w, float mean,
+                                  float rstd, size_t D, float *dw, float *db, float *dx)
+{
+    enum { L = PCS_NN_LANES };
+    size_t full = D - D % L, tail = D % L;
+    float c1[L] = {0}, c2[L] = {0};
+    for (size_t j = 0; j < full; j += L)
+        for (size_t l = 0; l < L; l++)
+            LN_BWD_ELEM(j + l, l);
+    for (size_t l = 0; l < tail; l++)
+        LN_BWD_ELEM(full + l, l);
+    if (!dx)
+        return;
+    float m1 = pcs_nn_ln_mean(pcs_nn_lane_tree(c1), (uint32_t)D);
+    float m2 = pcs_nn_ln_mean(pcs_nn_lane_tree(c2), (uint32_t)D);
+    for (size_t j = 0; j < D; j++)
+        dx[j] = pcs_nn_ln_dx(dy[j], w[j], pcs_nn_xhat(x[j], mean, rstd), rstd, m1, m2);
+}
+
 static pcs_status_t cpu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const float *X, float *Y)
 {
     cpu_nn_t *c = impl(nn);
@@ -327,22 +388,8 @@ static pcs_status_t cpu_norm_fwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const flo
     pcs_nn_host_to_f32(p->weight, p->weight_dtype, D, wb);
     pcs_nn_host_to_f32(p->bias, p->bias_dtype, D, wb + D);
     if (p->kind == PCS_NN_LAYERNORM) {
-        float *save = p->save;
-        for (uint32_t r = 0; r < R; r++) {
-            const float *x = X + (size_t)r * D;
-            double s = 0, ss = 0;
-            for (uint32_t j = 0; j < D; j++)
-                s += x[j];
-            double mean = s / D;
-            for (uint32_t j = 0; j < D; j++)
-                ss += pcs_nn_sq_dev(x[j], mean);
-            float mf = (float)mean, rstd = pcs_nn_ln_rstd(ss, D);
-            save[2 * r] = mf;
-            save[2 * r + 1] = rstd;
-            float *y = Y + (size_t)r * D;
-            for (uint32_t j = 0; j < D; j++)
-                y[j] = pcs_nn_norm_out(x[j], mf, rstd, wb[j], wb[D + j]);
-        }
+        for (uint32_t r = 0; r < R; r++)
+            ln_row_fwd(X + (size_t)r * D, D, wb, wb + D, Y + (size_t)r * D, p->save + 2 * r);
     } else {
         float *mean = p->save, *invstd = p->save + D, *run = p->save + 2 * D;
         pcs_nn_host_to_f32(p->running_mean, p->mean_dtype, D, run);
@@ -383,24 +430,9 @@ static pcs_status_t cpu_norm_bwd(pcs_nn_t *nn, const pcs_nn_norm_t *p, const flo
     memset(dw, 0, 2 * (size_t)D * sizeof(float));
     if (p->kind == PCS_NN_LAYERNORM) {
         const float *save = p->save;
-        for (uint32_t r = 0; r < R; r++) {
-            const float *x = X + (size_t)r * D, *dy = dY + (size_t)r * D;
-            float mean = save[2 * r], rstd = save[2 * r + 1];
-            double c1 = 0, c2 = 0;
-            for (uint32_t j = 0; j < D; j++) {
-                float xh = pcs_nn_xhat(x[j], mean, rstd);
-                pcs_nn_ln_bwd_acc(dy[j], w[j], xh, &c1, &c2);
-                pcs_nn_norm_param_acc(dy[j], xh, &dw[j], &db[j]);
-            }
-            c1 /= D;
-            c2 /= D;
-            if (dX) {
-                float *dx = dX + (size_t)r * D;
-                for (uint32_t j = 0; j < D; j++)
-                    dx[j] =
-                        pcs_nn_norm_dx(dy[j], w[j], pcs_nn_xhat(x[j], mean, rstd), rstd, c1, c2);
-            }
-        }
+        for (uint32_t r = 0; r < R; r++)
+            ln_row_bwd(X + (size_t)r * D, dY + (size_t)r * D, w, save[2 * r], save[2 * r + 1], D,
+                       dw, db, dX ? dX + (size_t)r * D : NULL);
     } else {
         const float *mean = p->save, *invstd = p->save + D;
         for (uint32_t j = 0; j < D; j++)

@@ -9,10 +9,11 @@
  * cublasSgemm with CUBLAS_DEFAULT_MATH (no TF32, PyTorch's allow_tf32=False for matmul). A bias +
  * round-to-dtype epilogue follows. Everything else calls the element math nn_cpu.c calls
  * (nn_math.h: the same expressions and rounding, --fmad=false): column sums (db, BatchNorm,
- * LayerNorm dW/db) loop over rows in the CPU's order and give its bits; LayerNorm row statistics
- * are block reductions in double (order differs, then rounded to fp32); erff/expf are CUDA's
- * (within 2 ulp of glibc). One cublasHandle_t per context, bound to the context's stream, with
- * its own workspace. Errors: PCS_ERR_CUDA with one WARN naming the failing call. */
+ * LayerNorm dW/db) loop over rows in the CPU's order and give its bits; LayerNorm's row sums are
+ * fp32 in nn_math.h's lane order (the block's first warp, a shuffle-down tree), the CPU's bits
+ * too; erff/expf are CUDA's (within 2 ulp of glibc). One cublasHandle_t per context, bound to
+ * the context's stream, with its own workspace. Errors: PCS_ERR_CUDA with one WARN naming the
+ * failing call. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -226,71 +227,71 @@ __global__ void k_colsum(float *out, const float *dy, uint32_t rows, uint32_t n)
 }
 
 // ----------------------------------------------------------------------------
-// CUDA kernels: LayerNorm (block per row for statistics, thread per column for dW/db)
+// CUDA kernels: LayerNorm (block per row, row sums by its first warp; thread per column for dW/db)
 
-/* Sum of v over the block (kThreads threads), in double; every thread gets the total. */
-__device__ double block_sum(double v, double *sh)
+/* A warp's shuffle-down tree over PCS_NN_LANES = 32 lanes (nn_math.h's lane order): lane 0 gets
+ * the CPU twin's pcs_nn_lane_tree bits. */
+__device__ float lane_tree(float v)
 {
-    for (int o = 16; o > 0; o >>= 1)
+    static_assert(PCS_NN_LANES == 32, "one lane per thread of a warp");
+    for (int o = PCS_NN_LANES / 2; o > 0; o >>= 1)
         v += __shfl_down_sync(0xffffffffu, v, o);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    __syncthreads(); /* sh may still be read by a previous call */
-    if (lane == 0)
-        sh[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < kThreads / 32 ? sh[lane] : 0.0;
-        for (int o = 16; o > 0; o >>= 1)
-            v += __shfl_down_sync(0xffffffffu, v, o);
-        if (lane == 0)
-            sh[0] = v;
-    }
-    __syncthreads();
-    return sh[0];
+    return v;
 }
 
 __global__ void __launch_bounds__(kThreads)
     k_ln_fwd(float *Y, const float *X, uint32_t D, const void *w, int wdt, const void *b, int bdt,
              float *save, int dt)
 {
-    __shared__ double sh[kThreads / 32];
+    __shared__ float st[2];
     size_t r = blockIdx.x;
     const float *x = X + r * D;
     float *y = Y + r * D;
-    double s = 0;
-    for (uint32_t j = threadIdx.x; j < D; j += kThreads)
-        s += x[j];
-    double mean = block_sum(s, sh) / D;
-    double ss = 0;
-    for (uint32_t j = threadIdx.x; j < D; j += kThreads)
-        ss += pcs_nn_sq_dev(x[j], mean);
-    ss = block_sum(ss, sh);
-    float mf = (float)mean, rstd = pcs_nn_ln_rstd(ss, D);
-    if (threadIdx.x == 0) {
-        save[2 * r] = mf;
-        save[2 * r + 1] = rstd;
+    if (threadIdx.x < PCS_NN_LANES) { /* lane l adds elements l, l + 32, ... in order */
+        float s = 0.0f;
+        for (uint32_t j = threadIdx.x; j < D; j += PCS_NN_LANES)
+            s += x[j];
+        float mean = pcs_nn_ln_mean(__shfl_sync(0xffffffffu, lane_tree(s), 0), D);
+        float q = 0.0f;
+        for (uint32_t j = threadIdx.x; j < D; j += PCS_NN_LANES)
+            q += pcs_nn_ln_sq(x[j], mean);
+        q = lane_tree(q);
+        if (threadIdx.x == 0) {
+            st[0] = save[2 * r] = mean;
+            st[1] = save[2 * r + 1] = pcs_nn_ln_rstd(q, D);
+        }
     }
+    __syncthreads();
+    float mf = st[0], rstd = st[1];
     for (uint32_t j = threadIdx.x; j < D; j += kThreads)
         y[j] = pcs_nn_round_to(pcs_nn_norm_out(x[j], mf, rstd, ldv(w, wdt, j), ldv(b, bdt, j)), dt);
 }
 
-/* dx for one row: c1 = mean(dy*w), c2 = mean(dy*w*xhat) in double (the CPU's expressions). */
+/* dx for one row: m1 = mean(dy*w), m2 = mean(dy*w*xhat) in the lane order (the CPU's bits). */
 __global__ void __launch_bounds__(kThreads)
     k_ln_bwd_dx(float *dX, const float *X, const float *dY, uint32_t D, const void *w, int wdt,
                 const float *save)
 {
-    __shared__ double sh[kThreads / 32];
+    __shared__ float st[2];
     size_t r = blockIdx.x;
     const float *x = X + r * D, *dy = dY + r * D;
     float mean = save[2 * r], rstd = save[2 * r + 1];
-    double c1 = 0, c2 = 0;
-    for (uint32_t j = threadIdx.x; j < D; j += kThreads)
-        pcs_nn_ln_bwd_acc(dy[j], ldv(w, wdt, j), pcs_nn_xhat(x[j], mean, rstd), &c1, &c2);
-    c1 = block_sum(c1, sh) / D;
-    c2 = block_sum(c2, sh) / D;
+    if (threadIdx.x < PCS_NN_LANES) {
+        float c1 = 0.0f, c2 = 0.0f;
+        for (uint32_t j = threadIdx.x; j < D; j += PCS_NN_LANES)
+            pcs_nn_ln_bwd_acc(dy[j], ldv(w, wdt, j), pcs_nn_xhat(x[j], mean, rstd), &c1, &c2);
+        c1 = lane_tree(c1);
+        c2 = lane_tree(c2);
+        if (threadIdx.x == 0) {
+            st[0] = pcs_nn_ln_mean(c1, D);
+            st[1] = pcs_nn_ln_mean(c2, D);
+        }
+    }
+    __syncthreads();
+    float m1 = st[0], m2 = st[1];
     float *dx = dX + r * D;
     for (uint32_t j = threadIdx.x; j < D; j += kThreads)
-        dx[j] = pcs_nn_norm_dx(dy[j], ldv(w, wdt, j), pcs_nn_xhat(x[j], mean, rstd), rstd, c1, c2);
+        dx[j] = pcs_nn_ln_dx(dy[j], ldv(w, wdt, j), pcs_nn_xhat(x[j], mean, rstd), rstd, m1, m2);
 }
 
 /* dweight[j] = sum_r dy*xhat, dbias[j] = sum_r dy in fp32, rows in order (the CPU's order). */

@@ -402,6 +402,134 @@ static void test_accumulating_stores_equal_store_then_accumulate(void **state)
     pcs_nn_destroy(nn);
 }
 
+// ---- LayerNorm: fp32 row sums in one fixed order, two-pass variance ----
+
+/* The order nn_math.h states, written here from its words (element j to lane j % 32 in order of
+ * j; then for s = 16..1: lane[l] += lane[l + s]), not from the twin's code. */
+static float lane_order_sum(const float *v, size_t n)
+{
+    float lane[32] = {0};
+    for (size_t j = 0; j < n; j++)
+        lane[j % 32] += v[j];
+    for (int s = 16; s > 0; s /= 2)
+        for (int l = 0; l < s; l++)
+            lane[l] = lane[l] + lane[l + s];
+    return lane[0];
+}
+
+/* Forward and backward of rows of several lengths (a partial lane block, exactly one, several
+ * with a tail) against the stated order computed here: the saved mean and 1/std, the output, dx,
+ * dweight and dbias are bit-identical. This is also what the GPU kernels must give
+ * (test_model_cuda), and a clone that contracted a multiply-add or summed in another order
+ * would fail here. */
+static void test_layernorm_rows_follow_the_stated_fp32_order_bit_for_bit(void **state)
+{
+    (void)state;
+    pcs_nn_t *nn = NULL;
+    assert_int_equal(pcs_nn_create(NULL, NULL, &nn), PCS_OK);
+    const uint32_t dims[] = {1, 7, 32, 33, 100, 1024, 1031};
+    enum { R = 3 };
+    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
+        uint32_t D = dims[di];
+        size_t n = (size_t)R * D;
+        float *x = malloc(n * 4), *dy = malloc(n * 4), *y = malloc(n * 4), *dx = malloc(n * 4);
+        float *w = malloc(D * 4), *b = malloc(D * 4), *dw = malloc(D * 4), *db = malloc(D * 4);
+        float *ew = calloc(D, 4), *eb = calloc(D, 4), *tmp = malloc(D * 4), *tmp2 = malloc(D * 4);
+        float save[2 * R];
+        assert_true(x && dy && y && dx && w && b && dw && db && ew && eb && tmp && tmp2);
+        for (size_t i = 0; i < n; i++) {
+            x[i] = urand() * 3.0f + (float)(i / D) * 50.0f; /* rows centred at 0, 50, 100 */
+            dy[i] = urand();
+        }
+        for (uint32_t j = 0; j < D; j++) {
+            w[j] = 1.0f + 0.5f * urand();
+            b[j] = 0.25f * urand();
+        }
+        pcs_nn_norm_t p = {.kind = PCS_NN_LAYERNORM, .rows = R, .dim = D, .dtype = PCS_DTYPE_FP32,
+                           .weight = w, .weight_dtype = PCS_DTYPE_FP32, .bias = b,
+                           .bias_dtype = PCS_DTYPE_FP32, .save = save, .training = 1};
+        pcs_nn_grad_t gw = {dw, PCS_DTYPE_FP32, PCS_DTYPE_FP32, 0};
+        pcs_nn_grad_t gb = {db, PCS_DTYPE_FP32, PCS_DTYPE_FP32, 0};
+        assert_int_equal(pcs_nn_norm_fwd(nn, &p, x, y), PCS_OK);
+        assert_int_equal(pcs_nn_norm_bwd(nn, &p, x, dy, dx, &gw, &gb), PCS_OK);
+        size_t bad = 0;
+        for (uint32_t r = 0; r < R; r++) {
+            const float *xr = x + (size_t)r * D, *dyr = dy + (size_t)r * D;
+            float mean = lane_order_sum(xr, D) / (float)D;
+            for (uint32_t j = 0; j < D; j++)
+                tmp[j] = (xr[j] - mean) * (xr[j] - mean);
+            float rstd = 1.0f / sqrtf(lane_order_sum(tmp, D) / (float)D + 1e-5f);
+            bad += memcmp(&save[2 * r], &mean, 4) != 0;
+            bad += memcmp(&save[2 * r + 1], &rstd, 4) != 0;
+            for (uint32_t j = 0; j < D; j++) {
+                float xh = (xr[j] - mean) * rstd;
+                float want = xh * w[j] + b[j];
+                bad += memcmp(&y[(size_t)r * D + j], &want, 4) != 0;
+                tmp[j] = dyr[j] * w[j];
+                tmp2[j] = tmp[j] * xh;
+                ew[j] += dyr[j] * xh;
+                eb[j] += dyr[j];
+            }
+            float m1 = lane_order_sum(tmp, D) / (float)D, m2 = lane_order_sum(tmp2, D) / (float)D;
+            for (uint32_t j = 0; j < D; j++) {
+                float xh = (xr[j] - mean) * rstd;
+                float want = rstd * (dyr[j] * w[j] - m1 - xh * m2);
+                bad += memcmp(&dx[(size_t)r * D + j], &want, 4) != 0;
+            }
+        }
+        bad += memcmp(dw, ew, D * 4) != 0;
+        bad += memcmp(db, eb, D * 4) != 0;
+        if (bad)
+            fprintf(stderr, "D = %u: %zu values differ from the stated order\n", D, bad);
+        assert_int_equal(bad, 0);
+        free(x), free(dy), free(y), free(dx), free(w), free(b), free(dw), free(db);
+        free(ew), free(eb), free(tmp), free(tmp2);
+    }
+    pcs_nn_destroy(nn);
+}
+
+/* Rows far from zero (mean 1e4, std ~1): the two-pass fp32 statistics stay within a few fp32
+ * ulps of the fp64 ones computed here. The one-pass form E[x^2] - mean^2 in fp32, computed here
+ * in the same lane order, fails the same bound (it loses every digit of the variance), so the
+ * bound tells the stable algorithm from the unstable one. */
+static void test_layernorm_statistics_are_stable_far_from_zero(void **state)
+{
+    (void)state;
+    pcs_nn_t *nn = NULL;
+    assert_int_equal(pcs_nn_create(NULL, NULL, &nn), PCS_OK);
+    enum { R = 4, D = 1024 };
+    static float x[R * D], y[R * D], sq[D];
+    float w[D], b[D], save[2 * R];
+    for (int j = 0; j < D; j++) {
+        w[j] = 1.0f;
+        b[j] = 0.0f;
+    }
+    for (int i = 0; i < R * D; i++)
+        x[i] = 1.0e4f * (float)(1 + i / D) + urand() * 1.7f;
+    pcs_nn_norm_t p = {.kind = PCS_NN_LAYERNORM, .rows = R, .dim = D, .dtype = PCS_DTYPE_FP32,
+                       .weight = w, .weight_dtype = PCS_DTYPE_FP32, .bias = b,
+                       .bias_dtype = PCS_DTYPE_FP32, .save = save, .training = 1};
+    assert_int_equal(pcs_nn_norm_fwd(nn, &p, x, y), PCS_OK);
+    for (int r = 0; r < R; r++) {
+        const float *xr = x + (size_t)r * D;
+        double s = 0, ss = 0;
+        for (int j = 0; j < D; j++)
+            s += xr[j];
+        double mean = s / D;
+        for (int j = 0; j < D; j++)
+            ss += (xr[j] - mean) * (xr[j] - mean);
+        double rstd = 1.0 / sqrt(ss / D + 1e-5);
+        assert_true(fabs(save[2 * r] - mean) <= 4 * 1e-7 * fabs(mean));
+        assert_true(fabs(save[2 * r + 1] - rstd) <= 1e-5 * rstd);
+        for (int j = 0; j < D; j++)
+            sq[j] = xr[j] * xr[j];
+        float m1 = lane_order_sum(xr, D) / D;
+        float naive = 1.0f / sqrtf(fabsf(lane_order_sum(sq, D) / D - m1 * m1) + 1e-5f);
+        assert_false(fabs(naive - rstd) <= 1e-5 * rstd);
+    }
+    pcs_nn_destroy(nn);
+}
+
 // ---- refactor guard ----
 
 typedef struct {
@@ -562,6 +690,8 @@ int main(void)
         cmocka_unit_test(test_bf16_linear_without_saved_copy_matches_the_saved_path),
         cmocka_unit_test(test_gradient_accumulation_rounds_each_contribution_then_the_sum),
         cmocka_unit_test(test_accumulating_stores_equal_store_then_accumulate),
+        cmocka_unit_test(test_layernorm_rows_follow_the_stated_fp32_order_bit_for_bit),
+        cmocka_unit_test(test_layernorm_statistics_are_stable_far_from_zero),
         cmocka_unit_test(test_explicit_cpu_backend_model_is_bit_identical_to_pcs_mlp_create),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
