@@ -21,3 +21,10 @@ pcs_add_test(NAME test_devsim SOURCES unit/test_devsim.c LIBS pcs_kernels LABELS
 add_test(NAME test_kernels_cuda_sim COMMAND test_kernels_cuda)
 set_tests_properties(test_kernels_cuda_sim PROPERTIES LABELS unit TIMEOUT 180
   ENVIRONMENT "PCS_SOURCE_DIR=${PROJECT_SOURCE_DIR};PCS_LOG_LEVEL=warn;PCS_SIMULATE_CUDA=1")
+
+# The CPU twin's LayerNorm and GELU against PyTorch (tests/python/test_nn_torch.py, label python):
+# nn_probe runs one op on arrays from stdin.
+add_executable(nn_probe support/nn_probe.c)
+set_target_properties(nn_probe PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+target_link_libraries(nn_probe PRIVATE pcs_kernels)
+pcs_target_warnings(nn_probe)

@@ -7,5 +7,8 @@ add_test(NAME test_python_worker
 # pcs.torch: the seeds' models trained by two rank processes, against plain PyTorch.
 add_test(NAME test_python_torch
   COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/python/test_pcs_torch.py ${CMAKE_BINARY_DIR})
-set_tests_properties(test_python_worker test_python_torch PROPERTIES LABELS python TIMEOUT 600
+# The CPU twin's LayerNorm and GELU (nn_probe) against torch's, fp64 torch as the truth.
+add_test(NAME test_python_nn
+  COMMAND /usr/bin/python3 ${PROJECT_SOURCE_DIR}/tests/python/test_nn_torch.py $<TARGET_FILE:nn_probe>)
+set_tests_properties(test_python_worker test_python_torch test_python_nn PROPERTIES LABELS python TIMEOUT 600
   SKIP_RETURN_CODE 77 ENVIRONMENT "PCS_LOG_LEVEL=warn")
