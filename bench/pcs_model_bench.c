@@ -6,8 +6,9 @@
  * also runs on the GPU (pcs_mlp_create_on, cuBLAS) and its time is reported next to the CPU's
  * from the same run; its #wrong counts outputs outside the CPU twin's tolerance (4 ulps of the
  * dtype x sqrt(fan-in), relative to |value| + rms). The last tables time GELU's loops against
- * glibc's erff/expf per element and LayerNorm against its own loops written bare. With --job FILE it instead runs the single-process reference
- * trainer on a job file and reports losses and step time. */
+ * glibc's erff/expf per element (and erf alone) and LayerNorm against its previous double loops
+ * written bare. With --job FILE it instead runs the single-process reference trainer on a job
+ * file and reports losses and step time. */
 #include <cblas.h>
 #include <math.h>
 #include <stdio.h>

@@ -12,8 +12,8 @@
  *   once to its dtype.
  * - Elementwise ops (GELU, residual add) compute in fp32 from the low-precision inputs and round
  *   the result (PyTorch's opmath); ReLU is exact. GELU is the exact erf form.
- * - LayerNorm / BatchNorm statistics in fp32 (accumulated in double), output rounded to the input
- *   dtype; parameters may be fp32 under a low-precision input (PyTorch's mixed-type norm kernels).
+ * - LayerNorm statistics summed in fp32 (two-pass, PyTorch's precision), BatchNorm's accumulated
+ *   in double, output rounded to the input dtype; parameters may be fp32 under a low-precision input (PyTorch's mixed-type norm kernels).
  *   BatchNorm: biased batch variance for normalisation, unbiased for running_var, momentum 0.1,
  *   eps 1e-5, running stats updated in fp32 and stored in the buffer's dtype.
  * - Linear requires input dtype == weight dtype (else "mat1 and mat2 must have the same dtype", as

@@ -10,10 +10,10 @@
  * round-to-dtype epilogue follows. Everything else calls the element math nn_cpu.c calls
  * (nn_math.h: the same expressions and rounding, --fmad=false): column sums (db, BatchNorm,
  * LayerNorm dW/db) loop over rows in the CPU's order and give its bits; LayerNorm's row sums are
- * fp32 in nn_math.h's lane order (the block's first warp, a shuffle-down tree), the CPU's bits
- * too; erff/expf are CUDA's (within 2 ulp of glibc). One cublasHandle_t per context, bound to
- * the context's stream, with its own workspace. Errors: PCS_ERR_CUDA with one WARN naming the
- * failing call. */
+ * fp32 in nn_math.h's lane order (the block computes each chunk's terms, the first warp adds them
+ * lane by lane, then a shuffle-down tree), the CPU's bits too; erff/expf are CUDA's (within 2
+ * ulp of glibc). One cublasHandle_t per context, bound to the context's stream, with its own
+ * workspace. Errors: PCS_ERR_CUDA with one WARN naming the failing call. */
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -227,7 +227,7 @@ __global__ void k_colsum(float *out, const float *dy, uint32_t rows, uint32_t n)
 }
 
 // ----------------------------------------------------------------------------
-// CUDA kernels: LayerNorm (block per row, row sums by its first warp; thread per column for dW/db)
+// CUDA kernels: LayerNorm (block per row, row sums in chunks; thread per column for dW/db)
 
 /* A warp's shuffle-down tree over PCS_NN_LANES = 32 lanes (nn_math.h's lane order): lane 0 gets
  * the CPU twin's pcs_nn_lane_tree bits. */
@@ -239,32 +239,64 @@ __device__ float lane_tree(float v)
     return v;
 }
 
+/* K row sums of terms f(j, t[K]) over j < D in nn_math.h's lane order, written to out[K] (shared)
+ * and visible to the whole block on return. The block computes the terms of a chunk of kThreads
+ * elements into sh (thread i: element base + i, all loads in flight at once); lane l of the first
+ * warp then adds sh[l], sh[l + 32], ... in order: element j still goes to lane j % 32 in order of
+ * j (kThreads is a multiple of 32), so the bits are the CPU's. */
+template <int K, typename F>
+__device__ void ln_row_sums(uint32_t D, F f, float (*sh)[kThreads], float *out)
+{
+    static_assert(kThreads % PCS_NN_LANES == 0, "chunks keep every element in its lane");
+    float acc[K];
+    for (int k = 0; k < K; k++)
+        acc[k] = 0.0f;
+    for (uint32_t base = 0; base < D; base += kThreads) {
+        uint32_t j = base + threadIdx.x;
+        if (j < D) {
+            float t[K];
+            f(j, t);
+            for (int k = 0; k < K; k++)
+                sh[k][threadIdx.x] = t[k];
+        }
+        __syncthreads();
+        if (threadIdx.x < PCS_NN_LANES) {
+            uint32_t n = D - base < (uint32_t)kThreads ? D - base : (uint32_t)kThreads;
+            for (uint32_t i = threadIdx.x; i < n; i += PCS_NN_LANES)
+                for (int k = 0; k < K; k++)
+                    acc[k] += sh[k][i];
+        }
+        __syncthreads(); /* sh is rewritten by the next chunk */
+    }
+    if (threadIdx.x < PCS_NN_LANES)
+        for (int k = 0; k < K; k++) {
+            float v = lane_tree(acc[k]);
+            if (threadIdx.x == 0)
+                out[k] = v;
+        }
+    __syncthreads();
+}
+
 __global__ void __launch_bounds__(kThreads)
     k_ln_fwd(float *Y, const float *X, uint32_t D, const void *w, int wdt, const void *b, int bdt,
              float *save, int dt)
 {
+    __shared__ float sh[2][kThreads];
     __shared__ float st[2];
     size_t r = blockIdx.x;
     const float *x = X + r * D;
     float *y = Y + r * D;
-    if (threadIdx.x < PCS_NN_LANES) { /* lane l adds elements l, l + 32, ... in order */
-        float s = 0.0f;
-        for (uint32_t j = threadIdx.x; j < D; j += PCS_NN_LANES)
-            s += x[j];
-        float mean = pcs_nn_ln_mean(__shfl_sync(0xffffffffu, lane_tree(s), 0), D);
-        float q = 0.0f;
-        for (uint32_t j = threadIdx.x; j < D; j += PCS_NN_LANES)
-            q += pcs_nn_ln_sq(x[j], mean);
-        q = lane_tree(q);
-        if (threadIdx.x == 0) {
-            st[0] = save[2 * r] = mean;
-            st[1] = save[2 * r + 1] = pcs_nn_ln_rstd(q, D);
-        }
+    ln_row_sums<1>(D, [&](uint32_t j, float *t) { t[0] = x[j]; }, sh, &st[0]);
+    float mean = pcs_nn_ln_mean(st[0], D);
+    ln_row_sums<1>(D, [&](uint32_t j, float *t) { t[0] = pcs_nn_ln_sq(x[j], mean); }, sh, &st[1]);
+    float rstd = pcs_nn_ln_rstd(st[1], D);
+    if (threadIdx.x == 0) {
+        save[2 * r] = mean;
+        save[2 * r + 1] = rstd;
     }
-    __syncthreads();
-    float mf = st[0], rstd = st[1];
     for (uint32_t j = threadIdx.x; j < D; j += kThreads)
-        y[j] = pcs_nn_round_to(pcs_nn_norm_out(x[j], mf, rstd, ldv(w, wdt, j), ldv(b, bdt, j)), dt);
+        y[j] = pcs_nn_round_to(pcs_nn_norm_out(x[j], mean, rstd, ldv(w, wdt, j), ldv(b, bdt, j)),
+                               dt);
 }
 
 /* dx for one row: m1 = mean(dy*w), m2 = mean(dy*w*xhat) in the lane order (the CPU's bits). */
@@ -272,23 +304,18 @@ __global__ void __launch_bounds__(kThreads)
     k_ln_bwd_dx(float *dX, const float *X, const float *dY, uint32_t D, const void *w, int wdt,
                 const float *save)
 {
+    __shared__ float sh[2][kThreads];
     __shared__ float st[2];
     size_t r = blockIdx.x;
     const float *x = X + r * D, *dy = dY + r * D;
     float mean = save[2 * r], rstd = save[2 * r + 1];
-    if (threadIdx.x < PCS_NN_LANES) {
-        float c1 = 0.0f, c2 = 0.0f;
-        for (uint32_t j = threadIdx.x; j < D; j += PCS_NN_LANES)
-            pcs_nn_ln_bwd_acc(dy[j], ldv(w, wdt, j), pcs_nn_xhat(x[j], mean, rstd), &c1, &c2);
-        c1 = lane_tree(c1);
-        c2 = lane_tree(c2);
-        if (threadIdx.x == 0) {
-            st[0] = pcs_nn_ln_mean(c1, D);
-            st[1] = pcs_nn_ln_mean(c2, D);
-        }
-    }
-    __syncthreads();
-    float m1 = st[0], m2 = st[1];
+    ln_row_sums<2>(
+        D,
+        [&](uint32_t j, float *t) {
+            pcs_nn_ln_bwd_terms(dy[j], ldv(w, wdt, j), pcs_nn_xhat(x[j], mean, rstd), &t[0], &t[1]);
+        },
+        sh, st);
+    float m1 = pcs_nn_ln_mean(st[0], D), m2 = pcs_nn_ln_mean(st[1], D);
     float *dx = dX + r * D;
     for (uint32_t j = threadIdx.x; j < D; j += kThreads)
         dx[j] = pcs_nn_ln_dx(dy[j], ldv(w, wdt, j), pcs_nn_xhat(x[j], mean, rstd), rstd, m1, m2);

@@ -118,7 +118,8 @@ PCS_NN_HD float pcs_nn_gelu_bwd(float x, float dy)
  * The CPU twin keeps the lanes in an array (its loops vectorize over them, the same bits in every
  * clone); the GPU gives lane l to thread l of the block's first warp. The variance is two-pass
  * (the sum of squared deviations from the fp32 mean), the stable textbook form: no cancellation
- * of E[x^2] - mean^2 for rows far from zero (test_nn). */
+ * of E[x^2] - mean^2 for rows far from zero (test_nn). The same bits for finite input: a row
+ * holding Inf or NaN gives NaN on both, NaN bits aside (x86's default NaN is not CUDA's). */
 #define PCS_NN_LANES 32
 
 /* The lane tree over a[PCS_NN_LANES] in place (the CPU's form of the warp shuffle); returns the
@@ -166,7 +167,7 @@ PCS_NN_HD float pcs_nn_norm_out(float x, float mean, float rstd, float w, float 
  * Writes mean and invstd (biased variance) and updates the fp32 running stats in place (momentum,
  * unbiased variance). Two passes in double, rows in order. R > 1 (checked by the caller). */
 PCS_NN_HD void pcs_nn_bn_train_col(const float *x, size_t stride, uint32_t R, float *mean,
-                                float *invstd, float *run_mean, float *run_var)
+                                   float *invstd, float *run_mean, float *run_var)
 {
     double s = 0, ss = 0;
     for (uint32_t r = 0; r < R; r++)
@@ -189,13 +190,20 @@ PCS_NN_HD float pcs_nn_bn_eval_invstd(float run_var)
     return (float)(1.0 / sqrt((double)run_var + PCS_NN_BN_EPS));
 }
 
-/* LayerNorm backward, one element of a row: adds g = dy*w to lane c1 and g*xhat to lane c2 (the
- * row means m1, m2 come from the lane trees). */
+/* LayerNorm backward's two row-sum terms of one element: g = dy*w and g*xhat. */
+PCS_NN_HD void pcs_nn_ln_bwd_terms(float dy, float w, float xh, float *g, float *gx)
+{
+    *g = dy * w;
+    *gx = *g * xh;
+}
+
+/* The same terms added to lanes c1 and c2 (the row means m1, m2 come from the lane trees). */
 PCS_NN_HD void pcs_nn_ln_bwd_acc(float dy, float w, float xh, float *c1, float *c2)
 {
-    float g = dy * w;
+    float g, gx;
+    pcs_nn_ln_bwd_terms(dy, w, xh, &g, &gx);
     *c1 += g;
-    *c2 += g * xh;
+    *c2 += gx;
 }
 
 /* LayerNorm's dx in fp32: rstd * (dy*w - m1 - xhat*m2). */

@@ -13,6 +13,7 @@ pcs_add_test(NAME test_nn_vmath SOURCES unit/test_nn_vmath.c LIBS pcs_kernels LA
 target_include_directories(test_nn_vmath PRIVATE ${PROJECT_SOURCE_DIR}/kernels/src)
 # The nn vtable (kernels/include/pcs/nn.h): validation, exact cases, cpu-backend refactor guard.
 pcs_add_test(NAME test_nn SOURCES unit/test_nn.c LIBS pcs_model LABELS unit TIMEOUT 60)
+target_compile_options(test_nn PRIVATE -ffp-contract=off) # its references are the twin's order
 
 # The simulated "cuda" backend (PCS_SIMULATE_CUDA=1): tagging, copy kinds, CPU-twin bits.
 pcs_add_test(NAME test_devsim SOURCES unit/test_devsim.c LIBS pcs_kernels LABELS unit TIMEOUT 60)

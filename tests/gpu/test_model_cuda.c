@@ -5,8 +5,9 @@
  * fp32/bf16/fp16 parameters (+ fp32 gradients of low-precision parameters, + an fp32 unit inside
  * a bf16 model). Exits 77 (skip) when the cuda backend is not built or no device is present.
  *
- * Tolerance rule. The two sides differ only in GEMM summation order (LayerNorm's row sums follow
- * one stated order on both: test_layernorm_rows_match_the_cpu_twin_bit_for_bit).
+ * Tolerance rule. The two sides differ only in GEMM summation order and GELU's erf/exp (CUDA's
+ * erff/expf against the twin's polynomials, a few ulps); LayerNorm's row sums follow one stated
+ * order on both (test_layernorm_rows_match_the_cpu_twin_bit_for_bit).
  * For a tensor whose values carry dtype dt, element i must satisfy
  *     |gpu_i - cpu_i| <= 4 * u(dt) * sqrt(K) * (|cpu_i| + rms(cpu))
  * with u = 2^-23 (fp32), 2^-7 (bf16), 2^-10 (fp16) the spacing at 1.0, and K the reduction length:
@@ -455,22 +456,24 @@ static void test_column_sums_cover_layers_wider_than_the_grid_cap(void **state)
     pcs_nn_destroy(cn);
 }
 
-/* LayerNorm forward and backward on rows of several lengths (under a warp, one lane block, many
- * with a tail, longer than the block) and offsets: the saved mean and 1/std, the output, dx,
- * dweight and dbias are bit-identical to the CPU twin's, which test_nn pins to nn_math.h's
- * stated fp32 lane order. */
+/* LayerNorm forward and backward on rows of several lengths (one element, under a warp, one lane
+ * block and one more, many with a tail, longer than the block) and offsets, output in fp32 and
+ * bf16: the saved mean and 1/std, the output, dx, dweight and dbias are bit-identical to the CPU
+ * twin's, which test_nn pins to nn_math.h's stated fp32 lane order. The device outputs start as
+ * NaN, so an unwritten element fails. */
 static void test_layernorm_rows_match_the_cpu_twin_bit_for_bit(void **state)
 {
     (void)state;
-    const uint32_t dims[] = {7, 32, 1031, 4099};
+    const uint32_t dims[] = {1, 7, 32, 33, 1031, 4099};
     enum { R = 5 };
     pcs_nn_t *cn = NULL, *gn = NULL;
     assert_int_equal(pcs_nn_create(NULL, NULL, &cn), PCS_OK);
     assert_int_equal(pcs_nn_create(gpu, stream, &gn), PCS_OK);
-    for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++) {
-        uint32_t D = dims[di];
+    for (size_t c = 0; c < 2 * sizeof dims / sizeof dims[0]; c++) {
+        uint32_t D = dims[c / 2];
+        pcs_dtype_t dt = c % 2 ? PCS_DTYPE_BF16 : PCS_DTYPE_FP32;
         size_t n = (size_t)R * D, vb = n * sizeof(float), wbytes = D * sizeof(float);
-        /* host: x, dy, then cpu and gpu results of y, dx, dw, db, save */
+        /* host: inputs, then the cpu's and the gpu's y, dx, [dw | db], save */
         float *hx = malloc(vb), *hdy = malloc(vb), *hw = malloc(wbytes), *hb = malloc(wbytes);
         float *cy = malloc(vb), *cdx = malloc(vb), *cg = malloc(2 * wbytes), csave[2 * R];
         float *gy = malloc(vb), *gdx = malloc(vb), *gg = malloc(2 * wbytes), gsave[2 * R];
@@ -483,35 +486,44 @@ static void test_layernorm_rows_match_the_cpu_twin_bit_for_bit(void **state)
             hw[j] = 1.0f + 0.5f * urand();
             hb[j] = 0.25f * urand();
         }
-        float *dx = dalloc(vb), *ddy = dalloc(vb), *dy = dalloc(vb), *ddx = dalloc(vb);
-        float *dw = dalloc(wbytes), *db = dalloc(wbytes), *dg = dalloc(2 * wbytes);
-        float *dsave = dalloc(2 * R * sizeof(float));
-        h2d(dx, hx, vb);
-        h2d(ddy, hdy, vb);
-        h2d(dw, hw, wbytes);
-        h2d(db, hb, wbytes);
+        /* device: inputs d_*, outputs o_* */
+        float *d_x = dalloc(vb), *d_dy = dalloc(vb), *d_w = dalloc(wbytes), *d_b = dalloc(wbytes);
+        float *o_y = dalloc(vb), *o_dx = dalloc(vb), *o_g = dalloc(2 * wbytes);
+        float *o_save = dalloc(2 * R * sizeof(float));
+        h2d(d_x, hx, vb);
+        h2d(d_dy, hdy, vb);
+        h2d(d_w, hw, wbytes);
+        h2d(d_b, hb, wbytes);
+        const struct {
+            float *p;
+            size_t n;
+        } outs[] = {{o_y, n}, {o_dx, n}, {o_g, 2 * (size_t)D}, {o_save, 2 * R}};
+        for (size_t k = 0; k < sizeof outs / sizeof outs[0]; k++)
+            assert_int_equal(
+                pcs_kernel_fill(gpu, outs[k].p, PCS_DTYPE_FP32, outs[k].n, NAN, stream), PCS_OK);
         pcs_nn_norm_t p;
         memset(&p, 0, sizeof p);
         p.kind = PCS_NN_LAYERNORM;
         p.rows = R;
         p.dim = D;
-        p.dtype = p.weight_dtype = p.bias_dtype = PCS_DTYPE_FP32;
+        p.dtype = dt;
+        p.weight_dtype = p.bias_dtype = PCS_DTYPE_FP32;
         p.training = 1;
         pcs_nn_norm_t q = p;
         p.weight = hw, p.bias = hb, p.save = csave;
-        q.weight = dw, q.bias = db, q.save = dsave;
+        q.weight = d_w, q.bias = d_b, q.save = o_save;
         pcs_nn_grad_t cgw = {cg, PCS_DTYPE_FP32, PCS_DTYPE_FP32, 0};
         pcs_nn_grad_t cgb = {cg + D, PCS_DTYPE_FP32, PCS_DTYPE_FP32, 0};
-        pcs_nn_grad_t ggw = {dg, PCS_DTYPE_FP32, PCS_DTYPE_FP32, 0};
-        pcs_nn_grad_t ggb = {dg + D, PCS_DTYPE_FP32, PCS_DTYPE_FP32, 0};
+        pcs_nn_grad_t ggw = {o_g, PCS_DTYPE_FP32, PCS_DTYPE_FP32, 0};
+        pcs_nn_grad_t ggb = {o_g + D, PCS_DTYPE_FP32, PCS_DTYPE_FP32, 0};
         assert_int_equal(pcs_nn_norm_fwd(cn, &p, hx, cy), PCS_OK);
         assert_int_equal(pcs_nn_norm_bwd(cn, &p, hx, hdy, cdx, &cgw, &cgb), PCS_OK);
-        assert_int_equal(pcs_nn_norm_fwd(gn, &q, dx, dy), PCS_OK);
-        assert_int_equal(pcs_nn_norm_bwd(gn, &q, dx, ddy, ddx, &ggw, &ggb), PCS_OK);
-        d2h(gy, dy, vb);
-        d2h(gdx, ddx, vb);
-        d2h(gg, dg, 2 * wbytes);
-        d2h(gsave, dsave, sizeof gsave);
+        assert_int_equal(pcs_nn_norm_fwd(gn, &q, d_x, o_y), PCS_OK);
+        assert_int_equal(pcs_nn_norm_bwd(gn, &q, d_x, d_dy, o_dx, &ggw, &ggb), PCS_OK);
+        d2h(gy, o_y, vb);
+        d2h(gdx, o_dx, vb);
+        d2h(gg, o_g, 2 * wbytes);
+        d2h(gsave, o_save, sizeof gsave);
         size_t bad = 0;
         bad += memcmp(csave, gsave, sizeof csave) != 0;
         for (size_t i = 0; i < n; i++)
@@ -520,10 +532,11 @@ static void test_layernorm_rows_match_the_cpu_twin_bit_for_bit(void **state)
             bad += memcmp(&cg[j], &gg[j], 4) != 0;
         if (bad)
             fprintf(stderr,
-                    "LayerNorm D = %u: %zu values differ (mean cpu %a gpu %a, rstd %a %a)\n", D,
-                    bad, (double)csave[0], (double)gsave[0], (double)csave[1], (double)gsave[1]);
+                    "LayerNorm D = %u %s: %zu values differ (mean cpu %a gpu %a, rstd %a %a)\n", D,
+                    pcs_dtype_name(dt), bad, (double)csave[0], (double)gsave[0], (double)csave[1],
+                    (double)gsave[1]);
         assert_int_equal(bad, 0);
-        void *dev[] = {dx, ddy, dy, ddx, dw, db, dg, dsave};
+        void *dev[] = {d_x, d_dy, d_w, d_b, o_y, o_dx, o_g, o_save};
         for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
             gpu->free(dev[i]);
         free(hx), free(hdy), free(hw), free(hb), free(cy), free(cdx), free(cg), free(gy), free(gdx);

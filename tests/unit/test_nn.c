@@ -420,8 +420,9 @@ static float lane_order_sum(const float *v, size_t n)
 /* Forward and backward of rows of several lengths (a partial lane block, exactly one, several
  * with a tail) against the stated order computed here: the saved mean and 1/std, the output, dx,
  * dweight and dbias are bit-identical. This is also what the GPU kernels must give
- * (test_model_cuda), and a clone that contracted a multiply-add or summed in another order
- * would fail here. */
+ * (test_model_cuda). It runs the clone this host dispatches (AVX-512 on the CI VM): one that
+ * contracted a multiply-add or summed in another order would fail here; the other clones are
+ * the same source under other target flags (kernels/CMakeLists.txt turns contraction off). */
 static void test_layernorm_rows_follow_the_stated_fp32_order_bit_for_bit(void **state)
 {
     (void)state;
@@ -488,10 +489,12 @@ static void test_layernorm_rows_follow_the_stated_fp32_order_bit_for_bit(void **
     pcs_nn_destroy(nn);
 }
 
-/* Rows far from zero (mean 1e4, std ~1): the two-pass fp32 statistics stay within a few fp32
- * ulps of the fp64 ones computed here. The one-pass form E[x^2] - mean^2 in fp32, computed here
- * in the same lane order, fails the same bound (it loses every digit of the variance), so the
- * bound tells the stable algorithm from the unstable one. */
+/* Rows far from zero (mean 1e4 to 4e4, std ~1): the two-pass fp32 statistics stay close to the
+ * fp64 ones computed here: the mean within 4e-7 relative, 1/std within 1e-4 (its error is about
+ * d^2 / (2 var) for a mean d off, and one ulp of 4e4 is 2^-8). The one-pass form E[x^2] - mean^2
+ * in fp32, computed here in the same lane order, fails the same bound (it loses every digit of
+ * the variance: errors of 0.6 and more), so the bound tells the stable algorithm from the
+ * unstable one. Its own seed: the data does not depend on the tests run before. */
 static void test_layernorm_statistics_are_stable_far_from_zero(void **state)
 {
     (void)state;
@@ -499,6 +502,7 @@ static void test_layernorm_statistics_are_stable_far_from_zero(void **state)
     assert_int_equal(pcs_nn_create(NULL, NULL, &nn), PCS_OK);
     enum { R = 4, D = 1024 };
     static float x[R * D], y[R * D], sq[D];
+    g_rng = 0x5eed1e4ull;
     float w[D], b[D], save[2 * R];
     for (int j = 0; j < D; j++) {
         w[j] = 1.0f;
@@ -520,12 +524,12 @@ static void test_layernorm_statistics_are_stable_far_from_zero(void **state)
             ss += (xr[j] - mean) * (xr[j] - mean);
         double rstd = 1.0 / sqrt(ss / D + 1e-5);
         assert_true(fabs(save[2 * r] - mean) <= 4 * 1e-7 * fabs(mean));
-        assert_true(fabs(save[2 * r + 1] - rstd) <= 1e-5 * rstd);
+        assert_true(fabs(save[2 * r + 1] - rstd) <= 1e-4 * rstd);
         for (int j = 0; j < D; j++)
             sq[j] = xr[j] * xr[j];
         float m1 = lane_order_sum(xr, D) / D;
         float naive = 1.0f / sqrtf(fabsf(lane_order_sum(sq, D) / D - m1 * m1) + 1e-5f);
-        assert_false(fabs(naive - rstd) <= 1e-5 * rstd);
+        assert_false(fabs(naive - rstd) <= 1e-4 * rstd);
     }
     pcs_nn_destroy(nn);
 }

@@ -55,7 +55,8 @@ typedef struct pcs_nn_linear {
 } pcs_nn_linear_t;
 
 /* LayerNorm over the last dim (per row) or BatchNorm1d over the rows (per feature), eps 1e-5.
- * Statistics in fp32 accumulated in double; output rounded to `dtype` (the input's). weight/bias
+ * LayerNorm's row sums in fp32 in one stated order (kernels/src/nn_math.h; two-pass variance),
+ * BatchNorm's statistics accumulated in double, both saved as fp32; output rounded to `dtype` (the input's). weight/bias
  * [dim] have their own dtypes (mixed-type norm kernels). `save` (backend memory, fp32): LN 2*rows
  * floats (mean, rstd per row), BN 4*dim (mean, invstd, then the running stats as fp32), written by
  * forward and read by backward. BatchNorm: training uses the biased batch variance and updates
