@@ -243,32 +243,37 @@ __device__ float lane_tree(float v)
  * and visible to the whole block on return. The block computes the terms of a chunk of kThreads
  * elements into sh (thread i: element base + i, all loads in flight at once); lane l of the first
  * warp then adds sh[l], sh[l + 32], ... in order: element j still goes to lane j % 32 in order of
- * j (kThreads is a multiple of 32), so the bits are the CPU's. */
+ * j (kThreads is a multiple of 32), so the bits are the CPU's. out must not be read by any thread
+ * during the call (thread 0 writes it at the end). */
 template <int K, typename F>
-__device__ void ln_row_sums(uint32_t D, F f, float (*sh)[kThreads], float *out)
+__device__ __forceinline__ void ln_row_sums(uint32_t D, F f, float (*sh)[kThreads], float *out)
 {
     static_assert(kThreads % PCS_NN_LANES == 0, "chunks keep every element in its lane");
     float acc[K];
+#pragma unroll
     for (int k = 0; k < K; k++)
         acc[k] = 0.0f;
-    for (uint32_t base = 0; base < D; base += kThreads) {
-        uint32_t j = base + threadIdx.x;
+    for (size_t base = 0; base < D; base += kThreads) {
+        size_t j = base + threadIdx.x;
         if (j < D) {
             float t[K];
-            f(j, t);
+            f((uint32_t)j, t);
+#pragma unroll
             for (int k = 0; k < K; k++)
                 sh[k][threadIdx.x] = t[k];
         }
         __syncthreads();
         if (threadIdx.x < PCS_NN_LANES) {
-            uint32_t n = D - base < (uint32_t)kThreads ? D - base : (uint32_t)kThreads;
+            uint32_t n = D - base < (size_t)kThreads ? (uint32_t)(D - base) : (uint32_t)kThreads;
             for (uint32_t i = threadIdx.x; i < n; i += PCS_NN_LANES)
+#pragma unroll
                 for (int k = 0; k < K; k++)
                     acc[k] += sh[k][i];
         }
         __syncthreads(); /* sh is rewritten by the next chunk */
     }
     if (threadIdx.x < PCS_NN_LANES)
+#pragma unroll
         for (int k = 0; k < K; k++) {
             float v = lane_tree(acc[k]);
             if (threadIdx.x == 0)
@@ -287,7 +292,7 @@ __global__ void __launch_bounds__(kThreads)
     const float *x = X + r * D;
     float *y = Y + r * D;
     ln_row_sums<1>(D, [&](uint32_t j, float *t) { t[0] = x[j]; }, sh, &st[0]);
-    float mean = pcs_nn_ln_mean(st[0], D);
+    float mean = pcs_nn_ln_mean(st[0], D); /* st[0] is read here, so the next sum goes to st[1] */
     ln_row_sums<1>(D, [&](uint32_t j, float *t) { t[0] = pcs_nn_ln_sq(x[j], mean); }, sh, &st[1]);
     float rstd = pcs_nn_ln_rstd(st[1], D);
     if (threadIdx.x == 0) {

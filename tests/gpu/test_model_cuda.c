@@ -457,14 +457,14 @@ static void test_column_sums_cover_layers_wider_than_the_grid_cap(void **state)
 }
 
 /* LayerNorm forward and backward on rows of several lengths (one element, under a warp, one lane
- * block and one more, many with a tail, longer than the block) and offsets, output in fp32 and
- * bf16: the saved mean and 1/std, the output, dx, dweight and dbias are bit-identical to the CPU
- * twin's, which test_nn pins to nn_math.h's stated fp32 lane order. The device outputs start as
- * NaN, so an unwritten element fails. */
+ * block and one more, one whole chunk, many with a tail, longer than a chunk) and offsets, output
+ * in fp32 and bf16: the saved mean and 1/std, the output, dx, dweight and dbias are bit-identical
+ * to the CPU twin's, which test_nn pins to nn_math.h's stated fp32 lane order. The device outputs
+ * start as NaN, so an unwritten element fails. */
 static void test_layernorm_rows_match_the_cpu_twin_bit_for_bit(void **state)
 {
     (void)state;
-    const uint32_t dims[] = {1, 7, 32, 33, 1031, 4099};
+    const uint32_t dims[] = {1, 7, 32, 33, 256, 1031, 4099};
     enum { R = 5 };
     pcs_nn_t *cn = NULL, *gn = NULL;
     assert_int_equal(pcs_nn_create(NULL, NULL, &cn), PCS_OK);
